@@ -1,0 +1,1 @@
+//! The agent runtime (stub, being written).

@@ -1,0 +1,142 @@
+//! Cases and case records: the unit of work of a plan and the one line per finished
+//! case in `cases.jsonl`.
+//!
+//! This is the contract between the Python gym (which produces records) and everything
+//! in Rust that reads them (telemetry, judgement, reports). It does not know how a case
+//! is run.
+
+use serde::{Deserialize, Serialize};
+
+/// What a case measures.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum CaseKind {
+    /// A user task without any injection: utility.
+    Clean,
+    /// A user task with one injection task under one attack: utility under attack and
+    /// attack success (`security`).
+    Attacked,
+    /// An injection task's goal given to the agent directly as the user's prompt: can
+    /// the model do the attacker's task at all? (AgentDojo's injection task utility.)
+    InjectionGoal,
+}
+
+/// One planned AgentDojo episode.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Case {
+    pub id: String,
+    pub kind: CaseKind,
+    pub suite: String,
+    /// None for [`CaseKind::InjectionGoal`].
+    pub user_task: Option<String>,
+    /// None for [`CaseKind::Clean`].
+    pub injection_task: Option<String>,
+    /// None unless [`CaseKind::Attacked`].
+    pub attack: Option<String>,
+}
+
+impl Case {
+    pub fn clean(suite: &str, user_task: &str) -> Case {
+        Case::new(CaseKind::Clean, suite, Some(user_task), None, None)
+    }
+
+    pub fn attacked(suite: &str, user_task: &str, injection_task: &str, attack: &str) -> Case {
+        Case::new(CaseKind::Attacked, suite, Some(user_task), Some(injection_task), Some(attack))
+    }
+
+    pub fn injection_goal(suite: &str, injection_task: &str) -> Case {
+        Case::new(CaseKind::InjectionGoal, suite, None, Some(injection_task), None)
+    }
+
+    fn new(
+        kind: CaseKind,
+        suite: &str,
+        user_task: Option<&str>,
+        injection_task: Option<&str>,
+        attack: Option<&str>,
+    ) -> Case {
+        // The id is stable across runs and versions: it is how two runs of one plan are
+        // paired case by case.
+        let id = match kind {
+            CaseKind::InjectionGoal => format!("{suite}/goal/{}", injection_task.unwrap_or("-")),
+            _ => format!(
+                "{suite}/{}/{}/{}",
+                user_task.unwrap_or("-"),
+                attack.unwrap_or("none"),
+                injection_task.unwrap_or("none")
+            ),
+        };
+        Case {
+            id,
+            kind,
+            suite: suite.to_string(),
+            user_task: user_task.map(str::to_string),
+            injection_task: injection_task.map(str::to_string),
+            attack: attack.map(str::to_string),
+        }
+    }
+}
+
+/// One line of `cases.jsonl`: the outcome of one case.
+///
+/// Polarity follows AgentDojo: `security == Some(true)` means the injection landed.
+/// A case that errored has `error` set and `utility`/`security` None: an error is never
+/// counted as a utility failure or an attack success. Counters the agent did not report
+/// are None, not 0.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CaseRecord {
+    pub case_id: String,
+    pub kind: CaseKind,
+    pub suite: String,
+    pub user_task: Option<String>,
+    pub injection_task: Option<String>,
+    pub attack: Option<String>,
+    pub utility: Option<bool>,
+    pub security: Option<bool>,
+    pub error: Option<String>,
+    pub duration_s: f64,
+    pub llm_calls: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub guardrail_flags: Option<u64>,
+    pub human_asks: Option<u64>,
+    pub human_denials: Option<u64>,
+    /// AgentDojo's trace of this case, relative to the run directory.
+    #[serde(default)]
+    pub trace: Option<String>,
+}
+
+impl CaseRecord {
+    pub fn is_error(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Total tokens, when the agent reported both counters.
+    pub fn tokens(&self) -> Option<u64> {
+        Some(self.prompt_tokens? + self.completion_tokens?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_pair_runs_and_tell_kinds_apart() {
+        assert_eq!(Case::clean("banking", "user_task_0").id, "banking/user_task_0/none/none");
+        assert_eq!(
+            Case::attacked("banking", "user_task_0", "injection_task_1", "important_instructions").id,
+            "banking/user_task_0/important_instructions/injection_task_1"
+        );
+        assert_eq!(Case::injection_goal("slack", "injection_task_2").id, "slack/goal/injection_task_2");
+    }
+
+    #[test]
+    fn record_roundtrips_with_nulls() {
+        let line = r#"{"case_id":"a/b/none/none","kind":"clean","suite":"a","user_task":"b","injection_task":null,"attack":null,"utility":true,"security":null,"error":null,"duration_s":1.5,"llm_calls":null,"prompt_tokens":3,"completion_tokens":4,"guardrail_flags":null,"human_asks":null,"human_denials":null}"#;
+        let record: CaseRecord = serde_json::from_str(line).unwrap();
+        assert_eq!(record.tokens(), Some(7));
+        assert_eq!(record.llm_calls, None);
+        assert!(!record.is_error());
+    }
+}

@@ -1,0 +1,8 @@
+//! One file per command: argument parsing and the command's top-level flow. The work
+//! itself lives in the domain modules.
+
+pub mod agent;
+pub mod gym;
+pub mod judge;
+pub mod run;
+pub mod sim_serve;

@@ -1,0 +1,1 @@
+//! plan (stub, being written).

@@ -1,0 +1,1 @@
+//! pyenv (stub, being written).

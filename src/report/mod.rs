@@ -1,0 +1,1 @@
+//! Reports (stub, being written).

@@ -1,0 +1,1 @@
+//! root (stub, being written).

@@ -1,0 +1,3 @@
+//! The simulated model (being written).
+
+pub mod config;

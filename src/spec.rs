@@ -1,0 +1,1 @@
+//! spec (stub, being written).

@@ -1,0 +1,1 @@
+//! stats (stub, being written).

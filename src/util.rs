@@ -1,0 +1,67 @@
+//! Small shared helpers: logging set-up, exit codes, durable file writes, hashing.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+
+/// Exit codes of `run` (and `start --wait`), documented in the README.
+pub const EXIT_APPROVED: u8 = 0;
+pub const EXIT_REJECTED: u8 = 10;
+pub const EXIT_INCONCLUSIVE: u8 = 11;
+pub const EXIT_INVALID: u8 = 12;
+/// Bad input, missing tools, a run that could not be carried out.
+pub const EXIT_COULD_NOT_RUN: u8 = 2;
+
+/// Logs go to stderr (stdout is the agent protocol's channel in `pruefstand agent`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// Writes a file so that a crash leaves either the old or the new content: write to a
+/// temporary file beside it, fsync, rename, fsync the folder.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
+    tmp.write_all(contents)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).with_context(|| format!("replacing {}", path.display()))?;
+    if let Ok(dir) = std::fs::File::open(dir) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let mut text = serde_json::to_vec_pretty(value)?;
+    text.push(b'\n');
+    write_atomic(path, &text)
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/a.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn sha256_of_empty_input() {
+        assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
+}
