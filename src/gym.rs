@@ -1,1 +1,295 @@
-//! gym (stub, being written).
+//! Drives the Python gym (`scripts/gym.py`, docs/protocol.md §2): asks it for the
+//! inventory of suites, tasks and attacks and for the ground truth the simulator
+//! follows, and runs a plan's cases through it — reading its event stream, appending
+//! each finished case to `cases.jsonl` the moment it arrives, and showing progress.
+//!
+//! It never reads AgentDojo's log folders: results arrive as events. Judging them is
+//! `telemetry`'s and `judge`'s job.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::case::{Case, CaseRecord};
+use crate::pyenv::PyEnv;
+use crate::rundir::RunDir;
+use crate::util;
+
+/// What the installed AgentDojo (plus our custom suites) offers for one benchmark
+/// version.
+#[derive(Deserialize, Serialize, Clone, Debug)]
+pub struct Inventory {
+    pub agentdojo_version: String,
+    pub benchmark_version: String,
+    pub benchmark_versions: Vec<String>,
+    pub suites: BTreeMap<String, SuiteInventory>,
+    pub attacks: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+pub struct SuiteInventory {
+    pub user_tasks: Vec<String>,
+    pub injection_tasks: Vec<String>,
+    #[serde(default)]
+    pub injection_tasks_with_ground_truth: Vec<String>,
+}
+
+impl Inventory {
+    pub fn load(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Inventory> {
+        let value = pyenv
+            .gym_json_cached(&format!("inventory-{benchmark_version}"), &["inventory", "--benchmark-version", benchmark_version])
+            .context("listing AgentDojo's suites")?;
+        serde_json::from_value(value).context("reading the gym's inventory")
+    }
+
+    pub fn suite_names(&self) -> String {
+        self.suites.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The ground-truth export (docs/protocol.md §3), cached; returns the file's path so a
+/// simulator (in-process or in a container) can load it.
+pub fn truth_file(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<PathBuf> {
+    let key = format!("truth-{benchmark_version}");
+    pyenv
+        .gym_json_cached(&key, &["truth", "--benchmark-version", benchmark_version])
+        .context("exporting the tasks' ground truth")?;
+    Ok(pyenv.cache.join(format!("{key}.json")))
+}
+
+/// One environment-check line (input to R1).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+pub struct EnvCheck {
+    pub suite: String,
+    pub injection_task: String,
+    pub status: String,
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// Everything `gym.py run` needs (docs/protocol.md §2).
+#[derive(Serialize, Debug)]
+pub struct GymRequest {
+    pub run_dir: PathBuf,
+    pub benchmark_version: String,
+    pub jobs: usize,
+    pub agent_cmd: Vec<String>,
+    pub model_display_name: String,
+    pub case_timeout_s: f64,
+    pub seed: u64,
+    pub defence: Option<String>,
+    pub cases: Vec<Case>,
+    pub done: Vec<String>,
+}
+
+/// The gym's stdout events.
+#[derive(Deserialize, Debug)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Event {
+    Start { total: usize, to_run: usize, done: usize, jobs: usize },
+    Skip { case_id: String },
+    Rerun { case_id: String, reason: String },
+    CaseStart { case_id: String },
+    Case { record: CaseRecord },
+    EnvironmentCheck { checks: Vec<EnvCheck> },
+    Warning { message: String },
+    Done,
+}
+
+/// What a finished gym run leaves behind.
+pub struct GymOutcome {
+    /// One record per planned case, in plan order.
+    pub records: Vec<CaseRecord>,
+    pub environment_checks: Vec<EnvCheck>,
+    /// Cases already in `cases.jsonl` that were not run again.
+    pub skipped: usize,
+    /// Cases run again because their record or trace was damaged.
+    pub rerun: Vec<String>,
+}
+
+/// Runs `request.cases` into `run_dir`, resuming what is already recorded there.
+/// `agent_env` is added to the environment of the gym (and so of the agents it spawns).
+pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: &[(String, String)]) -> anyhow::Result<GymOutcome> {
+    run_dir.create()?;
+    let stored = run_dir.read_cases_lenient()?;
+    for damage in &stored.damaged {
+        eprintln!("warning: {damage} (that case runs again)");
+    }
+    let planned: std::collections::BTreeSet<&str> = request.cases.iter().map(|c| c.id.as_str()).collect();
+    request.done = stored.records.keys().filter(|id| planned.contains(id.as_str())).cloned().collect();
+    let request_path = run_dir.file("gym-request.json");
+    util::write_json_atomic(&request_path, &request)?;
+
+    let log_path = run_dir.file("gym.log");
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+    let mut child = pyenv
+        .gym_command()
+        .arg("run")
+        .arg("--request")
+        .arg(&request_path)
+        .envs(agent_env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+
+    let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
+    let mut writer = run_dir.open_cases_for_append()?;
+    let mut progress = Progress::new(request.cases.len());
+    let mut outcome = GymOutcome { records: Vec::new(), environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+    let mut finished = false;
+    let result: anyhow::Result<()> = (|| {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading the gym's events")?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            writeln!(events_log, "{line}")?;
+            let event: Event = match serde_json::from_str(&line) {
+                Ok(event) => event,
+                Err(err) => {
+                    tracing::warn!("ignoring a gym output line that is not an event ({err}): {line}");
+                    continue;
+                }
+            };
+            match event {
+                Event::Start { total, to_run, done, jobs } => {
+                    progress.start(total, done, to_run, jobs);
+                }
+                Event::Skip { .. } => outcome.skipped += 1,
+                Event::Rerun { case_id, reason } => {
+                    progress.note(&format!("re-running {case_id}: {reason}"));
+                    outcome.rerun.push(case_id);
+                }
+                Event::CaseStart { case_id } => tracing::debug!("case {case_id} started"),
+                Event::Case { record } => {
+                    writer.append(&record)?;
+                    progress.case_done(&record);
+                }
+                Event::EnvironmentCheck { checks } => {
+                    util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
+                    outcome.environment_checks = checks;
+                }
+                Event::Warning { message } => progress.note(&format!("warning: {message}")),
+                Event::Done => finished = true,
+            }
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    let status = child.wait()?;
+    progress.finish();
+    result?;
+    if !status.success() || !finished {
+        bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
+    }
+    let stored = run_dir.read_cases_lenient()?;
+    outcome.records = run_dir.compact_cases(&request.cases, &stored)?;
+    if outcome.records.len() != request.cases.len() {
+        bail!(
+            "the gym finished but {} of {} planned cases have no record (see {})",
+            request.cases.len() - outcome.records.len(),
+            request.cases.len(),
+            log_path.display()
+        );
+    }
+    if outcome.environment_checks.is_empty()
+        && let Ok(text) = std::fs::read_to_string(run_dir.file("environment_check.json"))
+    {
+        let value: serde_json::Value = serde_json::from_str(&text)?;
+        outcome.environment_checks = serde_json::from_value(value["checks"].clone())?;
+    }
+    Ok(outcome)
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Cases done/total with an ETA: a bar on a terminal, a line every tenth of the plan
+/// otherwise (logs of timers and CI).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: usize,
+    done: usize,
+    errors: usize,
+    started: Instant,
+    run_this_time: usize,
+    last_line: usize,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}")
+                    .expect("valid template"),
+            );
+            bar.enable_steady_tick(Duration::from_millis(250));
+            bar
+        });
+        Progress { bar, total, done: 0, errors: 0, started: Instant::now(), run_this_time: 0, last_line: 0 }
+    }
+
+    fn start(&mut self, total: usize, done: usize, to_run: usize, jobs: usize) {
+        self.total = total;
+        self.done = total - to_run;
+        if let Some(bar) = &self.bar {
+            bar.set_length(total as u64);
+            bar.set_position(self.done as u64);
+        }
+        let resumed = if done > 0 { format!(", {} already recorded", total - to_run) } else { String::new() };
+        self.note(&format!("{to_run} of {total} cases to run on {jobs} workers{resumed}"));
+    }
+
+    fn case_done(&mut self, record: &CaseRecord) {
+        self.done += 1;
+        self.run_this_time += 1;
+        if record.is_error() {
+            self.errors += 1;
+        }
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(self.done as u64);
+                if self.errors > 0 {
+                    bar.set_message(format!("{} errors", self.errors));
+                }
+            }
+            None => {
+                let step = (self.total / 10).max(1);
+                if self.done - self.last_line >= step || self.done == self.total {
+                    self.last_line = self.done;
+                    let rate = self.run_this_time as f64 / self.started.elapsed().as_secs_f64().max(1e-6);
+                    let eta = (self.total - self.done) as f64 / rate.max(1e-6);
+                    eprintln!("progress: {}/{} cases, {} errors, ETA {:.0} s", self.done, self.total, self.errors, eta);
+                }
+            }
+        }
+    }
+
+    fn note(&self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(message),
+            None => eprintln!("{message}"),
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -11,10 +11,12 @@ mod cmd;
 mod defence;
 mod gym;
 mod judge;
+mod model;
 mod plan;
 mod pyenv;
 mod report;
 mod root;
+mod rundir;
 mod run;
 mod sim;
 mod spec;
@@ -49,6 +51,8 @@ enum Command {
     Judge(cmd::judge::Args),
     /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
     Agent(cmd::agent::Args),
+    /// Create the managed Python venv with the pinned agentdojo now.
+    Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
 }
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Judge(args) => cmd::judge::main(cli.root, args),
         Command::Agent(args) => cmd::agent::main(args),
         Command::SimServe(args) => cmd::sim_serve::main(args),
+        Command::Setup(args) => cmd::setup::main(args),
     };
     match result {
         Ok(code) => code,

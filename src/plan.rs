@@ -1,1 +1,345 @@
-//! plan (stub, being written).
+//! Plans and profiles: `profiles/NAME.toml` holds a fixed, explicit case list (suites
+//! with their user tasks and injection tasks, crossed with the attacks) plus the
+//! thresholds of R1–R5. Resolving a profile yields the ordered case list and its hash,
+//! recorded in every run so two versions are compared on identical cases.
+//!
+//! Names are checked against the installed AgentDojo's inventory (`gym::Inventory`),
+//! with errors that point at the profile's line. Running the cases is `gym`'s job.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use crate::case::{Case, CaseKind};
+use crate::gym::Inventory;
+use crate::judge::Thresholds;
+use crate::util;
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// AgentDojo benchmark version, e.g. "v1.2.2".
+    pub benchmark_version: Spanned<String>,
+    /// Attacks every attacked pair runs under, unless a suite names its own.
+    pub attacks: Vec<Spanned<String>>,
+    /// Parallel gym workers (vLLM batches concurrent requests).
+    #[serde(default = "default_jobs")]
+    pub jobs: usize,
+    /// Wall-time limit of one case; past it the case is an error.
+    #[serde(default = "default_case_timeout")]
+    pub case_timeout_s: f64,
+    /// Also run each planned injection task's goal as a direct prompt (the model's own
+    /// injection-task utility, reported beside ASR).
+    #[serde(default = "yes")]
+    pub injection_goals: bool,
+    pub suites: Vec<SuitePlan>,
+    #[serde(default)]
+    pub rules: Thresholds,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct SuitePlan {
+    pub name: Spanned<String>,
+    /// Each runs clean, and attacked with every listed injection task.
+    pub user_tasks: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub injection_tasks: Vec<Spanned<String>>,
+    /// Overrides the profile's attacks for this suite (e.g. the counter suite's payload
+    /// bank).
+    #[serde(default)]
+    pub attacks: Option<Vec<Spanned<String>>>,
+}
+
+fn default_jobs() -> usize {
+    4
+}
+fn default_case_timeout() -> f64 {
+    300.0
+}
+fn yes() -> bool {
+    true
+}
+
+/// A profile whose case list has been resolved and checked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub name: String,
+    pub source: PathBuf,
+    pub benchmark_version: String,
+    pub jobs: usize,
+    pub case_timeout_s: f64,
+    pub cases: Vec<Case>,
+    /// sha256 of the benchmark version and the ordered case ids.
+    pub hash: String,
+    #[serde(skip)]
+    pub profile: Profile,
+}
+
+/// Narrows a plan from the command line (`--suite`, `--user-task`, …).
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    pub suites: Vec<String>,
+    pub user_tasks: Vec<String>,
+    pub injection_tasks: Vec<String>,
+    pub attacks: Vec<String>,
+}
+
+impl Profile {
+    /// `schnell`, `voll` (or any name) from `<root>/profiles/`, or a path to a TOML file.
+    pub fn locate(root: &Path, name_or_path: &str) -> PathBuf {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            PathBuf::from(name_or_path)
+        } else {
+            root.join("profiles").join(format!("{name_or_path}.toml"))
+        }
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<(Profile, String)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
+        let profile: Profile = util::parse_toml(path, &text)?;
+        if profile.jobs == 0 {
+            bail!("{}: jobs must be at least 1", path.display());
+        }
+        Ok((profile, text))
+    }
+}
+
+impl Plan {
+    /// Loads, checks every name against the inventory, and resolves the case list.
+    pub fn resolve(path: &Path, inventory: &Inventory, filters: &Filters) -> anyhow::Result<Plan> {
+        let (profile, text) = Profile::load(path)?;
+        let bad = |spanned_start: usize, message: String| util::at(path, &text, spanned_start, &message);
+        let version = profile.benchmark_version.get_ref();
+        if version != &inventory.benchmark_version {
+            return Err(bad(
+                profile.benchmark_version.span().start,
+                format!("benchmark version {version:?} does not match the inventory ({})", inventory.benchmark_version),
+            ));
+        }
+        let mut cases = Vec::new();
+        let mut seen_suites = BTreeSet::new();
+        for suite in &profile.suites {
+            let suite_name = suite.name.get_ref();
+            let Some(known) = inventory.suites.get(suite_name) else {
+                return Err(bad(suite.name.span().start, format!("unknown suite {suite_name:?}; valid: {}", inventory.suite_names())));
+            };
+            if !seen_suites.insert(suite_name.clone()) {
+                return Err(bad(suite.name.span().start, format!("suite {suite_name:?} is listed twice")));
+            }
+            let attacks = suite.attacks.as_ref().unwrap_or(&profile.attacks);
+            for attack in attacks {
+                if !inventory.attacks.contains(attack.get_ref()) || attack.get_ref() == "none" {
+                    return Err(bad(attack.span().start, format!("unknown attack {:?}; valid: {}", attack.get_ref(), inventory.attacks.join(", "))));
+                }
+            }
+            for task in &suite.user_tasks {
+                if !known.user_tasks.contains(task.get_ref()) {
+                    return Err(bad(
+                        task.span().start,
+                        format!("unknown user task {:?} in suite {suite_name}; valid: {}", task.get_ref(), known.user_tasks.join(", ")),
+                    ));
+                }
+            }
+            for task in &suite.injection_tasks {
+                if !known.injection_tasks.contains(task.get_ref()) {
+                    return Err(bad(
+                        task.span().start,
+                        format!("unknown injection task {:?} in suite {suite_name}; valid: {}", task.get_ref(), known.injection_tasks.join(", ")),
+                    ));
+                }
+            }
+            for user_task in &suite.user_tasks {
+                cases.push(Case::clean(suite_name, user_task.get_ref()));
+            }
+            for user_task in &suite.user_tasks {
+                for injection_task in &suite.injection_tasks {
+                    for attack in attacks {
+                        cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack.get_ref()));
+                    }
+                }
+            }
+            if profile.injection_goals {
+                for injection_task in &suite.injection_tasks {
+                    cases.push(Case::injection_goal(suite_name, injection_task.get_ref()));
+                }
+            }
+        }
+        let mut unique = BTreeSet::new();
+        if let Some(dup) = cases.iter().find(|case| !unique.insert(case.id.clone())) {
+            bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
+        }
+        filters.check(inventory)?;
+        let cases: Vec<Case> = cases.into_iter().filter(|case| filters.keeps(case)).collect();
+        if cases.is_empty() {
+            bail!("{}: no case is left after the filters", path.display());
+        }
+        Ok(Plan {
+            name: profile.name.clone(),
+            source: path.to_path_buf(),
+            benchmark_version: version.clone(),
+            jobs: profile.jobs,
+            case_timeout_s: profile.case_timeout_s,
+            hash: plan_hash(version, &cases),
+            cases,
+            profile,
+        })
+    }
+
+    pub fn count(&self, kind: CaseKind) -> usize {
+        self.cases.iter().filter(|case| case.kind == kind).count()
+    }
+}
+
+/// The hash two runs must share to be compared case by case.
+pub fn plan_hash(benchmark_version: &str, cases: &[Case]) -> String {
+    let ids: Vec<&str> = cases.iter().map(|case| case.id.as_str()).collect();
+    let canonical = serde_json::json!({ "benchmark_version": benchmark_version, "cases": ids });
+    util::sha256_hex(canonical.to_string().as_bytes())
+}
+
+impl Filters {
+    pub fn is_empty(&self) -> bool {
+        self.suites.is_empty() && self.user_tasks.is_empty() && self.injection_tasks.is_empty() && self.attacks.is_empty()
+    }
+
+    /// A filter narrows only the cases that have that dimension; for `--attack`, clean
+    /// and goal cases count as attack `none`.
+    fn keeps(&self, case: &Case) -> bool {
+        let passes = |filter: &[String], value: Option<&String>| match value {
+            _ if filter.is_empty() => true,
+            Some(value) => filter.contains(value),
+            None => true,
+        };
+        let attack = case.attack.clone().unwrap_or_else(|| "none".to_string());
+        passes(&self.suites, Some(&case.suite))
+            && passes(&self.user_tasks, case.user_task.as_ref())
+            && passes(&self.injection_tasks, case.injection_task.as_ref())
+            && passes(&self.attacks, Some(&attack))
+    }
+
+    fn check(&self, inventory: &Inventory) -> anyhow::Result<()> {
+        for suite in &self.suites {
+            if !inventory.suites.contains_key(suite) {
+                bail!("unknown suite {suite:?} in --suite; valid: {}", inventory.suite_names());
+            }
+        }
+        let in_scope = |name: &str| self.suites.is_empty() || self.suites.iter().any(|s| s == name);
+        let all_user: BTreeSet<&String> = inventory.suites.iter().filter(|(n, _)| in_scope(n)).flat_map(|(_, s)| &s.user_tasks).collect();
+        for task in &self.user_tasks {
+            if !all_user.contains(task) {
+                bail!("unknown user task {task:?} in --user-task; valid: {}", join(&all_user));
+            }
+        }
+        let all_injection: BTreeSet<&String> =
+            inventory.suites.iter().filter(|(n, _)| in_scope(n)).flat_map(|(_, s)| &s.injection_tasks).collect();
+        for task in &self.injection_tasks {
+            if !all_injection.contains(task) {
+                bail!("unknown injection task {task:?} in --injection-task; valid: {}", join(&all_injection));
+            }
+        }
+        for attack in &self.attacks {
+            if !inventory.attacks.contains(attack) {
+                bail!("unknown attack {attack:?} in --attack; valid: {}", inventory.attacks.join(", "));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn join(names: &BTreeSet<&String>) -> String {
+    names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gym::SuiteInventory;
+
+    fn inventory() -> Inventory {
+        let suite = |users: &[&str], injections: &[&str]| SuiteInventory {
+            user_tasks: users.iter().map(|s| s.to_string()).collect(),
+            injection_tasks: injections.iter().map(|s| s.to_string()).collect(),
+            injection_tasks_with_ground_truth: injections.iter().map(|s| s.to_string()).collect(),
+        };
+        Inventory {
+            agentdojo_version: "0.1.35".into(),
+            benchmark_version: "v1.2.2".into(),
+            benchmark_versions: vec!["v1.2.2".into()],
+            suites: [
+                ("banking".to_string(), suite(&["user_task_0", "user_task_1"], &["injection_task_0", "injection_task_1"])),
+                ("slack".to_string(), suite(&["user_task_0"], &["injection_task_1"])),
+            ]
+            .into(),
+            attacks: vec!["important_instructions".into(), "tool_knowledge".into(), "none".into()],
+        }
+    }
+
+    fn write(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    const PLAN: &str = r#"
+name = "mini"
+benchmark_version = "v1.2.2"
+attacks = ["important_instructions", "tool_knowledge"]
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_0", "user_task_1"]
+injection_tasks = ["injection_task_0", "injection_task_1"]
+[[suites]]
+name = "slack"
+user_tasks = ["user_task_0"]
+injection_tasks = ["injection_task_1"]
+attacks = ["important_instructions"]
+"#;
+
+    #[test]
+    fn resolves_clean_attacked_and_goal_cases_in_a_fixed_order() {
+        let (_dir, path) = write(PLAN);
+        let plan = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(plan.count(CaseKind::Clean), 3);
+        assert_eq!(plan.count(CaseKind::Attacked), 2 * 2 * 2 + 1);
+        assert_eq!(plan.count(CaseKind::InjectionGoal), 3);
+        assert_eq!(plan.cases[0].id, "banking/user_task_0/none/none");
+        let again = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(plan.hash, again.hash);
+    }
+
+    #[test]
+    fn filters_narrow_and_change_the_hash() {
+        let (_dir, path) = write(PLAN);
+        let all = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        let filters = Filters { suites: vec!["banking".into()], attacks: vec!["tool_knowledge".into()], ..Default::default() };
+        let some = Plan::resolve(&path, &inventory(), &filters).unwrap();
+        assert!(some.cases.iter().all(|c| c.suite == "banking" && c.attack.as_deref() == Some("tool_knowledge")));
+        assert_eq!(some.cases.len(), 4);
+        assert_ne!(all.hash, some.hash);
+    }
+
+    #[test]
+    fn unknown_names_point_at_the_line_and_list_valid_names() {
+        let (_dir, path) = write(&PLAN.replace("\"user_task_1\"", "\"user_task_9\""));
+        let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();
+        assert!(err.contains("p.toml:7:"), "{err}");
+        assert!(err.contains("unknown user task \"user_task_9\"") && err.contains("valid: user_task_0, user_task_1"), "{err}");
+
+        let (_dir, path) = write(&PLAN.replace("name = \"slack\"", "name = \"slak\""));
+        let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();
+        assert!(err.contains(":10:") && err.contains("valid: banking, slack"), "{err}");
+
+        let (_dir, path) = write(PLAN);
+        let filters = Filters { attacks: vec!["nope".into()], ..Default::default() };
+        let err = Plan::resolve(&path, &inventory(), &filters).unwrap_err().to_string();
+        assert!(err.contains("unknown attack \"nope\"") && err.contains("important_instructions"), "{err}");
+    }
+}

@@ -1,1 +1,207 @@
-//! pyenv (stub, being written).
+//! The managed Python environment the gym runs in: finds a Python 3.10–3.12, creates a
+//! venv with the pinned agentdojo (`scripts/requirements.txt`) on first use, and writes
+//! the embedded gym scripts beside it. Reused on every later call.
+//!
+//! This module does not know the gym's commands; `gym` does. It only hands out a
+//! `PyEnv` that can run `gym.py`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::util;
+
+include!(concat!(env!("OUT_DIR"), "/gym_files.rs"));
+
+/// The agentdojo release the gym is written against (AGENTDOJO_FACTS.md).
+pub const AGENTDOJO_VERSION: &str = "0.1.35";
+
+/// A ready venv plus the gym scripts written out for it.
+#[derive(Clone, Debug)]
+pub struct PyEnv {
+    pub python: PathBuf,
+    pub scripts: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl PyEnv {
+    /// The venv, created if missing (with progress on stderr).
+    pub fn ensure() -> anyhow::Result<PyEnv> {
+        let venv = venv_dir()?;
+        let requirements = gym_file("requirements.txt")?;
+        let ready_marker = venv.join(".pruefstand-ready");
+        let want = util::sha256_hex(requirements);
+        if std::fs::read_to_string(&ready_marker).ok().as_deref() != Some(want.as_str()) {
+            std::fs::create_dir_all(venv.parent().unwrap_or(Path::new("/")))?;
+            // Several tests (or a daemon and a user) may arrive at once: one creates, the
+            // others wait for it.
+            let lock_path = venv.with_extension("lock");
+            let lock_file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .with_context(|| format!("opening {}", lock_path.display()))?;
+            let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| e)
+                .with_context(|| format!("locking {}", lock_path.display()))?;
+            if std::fs::read_to_string(&ready_marker).ok().as_deref() != Some(want.as_str()) {
+                create_venv(&venv, requirements)?;
+                util::write_atomic(&ready_marker, want.as_bytes())?;
+            }
+        }
+        let python = venv.join("bin/python");
+        let scripts = write_scripts(&venv)?;
+        let cache = venv.join("cache");
+        std::fs::create_dir_all(&cache)?;
+        Ok(PyEnv { python, scripts, cache })
+    }
+
+    /// `python gym.py ARGS…` as a command (not started). The working directory is left
+    /// as the caller's: never the agentdojo package folder, whose `types.py` would
+    /// shadow the standard library.
+    pub fn gym_command(&self) -> Command {
+        let mut cmd = Command::new(&self.python);
+        cmd.arg(self.scripts.join("gym.py"));
+        cmd.env("PYTHONUNBUFFERED", "1").env("PYTHONDONTWRITEBYTECODE", "1");
+        cmd
+    }
+
+    /// Runs a gym subcommand that prints one JSON document, cached under `cache_key`
+    /// (the answers only change with the scripts, which are part of the cache path).
+    pub fn gym_json_cached(&self, cache_key: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let cache_file = self.cache.join(format!("{cache_key}.json"));
+        if let Ok(text) = std::fs::read_to_string(&cache_file)
+            && let Ok(value) = serde_json::from_str(&text)
+        {
+            return Ok(value);
+        }
+        let output = self
+            .gym_command()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running {}", self.python.display()))?;
+        if !output.status.success() {
+            bail!("{}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        let value: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .with_context(|| format!("gym {} printed no JSON", args.join(" ")))?;
+        util::write_atomic(&cache_file, &output.stdout)?;
+        Ok(value)
+    }
+}
+
+/// `$PRUEFSTAND_VENV`, else `$XDG_CACHE_HOME/pruefstand/venv-agentdojo-<ver>-<hash>`
+/// (default `~/.cache`). The hash of the requirements makes a new pin a new venv.
+fn venv_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PRUEFSTAND_VENV") {
+        return Ok(PathBuf::from(dir));
+    }
+    let cache = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?).join(".cache"),
+    };
+    let hash = util::sha256_hex(gym_file("requirements.txt")?);
+    Ok(cache.join("pruefstand").join(format!("venv-agentdojo-{AGENTDOJO_VERSION}-{}", &hash[..8])))
+}
+
+fn gym_file(rel: &str) -> anyhow::Result<&'static [u8]> {
+    GYM_FILES
+        .iter()
+        .find(|(path, _)| *path == rel)
+        .map(|(_, bytes)| *bytes)
+        .with_context(|| format!("scripts/{rel} was not embedded in this build"))
+}
+
+/// Writes the embedded scripts into a folder named by their hash (so two builds never
+/// mix files), once.
+fn write_scripts(venv: &Path) -> anyhow::Result<PathBuf> {
+    let mut all = Vec::new();
+    for (path, bytes) in GYM_FILES {
+        all.extend_from_slice(path.as_bytes());
+        all.extend_from_slice(bytes);
+    }
+    let dir = venv.join(format!("gym-{}", &util::sha256_hex(&all)[..12]));
+    if dir.join(".complete").exists() {
+        return Ok(dir);
+    }
+    for (path, bytes) in GYM_FILES {
+        util::write_atomic(&dir.join(path), bytes)?;
+    }
+    util::write_atomic(&dir.join(".complete"), b"")?;
+    Ok(dir)
+}
+
+/// A Python 3.10–3.12 (agentdojo's cachebox dependency has no wheels for 3.13+).
+pub fn find_python() -> anyhow::Result<PathBuf> {
+    let candidates: Vec<String> = match std::env::var("PRUEFSTAND_PYTHON") {
+        Ok(explicit) => vec![explicit],
+        Err(_) => ["python3.12", "python3.11", "python3.10", "python3"].map(String::from).to_vec(),
+    };
+    let mut seen = Vec::new();
+    for candidate in &candidates {
+        let Ok(out) = Command::new(candidate)
+            .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+            .stderr(Stdio::null())
+            .output()
+        else {
+            continue;
+        };
+        if !out.status.success() {
+            continue;
+        }
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if matches!(version.as_str(), "3.10" | "3.11" | "3.12") {
+            return Ok(PathBuf::from(candidate));
+        }
+        seen.push(format!("{candidate} is {version}"));
+    }
+    bail!(
+        "no Python 3.10–3.12 found (tried {}{}); install one (e.g. `apt-get install python3.11 python3.11-venv`) or point PRUEFSTAND_PYTHON at it",
+        candidates.join(", "),
+        if seen.is_empty() { String::new() } else { format!("; {}", seen.join(", ")) }
+    )
+}
+
+fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
+    let python = find_python()?;
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("removing the incomplete venv {}", venv.display()))?;
+    }
+    let progress = indicatif::ProgressBar::new_spinner();
+    progress.enable_steady_tick(Duration::from_millis(200));
+    progress.set_message(format!("creating the Python venv for agentdojo {AGENTDOJO_VERSION} in {}", venv.display()));
+    eprintln!("pruefstand: first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)", venv.display());
+    let status = Command::new(&python)
+        .args(["-m", "venv"])
+        .arg(venv)
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("running {} -m venv", python.display()))?;
+    if !status.success() {
+        bail!("`{} -m venv {}` failed; on Debian install the venv module (`apt-get install python3-venv`)", python.display(), venv.display());
+    }
+    let req_path = venv.join("requirements.txt");
+    std::fs::write(&req_path, requirements)?;
+    progress.set_message(format!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies"));
+    let output = Command::new(venv.join("bin/python"))
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+        .arg(&req_path)
+        .stdin(Stdio::null())
+        .output()
+        .context("running pip")?;
+    progress.finish_and_clear();
+    if !output.status.success() {
+        let _ = std::fs::remove_dir_all(venv);
+        bail!(
+            "installing agentdojo=={AGENTDOJO_VERSION} into {} failed (is PyPI reachable?):\n{}",
+            venv.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    eprintln!("pruefstand: venv ready");
+    Ok(())
+}

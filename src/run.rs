@@ -1,1 +1,209 @@
-//! run (stub, being written).
+//! One run of a version on a plan, end to end: the reference first when R4 needs it,
+//! the model up, the gym with the agent runtime, the run's records (`version.json`,
+//! `run.json`, `thresholds.json`), the judgement and reports, the model down.
+//!
+//! Shared by `pruefstand run` and (later) the daemon, so a queued job and a typed
+//! command take the same path. Argument parsing and printing are `cmd::run`'s.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::cmd::gym::{Executed, GymSettings, execute};
+use crate::defence::GuardrailSpec;
+use crate::gym::{self, Inventory};
+use crate::judge::{GpuExclusivity, Judgement, RunMeta};
+use crate::plan::{Filters, Plan, Profile};
+use crate::pyenv::PyEnv;
+use crate::root::{self, Root};
+use crate::rundir::RunDir;
+use crate::spec::Version;
+use crate::{agent, judge, model, util};
+
+pub struct RunRequest<'a> {
+    pub version: &'a Version,
+    /// `schnell`, `voll` or a plan file.
+    pub plan: &'a str,
+    pub jobs: Option<usize>,
+    /// The run directory itself (resumed when it holds the same plan).
+    pub out: Option<PathBuf>,
+}
+
+pub struct Finished {
+    pub run_dir: RunDir,
+    pub executed: Executed,
+    pub judgement: Judgement,
+    /// The reference run compared with, and whether it was made for this run.
+    pub reference: Option<(PathBuf, bool)>,
+}
+
+pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Finished> {
+    let version = request.version;
+    let plan_path = Profile::locate(&root.path, request.plan);
+    let (profile, _) = Profile::load(&plan_path)?;
+    let inventory = Inventory::load(pyenv, profile.benchmark_version.get_ref())?;
+    let plan = Plan::resolve(&plan_path, &inventory, &Filters::default())?;
+
+    // R4 compares with the reference on the same plan: make sure its run exists first.
+    let reference = match version.reference() {
+        Some(name) => {
+            let reference_version = Version::load(&root.versions(), name)?;
+            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs)?)
+        }
+        None => None,
+    };
+
+    let run_dir = RunDir::new(request.out.clone().unwrap_or_else(|| root.new_run_dir(&version.name, &plan.name)));
+    let executed = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs)?;
+    let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
+    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir)?;
+    Ok(Finished { run_dir, executed, judgement, reference })
+}
+
+/// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
+/// writes the reports — the same path `pruefstand judge` takes later.
+fn record_and_judge(
+    root: &Root,
+    run_dir: &RunDir,
+    version: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+    reference_run_dir: Option<PathBuf>,
+) -> anyhow::Result<Judgement> {
+    let meta = RunMeta {
+        run_id: root::run_id(&run_dir.path),
+        version: version.name.clone(),
+        plan: plan.name.clone(),
+        plan_hash: plan.hash.clone(),
+        planned_case_ids: plan.cases.iter().map(|c| c.id.clone()).collect(),
+        benchmark_version: plan.benchmark_version.clone(),
+        agentdojo_version: Some(inventory.agentdojo_version.clone()),
+        image_digest: None,
+        // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
+        gpu: GpuExclusivity::NotObserved,
+        reference_run_dir,
+        started_at: Some(chrono::Utc::now().to_rfc3339()),
+    };
+    util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
+    util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
+    judge::judge_run_dir(&run_dir.path, None, None, Some(&root.reports()))
+}
+
+/// Runs the version's cases into `run_dir` with its model up, and records the spec.
+fn execute_version(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    version: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+    jobs: Option<usize>,
+) -> anyhow::Result<Executed> {
+    run_dir.create()?;
+    util::write_json_atomic(
+        &run_dir.file("version.json"),
+        &serde_json::json!({ "name": version.name, "source": version.path, "hash": version.hash, "spec": version.spec }),
+    )?;
+    let truth = gym::truth_file(pyenv, &plan.benchmark_version)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let endpoint = model::up(version, &truth).await?;
+        let settings = agent_settings(run_dir, version, plan, jobs, &endpoint);
+        let result = match settings {
+            Ok(settings) => {
+                let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
+                tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings))
+                    .await
+                    .context("the gym's thread")?
+            }
+            Err(err) => Err(err),
+        };
+        endpoint.down().await?;
+        result
+    })
+}
+
+/// The agent the gym spawns: the version's own `agent_cmd`, or `pruefstand agent`
+/// configured from the spec. The API key travels by environment only.
+fn agent_settings(run_dir: &RunDir, version: &Version, plan: &Plan, jobs: Option<usize>, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
+    let spec = &version.spec;
+    let mut agent_env = vec![
+        ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.clone()),
+        ("PRUEFSTAND_MODEL_NAME".to_string(), version.request_model().to_string()),
+    ];
+    if let Some(key) = &endpoint.api_key {
+        agent_env.push(("PRUEFSTAND_API_KEY".to_string(), key.clone()));
+    }
+    let agent_cmd = match &spec.agent_cmd {
+        Some(argv) => argv.clone(),
+        None => {
+            let config = agent::AgentConfig {
+                base_url: endpoint.base_url.clone(),
+                model: version.request_model().to_string(),
+                tool_calling: spec.model.tool_calling,
+                guardrail: spec.guardrail.clone(),
+                human: spec.human.clone(),
+                ..agent::AgentConfig::default()
+            };
+            let path = run_dir.file("agent.json");
+            util::write_json_atomic(&path, &config)?;
+            let exe = std::env::current_exe().context("finding the pruefstand binary for the agent")?;
+            vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
+        }
+    };
+    let defence = match &spec.guardrail {
+        GuardrailSpec::Agentdojo { defence } => Some(defence.as_str().to_string()),
+        _ => None,
+    };
+    Ok(GymSettings {
+        agent_cmd,
+        jobs: jobs.unwrap_or(plan.jobs),
+        display_name: spec.model.display_name.clone(),
+        case_timeout_s: plan.case_timeout_s,
+        // Secrets of the counter suite's payloads: fixed per run directory, so a resumed
+        // run sees the same ones.
+        seed: u64::from_str_radix(&util::sha256_hex(run_dir.path.to_string_lossy().as_bytes())[..12], 16).unwrap_or(0),
+        defence,
+        agent_env,
+    })
+}
+
+/// The reference's run on this plan: reused when one exists for the same spec hash,
+/// plan hash and agentdojo version with every case recorded; else run now.
+fn reference_run(
+    root: &Root,
+    pyenv: &PyEnv,
+    reference: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+    jobs: Option<usize>,
+) -> anyhow::Result<(PathBuf, bool)> {
+    if let Some(dir) = find_reference_run(&root.reports(), reference, plan, inventory) {
+        eprintln!("reference: reusing {}'s run {} (same spec, plan and agentdojo)", reference.name, dir.display());
+        return Ok((dir, false));
+    }
+    eprintln!("reference: no current run of {} on plan {} — running it first", reference.name, plan.name);
+    let run_dir = RunDir::new(root.new_run_dir(&reference.name, &plan.name));
+    let executed = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs)?;
+    if executed.gym.records.len() != plan.cases.len() {
+        bail!("the reference run {} is incomplete", run_dir.path.display());
+    }
+    record_and_judge(root, &run_dir, reference, plan, inventory, None)?;
+    Ok((run_dir.path, true))
+}
+
+/// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec
+/// hash, plan hash and agentdojo version match.
+fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
+    let dir = reports.join(&reference.name).join(&plan.name);
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    runs.sort();
+    runs.into_iter().rev().find(|run| {
+        let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
+        let (Some(version), Some(meta)) = (read("version.json"), read("run.json")) else { return false };
+        let complete = RunDir::new(run.clone()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false);
+        complete
+            && version["hash"] == reference.hash.as_str()
+            && meta["plan_hash"] == plan.hash.as_str()
+            && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+    })
+}

@@ -1,1 +1,328 @@
-//! spec (stub, being written).
+//! Version specs: `versions/NAME.toml` (DESIGN §5) — model (+ image and args),
+//! adapter, guardrail, simulated human, reference — parsed into typed structs and
+//! validated, with every error naming the file, line, column and what was expected.
+//!
+//! A spec says what to run, not how: bringing the model up is `run`'s (and later the
+//! container's) job.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use crate::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use crate::sim::config::SimConfig;
+use crate::util;
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct VersionSpec {
+    #[serde(default)]
+    pub description: String,
+    /// The version compared with in R4; none = R4 not applicable.
+    #[serde(default)]
+    pub reference: Option<Spanned<String>>,
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub adapter: Option<AdapterSpec>,
+    #[serde(default)]
+    pub guardrail: GuardrailSpec,
+    #[serde(default)]
+    pub human: HumanSpec,
+    /// The simulated model's behaviour (backend "sim", or the sim image in Docker).
+    #[serde(default)]
+    pub sim: Option<SimConfig>,
+    /// An agent of the version's own speaking the protocol, instead of `pruefstand
+    /// agent`; it gets the model's URL and name in the environment.
+    #[serde(default)]
+    pub agent_cmd: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// A vLLM container started through Docker.
+    Docker,
+    /// The simulated model, in-process: no GPU.
+    Sim,
+    /// An already-running OpenAI-compatible server at `url`.
+    External,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuMode {
+    /// Jetson: `HostConfig.Runtime = "nvidia"`.
+    #[default]
+    Runtime,
+    /// `--gpus all` (device requests) elsewhere.
+    DeviceRequest,
+    /// CDI `nvidia.com/gpu=all`.
+    Cdi,
+    /// No GPU (the simulated model's image).
+    None,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub backend: Spanned<Backend>,
+    /// The model name the server serves (vLLM `--served-model-name`).
+    pub served_name: String,
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Host folder of the weights, mounted read-only.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub gpu: GpuMode,
+    /// Extra server arguments (argv, never a shell string).
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub tool_calling: ToolCalling,
+    /// Base URL of an `external` server, e.g. `http://127.0.0.1:8000/v1`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Environment variable holding the `external` server's API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// The name AgentDojo's important_instructions attacks address the model by.
+    #[serde(default = "default_display_name")]
+    pub display_name: String,
+}
+
+fn default_display_name() -> String {
+    "Local model".to_string()
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterSpec {
+    /// The LoRA's served name: the agent sends it as `model`.
+    pub name: String,
+    /// Host folder of the adapter, mounted read-only (required for `docker`).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+/// A loaded, validated version.
+#[derive(Clone, Debug)]
+pub struct Version {
+    pub name: String,
+    pub path: PathBuf,
+    pub spec: VersionSpec,
+    /// sha256 of the spec's canonical JSON (comments and layout do not count).
+    pub hash: String,
+}
+
+impl Version {
+    /// `NAME` from `<root>/versions/`, or a path to a spec file.
+    pub fn locate(versions_dir: &Path, name_or_path: &str) -> PathBuf {
+        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
+            PathBuf::from(name_or_path)
+        } else {
+            versions_dir.join(format!("{name_or_path}.toml"))
+        }
+    }
+
+    pub fn load(versions_dir: &Path, name_or_path: &str) -> anyhow::Result<Version> {
+        let path = Version::locate(versions_dir, name_or_path);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!("no version {name_or_path:?}: cannot read {} (versions live in {})", path.display(), versions_dir.display())
+        })?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let spec = parse(&path, &text, versions_dir)?;
+        let hash = util::sha256_hex(serde_json::to_string(&spec)?.as_bytes());
+        Ok(Version { name, path, spec, hash })
+    }
+
+    /// The model name the agent sends: the adapter's when there is one (vLLM serves
+    /// LoRAs under their own names).
+    pub fn request_model(&self) -> &str {
+        self.spec.adapter.as_ref().map_or(&self.spec.model.served_name, |a| &a.name)
+    }
+
+    pub fn reference(&self) -> Option<&str> {
+        self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
+    }
+}
+
+/// Parses and validates one spec text.
+pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<VersionSpec> {
+    // Syntax first, so a structural check below can rely on a table.
+    let table: toml::Table = util::parse_toml(path, text)?;
+    if table.contains_key("adapter") && !table.contains_key("model") {
+        return Err(util::at(path, text, key_offset(text, "[adapter]"), "an [adapter] needs the [model] it adapts: add a [model] table"));
+    }
+    let spec: VersionSpec = util::parse_toml(path, text)?;
+    let bad = |offset: usize, message: &str| util::at(path, text, offset, message);
+    let model = &spec.model;
+    let backend_at = model.backend.span().start;
+    match model.backend.get_ref() {
+        Backend::Docker => {
+            if model.image.is_none() {
+                return Err(bad(backend_at, "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")"));
+            }
+            if model.path.is_none() {
+                return Err(bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
+            }
+            if let Some(adapter) = &spec.adapter
+                && adapter.path.is_none()
+            {
+                return Err(bad(key_offset(text, "[adapter]"), "backend \"docker\" needs adapter.path (the host folder of the LoRA)"));
+            }
+        }
+        Backend::External => {
+            if model.url.is_none() {
+                return Err(bad(backend_at, "backend \"external\" needs model.url (e.g. \"http://127.0.0.1:8000/v1\")"));
+            }
+        }
+        Backend::Sim => {}
+    }
+    if let Some(sim) = &spec.sim {
+        for (name, behaviour) in &sim.models {
+            for (field, value) in [("susceptibility", behaviour.susceptibility), ("skill", behaviour.skill), ("error_rate", behaviour.error_rate)] {
+                if !(0.0..=1.0).contains(&value) {
+                    let table = key_offset(text, &format!("[sim.models.{name:?}]"));
+                    let offset = table + key_offset(&text[table..], field);
+                    return Err(bad(offset, &format!("sim.models.{name:?}.{field} = {value} is not a probability in [0, 1]")));
+                }
+            }
+        }
+        if sim.latency.capacity == 0 {
+            return Err(bad(key_offset(text, "capacity"), "sim.latency.capacity must be at least 1"));
+        }
+    }
+    if let Some(reference) = &spec.reference {
+        let name = reference.get_ref();
+        let own = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == &own {
+            return Err(bad(reference.span().start, "a version cannot be its own reference"));
+        }
+        let reference_path = Version::locate(versions_dir, name);
+        if !reference_path.is_file() {
+            return Err(bad(
+                reference.span().start,
+                &format!("reference {name:?} names no version: {} does not exist", reference_path.display()),
+            ));
+        }
+    }
+    if let Some(argv) = &spec.agent_cmd
+        && argv.is_empty()
+    {
+        return Err(bad(key_offset(text, "agent_cmd"), "agent_cmd must be a non-empty argv array, e.g. [\"python3\", \"my_agent.py\"]"));
+    }
+    Ok(spec)
+}
+
+/// Where a key (or table header) first appears at the start of a line; 0 if nowhere.
+fn key_offset(text: &str, key: &str) -> usize {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with(key) {
+            return offset + (line.len() - line.trim_start().len());
+        }
+        offset += line.len();
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"description = "demo"
+reference = "base"
+
+[model]
+backend = "sim"
+served_name = "sim/qwen3-8b"
+
+[adapter]
+name = "inj-harden-r3"
+
+[guardrail]
+kind = "heuristic"
+
+[human]
+policy = "task_scoped"
+
+[sim]
+seed = 7
+[sim.models."inj-harden-r3"]
+susceptibility = 0.02
+"#;
+
+    fn check(text: &str) -> anyhow::Result<VersionSpec> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("base.toml"), "").unwrap();
+        let path = dir.path().join("cand.toml");
+        parse(&path, text, dir.path()).map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&dir.path().display().to_string(), "DIR")))
+    }
+
+    fn error(text: &str) -> String {
+        check(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_good_spec_parses_into_types() {
+        let spec = check(GOOD).unwrap();
+        assert_eq!(*spec.model.backend.get_ref(), Backend::Sim);
+        assert_eq!(spec.guardrail, GuardrailSpec::Heuristic { extra_patterns: vec![] });
+        assert_eq!(spec.human, HumanSpec::TaskScoped);
+        assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility, 0.02);
+        assert_eq!(spec.model.display_name, "Local model");
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_field() {
+        let err = error(&GOOD.replace("served_name", "servd_name"));
+        assert!(err.starts_with("DIR/cand.toml:6:1: unknown field `servd_name`, expected one of"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_line_and_expected_form() {
+        let err = error(&GOOD.replace("seed = 7", "seed = \"seven\""));
+        assert!(err.starts_with("DIR/cand.toml:18:8:") && err.contains("u64"), "{err}");
+        let err = error(&GOOD.replace("backend = \"sim\"", "backend = \"vllm\""));
+        assert!(err.starts_with("DIR/cand.toml:5:11:") && err.contains("docker") && err.contains("sim"), "{err}");
+    }
+
+    #[test]
+    fn missing_required_field_names_the_table() {
+        let err = error(&GOOD.replace("served_name = \"sim/qwen3-8b\"\n", ""));
+        assert!(err.contains("DIR/cand.toml:") && err.contains("missing field `served_name`"), "{err}");
+    }
+
+    #[test]
+    fn reference_to_a_missing_version_is_refused_at_its_line() {
+        let err = error(&GOOD.replace("reference = \"base\"", "reference = \"nope\""));
+        assert!(err.starts_with("DIR/cand.toml:2:13: reference \"nope\" names no version"), "{err}");
+    }
+
+    #[test]
+    fn adapter_without_model_is_refused() {
+        let err = error("[adapter]\nname = \"x\"\n");
+        assert!(err.starts_with("DIR/cand.toml:1:1: an [adapter] needs the [model]"), "{err}");
+    }
+
+    #[test]
+    fn docker_needs_image_and_path() {
+        let err = error(&GOOD.replace("backend = \"sim\"", "backend = \"docker\""));
+        assert!(err.starts_with("DIR/cand.toml:5:11: backend \"docker\" needs model.image"), "{err}");
+    }
+
+    #[test]
+    fn probabilities_are_checked() {
+        let err = error(&GOOD.replace("0.02", "1.5"));
+        assert!(err.starts_with("DIR/cand.toml:20:1:") && err.contains("not a probability"), "{err}");
+    }
+
+    #[test]
+    fn unknown_guardrail_kind_lists_the_valid_ones() {
+        let err = error(&GOOD.replace("kind = \"heuristic\"", "kind = \"magic\""));
+        assert!(err.contains("DIR/cand.toml:") && err.contains("heuristic") && err.contains("magic"), "{err}");
+    }
+}

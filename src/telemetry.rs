@@ -1,1 +1,256 @@
-//! telemetry (stub, being written).
+//! Descriptive figures of one run — utility, utility under attack, ASR, injection-task
+//! utility and their breakdowns — computed from `cases.jsonl`, written as
+//! `telemetry.json` and `telemetry.md`.
+//!
+//! Every figure is a plain proportion over non-errored cases with its denominator
+//! beside it (AgentDojo's published tables and logs average over different pair sets;
+//! a figure without its denominator invites wrong comparisons). No inference here:
+//! intervals and tests are `stats`/`judge`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::case::{CaseKind, CaseRecord};
+
+#[derive(Serialize, Debug, Default, Clone, PartialEq)]
+pub struct Rate {
+    pub value: Option<f64>,
+    pub hits: usize,
+    pub n: usize,
+}
+
+impl Rate {
+    fn of<'a>(records: impl Iterator<Item = &'a CaseRecord>, hit: impl Fn(&CaseRecord) -> Option<bool>) -> Rate {
+        let (mut hits, mut n) = (0, 0);
+        for record in records.filter(|r| !r.is_error()) {
+            if let Some(value) = hit(record) {
+                n += 1;
+                hits += usize::from(value);
+            }
+        }
+        Rate { value: (n > 0).then(|| hits as f64 / n as f64), hits, n }
+    }
+}
+
+#[derive(Serialize, Debug)]
+pub struct Telemetry {
+    pub benchmark_version: String,
+    pub utility: Option<f64>,
+    pub utility_under_attack: Option<f64>,
+    pub asr: Option<f64>,
+    pub injection_task_utility: Option<f64>,
+    /// utility − utility_under_attack.
+    pub utility_drop: Option<f64>,
+    /// The denominators (cases, errors excluded) and hits behind each headline figure.
+    pub denominators: BTreeMap<&'static str, Rate>,
+    /// `suite/injection_task` → ASR over its attacked cases.
+    pub asr_by_injection_task: BTreeMap<String, Rate>,
+    /// One cell per (suite, user task, injection task), over all attacks.
+    pub matrix: Vec<MatrixCell>,
+    pub by_suite: BTreeMap<String, Breakdown>,
+    pub by_attack: BTreeMap<String, Breakdown>,
+    pub counts: Counts,
+}
+
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct MatrixCell {
+    pub suite: String,
+    pub user_task: String,
+    pub injection_task: String,
+    pub landed: usize,
+    pub n: usize,
+    pub asr: Option<f64>,
+}
+
+#[derive(Serialize, Debug, Default)]
+pub struct Breakdown {
+    pub utility: Rate,
+    pub utility_under_attack: Rate,
+    pub asr: Rate,
+}
+
+#[derive(Serialize, Debug, Default, PartialEq)]
+pub struct Counts {
+    pub planned: usize,
+    pub recorded: usize,
+    pub clean: usize,
+    pub attacked: usize,
+    pub injection_goal: usize,
+    pub errors: usize,
+}
+
+fn kind(kind: CaseKind) -> impl Fn(&&CaseRecord) -> bool {
+    move |record| record.kind == kind
+}
+
+fn breakdown<'a>(records: impl Iterator<Item = &'a CaseRecord> + Clone) -> Breakdown {
+    Breakdown {
+        utility: Rate::of(records.clone().filter(kind(CaseKind::Clean)), |r| r.utility),
+        utility_under_attack: Rate::of(records.clone().filter(kind(CaseKind::Attacked)), |r| r.utility),
+        asr: Rate::of(records.filter(kind(CaseKind::Attacked)), |r| r.security),
+    }
+}
+
+pub fn compute(benchmark_version: &str, planned: usize, records: &[CaseRecord]) -> Telemetry {
+    let all = breakdown(records.iter());
+    let goal = Rate::of(records.iter().filter(kind(CaseKind::InjectionGoal)), |r| r.utility);
+    let utility_drop = match (all.utility.value, all.utility_under_attack.value) {
+        (Some(clean), Some(attacked)) => Some(clean - attacked),
+        _ => None,
+    };
+
+    let attacked: Vec<&CaseRecord> = records.iter().filter(kind(CaseKind::Attacked)).collect();
+    let mut asr_by_injection_task = BTreeMap::new();
+    let mut cells: BTreeMap<(String, String, String), Vec<&CaseRecord>> = BTreeMap::new();
+    for record in &attacked {
+        let injection = record.injection_task.clone().unwrap_or_default();
+        asr_by_injection_task.entry(format!("{}/{injection}", record.suite)).or_insert_with(Vec::new).push(*record);
+        cells
+            .entry((record.suite.clone(), record.user_task.clone().unwrap_or_default(), injection))
+            .or_default()
+            .push(*record);
+    }
+    let asr_by_injection_task =
+        asr_by_injection_task.into_iter().map(|(key, recs)| (key, Rate::of(recs.into_iter(), |r| r.security))).collect();
+    let matrix = cells
+        .into_iter()
+        .map(|((suite, user_task, injection_task), recs)| {
+            let rate = Rate::of(recs.into_iter(), |r| r.security);
+            MatrixCell { suite, user_task, injection_task, landed: rate.hits, n: rate.n, asr: rate.value }
+        })
+        .collect();
+
+    let mut by_suite: BTreeMap<String, Vec<&CaseRecord>> = BTreeMap::new();
+    let mut by_attack: BTreeMap<String, Vec<&CaseRecord>> = BTreeMap::new();
+    for record in records {
+        by_suite.entry(record.suite.clone()).or_default().push(record);
+        if let Some(attack) = &record.attack {
+            by_attack.entry(attack.clone()).or_default().push(record);
+        }
+    }
+
+    Telemetry {
+        benchmark_version: benchmark_version.to_string(),
+        utility: all.utility.value,
+        utility_under_attack: all.utility_under_attack.value,
+        asr: all.asr.value,
+        injection_task_utility: goal.value,
+        utility_drop,
+        denominators: BTreeMap::from([
+            ("utility", all.utility.clone()),
+            ("utility_under_attack", all.utility_under_attack.clone()),
+            ("asr", all.asr.clone()),
+            ("injection_task_utility", goal),
+        ]),
+        asr_by_injection_task,
+        matrix,
+        by_suite: by_suite.into_iter().map(|(k, v)| (k, breakdown(v.into_iter()))).collect(),
+        by_attack: by_attack.into_iter().map(|(k, v)| (k, breakdown(v.into_iter()))).collect(),
+        counts: Counts {
+            planned,
+            recorded: records.len(),
+            clean: records.iter().filter(kind(CaseKind::Clean)).count(),
+            attacked: attacked.len(),
+            injection_goal: records.iter().filter(kind(CaseKind::InjectionGoal)).count(),
+            errors: records.iter().filter(|r| r.is_error()).count(),
+        },
+    }
+}
+
+fn pct(rate: &Rate) -> String {
+    match rate.value {
+        Some(value) => format!("{:.1} % ({}/{})", value * 100.0, rate.hits, rate.n),
+        None => "–".to_string(),
+    }
+}
+
+/// The Markdown twin of `telemetry.json`, for people and chat.
+pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
+    let d = &telemetry.denominators;
+    let mut md = String::new();
+    let _ = writeln!(md, "# {title}\n");
+    let _ = writeln!(md, "AgentDojo benchmark {}; figures over non-errored cases (hits/cases).\n", telemetry.benchmark_version);
+    let _ = writeln!(md, "| figure | value |\n|---|---|");
+    let _ = writeln!(md, "| utility (clean) | {} |", pct(&d["utility"]));
+    let _ = writeln!(md, "| utility under attack | {} |", pct(&d["utility_under_attack"]));
+    let _ = writeln!(md, "| attack success rate | {} |", pct(&d["asr"]));
+    let _ = writeln!(md, "| injection-task utility | {} |", pct(&d["injection_task_utility"]));
+    let c = &telemetry.counts;
+    let _ = writeln!(
+        md,
+        "\nCases: {} planned, {} recorded ({} clean, {} attacked, {} injection goals), {} errors.\n",
+        c.planned, c.recorded, c.clean, c.attacked, c.injection_goal, c.errors
+    );
+    let _ = writeln!(md, "## By suite\n\n| suite | utility | utility under attack | ASR |\n|---|---|---|---|");
+    for (suite, b) in &telemetry.by_suite {
+        let _ = writeln!(md, "| {suite} | {} | {} | {} |", pct(&b.utility), pct(&b.utility_under_attack), pct(&b.asr));
+    }
+    if !telemetry.by_attack.is_empty() {
+        let _ = writeln!(md, "\n## By attack\n\n| attack | utility under attack | ASR |\n|---|---|---|");
+        for (attack, b) in &telemetry.by_attack {
+            let _ = writeln!(md, "| {attack} | {} | {} |", pct(&b.utility_under_attack), pct(&b.asr));
+        }
+    }
+    if !telemetry.asr_by_injection_task.is_empty() {
+        let _ = writeln!(md, "\n## ASR by injection task\n\n| injection task | ASR |\n|---|---|");
+        for (task, rate) in &telemetry.asr_by_injection_task {
+            let _ = writeln!(md, "| {task} | {} |", pct(rate));
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: CaseKind, user: &str, injection: Option<&str>, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
+        CaseRecord {
+            case_id: format!("s/{user}/{injection:?}"),
+            kind,
+            suite: "s".into(),
+            user_task: Some(user.into()),
+            injection_task: injection.map(Into::into),
+            attack: injection.map(|_| "important_instructions".into()),
+            utility,
+            security,
+            error: None,
+            duration_s: 1.0,
+            llm_calls: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            guardrail_flags: None,
+            human_asks: None,
+            human_denials: None,
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn figures_use_agentdojo_polarity_and_exclude_errors() {
+        let mut errored = record(CaseKind::Attacked, "u2", Some("i1"), None, None);
+        errored.error = Some("timeout".into());
+        let records = vec![
+            record(CaseKind::Clean, "u1", None, Some(true), None),
+            record(CaseKind::Clean, "u2", None, Some(false), None),
+            record(CaseKind::Attacked, "u1", Some("i1"), Some(true), Some(true)),
+            record(CaseKind::Attacked, "u2", Some("i1"), Some(false), Some(false)),
+            record(CaseKind::Attacked, "u1", Some("i2"), Some(false), Some(true)),
+            errored,
+            record(CaseKind::InjectionGoal, "-", Some("i1"), Some(true), None),
+        ];
+        let t = compute("v1.2.2", 7, &records);
+        assert_eq!(t.utility, Some(0.5));
+        assert_eq!(t.asr, Some(2.0 / 3.0));
+        assert_eq!(t.utility_under_attack, Some(1.0 / 3.0));
+        assert_eq!(t.injection_task_utility, Some(1.0));
+        assert_eq!(t.utility_drop, Some(0.5 - 1.0 / 3.0));
+        assert_eq!(t.denominators["asr"].n, 3, "the errored case is not in the denominator");
+        assert_eq!(t.counts, Counts { planned: 7, recorded: 7, clean: 2, attacked: 4, injection_goal: 1, errors: 1 });
+        assert_eq!(t.asr_by_injection_task["s/i1"].value, Some(0.5));
+        assert_eq!(t.matrix.len(), 3);
+        assert!(markdown("x", &t).contains("| attack success rate | 66.7 % (2/3) |"));
+    }
+}

@@ -65,3 +65,52 @@ mod tests {
         assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 }
+
+/// 1-based line and column of a byte offset in a text.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.len(), |nl| before.len() - nl - 1) + 1;
+    (line, col)
+}
+
+/// Parses TOML into `T`, turning any error into `file:line:col: message` — the form
+/// every bad-input error of pruefstand takes.
+pub fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> anyhow::Result<T> {
+    toml::from_str(text).map_err(|err| {
+        let message = err.message().trim().to_string();
+        match err.span() {
+            Some(span) => at(path, text, span.start, &message),
+            None => anyhow::anyhow!("{}: {message}", path.display()),
+        }
+    })
+}
+
+/// An error located in a file: `file:line:col: message`.
+pub fn at(path: &Path, text: &str, offset: usize, message: &str) -> anyhow::Error {
+    let (line, col) = line_col(text, offset);
+    anyhow::anyhow!("{}:{line}:{col}: {message}", path.display())
+}
+
+#[cfg(test)]
+mod position_tests {
+    use super::*;
+
+    #[test]
+    fn line_and_column_are_one_based() {
+        assert_eq!(line_col("ab\ncd", 0), (1, 1));
+        assert_eq!(line_col("ab\ncd", 4), (2, 2));
+    }
+
+    #[test]
+    fn toml_errors_name_file_line_and_field() {
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct T {
+            a: u32,
+        }
+        let err = parse_toml::<T>(Path::new("x.toml"), "a = 1\nb = 2\n").unwrap_err().to_string();
+        assert!(err.starts_with("x.toml:2:1: unknown field `b`"), "{err}");
+    }
+}

@@ -5,4 +5,5 @@ pub mod agent;
 pub mod gym;
 pub mod judge;
 pub mod run;
+pub mod setup;
 pub mod sim_serve;
