@@ -8,5 +8,7 @@
 
 pub mod config;
 pub mod draw;
+pub mod metrics;
+pub mod openai;
 pub mod policy;
 pub mod truth;
