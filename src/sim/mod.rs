@@ -11,4 +11,9 @@ pub mod draw;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
+pub mod server;
 pub mod truth;
+
+pub use config::SimConfig;
+pub use server::{Server, SimSettings};
+pub use truth::Truth;
