@@ -144,10 +144,6 @@ impl Policy {
         Policy { truth, seed, entries, goals }
     }
 
-    pub fn truth(&self) -> &Truth {
-        &self.truth
-    }
-
     /// The next action for a conversation; `None` plan when the prompt is unknown.
     pub fn respond(&self, behaviour: &Behaviour, conv: &Conversation) -> (Action, Option<Plan>) {
         match self.plan(behaviour, conv) {
