@@ -98,7 +98,9 @@ fn parse_vllm_args(argv: &[String], env_key: Option<String>) -> anyhow::Result<S
             vals.into_iter().next().with_context(|| format!("{flag} needs a value"))
         };
         match flag {
-            "-h" | "--help" => bail!("usage: pruefstand sim-serve [serve] MODEL_DIR --served-model-name NAME [--host H] [--port P] [--api-key K] [--enable-lora] [--lora-modules name=path ...]"),
+            "-h" | "--help" => bail!(
+                "usage: pruefstand sim-serve [serve] MODEL_DIR --served-model-name NAME [--host H] [--port P] [--api-key K] [--enable-lora] [--lora-modules name=path ...]"
+            ),
             "--model" => model = Some(one(values(&mut i, inline, false))?),
             "--host" => host = Some(one(values(&mut i, inline, false))?),
             "--api-key" => key = Some(one(values(&mut i, inline, false))?),
@@ -166,7 +168,11 @@ fn parse_lora_module(spec: &str) -> anyhow::Result<(String, String)> {
 
 fn load_settings(a: &ServeArgs) -> anyhow::Result<SimSettings> {
     let dir = &a.model_dir;
-    anyhow::ensure!(dir.is_dir(), "model folder {} does not exist (it must hold sim.toml and truth.json)", dir.display());
+    anyhow::ensure!(
+        dir.is_dir(),
+        "model folder {} does not exist (it must hold sim.toml and truth.json)",
+        dir.display()
+    );
     let config = load_config(&dir.join("sim.toml"))?;
     let truth = Truth::load(&dir.join("truth.json"))?;
     Ok(SimSettings {
@@ -185,7 +191,10 @@ fn load_config(path: &Path) -> anyhow::Result<SimConfig> {
 }
 
 fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
-    (host, port).to_socket_addrs().with_context(|| format!("resolving --host {host}"))?.next()
+    (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving --host {host}"))?
+        .next()
         .with_context(|| format!("--host {host} resolves to no address"))
 }
 
@@ -233,9 +242,11 @@ mod tests {
     #[test]
     fn parses_the_vllm_shape() {
         let a = parse_vllm_args(
-            &argv("serve /m --served-model-name base alias --host 127.0.0.1 --port=9000 --max-model-len 32768 \
+            &argv(
+                "serve /m --served-model-name base alias --host 127.0.0.1 --port=9000 --max-model-len 32768 \
                    --gpu-memory-utilization 0.8 --enable-auto-tool-choice --tool-call-parser hermes --enable-lora \
-                   --lora-modules a=/l/a b=/l/b --trust-remote-code"),
+                   --lora-modules a=/l/a b=/l/b --trust-remote-code",
+            ),
             Some("envkey".into()),
         )
         .unwrap();

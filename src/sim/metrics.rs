@@ -144,14 +144,54 @@ impl Metrics {
         let mut scalar = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
         };
-        scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", &label, gate.running().to_string());
-        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", &label, gate.waiting().to_string());
-        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", &label, c.prompt_tokens.to_string());
-        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", &label, c.generation_tokens.to_string());
+        scalar(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            &label,
+            gate.running().to_string(),
+        );
+        scalar(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            &label,
+            gate.waiting().to_string(),
+        );
+        scalar(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            &label,
+            c.prompt_tokens.to_string(),
+        );
+        scalar(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            &label,
+            c.generation_tokens.to_string(),
+        );
         let success_labels = format!("finished_reason=\"stop\",{label}");
-        scalar("vllm:request_success_total", "counter", "Count of successfully processed requests.", &success_labels, c.success.to_string());
-        c.e2e.write(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", &label);
-        c.ttft.write(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &label);
+        scalar(
+            "vllm:request_success_total",
+            "counter",
+            "Count of successfully processed requests.",
+            &success_labels,
+            c.success.to_string(),
+        );
+        c.e2e.write(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            &label,
+        );
+        c.ttft.write(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &label,
+        );
         out
     }
 }
@@ -209,10 +249,12 @@ mod tests {
     }
 
     async fn futures_poll_once<F: std::future::Future>(mut fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
-        std::future::poll_fn(|cx| std::task::Poll::Ready(match fut.as_mut().poll(cx) {
-            std::task::Poll::Ready(v) => Some(v),
-            std::task::Poll::Pending => None,
-        }))
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match fut.as_mut().poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
         .await
     }
 

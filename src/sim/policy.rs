@@ -68,7 +68,9 @@ pub enum Action {
     Call(Call),
     Final(String),
     /// Output the agent cannot use (the `error_rate` draw fired).
-    Garbled { function: String },
+    Garbled {
+        function: String,
+    },
 }
 
 /// A case's whole course, for the next action and for logging.
