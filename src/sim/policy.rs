@@ -219,8 +219,10 @@ impl Policy {
             tool_score(&self.truth.suites[&self.entries[i].suite].tools, conv)
         };
         // Highest tool score, then user tasks first, then the lowest index (name order).
-        let key = |i: usize| (std::cmp::Reverse(OrdF64(score(i))), self.entries[i].kind != Kind::UserTask, i);
-        candidates.into_iter().min_by_key(|&i| key(i))
+        let kind_rank = |i: usize| self.entries[i].kind != Kind::UserTask;
+        candidates
+            .into_iter()
+            .min_by(|&a, &b| score(b).total_cmp(&score(a)).then(kind_rank(a).cmp(&kind_rank(b))).then(a.cmp(&b)))
     }
 
     fn matching(&self, pred: impl Fn(&Entry) -> bool) -> Vec<usize> {
@@ -239,16 +241,6 @@ impl Policy {
                 .max_by_key(|(id, g)| (g.len(), std::cmp::Reverse(id.as_str())))
                 .map(|(id, _)| (obs.calls_before, id.as_str()))
         })
-    }
-}
-
-/// Total order on the finite scores of `tool_score`.
-#[derive(PartialEq, PartialOrd)]
-struct OrdF64(f64);
-impl Eq for OrdF64 {}
-impl Ord for OrdF64 {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
     }
 }
 
