@@ -1,3 +1,19 @@
-//! The simulated model (being written).
+//! The simulated model (DESIGN §9): an OpenAI-compatible server that acts out the
+//! AgentDojo ground truth, follows injections with a seeded probability per served
+//! name, and models latency and batch capacity. Deterministic and honest about being a
+//! simulation; not a language model and not a general mock.
+//!
+//! `truth` (truth.json) → `policy` (what to do) → `openai` (wire format) → `server`
+//! (HTTP, latency, metrics). `draw` is the only randomness.
 
 pub mod config;
+pub mod draw;
+pub mod metrics;
+pub mod openai;
+pub mod policy;
+pub mod server;
+pub mod truth;
+
+pub use config::SimConfig;
+pub use server::{Server, SimSettings};
+pub use truth::Truth;

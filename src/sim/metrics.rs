@@ -1,0 +1,275 @@
+//! What the simulator counts and how it reports it: request admission with a batch
+//! capacity (`Gate`, whose waiting/running counts are the queue gauges) and
+//! Prometheus text under vLLM's metric names (THOR_FACTS), so the bench's telemetry
+//! reads the simulator and a real vLLM alike. Not for latency arithmetic or HTTP.
+//!
+//! As in vLLM, every series carries `model_name` = the base served name, also for
+//! requests to an adapter (vLLM labels by engine, not by LoRA).
+
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+/// At most `capacity` requests are served at once; the rest wait in FIFO order.
+pub struct Gate {
+    slots: Semaphore,
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+}
+
+/// A served request's slot; frees it when dropped.
+pub struct Pass<'a> {
+    _permit: SemaphorePermit<'a>,
+    gate: &'a Gate,
+}
+
+/// Un-counts a waiter even if its request is dropped while queued (client gone).
+struct Waiting<'a>(&'a Gate);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        self.gate.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Gate {
+    /// A capacity of 0 would block forever; it means 1.
+    pub fn new(capacity: usize) -> Gate {
+        Gate { slots: Semaphore::new(capacity.max(1)), waiting: AtomicUsize::new(0), running: AtomicUsize::new(0) }
+    }
+
+    pub async fn enter(&self) -> Pass<'_> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let waiting = Waiting(self);
+        let permit = self.slots.acquire().await.expect("the gate's semaphore is never closed");
+        self.running.fetch_add(1, Ordering::SeqCst);
+        drop(waiting);
+        Pass { _permit: permit, gate: self }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+}
+
+/// vLLM's buckets for end-to-end latency and time to first token (seconds).
+const E2E_BUCKETS: &[f64] =
+    &[0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0];
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+
+struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket, not cumulative; one more than `bounds` for +Inf.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0 }
+    }
+
+    fn observe(&mut self, x: f64) {
+        let i = self.bounds.iter().position(|&b| x <= b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += x;
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, count) in self.counts.iter().enumerate() {
+            cumulative += count;
+            let le = self.bounds.get(i).map_or("+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\",{label}}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum{{{label}}} {}\n{name}_count{{{label}}} {cumulative}", self.sum);
+    }
+}
+
+struct Counts {
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    success: u64,
+    e2e: Histogram,
+    ttft: Histogram,
+}
+
+pub struct Metrics {
+    counts: Mutex<Counts>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            counts: Mutex::new(Counts {
+                prompt_tokens: 0,
+                generation_tokens: 0,
+                success: 0,
+                e2e: Histogram::new(E2E_BUCKETS),
+                ttft: Histogram::new(TTFT_BUCKETS),
+            }),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn record(&self, prompt_tokens: u64, completion_tokens: u64, e2e_s: f64, ttft_s: f64) {
+        let mut c = self.counts.lock().expect("metrics lock poisoned");
+        c.prompt_tokens += prompt_tokens;
+        c.generation_tokens += completion_tokens;
+        c.success += 1;
+        c.e2e.observe(e2e_s);
+        c.ttft.observe(ttft_s);
+    }
+
+    /// Prometheus text exposition format 0.0.4.
+    pub fn render(&self, model_name: &str, gate: &Gate) -> String {
+        let label = format!("model_name=\"{}\"", escape_label(model_name));
+        let c = self.counts.lock().expect("metrics lock poisoned");
+        let mut out = String::new();
+        let mut scalar = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
+        };
+        scalar(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            &label,
+            gate.running().to_string(),
+        );
+        scalar(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            &label,
+            gate.waiting().to_string(),
+        );
+        scalar(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            &label,
+            c.prompt_tokens.to_string(),
+        );
+        scalar(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            &label,
+            c.generation_tokens.to_string(),
+        );
+        let success_labels = format!("finished_reason=\"stop\",{label}");
+        scalar(
+            "vllm:request_success_total",
+            "counter",
+            "Count of successfully processed requests.",
+            &success_labels,
+            c.success.to_string(),
+        );
+        c.e2e.write(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of end to end request latency in seconds.",
+            &label,
+        );
+        c.ttft.write(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &label,
+        );
+        out
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', r"\\").replace('"', "\\\"").replace('\n', r"\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counting only: lets spawned tasks run until `cond` holds (no clocks involved).
+    async fn settle(cond: impl Fn() -> bool) {
+        for _ in 0..10_000 {
+            if cond() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("condition never held");
+    }
+
+    #[tokio::test]
+    async fn gate_queues_beyond_capacity_and_counts() {
+        let gate = std::sync::Arc::new(Gate::new(2));
+        let a = gate.enter().await;
+        let _b = gate.enter().await;
+        assert_eq!((gate.running(), gate.waiting()), (2, 0));
+        let (g, (tx, rx)) = (gate.clone(), tokio::sync::oneshot::channel::<()>());
+        let third = tokio::spawn(async move {
+            let _pass = g.enter().await;
+            rx.await.ok();
+        });
+        settle(|| gate.waiting() == 1).await;
+        assert_eq!(gate.running(), 2);
+        drop(a);
+        settle(|| gate.waiting() == 0).await;
+        assert_eq!(gate.running(), 2, "the third took the freed slot");
+        tx.send(()).unwrap();
+        third.await.unwrap();
+        assert_eq!(gate.running(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_is_uncounted() {
+        let gate = Gate::new(0);
+        let _held = gate.enter().await;
+        {
+            let fut = std::pin::pin!(gate.enter());
+            assert!(futures_poll_once(fut).await.is_none());
+            assert_eq!(gate.waiting(), 1);
+        }
+        assert_eq!(gate.waiting(), 0);
+    }
+
+    async fn futures_poll_once<F: std::future::Future>(mut fut: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match fut.as_mut().poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
+    }
+
+    #[test]
+    fn renders_vllm_series() {
+        let m = Metrics::default();
+        m.record(100, 7, 0.4, 0.01);
+        m.record(50, 3, 1000.0, 0.002);
+        let text = m.render("base\"x", &Gate::new(4));
+        assert!(text.contains("vllm:prompt_tokens_total{model_name=\"base\\\"x\"} 150\n"), "{text}");
+        assert!(text.contains("vllm:generation_tokens_total{model_name=\"base\\\"x\"} 10\n"));
+        assert!(text.contains("vllm:request_success_total{finished_reason=\"stop\",model_name=\"base\\\"x\"} 2\n"));
+        assert!(text.contains("vllm:e2e_request_latency_seconds_bucket{le=\"0.5\",model_name=\"base\\\"x\"} 1\n"));
+        assert!(text.contains("vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\",model_name=\"base\\\"x\"} 2\n"));
+        assert!(text.contains("vllm:e2e_request_latency_seconds_count{model_name=\"base\\\"x\"} 2\n"));
+        assert!(text.contains("vllm:num_requests_waiting{model_name=\"base\\\"x\"} 0\n"));
+    }
+}
