@@ -18,6 +18,9 @@ pub enum LlmError {
     Server(String),
     #[error("unusable model output: {0}")]
     Unusable(String),
+    /// Not the model's fault: the adapter sent something unreadable.
+    #[error("agent protocol: {0}")]
+    Protocol(String),
 }
 
 /// Token and call counts since the last reset (a `case_start`).
@@ -114,7 +117,7 @@ impl Llm {
             req = req.bearer_auth(key);
         }
         let resp = req.send().await.map_err(|e| {
-            let msg = format!("POST {}: {}", self.url, error_chain(&e));
+            let msg = error_chain(&e); // names the URL already
             if e.is_builder() { Attempt::Fatal(msg) } else { Attempt::Transient(msg) }
         })?;
         let status = resp.status();

@@ -107,8 +107,9 @@ struct Query {
     prompt: String,
     #[serde(default)]
     tools: Vec<ToolSpec>,
+    /// Kept raw: denial splices are anchored by a hash of the history before them.
     #[serde(default)]
-    messages: Vec<Message>,
+    messages: Vec<Value>,
 }
 
 /// Counters of the current case (since the last `case_start`), besides the model usage
@@ -121,6 +122,21 @@ struct CaseState {
     /// Verdicts on tool outputs already judged in this case: the adapter resends the
     /// whole history every turn, and a flag must count once.
     judged: HashMap<String, bool>,
+    /// Denied steps of earlier queries, which the adapter never saw: re-inserted into
+    /// later histories of the case so the model keeps seeing its denials.
+    splices: Vec<Splice>,
+}
+
+/// Local messages to insert after the first `at` messages of the adapter's history,
+/// when that prefix still hashes to `prefix`.
+struct Splice {
+    at: usize,
+    prefix: String,
+    messages: Vec<Message>,
+}
+
+fn prefix_hash(raw: &[Value]) -> String {
+    crate::util::sha256_hex(serde_json::to_string(raw).expect("JSON values serialize").as_bytes())
 }
 
 pub struct Agent {
@@ -216,8 +232,20 @@ impl Agent {
     }
 
     async fn turn(&mut self, q: Query) -> Result<Turn, LlmError> {
-        let mut messages = q.messages;
+        let raw = q.messages;
+        let mut messages = raw
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::deserialize(m).map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
         self.guard(&mut messages).await;
+        // Splices go in back to front, so the earlier positions stay valid.
+        for s in self.case.splices.iter().rev() {
+            if s.at <= raw.len() && prefix_hash(&raw[..s.at]) == s.prefix {
+                messages.splice(s.at..s.at, s.messages.iter().cloned());
+            }
+        }
+        let anchor = (raw.len(), prefix_hash(&raw));
         // The human judges against the user's own request; a seed-only adapter may not
         // send `prompt`, then the first user message is that request.
         let prompt = if q.prompt.is_empty() {
@@ -242,11 +270,13 @@ impl Agent {
             }
             // The step stays local: the denial goes back to the model as the tool's
             // result; calls approved beside it did not run, and the model is told so.
-            messages.push(Message { role: "assistant".into(), tool_calls: calls.clone(), ..Default::default() });
+            let mut step = vec![Message { role: "assistant".into(), tool_calls: calls.clone(), ..Default::default() }];
             for (call, v) in calls.into_iter().zip(verdicts) {
                 let content = if v == Verdict::Denied { human::DENIED } else { "Not run: another action of the same step was denied by the user. Call it again if it is still needed." };
-                messages.push(Message { role: "tool".into(), content: Some(content.into()), tool_call_id: call.id, function: Some(call.function), ..Default::default() });
+                step.push(Message { role: "tool".into(), content: Some(content.into()), tool_call_id: call.id, function: Some(call.function), ..Default::default() });
             }
+            messages.extend(step.iter().cloned());
+            self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
         }
         tracing::warn!("the model asked for denied actions {} times; ending the case", MAX_DENIAL_ROUNDS + 1);
         Ok(Turn::Final(GAVE_UP.into()))
@@ -289,10 +319,10 @@ impl Agent {
             ToolCalling::Prompted => format::parse_prompted(reply.get("content").and_then(Value::as_str).unwrap_or(""), &mut ids),
         }
         .map_err(LlmError::Unusable)?;
-        if let Turn::Calls(calls) = &turn {
-            if let Some(c) = calls.iter().find(|c| !tools.iter().any(|t| t.name == c.function)) {
-                return Err(LlmError::Unusable(format!("call of an unknown tool {:?}", c.function)));
-            }
+        if let Turn::Calls(calls) = &turn
+            && let Some(c) = calls.iter().find(|c| !tools.iter().any(|t| t.name == c.function))
+        {
+            return Err(LlmError::Unusable(format!("call of an unknown tool {:?}", c.function)));
         }
         Ok(turn)
     }

@@ -87,13 +87,14 @@ async fn protocol_loop_retries_survives_garbage_and_resets_per_case() {
         "this is not JSON".into(),
         query(after_lookup("c1", "[]")),
         r#"{"type":"query","messages":5}"#.into(),
+        r#"{"type":"query","messages":[{"content":"no role"}]}"#.into(),
         r#"{"type":"query", "prompt": broken"#.into(),
         r#"{"type":"case_end","case_id":"banking/user_task_5/none/none"}"#.into(),
         r#"{"type":"case_start","case_id":"banking/user_task_6/none/none"}"#.into(),
         query(json!([])),
     ];
     let replies = run(config(&url), &lines).await;
-    assert_eq!(replies.len(), 6, "one reply per query-shaped line: {replies:#?}");
+    assert_eq!(replies.len(), 7, "one reply per query-shaped line: {replies:#?}");
     // 500 then 200: retried; only the answered call counts.
     assert_eq!(replies[0]["tool_calls"], json!([{"function": "get_most_recent_transactions", "args": {}, "id": "chatcmpl-tool-1"}]));
     assert_eq!(replies[0]["stats"], json!({"llm_calls": 1, "prompt_tokens": 100, "completion_tokens": 10, "guardrail_flags": 0, "human_asks": 0, "human_denials": 0}));
@@ -102,11 +103,12 @@ async fn protocol_loop_retries_survives_garbage_and_resets_per_case() {
     assert_eq!(replies[2]["final_answer"], "Refunded.");
     assert_eq!(replies[2]["stats"]["llm_calls"], 2, "stats are cumulative within a case");
     assert!(replies[3]["error"].as_str().unwrap().starts_with("agent protocol: cannot read the query"));
-    assert!(replies[4]["error"].as_str().unwrap().starts_with("agent protocol: cannot read the query"));
+    assert!(replies[4]["error"].as_str().unwrap().starts_with("agent protocol: cannot read the query: messages[0]"), "{}", replies[4]);
+    assert!(replies[5]["error"].as_str().unwrap().starts_with("agent protocol: cannot read the query"));
     // case_start reset the counters.
-    assert_eq!(replies[5]["final_answer"], "Done.");
-    assert_eq!(replies[5]["stats"]["llm_calls"], 1);
-    assert_eq!(replies[5]["stats"]["prompt_tokens"], 100);
+    assert_eq!(replies[6]["final_answer"], "Done.");
+    assert_eq!(replies[6]["stats"]["llm_calls"], 1);
+    assert_eq!(replies[6]["stats"]["prompt_tokens"], 100);
 
     let requests = mock.requests.lock().unwrap();
     assert_eq!(requests.len(), 5);
@@ -147,6 +149,24 @@ async fn denied_call_goes_back_to_the_model() {
     let m = &requests[1]["messages"];
     assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "send_money");
     assert_eq!(m[3], json!({"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": human::DENIED, "name": "send_money"}));
+}
+
+#[tokio::test]
+async fn denials_stay_in_the_history_of_later_turns() {
+    let (url, mock) = mock(vec![call("send_money", json!({"recipient": "US133000000121212121212"})), call("send_money", json!({"recipient": "GB29NWBK60161331926819"})), answer("Refunded.")]).await;
+    let mut cfg = config(&url);
+    cfg.human = HumanSpec::TaskScoped;
+    let approved = json!([
+        {"role": "assistant", "content": null, "tool_calls": [{"function": "send_money", "args": {"recipient": "GB29NWBK60161331926819"}, "id": "ok1"}]},
+        {"role": "tool", "content": "{'message': 'Transaction sent'}", "tool_call_id": "ok1", "function": "send_money"}
+    ]);
+    let replies = run(cfg, &[r#"{"type":"case_start"}"#.into(), query(json!([])), query(approved)]).await;
+    assert_eq!(replies[1]["final_answer"], "Refunded.");
+    let requests = mock.requests.lock().unwrap();
+    let roles: Vec<_> = requests[2]["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "tool"]);
+    assert_eq!(requests[2]["messages"][3]["content"], human::DENIED);
+    assert_eq!(requests[2]["messages"][4]["tool_calls"][0]["id"], "ok1");
 }
 
 #[tokio::test]
@@ -205,7 +225,7 @@ async fn server_down_is_an_error_after_retries() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let replies = run(config(&format!("http://127.0.0.1:{port}/v1")), &[query(json!([]))]).await;
     let e = replies[0]["error"].as_str().unwrap();
-    assert!(e.starts_with("model server: POST") && e.contains("gave up after 3 attempts"), "{e}");
+    assert!(e.starts_with("model server: error sending request") && e.contains("gave up after 3 attempts"), "{e}");
     assert_eq!(replies[0]["stats"]["llm_calls"], 0);
     assert_eq!(replies[0]["stats"]["prompt_tokens"], Value::Null);
 }
