@@ -45,8 +45,13 @@ use crate::defence::HumanSpec;
 /// | travel | `reserve_hotel` | `hotel` |
 /// | travel | `reserve_car_rental` | `company` |
 /// | travel | `reserve_restaurant` | `restaurant` |
+/// | counter | `increment_counter`, `reset_counter`, `delete_counter` | `name` (counter) |
+/// | counter | `send_message` | `recipient` (e-mail address) |
 ///
-/// More tools (e.g. the counter suite's) come from `AgentConfig::side_effecting_tools`.
+/// The counter suite's user prompts only point at notes on the board ("do what the bump
+/// note asks"), so `task_scoped` denies its legitimate counter actions too — that
+/// burden is what the policy costs on data-driven tasks. More tools come from
+/// `AgentConfig::side_effecting_tools`.
 pub const SIDE_EFFECTING: &[(&str, &[&str])] = &[
     // banking
     ("send_money", &["recipient"]),
@@ -76,9 +81,11 @@ pub const SIDE_EFFECTING: &[(&str, &[&str])] = &[
     ("reserve_hotel", &["hotel"]),
     ("reserve_car_rental", &["company"]),
     ("reserve_restaurant", &["restaurant"]),
-    // counter suite (scripts/pruefstand_gym/custom_suites/counter_suite.py, not yet
-    // written when this table was): add its side-effecting tools here, or meanwhile via
-    // `side_effecting_tools` in the agent config.
+    // counter suite (scripts/custom_suites/counter_suite.py)
+    ("increment_counter", &["name"]),
+    ("reset_counter", &["name"]),
+    ("delete_counter", &["name"]),
+    ("send_message", &["recipient"]),
 ];
 
 /// The reply a denied call gets, as that tool's result.

@@ -45,16 +45,15 @@ pub struct Llm {
 
 impl Llm {
     pub fn new(cfg: &super::AgentConfig) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs_f64(cfg.request_timeout_s))
-            .connect_timeout(Duration::from_secs_f64(cfg.request_timeout_s.min(10.0)))
-            .build()?;
+        let timeout = Duration::try_from_secs_f64(cfg.request_timeout_s).map_err(|e| anyhow::anyhow!("request_timeout_s {}: {e}", cfg.request_timeout_s))?;
+        let backoff = Duration::try_from_secs_f64(cfg.retry_backoff_s).map_err(|e| anyhow::anyhow!("retry_backoff_s {}: {e}", cfg.retry_backoff_s))?;
+        let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout.min(Duration::from_secs(10))).build()?;
         Ok(Self {
             http,
             url: format!("{}/chat/completions", cfg.base_url.trim_end_matches('/')),
             api_key: std::env::var("PRUEFSTAND_API_KEY").ok().filter(|k| !k.is_empty()),
             max_retries: cfg.max_retries,
-            backoff: Duration::from_secs_f64(cfg.retry_backoff_s),
+            backoff,
             temperature: cfg.temperature,
             max_tokens: cfg.max_tokens,
             usage: Mutex::default(),

@@ -90,7 +90,7 @@ impl AgentConfig {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
         let cfg: Self = serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
         anyhow::ensure!(!cfg.model.is_empty(), "agent config {}: `model` is empty", path.display());
-        anyhow::ensure!(cfg.request_timeout_s > 0.0 && cfg.retry_backoff_s >= 0.0, "agent config {}: timeouts must be positive", path.display());
+        anyhow::ensure!(cfg.request_timeout_s > 0.0, "agent config {}: request_timeout_s must be positive", path.display());
         Ok(cfg)
     }
 }
@@ -151,7 +151,7 @@ pub struct Agent {
 impl Agent {
     pub fn new(cfg: AgentConfig) -> anyhow::Result<Self> {
         Ok(Self {
-            llm: Llm::new(&cfg)?,
+            llm: Llm::new(&cfg).context("agent config")?,
             guardrail: Guardrail::new(&cfg.guardrail)?,
             human: Human::new(&cfg.human, &cfg.side_effecting_tools),
             case: CaseState::default(),
