@@ -7,7 +7,8 @@
 //! Per query: judge the tool outputs (once per distinct output per case), render the
 //! conversation for the tool-calling mode (`format`), ask the model (`llm`), let the
 //! simulated human review side-effecting calls — a denial goes back to the model as that
-//! tool's result, within the same query — and answer with exactly one line.
+//! tool's result, within the same query, and stays in the history the model sees for
+//! the rest of the case — and answer with exactly one line.
 //!
 //! Not here: the command line (`cmd::agent`), AgentDojo's own defences (gym-side).
 
@@ -104,7 +105,7 @@ const GAVE_UP: &str = "I could not complete the task: the user denied the action
 #[derive(Deserialize)]
 struct Query {
     #[serde(default)]
-    prompt: String,
+    prompt: Option<String>,
     #[serde(default)]
     tools: Vec<ToolSpec>,
     /// Kept raw: denial splices are anchored by a hash of the history before them.
@@ -248,10 +249,9 @@ impl Agent {
         let anchor = (raw.len(), prefix_hash(&raw));
         // The human judges against the user's own request; a seed-only adapter may not
         // send `prompt`, then the first user message is that request.
-        let prompt = if q.prompt.is_empty() {
-            messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default()
-        } else {
-            q.prompt
+        let prompt = match q.prompt.filter(|p| !p.is_empty()) {
+            Some(p) => p,
+            None => messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default(),
         };
         for _ in 0..=MAX_DENIAL_ROUNDS {
             let calls = match self.ask_model(&messages, &q.tools).await? {
