@@ -1,1 +1,351 @@
-//! The agent runtime (stub, being written).
+//! The agent runtime (DESIGN §8): the default agent under test, spawned by the gym as
+//! `pruefstand agent --config FILE`. It speaks the JSON-line protocol of
+//! `docs/protocol.md` §1 on stdin/stdout and the OpenAI chat-completions API to the model
+//! server, and hosts the two defence layers (`guardrail`, `human`) so they act the same
+//! whichever model answers.
+//!
+//! Per query: judge the tool outputs (once per distinct output per case), render the
+//! conversation for the tool-calling mode (`format`), ask the model (`llm`), let the
+//! simulated human review side-effecting calls — a denial goes back to the model as that
+//! tool's result, within the same query, and stays in the history the model sees for
+//! the rest of the case — and answer with exactly one line.
+//!
+//! Not here: the command line (`cmd::agent`), AgentDojo's own defences (gym-side).
+
+pub mod format;
+pub mod guardrail;
+pub mod human;
+pub mod llm;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::LazyLock;
+
+use anyhow::Context;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use format::{Message, ToolSpec, Turn};
+use guardrail::Guardrail;
+use human::{Human, Verdict};
+use llm::{Llm, LlmError};
+
+/// `agent.json`, written by `run` and read by `pruefstand agent --config`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:8000/v1`.
+    #[serde(default = "default_base_url")]
+    pub base_url: String,
+    /// The served model name; the adapter's name when the version has one (vLLM serves
+    /// LoRAs under their own names).
+    pub model: String,
+    #[serde(default)]
+    pub tool_calling: ToolCalling,
+    #[serde(default)]
+    pub guardrail: GuardrailSpec,
+    #[serde(default)]
+    pub human: HumanSpec,
+    #[serde(default = "default_timeout")]
+    pub request_timeout_s: f64,
+    /// Retries of a transient failure (connect error, timeout, 429, 5xx).
+    #[serde(default = "default_retries")]
+    pub max_retries: u32,
+    /// First backoff; doubled per retry, capped at 30 s.
+    #[serde(default = "default_backoff")]
+    pub retry_backoff_s: f64,
+    #[serde(default)]
+    pub temperature: f64,
+    /// `max_tokens` of the agent's requests; the server's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Side-effecting tools beyond `human::SIDE_EFFECTING`: name → target arguments.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub side_effecting_tools: BTreeMap<String, Vec<String>>,
+}
+
+fn default_base_url() -> String {
+    "http://127.0.0.1:8000/v1".into()
+}
+fn default_timeout() -> f64 {
+    120.0
+}
+fn default_retries() -> u32 {
+    4
+}
+fn default_backoff() -> f64 {
+    0.5
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        serde_json::from_value(json!({"model": ""})).expect("defaults deserialize")
+    }
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
+        let cfg: Self = serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
+        anyhow::ensure!(!cfg.model.is_empty(), "agent config {}: `model` is empty", path.display());
+        anyhow::ensure!(cfg.request_timeout_s > 0.0, "agent config {}: request_timeout_s must be positive", path.display());
+        Ok(cfg)
+    }
+}
+
+/// How often one query may go back to the model after the human denied its calls.
+const MAX_DENIAL_ROUNDS: usize = 5;
+
+/// The final answer when the model keeps asking for denied actions.
+const GAVE_UP: &str = "I could not complete the task: the user denied the actions it needs.";
+
+#[derive(Deserialize)]
+struct Query {
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    tools: Vec<ToolSpec>,
+    /// Kept raw: denial splices are anchored by a hash of the history before them.
+    #[serde(default)]
+    messages: Vec<Value>,
+}
+
+/// Counters of the current case (since the last `case_start`), besides the model usage
+/// kept by `Llm`.
+#[derive(Default)]
+struct CaseState {
+    guardrail_flags: u64,
+    human_asks: u64,
+    human_denials: u64,
+    /// Verdicts on tool outputs already judged in this case: the adapter resends the
+    /// whole history every turn, and a flag must count once.
+    judged: HashMap<String, bool>,
+    /// Denied steps of earlier queries, which the adapter never saw: re-inserted into
+    /// later histories of the case so the model keeps seeing its denials.
+    splices: Vec<Splice>,
+}
+
+/// Local messages to insert after the first `at` messages of the adapter's history,
+/// when that prefix still hashes to `prefix`.
+struct Splice {
+    at: usize,
+    prefix: String,
+    messages: Vec<Message>,
+}
+
+fn prefix_hash(raw: &[Value]) -> String {
+    crate::util::sha256_hex(serde_json::to_string(raw).expect("JSON values serialize").as_bytes())
+}
+
+pub struct Agent {
+    cfg: AgentConfig,
+    llm: Llm,
+    guardrail: Guardrail,
+    human: Human,
+    case: CaseState,
+    next_id: u64,
+}
+
+impl Agent {
+    pub fn new(cfg: AgentConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            llm: Llm::new(&cfg).context("agent config")?,
+            guardrail: Guardrail::new(&cfg.guardrail)?,
+            human: Human::new(&cfg.human, &cfg.side_effecting_tools),
+            case: CaseState::default(),
+            next_id: 0,
+            cfg,
+        })
+    }
+
+    /// Handles one input line; returns the reply line, if the message wants one.
+    pub async fn handle_line(&mut self, line: &str) -> Option<Value> {
+        let line = line.trim();
+        if line.is_empty() {
+            return None;
+        }
+        let msg: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => return self.bad_line(line, format!("invalid JSON: {e}")),
+        };
+        match msg.get("type").and_then(Value::as_str) {
+            Some("query") => Some(match serde_json::from_value::<Query>(msg) {
+                Ok(q) => self.answer(q).await,
+                Err(e) => json!({"error": format!("agent protocol: cannot read the query: {e}")}),
+            }),
+            Some("handshake") => {
+                tracing::info!("handshake: {msg}");
+                None
+            }
+            Some("case_start") => {
+                let id = msg.get("case_id").cloned().unwrap_or_default();
+                tracing::debug!("case_start: {id}");
+                self.case = CaseState::default();
+                self.llm.reset_usage();
+                None
+            }
+            Some("case_end") => None,
+            _ => {
+                tracing::debug!("ignoring a message of unknown type: {}", llm::snippet(line));
+                None
+            }
+        }
+    }
+
+    /// A line that is not JSON: answered only if it was meant as a query (the adapter
+    /// waits for exactly one reply to each query), else logged.
+    fn bad_line(&self, line: &str, why: String) -> Option<Value> {
+        static QUERY_SHAPED: LazyLock<Regex> = LazyLock::new(|| Regex::new(r#""type"\s*:\s*"query""#).unwrap());
+        if QUERY_SHAPED.is_match(line) {
+            Some(json!({"error": format!("agent protocol: cannot read the query: {why}")}))
+        } else {
+            tracing::warn!("agent protocol: ignoring a line ({why}): {}", llm::snippet(line));
+            None
+        }
+    }
+
+    async fn answer(&mut self, q: Query) -> Value {
+        let mut reply = match self.turn(q).await {
+            Ok(Turn::Calls(calls)) => json!({"tool_calls": calls}),
+            Ok(Turn::Final(text)) => json!({"final_answer": text}),
+            Err(e) => {
+                tracing::warn!("{e}");
+                json!({"error": e.to_string()})
+            }
+        };
+        reply["stats"] = self.stats();
+        reply
+    }
+
+    fn stats(&self) -> Value {
+        let u = self.llm.usage();
+        json!({
+            "llm_calls": u.calls,
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "guardrail_flags": self.case.guardrail_flags,
+            "human_asks": self.case.human_asks,
+            "human_denials": self.case.human_denials,
+        })
+    }
+
+    async fn turn(&mut self, q: Query) -> Result<Turn, LlmError> {
+        let raw = q.messages;
+        let mut messages = raw
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message::deserialize(m).map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.guard(&mut messages).await;
+        // Splices go in back to front, so the earlier positions stay valid.
+        for s in self.case.splices.iter().rev() {
+            if s.at <= raw.len() && prefix_hash(&raw[..s.at]) == s.prefix {
+                messages.splice(s.at..s.at, s.messages.iter().cloned());
+            }
+        }
+        let anchor = (raw.len(), prefix_hash(&raw));
+        // The human judges against the user's own request; a seed-only adapter may not
+        // send `prompt`, then the first user message is that request.
+        let prompt = match q.prompt.filter(|p| !p.is_empty()) {
+            Some(p) => p,
+            None => messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default(),
+        };
+        for _ in 0..=MAX_DENIAL_ROUNDS {
+            let calls = match self.ask_model(&messages, &q.tools).await? {
+                Turn::Calls(calls) => calls,
+                done => return Ok(done),
+            };
+            let mut verdicts = Vec::with_capacity(calls.len());
+            for call in &calls {
+                let v = self.human.review(call, &prompt, &self.llm, &self.cfg.model).await;
+                self.case.human_asks += u64::from(v != Verdict::NotAsked);
+                self.case.human_denials += u64::from(v == Verdict::Denied);
+                verdicts.push(v);
+            }
+            if !verdicts.contains(&Verdict::Denied) {
+                return Ok(Turn::Calls(calls));
+            }
+            // The step stays local: the denial goes back to the model as the tool's
+            // result; calls approved beside it did not run, and the model is told so.
+            let mut step = vec![Message { role: "assistant".into(), tool_calls: calls.clone(), ..Default::default() }];
+            for (call, v) in calls.into_iter().zip(verdicts) {
+                let content = if v == Verdict::Denied { human::DENIED } else { "Not run: another action of the same step was denied by the user. Call it again if it is still needed." };
+                step.push(Message { role: "tool".into(), content: Some(content.into()), tool_call_id: call.id, function: Some(call.function), ..Default::default() });
+            }
+            messages.extend(step.iter().cloned());
+            self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
+        }
+        tracing::warn!("the model asked for denied actions {} times; ending the case", MAX_DENIAL_ROUNDS + 1);
+        Ok(Turn::Final(GAVE_UP.into()))
+    }
+
+    /// Replaces flagged tool outputs with the guardrail's notice.
+    async fn guard(&mut self, messages: &mut [Message]) {
+        if !self.guardrail.is_active() {
+            return;
+        }
+        for m in messages.iter_mut().filter(|m| m.role == "tool") {
+            let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) else { continue };
+            // Keyed by id *and* content, so a reused id or a changed output is judged anew.
+            let key = crate::util::sha256_hex(format!("{}\0{}\0{text}", m.tool_call_id.as_deref().unwrap_or(""), m.function.as_deref().unwrap_or("")).as_bytes());
+            let flagged = match self.case.judged.get(&key) {
+                Some(&f) => f,
+                None => {
+                    let f = self.guardrail.flags(text, &self.llm, &self.cfg.model).await;
+                    self.case.guardrail_flags += u64::from(f);
+                    self.case.judged.insert(key, f);
+                    f
+                }
+            };
+            if flagged {
+                m.content = Some(guardrail::WITHHELD.into());
+            }
+        }
+    }
+
+    async fn ask_model(&mut self, messages: &[Message], tools: &[ToolSpec]) -> Result<Turn, LlmError> {
+        let (request, tool_defs) = format::request(self.cfg.tool_calling, messages, tools);
+        let reply = self.llm.chat(&self.cfg.model, request, tool_defs, None).await?;
+        let next_id = &mut self.next_id;
+        let mut ids = || {
+            *next_id += 1;
+            format!("call_{next_id}")
+        };
+        let turn = match self.cfg.tool_calling {
+            ToolCalling::Native => format::parse_native(&reply, &mut ids),
+            ToolCalling::Prompted => format::parse_prompted(reply.get("content").and_then(Value::as_str).unwrap_or(""), &mut ids),
+        }
+        .map_err(LlmError::Unusable)?;
+        if let Turn::Calls(calls) = &turn
+            && let Some(c) = calls.iter().find(|c| !tools.iter().any(|t| t.name == c.function))
+        {
+            return Err(LlmError::Unusable(format!("call of an unknown tool {:?}", c.function)));
+        }
+        Ok(turn)
+    }
+}
+
+/// The protocol loop: one reply line per query, until EOF.
+pub async fn serve<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(cfg: AgentConfig, mut input: R, mut output: W) -> anyhow::Result<()> {
+    let mut agent = Agent::new(cfg)?;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if input.read_until(b'\n', &mut buf).await.context("reading stdin")? == 0 {
+            return Ok(());
+        }
+        let line = String::from_utf8_lossy(&buf);
+        if let Some(reply) = agent.handle_line(&line).await {
+            let mut text = serde_json::to_string(&reply).expect("a JSON value serializes");
+            text.push('\n');
+            output.write_all(text.as_bytes()).await.context("writing stdout")?;
+            output.flush().await.context("writing stdout")?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
