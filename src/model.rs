@@ -32,7 +32,7 @@ impl Endpoint {
 
 /// A random per-run API key.
 pub fn new_api_key() -> String {
-    use rand::Rng;
+    use rand::RngExt;
     let bytes: [u8; 24] = rand::rng().random();
     format!("pfs-{}", hex::encode(bytes))
 }
@@ -41,7 +41,7 @@ pub async fn up(version: &Version, truth_file: &Path) -> anyhow::Result<Endpoint
     let model = &version.spec.model;
     match model.backend.get_ref() {
         Backend::Sim => {
-            let truth = sim::truth::Truth::load(truth_file)?;
+            let truth = sim::Truth::load(truth_file)?;
             let api_key = new_api_key();
             let settings = sim::SimSettings {
                 config: version.spec.sim.clone().unwrap_or_default(),
