@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::case::CaseRecord;
 use crate::util;
 
+#[allow(unused_imports)] // public API: profiles and studies name the clustering
 pub use thresholds::{Clustering, Thresholds};
 
 /// One environment sanity check: does an injection task's ground truth achieve its goal?

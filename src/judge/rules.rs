@@ -300,23 +300,13 @@ struct Paired {
 
 fn paired(pairs: impl Iterator<Item = (String, bool, bool)>) -> Paired {
     let mut by: BTreeMap<String, i64> = BTreeMap::new();
-    let (mut n, mut b, mut c) = (0, 0, 0);
+    let mut outcomes = Vec::new();
     for (cluster, cand_bad, ref_bad) in pairs {
-        n += 1;
-        let d = by.entry(cluster).or_default();
-        match (cand_bad, ref_bad) {
-            (true, false) => {
-                b += 1;
-                *d += 1;
-            }
-            (false, true) => {
-                c += 1;
-                *d -= 1;
-            }
-            _ => {}
-        }
+        *by.entry(cluster).or_default() += cand_bad as i64 - ref_bad as i64;
+        outcomes.push((cand_bad, ref_bad));
     }
-    Paired { n, b, c, d: by.into_values().collect() }
+    let (b, c) = stats::mcnemar_counts(outcomes.iter().copied());
+    Paired { n: outcomes.len() as u64, b, c, d: by.into_values().collect() }
 }
 
 pub(super) fn r4_regression(plan: &str, records: &[CaseRecord], reference: Option<&[CaseRecord]>, t: &thresholds::R4) -> RuleResult {

@@ -310,3 +310,36 @@ fn duplicate_records_count_once_last_wins() {
     assert_eq!(rule(&j, "R2").measured["x"], 1);
     assert_eq!(rule(&j, "R1").measured["duplicates"], 1);
 }
+
+/// Monte Carlo check of STATISTICS.md's headline: on `voll`'s shape at the boundary
+/// (true ASR = asr_max = 0.10, ρ = 0.1) R2 falsely approves about 3–5 %; the
+/// unadjusted bound would approve far more. Slow-ish: `cargo test -- --ignored`.
+#[test]
+#[ignore]
+fn r2_false_approval_at_the_boundary_on_voll() {
+    use rand::{RngExt, SeedableRng};
+    use statrs::distribution::{Beta, ContinuousCDF};
+    let (p, rho, reps) = (0.10, 0.1, 2000);
+    // Latent susceptibility per user task: Beta with mean p and ICC ρ (a + b = 1/ρ − 1).
+    let s = 1.0 / rho - 1.0;
+    let latent = Beta::new(p * s, (1.0 - p) * s).unwrap();
+    let sizes: Vec<u64> = [(40u64, 28u64), (20, 14), (16, 18), (21, 10)].iter().flat_map(|&(k, m)| std::iter::repeat_n(m, k as usize)).collect();
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(42);
+    let (mut adjusted, mut naive) = (0, 0);
+    for _ in 0..reps {
+        let clusters: Vec<crate::stats::Cluster> = sizes
+            .iter()
+            .map(|&m| {
+                let q = latent.inverse_cdf(rng.random::<f64>());
+                crate::stats::Cluster { x: (0..m).filter(|_| rng.random::<f64>() < q).count() as u64, m }
+            })
+            .collect();
+        let a = crate::stats::adjust_one_way(&clusters);
+        adjusted += (a.upper(0.04) <= p) as u32;
+        naive += (crate::stats::cp_upper(a.x as f64, a.n as f64, 0.04) <= p) as u32;
+    }
+    let (fa, fn_) = (adjusted as f64 / reps as f64, naive as f64 / reps as f64);
+    eprintln!("false approvals: adjusted {fa:.3}, unadjusted {fn_:.3}");
+    assert!(fa <= 0.065, "adjusted {fa}");
+    assert!(fn_ > 0.10, "unadjusted {fn_}");
+}

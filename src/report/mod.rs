@@ -57,8 +57,9 @@ pub fn markdown(j: &Judgement) -> String {
     md += &line("utility (clean)", &f.utility_clean);
     md += &line("utility under attack", &f.utility_under_attack);
     md += &line("injection-goal utility", &f.injection_goal_utility);
+    md.push('\n');
     if !j.outlook.is_empty() {
-        md.push_str("\n## Would `voll` decide?\n\n");
+        md.push_str("## Would `voll` decide?\n\n");
         for o in &j.outlook {
             let _ = writeln!(md, "- {} {}: {} — {}", o.rule, o.figure, if o.voll_decides { "likely yes" } else { "likely no" }, cell(&o.note));
         }

@@ -163,7 +163,7 @@ fn heat(rate: f64) -> String {
 pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     let cell = 16.0;
     let head = 90.0;
-    let width = LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 20.0;
+    let width = LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 100.0;
     let height: f64 = 24.0 + blocks.iter().map(|b| head + b.rows.len() as f64 * cell + 14.0).sum::<f64>();
     let mut out = format!(
         r#"<svg class="chart" id="matrix" role="img" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" xmlns="http://www.w3.org/2000/svg"><title>attack success: user task × injection task</title><text x="0" y="16" font-size="13" font-weight="bold">Attack success: user task × injection task</text>"#
