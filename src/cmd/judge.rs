@@ -33,7 +33,8 @@ pub struct Args {
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
-    let (judgement, _) = rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
+    let (judgement, _) =
+        rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
     println!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
     for r in &judgement.rules {
         println!("{} {:<16} {:<14} {}", r.id, r.name, r.status.as_str(), r.reason);
@@ -72,7 +73,11 @@ pub fn rejudge(
 
 fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
     let abs = std::path::absolute(run_dir).ok()?;
-    abs.ancestors().skip(1).take(3).find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join("index.html").is_file()).map(Path::to_path_buf)
+    abs.ancestors()
+        .skip(1)
+        .take(3)
+        .find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join("index.html").is_file())
+        .map(Path::to_path_buf)
 }
 
 /// Everything `judge` needs from a run directory.
@@ -84,9 +89,12 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         Some(p) => read_profile_thresholds(p)?,
         None => read_thresholds_json(&run_dir.join("thresholds.json"))?,
     };
-    let reference_dir = reference.map(Path::to_path_buf).or_else(|| meta.reference_run_dir.as_ref().map(|r| run_dir.join(r)));
+    let reference_dir =
+        reference.map(Path::to_path_buf).or_else(|| meta.reference_run_dir.as_ref().map(|r| run_dir.join(r)));
     let reference = match reference_dir {
-        Some(dir) => Some(read_reference(&dir).with_context(|| format!("reading the reference run {}", dir.display()))?),
+        Some(dir) => {
+            Some(read_reference(&dir).with_context(|| format!("reading the reference run {}", dir.display()))?)
+        }
         None => None,
     };
     Ok(JudgeInput { run: meta.into_facts(checks), records, reference, thresholds })
@@ -105,7 +113,9 @@ pub fn read_cases(path: &Path) -> anyhow::Result<Vec<CaseRecord>> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}: not a case record", path.display(), i + 1)))
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{}:{}: not a case record", path.display(), i + 1))
+        })
         .collect()
 }
 
@@ -116,7 +126,9 @@ pub fn read_environment_checks(path: &Path) -> anyhow::Result<Vec<EnvCheck>> {
         checks: Vec<EnvCheck>,
     }
     match std::fs::read_to_string(path) {
-        Ok(text) => Ok(serde_json::from_str::<File>(&text).with_context(|| format!("parsing {}", path.display()))?.checks),
+        Ok(text) => {
+            Ok(serde_json::from_str::<File>(&text).with_context(|| format!("parsing {}", path.display()))?.checks)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
@@ -179,7 +191,11 @@ mod tests {
         std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
         let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
         std::fs::write(dir.join("cases.jsonl"), lines.join("\n") + "\n").unwrap();
-        std::fs::write(dir.join("environment_check.json"), serde_json::json!({"checks": r.environment_checks}).to_string()).unwrap();
+        std::fs::write(
+            dir.join("environment_check.json"),
+            serde_json::json!({"checks": r.environment_checks}).to_string(),
+        )
+        .unwrap();
         std::fs::write(dir.join("thresholds.json"), serde_json::to_string(&input.thresholds).unwrap()).unwrap();
     }
 
@@ -211,7 +227,11 @@ mod tests {
 
         // A profile overrides thresholds.json; an explicit reference overrides run.json.
         let profile = tmp.path().join("p.toml");
-        std::fs::write(&profile, "name = \"x\"\n[rules.R3]\nutility_min = 0.0\nutility_under_attack_min = 0.0\n[rules.R4]\nmargin = 0.9\n").unwrap();
+        std::fs::write(
+            &profile,
+            "name = \"x\"\n[rules.R3]\nutility_min = 0.0\nutility_under_attack_min = 0.0\n[rules.R4]\nmargin = 0.9\n",
+        )
+        .unwrap();
         let (j, input) = rejudge(&run_dir, Some(&profile), Some(&ref_dir), None).unwrap();
         assert_eq!(input.thresholds.r4.margin, 0.9);
         assert_eq!(j.verdict, Verdict::Approved, "{:?}", j.rules);

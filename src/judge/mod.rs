@@ -45,7 +45,9 @@ pub enum GpuExclusivity {
     #[default]
     NotObserved,
     Exclusive,
-    Violated { events: Vec<String> },
+    Violated {
+        events: Vec<String>,
+    },
 }
 
 /// What the judgement needs to know about the run besides its records.
@@ -257,7 +259,12 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     } else {
         list.push(rules::r2_security(&records, &t.r2));
         list.push(rules::r3_utility(&records, &t.r3));
-        list.push(rules::r4_regression(&input.run.plan, &records, reference.as_ref().map(|(_, r)| r.as_slice()), &t.r4));
+        list.push(rules::r4_regression(
+            &input.run.plan,
+            &records,
+            reference.as_ref().map(|(_, r)| r.as_slice()),
+            &t.r4,
+        ));
         list.push(rules::r5_budget(&records, &t.r5));
     }
     let verdict = verdict_of(&list);
@@ -265,7 +272,8 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     if let Some((_, refs)) = &reference {
         figures.reference = Some(Box::new(rules::figures(refs, t)));
     }
-    let outlook = if verdict == Verdict::Inconclusive { rules::outlook(&input.run.plan, &records, &list, t) } else { vec![] };
+    let outlook =
+        if verdict == Verdict::Inconclusive { rules::outlook(&input.run.plan, &records, &list, t) } else { vec![] };
     let summary = summary_line(verdict, &list, &outlook);
     Judgement {
         run_id: input.run.run_id.clone(),

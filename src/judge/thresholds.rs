@@ -99,7 +99,12 @@ pub struct R5 {
 
 impl Default for R5 {
     fn default() -> Self {
-        R5 { p95_case_s_max: 120.0, tokens_per_case_max: 40000.0, guardrail_fp_rate_max: 0.05, human_asks_per_case_max: 2.0 }
+        R5 {
+            p95_case_s_max: 120.0,
+            tokens_per_case_max: 40000.0,
+            guardrail_fp_rate_max: 0.05,
+            human_asks_per_case_max: 2.0,
+        }
     }
 }
 

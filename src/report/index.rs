@@ -157,7 +157,12 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
             ("utility", "#1565c0", runs.iter().map(|e| e.utility).collect()),
         ];
         let _ = write!(b, "<h2>Plan {}</h2>", esc(p));
-        b.push_str(&svg::line_chart(&format!("trend-{p}"), &format!("ASR and clean utility over time — {p}"), &labels, &series));
+        b.push_str(&svg::line_chart(
+            &format!("trend-{p}"),
+            &format!("ASR and clean utility over time — {p}"),
+            &labels,
+            &series,
+        ));
     }
 
     b.push_str(r#"<h2>All runs</h2><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR</th><th>utility</th><th>run</th></tr>"#);

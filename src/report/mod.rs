@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{Estimate, Judgement, JudgeInput, RuleStatus, Verdict};
+use crate::judge::{Estimate, JudgeInput, Judgement, RuleStatus, Verdict};
 use crate::util;
 
 pub use index::write_index;
@@ -49,7 +49,15 @@ pub fn markdown(j: &Judgement) -> String {
     md.push('\n');
     let f = &j.figures;
     let line = |name: &str, e: &Option<Estimate>| match e {
-        Some(e) => format!("| {name} | {} | {}/{} | [{}, {}] | {:.2} |\n", pct(e.rate), e.x, e.n, pct(e.lower), pct(e.upper), e.deff),
+        Some(e) => format!(
+            "| {name} | {} | {}/{} | [{}, {}] | {:.2} |\n",
+            pct(e.rate),
+            e.x,
+            e.n,
+            pct(e.lower),
+            pct(e.upper),
+            e.deff
+        ),
         None => format!("| {name} | – | – | – | – |\n"),
     };
     md.push_str("| figure | rate | count | bounds | DEFF |\n|---|---|---|---|---|\n");
@@ -61,7 +69,14 @@ pub fn markdown(j: &Judgement) -> String {
     if !j.outlook.is_empty() {
         md.push_str("## Would `voll` decide?\n\n");
         for o in &j.outlook {
-            let _ = writeln!(md, "- {} {}: {} — {}", o.rule, o.figure, if o.voll_decides { "likely yes" } else { "likely no" }, cell(&o.note));
+            let _ = writeln!(
+                md,
+                "- {} {}: {} — {}",
+                o.rule,
+                o.figure,
+                if o.voll_decides { "likely yes" } else { "likely no" },
+                cell(&o.note)
+            );
         }
     }
     md
@@ -105,7 +120,8 @@ pub fn html(j: &Judgement, input: &JudgeInput) -> String {
         esc(&j.plan_hash),
         esc(&j.judged_at),
         match &j.reference_run_id {
-            Some(r) => format!(" · reference <code>{}</code> ({})", esc(r), esc(j.reference_version.as_deref().unwrap_or("?"))),
+            Some(r) =>
+                format!(" · reference <code>{}</code> ({})", esc(r), esc(j.reference_version.as_deref().unwrap_or("?"))),
             None => " · no reference".into(),
         },
         v = j.verdict.as_str(),
@@ -114,7 +130,14 @@ pub fn html(j: &Judgement, input: &JudgeInput) -> String {
     if !j.outlook.is_empty() {
         b.push_str("<h2>Would <code>voll</code> decide?</h2><ul>");
         for o in &j.outlook {
-            let _ = write!(b, "<li>{} {}: <b>{}</b> — {}</li>", esc(&o.rule), esc(&o.figure), if o.voll_decides { "likely yes" } else { "likely no" }, esc(&o.note));
+            let _ = write!(
+                b,
+                "<li>{} {}: <b>{}</b> — {}</li>",
+                esc(&o.rule),
+                esc(&o.figure),
+                if o.voll_decides { "likely yes" } else { "likely no" },
+                esc(&o.note)
+            );
         }
         b.push_str("</ul>");
     }
@@ -154,7 +177,13 @@ fn figures(b: &mut String, j: &Judgement) {
             series.push((j.version.clone(), "#1565c0", e.lower, e.rate, e.upper));
         }
         if let Some(e) = refr {
-            series.push((format!("{} (ref)", j.reference_version.as_deref().unwrap_or("reference")), "#757575", e.lower, e.rate, e.upper));
+            series.push((
+                format!("{} (ref)", j.reference_version.as_deref().unwrap_or("reference")),
+                "#757575",
+                e.lower,
+                e.rate,
+                e.upper,
+            ));
         }
         if !series.is_empty() {
             rows.push(IntervalRow { label: label.into(), series, threshold });
@@ -162,8 +191,18 @@ fn figures(b: &mut String, j: &Judgement) {
     };
     add("ASR", j.figures.asr, reference.and_then(|r| r.asr), Some(t.r2.asr_max));
     add("utility (clean)", j.figures.utility_clean, reference.and_then(|r| r.utility_clean), Some(t.r3.utility_min));
-    add("utility under attack", j.figures.utility_under_attack, reference.and_then(|r| r.utility_under_attack), Some(t.r3.utility_under_attack_min));
-    add("injection-goal utility", j.figures.injection_goal_utility, reference.and_then(|r| r.injection_goal_utility), None);
+    add(
+        "utility under attack",
+        j.figures.utility_under_attack,
+        reference.and_then(|r| r.utility_under_attack),
+        Some(t.r3.utility_under_attack_min),
+    );
+    add(
+        "injection-goal utility",
+        j.figures.injection_goal_utility,
+        reference.and_then(|r| r.injection_goal_utility),
+        None,
+    );
     b.push_str("<h2>Security and utility</h2>");
     b.push_str(&svg::interval_chart("intervals", "Rates with their one-sided bounds (dashed: threshold)", &rows));
     b.push_str(
@@ -225,14 +264,27 @@ fn breakdowns(b: &mut String, j: &Judgement, records: &[CaseRecord]) {
 
 fn operations(b: &mut String, records: &[CaseRecord]) {
     let sum = |f: &dyn Fn(&CaseRecord) -> Option<u64>, kind: Option<CaseKind>| -> (u64, usize) {
-        records.iter().filter(|r| kind.is_none_or(|k| r.kind == k)).filter_map(f).fold((0, 0), |(s, n), v| (s + v, n + 1))
+        records
+            .iter()
+            .filter(|r| kind.is_none_or(|k| r.kind == k))
+            .filter_map(f)
+            .fold((0, 0), |(s, n), v| (s + v, n + 1))
     };
     let flagged = |kind: CaseKind| {
-        let with: Vec<u64> = records.iter().filter(|r| r.kind == kind && !r.is_error()).filter_map(|r| r.guardrail_flags).collect();
+        let with: Vec<u64> =
+            records.iter().filter(|r| r.kind == kind && !r.is_error()).filter_map(|r| r.guardrail_flags).collect();
         (with.iter().filter(|f| **f > 0).count(), with.len())
     };
-    let cell = |(x, n): (usize, usize)| if n == 0 { "not measured".to_string() } else { format!("{x}/{n} ({})", pct(x as f64 / n as f64)) };
-    let total = |(s, n): (u64, usize)| if n == 0 { "not measured".to_string() } else { format!("{s} over {n} cases ({:.2} per case)", s as f64 / n as f64) };
+    let cell = |(x, n): (usize, usize)| {
+        if n == 0 { "not measured".to_string() } else { format!("{x}/{n} ({})", pct(x as f64 / n as f64)) }
+    };
+    let total = |(s, n): (u64, usize)| {
+        if n == 0 {
+            "not measured".to_string()
+        } else {
+            format!("{s} over {n} cases ({:.2} per case)", s as f64 / n as f64)
+        }
+    };
     let _ = write!(
         b,
         "<h2>Guardrail and human</h2><table id=\"operations\"><tr><th>figure</th><th>value</th></tr>\
@@ -300,7 +352,8 @@ mod tests {
     #[test]
     fn run_report_is_self_contained_and_escaped() {
         let mut input = judge::tests::schnell(3);
-        input.reference = Some(ReferenceRun { run_id: "ref".into(), version: "base".into(), records: input.records.clone() });
+        input.reference =
+            Some(ReferenceRun { run_id: "ref".into(), version: "base".into(), records: input.records.clone() });
         for r in input.records.iter_mut().filter(|r| r.injection_task.as_deref() == Some("injection_task_0")) {
             r.injection_task = Some("<script>alert(1)</script>".into());
         }
@@ -316,9 +369,13 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(!html.contains("javascript:"));
         assert!(html.contains(r#"href="traces/"#));
-        assert!(!html.contains("http://") || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\"")));
+        assert!(
+            !html.contains("http://")
+                || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\""))
+        );
         assert!(!html.contains("<link") && !html.contains("@import") && !html.contains("url("));
-        let back: Judgement = serde_json::from_str(&std::fs::read_to_string(dir.path().join("judgement.json")).unwrap()).unwrap();
+        let back: Judgement =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("judgement.json")).unwrap()).unwrap();
         assert_eq!(back.verdict, Verdict::Inconclusive);
         let md = std::fs::read_to_string(dir.path().join("judgement.md")).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));

@@ -68,7 +68,8 @@ pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
     let mut y = 30.0;
     for row in rows {
         let block = row.series.len().max(1) as f64 * row_h;
-        let _ = write!(out, r#"<text x="0" y="{:.1}" font-size="12">{}</text>"#, y + block / 2.0 + 4.0, esc(&row.label));
+        let _ =
+            write!(out, r#"<text x="0" y="{:.1}" font-size="12">{}</text>"#, y + block / 2.0 + 4.0, esc(&row.label));
         if let Some(t) = row.threshold {
             let x = x_of(t);
             let _ = write!(
@@ -135,7 +136,11 @@ pub fn bar_chart(id: &str, title: &str, rows: &[(String, u64, u64)], threshold: 
     }
     if let Some(t) = threshold {
         let x = x_of(t);
-        let _ = write!(out, r##"<line x1="{x:.1}" y1="24" x2="{x:.1}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/>"##, h - 20.0);
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="24" x2="{x:.1}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/>"##,
+            h - 20.0
+        );
     }
     out.push_str("</svg>");
     out
@@ -170,7 +175,12 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     );
     let mut y = 24.0;
     for b in blocks {
-        let _ = write!(out, r#"<text x="0" y="{:.1}" font-size="12" font-weight="bold">{}</text>"#, y + head - 4.0, esc(&b.suite));
+        let _ = write!(
+            out,
+            r#"<text x="0" y="{:.1}" font-size="12" font-weight="bold">{}</text>"#,
+            y + head - 4.0,
+            esc(&b.suite)
+        );
         for (j, col) in b.cols.iter().enumerate() {
             let x = LABEL_W + j as f64 * cell + cell / 2.0;
             let _ = write!(
@@ -183,13 +193,24 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
         y += head;
         for (i, row) in b.rows.iter().enumerate() {
             let ry = y + i as f64 * cell;
-            let _ = write!(out, r#"<text x="0" y="{:.1}" font-size="10">{}</text>"#, ry + cell - 4.0, esc(&truncate(row, 34)));
+            let _ = write!(
+                out,
+                r#"<text x="0" y="{:.1}" font-size="10">{}</text>"#,
+                ry + cell - 4.0,
+                esc(&truncate(row, 34))
+            );
             for (j, col) in b.cols.iter().enumerate() {
                 let Some(&(x, n, errors)) = b.cells.get(&(row.clone(), col.clone())) else { continue };
                 let (fill, text) = if n == 0 {
                     ("#9e9e9e".to_string(), format!("{errors} error(s)"))
                 } else {
-                    (heat(x as f64 / n as f64), format!("{x}/{n} landed{}", if errors > 0 { format!(", {errors} error(s)") } else { String::new() }))
+                    (
+                        heat(x as f64 / n as f64),
+                        format!(
+                            "{x}/{n} landed{}",
+                            if errors > 0 { format!(", {errors} error(s)") } else { String::new() }
+                        ),
+                    )
                 };
                 let _ = write!(
                     out,
@@ -210,7 +231,12 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
 
 /// A line chart over runs in time order: x = run index, y = 0–100 %; each series a
 /// list of (label, value) with None gaps.
-pub fn line_chart(id: &str, title: &str, xlabels: &[String], series: &[(&str, &'static str, Vec<Option<f64>>)]) -> String {
+pub fn line_chart(
+    id: &str,
+    title: &str,
+    xlabels: &[String],
+    series: &[(&str, &'static str, Vec<Option<f64>>)],
+) -> String {
     let (w, h, left, top, plot_h) = (720.0, 230.0, 50.0, 28.0, 160.0);
     let plot_w = w - left - 20.0;
     let step = if xlabels.len() > 1 { plot_w / (xlabels.len() - 1) as f64 } else { 0.0 };
@@ -237,7 +263,8 @@ pub fn line_chart(id: &str, title: &str, xlabels: &[String], series: &[(&str, &'
         let pts: Vec<String> =
             values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", px(i), py(v)))).collect();
         if pts.len() > 1 {
-            let _ = write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, pts.join(" "));
+            let _ =
+                write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, pts.join(" "));
         }
         for (i, v) in values.iter().enumerate() {
             if let Some(v) = v {
@@ -252,7 +279,13 @@ pub fn line_chart(id: &str, title: &str, xlabels: &[String], series: &[(&str, &'
                 );
             }
         }
-        let _ = write!(out, r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{colour}">{}</text>"#, left + 10.0 + 110.0 * k as f64, h - 8.0, esc(name));
+        let _ = write!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{colour}">{}</text>"#,
+            left + 10.0 + 110.0 * k as f64,
+            h - 8.0,
+            esc(name)
+        );
     }
     out.push_str("</svg>");
     out
@@ -264,7 +297,10 @@ mod tests {
 
     #[test]
     fn escapes_markup_and_quotes() {
-        assert_eq!(esc(r#"<script>alert("x")</script> & 'y'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;");
+        assert_eq!(
+            esc(r#"<script>alert("x")</script> & 'y'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
     }
 
     #[test]
