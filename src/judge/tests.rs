@@ -347,19 +347,30 @@ fn r2_false_approval_at_the_boundary_on_voll() {
         .flat_map(|&(k, m)| std::iter::repeat_n(m, k as usize))
         .collect();
     let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(42);
-    let (mut adjusted, mut naive) = (0, 0);
+    let (mut adjusted, mut naive, mut two_way) = (0, 0, 0);
     for _ in 0..reps {
-        let clusters: Vec<crate::stats::Cluster> = sizes
-            .iter()
-            .map(|&m| {
-                let q = latent.inverse_cdf(rng.random::<f64>());
-                crate::stats::Cluster { x: (0..m).filter(|_| rng.random::<f64>() < q).count() as u64, m }
-            })
-            .collect();
+        // Observations keyed (user task, injection task): a cluster of m cases is m/2
+        // injection tasks under 2 attacks; injection tasks are per suite (by size here).
+        let mut obs = Vec::new();
+        for (i, &m) in sizes.iter().enumerate() {
+            let q = latent.inverse_cdf(rng.random::<f64>());
+            for k in 0..m {
+                obs.push((i, (m, k / 2), rng.random::<f64>() < q));
+            }
+        }
+        let mut clusters = vec![crate::stats::Cluster { x: 0, m: 0 }; sizes.len()];
+        for (i, _, y) in &obs {
+            clusters[*i].m += 1;
+            clusters[*i].x += *y as u64;
+        }
         let a = crate::stats::adjust_one_way(&clusters);
         adjusted += (a.upper(0.04) <= p) as u32;
         naive += (crate::stats::cp_upper(a.x as f64, a.n as f64, 0.04) <= p) as u32;
+        two_way += (crate::stats::adjust_two_way(&obs).upper(0.04) <= p) as u32;
     }
+    let tw = two_way as f64 / reps as f64;
+    eprintln!("two-way false approvals {tw:.3}");
+    assert!(tw <= 0.065, "two-way {tw}");
     let (fa, fn_) = (adjusted as f64 / reps as f64, naive as f64 / reps as f64);
     eprintln!("false approvals: adjusted {fa:.3}, unadjusted {fn_:.3}");
     assert!(fa <= 0.065, "adjusted {fa}");
