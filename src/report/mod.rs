@@ -1,1 +1,391 @@
-//! Reports (stub, being written).
+//! Reports of a judged run — `judgement.json`, `judgement.md` and one self-contained
+//! `report.html` (inline CSS and SVG, no scripts, no network) — and the trend index
+//! `reports/index.html` over all judged runs. Presentation only: every figure comes from
+//! the [`Judgement`] or the case records; nothing here decides anything.
+
+mod index;
+mod svg;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::case::{CaseKind, CaseRecord};
+use crate::judge::{Estimate, JudgeInput, Judgement, RuleStatus, Verdict};
+use crate::util;
+
+pub use index::write_index;
+use svg::{IntervalRow, MatrixBlock, esc, pct};
+
+/// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
+/// replacements; `cases.jsonl` is never touched).
+pub fn write_run_report(run_dir: &Path, judgement: &Judgement, input: &JudgeInput) -> anyhow::Result<()> {
+    util::write_json_atomic(&run_dir.join("judgement.json"), judgement)?;
+    util::write_atomic(&run_dir.join("judgement.md"), markdown(judgement).as_bytes())?;
+    util::write_atomic(&run_dir.join("report.html"), html(judgement, input).as_bytes())
+        .with_context(|| format!("writing the report of run {}", judgement.run_id))
+}
+
+fn status_word(s: RuleStatus) -> &'static str {
+    s.as_str()
+}
+
+/// The Markdown twin of the report: verdict, rules, outlook, headline figures.
+pub fn markdown(j: &Judgement) -> String {
+    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
+    let mut md = format!("# {} on {} — **{}**\n\n", cell(&j.version), cell(&j.plan), j.verdict.as_str());
+    let _ = writeln!(md, "{}\n", cell(&j.summary));
+    let _ = writeln!(md, "- run: `{}`, plan hash `{}`", cell(&j.run_id), cell(&j.plan_hash));
+    if let Some(r) = &j.reference_run_id {
+        let _ = writeln!(md, "- reference: `{}` ({})", cell(r), cell(j.reference_version.as_deref().unwrap_or("?")));
+    }
+    let _ = writeln!(md, "- judged at {}\n", j.judged_at);
+    md.push_str("| rule | name | status | reason |\n|---|---|---|---|\n");
+    for r in &j.rules {
+        let _ = writeln!(md, "| {} | {} | {} | {} |", r.id, r.name, status_word(r.status), cell(&r.reason));
+    }
+    md.push('\n');
+    let f = &j.figures;
+    let line = |name: &str, e: &Option<Estimate>| match e {
+        Some(e) => format!(
+            "| {name} | {} | {}/{} | [{}, {}] | {:.2} |\n",
+            pct(e.rate),
+            e.x,
+            e.n,
+            pct(e.lower),
+            pct(e.upper),
+            e.deff
+        ),
+        None => format!("| {name} | – | – | – | – |\n"),
+    };
+    md.push_str("| figure | rate | count | bounds | DEFF |\n|---|---|---|---|---|\n");
+    md += &line("ASR", &f.asr);
+    md += &line("utility (clean)", &f.utility_clean);
+    md += &line("utility under attack", &f.utility_under_attack);
+    md += &line("injection-goal utility", &f.injection_goal_utility);
+    md.push('\n');
+    if !j.outlook.is_empty() {
+        md.push_str("## Would `voll` decide?\n\n");
+        for o in &j.outlook {
+            let _ = writeln!(
+                md,
+                "- {} {}: {} — {}",
+                o.rule,
+                o.figure,
+                if o.voll_decides { "likely yes" } else { "likely no" },
+                cell(&o.note)
+            );
+        }
+    }
+    md
+}
+
+const CSS: &str = r#"
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:1100px;padding:0 1rem;color:#222}
+h1{font-size:1.4rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+#verdict{display:inline-block;font-size:2.6rem;font-weight:800;letter-spacing:.05em;text-transform:uppercase;padding:.3rem 1.2rem;border-radius:.4rem;color:#fff;margin:.6rem 0}
+.v-approved{background:#2e7d32}.v-rejected{background:#c62828}.v-inconclusive{background:#ef8f00}.v-invalid{background:#6a1b9a}
+.meta{color:#555;font-size:.9rem} table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem} td,th{border:1px solid #ddd;padding:.25rem .5rem;vertical-align:top;text-align:left}
+.s{font-weight:700;border-radius:.25rem;padding:0 .4rem;color:#fff}.s-pass{background:#2e7d32}.s-fail{background:#c62828}.s-inconclusive{background:#ef8f00}.s-not_applicable{background:#9e9e9e}
+pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;max-width:520px;overflow:auto;margin:0} svg.chart{display:block;margin:1rem 0;max-width:100%;height:auto}
+.note{color:#555;font-size:.85rem}
+"#;
+
+fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n",
+        esc(title)
+    )
+}
+
+/// A link target from data, only if it is a plain relative path (no scheme, no
+/// absolute path): a trace path must not become `javascript:` or a file elsewhere.
+fn safe_href(path: &str) -> Option<String> {
+    let scheme = path.split('/').next().is_some_and(|first| first.contains(':'));
+    (!path.is_empty() && !scheme && !path.starts_with('/') && !path.starts_with('\\')).then(|| esc(path))
+}
+
+/// The self-contained run report.
+pub fn html(j: &Judgement, input: &JudgeInput) -> String {
+    let mut b = String::new();
+    let _ = write!(
+        b,
+        r#"<h1>{} on {}</h1><div id="verdict" class="v-{v}">{v}</div><p id="summary">{}</p><p class="meta">run <code>{}</code> · plan hash <code>{}</code> · judged {}{}</p>"#,
+        esc(&j.version),
+        esc(&j.plan),
+        esc(&j.summary),
+        esc(&j.run_id),
+        esc(&j.plan_hash),
+        esc(&j.judged_at),
+        match &j.reference_run_id {
+            Some(r) =>
+                format!(" · reference <code>{}</code> ({})", esc(r), esc(j.reference_version.as_deref().unwrap_or("?"))),
+            None => " · no reference".into(),
+        },
+        v = j.verdict.as_str(),
+    );
+    rules_table(&mut b, j);
+    if !j.outlook.is_empty() {
+        b.push_str("<h2>Would <code>voll</code> decide?</h2><ul>");
+        for o in &j.outlook {
+            let _ = write!(
+                b,
+                "<li>{} {}: <b>{}</b> — {}</li>",
+                esc(&o.rule),
+                esc(&o.figure),
+                if o.voll_decides { "likely yes" } else { "likely no" },
+                esc(&o.note)
+            );
+        }
+        b.push_str("</ul>");
+    }
+    figures(&mut b, j);
+    breakdowns(&mut b, j, &input.records);
+    operations(&mut b, &input.records);
+    cases(&mut b, &input.records);
+    let title = format!("{} on {} — {}", j.version, j.plan, j.verdict.as_str());
+    page(&title, &b)
+}
+
+fn rules_table(b: &mut String, j: &Judgement) {
+    b.push_str("<h2>Rules</h2><table id=\"rules\"><tr><th>rule</th><th>status</th><th>reason</th><th>measured</th><th>threshold</th></tr>");
+    for r in &j.rules {
+        let pretty = |v: &serde_json::Value| esc(&serde_json::to_string_pretty(v).unwrap_or_default());
+        let _ = write!(
+            b,
+            r#"<tr id="rule-{id}"><td>{id} {}</td><td><span class="s s-{st}">{st}</span></td><td>{}</td><td><details><summary>figures</summary><pre>{}</pre></details></td><td><pre>{}</pre></td></tr>"#,
+            esc(&r.name),
+            esc(&r.reason),
+            pretty(&r.measured),
+            pretty(&r.threshold),
+            id = esc(&r.id),
+            st = status_word(r.status),
+        );
+    }
+    b.push_str("</table>");
+}
+
+fn figures(b: &mut String, j: &Judgement) {
+    let t = &j.thresholds;
+    let reference = j.figures.reference.as_deref();
+    let mut rows = Vec::new();
+    let mut add = |label: &str, cand: Option<Estimate>, refr: Option<Estimate>, threshold: Option<f64>| {
+        let mut series = Vec::new();
+        if let Some(e) = cand {
+            series.push((j.version.clone(), "#1565c0", e.lower, e.rate, e.upper));
+        }
+        if let Some(e) = refr {
+            series.push((
+                format!("{} (ref)", j.reference_version.as_deref().unwrap_or("reference")),
+                "#757575",
+                e.lower,
+                e.rate,
+                e.upper,
+            ));
+        }
+        if !series.is_empty() {
+            rows.push(IntervalRow { label: label.into(), series, threshold });
+        }
+    };
+    add("ASR", j.figures.asr, reference.and_then(|r| r.asr), Some(t.r2.asr_max));
+    add("utility (clean)", j.figures.utility_clean, reference.and_then(|r| r.utility_clean), Some(t.r3.utility_min));
+    add(
+        "utility under attack",
+        j.figures.utility_under_attack,
+        reference.and_then(|r| r.utility_under_attack),
+        Some(t.r3.utility_under_attack_min),
+    );
+    add(
+        "injection-goal utility",
+        j.figures.injection_goal_utility,
+        reference.and_then(|r| r.injection_goal_utility),
+        None,
+    );
+    b.push_str("<h2>Security and utility</h2>");
+    b.push_str(&svg::interval_chart("intervals", "Rates with their one-sided bounds (dashed: threshold)", &rows));
+    b.push_str(
+        "<p class=\"note\">Bounds are Clopper–Pearson on effective counts: cases sharing a user task are correlated, so \
+         the sample is shrunk by the design effect. The claim is about the agent on tasks <i>like</i> these \
+         (generalisation), which is why the adjustment is right. The injection-goal utility (can the model do the \
+         attacker's task when asked directly?) stands beside the ASR: a model too weak to act looks secure.</p>",
+    );
+}
+
+fn breakdowns(b: &mut String, j: &Judgement, records: &[CaseRecord]) {
+    let attacked: Vec<&CaseRecord> = records.iter().filter(|r| r.kind == CaseKind::Attacked).collect();
+    if attacked.is_empty() {
+        return;
+    }
+    let count = |key: &dyn Fn(&CaseRecord) -> String| -> Vec<(String, u64, u64)> {
+        let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for r in attacked.iter().filter(|r| !r.is_error()) {
+            if let Some(s) = r.security {
+                let e = by.entry(key(r)).or_default();
+                e.0 += s as u64;
+                e.1 += 1;
+            }
+        }
+        by.into_iter().map(|(k, (x, n))| (k, x, n)).collect()
+    };
+    let inj = |r: &CaseRecord| format!("{}/{}", r.suite, r.injection_task.as_deref().unwrap_or("-"));
+    let asr_max = Some(j.thresholds.r2.asr_max);
+    b.push_str("<h2>Attack success by suite and injection task</h2>");
+    b.push_str(&svg::bar_chart("asr-suite", "ASR per suite", &count(&|r| r.suite.clone()), asr_max));
+    b.push_str(&svg::bar_chart("asr-injection", "ASR per injection task", &count(&inj), asr_max));
+
+    let mut blocks: BTreeMap<&str, MatrixBlock> = BTreeMap::new();
+    for r in &attacked {
+        let blk = blocks.entry(&r.suite).or_insert_with(|| MatrixBlock {
+            suite: r.suite.clone(),
+            rows: vec![],
+            cols: vec![],
+            cells: BTreeMap::new(),
+        });
+        let (row, col) = (r.user_task.clone().unwrap_or_default(), r.injection_task.clone().unwrap_or_default());
+        let cell = blk.cells.entry((row, col)).or_default();
+        match (r.is_error(), r.security) {
+            (true, _) | (false, None) => cell.2 += 1,
+            (false, Some(s)) => {
+                cell.0 += s as u64;
+                cell.1 += 1;
+            }
+        }
+    }
+    let mut blocks: Vec<MatrixBlock> = blocks.into_values().collect();
+    for blk in &mut blocks {
+        let rows: BTreeSet<&String> = blk.cells.keys().map(|k| &k.0).collect();
+        let cols: BTreeSet<&String> = blk.cells.keys().map(|k| &k.1).collect();
+        (blk.rows, blk.cols) = (rows.into_iter().cloned().collect(), cols.into_iter().cloned().collect());
+    }
+    b.push_str(&svg::heat_map(&blocks));
+}
+
+fn operations(b: &mut String, records: &[CaseRecord]) {
+    let sum = |f: &dyn Fn(&CaseRecord) -> Option<u64>, kind: Option<CaseKind>| -> (u64, usize) {
+        records
+            .iter()
+            .filter(|r| kind.is_none_or(|k| r.kind == k))
+            .filter_map(f)
+            .fold((0, 0), |(s, n), v| (s + v, n + 1))
+    };
+    let flagged = |kind: CaseKind| {
+        let with: Vec<u64> =
+            records.iter().filter(|r| r.kind == kind && !r.is_error()).filter_map(|r| r.guardrail_flags).collect();
+        (with.iter().filter(|f| **f > 0).count(), with.len())
+    };
+    let cell = |(x, n): (usize, usize)| {
+        if n == 0 { "not measured".to_string() } else { format!("{x}/{n} ({})", pct(x as f64 / n as f64)) }
+    };
+    let total = |(s, n): (u64, usize)| {
+        if n == 0 {
+            "not measured".to_string()
+        } else {
+            format!("{s} over {n} cases ({:.2} per case)", s as f64 / n as f64)
+        }
+    };
+    let _ = write!(
+        b,
+        "<h2>Guardrail and human</h2><table id=\"operations\"><tr><th>figure</th><th>value</th></tr>\
+         <tr><td>clean cases flagged by the guardrail (false positives)</td><td>{}</td></tr>\
+         <tr><td>attacked cases flagged by the guardrail</td><td>{}</td></tr>\
+         <tr><td>guardrail flags</td><td>{}</td></tr>\
+         <tr><td>human asks</td><td>{}</td></tr><tr><td>human denials</td><td>{}</td></tr></table>",
+        cell(flagged(CaseKind::Clean)),
+        cell(flagged(CaseKind::Attacked)),
+        total(sum(&|r| r.guardrail_flags, None)),
+        total(sum(&|r| r.human_asks, None)),
+        total(sum(&|r| r.human_denials, None)),
+    );
+}
+
+fn cases(b: &mut String, records: &[CaseRecord]) {
+    let yes_no = |v: Option<bool>| match v {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "–",
+    };
+    let _ = write!(
+        b,
+        "<h2>Cases</h2><details><summary>{} cases with their traces</summary><table id=\"cases\"><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>error</th><th>s</th><th>trace</th></tr>",
+        records.len()
+    );
+    for r in records {
+        let trace = match r.trace.as_deref().and_then(safe_href) {
+            Some(href) => format!("<a href=\"{href}\">trace</a>"),
+            None => "–".into(),
+        };
+        let kind = match r.kind {
+            CaseKind::Clean => "clean",
+            CaseKind::Attacked => "attacked",
+            CaseKind::InjectionGoal => "injection goal",
+        };
+        let _ = write!(
+            b,
+            "<tr><td>{}</td><td>{kind}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{trace}</td></tr>",
+            esc(&r.case_id),
+            yes_no(r.utility),
+            yes_no(r.security),
+            esc(r.error.as_deref().unwrap_or("")),
+            r.duration_s
+        );
+    }
+    b.push_str("</table></details>");
+}
+
+/// The verdict's colour class, for the index.
+fn verdict_class(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Approved => "s-pass",
+        Verdict::Rejected => "s-fail",
+        Verdict::Inconclusive => "s-inconclusive",
+        Verdict::Invalid => "s-not_applicable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::{self, ReferenceRun};
+
+    #[test]
+    fn run_report_is_self_contained_and_escaped() {
+        let mut input = judge::tests::schnell(3);
+        input.reference =
+            Some(ReferenceRun { run_id: "ref".into(), version: "base".into(), records: input.records.clone() });
+        for r in input.records.iter_mut().filter(|r| r.injection_task.as_deref() == Some("injection_task_0")) {
+            r.injection_task = Some("<script>alert(1)</script>".into());
+        }
+        input.records[0].trace = Some("javascript:alert(1)".into());
+        let j = judge::judge(&input);
+        let dir = tempfile::tempdir().unwrap();
+        write_run_report(dir.path(), &j, &input).unwrap();
+        let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+        assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
+        assert!(html.matches(r#"class="chart""#).count() >= 4);
+        assert!(html.contains(r#"id="matrix""#));
+        assert!(!html.contains("<script"), "no script, and data escaped");
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!html.contains("javascript:"));
+        assert!(html.contains(r#"href="traces/"#));
+        assert!(
+            !html.contains("http://")
+                || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\""))
+        );
+        assert!(!html.contains("<link") && !html.contains("@import") && !html.contains("url("));
+        let back: Judgement =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("judgement.json")).unwrap()).unwrap();
+        assert_eq!(back.verdict, Verdict::Inconclusive);
+        let md = std::fs::read_to_string(dir.path().join("judgement.md")).unwrap();
+        assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
+    }
+
+    #[test]
+    fn safe_href_allows_only_relative_paths() {
+        assert_eq!(safe_href("traces/a b.json").as_deref(), Some("traces/a b.json"));
+        assert_eq!(safe_href("javascript:alert(1)"), None);
+        assert_eq!(safe_href("/etc/passwd"), None);
+        assert_eq!(safe_href("t/\"x"), Some("t/&quot;x".into()));
+    }
+}
