@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
+use crate::judge::EnvCheck;
 use crate::pyenv::PyEnv;
 use crate::rundir::RunDir;
 use crate::util;
@@ -62,16 +63,6 @@ pub fn truth_file(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Path
     Ok(pyenv.cache.join(format!("{key}.json")))
 }
 
-/// One environment-check line (input to R1).
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
-pub struct EnvCheck {
-    pub suite: String,
-    pub injection_task: String,
-    pub status: String,
-    #[serde(default)]
-    pub detail: Option<String>,
-}
-
 /// Everything `gym.py run` needs (docs/protocol.md §2).
 #[derive(Serialize, Debug)]
 pub struct GymRequest {
@@ -92,7 +83,7 @@ pub struct GymRequest {
 #[serde(tag = "event", rename_all = "snake_case")]
 enum Event {
     Start { total: usize, to_run: usize, done: usize, jobs: usize },
-    Skip { case_id: String },
+    Skip {},
     Rerun { case_id: String, reason: String },
     CaseStart { case_id: String },
     Case { record: CaseRecord },

@@ -104,6 +104,7 @@ impl Profile {
     pub fn load(path: &Path) -> anyhow::Result<(Profile, String)> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
+        profile.rules.validate().with_context(|| format!("in the [rules] of {}", path.display()))?;
         if profile.jobs == 0 {
             bail!("{}: jobs must be at least 1", path.display());
         }
@@ -205,10 +206,6 @@ pub fn plan_hash(benchmark_version: &str, cases: &[Case]) -> String {
 }
 
 impl Filters {
-    pub fn is_empty(&self) -> bool {
-        self.suites.is_empty() && self.user_tasks.is_empty() && self.injection_tasks.is_empty() && self.attacks.is_empty()
-    }
-
     /// A filter narrows only the cases that have that dimension; for `--attack`, clean
     /// and goal cases count as attack `none`.
     fn keeps(&self, case: &Case) -> bool {

@@ -86,7 +86,7 @@ fn record_and_judge(
     };
     util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
     util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
-    judge::judge_run_dir(&run_dir.path, None, None, Some(&root.reports()))
+    Ok(judge::rejudge(&run_dir.path, None, None, Some(&root.reports()))?.0)
 }
 
 /// Runs the version's cases into `run_dir` with its model up, and records the spec.

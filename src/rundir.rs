@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
@@ -158,10 +158,6 @@ impl CasesWriter {
         self.file.sync_data().with_context(|| format!("syncing {}", self.path.display()))?;
         Ok(())
     }
-}
-
-pub fn is_dir_with(path: &Path, file: &str) -> bool {
-    path.join(file).is_file()
 }
 
 #[cfg(test)]

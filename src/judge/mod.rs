@@ -4,6 +4,7 @@
 //! so `pruefstand judge` can re-judge a stored run and a study can call it in a loop.
 //! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
 
+mod load;
 mod rules;
 mod thresholds;
 
@@ -15,7 +16,8 @@ use crate::case::CaseRecord;
 use crate::util;
 
 #[allow(unused_imports)] // public API: profiles and studies name the clustering
-pub use thresholds::{Clustering, Thresholds};
+pub use load::{load_input, rejudge};
+pub use thresholds::Thresholds;
 
 /// One environment sanity check: does an injection task's ground truth achieve its goal?
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -117,7 +117,7 @@ fn clustered_successes_widen_the_bounds() {
     assert!(deff(&clustered) > 1.5, "{}", deff(&clustered));
     assert!(deff(&clustered) > deff(&spread));
     // Two-way clustering is offered and runs.
-    input.thresholds.r2.clustering = Clustering::TwoWay;
+    input.thresholds.r2.clustering = super::thresholds::Clustering::TwoWay;
     let two = judge(&input);
     assert!(rule(&two, "R2").measured["deff"].as_f64().unwrap() >= 1.0);
 }
