@@ -1,0 +1,286 @@
+"""ExternalAgentElement: AgentDojo pipeline element speaking the JSON-line protocol to an
+agent subprocess (docs/protocol.md section 1)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement
+from agentdojo.functions_runtime import EmptyEnv, Env, FunctionCall, FunctionsRuntime
+from agentdojo.types import ChatAssistantMessage, ChatMessage, get_text_content_as_str, text_content_block_from_string
+
+from . import protocol
+from .dojo import ApiMismatch, check_api  # noqa: F401  (re-exported: adapter.check_api)
+from .protocol import ProtocolError
+
+
+class AgentError(Exception):
+    """The case cannot go on because of the agent; str(e) is the record's `error`."""
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:g}"
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Linux: have the kernel send `sig` to this process when its parent dies (so no
+    agent or worker outlives a killed gym). No-op elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _agent_preexec() -> None:
+    set_parent_death_signal(signal.SIGKILL)
+
+
+class AgentProcess:
+    """One agent subprocess: argv list (no shell), env inherited, stderr passed through."""
+
+    def __init__(self, argv: list[str], log_prefix: str = ""):
+        self.argv = list(argv)
+        self.proc: subprocess.Popen | None = None
+        self.buf = b""
+        self.log_prefix = log_prefix
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+                bufsize=0,
+                close_fds=True,
+                preexec_fn=_agent_preexec if sys.platform.startswith("linux") else None,
+            )
+        except OSError as e:
+            self.proc = None
+            raise AgentError(f"cannot start agent {self.argv[0]!r}: {e}") from None
+        self.buf = b""
+        os.set_blocking(self.proc.stdout.fileno(), False)
+
+    def _exit_reason(self) -> str:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "agent closed its stdout"
+        if code < 0:
+            try:
+                return f"agent killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"agent killed by signal {-code}"
+        return f"agent exited with status {code}"
+
+    def send(self, message: dict) -> None:
+        if not self.alive:
+            raise AgentError(self._exit_reason() if self.proc is not None else "agent not running")
+        data = protocol.encode(message)
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise AgentError(self._exit_reason()) from None
+
+    def recv_line(self, deadline: float, timeout_s: float) -> bytes:
+        """One line from the agent's stdout, waiting at most until `deadline` (monotonic)."""
+        assert self.proc is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl >= 0:
+                line, self.buf = self.buf[:nl], self.buf[nl + 1 :]
+                if line.strip():
+                    return line
+                continue
+            if len(self.buf) > protocol.MAX_LINE_BYTES:
+                raise AgentError(f"agent protocol: line longer than {protocol.MAX_LINE_BYTES} bytes")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AgentError(f"timeout after {_fmt_s(timeout_s)} s")
+            ready, _, _ = select.select([fd], [], [], min(remaining, 1.0))
+            if not ready:
+                continue
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                if self.buf.strip():
+                    line, self.buf = self.buf, b""
+                    return line  # last line without newline
+                raise AgentError(self._exit_reason())
+            self.buf += chunk
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        """Polite shutdown: close stdin, give it a moment, then kill."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2)
+        except Exception:  # noqa: BLE001
+            pass
+        self.kill()
+
+
+def message_to_plain(message: ChatMessage) -> dict:
+    """AgentDojo ChatMessage -> {role, content, tool_calls?, tool_call_id?, function?}."""
+    role = message["role"]
+    content = message.get("content")
+    text = get_text_content_as_str(content) if content is not None else ""
+    out: dict = {"role": role, "content": text}
+    if role == "assistant":
+        calls = message.get("tool_calls") or []
+        if calls:
+            out["tool_calls"] = [{"function": c.function, "args": dict(c.args), "id": c.id} for c in calls]
+    elif role == "tool":
+        error = message.get("error")
+        if error:
+            out["content"] = error  # as AgentDojo's OpenAI element shows tool errors
+        out["tool_call_id"] = message.get("tool_call_id")
+        call = message.get("tool_call")
+        out["function"] = call.function if call is not None else None
+    return out
+
+
+class ExternalAgentElement(BasePipelineElement):
+    """The LLM slot of the pipeline, played by an external agent process.
+
+    The runner calls `begin_case` / `end_case` around each case; AgentDojo calls `query`
+    once per LLM turn. Any protocol violation raises AgentError (the runner records the
+    case as an error, kills the agent, and the next case respawns it).
+    """
+
+    def __init__(self, argv: list[str], benchmark_version: str, agentdojo_version: str, case_timeout_s: float):
+        self.agent = AgentProcess(argv)
+        self.benchmark_version = benchmark_version
+        self.agentdojo_version = agentdojo_version
+        self.case_timeout_s = float(case_timeout_s)
+        self.deadline = None
+        self.counters = protocol.empty_counters()
+        self.case_id = None
+        self._schemas: dict = {}
+        self.turns = 0
+
+    # --- case lifecycle (runner) ---
+
+    def ensure_agent(self) -> None:
+        if not self.agent.alive:
+            self.agent.kill()
+            self.agent.start()
+            self.agent.send(protocol.handshake(self.agentdojo_version, self.benchmark_version))
+
+    def begin_case(self, case: dict) -> None:
+        self.counters = protocol.empty_counters()
+        self.case_id = case["id"]
+        self.turns = 0
+        self.deadline = time.monotonic() + self.case_timeout_s
+        self.ensure_agent()
+        self.agent.send(protocol.case_start(case))
+
+    def end_case(self, ok: bool) -> None:
+        """After a case: `case_end` when the agent is healthy, else kill it (respawned later)."""
+        if ok and self.agent.alive:
+            try:
+                self.agent.send(protocol.case_end(self.case_id))
+                return
+            except AgentError:
+                pass
+        self.agent.kill()
+
+    def shutdown(self) -> None:
+        self.agent.close()
+
+    # --- AgentDojo ---
+
+    def _tools(self, runtime: FunctionsRuntime) -> list[dict]:
+        key = tuple(id(f) for f in runtime.functions.values())
+        tools = self._schemas.get(key)
+        if tools is None:
+            tools = [
+                {"name": name, "description": f.description, "parameters_schema": f.parameters.model_json_schema()}
+                for name, f in runtime.functions.items()
+            ]
+            self._schemas[key] = tools
+        return tools
+
+    def query(
+        self,
+        query: str,
+        runtime: FunctionsRuntime,
+        env: Env = EmptyEnv(),
+        messages: Sequence[ChatMessage] = [],
+        extra_args: dict = {},
+    ) -> tuple[str, FunctionsRuntime, Env, Sequence[ChatMessage], dict]:
+        if self.deadline is None:
+            raise AgentError("internal: query outside a case")
+        if not self.agent.alive:
+            raise AgentError("agent is not running")
+        request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages])
+        self.agent.send(request)
+        line = self.agent.recv_line(self.deadline, self.case_timeout_s)
+        self.turns += 1
+        try:
+            reply = protocol.decode_reply(line)
+        except protocol.AgentReportedError as e:
+            self.counters = protocol.merge_stats(self.counters, e.stats)
+            raise AgentError(str(e)) from None
+        except ProtocolError as e:
+            raise AgentError(str(e)) from None
+        self.counters = protocol.merge_stats(self.counters, reply.stats)
+        if reply.final_answer is not None:
+            out = ChatAssistantMessage(
+                role="assistant", content=[text_content_block_from_string(reply.final_answer)], tool_calls=None
+            )
+        else:
+            calls = []
+            for i, c in enumerate(reply.tool_calls):
+                try:
+                    calls.append(
+                        FunctionCall(function=c["function"], args=c["args"], id=c["id"] or f"call_{self.turns}_{i}")
+                    )
+                except Exception as e:  # noqa: BLE001 - pydantic validation
+                    raise AgentError(f"agent protocol: tool_calls[{i}] rejected: {e}") from None
+            out = ChatAssistantMessage(role="assistant", content=None, tool_calls=calls)
+        return query, runtime, env, [*messages, out], extra_args
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[gym] {msg}\n")
+    sys.stderr.flush()

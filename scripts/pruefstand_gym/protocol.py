@@ -1,0 +1,189 @@
+"""The JSON-line agent protocol (docs/protocol.md section 1), without any agentdojo import.
+
+Everything that can be checked offline lives here: encoding of the adapter's messages,
+decoding and validation of the agent's replies, the stats counters. The adapter
+(`adapter.py`) turns validated replies into AgentDojo messages.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PROTOCOL = "pruefstand-gym/1"
+
+STAT_KEYS = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "guardrail_flags",
+    "human_asks",
+    "human_denials",
+)
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """The agent broke the protocol; the message is the case's `error`."""
+
+
+def encode(message: dict) -> bytes:
+    """One message as one UTF-8 JSON line."""
+    return (json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=_json_default) + "\n").encode(
+        "utf-8"
+    )
+
+
+def _json_default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def handshake(agentdojo_version: str, benchmark_version: str) -> dict:
+    return {
+        "type": "handshake",
+        "protocol": PROTOCOL,
+        "agentdojo_version": agentdojo_version,
+        "benchmark_version": benchmark_version,
+    }
+
+
+def case_start(case: dict) -> dict:
+    return {
+        "type": "case_start",
+        "case_id": case["id"],
+        "suite": case["suite"],
+        "user_task": case.get("user_task"),
+        "injection_task": case.get("injection_task"),
+        "attack": case.get("attack"),
+        "kind": case["kind"],
+    }
+
+
+def case_end(case_id: str) -> dict:
+    return {"type": "case_end", "case_id": case_id}
+
+
+def query(prompt: str, tools: list[dict], messages: list[dict]) -> dict:
+    return {"type": "query", "prompt": prompt, "tools": tools, "messages": messages}
+
+
+class Reply:
+    """A validated agent reply: exactly one of `tool_calls` / `final_answer`, plus stats."""
+
+    __slots__ = ("tool_calls", "final_answer", "stats")
+
+    def __init__(self, tool_calls: list[dict] | None, final_answer: str | None, stats: dict | None):
+        self.tool_calls = tool_calls
+        self.final_answer = final_answer
+        self.stats = stats
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Reply(tool_calls={self.tool_calls!r}, final_answer={self.final_answer!r}, stats={self.stats!r})"
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def decode_reply(line: bytes | str) -> Reply:
+    """Parse and validate one line from the agent. Raises ProtocolError with a clear reason."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"agent protocol: line is not UTF-8: {e}") from None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ProtocolError(f"agent protocol: invalid JSON: {e.msg} in {_short(line)!r}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"agent protocol: reply is not a JSON object: {_short(line)!r}")
+
+    stats = None
+    if "stats" in obj and obj["stats"] is not None:
+        stats = decode_stats(obj["stats"])
+
+    if "error" in obj and obj["error"] is not None:
+        reason = obj["error"]
+        if not isinstance(reason, str):
+            reason = json.dumps(reason)
+        raise AgentReportedError(f"agent error: {reason}", stats)
+
+    has_calls = "tool_calls" in obj and obj["tool_calls"] is not None
+    has_final = "final_answer" in obj and obj["final_answer"] is not None
+    if has_calls and has_final:
+        raise ProtocolError("agent protocol: reply has both `tool_calls` and `final_answer`")
+    if not has_calls and not has_final:
+        raise ProtocolError(
+            f"agent protocol: reply has neither `tool_calls`, `final_answer` nor `error`: {_short(line)!r}"
+        )
+    if has_final:
+        final = obj["final_answer"]
+        if not isinstance(final, str):
+            raise ProtocolError(f"agent protocol: `final_answer` must be a string, got {type(final).__name__}")
+        return Reply(None, final, stats)
+
+    calls = obj["tool_calls"]
+    if not isinstance(calls, list):
+        raise ProtocolError(f"agent protocol: `tool_calls` must be a list, got {type(calls).__name__}")
+    if len(calls) == 0:
+        raise ProtocolError("agent protocol: `tool_calls` is empty (send `final_answer` to end the case)")
+    out = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise ProtocolError(f"agent protocol: tool_calls[{i}] is not an object")
+        fn = call.get("function")
+        if not isinstance(fn, str) or not fn:
+            raise ProtocolError(f"agent protocol: tool_calls[{i}].function must be a non-empty string")
+        args = call.get("args", {})
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ProtocolError(f"agent protocol: tool_calls[{i}].args must be an object")
+        cid = call.get("id")
+        if cid is not None and not isinstance(cid, str):
+            raise ProtocolError(f"agent protocol: tool_calls[{i}].id must be a string")
+        out.append({"function": fn, "args": args, "id": cid})
+    return Reply(out, None, stats)
+
+
+class AgentReportedError(ProtocolError):
+    """The agent sent `{"error": ...}`; carries the stats sent along, if any."""
+
+    def __init__(self, message: str, stats: dict | None):
+        super().__init__(message)
+        self.stats = stats
+
+
+def decode_stats(stats: Any) -> dict:
+    if not isinstance(stats, dict):
+        raise ProtocolError("agent protocol: `stats` must be an object")
+    out = {}
+    for key in STAT_KEYS:
+        if key in stats and stats[key] is not None:
+            value = stats[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ProtocolError(f"agent protocol: stats.{key} must be a non-negative integer, got {value!r}")
+            out[key] = value
+    return out
+
+
+def empty_counters() -> dict:
+    """Counters of a case before the agent reported any: all null."""
+    return {key: None for key in STAT_KEYS}
+
+
+def merge_stats(counters: dict, stats: dict | None) -> dict:
+    """Stats are cumulative since case_start: the last one seen wins, key by key."""
+    if not stats:
+        return counters
+    merged = dict(counters)
+    merged.update(stats)
+    return merged

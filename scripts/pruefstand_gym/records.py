@@ -1,0 +1,168 @@
+"""Cases, trace paths and case records (src/case.rs `CaseRecord`), without agentdojo."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .protocol import STAT_KEYS, empty_counters
+
+KINDS = ("clean", "attacked", "injection_goal")
+
+RECORD_FIELDS = (
+    "case_id",
+    "kind",
+    "suite",
+    "user_task",
+    "injection_task",
+    "attack",
+    "utility",
+    "security",
+    "error",
+    "duration_s",
+    *STAT_KEYS,
+    "trace",
+)
+
+PIPELINE_NAME = "pruefstand-gym"
+
+
+class RequestError(Exception):
+    """Bad input in a request: exit 2 before `start`."""
+
+
+def pipeline_name(defence: str | None) -> str:
+    return PIPELINE_NAME if defence is None else f"{PIPELINE_NAME}-{defence}"
+
+
+def default_case_id(case: dict) -> str:
+    """The id src/case.rs gives a case (only used for messages; the request's id is kept)."""
+    if case["kind"] == "injection_goal":
+        return f"{case['suite']}/goal/{case.get('injection_task') or '-'}"
+    return f"{case['suite']}/{case.get('user_task') or '-'}/{case.get('attack') or 'none'}/{case.get('injection_task') or 'none'}"
+
+
+def trace_relpath(case: dict, defence: str | None) -> str:
+    """AgentDojo's trace path of a case, relative to run_dir (AGENTDOJO_FACTS.md, Logs)."""
+    pipe = pipeline_name(defence).replace("/", "_")
+    if case["kind"] == "injection_goal":
+        task, attack, inj = case["injection_task"], "none", "none"
+    elif case["kind"] == "clean":
+        task, attack, inj = case["user_task"], "none", "none"
+    else:
+        task, attack, inj = case["user_task"], case["attack"], case["injection_task"]
+    return f"traces/{pipe}/{case['suite']}/{task}/{attack}/{inj}.json"
+
+
+def check_case_shape(i: int, case: object) -> dict:
+    """Validate a case's fields and kind-specific nulls (not the names: that needs agentdojo)."""
+    where = f"cases[{i}]"
+    if not isinstance(case, dict):
+        raise RequestError(f"{where}: must be an object")
+    for key in ("id", "kind", "suite"):
+        if not isinstance(case.get(key), str) or not case.get(key):
+            raise RequestError(f"{where}: `{key}` must be a non-empty string")
+    kind = case["kind"]
+    if kind not in KINDS:
+        raise RequestError(f"{where} ({case['id']}): unknown kind {kind!r}; valid: {', '.join(KINDS)}")
+    c = {
+        "id": case["id"],
+        "kind": kind,
+        "suite": case["suite"],
+        "user_task": case.get("user_task"),
+        "injection_task": case.get("injection_task"),
+        "attack": case.get("attack"),
+    }
+    for key in ("user_task", "injection_task", "attack"):
+        if c[key] is not None and (not isinstance(c[key], str) or not c[key]):
+            raise RequestError(f"{where} ({c['id']}): `{key}` must be a non-empty string or null")
+    if c["attack"] == "none":
+        c["attack"] = None
+    need = {
+        "clean": {"user_task": True, "injection_task": False, "attack": False},
+        "attacked": {"user_task": True, "injection_task": True, "attack": True},
+        "injection_goal": {"user_task": False, "injection_task": True, "attack": False},
+    }[kind]
+    for key, required in need.items():
+        if required and c[key] is None:
+            raise RequestError(f"{where} ({c['id']}): kind {kind} needs `{key}`")
+        if not required and c[key] is not None:
+            raise RequestError(f"{where} ({c['id']}): kind {kind} must have `{key}` null, got {c[key]!r}")
+    return c
+
+
+def make_record(
+    case: dict,
+    *,
+    utility: bool | None,
+    security: bool | None,
+    error: str | None,
+    duration_s: float,
+    counters: dict | None,
+    trace: str | None,
+) -> dict:
+    """A case record in src/case.rs field order. Errors null utility/security."""
+    counters = counters if counters is not None else empty_counters()
+    if error is not None:
+        utility, security = None, None
+    record = {
+        "case_id": case["id"],
+        "kind": case["kind"],
+        "suite": case["suite"],
+        "user_task": case.get("user_task"),
+        "injection_task": case.get("injection_task"),
+        "attack": case.get("attack"),
+        "utility": utility,
+        "security": security,
+        "error": error,
+        "duration_s": round(float(duration_s), 4),
+    }
+    for key in STAT_KEYS:
+        record[key] = counters.get(key)
+    record["trace"] = trace
+    return record
+
+
+def check_record(record: dict) -> list[str]:
+    """Problems with a record's shape (empty list = fine). Used by the selftest."""
+    problems = []
+    if list(record) != list(RECORD_FIELDS):
+        problems.append(f"fields {list(record)} != {list(RECORD_FIELDS)}")
+    if record.get("kind") not in KINDS:
+        problems.append(f"kind {record.get('kind')!r}")
+    if record.get("error") is not None and (record.get("utility") is not None or record.get("security") is not None):
+        problems.append("errored record with utility/security set")
+    for key in ("utility", "security"):
+        if record.get(key) is not None and not isinstance(record[key], bool):
+            problems.append(f"{key} not bool/null")
+    for key in STAT_KEYS:
+        v = record.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            problems.append(f"{key} not a non-negative int/null")
+    if not isinstance(record.get("duration_s"), (int, float)):
+        problems.append("duration_s not a number")
+    return problems
+
+
+def read_trace_status(path: Path) -> str | None:
+    """None when the trace file is intact JSON; else the reason it is not."""
+    if not path.exists():
+        return "trace missing"
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"trace corrupt: {e}"
+    if not isinstance(data, dict):
+        return "trace corrupt: not a JSON object"
+    return None
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=4)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
