@@ -26,6 +26,10 @@ pub struct Root {
 pub struct Config {
     #[serde(default)]
     pub paths: Paths,
+    #[serde(default)]
+    pub guard: crate::guard::GuardConfig,
+    #[serde(default)]
+    pub hooks: Vec<crate::hooks::HookConfig>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
