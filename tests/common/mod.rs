@@ -118,3 +118,33 @@ pub fn outcomes(run_dir: &Path) -> Vec<(String, serde_json::Value, serde_json::V
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
+
+/// The managed venv's Python and the gym scripts folder (`pruefstand setup`).
+pub struct PyEnv {
+    pub python: PathBuf,
+    pub scripts: PathBuf,
+}
+
+pub fn pyenv() -> &'static PyEnv {
+    static ENV: std::sync::OnceLock<PyEnv> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let out = Run::from(Command::new(BIN).arg("setup").output().unwrap()).ok();
+        let field = |prefix: &str| {
+            PathBuf::from(out.stdout.lines().find_map(|l| l.split_once(prefix).map(|(_, v)| v.trim().to_string())).unwrap())
+        };
+        PyEnv { python: field("venv: "), scripts: field("gym scripts: ") }
+    })
+}
+
+/// The ground-truth export of v1.2.2 (for scripted agents), written once per test binary.
+pub fn truth_file() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let env = pyenv();
+        let out = Command::new(&env.python).arg(env.scripts.join("gym.py")).args(["truth", "--benchmark-version", "v1.2.2"]).output().unwrap();
+        assert!(out.status.success(), "gym truth failed: {}", String::from_utf8_lossy(&out.stderr));
+        let path = std::env::temp_dir().join(format!("pruefstand-truth-{}.json", std::process::id()));
+        std::fs::write(&path, &out.stdout).unwrap();
+        path
+    })
+}
