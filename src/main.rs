@@ -53,6 +53,8 @@ enum Command {
     Judge(cmd::judge::Args),
     /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
     Agent(cmd::agent::Args),
+    /// The R2 error-rate study: false approvals at the boundary on voll's shape.
+    Study(cmd::study::Args),
     /// Create the managed Python venv with the pinned agentdojo now.
     Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => cmd::agent::main(args),
         Command::SimServe(args) => cmd::sim_serve::main(args),
         Command::Setup(args) => cmd::setup::main(args),
+        Command::Study(args) => cmd::study::main(cli.root, args),
     };
     match result {
         Ok(code) => code,

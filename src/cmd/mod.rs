@@ -6,4 +6,5 @@ pub mod gym;
 pub mod judge;
 pub mod run;
 pub mod setup;
+pub mod study;
 pub mod sim_serve;
