@@ -263,3 +263,27 @@ fn the_gym_selftest_passes() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.trim_end().lines().last().unwrap().ends_with(" passed, 0 failed"), "{stdout}");
 }
+
+#[test]
+fn a_missing_or_wrong_python_is_a_clear_error_saying_what_to_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = |python: &Path| {
+        Run::from(
+            Command::new(BIN)
+                .arg("setup")
+                .env("PRUEFSTAND_VENV", dir.path().join("venv"))
+                .env("PRUEFSTAND_PYTHON", python)
+                .output()
+                .unwrap(),
+        )
+    };
+    let run = setup(Path::new("/nonexistent/python3")).code(2);
+    assert!(run.stderr.contains("no Python 3.10–3.12 found") && run.stderr.contains("install"), "{}", run.stderr);
+    // A Python that is too new for agentdojo's dependencies.
+    let fake = dir.path().join("python3.13");
+    std::fs::write(&fake, "#!/bin/sh\necho 3.13\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = setup(&fake).code(2);
+    assert!(run.stderr.contains("is 3.13"), "{}", run.stderr);
+    assert!(!dir.path().join("venv/bin/python").exists(), "no half-made venv is left to be mistaken for a ready one");
+}
