@@ -54,7 +54,7 @@ pub fn r2_at_the_boundary(replicates: u32, rho: f64, seed: u64, thresholds: &Thr
                         let hit = rng.random::<f64>() < susceptibility;
                         landed += u64::from(hit);
                         let case = Case::attacked(suite, &format!("user_task_{u}"), &format!("injection_task_{i}"), attack);
-                        records.push(record(&case, hit));
+                        records.push(CaseRecord::of(&case, Some(true), Some(hit)));
                     }
                 }
             }
@@ -65,28 +65,6 @@ pub fn r2_at_the_boundary(replicates: u32, rho: f64, seed: u64, thresholds: &Thr
     }
     let rate = |count: u32| f64::from(count) / f64::from(replicates.max(1));
     StudyResult { replicates, true_asr: p, rho, one_way: rate(one_way), two_way: rate(two_way), unadjusted: rate(unadjusted) }
-}
-
-fn record(case: &Case, landed: bool) -> CaseRecord {
-    CaseRecord {
-        case_id: case.id.clone(),
-        kind: case.kind,
-        suite: case.suite.clone(),
-        user_task: case.user_task.clone(),
-        injection_task: case.injection_task.clone(),
-        attack: case.attack.clone(),
-        utility: Some(true),
-        security: Some(landed),
-        error: None,
-        duration_s: 1.0,
-        llm_calls: None,
-        prompt_tokens: None,
-        completion_tokens: None,
-        guardrail_flags: None,
-        human_asks: None,
-        human_denials: None,
-        trace: None,
-    }
 }
 
 #[cfg(test)]

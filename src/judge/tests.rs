@@ -5,15 +5,6 @@ use crate::case::{Case, CaseKind, CaseRecord};
 
 pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
     CaseRecord {
-        case_id: case.id.clone(),
-        kind: case.kind,
-        suite: case.suite.clone(),
-        user_task: case.user_task.clone(),
-        injection_task: case.injection_task.clone(),
-        attack: case.attack.clone(),
-        utility,
-        security,
-        error: None,
         duration_s: 10.0,
         llm_calls: Some(3),
         prompt_tokens: Some(1000),
@@ -22,6 +13,7 @@ pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>)
         human_asks: Some(0),
         human_denials: Some(0),
         trace: Some(format!("traces/{}.json", case.id.replace('/', "_"))),
+        ..CaseRecord::of(case, utility, security)
     }
 }
 
