@@ -53,6 +53,9 @@ enum Command {
     Judge(cmd::judge::Args),
     /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
     Agent(cmd::agent::Args),
+    /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
+    /// permissions — one line each, OK/WARN/FAIL with the fix.
+    Check(cmd::check::Args),
     /// Create the managed Python venv with the pinned agentdojo now.
     Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => cmd::agent::main(args),
         Command::SimServe(args) => cmd::sim_serve::main(args),
         Command::Setup(args) => cmd::setup::main(args),
+        Command::Check(args) => cmd::check::main(cli.root, args),
     };
     match result {
         Ok(code) => code,
