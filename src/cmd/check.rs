@@ -184,7 +184,7 @@ async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Re
     let docker = match bollard::Docker::connect_with_defaults() {
         Ok(docker) => docker.with_timeout(DOCKER_TIMEOUT),
         Err(err) => {
-            report.add(level, format!("Docker at {host}: {err}"), fix);
+            report.add(level, format!("Docker not reachable at {host}: {err}"), fix);
             return report;
         }
     };

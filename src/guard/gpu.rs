@@ -24,6 +24,7 @@ pub struct GpuSample {
     pub blocking: Vec<String>,
     pub notes: Vec<String>,
     pub foreign: Vec<ForeignProcess>,
+    /// A compute process list was read (what R1's exclusivity needs).
     pub observed: bool,
 }
 
@@ -112,23 +113,6 @@ impl GpuGuard {
                 }
             };
             let mut seen = false;
-            match device.running_compute_processes() {
-                Ok(processes) => {
-                    seen = true;
-                    for p in processes.into_iter().filter(|p| !own.contains(p.pid)) {
-                        let foreign = ForeignProcess { gpu: index, pid: p.pid, name: process_name(p.pid) };
-                        out.blocking.push(foreign.describe());
-                        out.foreign.push(foreign);
-                    }
-                }
-                Err(NvmlError::NotSupported) => {
-                    out.notes.push(format!("GPU {index}: compute process list not supported: judged by utilization only"))
-                }
-                Err(e) => {
-                    out.blocking.push(format!("GPU {index}: reading compute processes failed: {}", nvml_error(&e)));
-                    reopen = true;
-                }
-            }
             match device.utilization_rates() {
                 Ok(u) => {
                     seen = true;
@@ -144,9 +128,26 @@ impl GpuGuard {
                     reopen = true;
                 }
             }
-            if seen {
-                out.observed = true;
-            } else if !reopen {
+            match device.running_compute_processes() {
+                Ok(processes) => {
+                    seen = true;
+                    // R1 asks about foreign processes: only this query observes them.
+                    out.observed = true;
+                    for p in processes.into_iter().filter(|p| !own.contains(p.pid)) {
+                        let foreign = ForeignProcess { gpu: index, pid: p.pid, name: process_name(p.pid) };
+                        out.blocking.push(foreign.describe());
+                        out.foreign.push(foreign);
+                    }
+                }
+                Err(NvmlError::NotSupported) => {
+                    out.notes.push(format!("GPU {index}: compute process list not supported: judged by utilization only"))
+                }
+                Err(e) => {
+                    out.blocking.push(format!("GPU {index}: reading compute processes failed: {}", nvml_error(&e)));
+                    reopen = true;
+                }
+            }
+            if !seen && !reopen {
                 // Neither query is supported: this GPU cannot be guarded at all, which is
                 // the same as having no NVML for it.
                 let reason = format!("GPU {index}: NVML supports neither utilization nor the compute process list");

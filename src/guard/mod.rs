@@ -239,7 +239,8 @@ pub struct Sample {
     pub notes: Vec<String>,
     pub foreign_processes: Vec<ForeignProcess>,
     pub busy_units: Vec<BusyUnit>,
-    /// Whether NVML answered for at least one GPU (false: R1 cannot be judged).
+    /// Whether NVML listed the compute processes of at least one GPU (false: R1's
+    /// exclusivity cannot be judged).
     pub gpu_observed: bool,
 }
 

@@ -19,6 +19,7 @@ const BUS_CONFIG: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bu
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <busconfig>
   <type>session</type>
+  <listen>LISTEN</listen>
   <auth>EXTERNAL</auth>
   <policy context="default">
     <allow send_destination="*" eavesdrop="true"/>
@@ -44,24 +45,30 @@ impl DbusDaemon {
 
     fn start_in(dir: Arc<tempfile::TempDir>) -> DbusDaemon {
         let config = dir.path().join("bus.conf");
-        std::fs::write(&config, BUS_CONFIG).unwrap();
         let socket = dir.path().join("bus");
         let _ = std::fs::remove_file(&socket); // a killed daemon leaves its socket behind
         let address = format!("unix:path={}", socket.display());
+        std::fs::write(&config, BUS_CONFIG.replace("LISTEN", &address)).unwrap();
         // No --fork: the child is ours to reap. --print-address is written once the
         // socket listens, so reading it is the readiness wait.
         let mut child = Command::new("dbus-daemon")
             .arg(format!("--config-file={}", config.display()))
-            .arg(format!("--address={address}"))
             .args(["--nofork", "--nopidfile", "--print-address=1"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // Its stderr goes to a file: as root it complains about the fd limit on
+            // every start, which is noise unless it failed.
+            .stderr(std::fs::File::create(dir.path().join("dbus-daemon.log")).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start dbus-daemon ({e}): install Debian's `dbus` package"));
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("reading dbus-daemon's address");
-        assert!(line.starts_with("unix:"), "dbus-daemon did not start (printed {line:?})");
+        if !line.starts_with("unix:") {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(dir.path().join("dbus-daemon.log")).unwrap_or_default();
+            panic!("dbus-daemon did not start (printed {line:?}):\n{log}");
+        }
         DbusDaemon { dir, child: Some(child), address }
     }
 
@@ -114,12 +121,12 @@ impl FakeSystemd {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let units = self.units.clone();
-        let address = address.to_string();
+        let bus_address = address.to_string();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let built = async {
-                    zbus::connection::Builder::address(address.as_str())
+                    zbus::connection::Builder::address(bus_address.as_str())
                         .serve_at("/org/freedesktop/systemd1", Manager { units })
                         .name("org.freedesktop.systemd1")
                         // Never take the name over: a second fake on the bus must fail, not steal.
