@@ -199,3 +199,19 @@ fn check_outside_a_bench_root_fails_cleanly() {
     line(&run, "OK", "Python venv ");
     assert!(run.stdout.lines().any(|l| l.contains("NVML")), "{}", run.stdout);
 }
+
+#[test]
+fn check_does_not_hang_on_a_silent_docker_socket() {
+    let stand = Stand::new("");
+    // Bound and listening but never accepting: connects succeed, answers never come.
+    let socket = stand.scratch.path().join("silent-docker.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut cmd = stand.bench.cmd(&["check"]);
+    cmd.env("DBUS_SESSION_BUS_ADDRESS", &stand.user_bus.address)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &stand.system_bus.address)
+        .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .env("PRUEFSTAND_VENV", stand.fake_venv());
+    let run = Run::from(cmd.output().unwrap()).ok();
+    let docker = line(&run, "WARN", "Docker");
+    assert!(docker.contains("no answer within 3 s") || docker.contains("Timeout"), "{docker}");
+}

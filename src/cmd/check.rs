@@ -209,7 +209,10 @@ async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Re
             Some(image) => match tokio::time::timeout(DOCKER_TIMEOUT, docker.inspect_image(image)).await {
                 Ok(Ok(_)) => report.ok(format!("image {image} present")),
                 Ok(Err(err)) => report.fail(
-                    format!("image {image} not present: {err}"),
+                    match err {
+                        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => format!("image {image} not present"),
+                        err => format!("image {image}: {err}"),
+                    },
                     format!("`docker pull {image}` (or `docker load` it where no registry is reachable)"),
                 ),
                 Err(_) => report.fail(format!("image {image}: Docker gave no answer"), "check the Docker Engine"),

@@ -64,6 +64,11 @@ impl GpuGuard {
         Ok(self.nvml.as_ref().expect("opened above"))
     }
 
+    /// Shuts NVML down (it is opened again by the next sample).
+    pub fn close(&mut self) {
+        self.nvml = None;
+    }
+
     /// NVML's own description of itself and its GPUs, for `check`.
     pub fn info(&mut self) -> Result<NvmlInfo, String> {
         let library = self.library();

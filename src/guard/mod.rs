@@ -10,7 +10,8 @@
 //! For the daemon: [`Guards::wait_until_clear`] before a job (N consecutive clear
 //! samples at the interval), [`Guards::watch`] during it (its [`Watch::finish`] gives
 //! R1's [`GpuExclusivity`]). Nothing here samples at rest: NVML is opened on the first
-//! sample and D-Bus connected on demand; no task runs outside a wait or a watch.
+//! sample and D-Bus connected on demand; no task runs outside a wait or a watch, and
+//! [`Guards::release`] closes both between jobs.
 //!
 //! Not here: deciding which jobs need the guards (the daemon), finding our container's
 //! processes (the caller describes them as [`OwnProcesses`]), the report.
@@ -301,6 +302,13 @@ impl Guards {
 
     pub fn config(&self) -> &GuardConfig {
         &self.config
+    }
+
+    /// Closes NVML and the bus connections until the next sample: for the daemon
+    /// between jobs, so nothing of the guards stays open at rest.
+    pub async fn release(&self) {
+        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).close();
+        self.units.lock().await.disconnect();
     }
 
     /// One sample of both guards, now.

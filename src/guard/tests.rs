@@ -33,11 +33,14 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 async fn busy_utilization_blocks_with_the_reason() {
     let fake = FakeNvml::new();
     fake.set(&NvmlState::default().utilization(87));
-    let sample = Guards::new(&config(Some(&fake))).sample(&OwnProcesses::none()).await;
+    let guards = Guards::new(&config(Some(&fake)));
+    let sample = guards.sample(&OwnProcesses::none()).await;
     assert_eq!(sample.blocking, vec!["GPU 0 utilization 87 % > 10 %"]);
     assert!(sample.gpu_observed);
     fake.set(&NvmlState::default().utilization(10));
-    let sample = Guards::new(&config(Some(&fake))).sample(&OwnProcesses::none()).await;
+    // Released between jobs, NVML is opened again by the next sample.
+    guards.release().await;
+    let sample = guards.sample(&OwnProcesses::none()).await;
     assert!(sample.is_clear(), "10 % is within the threshold: {:?}", sample.blocking);
 }
 

@@ -91,7 +91,13 @@ impl BusClient {
             self.connection = Some(connection.map_err(|e| format!("cannot connect: {e}"))?);
         }
         let connection = self.connection.as_ref().expect("connected above");
-        let manager = ManagerProxy::new(connection).await.map_err(|e| e.to_string())?;
+        // No property cache: it would add a signal match, the one thing that could wake
+        // an idle daemon.
+        let manager = ManagerProxy::builder(connection)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
         let units = manager
             .list_units_by_patterns(Vec::new(), patterns.to_vec())
             .await
@@ -100,6 +106,12 @@ impl BusClient {
             .into_iter()
             .map(|(name, _description, _load, active_state, sub_state, ..)| UnitState { name, active_state, sub_state })
             .collect())
+    }
+}
+
+impl BusClient {
+    pub fn disconnect(&mut self) {
+        self.connection = None;
     }
 }
 
@@ -125,6 +137,11 @@ impl UnitGuard {
     /// With explicit bus addresses (None: from the environment).
     pub fn at_addresses(config: UnitsConfig, user: Option<String>, system: Option<String>) -> UnitGuard {
         UnitGuard { config, user: BusClient::at_address(Bus::User, user), system: BusClient::at_address(Bus::System, system) }
+    }
+
+    pub fn disconnect(&mut self) {
+        self.user.disconnect();
+        self.system.disconnect();
     }
 
     pub async fn sample(&mut self) -> UnitsSample {
