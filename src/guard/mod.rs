@@ -34,6 +34,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::judge::GpuExclusivity;
 
+/// A sample waits this long for NVML; a hung driver then blocks with a reason.
+const NVML_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// `[guard]` of pruefstand.toml.
 #[derive(Deserialize, Debug, Clone, Default)]
 #[serde(deny_unknown_fields)]
@@ -316,12 +319,21 @@ impl Guards {
         let gpu = {
             let guard = self.gpu.clone();
             let own = own.clone();
-            tokio::task::spawn_blocking(move || guard.lock().unwrap_or_else(|p| p.into_inner()).sample(&own))
+            tokio::task::spawn_blocking(move || match guard.try_lock() {
+                Ok(mut gpu) => gpu.sample(&own),
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().sample(&own),
+                // An earlier call still hangs inside the driver: report it instead of
+                // queueing behind it (and stalling `wait_until_clear`'s status).
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    gpu::GpuSample::failed("NVML has not answered an earlier call (driver hung?)".into())
+                }
+            })
         };
         let units = self.units.lock().await.sample().await;
-        let gpu = match gpu.await {
-            Ok(gpu) => gpu,
-            Err(err) => gpu::GpuSample::failed(format!("GPU sampling failed: {err}")),
+        let gpu = match tokio::time::timeout(NVML_TIMEOUT, gpu).await {
+            Ok(Ok(gpu)) => gpu,
+            Ok(Err(err)) => gpu::GpuSample::failed(format!("GPU sampling failed: {err}")),
+            Err(_) => gpu::GpuSample::failed(format!("NVML gave no answer within {} s (driver hung?)", NVML_TIMEOUT.as_secs())),
         };
         let mut sample = Sample {
             blocking: gpu.blocking,
