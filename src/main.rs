@@ -55,6 +55,9 @@ enum Command {
     Agent(cmd::agent::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
     Study(cmd::study::Args),
+    /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
+    /// permissions — one line each, OK/WARN/FAIL with the fix.
+    Check(cmd::check::Args),
     /// Create the managed Python venv with the pinned agentdojo now.
     Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::SimServe(args) => cmd::sim_serve::main(args),
         Command::Setup(args) => cmd::setup::main(args),
         Command::Study(args) => cmd::study::main(cli.root, args),
+        Command::Check(args) => cmd::check::main(cli.root, args),
     };
     match result {
         Ok(code) => code,

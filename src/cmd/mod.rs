@@ -2,6 +2,7 @@
 //! itself lives in the domain modules.
 
 pub mod agent;
+pub mod check;
 pub mod gym;
 pub mod judge;
 pub mod run;
