@@ -37,11 +37,11 @@ impl Stand {
         let system_bus = DbusDaemon::start();
         let user = FakeSystemd::serve(&user_bus.address);
         let system = FakeSystemd::serve(&system_bus.address);
-        let config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+        // The guard settings under test replace the repository's own.
         bench.write(
             "pruefstand.toml",
             &format!(
-                "{config}\n[guard.gpu]\nlibrary = {:?}\n{guard_extra}\n[guard.units]\nuser = [\"training@*.service\"]\nsystem = [\"ollama.service\"]\n",
+                "[paths]\nreports = \"reports\"\n[guard.gpu]\nlibrary = {:?}\n{guard_extra}\n[guard.units]\nuser = [\"training@*.service\"]\nsystem = [\"ollama.service\"]\n",
                 nvml.library().display().to_string()
             ),
         );
