@@ -243,7 +243,7 @@ impl Queue {
         let _lock = self.lock()?;
         let id = self.next_id()?;
         let staging = tempfile::Builder::new().prefix(&format!("{id}.")).tempdir_in(self.dir.join("tmp")).context("staging a job")?;
-        private_dir(staging.path())?;
+        private_dir(&staging.path().join("snapshot"))?;
         let spec_rel = PathBuf::from("snapshot/version").join(format!("{}.toml", version.name));
         let plan_rel = PathBuf::from("snapshot/plan").join(format!("{plan_name}.toml"));
         write_private(&staging.path().join(&spec_rel), spec_text.as_bytes())?;

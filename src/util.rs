@@ -19,7 +19,10 @@ pub const EXIT_COULD_NOT_RUN: u8 = 2;
 pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    use std::io::IsTerminal;
+    // No colour codes in the journal or a log file.
+    let ansi = std::io::stderr().is_terminal();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
 
 /// Writes a file so that a crash leaves either the old or the new content: write to a
