@@ -148,7 +148,16 @@ fn sd_notify_ready_status_and_watchdog_and_a_single_instance() {
     let socket_path = bench.path().join("notify.sock");
     let socket = UnixDatagram::bind(&socket_path).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let daemon = bench.daemon_with(|cmd| {
+    // systemd names the watched process in WATCHDOG_PID: a shell that execs the daemon
+    // knows its pid beforehand.
+    let mut wrapper = std::process::Command::new("/bin/sh");
+    wrapper
+        .args(["-c", "WATCHDOG_PID=$$ exec \"$0\" \"$@\"", BIN, "--root"])
+        .arg(bench.path())
+        .arg("daemon")
+        .current_dir(repo())
+        .stdin(std::process::Stdio::null());
+    let daemon = bench.daemon_from(wrapper, |cmd| {
         cmd.env("NOTIFY_SOCKET", &socket_path).env("WATCHDOG_USEC", "200000");
     });
     let mut seen = Vec::new();

@@ -171,9 +171,13 @@ impl Bench {
     /// Starts a daemon (with `setup` applied to its command) and waits until it has
     /// published a state other than `starting`.
     pub fn daemon_with(&self, setup: impl FnOnce(&mut Command)) -> Daemon {
+        self.daemon_from(self.cmd(&["daemon"]), setup)
+    }
+
+    /// Like `daemon_with` for a command of the caller's (e.g. a wrapper that `exec`s it).
+    pub fn daemon_from(&self, mut cmd: Command, setup: impl FnOnce(&mut Command)) -> Daemon {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let log = self.path().join(format!("daemon-{}.log", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
-        let mut cmd = self.cmd(&["daemon"]);
         cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
         setup(&mut cmd);
         let child = cmd.spawn().expect("daemon starts");
