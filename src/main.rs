@@ -8,6 +8,7 @@
 mod agent;
 mod case;
 mod cmd;
+mod daemon;
 mod defence;
 mod guard;
 mod gym;
@@ -15,6 +16,7 @@ mod hooks;
 mod judge;
 mod model;
 mod plan;
+mod queue;
 mod pyenv;
 mod report;
 mod root;
@@ -62,11 +64,24 @@ enum Command {
     Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
+    /// Queue a version × plan for the daemon; prints the job id.
+    Start(cmd::start::Args),
+    /// List the queued, running and finished jobs.
+    Queue(cmd::queue::Args),
+    /// Cancel a pending job, or stop a running one.
+    Cancel(cmd::cancel::Args),
+    /// What the daemon does now.
+    Status(cmd::status::Args),
+    /// Run the job queue (normally under systemd: units/pruefstand.service).
+    Daemon(cmd::daemon::Args),
+    /// Write the systemd user units with this binary and root filled in.
+    InstallUnits(cmd::install_units::Args),
 }
 
 fn main() -> ExitCode {
-    util::init_logging();
     let cli = Cli::parse();
+    // The daemon's log is the journal: it says what it does. Commands stay quiet.
+    util::init_logging(if matches!(cli.command, Command::Daemon(_)) { "warn,pruefstand=info" } else { "warn" });
     let result = match cli.command {
         Command::Run(args) => cmd::run::main(cli.root, args),
         Command::Gym(args) => cmd::gym::main(cli.root, args),
@@ -76,6 +91,12 @@ fn main() -> ExitCode {
         Command::Setup(args) => cmd::setup::main(args),
         Command::Study(args) => cmd::study::main(cli.root, args),
         Command::Check(args) => cmd::check::main(cli.root, args),
+        Command::Start(args) => cmd::start::main(cli.root, args),
+        Command::Queue(args) => cmd::queue::main(cli.root, args),
+        Command::Cancel(args) => cmd::cancel::main(cli.root, args),
+        Command::Status(args) => cmd::status::main(cli.root, args),
+        Command::Daemon(args) => cmd::daemon::main(cli.root, args),
+        Command::InstallUnits(args) => cmd::install_units::main(cli.root, args),
     };
     match result {
         Ok(code) => code,

@@ -27,6 +27,22 @@ pub struct RunRequest<'a> {
     pub jobs: Option<usize>,
     /// The run directory itself (resumed when it holds the same plan).
     pub out: Option<PathBuf>,
+    /// The daemon's handle on the run; `None` for a plain `run`.
+    pub control: Option<&'a RunControl>,
+}
+
+/// What the daemon hooks into a run: the gym's stop switch and progress sink, and the
+/// GPU guard's observation of exclusivity, read when each run is recorded (R1).
+#[derive(Default)]
+pub struct RunControl {
+    pub gym: std::sync::Arc<gym::Control>,
+    pub gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
+}
+
+impl RunControl {
+    fn gpu(control: Option<&RunControl>) -> GpuExclusivity {
+        control.and_then(|c| c.gpu.as_ref()).map_or(GpuExclusivity::NotObserved, |observe| observe())
+    }
 }
 
 pub struct Finished {
@@ -48,15 +64,16 @@ pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Fi
     let reference = match version.reference() {
         Some(name) => {
             let reference_version = Version::load(&root.versions(), name)?;
-            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs)?)
+            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, request.control)?)
         }
         None => None,
     };
 
     let run_dir = RunDir::new(request.out.clone().unwrap_or_else(|| root.new_run_dir(&version.name, &plan.name)));
-    let executed = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs)?;
+    let executed = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control)?;
     let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir)?;
+    let gpu = RunControl::gpu(request.control);
+    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, gpu)?;
     Ok(Finished { run_dir, executed, judgement, reference })
 }
 
@@ -69,6 +86,7 @@ fn record_and_judge(
     plan: &Plan,
     inventory: &Inventory,
     reference_run_dir: Option<PathBuf>,
+    gpu: GpuExclusivity,
 ) -> anyhow::Result<Judgement> {
     let meta = RunMeta {
         run_id: root::run_id(&run_dir.path),
@@ -80,7 +98,7 @@ fn record_and_judge(
         agentdojo_version: Some(inventory.agentdojo_version.clone()),
         image_digest: None,
         // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
-        gpu: GpuExclusivity::NotObserved,
+        gpu,
         reference_run_dir,
         started_at: Some(chrono::Utc::now().to_rfc3339()),
     };
@@ -97,6 +115,7 @@ fn execute_version(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
+    control: Option<&RunControl>,
 ) -> anyhow::Result<Executed> {
     run_dir.create()?;
     util::write_json_atomic(
@@ -107,7 +126,10 @@ fn execute_version(
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let endpoint = model::up(version, &truth).await?;
-        let settings = agent_settings(run_dir, version, plan, jobs, &endpoint);
+        let settings = agent_settings(run_dir, version, plan, jobs, &endpoint).map(|mut settings| {
+            settings.control = control.map(|c| c.gym.clone());
+            settings
+        });
         let result = match settings {
             Ok(settings) => {
                 let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
@@ -164,6 +186,7 @@ fn agent_settings(run_dir: &RunDir, version: &Version, plan: &Plan, jobs: Option
         seed: u64::from_str_radix(&util::sha256_hex(run_dir.path.to_string_lossy().as_bytes())[..12], 16).unwrap_or(0),
         defence,
         agent_env,
+        control: None,
     })
 }
 
@@ -176,34 +199,47 @@ fn reference_run(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
+    control: Option<&RunControl>,
 ) -> anyhow::Result<(PathBuf, bool)> {
     if let Some(dir) = find_reference_run(&root.reports(), reference, plan, inventory) {
         eprintln!("reference: reusing {}'s run {} (same spec, plan and agentdojo)", reference.name, dir.display());
         return Ok((dir, false));
     }
     eprintln!("reference: no current run of {} on plan {} — running it first", reference.name, plan.name);
-    let run_dir = RunDir::new(root.new_run_dir(&reference.name, &plan.name));
-    let executed = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs)?;
+    // A reference run cut short (daemon killed, job interrupted) is resumed, so none of
+    // its finished cases runs twice.
+    let unfinished = newest_run(&root.reports(), reference, plan, |run| !complete(run, plan));
+    let run_dir = RunDir::new(unfinished.unwrap_or_else(|| root.new_run_dir(&reference.name, &plan.name)));
+    let executed = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs, control)?;
     if executed.gym.records.len() != plan.cases.len() {
         bail!("the reference run {} is incomplete", run_dir.path.display());
     }
-    record_and_judge(root, &run_dir, reference, plan, inventory, None)?;
+    record_and_judge(root, &run_dir, reference, plan, inventory, None, RunControl::gpu(control))?;
     Ok((run_dir.path, true))
 }
 
 /// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec
 /// hash, plan hash and agentdojo version match.
 fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
+    newest_run(reports, reference, plan, |run| {
+        let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
+        complete(run, plan) && read("run.json").is_some_and(|meta| meta["plan_hash"] == plan.hash.as_str() && meta["agentdojo_version"] == inventory.agentdojo_version.as_str())
+    })
+}
+
+fn complete(run: &Path, plan: &Plan) -> bool {
+    RunDir::new(run.to_path_buf()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false)
+}
+
+/// The newest run of `reference` on `plan` (same spec hash, same plan hash in its
+/// `plan.json`) that `accept` takes.
+fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let dir = reports.join(&reference.name).join(&plan.name);
     let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     runs.sort();
     runs.into_iter().rev().find(|run| {
         let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
-        let (Some(version), Some(meta)) = (read("version.json"), read("run.json")) else { return false };
-        let complete = RunDir::new(run.clone()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false);
-        complete
-            && version["hash"] == reference.hash.as_str()
-            && meta["plan_hash"] == plan.hash.as_str()
-            && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+        let (Some(version), Some(claimed)) = (read("version.json"), read("plan.json")) else { return false };
+        version["hash"] == reference.hash.as_str() && claimed["hash"] == plan.hash.as_str() && accept(run)
     })
 }
