@@ -193,6 +193,7 @@ impl Plan {
         })
     }
 
+    #[cfg(test)]
     pub fn count(&self, kind: CaseKind) -> usize {
         self.cases.iter().filter(|case| case.kind == kind).count()
     }

@@ -3,13 +3,11 @@
 //! keeps an [`Observation`] of the GPU while the job runs; the observation ends up in
 //! `run.json` (`gpu`) and so in R1.
 //!
-//! [`AlwaysClear`] is the gate of a build without guards. The guards plug in by
-//! implementing `Gate` over `guard::Guards`: `wait_clear` → `wait_until_clear(own_pids,
-//! on_status)`, `watch` → `Guards::watch(..)` wrapped so that `exclusivity()` calls the
-//! watch's `finish()` once and caches it.
+//! [`Guarded`] is the gate over `guard::Guards`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use crate::guard::{Guards, OwnProcesses, Watch};
 use crate::judge::GpuExclusivity;
 
 #[allow(async_fn_in_trait)]
@@ -32,23 +30,46 @@ pub trait Observation: Send + Sync {
     fn exclusivity(&self) -> GpuExclusivity;
 }
 
-/// No guards: every job may start at once, and exclusivity is not observed.
-pub struct AlwaysClear;
+/// The guards: the GPU idle window and busy units before a job, a watch during it.
+pub struct Guarded {
+    guards: Guards,
+}
 
-struct NotObserved;
-
-impl Observation for NotObserved {
-    fn exclusivity(&self) -> GpuExclusivity {
-        GpuExclusivity::NotObserved
+impl Guarded {
+    pub fn new(guards: Guards) -> Guarded {
+        Guarded { guards }
     }
 }
 
-impl Gate for AlwaysClear {
-    async fn wait_clear(&mut self, _on_status: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
+/// A running watch; dropping the observation stops its sampling.
+struct Watching(Mutex<Watch>);
+
+impl Observation for Watching {
+    fn exclusivity(&self) -> GpuExclusivity {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).exclusivity()
+    }
+}
+
+impl Gate for Guarded {
+    async fn wait_clear(&mut self, on_status: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
+        // Our own model runs in-process or starts after this wait, so no process of ours
+        // is on the GPU yet.
+        let mut last = String::new();
+        self.guards
+            .wait_until_clear(&OwnProcesses::none(), |status| {
+                let line = status.line();
+                if line != last {
+                    on_status(&line);
+                    last = line;
+                }
+            })
+            .await;
+        // NVML and the buses are only held while waiting or watching, never at rest.
+        self.guards.release().await;
         Ok(())
     }
 
     fn watch(&mut self) -> Arc<dyn Observation> {
-        Arc::new(NotObserved)
+        Arc::new(Watching(Mutex::new(self.guards.watch(OwnProcesses::none()))))
     }
 }

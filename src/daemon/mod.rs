@@ -28,7 +28,7 @@ use crate::queue::{self, Job, Queue, State, Transition};
 use crate::root::Root;
 use crate::run::{self, RunControl, RunRequest};
 use crate::gym;
-use gate::{AlwaysClear, Gate};
+use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
 
 /// How long a SIGTERM waits for the running job to stop before the daemon exits anyway
@@ -75,7 +75,7 @@ pub fn main(root: Root) -> anyhow::Result<()> {
     // One thread: the daemon waits most of the time, and the job runs on its own.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = runtime.block_on(async {
-        let mut daemon = Daemon::new(root, queue, AlwaysClear)?;
+        let mut daemon = Daemon::new(root.clone(), queue, Guarded::new(crate::guard::Guards::new(&root.config.guard)))?;
         daemon.serve().await
     });
     drop(lock);

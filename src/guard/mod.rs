@@ -351,10 +351,12 @@ impl Guards {
     /// clear, with the last one. `on_status` sees every sample. Cancel by dropping the
     /// future (e.g. in a `select!` with SIGTERM): no state is left half-done.
     pub async fn wait_until_clear(&self, own: &OwnProcesses, mut on_status: impl FnMut(&WaitStatus)) -> Sample {
-        let needed = self.config.gpu.samples;
         let mut streak = 0;
         loop {
             let sample = self.sample(own).await;
+            // The idle window is about GPU load; with no GPU to observe (NVML absent and
+            // ignored) one clear look at the busy units is all there is to wait for.
+            let needed = if sample.gpu_observed { self.config.gpu.samples } else { 1 };
             streak = if sample.is_clear() { streak + 1 } else { 0 };
             let status = WaitStatus { sample, clear_samples: streak, needed };
             on_status(&status);
@@ -448,6 +450,13 @@ impl Watch {
         if events.unobserved_samples > 0 && events.gpu_observed {
             tracing::warn!("the GPU could not be observed in {} watch samples of this run", events.unobserved_samples);
         }
+        drop(events);
+        self.exclusivity()
+    }
+
+    /// What the watch has seen so far, as R1's input (the same rule as [`Watch::finish`]).
+    pub fn exclusivity(&self) -> GpuExclusivity {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if !events.order.is_empty() {
             GpuExclusivity::Violated { events: events.lines() }
         } else if events.gpu_observed {

@@ -147,6 +147,8 @@ pub fn truth_file() -> &'static Path {
         std::fs::write(&path, &out.stdout).unwrap();
         path
     })
+}
+
 // ---- the daemon and its queue -------------------------------------------------------
 
 /// A small plan (banking: 3 user tasks clean, 6 attacked pairs, 2 injection goals =
