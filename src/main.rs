@@ -8,6 +8,7 @@
 mod agent;
 mod case;
 mod cmd;
+mod container;
 mod defence;
 mod guard;
 mod gym;
@@ -15,6 +16,7 @@ mod hooks;
 mod judge;
 mod model;
 mod plan;
+mod provenance;
 mod pyenv;
 mod report;
 mod root;
