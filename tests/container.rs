@@ -98,19 +98,20 @@ fn assert_no_container(version: &str) {
 
 #[test]
 fn schnell_on_the_sim_image_equals_the_in_process_sim_and_leaves_nothing_behind() {
+    // The shipped versions: demo-docker is demo-kandidat in a container (same [sim]).
     let bench = Bench::new();
-    version(&bench, "dock-schnell", "docker", "inj-harden-r3", "", 0);
-    version(&bench, "inproc-schnell", "sim", "inj-harden-r3", "", 0);
+    docker::sim_image();
     let (volumes, networks) = (docker::volume_names(), docker::network_names());
 
-    let docker_run = bench.run(&["run", "dock-schnell", "--plan", "schnell"]);
+    let docker_run = bench.run(&["run", "demo-docker", "--plan", "schnell"]);
     assert!(docker_run.code.is_some_and(|c| c != 2), "{}\n{}", docker_run.stdout, docker_run.stderr);
     let dir = docker_run.run_dir();
-    let in_process = bench.run(&["run", "inproc-schnell", "--plan", "schnell"]).run_dir();
+    // demo-kandidat reuses the demo-baseline reference run made just now.
+    let in_process = bench.run(&["run", "demo-kandidat", "--plan", "schnell"]).run_dir();
     assert_eq!(outcomes(&dir), outcomes(&in_process), "the container's outcomes differ from the in-process sim's");
     assert!(outcomes(&dir).len() > 100);
 
-    assert_no_container("dock-schnell");
+    assert_no_container("demo-docker");
     let mut allowed = volumes.clone();
     allowed.push("pruefstand-compile-cache".into());
     allowed.sort();

@@ -89,6 +89,9 @@ pub async fn preflight(version: &Version) -> anyhow::Result<()> {
 
 pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Result<()> {
     let model = &version.spec.model;
+    if *model.backend.get_ref() != Backend::Docker {
+        return Ok(());
+    }
     let spec_file = version.path.display();
     let image = model.image.as_deref().context("backend \"docker\" needs model.image")?;
     if image_info(docker, image).await?.is_none() && !model.pull {

@@ -190,7 +190,8 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
     if let Some(server) = run.model_server.as_ref().filter(|s| s.failed) {
         let last = server.log_tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| format!("; last log line: {}", l.trim())).unwrap_or_default();
         let what = server.events.last().map(String::as_str).unwrap_or("failed");
-        problems.push(format!("model server failed after {} death(s), {} restart(s): {what}{last}", server.deaths, server.restarts));
+        let history = if server.deaths == 0 { String::new() } else { format!(" after {} death(s), {} restart(s)", server.deaths, server.restarts) };
+        problems.push(format!("model server failed{history}: {what}{last}"));
     }
     if !unpinned.is_empty() {
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
