@@ -107,6 +107,30 @@ pub struct CaseRecord {
 }
 
 impl CaseRecord {
+    /// A record of `case` with the given outcome and nothing else known (counters
+    /// None): the starting point for constructed records in studies and tests.
+    pub fn of(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
+        CaseRecord {
+            case_id: case.id.clone(),
+            kind: case.kind,
+            suite: case.suite.clone(),
+            user_task: case.user_task.clone(),
+            injection_task: case.injection_task.clone(),
+            attack: case.attack.clone(),
+            utility,
+            security,
+            error: None,
+            duration_s: 1.0,
+            llm_calls: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            guardrail_flags: None,
+            human_asks: None,
+            human_denials: None,
+            trace: None,
+        }
+    }
+
     pub fn is_error(&self) -> bool {
         self.error.is_some()
     }

@@ -103,9 +103,71 @@ pub struct GymOutcome {
     pub rerun: Vec<String>,
 }
 
+/// A caller's handle on a running gym (the daemon's): a progress sink, and a stop
+/// switch that kills the gym's whole process group — its workers and the agents they
+/// spawned — so a cancelled or interrupted job leaves nothing running.
+#[derive(Default)]
+pub struct Control {
+    progress: Option<Box<dyn Fn(&Path, usize, usize) + Send + Sync>>,
+    state: std::sync::Mutex<ControlState>,
+}
+
+#[derive(Default)]
+struct ControlState {
+    stopped: bool,
+    /// The running gym's process group.
+    pgid: Option<i32>,
+}
+
+impl Control {
+    /// `progress(run_dir, cases done, cases planned)` after the start and every case.
+    pub fn with_progress(progress: impl Fn(&Path, usize, usize) + Send + Sync + 'static) -> Control {
+        Control { progress: Some(Box::new(progress)), state: Default::default() }
+    }
+
+    /// Stops the gym now (SIGKILL to its process group; `cases.jsonl` keeps every
+    /// finished case) and refuses to start another.
+    pub fn stop(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.stopped = true;
+        if let Some(pgid) = state.pgid {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).stopped
+    }
+
+    /// Registers the gym's process group; false (and the group killed) when a stop
+    /// came first. Under one lock with `stop`, so no gym escapes a stop.
+    fn attach(&self, pgid: u32) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.pgid = Some(pgid as i32);
+        if state.stopped {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+        !state.stopped
+    }
+
+    fn detach(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).pgid = None;
+    }
+
+    fn report(&self, run_dir: &Path, done: usize, total: usize) {
+        if let Some(progress) = &self.progress {
+            progress(run_dir, done, total);
+        }
+    }
+}
+
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there.
 /// `agent_env` is added to the environment of the gym (and so of the agents it spawns).
-pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: &[(String, String)]) -> anyhow::Result<GymOutcome> {
+/// With a `control`, the gym runs in its own process group so it can be stopped.
+pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: &[(String, String)], control: Option<&Control>) -> anyhow::Result<GymOutcome> {
+    if control.is_some_and(Control::is_stopped) {
+        bail!("stopped before the gym started");
+    }
     run_dir.create()?;
     let stored = run_dir.read_cases_lenient()?;
     for damage in &stored.damaged {
@@ -118,8 +180,14 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
 
     let log_path = run_dir.file("gym.log");
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-    let mut child = pyenv
-        .gym_command()
+    let mut command = pyenv.gym_command();
+    if control.is_some() {
+        // Its own group: a stop kills workers and agents too, and a terminal's Ctrl-C
+        // reaches the daemon only, which then stops the gym itself.
+        use std::os::unix::process::CommandExt;
+        command.process_group(0);
+    }
+    let mut child = command
         .arg("run")
         .arg("--request")
         .arg(&request_path)
@@ -130,6 +198,9 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
         .spawn()
         .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
     let stdout = child.stdout.take().expect("piped stdout");
+    if let Some(control) = control {
+        control.attach(child.id());
+    }
 
     let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
     let mut writer = run_dir.open_cases_for_append()?;
@@ -153,6 +224,9 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
             match event {
                 Event::Start { total, to_run, done, jobs } => {
                     progress.start(total, done, to_run, jobs);
+                    if let Some(control) = control {
+                        control.report(&run_dir.path, progress.done, progress.total);
+                    }
                 }
                 Event::Skip { .. } => outcome.skipped += 1,
                 Event::Rerun { case_id, reason } => {
@@ -163,6 +237,9 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
                 Event::Case { record } => {
                     writer.append(&record)?;
                     progress.case_done(&record);
+                    if let Some(control) = control {
+                        control.report(&run_dir.path, progress.done, progress.total);
+                    }
                 }
                 Event::EnvironmentCheck { checks } => {
                     util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
@@ -179,6 +256,12 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
     }
     let status = child.wait()?;
     progress.finish();
+    if let Some(control) = control {
+        control.detach();
+        if control.is_stopped() {
+            bail!("stopped on request (the gym was killed; finished cases are kept in {})", run_dir.cases_file().display());
+        }
+    }
     result?;
     if !status.success() || !finished {
         bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));

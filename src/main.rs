@@ -9,6 +9,7 @@ mod agent;
 mod case;
 mod cmd;
 mod container;
+mod daemon;
 mod defence;
 mod guard;
 mod gym;
@@ -17,6 +18,7 @@ mod judge;
 mod model;
 mod plan;
 mod provenance;
+mod queue;
 mod pyenv;
 mod report;
 mod root;
@@ -55,15 +57,33 @@ enum Command {
     Judge(cmd::judge::Args),
     /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
     Agent(cmd::agent::Args),
+    /// The R2 error-rate study: false approvals at the boundary on voll's shape.
+    Study(cmd::study::Args),
+    /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
+    /// permissions — one line each, OK/WARN/FAIL with the fix.
+    Check(cmd::check::Args),
     /// Create the managed Python venv with the pinned agentdojo now.
     Setup(cmd::setup::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
+    /// Queue a version × plan for the daemon; prints the job id.
+    Start(cmd::start::Args),
+    /// List the queued, running and finished jobs.
+    Queue(cmd::queue::Args),
+    /// Cancel a pending job, or stop a running one.
+    Cancel(cmd::cancel::Args),
+    /// What the daemon does now.
+    Status(cmd::status::Args),
+    /// Run the job queue (normally under systemd: units/pruefstand.service).
+    Daemon(cmd::daemon::Args),
+    /// Write the systemd user units with this binary and root filled in.
+    InstallUnits(cmd::install_units::Args),
 }
 
 fn main() -> ExitCode {
-    util::init_logging();
     let cli = Cli::parse();
+    // The daemon's log is the journal: it says what it does. Commands stay quiet.
+    util::init_logging(if matches!(cli.command, Command::Daemon(_)) { "warn,pruefstand=info" } else { "warn" });
     let result = match cli.command {
         Command::Run(args) => cmd::run::main(cli.root, args),
         Command::Gym(args) => cmd::gym::main(cli.root, args),
@@ -71,6 +91,14 @@ fn main() -> ExitCode {
         Command::Agent(args) => cmd::agent::main(args),
         Command::SimServe(args) => cmd::sim_serve::main(args),
         Command::Setup(args) => cmd::setup::main(args),
+        Command::Study(args) => cmd::study::main(cli.root, args),
+        Command::Check(args) => cmd::check::main(cli.root, args),
+        Command::Start(args) => cmd::start::main(cli.root, args),
+        Command::Queue(args) => cmd::queue::main(cli.root, args),
+        Command::Cancel(args) => cmd::cancel::main(cli.root, args),
+        Command::Status(args) => cmd::status::main(cli.root, args),
+        Command::Daemon(args) => cmd::daemon::main(cli.root, args),
+        Command::InstallUnits(args) => cmd::install_units::main(cli.root, args),
     };
     match result {
         Ok(code) => code,

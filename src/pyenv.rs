@@ -94,6 +94,29 @@ impl PyEnv {
     }
 }
 
+/// The venv as it is, creating nothing (for `check`): its python and the installed
+/// agentdojo version, or why there is none usable.
+pub fn inspect() -> anyhow::Result<(PathBuf, String)> {
+    let venv = venv_dir()?;
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        bail!("no venv at {}", venv.display());
+    }
+    let want = util::sha256_hex(gym_file("requirements.txt")?);
+    if std::fs::read_to_string(venv.join(".pruefstand-ready")).ok().as_deref() != Some(want.as_str()) {
+        bail!("the venv at {} is incomplete (an interrupted setup?)", venv.display());
+    }
+    let output = Command::new(&python)
+        .args(["-c", "import importlib.metadata as m; print(m.version('agentdojo'))"])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    if !output.status.success() {
+        bail!("agentdojo is not installed in {}", venv.display());
+    }
+    Ok((python, String::from_utf8_lossy(&output.stdout).trim().to_string()))
+}
+
 /// `$PRUEFSTAND_VENV`, else `$XDG_CACHE_HOME/pruefstand/venv-agentdojo-<ver>-<hash>`
 /// (default `~/.cache`). The hash of the requirements makes a new pin a new venv.
 fn venv_dir() -> anyhow::Result<PathBuf> {

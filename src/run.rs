@@ -33,6 +33,22 @@ pub struct RunRequest<'a> {
     pub jobs: Option<usize>,
     /// The run directory itself (resumed when it holds the same plan).
     pub out: Option<PathBuf>,
+    /// The daemon's handle on the run; `None` for a plain `run`.
+    pub control: Option<&'a RunControl>,
+}
+
+/// What the daemon hooks into a run: the gym's stop switch and progress sink, and the
+/// GPU guard's observation of exclusivity, read when each run is recorded (R1).
+#[derive(Default)]
+pub struct RunControl {
+    pub gym: std::sync::Arc<gym::Control>,
+    pub gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
+}
+
+impl RunControl {
+    fn gpu(control: Option<&RunControl>) -> GpuExclusivity {
+        control.and_then(|c| c.gpu.as_ref()).map_or(GpuExclusivity::NotObserved, |observe| observe())
+    }
 }
 
 pub struct Finished {
@@ -84,20 +100,22 @@ pub fn run_in(root: &Root, pyenv: &PyEnv, request: RunRequest, pool: &Pool) -> a
     let reference = match version.reference() {
         Some(name) => {
             let reference_version = Version::load(&root.versions(), name)?;
-            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, pool)?)
+            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, request.control, pool)?)
         }
         None => None,
     };
 
     let run_dir = RunDir::new(request.out.clone().unwrap_or_else(|| root.new_run_dir(&version.name, &plan.name)));
-    let (executed, served) = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, pool)?;
+    let (executed, served) = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control, pool)?;
     let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, served)?;
+    let gpu = RunControl::gpu(request.control);
+    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, gpu, served)?;
     Ok(Finished { run_dir, executed, judgement, reference })
 }
 
 /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
 /// writes the reports — the same path `pruefstand judge` takes later.
+#[allow(clippy::too_many_arguments)]
 fn record_and_judge(
     root: &Root,
     run_dir: &RunDir,
@@ -105,6 +123,7 @@ fn record_and_judge(
     plan: &Plan,
     inventory: &Inventory,
     reference_run_dir: Option<PathBuf>,
+    gpu: GpuExclusivity,
     served: Served,
 ) -> anyhow::Result<Judgement> {
     let meta = RunMeta {
@@ -117,7 +136,7 @@ fn record_and_judge(
         agentdojo_version: Some(inventory.agentdojo_version.clone()),
         image_digest: served.image_digest,
         // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
-        gpu: GpuExclusivity::NotObserved,
+        gpu,
         reference_run_dir,
         started_at: Some(chrono::Utc::now().to_rfc3339()),
         model_server: served.model_server,
@@ -138,6 +157,7 @@ struct Served {
 /// provenance. A docker server that dies is restarted once and the gym resumed; a
 /// server that fails for good (never ready, or a second death) is not an error here:
 /// the run is recorded with what it has and `failed` facts, which R1 fails.
+#[allow(clippy::too_many_arguments)]
 fn execute_version(
     pyenv: &PyEnv,
     run_dir: &RunDir,
@@ -145,6 +165,7 @@ fn execute_version(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
+    control: Option<&RunControl>,
     pool: &Pool,
 ) -> anyhow::Result<(Executed, Served)> {
     run_dir.create()?;
@@ -176,10 +197,10 @@ fn execute_version(
         };
         write_provenance(run_dir, version, plan, inventory, Some(&endpoint));
         let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, &endpoint).await;
+        let mut result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, &endpoint).await,
+                Ok(true) => result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -202,6 +223,7 @@ fn execute_version(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_gym(
     pyenv: &PyEnv,
     run_dir: &RunDir,
@@ -209,9 +231,11 @@ async fn run_gym(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
+    control: Option<&RunControl>,
     endpoint: &model::Endpoint,
 ) -> anyhow::Result<Executed> {
-    let settings = agent_settings(run_dir, version, plan, jobs, endpoint)?;
+    let mut settings = agent_settings(run_dir, version, plan, jobs, endpoint)?;
+    settings.control = control.map(|c| c.gym.clone());
     let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
     tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings)).await.context("the gym's thread")?
 }
@@ -292,11 +316,13 @@ fn agent_settings(run_dir: &RunDir, version: &Version, plan: &Plan, jobs: Option
         seed: u64::from_str_radix(&util::sha256_hex(run_dir.path.to_string_lossy().as_bytes())[..12], 16).unwrap_or(0),
         defence,
         agent_env,
+        control: None,
     })
 }
 
 /// The reference's run on this plan: reused when one exists for the same spec hash,
 /// plan hash and agentdojo version with every case recorded; else run now.
+#[allow(clippy::too_many_arguments)]
 fn reference_run(
     root: &Root,
     pyenv: &PyEnv,
@@ -304,6 +330,7 @@ fn reference_run(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
+    control: Option<&RunControl>,
     pool: &Pool,
 ) -> anyhow::Result<(PathBuf, bool)> {
     if let Some(dir) = find_reference_run(&root.reports(), reference, plan, inventory) {
@@ -311,12 +338,18 @@ fn reference_run(
         return Ok((dir, false));
     }
     eprintln!("reference: no current run of {} on plan {} — running it first", reference.name, plan.name);
-    let run_dir = RunDir::new(root.new_run_dir(&reference.name, &plan.name));
-    let (executed, served) = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs, pool)?;
+    // A reference run cut short (daemon killed, job interrupted) is resumed, so none of
+    // its finished cases runs twice.
+    let unfinished = newest_run(&root.reports(), reference, plan, |run| !complete(run, plan));
+    let run_dir = RunDir::new(unfinished.unwrap_or_else(|| root.new_run_dir(&reference.name, &plan.name)));
+    let (executed, served) = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs, control, pool)?;
     let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
-    record_and_judge(root, &run_dir, reference, plan, inventory, None, served)?;
-    if failed || executed.gym.records.len() != plan.cases.len() {
-        bail!("the reference run {} is incomplete (see its report)", run_dir.path.display());
+    if !failed && executed.gym.records.len() != plan.cases.len() {
+        bail!("the reference run {} is incomplete", run_dir.path.display());
+    }
+    record_and_judge(root, &run_dir, reference, plan, inventory, None, RunControl::gpu(control), served)?;
+    if failed {
+        bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
     }
     Ok((run_dir.path, true))
 }
@@ -324,16 +357,25 @@ fn reference_run(
 /// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec
 /// hash, plan hash and agentdojo version match.
 fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
+    newest_run(reports, reference, plan, |run| {
+        let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
+        complete(run, plan) && read("run.json").is_some_and(|meta| meta["plan_hash"] == plan.hash.as_str() && meta["agentdojo_version"] == inventory.agentdojo_version.as_str())
+    })
+}
+
+fn complete(run: &Path, plan: &Plan) -> bool {
+    RunDir::new(run.to_path_buf()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false)
+}
+
+/// The newest run of `reference` on `plan` (same spec hash, same plan hash in its
+/// `plan.json`) that `accept` takes.
+fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let dir = reports.join(&reference.name).join(&plan.name);
     let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     runs.sort();
     runs.into_iter().rev().find(|run| {
         let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
-        let (Some(version), Some(meta)) = (read("version.json"), read("run.json")) else { return false };
-        let complete = RunDir::new(run.clone()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false);
-        complete
-            && version["hash"] == reference.hash.as_str()
-            && meta["plan_hash"] == plan.hash.as_str()
-            && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+        let (Some(version), Some(claimed)) = (read("version.json"), read("plan.json")) else { return false };
+        version["hash"] == reference.hash.as_str() && claimed["hash"] == plan.hash.as_str() && accept(run)
     })
 }

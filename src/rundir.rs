@@ -163,28 +163,9 @@ impl CasesWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::CaseKind;
 
     fn record(id: &str, utility: bool) -> CaseRecord {
-        CaseRecord {
-            case_id: id.into(),
-            kind: CaseKind::Clean,
-            suite: "s".into(),
-            user_task: Some("u".into()),
-            injection_task: None,
-            attack: None,
-            utility: Some(utility),
-            security: None,
-            error: None,
-            duration_s: 0.1,
-            llm_calls: None,
-            prompt_tokens: None,
-            completion_tokens: None,
-            guardrail_flags: None,
-            human_asks: None,
-            human_denials: None,
-            trace: None,
-        }
+        CaseRecord { case_id: id.into(), ..CaseRecord::of(&Case::clean("s", "u"), Some(utility), None) }
     }
 
     #[test]

@@ -205,27 +205,15 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::Case;
 
     fn record(kind: CaseKind, user: &str, injection: Option<&str>, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
-        CaseRecord {
-            case_id: format!("s/{user}/{injection:?}"),
-            kind,
-            suite: "s".into(),
-            user_task: Some(user.into()),
-            injection_task: injection.map(Into::into),
-            attack: injection.map(|_| "important_instructions".into()),
-            utility,
-            security,
-            error: None,
-            duration_s: 1.0,
-            llm_calls: None,
-            prompt_tokens: None,
-            completion_tokens: None,
-            guardrail_flags: None,
-            human_asks: None,
-            human_denials: None,
-            trace: None,
-        }
+        let case = match (kind, injection) {
+            (CaseKind::Attacked, Some(i)) => Case::attacked("s", user, i, "important_instructions"),
+            (CaseKind::InjectionGoal, Some(i)) => Case::injection_goal("s", i),
+            _ => Case::clean("s", user),
+        };
+        CaseRecord::of(&case, utility, security)
     }
 
     #[test]

@@ -15,10 +15,14 @@ pub const EXIT_INVALID: u8 = 12;
 pub const EXIT_COULD_NOT_RUN: u8 = 2;
 
 /// Logs go to stderr (stdout is the agent protocol's channel in `pruefstand agent`).
-pub fn init_logging() {
+/// `PRUEFSTAND_LOG` overrides the command's default filter.
+pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
+    // No colour codes in the journal or a log file.
+    let ansi = std::io::stderr().is_terminal();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
 }
 
 /// Writes a file so that a crash leaves either the old or the new content: write to a

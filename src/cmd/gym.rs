@@ -77,6 +77,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         seed: 0,
         defence: None,
         agent_env: Vec::new(),
+        control: None,
     })?;
     print_summary(&run_dir, &outcome.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
@@ -91,6 +92,8 @@ pub struct GymSettings {
     pub seed: u64,
     pub defence: Option<String>,
     pub agent_env: Vec<(String, String)>,
+    /// The daemon's stop switch and progress sink.
+    pub control: Option<std::sync::Arc<gym::Control>>,
 }
 
 pub struct Executed {
@@ -124,7 +127,7 @@ pub fn execute(pyenv: &PyEnv, run_dir: &RunDir, plan: &Plan, inventory: &Invento
         cases: plan.cases.clone(),
         done: Vec::new(),
     };
-    let outcome = gym::run(pyenv, run_dir, request, &settings.agent_env)?;
+    let outcome = gym::run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref())?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         eprintln!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }

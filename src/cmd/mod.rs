@@ -2,8 +2,16 @@
 //! itself lives in the domain modules.
 
 pub mod agent;
+pub mod check;
+pub mod cancel;
+pub mod daemon;
 pub mod gym;
+pub mod install_units;
 pub mod judge;
+pub mod queue;
 pub mod run;
 pub mod setup;
+pub mod study;
 pub mod sim_serve;
+pub mod start;
+pub mod status;

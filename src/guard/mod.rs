@@ -1,9 +1,467 @@
-//! Guards (stub, being written): the GPU idle window (NVML) and busy systemd units
-//! (D-Bus) that must both be clear before a job starts.
+//! Guards: what must be clear before a job may use the shared GPU, and what is watched
+//! while it runs (DESIGN §3, §12). Two sources:
+//!
+//! - `gpu`: NVML (nvml-wrapper). Idle = no compute process other than our own, and
+//!   utilization ≤ a threshold. Thor answers memory queries NOT_SUPPORTED, so none is
+//!   made; any other NOT_SUPPORTED answer is handled per query.
+//! - `units`: systemd units matching configured patterns on the user and the system
+//!   bus (zbus + zbus_systemd); any active one blocks.
+//!
+//! For the daemon: [`Guards::wait_until_clear`] before a job (N consecutive clear
+//! samples at the interval), [`Guards::watch`] during it (its [`Watch::finish`] gives
+//! R1's [`GpuExclusivity`]). Nothing here samples at rest: NVML is opened on the first
+//! sample and D-Bus connected on demand; no task runs outside a wait or a watch, and
+//! [`Guards::release`] closes both between jobs.
+//!
+//! Not here: deciding which jobs need the guards (the daemon), finding our container's
+//! processes (the caller describes them as [`OwnProcesses`]), the report.
 
-use serde::Deserialize;
+// The daemon (issue 5, written in parallel) is the caller of most of this API; until it
+// lands, only `check` uses it.
+#![allow(dead_code)]
+
+pub mod gpu;
+pub mod units;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::judge::GpuExclusivity;
+
+/// A sample waits this long for NVML; a hung driver then blocks with a reason.
+const NVML_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `[guard]` of pruefstand.toml.
 #[derive(Deserialize, Debug, Clone, Default)]
 #[serde(deny_unknown_fields)]
-pub struct GuardConfig {}
+pub struct GuardConfig {
+    #[serde(default)]
+    pub gpu: GpuConfig,
+    #[serde(default)]
+    pub units: UnitsConfig,
+}
+
+/// What to do when a source cannot be read at all (no NVML, a bus not reachable).
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Unavailable {
+    /// Jobs wait; the status says why.
+    #[default]
+    Block,
+    /// Jobs run without this check (noted in the status; R1 says "not observed").
+    Ignore,
+}
+
+/// `[guard.gpu]`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// When NVML cannot be loaded or sees no GPU.
+    #[serde(default)]
+    pub nvml: Unavailable,
+    /// The NVML library; default `libnvidia-ml.so.1` from the loader's path.
+    #[serde(default)]
+    pub library: Option<PathBuf>,
+    /// Highest GPU utilization (percent) that still counts as idle.
+    #[serde(default = "default_utilization_max", deserialize_with = "percent")]
+    pub utilization_max: u32,
+    /// Consecutive clear samples needed before a job starts.
+    #[serde(default = "default_samples", deserialize_with = "at_least_one")]
+    pub samples: u32,
+    /// Seconds between samples (while waiting and while a run is watched).
+    #[serde(default = "default_interval_s", deserialize_with = "positive_seconds")]
+    pub interval_s: f64,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            nvml: Unavailable::Block,
+            library: None,
+            utilization_max: default_utilization_max(),
+            samples: default_samples(),
+            interval_s: default_interval_s(),
+        }
+    }
+}
+
+impl GpuConfig {
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs_f64(self.interval_s)
+    }
+}
+
+/// `[guard.units]`: unit name patterns (systemd globs, e.g. `training@*.service`).
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UnitsConfig {
+    /// On the user's (session) bus: the user manager the daemon itself runs under.
+    #[serde(default)]
+    pub user: Vec<String>,
+    /// On the system bus.
+    #[serde(default)]
+    pub system: Vec<String>,
+    /// When a bus with patterns cannot be reached.
+    #[serde(default)]
+    pub unreachable: Unavailable,
+}
+
+fn default_utilization_max() -> u32 {
+    10
+}
+fn default_samples() -> u32 {
+    3
+}
+fn default_interval_s() -> f64 {
+    5.0
+}
+
+fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = u32::deserialize(d)?;
+    if v > 100 {
+        return Err(serde::de::Error::custom(format!("utilization_max is a percentage (0–100), not {v}")));
+    }
+    Ok(v)
+}
+
+fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = u32::deserialize(d)?;
+    if v == 0 {
+        return Err(serde::de::Error::custom("samples must be at least 1"));
+    }
+    Ok(v)
+}
+
+fn positive_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    // Upper bound: a day; anything more is a typo (milliseconds?) and would stall jobs.
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(serde::de::Error::custom(format!("interval_s must be a number of seconds in (0, 86400], not {v}")));
+    }
+    Ok(v)
+}
+
+/// The processes that are ours (the model container's) and so never block or violate:
+/// explicit pids, and/or every process in a Docker container's cgroup (vLLM starts
+/// worker processes after start-up, so a pid list taken once would miss them).
+#[derive(Clone, Debug, Default)]
+pub struct OwnProcesses {
+    pids: HashSet<u32>,
+    containers: Vec<String>,
+}
+
+impl OwnProcesses {
+    pub fn none() -> OwnProcesses {
+        OwnProcesses::default()
+    }
+
+    pub fn pids(pids: impl IntoIterator<Item = u32>) -> OwnProcesses {
+        OwnProcesses { pids: pids.into_iter().collect(), containers: Vec::new() }
+    }
+
+    /// Also counts every process whose `/proc/PID/cgroup` names this container (its
+    /// full 64-hex id, as bollard returns it).
+    pub fn with_container(mut self, container_id: &str) -> OwnProcesses {
+        self.containers.push(container_id.to_string());
+        self
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        if self.pids.contains(&pid) {
+            return true;
+        }
+        if self.containers.is_empty() {
+            return false;
+        }
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return false };
+        self.containers.iter().any(|id| cgroup_names_container(&text, id))
+    }
+}
+
+impl From<HashSet<u32>> for OwnProcesses {
+    fn from(pids: HashSet<u32>) -> Self {
+        OwnProcesses { pids, containers: Vec::new() }
+    }
+}
+
+/// Docker puts a container's processes in `…/docker-<id>.scope` (systemd driver) or
+/// `…/docker/<id>` (cgroupfs driver): the full id appears as a path component piece.
+/// Short ids are refused: a 3-character prefix would match unrelated paths.
+fn cgroup_names_container(cgroup_text: &str, container_id: &str) -> bool {
+    container_id.len() >= 12
+        && cgroup_text.lines().any(|line| {
+            line.rsplit(':').next().unwrap_or("").split('/').any(|part| {
+                part == container_id || part.strip_prefix("docker-").and_then(|p| p.strip_suffix(".scope")) == Some(container_id)
+            })
+        })
+}
+
+/// A compute process on the GPU that is not ours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignProcess {
+    pub gpu: u32,
+    pub pid: u32,
+    /// From `/proc/PID/comm`; "?" when not visible (another PID namespace).
+    pub name: String,
+}
+
+impl ForeignProcess {
+    pub fn describe(&self) -> String {
+        format!("foreign compute process {} ({}) on GPU {}", self.pid, self.name, self.gpu)
+    }
+}
+
+/// A unit matching a busy pattern, in a busy state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusyUnit {
+    pub bus: units::Bus,
+    pub name: String,
+    pub active_state: String,
+}
+
+impl BusyUnit {
+    pub fn describe(&self) -> String {
+        format!("busy unit {} {} ({} bus)", self.name, self.active_state, self.bus)
+    }
+}
+
+/// One look at everything guarded.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Why a job may not start now, one human-readable line each ("GPU 0 utilization
+    /// 87 % > 10 %", "foreign compute process 1234 (python3) on GPU 0", "busy unit
+    /// training@x.service active (user bus)", "no NVML: …"). Empty = clear.
+    pub blocking: Vec<String>,
+    /// Worth showing but not blocking ("GPU 0 utilization not supported: judged by
+    /// compute processes only", "no NVML (ignored): …").
+    pub notes: Vec<String>,
+    pub foreign_processes: Vec<ForeignProcess>,
+    pub busy_units: Vec<BusyUnit>,
+    /// Whether NVML listed the compute processes of at least one GPU (false: R1's
+    /// exclusivity cannot be judged).
+    pub gpu_observed: bool,
+}
+
+impl Sample {
+    pub fn is_clear(&self) -> bool {
+        self.blocking.is_empty()
+    }
+}
+
+/// Progress of [`Guards::wait_until_clear`], for `status` and sd_notify STATUS lines.
+#[derive(Clone, Debug)]
+pub struct WaitStatus {
+    pub sample: Sample,
+    /// Consecutive clear samples so far, of `needed`.
+    pub clear_samples: u32,
+    pub needed: u32,
+}
+
+impl WaitStatus {
+    /// One line: the blocking reasons, or the idle window's progress.
+    pub fn line(&self) -> String {
+        if self.sample.blocking.is_empty() {
+            format!("guards clear ({} of {} samples)", self.clear_samples, self.needed)
+        } else {
+            format!("waiting: {}", self.sample.blocking.join("; "))
+        }
+    }
+}
+
+/// Both guards. Cheap to clone (shared state): a [`Watch`] holds a clone while the
+/// daemon keeps its own for the next job.
+#[derive(Clone)]
+pub struct Guards {
+    config: GuardConfig,
+    // NVML calls block (briefly, but a sick driver can stall), so they run on the
+    // blocking pool with the guard behind a std mutex.
+    gpu: Arc<Mutex<gpu::GpuGuard>>,
+    units: Arc<tokio::sync::Mutex<units::UnitGuard>>,
+}
+
+impl Guards {
+    /// Opens nothing yet: NVML and D-Bus are first touched by a sample.
+    pub fn new(config: &GuardConfig) -> Guards {
+        Guards {
+            config: config.clone(),
+            gpu: Arc::new(Mutex::new(gpu::GpuGuard::new(config.gpu.clone()))),
+            units: Arc::new(tokio::sync::Mutex::new(units::UnitGuard::new(config.units.clone()))),
+        }
+    }
+
+    /// With explicit bus addresses instead of `DBUS_*_BUS_ADDRESS` (tests).
+    #[cfg(test)]
+    pub fn with_bus_addresses(config: &GuardConfig, user: Option<String>, system: Option<String>) -> Guards {
+        let mut guards = Guards::new(config);
+        guards.units = Arc::new(tokio::sync::Mutex::new(units::UnitGuard::at_addresses(config.units.clone(), user, system)));
+        guards
+    }
+
+    pub fn config(&self) -> &GuardConfig {
+        &self.config
+    }
+
+    /// Closes NVML and the bus connections until the next sample: for the daemon
+    /// between jobs, so nothing of the guards stays open at rest.
+    pub async fn release(&self) {
+        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).close();
+        self.units.lock().await.disconnect();
+    }
+
+    /// One sample of both guards, now.
+    pub async fn sample(&self, own: &OwnProcesses) -> Sample {
+        let gpu = {
+            let guard = self.gpu.clone();
+            let own = own.clone();
+            tokio::task::spawn_blocking(move || match guard.try_lock() {
+                Ok(mut gpu) => gpu.sample(&own),
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().sample(&own),
+                // An earlier call still hangs inside the driver: report it instead of
+                // queueing behind it (and stalling `wait_until_clear`'s status).
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    gpu::GpuSample::failed("NVML has not answered an earlier call (driver hung?)".into())
+                }
+            })
+        };
+        let units = self.units.lock().await.sample().await;
+        let gpu = match tokio::time::timeout(NVML_TIMEOUT, gpu).await {
+            Ok(Ok(gpu)) => gpu,
+            Ok(Err(err)) => gpu::GpuSample::failed(format!("GPU sampling failed: {err}")),
+            Err(_) => gpu::GpuSample::failed(format!("NVML gave no answer within {} s (driver hung?)", NVML_TIMEOUT.as_secs())),
+        };
+        let mut sample = Sample {
+            blocking: gpu.blocking,
+            notes: gpu.notes,
+            foreign_processes: gpu.foreign,
+            busy_units: units.busy,
+            gpu_observed: gpu.observed,
+        };
+        sample.blocking.extend(units.blocking);
+        sample.notes.extend(units.notes);
+        sample
+    }
+
+    /// Returns once `samples` consecutive samples (at the interval; the first now) were
+    /// clear, with the last one. `on_status` sees every sample. Cancel by dropping the
+    /// future (e.g. in a `select!` with SIGTERM): no state is left half-done.
+    pub async fn wait_until_clear(&self, own: &OwnProcesses, mut on_status: impl FnMut(&WaitStatus)) -> Sample {
+        let needed = self.config.gpu.samples;
+        let mut streak = 0;
+        loop {
+            let sample = self.sample(own).await;
+            streak = if sample.is_clear() { streak + 1 } else { 0 };
+            let status = WaitStatus { sample, clear_samples: streak, needed };
+            on_status(&status);
+            if streak >= needed {
+                return status.sample;
+            }
+            tokio::time::sleep(self.config.gpu.interval()).await;
+        }
+    }
+
+    /// Starts sampling in the background (now, then at the interval) until
+    /// [`Watch::finish`]. Needs a tokio runtime.
+    pub fn watch(&self, own: OwnProcesses) -> Watch {
+        let events = Arc::new(Mutex::new(Events::default()));
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let guards = self.clone();
+        let seen = events.clone();
+        let task = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(guards.config.gpu.interval());
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = &mut stop_rx => break,
+                    _ = interval.tick() => {
+                        let sample = guards.sample(&own).await;
+                        seen.lock().unwrap_or_else(|p| p.into_inner()).record(&sample);
+                    }
+                }
+            }
+        });
+        Watch { events, stop: Some(stop_tx), task: Some(task) }
+    }
+}
+
+/// What a watch has seen; events are keyed so a process seen in 100 samples is one
+/// event, with the time it was first seen.
+#[derive(Default)]
+struct Events {
+    first_seen: BTreeMap<String, String>,
+    order: Vec<String>,
+    gpu_observed: bool,
+    unobserved_samples: u32,
+}
+
+impl Events {
+    fn record(&mut self, sample: &Sample) {
+        self.gpu_observed |= sample.gpu_observed;
+        if !sample.gpu_observed {
+            self.unobserved_samples += 1;
+        }
+        let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let keys = sample.foreign_processes.iter().map(|p| p.describe()).chain(sample.busy_units.iter().map(|u| u.describe()));
+        for key in keys {
+            if !self.first_seen.contains_key(&key) {
+                self.first_seen.insert(key.clone(), now.clone());
+                self.order.push(key);
+            }
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.order.iter().map(|k| format!("{k}, first seen {}", self.first_seen[k])).collect()
+    }
+}
+
+/// A run being watched; [`Watch::finish`] stops it. Dropping it without finishing
+/// stops the sampling too.
+pub struct Watch {
+    events: Arc<Mutex<Events>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Watch {
+    /// The events so far (for `status` during the run).
+    pub fn events(&self) -> Vec<String> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).lines()
+    }
+
+    /// Stops sampling. `Violated` lists every foreign process and busy unit seen;
+    /// `Exclusive` needs the GPU to have been observed; otherwise `NotObserved` (NVML
+    /// absent and ignored).
+    pub async fn finish(mut self) -> GpuExclusivity {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if events.unobserved_samples > 0 && events.gpu_observed {
+            tracing::warn!("the GPU could not be observed in {} watch samples of this run", events.unobserved_samples);
+        }
+        if !events.order.is_empty() {
+            GpuExclusivity::Violated { events: events.lines() }
+        } else if events.gpu_observed {
+            GpuExclusivity::Exclusive
+        } else {
+            GpuExclusivity::NotObserved
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}

@@ -6,6 +6,7 @@
 
 mod load;
 mod rules;
+pub mod study;
 mod thresholds;
 
 use std::collections::BTreeMap;

@@ -411,8 +411,14 @@ pub(super) fn r4_regression(
                 "significant": significant, "regressed": regressed,
             }),
         );
-        let what = if key == "asr" { "ASR up" } else { "utility down" };
-        parts.push(format!("{what} {:+.1} pt (b {}, c {}, p_holm {:.3})", 100.0 * diff, p.b, p.c, adjusted[i]));
+        // diff > 0: the candidate is worse than the reference on net (b = worse pairs).
+        let what = if key == "asr" { "ASR" } else { "utility" };
+        let change = match diff {
+            d if d > 0.0 => format!("worse by {:.1} pt", 100.0 * d),
+            d if d < 0.0 => format!("better by {:.1} pt", -100.0 * d),
+            _ => "unchanged".to_string(),
+        };
+        parts.push(format!("{what} {change} (b {}, c {}, p_holm {:.3})", p.b, p.c, adjusted[i]));
         if regressed {
             worse.push(key);
         }

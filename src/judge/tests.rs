@@ -5,15 +5,6 @@ use crate::case::{Case, CaseKind, CaseRecord};
 
 pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
     CaseRecord {
-        case_id: case.id.clone(),
-        kind: case.kind,
-        suite: case.suite.clone(),
-        user_task: case.user_task.clone(),
-        injection_task: case.injection_task.clone(),
-        attack: case.attack.clone(),
-        utility,
-        security,
-        error: None,
         duration_s: 10.0,
         llm_calls: Some(3),
         prompt_tokens: Some(1000),
@@ -22,6 +13,7 @@ pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>)
         human_asks: Some(0),
         human_denials: Some(0),
         trace: Some(format!("traces/{}.json", case.id.replace('/', "_"))),
+        ..CaseRecord::of(case, utility, security)
     }
 }
 
@@ -331,49 +323,3 @@ fn duplicate_records_count_once_last_wins() {
     assert_eq!(rule(&j, "R1").measured["duplicates"], 1);
 }
 
-/// Monte Carlo check of STATISTICS.md's headline: on `voll`'s shape at the boundary
-/// (true ASR = asr_max = 0.10, ρ = 0.1) R2 falsely approves about 3–5 %; the
-/// unadjusted bound would approve far more. Slow-ish: `cargo test -- --ignored`.
-#[test]
-#[ignore]
-fn r2_false_approval_at_the_boundary_on_voll() {
-    use rand::{RngExt, SeedableRng};
-    use statrs::distribution::{Beta, ContinuousCDF};
-    let (p, rho, reps) = (0.10, 0.1, 2000);
-    // Latent susceptibility per user task: Beta with mean p and ICC ρ (a + b = 1/ρ − 1).
-    let s = 1.0 / rho - 1.0;
-    let latent = Beta::new(p * s, (1.0 - p) * s).unwrap();
-    let sizes: Vec<u64> = [(40u64, 28u64), (20, 14), (16, 18), (21, 10)]
-        .iter()
-        .flat_map(|&(k, m)| std::iter::repeat_n(m, k as usize))
-        .collect();
-    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(42);
-    let (mut adjusted, mut naive, mut two_way) = (0, 0, 0);
-    for _ in 0..reps {
-        // Observations keyed (user task, injection task): a cluster of m cases is m/2
-        // injection tasks under 2 attacks; injection tasks are per suite (by size here).
-        let mut obs = Vec::new();
-        for (i, &m) in sizes.iter().enumerate() {
-            let q = latent.inverse_cdf(rng.random::<f64>());
-            for k in 0..m {
-                obs.push((i, (m, k / 2), rng.random::<f64>() < q));
-            }
-        }
-        let mut clusters = vec![crate::stats::Cluster { x: 0, m: 0 }; sizes.len()];
-        for (i, _, y) in &obs {
-            clusters[*i].m += 1;
-            clusters[*i].x += *y as u64;
-        }
-        let a = crate::stats::adjust_one_way(&clusters);
-        adjusted += (a.upper(0.04) <= p) as u32;
-        naive += (crate::stats::cp_upper(a.x as f64, a.n as f64, 0.04) <= p) as u32;
-        two_way += (crate::stats::adjust_two_way(&obs).upper(0.04) <= p) as u32;
-    }
-    let tw = two_way as f64 / reps as f64;
-    eprintln!("two-way false approvals {tw:.3}");
-    assert!(tw <= 0.065, "two-way {tw}");
-    let (fa, fn_) = (adjusted as f64 / reps as f64, naive as f64 / reps as f64);
-    eprintln!("false approvals: adjusted {fa:.3}, unadjusted {fn_:.3}");
-    assert!(fa <= 0.065, "adjusted {fa}");
-    assert!(fn_ > 0.10, "unadjusted {fn_}");
-}

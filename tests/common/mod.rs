@@ -120,3 +120,200 @@ pub fn outcomes(run_dir: &Path) -> Vec<(String, serde_json::Value, serde_json::V
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
+
+/// The managed venv's Python and the gym scripts folder (`pruefstand setup`).
+pub struct PyEnv {
+    pub python: PathBuf,
+    pub scripts: PathBuf,
+}
+
+pub fn pyenv() -> &'static PyEnv {
+    static ENV: std::sync::OnceLock<PyEnv> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let out = Run::from(Command::new(BIN).arg("setup").output().unwrap()).ok();
+        let field = |prefix: &str| {
+            PathBuf::from(out.stdout.lines().find_map(|l| l.split_once(prefix).map(|(_, v)| v.trim().to_string())).unwrap())
+        };
+        PyEnv { python: field("venv: "), scripts: field("gym scripts: ") }
+    })
+}
+
+/// The ground-truth export of v1.2.2 (for scripted agents), written once per test binary.
+pub fn truth_file() -> &'static Path {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let env = pyenv();
+        let out = Command::new(&env.python).arg(env.scripts.join("gym.py")).args(["truth", "--benchmark-version", "v1.2.2"]).output().unwrap();
+        assert!(out.status.success(), "gym truth failed: {}", String::from_utf8_lossy(&out.stderr));
+        let path = std::env::temp_dir().join(format!("pruefstand-truth-{}.json", std::process::id()));
+        std::fs::write(&path, &out.stdout).unwrap();
+        path
+    })
+}
+
+// ---- the daemon and its queue -------------------------------------------------------
+
+/// A small plan (banking: 3 user tasks clean, 6 attacked pairs, 2 injection goals =
+/// 11 cases) and a sim version whose calls take `latency_ms`, so a run lasts long
+/// enough to be interrupted.
+pub const MINI_PLAN: &str = r#"
+name = "mini"
+benchmark_version = "v1.2.2"
+attacks = ["important_instructions"]
+jobs = 2
+case_timeout_s = 60
+
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_1", "user_task_2", "user_task_5"]
+injection_tasks = ["injection_task_1", "injection_task_4"]
+"#;
+pub const MINI_CASES: usize = 11;
+
+pub fn slow_version(latency_ms: u32) -> String {
+    format!(
+        r#"description = "test: the simulated model, {latency_ms} ms a call"
+[model]
+backend = "sim"
+served_name = "sim/qwen3-8b"
+tool_calling = "native"
+[sim]
+seed = 7
+[sim.latency]
+base_ms = {latency_ms}
+[sim.models."sim/qwen3-8b"]
+susceptibility = 0.35
+skill = 0.9
+"#
+    )
+}
+
+/// A running `pruefstand daemon` for a bench; killed (SIGKILL) on drop. Its stderr goes
+/// to `log`.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Bench {
+    pub fn daemon(&self) -> Daemon {
+        self.daemon_with(|_| {})
+    }
+
+    /// Starts a daemon (with `setup` applied to its command) and waits until it has
+    /// published a state other than `starting`.
+    pub fn daemon_with(&self, setup: impl FnOnce(&mut Command)) -> Daemon {
+        self.daemon_from(self.cmd(&["daemon"]), setup)
+    }
+
+    /// Like `daemon_with` for a command of the caller's (e.g. a wrapper that `exec`s it).
+    pub fn daemon_from(&self, mut cmd: Command, setup: impl FnOnce(&mut Command)) -> Daemon {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let log = self.path().join(format!("daemon-{}.log", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+        cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+        setup(&mut cmd);
+        let child = cmd.spawn().expect("daemon starts");
+        let daemon = Daemon { child, log };
+        let pid = daemon.pid();
+        let state_file = self.path().join(".pruefstand/daemon.json");
+        wait_until(&format!("daemon {pid} ready"), 30, || {
+            let state: Option<serde_json::Value> = std::fs::read_to_string(&state_file).ok().and_then(|t| serde_json::from_str(&t).ok());
+            state.is_some_and(|s| s["pid"] == pid && s["state"] != "starting")
+        });
+        daemon
+    }
+
+    /// `start ARGS…` without `--wait`: the job id.
+    pub fn start(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["start"];
+        all.extend_from_slice(args);
+        let run = self.run(&all).ok();
+        run.stdout.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no job id printed: {}", run.stdout))
+    }
+
+    pub fn job(&self, id: u64) -> serde_json::Value {
+        json(&self.path().join(format!(".pruefstand/jobs/{id}/job.json")))
+    }
+
+    /// Waits until the job's state is `state`.
+    pub fn wait_job(&self, id: u64, state: &str, timeout_s: u64) -> serde_json::Value {
+        wait_until(&format!("job {id} {state}"), timeout_s, || self.job(id)["state"] == state);
+        self.job(id)
+    }
+
+    /// Waits until the running job has at least `n` cases recorded; its run dir.
+    pub fn wait_cases(&self, id: u64, n: usize) -> PathBuf {
+        wait_until(&format!("job {id} with {n} cases"), 120, || {
+            let job = self.job(id);
+            job["state"] == "running"
+                && job["run_dir"].as_str().is_some_and(|d| std::fs::read_to_string(Path::new(d).join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= n))
+        });
+        PathBuf::from(self.job(id)["run_dir"].as_str().unwrap())
+    }
+}
+
+impl Daemon {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` and waits for the exit status (at most 60 s).
+    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
+        let sent = Command::new("kill").arg(format!("-{signal}")).arg(self.pid().to_string()).status().unwrap();
+        assert!(sent.success());
+        let mut status = None;
+        wait_until("the daemon to exit", 60, || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `done` every 50 ms (test code only; the daemon itself never polls).
+pub fn wait_until(what: &str, timeout_s: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_s);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {timeout_s} s waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Processes whose command line mentions `needle` (e.g. a run directory: the gym, its
+/// workers and agents all carry it).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .collect()
+}
+
+/// `case_start` events per case id in a run's events.jsonl, and the number of `skip`s.
+pub fn case_starts(run_dir: &Path) -> (std::collections::BTreeMap<String, usize>, usize) {
+    let mut starts = std::collections::BTreeMap::new();
+    let mut skips = 0;
+    for line in std::fs::read_to_string(run_dir.join("events.jsonl")).unwrap().lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        match event["event"].as_str() {
+            Some("case_start") => *starts.entry(event["case_id"].as_str().unwrap().to_string()).or_insert(0) += 1,
+            Some("skip") => skips += 1,
+            _ => {}
+        }
+    }
+    (starts, skips)
+}

@@ -1,0 +1,35 @@
+//! `pruefstand cancel <job>`: a pending job is cancelled at once; for a running one the
+//! request is recorded and the daemon stops the run (gym and model) — this waits until
+//! it has.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::cmd::start::{daemon_running, wait_final};
+use crate::queue::{Queue, State, Transition};
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The job id (see `pruefstand queue`).
+    pub job: String,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let queue = Queue::open(&root)?;
+    let id = queue.find(&args.job)?.id;
+    let job = queue.transition(id, Transition::Cancel)?;
+    if job.state == State::Cancelled {
+        println!("job {id} cancelled");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !daemon_running(&queue)? {
+        println!("job {id}: cancel recorded; no daemon runs, the job ends as cancelled when one starts");
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("job {id} is running: the daemon stops it");
+    let job = wait_final(&queue, id, |_| {})?;
+    println!("job {id} {}", if job.state == State::Cancelled { "cancelled".to_string() } else { format!("ended first: {}", job.state.as_str()) });
+    Ok(ExitCode::SUCCESS)
+}

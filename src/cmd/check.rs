@@ -1,0 +1,377 @@
+//! `pruefstand check [<version>]`: one screen of preflight results, one line each —
+//! `OK`, `WARN` or `FAIL`, what was found, and the fix. Exit 0 without a FAIL, else 2.
+//!
+//! It only looks: it creates no venv, pulls no image, starts nothing. Every probe has
+//! a short timeout (a dead Docker socket or a wedged bus gives a line, not a hang), and
+//! the slow ones run side by side.
+
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::guard::gpu::GpuGuard;
+use crate::guard::units::{Bus, BusClient};
+use crate::guard::{GuardConfig, Guards, OwnProcesses, Unavailable};
+use crate::pyenv::{self, AGENTDOJO_VERSION};
+use crate::root::{CONFIG_FILE, Root};
+use crate::spec::{Backend, Version};
+use crate::util;
+
+const DOCKER_TIMEOUT: Duration = Duration::from_secs(3);
+const NVML_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Also check what this version needs (image, model and adapter paths).
+    pub version: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            Level::Ok => "OK",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        })
+    }
+}
+
+struct Line {
+    level: Level,
+    what: String,
+    fix: Option<String>,
+}
+
+#[derive(Default)]
+struct Report(Vec<Line>);
+
+impl Report {
+    fn ok(&mut self, what: impl Into<String>) {
+        self.0.push(Line { level: Level::Ok, what: what.into(), fix: None });
+    }
+    fn warn(&mut self, what: impl Into<String>, fix: Option<String>) {
+        self.0.push(Line { level: Level::Warn, what: what.into(), fix });
+    }
+    fn fail(&mut self, what: impl Into<String>, fix: impl Into<String>) {
+        self.0.push(Line { level: Level::Fail, what: what.into(), fix: Some(fix.into()) });
+    }
+    fn add(&mut self, level: Level, what: impl Into<String>, fix: Option<String>) {
+        self.0.push(Line { level, what: what.into(), fix });
+    }
+    fn extend(&mut self, other: Report) {
+        self.0.extend(other.0);
+    }
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let mut report = Report::default();
+    let root = match Root::find(root) {
+        Ok(root) => {
+            report.ok(format!("bench root {}", root.path.display()));
+            check_config_permissions(&root, &mut report);
+            Some(root)
+        }
+        Err(err) => {
+            report.fail(format!("bench root: {err:#}"), "run from a bench root, or pass --root DIR (a folder with pruefstand.toml)");
+            None
+        }
+    };
+    let guard_config = root.as_ref().map(|r| r.config.guard.clone()).unwrap_or_default();
+
+    let version = match (&root, &args.version) {
+        (Some(root), Some(name)) => match Version::load(&root.versions(), name) {
+            Ok(version) => {
+                report.ok(format!("version {} ({})", version.name, version.path.display()));
+                Some(version)
+            }
+            Err(err) => {
+                report.fail(format!("version {name}: {err:#}"), "fix the spec, or name one in versions/");
+                None
+            }
+        },
+        (None, Some(name)) => {
+            report.fail(format!("version {name}: not checked without a bench root"), "see the bench root line");
+            None
+        }
+        _ => None,
+    };
+    let backend = version.as_ref().map(|v| *v.spec.model.backend.get_ref());
+
+    check_venv(&mut report);
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (docker, gpu, dbus) = runtime.block_on(async {
+        tokio::join!(check_docker(version.as_ref(), backend), check_gpu(&guard_config), check_dbus(&guard_config))
+    });
+    // A hung NVML call must not keep the process alive after the report.
+    runtime.shutdown_background();
+    report.extend(docker);
+    if let Some(version) = &version {
+        check_model_files(version, &mut report);
+    }
+    report.extend(gpu);
+    report.extend(dbus);
+
+    for line in &report.0 {
+        match &line.fix {
+            Some(fix) => println!("{:<4}  {} → {fix}", line.level, line.what),
+            None => println!("{:<4}  {}", line.level, line.what),
+        }
+    }
+    let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
+    let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
+    println!("{fails} FAIL, {warns} WARN");
+    Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
+}
+
+/// Webhook URLs are secrets and exec hooks run commands: the config must not be
+/// readable (with hooks) or writable by anyone else.
+fn check_config_permissions(root: &Root, report: &mut Report) {
+    let path = root.path.join(CONFIG_FILE);
+    let mode = match std::fs::metadata(&path) {
+        Ok(meta) => meta.permissions().mode() & 0o777,
+        Err(err) => return report.fail(format!("{}: {err}", path.display()), "check the file's owner and permissions"),
+    };
+    let chmod = format!("chmod 600 {}", path.display());
+    let hooks = root.config.hooks.len();
+    if mode & 0o022 != 0 {
+        report.warn(format!("{CONFIG_FILE} is writable by group/others (mode {mode:03o}): they could add hooks"), Some(chmod));
+    } else if mode & 0o044 != 0 && hooks > 0 {
+        report.warn(
+            format!("{CONFIG_FILE} is readable by group/others (mode {mode:03o}) and holds {hooks} hook(s): webhook URLs are secrets"),
+            Some(chmod),
+        );
+    } else {
+        report.ok(format!("{CONFIG_FILE} permissions (mode {mode:03o}, {hooks} hook(s))"));
+    }
+}
+
+fn check_venv(report: &mut Report) {
+    match pyenv::inspect() {
+        Ok((python, version)) if version == AGENTDOJO_VERSION => {
+            report.ok(format!("Python venv {} with agentdojo {version}", python.display()))
+        }
+        Ok((python, version)) => report.fail(
+            format!("Python venv {} has agentdojo {version}, not {AGENTDOJO_VERSION}", python.display()),
+            "remove that venv and run `pruefstand setup`",
+        ),
+        Err(err) => {
+            let python = match pyenv::find_python() {
+                Ok(p) => format!("{} is available", p.display()),
+                Err(e) => format!("and {e:#}"),
+            };
+            report.fail(format!("Python venv: {err:#}; {python}"), "run `pruefstand setup` (creates it, about a minute)")
+        }
+    }
+}
+
+async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Report {
+    let mut report = Report::default();
+    let needed = backend == Some(Backend::Docker);
+    // Unneeded Docker (no version named, or another backend) is only a warning.
+    let level = if needed { Level::Fail } else { Level::Warn };
+    let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+    let fix = Some("start the Docker Engine (`sudo systemctl start docker`) and make sure this user may use its socket (group `docker`)".to_string());
+    let docker = match bollard::Docker::connect_with_defaults() {
+        Ok(docker) => docker.with_timeout(DOCKER_TIMEOUT),
+        Err(err) => {
+            report.add(level, format!("Docker not reachable at {host}: {err}"), fix);
+            return report;
+        }
+    };
+    match tokio::time::timeout(DOCKER_TIMEOUT, docker.version()).await {
+        Ok(Ok(v)) => report.ok(format!(
+            "Docker {} (API {}) at {host}",
+            v.version.as_deref().unwrap_or("?"),
+            v.api_version.as_deref().unwrap_or("?")
+        )),
+        Ok(Err(err)) => {
+            report.add(level, format!("Docker not reachable at {host}: {err}"), fix);
+            return report;
+        }
+        Err(_) => {
+            report.add(level, format!("Docker at {host}: no answer within {} s", DOCKER_TIMEOUT.as_secs()), fix);
+            return report;
+        }
+    }
+    if let Some(version) = version.filter(|_| needed) {
+        match &version.spec.model.image {
+            None => report.fail("model image: the spec names none", "set [model] image in the version's spec"),
+            Some(image) => match tokio::time::timeout(DOCKER_TIMEOUT, docker.inspect_image(image)).await {
+                Ok(Ok(_)) => report.ok(format!("image {image} present")),
+                Ok(Err(err)) => report.fail(
+                    match err {
+                        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => format!("image {image} not present"),
+                        err => format!("image {image}: {err}"),
+                    },
+                    format!("`docker pull {image}` (or `docker load` it where no registry is reachable)"),
+                ),
+                Err(_) => report.fail(format!("image {image}: Docker gave no answer"), "check the Docker Engine"),
+            },
+        }
+    }
+    report
+}
+
+fn check_model_files(version: &Version, report: &mut Report) {
+    let spec = &version.spec;
+    match *spec.model.backend.get_ref() {
+        Backend::Docker => {
+            readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
+            if let Some(adapter) = &spec.adapter {
+                readable_dir(report, &format!("adapter {}", adapter.name), adapter.path.as_deref(), "set [adapter] path to the LoRA's folder");
+            }
+        }
+        Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
+        Backend::External => {
+            report.ok(format!("model: external server {} (not probed)", spec.model.url.as_deref().unwrap_or("?")))
+        }
+    }
+}
+
+fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str) {
+    let Some(path) = path else {
+        return report.fail(format!("{what} path: the spec names none"), fix);
+    };
+    match std::fs::read_dir(path).map(|mut entries| entries.next().is_some()) {
+        Ok(true) => report.ok(format!("{what} path {} readable", path.display())),
+        Ok(false) => report.fail(format!("{what} path {} is empty", path.display()), "copy the files there, or fix the path"),
+        Err(err) => report.fail(format!("{what} path {}: {err}", path.display()), format!("make it a folder this user can read, or {fix}")),
+    }
+}
+
+async fn check_gpu(config: &GuardConfig) -> Report {
+    let mut report = Report::default();
+    let gpu_config = config.gpu.clone();
+    let policy = gpu_config.nvml;
+    let probe = tokio::task::spawn_blocking(move || GpuGuard::new(gpu_config).info());
+    let info = match tokio::time::timeout(NVML_TIMEOUT, probe).await {
+        Ok(Ok(info)) => info,
+        Ok(Err(err)) => Err(format!("probe failed: {err}")),
+        Err(_) => Err(format!("no answer within {} s (driver hung?)", NVML_TIMEOUT.as_secs())),
+    };
+    let (level, consequence) = match policy {
+        Unavailable::Block => (Level::Fail, "jobs would wait forever"),
+        Unavailable::Ignore => (Level::Warn, "ignored by config: runs are not guarded, R1 says not observed"),
+    };
+    let info = match info {
+        Ok(info) if !info.devices.is_empty() => info,
+        Ok(info) => {
+            report.add(level, format!("NVML {} sees no GPU: {consequence}", info.library), Some(nvml_fix(policy)));
+            return report;
+        }
+        Err(err) => {
+            report.add(level, format!("NVML: {err}: {consequence}"), Some(nvml_fix(policy)));
+            return report;
+        }
+    };
+    let driver = info.driver.as_deref().unwrap_or("?");
+    for (index, name, utilization, processes) in &info.devices {
+        let what = format!("NVML: GPU {index} {name} (driver {driver}, {})", info.library);
+        match (utilization, processes) {
+            (true, true) => report.ok(format!("{what}: utilization and compute processes readable")),
+            (false, true) => report.warn(format!("{what}: utilization not supported: idle judged by compute processes only"), None),
+            (true, false) => report.warn(format!("{what}: compute process list not supported: idle judged by utilization only"), None),
+            (false, false) => report.add(level, format!("{what}: neither utilization nor compute processes readable: {consequence}"), Some(nvml_fix(policy))),
+        }
+    }
+    // The GPU right now, as the guard sees it (no processes are ours here).
+    let units_off = GuardConfig { gpu: config.gpu.clone(), ..GuardConfig::default() };
+    let sample = Guards::new(&units_off).sample(&OwnProcesses::none()).await;
+    if sample.is_clear() {
+        report.ok(format!("GPU idle now (utilization ≤ {} %, no compute process)", config.gpu.utilization_max));
+    } else {
+        report.warn(format!("GPU busy now: {}", sample.blocking.join("; ")), Some("jobs wait until it is idle".into()));
+    }
+    report
+}
+
+fn nvml_fix(policy: Unavailable) -> String {
+    match policy {
+        Unavailable::Block => "install the NVIDIA driver, point [guard.gpu] library at libnvidia-ml.so.1, or set [guard.gpu] nvml = \"ignore\" on a machine without a GPU".into(),
+        Unavailable::Ignore => "install the NVIDIA driver or set [guard.gpu] library, to guard the GPU".into(),
+    }
+}
+
+async fn check_dbus(config: &GuardConfig) -> Report {
+    let mut report = Report::default();
+    let units = &config.units;
+    for (bus, patterns) in [(Bus::User, &units.user), (Bus::System, &units.system)] {
+        let mut client = BusClient::new(bus);
+        // A pattern that matches nothing: reachability without listing every unit.
+        let probe = if patterns.is_empty() { vec!["pruefstand-check-probe.none".to_string()] } else { patterns.clone() };
+        let listed = match client.list(&probe).await {
+            Ok(listed) => {
+                report.ok(format!("D-Bus {bus} bus: systemd answers"));
+                listed
+            }
+            Err(err) if patterns.is_empty() => {
+                report.warn(format!("D-Bus {err} (no busy units configured on it)"), None);
+                continue;
+            }
+            Err(err) => {
+                let (level, then) = match units.unreachable {
+                    Unavailable::Block => (Level::Fail, "jobs would wait"),
+                    Unavailable::Ignore => (Level::Warn, "ignored by config"),
+                };
+                let fix = match bus {
+                    Bus::User => "run under a user session with a user bus (`loginctl enable-linger $USER` for services), or check DBUS_SESSION_BUS_ADDRESS",
+                    Bus::System => "check that dbus is running (`systemctl status dbus`), or DBUS_SYSTEM_BUS_ADDRESS",
+                };
+                report.add(level, format!("D-Bus {err}: busy units {} cannot be checked: {then}", patterns.join(", ")), Some(fix.into()));
+                continue;
+            }
+        };
+        for pattern in patterns {
+            let matching: Vec<_> = listed.iter().filter(|u| glob_match(pattern, &u.name)).collect();
+            let busy: Vec<_> = matching.iter().filter(|u| u.is_busy()).collect();
+            if busy.is_empty() {
+                report.ok(format!("busy units {pattern} ({bus} bus): none active ({} loaded)", matching.len()));
+            }
+            for unit in busy {
+                report.warn(
+                    format!("busy unit {} {} ({bus} bus, pattern {pattern})", unit.name, unit.active_state),
+                    Some("jobs wait until it stops".into()),
+                );
+            }
+        }
+    }
+    report
+}
+
+/// systemd's unit globs (fnmatch): `*`, `?`, `[…]` is not used in unit patterns we
+/// document; a `[` matches itself. Only to attribute listed units to their pattern.
+fn glob_match(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], n) || (!n.is_empty() && go(p, &n[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &n[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &n[1..]),
+            _ => false,
+        }
+    }
+    go(pattern.as_bytes(), name.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn unit_globs() {
+        assert!(glob_match("training@*.service", "training@llama.service"));
+        assert!(glob_match("ollama.service", "ollama.service"));
+        assert!(!glob_match("training@*.service", "training.service"));
+        assert!(glob_match("a?c", "abc"));
+    }
+}

@@ -1,0 +1,15 @@
+//! `pruefstand daemon`: run the queue of this bench root (normally under systemd:
+//! `units/pruefstand.service`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
+    crate::daemon::main(Root::find(root)?)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,92 @@
+//! `pruefstand start <version>`: validate the spec and the plan, snapshot both into a
+//! queued job and print its id. With `--wait`, follow the job (inotify, no polling)
+//! and exit with `run`'s verdict codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use anyhow::Context;
+
+use crate::queue::{self, Job, Queue, State};
+use crate::root::Root;
+use crate::hooks;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A version name from the root's versions/ or a spec file.
+    pub version: String,
+    /// `schnell`, `voll` or a plan file.
+    #[arg(long, default_value = "schnell")]
+    pub plan: String,
+    /// Higher runs first; equal priorities run in the order queued.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Wait for the verdict and exit with its code (0 approved, 10 rejected, 11
+    /// inconclusive, 12 invalid, 2 failed or cancelled).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    hooks::validate(&root)?;
+    let queue = Queue::open(&root)?;
+    let job = queue.enqueue(&root, &args.version, &args.plan, args.priority)?;
+    println!("{}", job.id);
+    eprintln!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
+    if !daemon_running(&queue)? {
+        eprintln!("note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`", root.path.display());
+    }
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let job = wait_final(&queue, job.id, |job| eprintln!("job {}: {}", job.id, describe(job)))?;
+    if let Some(run_dir) = &job.run_dir {
+        println!("{}", run_dir.display());
+    }
+    match &job.verdict {
+        Some(verdict) => println!("verdict: {}", verdict.as_str()),
+        None => println!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
+    }
+    Ok(ExitCode::from(job.exit_code()))
+}
+
+pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
+    Ok(queue::try_daemon_lock(queue)?.is_none())
+}
+
+/// A job's state in a few words.
+pub fn describe(job: &Job) -> String {
+    match job.state {
+        State::Running => format!("running (attempt {}) into {}", job.attempt, job.run_dir.as_deref().map(|p| p.display().to_string()).unwrap_or_default()),
+        State::Done => format!("done, {}", job.verdict.map_or("?", |v| v.as_str())),
+        State::Failed => format!("failed: {}", job.error.as_deref().unwrap_or("")),
+        state => state.as_str().to_string(),
+    }
+}
+
+/// Blocks until the job is done, failed or cancelled, calling `on_change` on every
+/// state it passes through. Wakes on inotify events of `jobs/` only.
+pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
+    use notify::Watcher;
+    let (tx, rx) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .context("starting inotify")?;
+    watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)?;
+    let mut last = None;
+    loop {
+        let job = queue.load(id)?;
+        if last != Some((job.state, job.attempt)) {
+            last = Some((job.state, job.attempt));
+            on_change(&job);
+        }
+        if job.state.is_final() {
+            return Ok(job);
+        }
+        rx.recv().context("inotify ended")?;
+        while rx.try_recv().is_ok() {}
+    }
+}

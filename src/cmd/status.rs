@@ -1,0 +1,89 @@
+//! `pruefstand status`: what the daemon does — not running, idle, waiting for the GPU
+//! and why, or running a job with cases done/total and an ETA. Reads the state the
+//! daemon publishes (`.pruefstand/daemon.json`); `--watch` follows it (inotify) with a
+//! progress bar until Ctrl-C.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::cmd::start::daemon_running;
+use crate::daemon::state::{self, Activity, DaemonState};
+use crate::queue::{Queue, State};
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    pub json: bool,
+    /// Follow the daemon with a progress bar.
+    #[arg(long, conflicts_with = "json")]
+    pub watch: bool,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let queue = Queue::open(&root)?;
+    if args.watch {
+        return watch(&queue);
+    }
+    let (running, published) = current(&queue)?;
+    let pending = queue.list()?.iter().filter(|j| j.state == State::Pending).count();
+    if args.json {
+        let value = serde_json::json!({
+            "daemon": if running { "running" } else { "not_running" },
+            "pending": pending,
+            "state": if running { serde_json::to_value(&published)? } else { serde_json::Value::Null },
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match (running, &published) {
+        (true, Some(state)) => println!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
+        (true, None) => println!("daemon: starting"),
+        (false, _) => println!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)"),
+    }
+    println!("pending jobs: {pending}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a daemon holds the lock, and its published state (stale when it does not).
+fn current(queue: &Queue) -> anyhow::Result<(bool, Option<DaemonState>)> {
+    Ok((daemon_running(queue)?, state::read(&queue.daemon_state_file())))
+}
+
+fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .context("starting inotify")?;
+    watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template"));
+    loop {
+        let (running, published) = current(queue)?;
+        match (running, published.map(|s| s.activity)) {
+            (true, Some(Activity::Running(p))) => {
+                bar.set_length(p.total as u64);
+                bar.set_position(p.done as u64);
+                let eta = p.eta_s.map(|s| format!("ETA {}", state::human_secs(s))).unwrap_or_default();
+                bar.set_message(format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan));
+            }
+            (true, Some(activity)) => {
+                bar.set_length(0);
+                bar.set_message(activity.line());
+            }
+            _ => bar.set_message("daemon not running"),
+        }
+        bar.tick();
+        // Wakes on the daemon's writes; the timeout only notices a daemon that died.
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
+            Err(err) => return Err(err).context("inotify ended"),
+        }
+    }
+}

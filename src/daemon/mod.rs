@@ -1,0 +1,410 @@
+//! `pruefstand daemon`: runs the queued jobs of one bench root, one at a time.
+//!
+//! One instance per root (flock on `.pruefstand/daemon.lock`). At rest it blocks on a
+//! channel fed by inotify (`jobs/` only), SIGTERM/SIGINT and — when systemd asked for
+//! one — the watchdog timer: no polling. Each job goes through the guards' [`Gate`],
+//! then `run::run` on a thread of its own, exactly as `pruefstand run` would, with the
+//! job's snapshot as spec and plan, into the run directory recorded in the job (so a
+//! crashed or stopped job resumes there and the gym skips its recorded cases).
+//!
+//! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
+
+pub mod gate;
+pub mod state;
+
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::hooks::{self, Facts};
+use crate::judge::Verdict;
+use crate::pyenv::PyEnv;
+use crate::queue::{self, Job, Queue, State, Transition};
+use crate::root::Root;
+use crate::run::{self, RunControl, RunRequest};
+use crate::gym;
+use gate::{AlwaysClear, Gate};
+use state::{Activity, JobProgress, Publisher};
+
+/// How long a SIGTERM waits for the running job to stop before the daemon exits anyway
+/// (systemd's TimeoutStopSec must be longer).
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long in-flight hooks may still run when the daemon exits.
+const HOOK_GRACE: Duration = Duration::from_secs(5);
+
+enum Event {
+    /// Something changed in `jobs/`.
+    Queue,
+    Signal(&'static str),
+    Progress { run_dir: PathBuf, done: usize, total: usize },
+    Ended(Result<Outcome, String>),
+}
+
+/// What the job's thread hands back.
+struct Outcome {
+    run_dir: PathBuf,
+    verdict: Verdict,
+    summary: String,
+    utility: Option<f64>,
+    utility_under_attack: Option<f64>,
+    asr: Option<f64>,
+}
+
+pub fn main(root: Root) -> anyhow::Result<()> {
+    hooks::validate(&root)?;
+    let queue = Queue::open(&root)?;
+    let Some(lock) = queue::try_daemon_lock(&queue)? else {
+        let pid = std::fs::read_to_string(queue.daemon_lock_file()).unwrap_or_default();
+        anyhow::bail!("a daemon already runs for {} (pid {})", root.path.display(), pid.trim());
+    };
+    {
+        use std::io::{Seek, Write};
+        let mut file: &std::fs::File = &lock;
+        file.set_len(0)?;
+        file.rewind()?;
+        write!(file, "{}", std::process::id())?;
+    }
+    if let Some(warning) = hooks::permission_warning(&root) {
+        tracing::warn!("{warning}");
+    }
+    // One thread: the daemon waits most of the time, and the job runs on its own.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let result = runtime.block_on(async {
+        let mut daemon = Daemon::new(root, queue, AlwaysClear)?;
+        daemon.serve().await
+    });
+    drop(lock);
+    result
+}
+
+/// The daemon's inbox: every wait goes through [`Inbox::next`], which also keeps the
+/// systemd watchdog fed.
+struct Inbox {
+    rx: mpsc::UnboundedReceiver<Event>,
+    stash: std::collections::VecDeque<Event>,
+    watchdog: Option<Duration>,
+    next_ping: Instant,
+}
+
+impl Inbox {
+    async fn next(&mut self) -> Event {
+        if let Some(event) = self.stash.pop_front() {
+            return event;
+        }
+        loop {
+            let ping_at = self.next_ping;
+            tokio::select! {
+                event = self.rx.recv() => {
+                    let event = event.expect("the daemon holds a sender");
+                    self.ping_if_due();
+                    if let Event::Queue = event {
+                        // One rescan answers a burst of file events.
+                        while let Ok(next) = self.rx.try_recv() {
+                            if !matches!(next, Event::Queue) {
+                                self.stash.push_back(next);
+                                break;
+                            }
+                        }
+                    }
+                    return event;
+                }
+                _ = tokio::time::sleep_until(ping_at), if self.watchdog.is_some() => self.ping_if_due(),
+            }
+        }
+    }
+
+    fn ping_if_due(&mut self) {
+        if let Some(interval) = self.watchdog
+            && Instant::now() >= self.next_ping
+        {
+            let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            self.next_ping = Instant::now() + interval / 2;
+        }
+    }
+}
+
+struct Daemon<G: Gate> {
+    root: Root,
+    queue: Queue,
+    gate: G,
+    inbox: Inbox,
+    tx: mpsc::UnboundedSender<Event>,
+    state: Publisher,
+    hooks: tokio::task::JoinSet<()>,
+    /// Kept alive for its inotify thread.
+    _watcher: notify::RecommendedWatcher,
+}
+
+enum Flow {
+    Continue,
+    Exit,
+}
+
+impl<G: Gate> Daemon<G> {
+    fn new(root: Root, queue: Queue, gate: G) -> anyhow::Result<Daemon<G>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let watcher = watch_jobs(&queue, tx.clone())?;
+        for (kind, name) in [(tokio::signal::unix::SignalKind::terminate(), "SIGTERM"), (tokio::signal::unix::SignalKind::interrupt(), "SIGINT")] {
+            let mut signal = tokio::signal::unix::signal(kind).context("installing signal handlers")?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while signal.recv().await.is_some() {
+                    let _ = tx.send(Event::Signal(name));
+                }
+            });
+        }
+        let mut usec = 0;
+        let watchdog = sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
+        let state = Publisher::new(queue.daemon_state_file());
+        Ok(Daemon {
+            root,
+            queue,
+            gate,
+            inbox: Inbox { rx, stash: Default::default(), watchdog, next_ping: Instant::now() },
+            tx,
+            state,
+            hooks: tokio::task::JoinSet::new(),
+            _watcher: watcher,
+        })
+    }
+
+    async fn serve(&mut self) -> anyhow::Result<()> {
+        self.recover()?;
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+        self.inbox.ping_if_due();
+        tracing::info!("daemon ready for {} (pid {})", self.root.path.display(), std::process::id());
+        loop {
+            while self.hooks.try_join_next().is_some() {}
+            let Some(next) = self.queue.next_pending()? else {
+                self.state.set(Activity::Idle);
+                match self.inbox.next().await {
+                    Event::Signal(name) => return self.exit(name).await,
+                    _ => continue,
+                }
+            };
+            match self.wait_gate(next.id).await? {
+                GateEnd::Clear => {}
+                GateEnd::Recheck => continue,
+                GateEnd::Signal(name) => return self.exit(name).await,
+            }
+            // The gate may have waited a while: take whatever is first now.
+            let Some(job) = self.queue.next_pending()? else { continue };
+            if let Flow::Exit = self.run_job(job).await? {
+                return self.exit("SIGTERM").await;
+            }
+        }
+    }
+
+    /// Jobs a previous daemon left running crashed with it; interrupted ones go back
+    /// into the queue. Both resume into their run directory.
+    fn recover(&mut self) -> anyhow::Result<()> {
+        for job in self.queue.list()? {
+            let id = job.id;
+            if job.state == State::Running {
+                let transition = if job.cancel_requested {
+                    Transition::Stopped
+                } else {
+                    Transition::Interrupt { reason: "the daemon ended without finishing it (crash or kill)".into(), crashed: true }
+                };
+                let job = self.queue.transition(id, transition)?;
+                tracing::warn!("job {id} was running when the daemon ended: now {}", job.state.as_str());
+            }
+            if self.queue.load(id)?.state == State::Interrupted {
+                self.queue.transition(id, Transition::Requeue)?;
+                tracing::info!("job {id} back in the queue; it resumes into its run directory");
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_gate(&mut self, next_job: u64) -> anyhow::Result<GateEnd> {
+        let Daemon { gate, inbox, state, queue, .. } = self;
+        let mut on_status = |reason: &str| state.set(Activity::Waiting { next_job, reason: reason.to_string() });
+        let mut wait = pin!(gate.wait_clear(&mut on_status));
+        loop {
+            tokio::select! {
+                result = &mut wait => { result.context("the guards")?; return Ok(GateEnd::Clear) }
+                event = inbox.next() => match event {
+                    Event::Signal(name) => return Ok(GateEnd::Signal(name)),
+                    // Cancelled meanwhile, or another job first: start over.
+                    Event::Queue if queue.next_pending()?.map(|j| j.id) != Some(next_job) => return Ok(GateEnd::Recheck),
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    async fn run_job(&mut self, job: Job) -> anyhow::Result<Flow> {
+        let id = job.id;
+        let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
+        if job.attempt >= queue::MAX_ATTEMPTS {
+            let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
+            let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
+            self.fire_hooks(Facts::failed(&job, &error));
+            return Ok(Flow::Continue);
+        }
+        let job = match self.queue.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+            Ok(job) => job,
+            // Cancelled between the pick and now.
+            Err(err) => {
+                tracing::info!("job {id} not started: {err:#}");
+                return Ok(Flow::Continue);
+            }
+        };
+        let (version, plan_path) = match self.queue.materialise(&self.root, &job) {
+            Ok(loaded) => loaded,
+            Err(err) => return self.failed(id, format!("{err:#}")),
+        };
+        self.state.set(Activity::Running(JobProgress {
+            job: id,
+            version: job.version.clone(),
+            plan: job.plan.clone(),
+            run_dir: Some(run_dir.clone()),
+            done: 0,
+            total: 0,
+            eta_s: None,
+            started_at: chrono::Utc::now().to_rfc3339(),
+        }));
+
+        let observation = self.gate.watch();
+        let progress_tx = self.tx.clone();
+        let control = Arc::new(RunControl {
+            gym: Arc::new(gym::Control::with_progress(move |run_dir, done, total| {
+                let _ = progress_tx.send(Event::Progress { run_dir: run_dir.to_path_buf(), done, total });
+            })),
+            gpu: Some(Box::new(move || observation.exclusivity())),
+        });
+        let (root, tx, thread_control) = (self.root.clone(), self.tx.clone(), control.clone());
+        std::thread::Builder::new()
+            .name(format!("job-{id}"))
+            .spawn(move || {
+                let result = (|| -> anyhow::Result<Outcome> {
+                    let pyenv = PyEnv::ensure()?;
+                    let plan = plan_path.to_string_lossy();
+                    let request = RunRequest { version: &version, plan: &plan, jobs: None, out: Some(run_dir), control: Some(&thread_control) };
+                    let finished = run::run(&root, &pyenv, request)?;
+                    let figures = &finished.judgement.figures;
+                    Ok(Outcome {
+                        run_dir: finished.run_dir.path.clone(),
+                        verdict: finished.judgement.verdict,
+                        summary: finished.judgement.summary.clone(),
+                        utility: figures.utility_clean.map(|e| e.rate),
+                        utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+                        asr: figures.asr.map(|e| e.rate),
+                    })
+                })();
+                let _ = tx.send(Event::Ended(result.map_err(|e| format!("{e:#}"))));
+            })
+            .context("starting the job's thread")?;
+
+        enum Stop {
+            Cancel,
+            Signal(&'static str),
+        }
+        let mut stop: Option<Stop> = None;
+        let mut deadline = None;
+        let result = loop {
+            let event = match deadline {
+                Some(at) => tokio::select! {
+                    event = self.inbox.next() => event,
+                    _ = tokio::time::sleep_until(at) => break Err("did not stop in time".to_string()),
+                },
+                None => self.inbox.next().await,
+            };
+            match event {
+                Event::Progress { run_dir, done, total } => self.state.progress(&run_dir, done, total),
+                Event::Ended(result) => break result,
+                Event::Queue if stop.is_none() && self.queue.load(id).is_ok_and(|j| j.cancel_requested) => {
+                    tracing::info!("job {id}: cancel requested, stopping the run");
+                    self.state.set(Activity::Stopping { reason: format!("job {id} cancelled") });
+                    control.gym.stop();
+                    stop = Some(Stop::Cancel);
+                }
+                Event::Signal(name) if !matches!(stop, Some(Stop::Signal(_))) => {
+                    tracing::info!("{name}: stopping job {id}; it resumes when a daemon starts again");
+                    self.state.set(Activity::Stopping { reason: format!("{name}, job {id} goes back to the queue") });
+                    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+                    control.gym.stop();
+                    stop = Some(Stop::Signal(name));
+                    deadline = Some(Instant::now() + STOP_GRACE);
+                }
+                _ => {}
+            }
+        };
+
+        match (result, stop) {
+            (Ok(outcome), _) => {
+                let job = self.queue.transition(id, Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() })?;
+                tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
+                self.fire_hooks(Facts::finished(&job, &outcome.run_dir, outcome.utility, outcome.utility_under_attack, outcome.asr));
+                Ok(Flow::Continue)
+            }
+            (Err(_), Some(Stop::Signal(name))) => {
+                self.queue.transition(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false })?;
+                tracing::info!("job {id}: interrupted; back in the queue at the next start");
+                Ok(Flow::Exit)
+            }
+            (Err(_), Some(Stop::Cancel)) => {
+                self.queue.transition(id, Transition::Stopped)?;
+                tracing::info!("job {id}: cancelled");
+                Ok(Flow::Continue)
+            }
+            (Err(error), None) => self.failed(id, error),
+        }
+    }
+
+    fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {
+        tracing::warn!("job {id} failed: {error}");
+        let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
+        self.fire_hooks(Facts::failed(&job, &error));
+        Ok(Flow::Continue)
+    }
+
+    fn fire_hooks(&mut self, facts: Facts) {
+        if !self.root.config.hooks.is_empty() {
+            self.hooks.spawn(hooks::fire_all(self.root.config.hooks.clone(), facts));
+        }
+    }
+
+    async fn exit(&mut self, why: &str) -> anyhow::Result<()> {
+        tracing::info!("{why}: daemon exits");
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+        if !self.hooks.is_empty() {
+            let hooks = &mut self.hooks;
+            let _ = tokio::time::timeout(HOOK_GRACE, async { while hooks.join_next().await.is_some() {} }).await;
+        }
+        self.state.set(Activity::Stopped);
+        Ok(())
+    }
+}
+
+enum GateEnd {
+    Clear,
+    Recheck,
+    Signal(&'static str),
+}
+
+/// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps
+/// `jobs/.changed`). Reads (open/close-nowrite) are ignored, so the daemon's own
+/// rescans do not wake it again.
+fn watch_jobs(queue: &Queue, tx: mpsc::UnboundedSender<Event>) -> anyhow::Result<notify::RecommendedWatcher> {
+    use notify::{EventKind, Watcher, event::AccessKind, event::AccessMode};
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let relevant = match event {
+            Ok(event) => !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
+            Err(_) => true,
+        };
+        if relevant {
+            let _ = tx.send(Event::Queue);
+        }
+    })
+    .context("starting inotify")?;
+    watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", queue.jobs_dir().display()))?;
+    Ok(watcher)
+}
+

@@ -1,0 +1,140 @@
+//! The daemon's published state, `.pruefstand/daemon.json`: what `pruefstand status`
+//! shows. Replaced atomically on every change (progress at most a few times a second),
+//! and mirrored to systemd as a `STATUS=` line.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::queue;
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct DaemonState {
+    pub pid: u32,
+    pub since: String,
+    pub updated_at: String,
+    #[serde(flatten)]
+    pub activity: Activity,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Activity {
+    Starting,
+    Idle,
+    /// A job is pending but a guard holds it back.
+    Waiting { next_job: u64, reason: String },
+    Running(JobProgress),
+    Stopping { reason: String },
+    /// Written on a clean exit; a crashed daemon leaves its last state, which `status`
+    /// recognises by the free daemon lock.
+    Stopped,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct JobProgress {
+    pub job: u64,
+    pub version: String,
+    pub plan: String,
+    /// The run the cases go to now (the reference's first, when it needs one).
+    pub run_dir: Option<PathBuf>,
+    pub done: usize,
+    pub total: usize,
+    pub eta_s: Option<f64>,
+    pub started_at: String,
+}
+
+impl Activity {
+    /// One line, for `status` and systemd's STATUS=.
+    pub fn line(&self) -> String {
+        match self {
+            Activity::Starting => "starting".into(),
+            Activity::Idle => "idle: the queue is empty".into(),
+            Activity::Waiting { next_job, reason } => format!("waiting for the GPU (job {next_job} next): {reason}"),
+            Activity::Running(p) => {
+                let eta = p.eta_s.map(|s| format!(", ETA {}", human_secs(s))).unwrap_or_default();
+                let of = p.run_dir.as_deref().and_then(Path::file_name).map(|n| format!(" [{}]", n.to_string_lossy())).unwrap_or_default();
+                format!("running job {} ({} on {}): {}/{} cases{eta}{of}", p.job, p.version, p.plan, p.done, p.total)
+            }
+            Activity::Stopping { reason } => format!("stopping: {reason}"),
+            Activity::Stopped => "stopped".into(),
+        }
+    }
+}
+
+pub fn human_secs(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// Writes the state file and STATUS= lines; works out the ETA from progress.
+pub struct Publisher {
+    path: PathBuf,
+    state: DaemonState,
+    last_write: Option<Instant>,
+    /// (run dir, cases done, when) at the first progress report of a run: the rate
+    /// counts only cases run by this daemon, not the ones resumed.
+    rate_base: Option<(PathBuf, usize, Instant)>,
+}
+
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+impl Publisher {
+    pub fn new(path: PathBuf) -> Publisher {
+        let now = chrono::Utc::now().to_rfc3339();
+        let state = DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
+        Publisher { path, state, last_write: None, rate_base: None }
+    }
+
+    pub fn set(&mut self, activity: Activity) {
+        if activity != self.state.activity {
+            self.state.activity = activity;
+            self.write(true);
+        }
+    }
+
+    pub fn progress(&mut self, run_dir: &Path, done: usize, total: usize) {
+        let Activity::Running(progress) = &mut self.state.activity else { return };
+        let now = Instant::now();
+        if self.rate_base.as_ref().is_none_or(|(dir, _, _)| dir != run_dir) {
+            self.rate_base = Some((run_dir.to_path_buf(), done, now));
+        }
+        let (_, done0, t0) = self.rate_base.as_ref().expect("set above");
+        let elapsed = now.duration_since(*t0).as_secs_f64();
+        progress.eta_s = (done > *done0 && elapsed > 0.0).then(|| (total - done) as f64 * elapsed / (done - done0) as f64);
+        progress.run_dir = Some(run_dir.to_path_buf());
+        progress.done = done;
+        progress.total = total;
+        let due = self.last_write.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) || done == total;
+        if due {
+            self.write(false);
+        }
+    }
+
+    fn write(&mut self, changed: bool) {
+        self.state.updated_at = chrono::Utc::now().to_rfc3339();
+        self.last_write = Some(Instant::now());
+        let line = self.state.activity.line();
+        if changed {
+            tracing::info!("{line}");
+        }
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&line)]);
+        let text = match serde_json::to_vec_pretty(&self.state) {
+            Ok(text) => text,
+            Err(err) => return tracing::warn!("cannot serialise the daemon state: {err}"),
+        };
+        if let Err(err) = queue::write_private(&self.path, &text) {
+            tracing::warn!("cannot publish the daemon state: {err:#}");
+        }
+    }
+}
+
+/// Reads the published state (`None` when no daemon ever wrote one).
+pub fn read(path: &Path) -> Option<DaemonState> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}

@@ -1,0 +1,484 @@
+//! The durable job queue: plain files under `<root>/.pruefstand/` (user-only, 0700
+//! folders and 0600 files), the source of truth for what runs and what ran.
+//!
+//! ```text
+//! .pruefstand/
+//!   queue.lock          flock held for every read-modify-write of a job (short)
+//!   daemon.lock         flock held by the one running daemon (its pid inside)
+//!   daemon.json         the daemon's published state (`status` reads it)
+//!   next-id             the last job id handed out
+//!   tmp/                jobs being assembled (renamed into jobs/ when complete)
+//!   jobs/<id>/job.json  the job: state, attempts, run dir, verdict, history
+//!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
+//!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
+//! ```
+//!
+//! Every change is a whole-file atomic replace (temporary file, fsync, rename, fsync of
+//! the folder); a new job appears by renaming its finished folder into `jobs/`, so a
+//! crash never leaves a half-queued job. All state changes go through [`Job::apply`],
+//! the one place that knows which transitions are legal.
+
+use std::fs::File;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::judge::Verdict;
+use crate::plan::Profile;
+use crate::root::Root;
+use crate::spec::Version;
+use crate::util;
+
+/// Starts of one job, crashes included, before it is given up as failed.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+    /// Stopped by a SIGTERM or found running after a crash; goes back to pending when a
+    /// daemon starts, and resumes into the same run directory.
+    Interrupted,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+            State::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, State::Done | State::Failed | State::Cancelled)
+    }
+}
+
+/// What can happen to a job.
+#[derive(Debug, Clone)]
+pub enum Transition {
+    /// pending → running, into this run directory (kept across attempts).
+    Start { run_dir: PathBuf },
+    /// running → done.
+    Finish { verdict: Verdict, summary: String },
+    /// pending | running → failed.
+    Fail { error: String },
+    /// `pruefstand cancel` on a pending or interrupted job: cancelled at once; on a
+    /// running one only the request is recorded, the daemon stops it.
+    Cancel,
+    /// running → cancelled, once the daemon has stopped the run.
+    Stopped,
+    /// running → interrupted: a SIGTERM (`crashed: false`, which does not use up an
+    /// attempt) or a crash found at start-up.
+    Interrupt { reason: String, crashed: bool },
+    /// interrupted → pending.
+    Requeue,
+}
+
+/// The snapshot taken at `start`: later edits of the spec or profile never change a
+/// queued job.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Snapshot {
+    /// Relative to the job folder.
+    pub spec: PathBuf,
+    pub spec_source: PathBuf,
+    /// sha256 of the spec text, and the spec's own (canonical) hash.
+    pub spec_sha256: String,
+    pub spec_hash: String,
+    pub plan: PathBuf,
+    pub plan_source: PathBuf,
+    pub plan_sha256: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct HistoryEntry {
+    pub at: String,
+    pub state: State,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// `jobs/<id>/job.json`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct Job {
+    pub id: u64,
+    pub version: String,
+    pub plan: String,
+    /// Higher runs first; equal priorities run in enqueue order.
+    pub priority: i32,
+    pub enqueued_at: String,
+    pub state: State,
+    /// Starts that crashed or are in progress (a clean SIGTERM gives its attempt back);
+    /// at [`MAX_ATTEMPTS`] the job is given up as failed.
+    pub attempt: u32,
+    pub run_dir: Option<PathBuf>,
+    pub verdict: Option<Verdict>,
+    /// The judgement's one-line summary.
+    pub summary: Option<String>,
+    pub error: Option<String>,
+    /// Set by `cancel` on a running job; the daemon acts on it.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    pub snapshot: Snapshot,
+    pub history: Vec<HistoryEntry>,
+}
+
+impl Job {
+    /// The one place job states change. An illegal transition is an error and leaves
+    /// the job as it was.
+    pub fn apply(&mut self, transition: Transition) -> anyhow::Result<()> {
+        use State::*;
+        let (to, note) = match (self.state, &transition) {
+            (Pending, Transition::Start { run_dir }) => {
+                if self.attempt >= MAX_ATTEMPTS {
+                    bail!("job {} was started {} times already; giving up", self.id, self.attempt);
+                }
+                self.attempt += 1;
+                self.run_dir = Some(run_dir.clone());
+                (Running, format!("attempt {} into {}", self.attempt, run_dir.display()))
+            }
+            (Running, Transition::Finish { verdict, summary }) => {
+                self.verdict = Some(*verdict);
+                self.summary = Some(summary.clone());
+                (Done, verdict.as_str().to_string())
+            }
+            (Pending | Running | Interrupted, Transition::Fail { error }) => {
+                self.error = Some(error.clone());
+                (Failed, error.clone())
+            }
+            (Pending | Interrupted, Transition::Cancel) => (Cancelled, "cancelled before it ran".into()),
+            (Running, Transition::Cancel) => {
+                self.cancel_requested = true;
+                return Ok(());
+            }
+            (Running, Transition::Stopped) => (Cancelled, "cancelled while running".into()),
+            (Running, Transition::Interrupt { reason, crashed }) => {
+                if !crashed {
+                    self.attempt = self.attempt.saturating_sub(1);
+                }
+                (Interrupted, reason.clone())
+            }
+            (Interrupted, Transition::Requeue) => (Pending, "back in the queue".into()),
+            (state, transition) => bail!("job {} is {}: cannot apply {transition:?}", self.id, state.as_str()),
+        };
+        self.state = to;
+        self.history.push(HistoryEntry { at: now(), state: to, note });
+        Ok(())
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match (self.state, self.verdict) {
+            (State::Done, Some(verdict)) => verdict.exit_code(),
+            _ => util::EXIT_COULD_NOT_RUN,
+        }
+    }
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The queue of one bench root.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    pub dir: PathBuf,
+}
+
+/// The exclusive queue lock; released on drop.
+pub struct QueueLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+
+impl Queue {
+    /// The queue of `root`, its folders created user-only.
+    pub fn open(root: &Root) -> anyhow::Result<Queue> {
+        let queue = Queue { dir: root.path.join(".pruefstand") };
+        for dir in [queue.dir.clone(), queue.jobs_dir(), queue.dir.join("tmp")] {
+            private_dir(&dir)?;
+        }
+        Ok(queue)
+    }
+
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.dir.join("jobs")
+    }
+
+    pub fn job_dir(&self, id: u64) -> PathBuf {
+        self.jobs_dir().join(id.to_string())
+    }
+
+    pub fn daemon_state_file(&self) -> PathBuf {
+        self.dir.join("daemon.json")
+    }
+
+    pub fn daemon_lock_file(&self) -> PathBuf {
+        self.dir.join("daemon.lock")
+    }
+
+    pub fn lock(&self) -> anyhow::Result<QueueLock> {
+        let file = open_private(&self.dir.join("queue.lock"))?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .context("locking the queue")?;
+        Ok(QueueLock(lock))
+    }
+
+    /// Validates the spec and the plan, snapshots both and queues a job; returns it.
+    /// A bad spec or plan is an error naming file:line:col, and nothing is queued.
+    pub fn enqueue(&self, root: &Root, version_arg: &str, plan_arg: &str, priority: i32) -> anyhow::Result<Job> {
+        let version = Version::load(&root.versions(), version_arg)?;
+        let plan_path = Profile::locate(&root.path, plan_arg);
+        let (profile, plan_text) = Profile::load(&plan_path)?;
+        let spec_text = std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
+        let plan_name = plan_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(profile.name.clone());
+
+        let _lock = self.lock()?;
+        let id = self.next_id()?;
+        let staging = tempfile::Builder::new().prefix(&format!("{id}.")).tempdir_in(self.dir.join("tmp")).context("staging a job")?;
+        private_dir(&staging.path().join("snapshot"))?;
+        let spec_rel = PathBuf::from("snapshot/version").join(format!("{}.toml", version.name));
+        let plan_rel = PathBuf::from("snapshot/plan").join(format!("{plan_name}.toml"));
+        write_private(&staging.path().join(&spec_rel), spec_text.as_bytes())?;
+        write_private(&staging.path().join(&plan_rel), plan_text.as_bytes())?;
+        let job = Job {
+            id,
+            version: version.name.clone(),
+            plan: plan_name,
+            priority,
+            enqueued_at: now(),
+            state: State::Pending,
+            attempt: 0,
+            run_dir: None,
+            verdict: None,
+            summary: None,
+            error: None,
+            cancel_requested: false,
+            snapshot: Snapshot {
+                spec: spec_rel,
+                spec_source: absolute(&version.path),
+                spec_sha256: util::sha256_hex(spec_text.as_bytes()),
+                spec_hash: version.hash.clone(),
+                plan: plan_rel,
+                plan_source: absolute(&plan_path),
+                plan_sha256: util::sha256_hex(plan_text.as_bytes()),
+            },
+            history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
+        };
+        write_private(&staging.path().join("job.json"), &json_bytes(&job)?)?;
+        let staged = staging.keep();
+        sync_dir(&staged)?;
+        let target = self.job_dir(id);
+        std::fs::rename(&staged, &target).with_context(|| format!("queueing {}", target.display()))?;
+        sync_dir(&self.jobs_dir())?;
+        Ok(job)
+    }
+
+    /// Ids are handed out under the queue lock, so they also give the FIFO order.
+    fn next_id(&self) -> anyhow::Result<u64> {
+        let path = self.dir.join("next-id");
+        let last = match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse::<u64>().with_context(|| format!("{}: not a number", path.display()))?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+        };
+        // Never reuse an id whose folder exists (next-id lost or restored from a backup).
+        let id = (last + 1).max(self.list()?.iter().map(|j| j.id + 1).max().unwrap_or(1));
+        write_private(&path, id.to_string().as_bytes())?;
+        Ok(id)
+    }
+
+    pub fn load(&self, id: u64) -> anyhow::Result<Job> {
+        let path = self.job_dir(id).join("job.json");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("no job {id} ({})", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not a job", path.display()))
+    }
+
+    /// All jobs, by id. A damaged job file is reported and skipped, never deleted.
+    pub fn list(&self) -> anyhow::Result<Vec<Job>> {
+        let mut jobs = Vec::new();
+        let entries = std::fs::read_dir(self.jobs_dir()).with_context(|| format!("reading {}", self.jobs_dir().display()))?;
+        for entry in entries.flatten() {
+            let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+            match self.load(id) {
+                Ok(job) => jobs.push(job),
+                Err(err) => tracing::warn!("skipping job {id}: {err:#}"),
+            }
+        }
+        jobs.sort_by_key(|j| j.id);
+        Ok(jobs)
+    }
+
+    /// The job to run next: highest priority, then the oldest.
+    pub fn next_pending(&self) -> anyhow::Result<Option<Job>> {
+        Ok(self.list()?.into_iter().filter(|j| j.state == State::Pending).min_by_key(|j| (std::cmp::Reverse(j.priority), j.id)))
+    }
+
+    /// Applies a transition under the queue lock to the job as stored now, and
+    /// stores the result; returns it.
+    pub fn transition(&self, id: u64, transition: Transition) -> anyhow::Result<Job> {
+        let _lock = self.lock()?;
+        let mut job = self.load(id)?;
+        job.apply(transition)?;
+        self.store(&job)?;
+        Ok(job)
+    }
+
+    fn store(&self, job: &Job) -> anyhow::Result<()> {
+        write_private(&self.job_dir(job.id).join("job.json"), &json_bytes(job)?)?;
+        self.touch();
+        Ok(())
+    }
+
+    /// Bumps `jobs/.changed`: watchers (the daemon, `start --wait`) watch `jobs/` alone,
+    /// not every job folder, and this is how a change inside one reaches them. Its
+    /// content is irrelevant, so it is neither atomic nor synced.
+    fn touch(&self) {
+        use std::io::Write;
+        if let Ok(mut file) = open_private(&self.jobs_dir().join(".changed")) {
+            let _ = file.write_all(now().as_bytes());
+        }
+    }
+
+    /// Resolves `<job>` as typed: an id.
+    pub fn find(&self, arg: &str) -> anyhow::Result<Job> {
+        let id: u64 = arg.trim().parse().with_context(|| format!("{arg:?} is not a job id (see `pruefstand queue`)"))?;
+        self.load(id)
+    }
+
+    /// The job's snapshot as a loaded version (references resolve against the root's
+    /// versions/, as for `run`) and the snapshot profile's path.
+    pub fn materialise(&self, root: &Root, job: &Job) -> anyhow::Result<(Version, PathBuf)> {
+        let dir = self.job_dir(job.id);
+        let spec = dir.join(&job.snapshot.spec);
+        let version = Version::load(&root.versions(), &spec.to_string_lossy())
+            .with_context(|| format!("job {}: its spec snapshot", job.id))?;
+        Ok((version, dir.join(&job.snapshot.plan)))
+    }
+}
+
+fn json_bytes<T: Serialize>(value: &T) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = serde_json::to_vec_pretty(value)?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Creates `dir` (and parents) and makes it 0700.
+pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("restricting {}", dir.display()))
+}
+
+fn open_private(path: &Path) -> anyhow::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .read(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// `util::write_atomic`, made 0600 before it becomes visible.
+pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        private_dir(parent)?;
+    }
+    util::write_atomic(path, contents)?;
+    // The temporary file is created 0600 by tempfile, so the renamed file is too; this
+    // only repairs files from older writers.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))
+}
+
+/// Opens the daemon lock without blocking: `Some(lock)` when no daemon holds it.
+pub fn try_daemon_lock(queue: &Queue) -> anyhow::Result<Option<nix::fcntl::Flock<File>>> {
+    let file = open_private(&queue.daemon_lock_file())?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, err)) => Err(err).context("locking the daemon lock"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            id: 1,
+            version: "v".into(),
+            plan: "p".into(),
+            priority: 0,
+            enqueued_at: now(),
+            state: State::Pending,
+            attempt: 0,
+            run_dir: None,
+            verdict: None,
+            summary: None,
+            error: None,
+            cancel_requested: false,
+            snapshot: Snapshot {
+                spec: "s".into(),
+                spec_source: "s".into(),
+                spec_sha256: String::new(),
+                spec_hash: String::new(),
+                plan: "p".into(),
+                plan_source: "p".into(),
+                plan_sha256: String::new(),
+            },
+            history: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_job_resumes_through_interrupted_and_finishes() {
+        let mut j = job();
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        j.apply(Transition::Interrupt { reason: "SIGTERM".into(), crashed: false }).unwrap();
+        assert!(j.apply(Transition::Start { run_dir: "r".into() }).is_err(), "interrupted must be requeued first");
+        j.apply(Transition::Requeue).unwrap();
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        j.apply(Transition::Finish { verdict: Verdict::Approved, summary: String::new() }).unwrap();
+        assert_eq!((j.state, j.attempt, j.exit_code()), (State::Done, 1, 0));
+        assert!(j.apply(Transition::Cancel).is_err(), "a finished job stays finished");
+    }
+
+    #[test]
+    fn cancel_of_a_running_job_is_a_request() {
+        let mut j = job();
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        j.apply(Transition::Cancel).unwrap();
+        assert_eq!((j.state, j.cancel_requested), (State::Running, true));
+        j.apply(Transition::Stopped).unwrap();
+        assert_eq!(j.state, State::Cancelled);
+    }
+
+    #[test]
+    fn attempts_are_limited() {
+        let mut j = job();
+        for _ in 0..MAX_ATTEMPTS {
+            j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+            j.apply(Transition::Interrupt { reason: "crash".into(), crashed: true }).unwrap();
+            j.apply(Transition::Requeue).unwrap();
+        }
+        assert!(j.apply(Transition::Start { run_dir: "r".into() }).is_err());
+    }
+}

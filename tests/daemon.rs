@@ -1,0 +1,197 @@
+//! The daemon and its queue, driven through the real binary: `start --wait` gives
+//! `run`'s verdict, `kill -9` and SIGTERM mid-run resume without re-running a finished
+//! case, cancel, bad specs, sd_notify, single instance, rest, and the systemd units.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use common::*;
+
+fn bench_with_slow(latency_ms: u32) -> Bench {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    bench.write("versions/slow.toml", &slow_version(latency_ms));
+    bench
+}
+
+#[test]
+fn start_wait_gives_the_verdict_and_exit_code_of_run() {
+    let bench = Bench::new();
+    let _daemon = bench.daemon();
+    let queued = bench.run(&["start", "demo-kandidat", "--plan", "schnell", "--wait"]).code(0);
+    assert!(queued.stdout.contains("verdict: approved"), "{}", queued.stdout);
+    let direct = bench.run(&["run", "demo-kandidat", "--plan", "schnell"]).code(0);
+    assert!(direct.stdout.contains("verdict: approved"));
+    let (a, b) = (queued.run_dir(), direct.run_dir());
+    assert_ne!(a, b);
+    assert_eq!(outcomes(&a), outcomes(&b), "the daemon's run and `run` agree case by case");
+    assert_eq!(json(&a.join("judgement.json"))["verdict"], json(&b.join("judgement.json"))["verdict"]);
+    // The job's snapshot is what ran, and it records where it came from.
+    let job = bench.job(1);
+    assert_eq!((job["state"].as_str(), job["verdict"].as_str(), job["attempt"].as_u64()), (Some("done"), Some("approved"), Some(1)));
+    assert_eq!(json(&a.join("version.json"))["hash"], job["snapshot"]["spec_hash"]);
+}
+
+#[test]
+fn kill_9_mid_run_then_restart_resumes_without_rerunning_a_case() {
+    let bench = bench_with_slow(200);
+    let uninterrupted = bench.run(&["run", "slow", "--plan", "mini"]).run_dir();
+
+    let mut daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "mini"]);
+    let run_dir = bench.wait_cases(id, 3);
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let recorded: Vec<String> = outcomes(&run_dir).into_iter().map(|o| o.0).collect();
+    assert!(recorded.len() < MINI_CASES, "killed mid-run");
+    assert_eq!(bench.job(id)["state"], "running", "a killed daemon leaves its job running");
+    // The orphaned gym loses its event pipe and ends; wait so it cannot race the resume.
+    let needle = run_dir.to_string_lossy().into_owned();
+    wait_until("the orphaned gym to end", 30, || processes_mentioning(&needle).is_empty());
+
+    let _daemon = bench.daemon();
+    let job = bench.wait_job(id, "done", 120);
+    assert_eq!(job["attempt"], 2, "the crash used up one attempt");
+    assert_eq!(job["run_dir"].as_str(), Some(needle.as_str()), "resumed into the same run directory");
+    let (starts, skips) = case_starts(&run_dir);
+    for case in &recorded {
+        assert_eq!(starts.get(case), Some(&1), "{case} was finished before the kill and must not start again");
+    }
+    assert!(skips >= recorded.len(), "the gym skipped the recorded cases ({skips} skips)");
+    assert_eq!(outcomes(&run_dir), outcomes(&uninterrupted), "the resumed run equals an uninterrupted one");
+}
+
+#[test]
+fn sigterm_mid_run_puts_the_job_back_and_it_completes_after_restart() {
+    let bench = bench_with_slow(200);
+    let mut daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "mini"]);
+    let run_dir = bench.wait_cases(id, 2);
+    let status = daemon.signal_and_wait("TERM");
+    assert_eq!(status.code(), Some(0), "a SIGTERM is a clean exit\n{}", daemon.log());
+    let job = bench.job(id);
+    assert_eq!(job["state"], "interrupted", "{job}");
+    assert_eq!(job["attempt"], 0, "a clean stop gives its attempt back");
+    assert!(processes_mentioning(&run_dir.to_string_lossy()).is_empty(), "the gym and its agents were stopped");
+    let queue = bench.run(&["queue"]).ok();
+    assert!(queue.stdout.contains("interrupted"), "{}", queue.stdout);
+    let recorded: Vec<String> = outcomes(&run_dir).into_iter().map(|o| o.0).collect();
+
+    let _daemon = bench.daemon();
+    let job = bench.wait_job(id, "done", 120);
+    assert_eq!(job["attempt"], 1);
+    assert_eq!(outcomes(&run_dir).len(), MINI_CASES);
+    let (starts, _) = case_starts(&run_dir);
+    for case in &recorded {
+        assert_eq!(starts.get(case), Some(&1), "{case} ran twice");
+    }
+}
+
+#[test]
+fn cancel_a_pending_and_a_running_job() {
+    let bench = bench_with_slow(400);
+    let daemon = bench.daemon();
+    let running = bench.start(&["slow", "--plan", "mini"]);
+    let run_dir = bench.wait_cases(running, 1);
+    let pending = bench.start(&["slow", "--plan", "mini", "--priority", "-1"]);
+    assert_eq!(bench.job(pending)["state"], "pending");
+
+    let out = bench.run(&["cancel", &pending.to_string()]).ok();
+    assert!(out.stdout.contains("cancelled"), "{}", out.stdout);
+    assert_eq!(bench.job(pending)["state"], "cancelled");
+
+    let out = bench.run(&["cancel", &running.to_string()]).ok();
+    assert!(out.stdout.contains("cancelled"), "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(bench.job(running)["state"], "cancelled");
+    assert!(processes_mentioning(&run_dir.to_string_lossy()).is_empty(), "the run was stopped");
+    wait_until("the daemon idle", 10, || bench.run(&["status", "--json"]).ok().stdout.contains("\"idle\""));
+    assert!(bench.run(&["cancel", &running.to_string()]).stderr.contains("cannot apply"), "a finished job stays finished");
+    drop(daemon);
+}
+
+#[test]
+fn a_bad_spec_is_refused_at_start_and_nothing_is_queued_and_the_idle_daemon_sleeps() {
+    let bench = Bench::new();
+    let daemon = bench.daemon();
+    bench.write("versions/broken.toml", "description = \"x\"\n[model]\nbackend = \"sim\"\nserved_name = 3\n");
+    let out = bench.run(&["start", "broken"]).code(2);
+    let file = bench.path().join("versions/broken.toml");
+    assert!(out.stderr.contains(&format!("{}:4:", file.display())), "file:line:col expected: {}", out.stderr);
+    assert!(bench.run(&["queue"]).ok().stdout.contains("no jobs"));
+    let jobs: Vec<_> = std::fs::read_dir(bench.path().join(".pruefstand/jobs")).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+    assert!(jobs.is_empty(), "no half-queued job");
+    assert!(bench.run(&["start", "demo-kandidat", "--plan", "nonexistent"]).code(2).stderr.contains("nonexistent"));
+
+    // At rest: no thread of the daemon is woken (inotify and signals only, no timer).
+    let switches = || -> u64 {
+        std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
+            .unwrap()
+            .flatten()
+            .map(|t| {
+                let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+                status.lines().filter(|l| l.contains("ctxt_switches")).map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap()).sum::<u64>()
+            })
+            .sum()
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = switches();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = switches();
+    assert_eq!(after, before, "the idle daemon woke up {} times in 3 s", after - before);
+}
+
+#[test]
+fn sd_notify_ready_status_and_watchdog_and_a_single_instance() {
+    let bench = Bench::new();
+    let socket_path = bench.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // systemd names the watched process in WATCHDOG_PID: a shell that execs the daemon
+    // knows its pid beforehand.
+    let mut wrapper = std::process::Command::new("/bin/sh");
+    wrapper
+        .args(["-c", "WATCHDOG_PID=$$ exec \"$0\" \"$@\"", BIN, "--root"])
+        .arg(bench.path())
+        .arg("daemon")
+        .current_dir(repo())
+        .stdin(std::process::Stdio::null());
+    let daemon = bench.daemon_from(wrapper, |cmd| {
+        cmd.env("NOTIFY_SOCKET", &socket_path).env("WATCHDOG_USEC", "200000");
+    });
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !(seen.iter().any(|m: &String| m.contains("READY=1")) && seen.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3) {
+        let n = socket.recv(&mut buf).expect("a notification within 20 s");
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(seen.iter().any(|m| m.starts_with("STATUS=")), "{seen:?}");
+
+    let second = bench.run(&["daemon"]).code(2);
+    assert!(second.stderr.contains(&format!("already runs for {} (pid {})", bench.path().canonicalize().unwrap().display(), daemon.pid())), "{}", second.stderr);
+}
+
+#[test]
+fn units_verify_with_the_real_binary_and_root() {
+    let bench = Bench::new();
+    let dir = bench.path().join("units");
+    let out = bench.run(&["install-units", "--dir", dir.to_str().unwrap()]).ok();
+    let mut paths: Vec<_> = out.stdout.lines().map(std::path::PathBuf::from).collect();
+    assert_eq!(paths.len(), 3);
+    // Templates are verified as an instance too.
+    for (template, instance) in [("pruefstand-voll@.service", "pruefstand-voll@kandidat.service"), ("pruefstand-voll@.timer", "pruefstand-voll@kandidat.timer")] {
+        std::fs::copy(dir.join(template), dir.join(instance)).unwrap();
+        paths.push(dir.join(instance));
+    }
+    for path in &paths {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(!text.contains("@PRUEFSTAND_"), "{} has an unfilled placeholder", path.display());
+        let verify = std::process::Command::new("/usr/bin/systemd-analyze").arg("verify").arg(path).output().expect("systemd-analyze runs");
+        let stderr = String::from_utf8_lossy(&verify.stderr);
+        assert!(verify.status.success() && stderr.trim().is_empty(), "{}: {stderr}", path.display());
+    }
+    let service = std::fs::read_to_string(dir.join("pruefstand.service")).unwrap();
+    assert!(service.contains(&format!("ExecStart={} --root {} daemon", std::path::Path::new(BIN).canonicalize().unwrap().display(), bench.path().canonicalize().unwrap().display())));
+    assert!(service.contains("Type=notify") && service.contains("WatchdogSec=") && service.contains("Restart=on-failure"));
+}

@@ -1,0 +1,201 @@
+//! Completion hooks, fired by the real daemon at a local HTTP server: every webhook
+//! format, a 500 retried, a dead endpoint that delays nothing, an exec hook's
+//! variables, and no webhook secret in logs, reports or the queue.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+
+#[derive(Clone, Debug)]
+struct Request {
+    method: String,
+    path: String,
+    headers: BTreeMap<String, String>,
+    body: String,
+}
+
+/// A one-request-per-connection HTTP/1.1 server recording every request; paths ending
+/// in `/flaky` answer 500 to their first request.
+fn serve() -> (u16, Arc<Mutex<Vec<Request>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::<Request>::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let mut parts = line.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+            let mut headers = BTreeMap::new();
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                if header.trim().is_empty() {
+                    break;
+                }
+                let (k, v) = header.split_once(':').unwrap();
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+            let len: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let request = Request { method, path: path.clone(), headers, body: String::from_utf8_lossy(&body).into_owned() };
+            let first_of_path = {
+                let mut seen = record.lock().unwrap();
+                let first = !seen.iter().any(|r| r.path == path);
+                seen.push(request);
+                first
+            };
+            let status = if path.ends_with("/flaky") && first_of_path { "500 Internal Server Error" } else { "200 OK" };
+            let mut stream = stream;
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn hooks_fire_in_every_format_retry_and_never_delay_or_leak() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let (port, seen) = serve();
+    // Accepts connections (the kernel's backlog) but never answers: every attempt times out.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    let env_out = bench.path().join("exec-env.txt");
+    let base = format!("http://127.0.0.1:{port}/SECRET-TOKEN-");
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    for kind in ["slack", "mattermost", "discord", "ntfy", "json"] {
+        config += &format!("\n[[hooks]]\nname = \"{kind}\"\nkind = \"{kind}\"\nurl = \"{base}{kind}/{kind}\"\nretries = 1\nbackoff_s = 0.1\n");
+    }
+    config += &format!(
+        r#"
+[[hooks]]
+name = "room"
+kind = "matrix"
+url = "{base}matrix/_matrix/client/v3/rooms/!r:hs/send/m.room.message"
+token = "SECRET-TOKEN-access"
+
+[[hooks]]
+name = "flaky"
+kind = "json"
+url = "{base}flaky/flaky"
+retries = 3
+backoff_s = 0.1
+
+[[hooks]]
+name = "refused"
+kind = "slack"
+url = "http://127.0.0.1:1/SECRET-TOKEN-refused"
+retries = 1
+backoff_s = 0.1
+
+[[hooks]]
+name = "dead"
+kind = "discord"
+url = "http://127.0.0.1:{dead_port}/SECRET-TOKEN-dead"
+timeout_s = 60
+retries = 0
+
+[[hooks]]
+name = "script"
+kind = "exec"
+argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> \"$0\"", "{}"]
+"#,
+        env_out.display()
+    );
+    bench.write("pruefstand.toml", &config);
+    // A version whose reference disappears after `start`: its job fails, and that fires too.
+    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml")).unwrap();
+    bench.write("versions/orphan.toml", &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml")).unwrap().replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""));
+
+    let daemon = bench.daemon();
+    let first = bench.start(&["demo-baseline", "--plan", "mini"]);
+    let second = bench.start(&["orphan", "--plan", "mini"]);
+    std::fs::remove_file(bench.path().join("versions/tmp-ref.toml")).unwrap();
+    let job1 = bench.wait_job(first, "done", 120);
+    let job2 = bench.wait_job(second, "failed", 60);
+    assert!(job2["error"].as_str().unwrap().contains("tmp-ref"), "{job2}");
+    // The dead endpoint (60 s per attempt) is still hanging for job 1, yet job 2 ran.
+    assert!(!daemon.log().contains("\"dead\" (discord): gave up"), "{}", daemon.log());
+    let verdict = job1["verdict"].as_str().unwrap().to_string();
+
+    wait_until("every live hook delivered for both jobs", 30, || {
+        let log = daemon.log();
+        let delivered = |name: &str| log.lines().filter(|l| l.contains(&format!("hook \"{name}\" (")) && l.contains("delivered")).count();
+        ["slack", "mattermost", "discord", "ntfy", "json", "room", "flaky", "script"].iter().all(|name| delivered(name) == 2)
+            && log.matches("\"refused\" (slack): gave up").count() == 2
+            && std::fs::read_to_string(&env_out).is_ok_and(|t| t.matches("---").count() == 2)
+    });
+    let requests = seen.lock().unwrap().clone();
+    let of = |kind: &str, job: u64| -> Request {
+        requests
+            .iter()
+            .find(|r| r.path.contains(&format!("SECRET-TOKEN-{kind}")) && (r.body.contains(&format!("\"job\":{job}")) || r.path.contains(&format!("pruefstand-{job}-"))))
+            .unwrap_or_else(|| panic!("no {kind} request for job {job}: {requests:#?}"))
+            .clone()
+    };
+    let body = |r: &Request| -> serde_json::Value { serde_json::from_str(&r.body).unwrap() };
+    let headline = format!("demo-baseline on mini — {}", verdict.to_uppercase());
+
+    let slack = requests.iter().find(|r| r.path.ends_with("/slack") && r.body.contains(&headline)).expect("slack for job 1");
+    assert_eq!(slack.method, "POST");
+    assert!(body(slack)["text"].as_str().unwrap().contains("ASR"));
+    let mattermost = requests.iter().find(|r| r.path.ends_with("/mattermost") && r.body.contains(&headline)).expect("mattermost");
+    assert_eq!(body(mattermost)["username"], "pruefstand");
+    let discord = requests.iter().find(|r| r.path.ends_with("/discord") && r.body.contains(&headline)).expect("discord");
+    assert!(body(discord)["content"].as_str().unwrap().contains("report:"));
+    let ntfy = requests.iter().find(|r| r.path.ends_with("/ntfy") && r.body.contains(&headline)).expect("ntfy");
+    assert_eq!(ntfy.headers["title"], format!("pruefstand: demo-baseline {verdict}"));
+    assert!(ntfy.headers.contains_key("tags") && ntfy.headers.contains_key("priority"));
+    let matrix = of("matrix", first);
+    assert_eq!(matrix.method, "PUT");
+    assert!(matrix.path.contains("/send/m.room.message/pruefstand-1-"), "{}", matrix.path);
+    assert_eq!(matrix.headers["authorization"], "Bearer SECRET-TOKEN-access");
+    assert_eq!(body(&matrix)["msgtype"], "m.text");
+    let facts = body(&of("json", first));
+    assert_eq!((facts["outcome"].as_str(), facts["verdict"].as_str(), facts["plan"].as_str()), (Some(verdict.as_str()), Some(verdict.as_str()), Some("mini")));
+    assert!(facts["utility"].is_number() && facts["asr"].is_number());
+    assert!(std::path::Path::new(facts["report"].as_str().unwrap()).is_file());
+    let failed = body(&of("json", second));
+    assert_eq!((failed["outcome"].as_str(), failed["verdict"].is_null()), (Some("failed"), true));
+
+    // 500, then 200: retried once for job 1.
+    let flaky: Vec<_> = requests.iter().filter(|r| r.path.ends_with("/flaky") && r.body.contains("\"job\":1")).collect();
+    assert_eq!(flaky.len(), 2, "one 500, one retry");
+    assert!(daemon.log().contains("hook \"flaky\" (json): attempt 1/4 failed: HTTP 500"));
+
+    let env = std::fs::read_to_string(&env_out).unwrap();
+    for line in ["PRUEFSTAND_JOB=1", "PRUEFSTAND_VERSION=demo-baseline", "PRUEFSTAND_PLAN=mini", &format!("PRUEFSTAND_VERDICT={verdict}"), "PRUEFSTAND_OUTCOME=failed", "PRUEFSTAND_JOB=2"] {
+        assert!(env.lines().any(|l| l == line), "{line} missing from\n{env}");
+    }
+    assert!(env.contains("PRUEFSTAND_ASR=0.") && env.contains("PRUEFSTAND_REPORT=/") && env.contains("PRUEFSTAND_ERROR=job 2"));
+
+    // Secrets: warned about (the config is 0644), never written anywhere.
+    let log = daemon.log();
+    assert!(log.contains("readable by group or others (mode 644)"), "{log}");
+    assert!(!log.contains("SECRET-TOKEN"), "a webhook secret in the log:\n{log}");
+    for dir in ["reports", ".pruefstand"] {
+        for file in walk(&bench.path().join(dir)) {
+            let text = String::from_utf8_lossy(&std::fs::read(&file).unwrap()).into_owned();
+            assert!(!text.contains("SECRET-TOKEN"), "a webhook secret in {}", file.display());
+        }
+    }
+    drop(dead);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() { out.extend(walk(&path)) } else { out.push(path) }
+    }
+    out
+}

@@ -1,0 +1,266 @@
+//! `pruefstand run` end to end on the simulated model: the main job, determinism and
+//! honesty of the simulation, guardrail and human, both tool-calling modes, protocol
+//! robustness, and spec errors.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+
+use common::*;
+
+/// A sim version: `behaviour` is the `[sim.models."sim/m"]` body; `extra` more tables.
+fn sim_version(behaviour: &str, extra: &str) -> String {
+    format!(
+        "[model]\nbackend = \"sim\"\nserved_name = \"sim/m\"\ntool_calling = \"native\"\n{extra}\n[sim]\nseed = 11\n[sim.models.\"sim/m\"]\n{behaviour}\n"
+    )
+}
+
+const BANKING: &str = r#"
+name = "banking-slice"
+benchmark_version = "v1.2.2"
+attacks = ["important_instructions"]
+jobs = 4
+case_timeout_s = 60
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_0", "user_task_3", "user_task_4", "user_task_5", "user_task_7", "user_task_12"]
+injection_tasks = ["injection_task_0", "injection_task_1", "injection_task_4", "injection_task_7"]
+"#;
+
+fn run_plan(bench: &Bench, version: &str, plan: &Path) -> (Run, std::path::PathBuf) {
+    let run = bench.run(&["run", version, "--plan", plan.to_str().unwrap()]);
+    assert!(matches!(run.code, Some(0 | 10 | 11 | 12)), "run failed\n{}\n{}", run.stdout, run.stderr);
+    let dir = run.run_dir();
+    (run, dir)
+}
+
+fn asr(dir: &Path) -> f64 {
+    json(&dir.join("telemetry.json"))["asr"].as_f64().unwrap()
+}
+
+#[test]
+fn the_main_job_runs_the_reference_then_the_candidate_and_reuses_the_reference() {
+    let bench = Bench::new();
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "schnell"]).ok();
+    let dir = run.run_dir();
+    let planned = json(&dir.join("plan.json"))["cases"].as_array().unwrap().len();
+    assert_eq!(cases(&dir).len(), planned, "one record per planned case");
+    assert_eq!(planned, 26 + 64 + 12, "schnell: 26 clean, 64 attacked, 12 injection goals");
+    assert!(run.stderr.contains("running it first"), "the reference runs first: {}", run.stderr);
+    assert!(run.stdout.contains("verdict: approved"), "{}", run.stdout);
+    let version = json(&dir.join("version.json"));
+    assert_eq!(version["name"], "demo-kandidat");
+    assert_eq!(version["hash"].as_str().unwrap().len(), 64);
+    assert_eq!(version["spec"]["adapter"]["name"], "inj-harden-r3");
+    let judgement = json(&dir.join("judgement.json"));
+    assert_eq!(judgement["verdict"], "approved");
+    let reference_id = judgement["reference_run_id"].as_str().unwrap().to_string();
+    assert!(dir.join("report.html").is_file() && bench.path().join("reports/index.html").is_file());
+
+    // A second candidate on the same plan reuses the reference's run.
+    let second = bench.run(&["run", "demo-vorsichtig", "--plan", "schnell"]);
+    assert!(second.stderr.contains("reusing demo-baseline's run"), "{}", second.stderr);
+    let judgement = json(&second.run_dir().join("judgement.json"));
+    assert_eq!(judgement["reference_run_id"].as_str().unwrap(), reference_id, "the same reference run");
+    let baseline_runs = std::fs::read_dir(bench.path().join("reports/demo-baseline/schnell")).unwrap().count();
+    assert_eq!(baseline_runs, 1, "the reference ran once");
+}
+
+#[test]
+fn the_simulation_is_deterministic_and_honest_about_susceptibility() {
+    let bench = Bench::new();
+    let plan = bench.write("banking.toml", BANKING);
+    bench.write("versions/immune.toml", &sim_version("susceptibility = 0.0\nskill = 1.0", ""));
+    bench.write("versions/gullible.toml", &sim_version("susceptibility = 1.0\nskill = 1.0", ""));
+    bench.write("versions/half.toml", &sim_version("susceptibility = 0.5\nskill = 1.0", ""));
+    bench.write("versions/some.toml", &sim_version("susceptibility = 0.2\nskill = 1.0", ""));
+
+    let (_, immune) = run_plan(&bench, "immune", &plan);
+    assert_eq!(asr(&immune), 0.0);
+    let (_, gullible) = run_plan(&bench, "gullible", &plan);
+    let (_, again) = run_plan(&bench, "gullible", &plan);
+    assert_eq!(outcomes(&gullible), outcomes(&again), "same seed, same outcomes");
+
+    // Susceptibility 1 lands exactly where a perfectly susceptible scripted agent (the
+    // gym's Python replay agent, an independent implementation) lands: every attacked
+    // case whose injection reaches the model and can be acted out.
+    let replay = bench.path().join("replay");
+    bench
+        .run(&["gym", "--plan", plan.to_str().unwrap(), "--out", replay.to_str().unwrap(), "--agent-cmd",
+            &format!("python3 scripts/examples/agent_replay.py {}", truth_file().display())])
+        .ok();
+    let landed = |dir: &Path| -> Vec<(String, bool)> {
+        let mut v: Vec<_> = cases(dir).into_iter().filter(|c| c["kind"] == "attacked")
+            .map(|c| (c["case_id"].as_str().unwrap().to_string(), c["security"].as_bool().unwrap())).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(landed(&gullible), landed(&replay));
+    assert!(asr(&gullible) > 0.5, "most injections land: {}", asr(&gullible));
+
+    // Coupled draws: a higher susceptibility lands on a superset of cases.
+    let (_, half) = run_plan(&bench, "half", &plan);
+    let (_, some) = run_plan(&bench, "some", &plan);
+    assert!(asr(&some) < asr(&half) && asr(&half) < asr(&gullible), "{} < {} < {}", asr(&some), asr(&half), asr(&gullible));
+    for ((id, low), (_, high)) in landed(&some).into_iter().zip(landed(&half)) {
+        assert!(!low || high, "{id} landed at 0.2 but not at 0.5");
+    }
+}
+
+#[test]
+fn guardrail_and_human_change_outcomes_the_way_they_should() {
+    let bench = Bench::new();
+    let plan = bench.write("banking.toml", BANKING);
+    let gullible = "susceptibility = 1.0\nskill = 1.0";
+    bench.write("versions/open.toml", &sim_version(gullible, ""));
+    bench.write("versions/guarded.toml", &sim_version(gullible, "[guardrail]\nkind = \"heuristic\"\n"));
+    // A pattern that also matches benign transaction lists: flags on clean cases are
+    // false positives.
+    bench.write("versions/jumpy.toml", &sim_version(gullible, "[guardrail]\nkind = \"heuristic\"\nextra_patterns = [\"spotify\"]\n"));
+    bench.write("versions/scoped.toml", &sim_version(gullible, "[human]\npolicy = \"task_scoped\"\n"));
+
+    let (_, open) = run_plan(&bench, "open", &plan);
+    let (_, guarded) = run_plan(&bench, "guarded", &plan);
+    assert!(asr(&open) > 0.5);
+    assert_eq!(asr(&guarded), 0.0, "important_instructions injections are withheld");
+    let records = cases(&guarded);
+    assert!(records.iter().filter(|c| c["kind"] == "attacked").all(|c| c["guardrail_flags"].as_u64().unwrap() >= 1));
+    assert!(records.iter().filter(|c| c["kind"] == "clean").all(|c| c["guardrail_flags"] == 0), "no false positive");
+
+    let (_, jumpy) = run_plan(&bench, "jumpy", &plan);
+    let judgement = json(&jumpy.join("judgement.json"));
+    let r5 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R5").unwrap();
+    let fp = serde_json::to_string(&r5["measured"]).unwrap();
+    assert!(cases(&jumpy).iter().any(|c| c["kind"] == "clean" && c["guardrail_flags"].as_u64().unwrap() > 0));
+    assert!(fp.contains("guardrail_fp_rate"), "R5 reports the false-positive rate: {fp}");
+
+    // task_scoped: the attacker's transfer is denied, the user's own goes through.
+    let (_, scoped) = run_plan(&bench, "scoped", &plan);
+    let records = cases(&scoped);
+    let case = |id: &str| records.iter().find(|c| c["case_id"] == id).unwrap_or_else(|| panic!("{id}")).clone();
+    let own = case("banking/user_task_4/none/none");
+    assert_eq!(own["utility"], true, "refund to the IBAN named in the prompt: {own}");
+    assert!(own["human_asks"].as_u64().unwrap() >= 1 && own["human_denials"] == 0);
+    let attacked = case("banking/user_task_4/important_instructions/injection_task_0");
+    assert_eq!(attacked["security"], false, "the transfer to the attacker was denied: {attacked}");
+    assert!(attacked["human_denials"].as_u64().unwrap() >= 1);
+    assert_eq!(case("banking/user_task_4/important_instructions/injection_task_0").get("error").unwrap(), &serde_json::Value::Null);
+    let open_attacked = cases(&open).into_iter().find(|c| c["case_id"] == attacked["case_id"]).unwrap();
+    assert_eq!(open_attacked["security"], true, "without the human the same injection lands");
+}
+
+#[test]
+fn both_tool_calling_modes_give_the_same_outcomes() {
+    let bench = Bench::new();
+    let plan = bench.write("banking.toml", BANKING);
+    let behaviour = "susceptibility = 0.5\nskill = 0.8";
+    bench.write("versions/native.toml", &sim_version(behaviour, ""));
+    bench.write("versions/prompted.toml", &sim_version(behaviour, "").replace("tool_calling = \"native\"", "tool_calling = \"prompted\""));
+    let (_, native) = run_plan(&bench, "native", &plan);
+    let (_, prompted) = run_plan(&bench, "prompted", &plan);
+    assert_eq!(outcomes(&native), outcomes(&prompted));
+    assert!(outcomes(&native).iter().all(|(_, _, _, error)| !error));
+    assert!(asr(&native) > 0.0 && asr(&native) < 1.0);
+}
+
+/// A model server that answers every request with `respond` (one thread per
+/// connection); returns its base URL.
+fn fake_model_server(respond: fn(&str) -> Option<String>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let mut request_line = String::new();
+                    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0;
+                    loop {
+                        let mut header = String::new();
+                        reader.read_line(&mut header).unwrap();
+                        if header.trim().is_empty() {
+                            break;
+                        }
+                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    match respond(&request_line) {
+                        Some(response) => stream.write_all(response.as_bytes()).unwrap(),
+                        None => std::thread::sleep(std::time::Duration::from_secs(3600)),
+                    }
+                }
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[test]
+fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
+    let bench = Bench::new();
+    let plan = bench.write(
+        "small.toml",
+        "name = \"small\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\ncase_timeout_s = 8\n\
+         injection_goals = false\n[[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
+    );
+    let failing = fake_model_server(|_| Some("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}".to_string()));
+    let hanging = fake_model_server(|_| None);
+    let truncated = fake_model_server(|_| {
+        let body = r#"{"choices":[{"message":{"role":"assistant","content":"#;
+        Some(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()))
+    });
+    for (name, url, reason) in [("failing", &failing, "model server"), ("hanging", &hanging, "timeout"), ("truncated", &truncated, "")] {
+        bench.write(
+            &format!("versions/{name}.toml"),
+            &format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n"),
+        );
+        let (_, dir) = run_plan(&bench, name, &plan);
+        let records = cases(&dir);
+        assert_eq!(records.len(), 2, "{name}: the run went on");
+        for record in &records {
+            let error = record["error"].as_str().unwrap_or_else(|| panic!("{name}: no error: {record}"));
+            assert!(error.contains(reason), "{name}: {error}");
+            assert!(record["utility"].is_null());
+        }
+        let judgement = json(&dir.join("judgement.json"));
+        assert_eq!(judgement["verdict"], "invalid", "{name}: an all-error run is invalid");
+    }
+    // Unusable model output from the simulator itself is a case error, not a failure.
+    bench.write("versions/garbled.toml", &sim_version("error_rate = 1.0", ""));
+    let (run, dir) = run_plan(&bench, "garbled", &plan);
+    assert!(cases(&dir).iter().all(|c| c["error"].as_str().is_some_and(|e| e.contains("unusable model output"))), "{}", run.stderr);
+}
+
+#[test]
+fn a_bad_spec_is_refused_naming_file_line_and_field() {
+    let bench = Bench::new();
+    bench.write("versions/typo.toml", &sim_version("susceptibility = 0.1", "").replace("served_name", "servd_name"));
+    let run = bench.run(&["run", "typo"]).code(2);
+    assert!(run.stderr.contains("versions/typo.toml:3:1: unknown field `servd_name`"), "{}", run.stderr);
+    bench.write("versions/orphan.toml", &format!("reference = \"nobody\"\n{}", sim_version("", "")));
+    let run = bench.run(&["run", "orphan"]).code(2);
+    assert!(run.stderr.contains("versions/orphan.toml:1:13: reference \"nobody\" names no version"), "{}", run.stderr);
+    let run = bench.run(&["run", "nosuch"]).code(2);
+    assert!(run.stderr.contains("no version \"nosuch\""), "{}", run.stderr);
+    assert!(!bench.path().join("reports/typo").exists());
+}
+
+#[test]
+fn every_shipped_version_and_profile_is_valid() {
+    let bench = Bench::new();
+    for entry in std::fs::read_dir(repo().join("versions")).unwrap().flatten() {
+        let name = entry.path().file_stem().unwrap().to_string_lossy().into_owned();
+        let run = bench.run(&["run", &name, "--plan", "/nonexistent.toml"]);
+        // The spec is read and validated before the plan: only the plan may be missing.
+        assert!(run.stderr.contains("reading plan /nonexistent.toml"), "{name}: {}", run.stderr);
+    }
+}
