@@ -70,6 +70,8 @@ pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Fi
         versions.push(Version::load(&root.versions(), name)?);
     }
     if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
+        // Inputs first (a missing plan is named before the environment is checked).
+        Profile::load(&Profile::locate(&root.path, request.plan))?;
         runtime.block_on(async {
             let docker = pool.docker().await?;
             for orphan in container::remove_orphans(docker).await? {
