@@ -8,6 +8,7 @@
 mod agent;
 mod case;
 mod cmd;
+mod container;
 mod daemon;
 mod defence;
 mod guard;
@@ -16,6 +17,7 @@ mod hooks;
 mod judge;
 mod model;
 mod plan;
+mod provenance;
 mod queue;
 mod pyenv;
 mod report;

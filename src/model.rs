@@ -1,16 +1,27 @@
 //! Brings a version's model server up for a run and down after it: the simulated model
-//! in-process (`backend = "sim"`), an already-running server (`external`), or — from the
-//! container module — vLLM in Docker. Hands back an OpenAI-compatible endpoint.
+//! in-process (`backend = "sim"`), an already-running server (`external`), or vLLM (or
+//! the simulated model's image) in Docker through the `container` pool. Hands back an
+//! OpenAI-compatible endpoint.
 //!
 //! It knows nothing of cases or agents; `run` wires the endpoint to the agent runtime.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
+use crate::container;
+use crate::judge::ModelServerFacts;
 use crate::sim;
 use crate::spec::{Backend, Version};
+
+/// Where a docker model's container comes from and what it is labelled with.
+pub struct UpContext<'a> {
+    pub pool: &'a container::Pool,
+    pub run_dir: &'a Path,
+    pub job: &'a str,
+    pub run_id: &'a str,
+}
 
 /// Where the agent finds the model, and what keeps it alive.
 pub struct Endpoint {
@@ -19,14 +30,38 @@ pub struct Endpoint {
     /// Per-run key, given to the agent by environment (never argv or reports).
     pub api_key: Option<String>,
     server: Option<sim::Server>,
+    lease: Option<container::Lease>,
 }
 
 impl Endpoint {
-    pub async fn down(mut self) -> anyhow::Result<()> {
+    /// The container serving it (docker backend).
+    pub fn container(&self) -> Option<&container::pool::Container> {
+        self.lease.as_ref().map(|l| &l.container)
+    }
+
+    /// The model and adapter folders the container mounted for this job.
+    pub fn container_dirs(&self) -> Option<(std::path::PathBuf, Option<std::path::PathBuf>)> {
+        self.lease.as_ref().map(|l| (l.model_host.clone(), l.adapter_host.clone()))
+    }
+
+    /// After a gym pass: true when the server was restarted and the gym must resume.
+    pub async fn after_gym(&self) -> anyhow::Result<bool> {
+        match &self.lease {
+            Some(lease) => lease.after_gym().await,
+            None => Ok(false),
+        }
+    }
+
+    /// Stops the in-process server, or hands the container back to the pool (which
+    /// saves its log into the run directory). Docker: what happened to the server.
+    pub async fn down(mut self, pool: &container::Pool) -> anyhow::Result<Option<ModelServerFacts>> {
         if let Some(server) = self.server.take() {
             server.shutdown().await?;
         }
-        Ok(())
+        match self.lease.take() {
+            Some(lease) => Ok(Some(pool.release(lease).await?)),
+            None => Ok(None),
+        }
     }
 }
 
@@ -37,7 +72,7 @@ pub fn new_api_key() -> String {
     format!("pfs-{}", hex::encode(bytes))
 }
 
-pub async fn up(version: &Version, truth_file: &Path) -> anyhow::Result<Endpoint> {
+pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> anyhow::Result<Endpoint> {
     let model = &version.spec.model;
     match model.backend.get_ref() {
         Backend::Sim => {
@@ -53,7 +88,7 @@ pub async fn up(version: &Version, truth_file: &Path) -> anyhow::Result<Endpoint
             let server = sim::Server::start(settings, "127.0.0.1:0".parse().expect("valid address"))
                 .await
                 .context("starting the simulated model")?;
-            Ok(Endpoint { base_url: server.base_url(), api_key: Some(api_key), server: Some(server) })
+            Ok(Endpoint { base_url: server.base_url(), api_key: Some(api_key), server: Some(server), lease: None })
         }
         Backend::External => {
             let url = model.url.clone().context("backend \"external\" needs model.url")?;
@@ -61,11 +96,12 @@ pub async fn up(version: &Version, truth_file: &Path) -> anyhow::Result<Endpoint
                 Some(var) => Some(std::env::var(var).with_context(|| format!("{}: model.api_key_env names {var}, which is not set", version.path.display()))?),
                 None => None,
             };
-            Ok(Endpoint { base_url: url.trim_end_matches('/').to_string(), api_key, server: None })
+            Ok(Endpoint { base_url: url.trim_end_matches('/').to_string(), api_key, server: None, lease: None })
         }
-        Backend::Docker => bail!(
-            "{}: backend \"docker\" (vLLM in a container) is not available in this build yet; use backend \"sim\" or \"external\"",
-            version.path.display()
-        ),
+        Backend::Docker => {
+            let request = container::Request { version, truth_file, run_dir: ctx.run_dir, job: ctx.job, run_id: ctx.run_id };
+            let lease = ctx.pool.acquire(&request).await?;
+            Ok(Endpoint { base_url: lease.base_url(), api_key: Some(lease.container.api_key.clone()), server: None, lease: Some(lease) })
+        }
     }
 }

@@ -4,6 +4,10 @@
 //!
 //! Shared by `pruefstand run` and (later) the daemon, so a queued job and a typed
 //! command take the same path. Argument parsing and printing are `cmd::run`'s.
+//! Docker versions: checked first (`container::preflight`), orphans of dead runs
+//! removed, containers taken from a `container::Pool` (fresh per `run`; the daemon
+//! keeps one across jobs via `run_in`), a dead server restarted once and the gym
+//! resumed; `provenance.json` is written for every backend.
 
 use std::path::{Path, PathBuf};
 
@@ -17,8 +21,10 @@ use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::PyEnv;
 use crate::root::{self, Root};
 use crate::rundir::RunDir;
-use crate::spec::Version;
-use crate::{agent, judge, model, util};
+use crate::container::{self, Pool};
+use crate::judge::ModelServerFacts;
+use crate::spec::{Backend, Version};
+use crate::{agent, judge, model, provenance, telemetry, util};
 
 pub struct RunRequest<'a> {
     pub version: &'a Version,
@@ -53,7 +59,39 @@ pub struct Finished {
     pub reference: Option<(PathBuf, bool)>,
 }
 
+/// `run` with a fresh container pool, shut down at the end. Before anything runs:
+/// docker versions (this one and its reference) are preflighted, and containers of
+/// dead owners (a `kill -9`'d run) are removed and reported.
 pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Finished> {
+    let pool = Pool::new(pyenv.cache.join("container"));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut versions = vec![request.version.clone()];
+    if let Some(name) = request.version.reference() {
+        versions.push(Version::load(&root.versions(), name)?);
+    }
+    if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
+        // Inputs first (a missing plan is named before the environment is checked).
+        Profile::load(&Profile::locate(&root.path, request.plan))?;
+        runtime.block_on(async {
+            let docker = pool.docker().await?;
+            for orphan in container::remove_orphans(docker).await? {
+                eprintln!("{orphan}");
+            }
+            for v in &versions {
+                container::preflight_with(docker, v).await?;
+            }
+            anyhow::Ok(())
+        })?;
+    }
+    let result = run_in(root, pyenv, request, &pool);
+    let shutdown = runtime.block_on(pool.shutdown());
+    let finished = result?;
+    shutdown?;
+    Ok(finished)
+}
+
+/// One run with containers from `pool` (kept warm afterwards: the caller shuts it down).
+pub fn run_in(root: &Root, pyenv: &PyEnv, request: RunRequest, pool: &Pool) -> anyhow::Result<Finished> {
     let version = request.version;
     let plan_path = Profile::locate(&root.path, request.plan);
     let (profile, _) = Profile::load(&plan_path)?;
@@ -64,21 +102,22 @@ pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Fi
     let reference = match version.reference() {
         Some(name) => {
             let reference_version = Version::load(&root.versions(), name)?;
-            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, request.control)?)
+            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, request.control, pool)?)
         }
         None => None,
     };
 
     let run_dir = RunDir::new(request.out.clone().unwrap_or_else(|| root.new_run_dir(&version.name, &plan.name)));
-    let executed = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control)?;
+    let (executed, served) = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control, pool)?;
     let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
     let gpu = RunControl::gpu(request.control);
-    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, gpu)?;
+    let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, gpu, served)?;
     Ok(Finished { run_dir, executed, judgement, reference })
 }
 
 /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
 /// writes the reports — the same path `pruefstand judge` takes later.
+#[allow(clippy::too_many_arguments)]
 fn record_and_judge(
     root: &Root,
     run_dir: &RunDir,
@@ -87,6 +126,7 @@ fn record_and_judge(
     inventory: &Inventory,
     reference_run_dir: Option<PathBuf>,
     gpu: GpuExclusivity,
+    served: Served,
 ) -> anyhow::Result<Judgement> {
     let meta = RunMeta {
         run_id: root::run_id(&run_dir.path),
@@ -96,18 +136,30 @@ fn record_and_judge(
         planned_case_ids: plan.cases.iter().map(|c| c.id.clone()).collect(),
         benchmark_version: plan.benchmark_version.clone(),
         agentdojo_version: Some(inventory.agentdojo_version.clone()),
-        image_digest: None,
+        image_digest: served.image_digest,
         // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
         gpu,
         reference_run_dir,
         started_at: Some(chrono::Utc::now().to_rfc3339()),
+        model_server: served.model_server,
     };
     util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
     util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
     Ok(judge::rejudge(&run_dir.path, None, None, Some(&root.reports()))?.0)
 }
 
-/// Runs the version's cases into `run_dir` with its model up, and records the spec.
+/// What the model server contributes to the run's record.
+#[derive(Default)]
+struct Served {
+    image_digest: Option<String>,
+    model_server: Option<ModelServerFacts>,
+}
+
+/// Runs the version's cases into `run_dir` with its model up, and records the spec and
+/// provenance. A docker server that dies is restarted once and the gym resumed; a
+/// server that fails for good (never ready, or a second death) is not an error here:
+/// the run is recorded with what it has and `failed` facts, which R1 fails.
+#[allow(clippy::too_many_arguments)]
 fn execute_version(
     pyenv: &PyEnv,
     run_dir: &RunDir,
@@ -116,7 +168,8 @@ fn execute_version(
     inventory: &Inventory,
     jobs: Option<usize>,
     control: Option<&RunControl>,
-) -> anyhow::Result<Executed> {
+    pool: &Pool,
+) -> anyhow::Result<(Executed, Served)> {
     run_dir.create()?;
     util::write_json_atomic(
         &run_dir.file("version.json"),
@@ -124,24 +177,103 @@ fn execute_version(
     )?;
     let truth = gym::truth_file(pyenv, &plan.benchmark_version)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let run_id = root::run_id(&run_dir.path);
+    let job = format!("run-{}", std::process::id());
     runtime.block_on(async {
-        let endpoint = model::up(version, &truth).await?;
-        let settings = agent_settings(run_dir, version, plan, jobs, &endpoint).map(|mut settings| {
-            settings.control = control.map(|c| c.gym.clone());
-            settings
-        });
-        let result = match settings {
-            Ok(settings) => {
-                let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
-                tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings))
-                    .await
-                    .context("the gym's thread")?
+        let ctx = model::UpContext { pool, run_dir: &run_dir.path, job: &job, run_id: &run_id };
+        let endpoint = match model::up(version, &truth, &ctx).await {
+            Ok(endpoint) => endpoint,
+            Err(err) => {
+                let Some(failure) = err.downcast_ref::<container::ServerFailure>() else { return Err(err) };
+                eprintln!("error: {}: {failure}", version.name);
+                let facts = ModelServerFacts {
+                    failed: true,
+                    events: vec![failure.message.clone()],
+                    log_tail: failure.log_tail.clone(),
+                    ..ModelServerFacts::default()
+                };
+                write_provenance(run_dir, version, plan, inventory, None);
+                let executed = executed_from_run_dir(run_dir, plan)?;
+                return Ok((executed, Served { image_digest: None, model_server: Some(facts) }));
             }
-            Err(err) => Err(err),
         };
-        endpoint.down().await?;
-        result
+        write_provenance(run_dir, version, plan, inventory, Some(&endpoint));
+        let image_digest = endpoint.container().map(|c| c.image.digest());
+        let mut result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await;
+        loop {
+            match endpoint.after_gym().await {
+                Ok(true) => result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await,
+                Ok(false) => break,
+                Err(err) => {
+                    result = Err(err);
+                    break;
+                }
+            }
+        }
+        let model_server = endpoint.down(pool).await?;
+        let failed = model_server.as_ref().is_some_and(|f| f.failed);
+        let executed = match result {
+            Ok(executed) => executed,
+            // The gym was stopped because the server died for good: judge what exists.
+            Err(err) if failed => {
+                tracing::info!("gym ended with the model server: {err:#}");
+                executed_from_run_dir(run_dir, plan)?
+            }
+            Err(err) => return Err(err),
+        };
+        Ok((executed, Served { image_digest, model_server }))
     })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_gym(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    version: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+    jobs: Option<usize>,
+    control: Option<&RunControl>,
+    endpoint: &model::Endpoint,
+) -> anyhow::Result<Executed> {
+    let mut settings = agent_settings(run_dir, version, plan, jobs, endpoint)?;
+    settings.control = control.map(|c| c.gym.clone());
+    let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
+    tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings)).await.context("the gym's thread")?
+}
+
+/// The run's records as they stand (a run cut short): what `judge` needs to say why.
+fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Executed> {
+    if !run_dir.cases_file().exists() {
+        util::write_atomic(&run_dir.cases_file(), b"")?;
+    }
+    let stored = run_dir.read_cases_lenient()?;
+    let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
+    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
+    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
+    let gym = gym::GymOutcome { records, environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+    Ok(Executed { gym, telemetry })
+}
+
+/// `provenance.json`; failing to collect it is a warning, never a failed run.
+fn write_provenance(run_dir: &RunDir, version: &Version, plan: &Plan, inventory: &Inventory, endpoint: Option<&model::Endpoint>) {
+    let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
+        Some((model, adapter)) => (Some(model), adapter),
+        None => (version.spec.model.path.clone(), version.spec.adapter.as_ref().and_then(|a| a.path.clone())),
+    };
+    let inputs = provenance::Inputs {
+        version,
+        plan_name: &plan.name,
+        plan_hash: &plan.hash,
+        benchmark_version: &plan.benchmark_version,
+        agentdojo_version: &inventory.agentdojo_version,
+        container: endpoint.and_then(|e| e.container()),
+        model_dir,
+        adapter_dir,
+    };
+    if let Err(err) = provenance::write(&run_dir.path, &inputs) {
+        eprintln!("warning: provenance.json not written: {err:#}");
+    }
 }
 
 /// The agent the gym spawns: the version's own `agent_cmd`, or `pruefstand agent`
@@ -192,6 +324,7 @@ fn agent_settings(run_dir: &RunDir, version: &Version, plan: &Plan, jobs: Option
 
 /// The reference's run on this plan: reused when one exists for the same spec hash,
 /// plan hash and agentdojo version with every case recorded; else run now.
+#[allow(clippy::too_many_arguments)]
 fn reference_run(
     root: &Root,
     pyenv: &PyEnv,
@@ -200,6 +333,7 @@ fn reference_run(
     inventory: &Inventory,
     jobs: Option<usize>,
     control: Option<&RunControl>,
+    pool: &Pool,
 ) -> anyhow::Result<(PathBuf, bool)> {
     if let Some(dir) = find_reference_run(&root.reports(), reference, plan, inventory) {
         eprintln!("reference: reusing {}'s run {} (same spec, plan and agentdojo)", reference.name, dir.display());
@@ -210,11 +344,15 @@ fn reference_run(
     // its finished cases runs twice.
     let unfinished = newest_run(&root.reports(), reference, plan, |run| !complete(run, plan));
     let run_dir = RunDir::new(unfinished.unwrap_or_else(|| root.new_run_dir(&reference.name, &plan.name)));
-    let executed = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs, control)?;
-    if executed.gym.records.len() != plan.cases.len() {
+    let (executed, served) = execute_version(pyenv, &run_dir, reference, plan, inventory, jobs, control, pool)?;
+    let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
+    if !failed && executed.gym.records.len() != plan.cases.len() {
         bail!("the reference run {} is incomplete", run_dir.path.display());
     }
-    record_and_judge(root, &run_dir, reference, plan, inventory, None, RunControl::gpu(control))?;
+    record_and_judge(root, &run_dir, reference, plan, inventory, None, RunControl::gpu(control), served)?;
+    if failed {
+        bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
+    }
     Ok((run_dir.path, true))
 }
 

@@ -91,6 +91,29 @@ pub struct ModelSpec {
     /// The name AgentDojo's important_instructions attacks address the model by.
     #[serde(default = "default_display_name")]
     pub display_name: String,
+    // Docker only (the container module). Defaults are skipped when serialized, so
+    // adding a field does not change the hash of existing specs.
+    /// Words before the serve arguments when the image's entrypoint is not already
+    /// `vllm serve`, e.g. `["vllm", "serve"]` for NGC images. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Size of /dev/shm, e.g. "16g" (NVIDIA's runs); Docker's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<String>,
+    /// ulimits (soft = hard), e.g. `{ memlock = -1, stack = 67108864 }`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ulimits: std::collections::BTreeMap<String, i64>,
+    /// A warm server of the same base may take this version's adapter at run time
+    /// (vLLM's runtime LoRA updating) instead of being restarted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub runtime_lora: bool,
+    /// Seconds the server may take to serve after start (cold start); default 900.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_s: Option<f64>,
+    /// Pull the image when it is not present locally. Off by default: a missing image
+    /// is an error naming it (the Jetson's network may have no registry).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pull: bool,
 }
 
 fn default_display_name() -> String {
@@ -165,11 +188,23 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             if model.image.is_none() {
                 return Err(bad(backend_at, "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")"));
             }
-            if model.path.is_none() {
+            // With a [sim] table the image is the simulated model: its model folder
+            // (sim.toml, truth.json) and adapter folders are generated per run.
+            let generated = spec.sim.is_some();
+            if model.path.is_none() && !generated {
                 return Err(bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
+            }
+            if let Some(size) = &model.shm_size
+                && let Err(err) = crate::container::parse_bytes(size)
+            {
+                return Err(bad(key_offset(text, "shm_size"), &format!("model.shm_size: {err}")));
+            }
+            if model.ready_timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+                return Err(bad(key_offset(text, "ready_timeout_s"), "model.ready_timeout_s must be a positive number of seconds"));
             }
             if let Some(adapter) = &spec.adapter
                 && adapter.path.is_none()
+                && !generated
             {
                 return Err(bad(key_offset(text, "[adapter]"), "backend \"docker\" needs adapter.path (the host folder of the LoRA)"));
             }

@@ -124,6 +124,7 @@ mod tests {
             gpu: r.gpu.clone(),
             reference_run_dir: reference_run_dir.map(PathBuf::from),
             started_at: r.started_at.clone(),
+            model_server: r.model_server.clone(),
         };
         std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
         let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();

@@ -53,6 +53,22 @@ pub enum GpuExclusivity {
     },
 }
 
+/// How the model server (the Docker container) fared during the run: deaths seen by
+/// the health watch, restarts, and whether it gave up (a second death, or a server
+/// that never became ready). `failed` makes R1 fail. Absent for in-process models.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ModelServerFacts {
+    pub deaths: u32,
+    pub restarts: u32,
+    pub failed: bool,
+    /// One line per incident, oldest first.
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// The container's last log lines at the last incident.
+    #[serde(default)]
+    pub log_tail: Vec<String>,
+}
+
 /// What the judgement needs to know about the run besides its records.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct RunFacts {
@@ -70,6 +86,8 @@ pub struct RunFacts {
     /// RFC 3339; orders runs in the trend index.
     #[serde(default)]
     pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_server: Option<ModelServerFacts>,
 }
 
 /// `run.json` in a run directory, written by `run`, read by `pruefstand judge`.
@@ -92,6 +110,9 @@ pub struct RunMeta {
     pub reference_run_dir: Option<std::path::PathBuf>,
     #[serde(default)]
     pub started_at: Option<String>,
+    /// Written by the container backend; absent for in-process models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_server: Option<ModelServerFacts>,
 }
 
 impl RunMeta {
@@ -108,6 +129,7 @@ impl RunMeta {
             environment_checks,
             gpu: self.gpu,
             started_at: self.started_at,
+            model_server: self.model_server,
         }
     }
 }

@@ -187,6 +187,12 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
             json!({"state": "violated", "events": events})
         }
     };
+    if let Some(server) = run.model_server.as_ref().filter(|s| s.failed) {
+        let last = server.log_tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| format!("; last log line: {}", l.trim())).unwrap_or_default();
+        let what = server.events.last().map(String::as_str).unwrap_or("failed");
+        let history = if server.deaths == 0 { String::new() } else { format!(" after {} death(s), {} restart(s)", server.deaths, server.restarts) };
+        problems.push(format!("model server failed{history}: {what}{last}"));
+    }
     if !unpinned.is_empty() {
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
     }
@@ -211,6 +217,7 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
         "benchmark_version": run.benchmark_version,
         "plan_hash": run.plan_hash,
         "image_digest": run.image_digest,
+        "model_server": run.model_server,
     });
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {

@@ -60,6 +60,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         }],
         gpu: GpuExclusivity::Exclusive,
         started_at: Some("2025-01-01T00:00:00Z".into()),
+        model_server: None,
     };
     JudgeInput { run, records, reference: None, thresholds: Thresholds::default() }
 }

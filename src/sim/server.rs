@@ -1,7 +1,10 @@
 //! The simulator's HTTP server: vLLM's OpenAI-compatible surface (`POST
 //! /v1/chat/completions`, `GET /v1/models`, `GET /health`, `GET /metrics`), bearer-key
 //! auth on `/v1/*` as vLLM does, the latency model, and start/stop for in-process use
-//! (`pruefstand run`) and for `pruefstand sim-serve`. Not for behaviour (`policy`) or
+//! (`pruefstand run`) and for `pruefstand sim-serve`. With
+//! `VLLM_ALLOW_RUNTIME_LORA_UPDATING=true` in the environment it also serves vLLM's
+//! `POST /v1/load_lora_adapter` / `unload_lora_adapter`, so a warm container can take
+//! the next job's adapter. Not for behaviour (`policy`) or
 //! the wire format of messages (`openai`).
 
 use std::net::SocketAddr;
@@ -46,6 +49,16 @@ struct AppState {
     metrics: Metrics,
     started: u64,
     next_id: AtomicU64,
+    /// Adapters loaded at run time (vLLM's runtime LoRA updating), beside `settings.adapters`.
+    loaded: std::sync::RwLock<Vec<String>>,
+}
+
+impl AppState {
+    fn serves(&self, name: &str) -> bool {
+        name == self.settings.served_name
+            || self.settings.adapters.iter().any(|a| a == name)
+            || self.loaded.read().expect("adapter list lock").iter().any(|a| a == name)
+    }
 }
 
 /// A running simulator. Dropping it without [`Server::shutdown`] still stops it, but
@@ -116,9 +129,19 @@ pub fn router(settings: SimSettings) -> Router {
         metrics: Metrics::default(),
         started: unix_now(),
         next_id: AtomicU64::new(1),
+        loaded: Default::default(),
         settings,
     });
-    Router::new()
+    let runtime_lora = std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true"));
+    let router = if runtime_lora {
+        Router::new()
+            .route("/v1/load_lora_adapter", post(load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+    } else {
+        Router::new()
+    };
+    router
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
@@ -164,7 +187,48 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     };
     let mut data = vec![entry(&s.served_name, None)];
     data.extend(s.adapters.iter().map(|a| entry(a, Some(&s.served_name))));
+    let loaded = state.loaded.read().expect("adapter list lock").clone();
+    data.extend(loaded.iter().filter(|a| !s.adapters.contains(a)).map(|a| entry(a, Some(&s.served_name))));
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// vLLM's `{"lora_name": …, "lora_path": …}`. The simulator needs only the name (its
+/// behaviour comes from sim.toml); the path is checked to exist, as vLLM would load it.
+async fn load_lora_adapter(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(r) = denied(&state, &headers) {
+        return r;
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (Some(name), Some(path)) = (v["lora_name"].as_str(), v["lora_path"].as_str()) else {
+        return error(StatusCode::BAD_REQUEST, "BadRequestError", "expected {\"lora_name\", \"lora_path\"}".into());
+    };
+    if !std::path::Path::new(path).exists() {
+        return error(StatusCode::BAD_REQUEST, "BadRequestError", format!("No adapter found for {path}"));
+    }
+    if state.serves(name) {
+        let msg = format!("The lora adapter '{name}' has already been loaded.");
+        return error(StatusCode::BAD_REQUEST, "InvalidUserInput", msg);
+    }
+    state.loaded.write().expect("adapter list lock").push(name.to_string());
+    tracing::info!("loaded LoRA adapter {name} from {path}");
+    format!("Success: LoRA adapter '{name}' added successfully.").into_response()
+}
+
+async fn unload_lora_adapter(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(r) = denied(&state, &headers) {
+        return r;
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(name) = v["lora_name"].as_str() else {
+        return error(StatusCode::BAD_REQUEST, "BadRequestError", "expected {\"lora_name\"}".into());
+    };
+    let mut loaded = state.loaded.write().expect("adapter list lock");
+    let before = loaded.len();
+    loaded.retain(|a| a != name);
+    if loaded.len() == before {
+        return error(StatusCode::NOT_FOUND, "NotFoundError", format!("The lora adapter '{name}' cannot be found."));
+    }
+    format!("Success: LoRA adapter '{name}' removed successfully.").into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -182,7 +246,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         Err(msg) => return error(StatusCode::BAD_REQUEST, "BadRequestError", msg),
     };
     let s = &state.settings;
-    if req.model != s.served_name && !s.adapters.contains(&req.model) {
+    if !state.serves(&req.model) {
         let msg = format!("The model `{}` does not exist.", req.model);
         return error(StatusCode::NOT_FOUND, "NotFoundError", msg);
     }

@@ -1,0 +1,783 @@
+//! The model container (DESIGN §3, §5, §14): a version's vLLM server — or the simulated
+//! model's image — in Docker, through bollard. This file: connecting (fast, one-line
+//! failure), the checks before a run (`preflight`), what a version's container looks
+//! like (`Setup`: command, mounts, GPU, labels), its lifecycle steps (create, start,
+//! readiness, logs, stop, remove), orphan removal and our containers' host pids (for
+//! the GPU guard). `pool` keeps a ready container across jobs and watches its health.
+//!
+//! Not here: which job runs when (the daemon), the gym, judging. Security: the API key
+//! goes by environment (`VLLM_API_KEY`), never argv; the port is published on
+//! 127.0.0.1 only; model and adapter are mounted read-only; nothing is pulled unless
+//! the spec says `pull = true`.
+
+pub mod pool;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, DeviceRequest, HostConfig, Mount, MountBindOptions, MountType, PortBinding, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
+    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+
+pub use pool::{Lease, Pool, Request};
+
+use crate::spec::{Backend, GpuMode, Version};
+
+/// Labels on every container we create; `managed` is what orphan removal looks for.
+pub const LABEL_MANAGED: &str = "pruefstand.managed";
+pub const LABEL_JOB: &str = "pruefstand.job";
+pub const LABEL_RUN: &str = "pruefstand.run";
+pub const LABEL_VERSION: &str = "pruefstand.version";
+/// Owner process: pid, its start time (clock ticks since boot, so a reused pid does
+/// not look alive) and the boot id (a reboot kills every owner).
+pub const LABEL_OWNER_PID: &str = "pruefstand.owner.pid";
+pub const LABEL_OWNER_START: &str = "pruefstand.owner.start";
+pub const LABEL_OWNER_BOOT: &str = "pruefstand.owner.boot";
+/// The pool's reuse key (image, model, arguments …; see `Setup::key`).
+pub const LABEL_KEY: &str = "pruefstand.key";
+
+/// vLLM's port inside the container.
+pub const CONTAINER_PORT: u16 = 8000;
+/// Persistent named volume for vLLM's compile cache (shortens cold starts); the only
+/// volume we ever leave behind, on purpose.
+pub const COMPILE_CACHE_VOLUME: &str = "pruefstand-compile-cache";
+const COMPILE_CACHE_TARGET: &str = "/root/.cache/vllm";
+const MODEL_TARGET: &str = "/model";
+const ADAPTERS_TARGET: &str = "/adapters";
+/// vLLM handles SIGTERM; NVIDIA's notes stop it with ~30 s.
+pub const STOP_GRACE_S: i32 = 30;
+const DEFAULT_READY_TIMEOUT_S: f64 = 900.0;
+/// How long connecting to the engine may take before we say it is not there.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects to the Docker Engine (`DOCKER_HOST`, else the local socket) and agrees on
+/// an API version; fails within a few seconds with one line when it is not there.
+pub async fn connect() -> anyhow::Result<Docker> {
+    let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string());
+    let unreachable = |why: String| anyhow!("Docker Engine not reachable at {host}: {why} (is dockerd running? backend \"docker\" needs it)");
+    let docker = Docker::connect_with_defaults().map_err(|e| unreachable(one_line(&e.to_string())))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version()).await {
+        Ok(Ok(docker)) => Ok(docker),
+        Ok(Err(e)) => Err(unreachable(one_line(&e.to_string()))),
+        Err(_) => Err(unreachable(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Fails early (at `run`, `start`, `check`) when a docker version cannot run here:
+/// Docker unreachable, image missing (and `pull` not allowed), model or adapter folder
+/// missing, the NVIDIA runtime not registered for `gpu = "runtime"`. Other backends: Ok.
+#[allow(dead_code)] // the daemon's `start`/`check` call it; `run` uses preflight_with
+pub async fn preflight(version: &Version) -> anyhow::Result<()> {
+    if *version.spec.model.backend.get_ref() != Backend::Docker {
+        return Ok(());
+    }
+    let docker = connect().await?;
+    preflight_with(&docker, version).await
+}
+
+pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Result<()> {
+    let model = &version.spec.model;
+    if *model.backend.get_ref() != Backend::Docker {
+        return Ok(());
+    }
+    let spec_file = version.path.display();
+    let image = model.image.as_deref().context("backend \"docker\" needs model.image")?;
+    if image_info(docker, image).await?.is_none() && !model.pull {
+        bail!("{spec_file}: {}", missing_image(image));
+    }
+    if let Some(path) = &model.path
+        && !path.is_dir()
+    {
+        bail!("{spec_file}: model.path {} is not a folder on this machine", path.display());
+    }
+    if let Some(path) = version.spec.adapter.as_ref().and_then(|a| a.path.as_ref())
+        && !path.is_dir()
+    {
+        bail!("{spec_file}: adapter.path {} is not a folder on this machine", path.display());
+    }
+    if model.gpu == GpuMode::Runtime {
+        let info = docker.info().await.context("asking Docker for its runtimes")?;
+        if !info.runtimes.unwrap_or_default().contains_key("nvidia") {
+            bail!("{spec_file}: gpu = \"runtime\" needs Docker's \"nvidia\" runtime, which this engine does not have (install the NVIDIA container toolkit, or use gpu = \"device-request\" / \"cdi\" / \"none\")");
+        }
+    }
+    Ok(())
+}
+
+fn missing_image(image: &str) -> String {
+    format!(
+        "image {image} is not present in the local Docker Engine; load or pull it yourself (`docker pull {image}`), or set model.pull = true to let pruefstand pull it"
+    )
+}
+
+/// What we know of a local image.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ImageInfo {
+    pub name: String,
+    /// `sha256:…` content id.
+    pub id: String,
+    /// Registry digests (`repo@sha256:…`); none for a locally built image.
+    pub repo_digests: Vec<String>,
+}
+
+impl ImageInfo {
+    /// What pins the image in run.json: a registry digest, else the content id.
+    pub fn digest(&self) -> String {
+        self.repo_digests.first().cloned().unwrap_or_else(|| self.id.clone())
+    }
+}
+
+pub async fn image_info(docker: &Docker, image: &str) -> anyhow::Result<Option<ImageInfo>> {
+    match docker.inspect_image(image).await {
+        Ok(i) => Ok(Some(ImageInfo {
+            name: image.to_string(),
+            id: i.id.unwrap_or_default(),
+            repo_digests: i.repo_digests.unwrap_or_default(),
+        })),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("inspecting image {image}")),
+    }
+}
+
+/// Makes sure the image is there: present, or pulled when the spec allows it.
+pub async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::Result<ImageInfo> {
+    if let Some(info) = image_info(docker, image).await? {
+        return Ok(info);
+    }
+    if !pull {
+        bail!("{}", missing_image(image));
+    }
+    eprintln!("pulling image {image} (model.pull = true)");
+    let (repo, tag) = match image.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
+        Some((r, t)) => (r, t),
+        None => (image, "latest"),
+    };
+    let mut stream = docker.create_image(Some(CreateImageOptionsBuilder::default().from_image(repo).tag(tag).build()), None, None);
+    while let Some(step) = stream.next().await {
+        step.with_context(|| format!("pulling image {image}"))?;
+    }
+    image_info(docker, image).await?.with_context(|| format!("image {image} still missing after the pull"))
+}
+
+pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
+    matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A model server that failed to come up or died: what happened, with the container's
+/// last log lines (they usually say why).
+#[derive(Debug, Clone)]
+pub struct ServerFailure {
+    pub message: String,
+    pub log_tail: Vec<String>,
+}
+
+impl std::fmt::Display for ServerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.message)?;
+        if self.log_tail.is_empty() {
+            write!(f, " (the container logged nothing)")
+        } else {
+            write!(f, "; the container's last log lines:\n    {}", self.log_tail.join("\n    "))
+        }
+    }
+}
+
+impl std::error::Error for ServerFailure {}
+
+/// How a version's container is made: derived from the spec plus the host folders to
+/// mount (the spec's, or generated ones for the simulated model's image).
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub image: String,
+    pub served_name: String,
+    pub model_host: PathBuf,
+    pub adapter: Option<AdapterMount>,
+    pub gpu: GpuMode,
+    pub prefix: Vec<String>,
+    pub args: Vec<String>,
+    pub shm_size: Option<i64>,
+    pub ulimits: BTreeMap<String, i64>,
+    pub runtime_lora: bool,
+    pub ready_timeout: Duration,
+    pub pull: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdapterMount {
+    pub name: String,
+    pub host: PathBuf,
+    /// Where the server finds it (`--lora-modules name=<this>`).
+    pub container_path: String,
+    /// What is bind-mounted: the adapter itself at /adapters/<name>; with runtime LoRA
+    /// its parent folder at /adapters, so a warm server can load a sibling adapter.
+    pub mount_source: PathBuf,
+    pub mount_target: String,
+}
+
+/// A folder name safe inside a container path.
+fn path_word(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+impl Setup {
+    pub fn new(version: &Version, model_host: PathBuf, adapter_host: Option<PathBuf>) -> anyhow::Result<Setup> {
+        let m = &version.spec.model;
+        let runtime_lora = m.runtime_lora;
+        let adapter = match (&version.spec.adapter, adapter_host) {
+            (Some(a), Some(host)) => {
+                let host = std::path::absolute(&host).with_context(|| format!("adapter path {}", host.display()))?;
+                if runtime_lora {
+                    let parent = host.parent().with_context(|| format!("adapter path {} has no parent folder", host.display()))?;
+                    let base = host.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    Some(AdapterMount {
+                        name: a.name.clone(),
+                        container_path: format!("{ADAPTERS_TARGET}/{}", path_word(&base)),
+                        mount_source: parent.to_path_buf(),
+                        mount_target: ADAPTERS_TARGET.into(),
+                        host,
+                    })
+                } else {
+                    let target = format!("{ADAPTERS_TARGET}/{}", path_word(&a.name));
+                    Some(AdapterMount { name: a.name.clone(), container_path: target.clone(), mount_source: host.clone(), mount_target: target, host })
+                }
+            }
+            (Some(a), None) => bail!("{}: adapter {} has no path to mount", version.path.display(), a.name),
+            (None, _) => None,
+        };
+        if let Some(a) = &adapter
+            && runtime_lora
+            && path_word(&a.host.file_name().unwrap_or_default().to_string_lossy()) != a.host.file_name().unwrap_or_default().to_string_lossy()
+        {
+            bail!("{}: with runtime_lora the adapter folder's name must be plain (letters, digits, . _ -): {}", version.path.display(), a.host.display());
+        }
+        Ok(Setup {
+            image: m.image.clone().context("backend \"docker\" needs model.image")?,
+            served_name: m.served_name.clone(),
+            model_host: std::path::absolute(&model_host).with_context(|| format!("model path {}", model_host.display()))?,
+            adapter,
+            gpu: m.gpu,
+            prefix: m.command.clone(),
+            args: m.args.clone(),
+            shm_size: m.shm_size.as_deref().map(parse_bytes).transpose().with_context(|| format!("{}: model.shm_size", version.path.display()))?,
+            ulimits: m.ulimits.clone(),
+            runtime_lora,
+            ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
+            pull: m.pull,
+        })
+    }
+
+    /// vLLM's command line (the image's entrypoint runs `vllm serve` or our
+    /// `sim-serve`; `prefix` names it when it does not). The spec's args come last, so
+    /// they win where vLLM takes the last occurrence. No API key: that is env.
+    pub fn command(&self) -> Vec<String> {
+        let mut cmd = self.prefix.clone();
+        cmd.extend([MODEL_TARGET.to_string(), "--served-model-name".into(), self.served_name.clone()]);
+        cmd.extend(["--host".into(), "0.0.0.0".into(), "--port".into(), CONTAINER_PORT.to_string()]);
+        if self.adapter.is_some() || self.runtime_lora {
+            cmd.push("--enable-lora".into());
+        }
+        if let Some(a) = &self.adapter {
+            cmd.extend(["--lora-modules".into(), format!("{}={}", a.name, a.container_path)]);
+        }
+        cmd.extend(self.args.iter().cloned());
+        cmd
+    }
+
+    /// Two jobs whose keys match can share a warm container: same image, model and
+    /// arguments; the adapter counts only when it cannot be swapped at run time.
+    pub fn key(&self) -> String {
+        let adapter = match &self.adapter {
+            Some(a) if self.runtime_lora => serde_json::json!({"mount": a.mount_source}),
+            Some(a) => serde_json::json!({"name": a.name, "host": a.host}),
+            None => serde_json::Value::Null,
+        };
+        let key = serde_json::json!({
+            "image": self.image, "model": self.model_host, "served": self.served_name, "prefix": self.prefix,
+            "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ulimits": self.ulimits,
+            "runtime_lora": self.runtime_lora, "adapter": adapter,
+        });
+        crate::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
+    }
+
+    fn env(&self, api_key: &str) -> Vec<String> {
+        let mut env = vec![format!("VLLM_API_KEY={api_key}")];
+        if self.runtime_lora {
+            env.push("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True".into());
+        }
+        env
+    }
+
+    fn mounts(&self) -> Vec<Mount> {
+        let bind = |source: &Path, target: &str| Mount {
+            source: Some(source.display().to_string()),
+            target: Some(target.to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            bind_options: Some(MountBindOptions { non_recursive: Some(true), ..Default::default() }),
+            ..Default::default()
+        };
+        let mut mounts = vec![bind(&self.model_host, MODEL_TARGET)];
+        if let Some(a) = &self.adapter {
+            mounts.push(bind(&a.mount_source, &a.mount_target));
+        }
+        mounts.push(Mount {
+            source: Some(COMPILE_CACHE_VOLUME.into()),
+            target: Some(COMPILE_CACHE_TARGET.into()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            ..Default::default()
+        });
+        mounts
+    }
+
+    /// The create body. `labels` come from the caller (job, run, version); ours are added.
+    pub fn body(&self, api_key: &str, host_port: u16, mut labels: HashMap<String, String>) -> ContainerCreateBody {
+        labels.insert(LABEL_MANAGED.into(), "1".into());
+        labels.insert(LABEL_KEY.into(), self.key());
+        labels.insert(LABEL_OWNER_PID.into(), std::process::id().to_string());
+        labels.insert(LABEL_OWNER_START.into(), process_start(std::process::id()).unwrap_or_default());
+        labels.insert(LABEL_OWNER_BOOT.into(), boot_id());
+        let port = format!("{CONTAINER_PORT}/tcp");
+        let binding = PortBinding { host_ip: Some("127.0.0.1".into()), host_port: Some(host_port.to_string()) };
+        let mut host = HostConfig {
+            port_bindings: Some(HashMap::from([(port.clone(), Some(vec![binding]))])),
+            mounts: Some(self.mounts()),
+            shm_size: self.shm_size,
+            ulimits: (!self.ulimits.is_empty()).then(|| {
+                self.ulimits.iter().map(|(n, v)| ResourcesUlimits { name: Some(n.clone()), soft: Some(*v), hard: Some(*v) }).collect()
+            }),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            ..Default::default()
+        };
+        match self.gpu {
+            GpuMode::Runtime => host.runtime = Some("nvidia".into()),
+            GpuMode::DeviceRequest => {
+                host.device_requests = Some(vec![DeviceRequest {
+                    driver: Some("nvidia".into()),
+                    count: Some(-1),
+                    capabilities: Some(vec![vec!["gpu".into()]]),
+                    ..Default::default()
+                }])
+            }
+            GpuMode::Cdi => {
+                host.device_requests = Some(vec![DeviceRequest {
+                    driver: Some("cdi".into()),
+                    device_ids: Some(vec!["nvidia.com/gpu=all".into()]),
+                    ..Default::default()
+                }])
+            }
+            GpuMode::None => {}
+        }
+        ContainerCreateBody {
+            image: Some(self.image.clone()),
+            cmd: Some(self.command()),
+            env: Some(self.env(api_key)),
+            labels: Some(labels),
+            exposed_ports: Some(vec![port]),
+            stop_timeout: Some(STOP_GRACE_S as i64),
+            host_config: Some(host),
+            ..Default::default()
+        }
+    }
+}
+
+/// "16g", "512m", "1024k", "65536" → bytes.
+pub fn parse_bytes(s: &str) -> anyhow::Result<i64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: i64 = num.trim().parse().map_err(|_| anyhow!("{s:?} is not a size (e.g. \"16g\", \"512m\")"))?;
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| anyhow!("{s:?} is not a positive size"))
+}
+
+/// A free TCP port on 127.0.0.1 for the published port (chosen by us, not Docker, so a
+/// restarted container keeps it and the agents' URL stays valid).
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port on 127.0.0.1")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Creates a container (named `name`); returns its id.
+pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> anyhow::Result<String> {
+    let image = body.image.clone().unwrap_or_default();
+    let created = docker
+        .create_container(Some(CreateContainerOptionsBuilder::default().name(name).build()), body)
+        .await
+        .with_context(|| format!("creating container {name} from {image}"))?;
+    for w in &created.warnings {
+        tracing::warn!("docker: {w}");
+    }
+    Ok(created.id)
+}
+
+/// `Ok(Some(exit code))` once it stopped, `Ok(None)` while running, `Err` when gone.
+async fn exit_state(docker: &Docker, id: &str) -> Result<Option<i64>, bollard::errors::Error> {
+    let info = docker.inspect_container(id, None::<InspectContainerOptions>).await?;
+    let state = info.state.unwrap_or_default();
+    Ok(if state.running.unwrap_or(false) { None } else { Some(state.exit_code.unwrap_or(-1)) })
+}
+
+/// Waits until `/health` answers 200 and `/v1/models` lists the served model (and the
+/// adapter); fails at once when the container exits, else after `timeout`.
+pub async fn wait_ready(
+    docker: &Docker,
+    id: &str,
+    port: u16,
+    api_key: &str,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<(), ServerFailure> {
+    let started = Instant::now();
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("HTTP client");
+    loop {
+        match exit_state(docker, id).await {
+            Ok(None) => {}
+            Ok(Some(code)) => {
+                return Err(ServerFailure {
+                    message: format!("the model container {} exited (code {code}) before it served", short(id)),
+                    log_tail: log_tail(docker, id, 40).await,
+                });
+            }
+            Err(e) => return Err(ServerFailure { message: format!("the model container {} is gone: {e}", short(id)), log_tail: vec![] }),
+        }
+        let last = match probe(&http, port, api_key, names).await {
+            Ok(()) => return Ok(()),
+            Err(why) => why,
+        };
+        if started.elapsed() >= timeout {
+            return Err(ServerFailure {
+                message: format!(
+                    "the model server in container {} was not ready after {:.0} s (last check: {last})",
+                    short(id),
+                    timeout.as_secs_f64()
+                ),
+                log_tail: log_tail(docker, id, 40).await,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// One readiness check: `Err` says what is missing.
+async fn probe(http: &reqwest::Client, port: u16, api_key: &str, names: &[&str]) -> Result<(), String> {
+    let base = format!("http://127.0.0.1:{port}");
+    let health = http.get(format!("{base}/health")).send().await.map_err(|e| format!("/health: {}", one_line(&e.to_string())))?;
+    if health.status() != 200 {
+        return Err(format!("/health answered {}", health.status()));
+    }
+    let models = http.get(format!("{base}/v1/models")).bearer_auth(api_key).send().await.map_err(|e| format!("/v1/models: {e}"))?;
+    if models.status() != 200 {
+        return Err(format!("/v1/models answered {}", models.status()));
+    }
+    let v: serde_json::Value = models.json().await.map_err(|e| format!("/v1/models: {e}"))?;
+    let ids: Vec<&str> = v["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+    match names.iter().find(|n| !ids.contains(n)) {
+        Some(missing) => Err(format!("/v1/models does not list {missing} (it lists {ids:?})")),
+        None => Ok(()),
+    }
+}
+
+/// Quick liveness: running and `/health` 200.
+pub(crate) async fn healthy(docker: &Docker, http: &reqwest::Client, id: &str, port: u16) -> Result<bool, bollard::errors::Error> {
+    if exit_state(docker, id).await?.is_some() {
+        return Ok(false);
+    }
+    let ok = http.get(format!("http://127.0.0.1:{port}/health")).send().await.is_ok_and(|r| r.status() == 200);
+    Ok(ok)
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// The container's log (stdout and stderr) since `since` (unix seconds; 0 = all).
+pub async fn logs(docker: &Docker, id: &str, since: i64, tail: Option<usize>) -> anyhow::Result<String> {
+    let mut options = LogsOptionsBuilder::default().stdout(true).stderr(true).since(since as i32);
+    options = options.tail(&tail.map_or("all".to_string(), |n| n.to_string()));
+    let mut stream = docker.logs(id, Some(options.build()));
+    let mut text = String::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.with_context(|| format!("reading the log of container {}", short(id)))?;
+        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+    }
+    Ok(text)
+}
+
+pub async fn log_tail(docker: &Docker, id: &str, lines: usize) -> Vec<String> {
+    match logs(docker, id, 0, Some(lines)).await {
+        Ok(text) => text.lines().map(str::to_string).collect(),
+        Err(e) => vec![format!("(log unavailable: {e:#})")],
+    }
+}
+
+/// Stops (SIGTERM, then SIGKILL after the grace period) and removes, with anonymous
+/// volumes. A container that is already gone is fine.
+pub async fn stop_and_remove(docker: &Docker, id: &str) -> anyhow::Result<()> {
+    match docker.stop_container(id, Some(StopContainerOptionsBuilder::default().t(STOP_GRACE_S).build())).await {
+        Ok(()) => {}
+        Err(e) if is_not_found(&e) => return Ok(()),
+        // 304: already stopped.
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {}
+        Err(e) => tracing::warn!("stopping container {}: {e}", short(id)),
+    }
+    match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::default().force(true).v(true).build())).await {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        // 409: removal already in progress.
+        Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing container {}", short(id))),
+    }
+}
+
+/// A container of ours found without a live owner, and removed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Orphan {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    pub job: String,
+    pub owner_pid: String,
+    pub state: String,
+}
+
+impl std::fmt::Display for Orphan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "removed orphaned model container {} ({}; version {}, job {}, owner pid {} gone, was {})",
+            self.name,
+            short(&self.id),
+            self.version,
+            self.job,
+            self.owner_pid,
+            self.state
+        )
+    }
+}
+
+/// Our containers (label `pruefstand.managed`), running or not.
+pub async fn list_managed(docker: &Docker) -> anyhow::Result<Vec<bollard::models::ContainerSummary>> {
+    let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=1")])]);
+    docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
+        .await
+        .context("listing pruefstand's containers")
+}
+
+/// Removes our containers whose owning process is gone (crash, `kill -9`, reboot) and
+/// says which. A container whose owner lives (another `run`, the daemon) is left alone.
+pub async fn remove_orphans(docker: &Docker) -> anyhow::Result<Vec<Orphan>> {
+    let mut removed = Vec::new();
+    for c in list_managed(docker).await? {
+        let labels = c.labels.clone().unwrap_or_default();
+        let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        if owner_alive(&label(LABEL_OWNER_PID), &label(LABEL_OWNER_START), &label(LABEL_OWNER_BOOT)) {
+            continue;
+        }
+        let id = c.id.clone().unwrap_or_default();
+        stop_and_remove(docker, &id).await?;
+        removed.push(Orphan {
+            name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
+            version: label(LABEL_VERSION),
+            job: label(LABEL_JOB),
+            owner_pid: label(LABEL_OWNER_PID),
+            state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+            id,
+        });
+    }
+    Ok(removed)
+}
+
+/// Host pids of the processes in our running containers (Docker's `top`): the GPU
+/// guard counts their compute processes as ours, not foreign.
+#[allow(dead_code)] // for the GPU guard (daemon)
+pub async fn own_pids(docker: &Docker) -> anyhow::Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    for c in list_managed(docker).await? {
+        let Some(id) = c.id else { continue };
+        let top = match docker.top_processes(&id, None::<bollard::query_parameters::TopOptions>).await {
+            Ok(top) => top,
+            // Not running (409) or gone meanwhile: no processes.
+            Err(_) => continue,
+        };
+        let col = top.titles.unwrap_or_default().iter().position(|t| t == "PID");
+        for row in top.processes.unwrap_or_default() {
+            if let Some(pid) = col.and_then(|i| row.get(i)).and_then(|p| p.parse().ok()) {
+                pids.push(pid);
+            }
+        }
+    }
+    Ok(pids)
+}
+
+/// Field 22 of /proc/<pid>/stat: start time in clock ticks since boot.
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    after_comm.split_whitespace().nth(19).map(str::to_string)
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn owner_alive(pid: &str, start: &str, boot: &str) -> bool {
+    let Ok(pid) = pid.parse::<u32>() else { return false };
+    if !boot.is_empty() && boot != boot_id() {
+        return false;
+    }
+    match process_start(pid) {
+        Some(now) => start.is_empty() || now == start,
+        None => false,
+    }
+}
+
+/// SIGTERMs our own gym children (`gym.py`), so a run whose model server died stops
+/// instead of failing every remaining case; the gym resumes later from cases.jsonl.
+pub(crate) fn stop_gym_children() -> usize {
+    let me = std::process::id();
+    let mut stopped = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let ppid = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(me) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains("gym.py") {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            stopped += 1;
+        }
+    }
+    stopped
+}
+
+/// The exact command for provenance and logs: the API key never appears in argv, but
+/// a spec could carry `--api-key` in its args — redact it all the same.
+pub fn redact(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut hide_next = false;
+    for word in argv {
+        if hide_next {
+            out.push("<redacted>".into());
+            hide_next = false;
+        } else if word == "--api-key" {
+            out.push(word.clone());
+            hide_next = true;
+        } else if word.starts_with("--api-key=") {
+            out.push("--api-key=<redacted>".into());
+        } else {
+            out.push(word.clone());
+        }
+    }
+    out
+}
+
+/// A container name: `pruefstand-<version>-<random>`.
+fn container_name(version: &str) -> String {
+    use rand::RngExt;
+    let tag: u32 = rand::rng().random();
+    format!("pruefstand-{}-{tag:08x}", path_word(version).chars().take(40).collect::<String>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(text: &str) -> Version {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, text).unwrap();
+        Version::load(dir.path(), path.to_str().unwrap()).unwrap()
+    }
+
+    const SPEC: &str = r#"
+[model]
+backend = "docker"
+image = "img:1"
+served_name = "base"
+path = "/srv/models/m"
+gpu = "device-request"
+args = ["--max-model-len", "4096", "--api-key", "oops"]
+shm_size = "16g"
+ulimits = { memlock = -1, stack = 67108864 }
+[adapter]
+name = "lora-a"
+path = "/srv/adapters/a"
+"#;
+
+    #[test]
+    fn command_mounts_labels_and_gpu() {
+        let v = version(SPEC);
+        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+        assert_eq!(
+            s.command(),
+            [
+                "/model", "--served-model-name", "base", "--host", "0.0.0.0", "--port", "8000", "--enable-lora",
+                "--lora-modules", "lora-a=/adapters/lora-a", "--max-model-len", "4096", "--api-key", "oops"
+            ]
+        );
+        assert_eq!(redact(&s.command()).last().unwrap(), "<redacted>");
+        let body = s.body("k", 4242, HashMap::from([(LABEL_JOB.to_string(), "j".to_string())]));
+        assert_eq!(body.env.as_ref().unwrap(), &["VLLM_API_KEY=k"]);
+        assert!(!body.cmd.as_ref().unwrap().iter().any(|w| w.contains("VLLM_API_KEY") || w == "k"));
+        let host = body.host_config.unwrap();
+        assert_eq!(host.shm_size, Some(16 << 30));
+        assert_eq!(host.ulimits.unwrap().len(), 2);
+        assert_eq!(host.device_requests.unwrap()[0].driver.as_deref(), Some("nvidia"));
+        let binding = &host.port_bindings.unwrap()["8000/tcp"].clone().unwrap()[0];
+        assert_eq!((binding.host_ip.as_deref(), binding.host_port.as_deref()), (Some("127.0.0.1"), Some("4242")));
+        let mounts = host.mounts.unwrap();
+        assert!(mounts.iter().filter(|m| m.typ == Some(MountType::BIND)).all(|m| m.read_only == Some(true)));
+        assert_eq!(mounts.iter().filter(|m| m.typ == Some(MountType::BIND)).count(), 2);
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_MANAGED], "1");
+        assert_eq!(labels[LABEL_OWNER_PID], std::process::id().to_string());
+        assert!(owner_alive(&labels[LABEL_OWNER_PID], &labels[LABEL_OWNER_START], &labels[LABEL_OWNER_BOOT]));
+        assert!(!owner_alive("999999999", "1", ""));
+    }
+
+    #[test]
+    fn reuse_key_ignores_the_adapter_only_with_runtime_lora() {
+        let fixed = |spec: &str, adapter: &str| {
+            let v = version(&spec.replace("/srv/adapters/a", adapter));
+            Setup::new(&v, "/srv/models/m".into(), Some(adapter.into())).unwrap().key()
+        };
+        assert_ne!(fixed(SPEC, "/srv/adapters/a"), fixed(SPEC, "/srv/adapters/b"));
+        let runtime = SPEC.replace("shm_size", "runtime_lora = true\nshm_size");
+        assert_eq!(fixed(&runtime, "/srv/adapters/a"), fixed(&runtime, "/srv/adapters/b"));
+        let other_args = runtime.replace("4096", "8192");
+        assert_ne!(fixed(&runtime, "/srv/adapters/a"), fixed(&other_args, "/srv/adapters/a"));
+        let v = version(&runtime);
+        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+        let a = s.adapter.as_ref().unwrap();
+        assert_eq!((a.mount_target.as_str(), a.container_path.as_str()), ("/adapters", "/adapters/a"));
+        assert!(s.body("k", 1, HashMap::new()).env.unwrap().contains(&"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True".to_string()));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("16g").unwrap(), 16 << 30);
+        assert_eq!(parse_bytes("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert!(parse_bytes("lots").is_err() && parse_bytes("-1g").is_err());
+    }
+}

@@ -1,0 +1,478 @@
+//! Keeps model containers across jobs and watches them during one.
+//!
+//! `Pool::acquire` hands out a ready server for a version: the warm container when its
+//! key matches (same image, model, arguments), loading the version's adapter at run time
+//! when the spec allows it (`runtime_lora`, vLLM's `POST /v1/load_lora_adapter`), else a
+//! fresh container (the warm one is stopped first: one model on the GPU at a time).
+//! `Pool::release` saves the job's part of the container log into the run directory and
+//! keeps the container warm; `Pool::shutdown` stops it. `pruefstand run` uses a fresh
+//! pool per command; the daemon keeps one across jobs.
+//!
+//! While a lease is out a watch checks the server every second. A death (container
+//! exited, or `/health` failing three times in a row) stops the gym, restarts the
+//! container once on the same port, and `Lease::after_gym` tells the run to resume the
+//! gym (cases that failed because of the death are dropped first). A second death, or a
+//! restart that does not come up, ends the run: `facts().failed`, which R1 fails.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use bollard::Docker;
+use bollard::models::ContainerCreateBody;
+
+use super::{
+    ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name, create,
+    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, stop_gym_children,
+    wait_ready,
+};
+use crate::case::CaseRecord;
+use crate::judge::ModelServerFacts;
+use crate::spec::Version;
+use crate::util;
+
+/// What a job asks the pool for.
+pub struct Request<'a> {
+    pub version: &'a Version,
+    /// The gym's ground truth: goes into the simulated model's generated model folder.
+    pub truth_file: &'a Path,
+    /// Gets `container.log` (and generated files when needed).
+    pub run_dir: &'a Path,
+    /// Labels: the daemon's job id (`run` uses `run-<pid>`) and the run's id.
+    pub job: &'a str,
+    pub run_id: &'a str,
+}
+
+/// A created container and how to reach it.
+#[derive(Clone, Debug)]
+pub struct Container {
+    pub id: String,
+    pub name: String,
+    pub host_port: u16,
+    pub api_key: String,
+    pub key: String,
+    pub image: ImageInfo,
+    /// The exact command (API key redacted; it is in the environment anyway).
+    pub command: Vec<String>,
+    /// Served names: the base model and every adapter loaded so far.
+    pub served: Vec<String>,
+    /// In-container paths of adapters loaded at run time (reloaded after a restart).
+    loaded_paths: HashMap<String, String>,
+    setup: Setup,
+    body: ContainerCreateBody,
+}
+
+pub struct Pool {
+    /// Generated model folders for the simulated model's image live here.
+    work_dir: PathBuf,
+    docker: tokio::sync::OnceCell<Docker>,
+    warm: tokio::sync::Mutex<Option<Container>>,
+    created: AtomicUsize,
+}
+
+impl Pool {
+    /// No Docker connection yet: a pool for sim-only runs never talks to Docker.
+    pub fn new(work_dir: impl Into<PathBuf>) -> Pool {
+        Pool { work_dir: work_dir.into(), docker: tokio::sync::OnceCell::new(), warm: tokio::sync::Mutex::new(None), created: AtomicUsize::new(0) }
+    }
+
+    pub async fn docker(&self) -> anyhow::Result<&Docker> {
+        self.docker.get_or_try_init(super::connect).await
+    }
+
+    /// Containers this pool created so far.
+    #[allow(dead_code)] // for the daemon's status and tests
+    pub fn created(&self) -> usize {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// A ready server for the version (docker backend): warm or fresh. A server that
+    /// does not come up is removed, its log saved, and the error is a [`ServerFailure`].
+    pub async fn acquire(&self, req: &Request<'_>) -> anyhow::Result<Lease> {
+        let docker = self.docker().await?.clone();
+        let setup = self.setup_for(req)?;
+        let image = ensure_image(&docker, &setup.image, setup.pull).await.with_context(|| req.version.path.display().to_string())?;
+        let key = setup.key();
+        let since = chrono::Utc::now().timestamp();
+        let mut warm = self.warm.lock().await;
+        if let Some(mut c) = warm.take() {
+            let http = http();
+            let fit = c.key == key && c.image.id == image.id && healthy(&docker, &http, &c.id, c.host_port).await.unwrap_or(false);
+            if fit && self.take_adapter(&docker, &mut c, &setup).await? {
+                eprintln!("model container {} reused (warm)", c.name);
+                return Ok(Lease::start(docker, c, req.run_dir, since, &setup));
+            }
+            eprintln!("model container {}: stopping (the next job needs another server)", c.name);
+            stop_and_remove(&docker, &c.id).await?;
+        }
+        drop(warm);
+
+        let api_key = crate::model::new_api_key();
+        let host_port = free_port()?;
+        let name = container_name(&req.version.name);
+        let labels = HashMap::from([
+            (LABEL_JOB.to_string(), req.job.to_string()),
+            (LABEL_RUN.to_string(), req.run_id.to_string()),
+            (LABEL_VERSION.to_string(), req.version.name.clone()),
+        ]);
+        let body = setup.body(&api_key, host_port, labels);
+        let id = create(&docker, &name, body.clone()).await?;
+        self.created.fetch_add(1, Ordering::Relaxed);
+        let mut served = vec![setup.served_name.clone()];
+        served.extend(setup.adapter.iter().map(|a| a.name.clone()));
+        let c = Container { id, name, host_port, api_key, key, image, command: redact(&setup.command()), served, loaded_paths: HashMap::new(), setup: setup.clone(), body };
+        eprintln!("model container {} ({}) starting on 127.0.0.1:{}", c.name, c.image.name, c.host_port);
+        let up = match docker.start_container(&c.id, None::<bollard::query_parameters::StartContainerOptions>).await {
+            Ok(()) => wait_ready(&docker, &c.id, c.host_port, &c.api_key, &names(&c.served), c.setup.ready_timeout).await,
+            Err(e) => Err(ServerFailure { message: format!("starting container {}: {e}", c.name), log_tail: vec![] }),
+        };
+        if let Err(failure) = up {
+            save_log(&docker, &c.id, req.run_dir, 0).await;
+            stop_and_remove(&docker, &c.id).await?;
+            return Err(failure.into());
+        }
+        Ok(Lease::start(docker, c, req.run_dir, since, &setup))
+    }
+
+    /// Makes the warm container serve the setup's adapter; false when it cannot.
+    async fn take_adapter(&self, docker: &Docker, c: &mut Container, setup: &Setup) -> anyhow::Result<bool> {
+        let Some(a) = &setup.adapter else { return Ok(true) };
+        if c.served.contains(&a.name) {
+            return Ok(true);
+        }
+        if !setup.runtime_lora {
+            return Ok(false);
+        }
+        let url = format!("http://127.0.0.1:{}/v1/load_lora_adapter", c.host_port);
+        let body = serde_json::json!({"lora_name": a.name, "lora_path": a.container_path});
+        let resp = http().post(&url).bearer_auth(&c.api_key).json(&body).send().await;
+        match resp {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => {
+                let status = r.status();
+                eprintln!("model container {}: loading adapter {} failed ({status}: {}); restarting instead", c.name, a.name, r.text().await.unwrap_or_default().trim());
+                return Ok(false);
+            }
+            Err(e) => {
+                eprintln!("model container {}: loading adapter {} failed ({e}); restarting instead", c.name, a.name);
+                return Ok(false);
+            }
+        }
+        c.served.push(a.name.clone());
+        c.loaded_paths.insert(a.name.clone(), a.container_path.clone());
+        if let Err(f) = wait_ready(docker, &c.id, c.host_port, &c.api_key, &names(&c.served), Duration::from_secs(60)).await {
+            eprintln!("model container {}: {f}", c.name);
+            return Ok(false);
+        }
+        eprintln!("model container {}: adapter {} loaded at run time", c.name, a.name);
+        Ok(true)
+    }
+
+    /// Ends a lease: stops its watch, saves the job's log to `container.log`, and keeps
+    /// the container warm unless it failed. Returns what happened to the server.
+    pub async fn release(&self, lease: Lease) -> anyhow::Result<ModelServerFacts> {
+        let facts = lease.facts();
+        let Lease { docker, mut container, run_dir, since, watch, task, .. } = lease;
+        task.abort();
+        let _ = task.await;
+        container.id = watch.lock().expect("watch lock").container_id.clone();
+        save_log(&docker, &container.id, &run_dir, since).await;
+        if facts.failed {
+            stop_and_remove(&docker, &container.id).await?;
+        } else {
+            let mut warm = self.warm.lock().await;
+            if let Some(old) = warm.replace(container) {
+                stop_and_remove(&docker, &old.id).await?;
+            }
+        }
+        Ok(facts)
+    }
+
+    /// Stops and removes the warm container, if any.
+    pub async fn shutdown(&self) -> anyhow::Result<()> {
+        let Some(c) = self.warm.lock().await.take() else { return Ok(()) };
+        let docker = self.docker().await?;
+        eprintln!("model container {}: stopping", c.name);
+        stop_and_remove(docker, &c.id).await
+    }
+
+    /// The setup for a request; for the simulated model's image (a `[sim]` table and no
+    /// `model.path`) the model folder (sim.toml + truth.json) and empty adapter folders
+    /// are generated under the pool's work folder, content-addressed, so equal specs
+    /// share them and a warm container stays reusable across runs.
+    fn setup_for(&self, req: &Request<'_>) -> anyhow::Result<Setup> {
+        let spec = &req.version.spec;
+        let model_host = match (&spec.model.path, &spec.sim) {
+            (Some(path), _) => path.clone(),
+            (None, Some(sim)) => self.sim_model_dir(sim, req.truth_file)?,
+            (None, None) => anyhow::bail!("{}: backend \"docker\" needs model.path", req.version.path.display()),
+        };
+        let adapter_host = match &spec.adapter {
+            Some(a) => Some(match &a.path {
+                Some(p) => p.clone(),
+                None => {
+                    let dir = self.work_dir.join("sim-adapters").join(super::path_word(&a.name));
+                    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                    util::write_atomic(&dir.join("adapter_config.json"), br#"{"simulated": true}"#)?;
+                    dir
+                }
+            }),
+            None => None,
+        };
+        Setup::new(req.version, model_host, adapter_host)
+    }
+
+    fn sim_model_dir(&self, sim: &crate::sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
+        let config = toml::to_string(sim).context("writing the simulator's settings")?;
+        let truth = std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
+        let mut both = config.clone().into_bytes();
+        both.extend_from_slice(&truth);
+        let dir = self.work_dir.join("sim-models").join(&util::sha256_hex(&both)[..16]);
+        if !dir.join("truth.json").is_file() {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            util::write_atomic(&dir.join("sim.toml"), config.as_bytes())?;
+            util::write_atomic(&dir.join("truth.json"), &truth)?;
+        }
+        Ok(dir)
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("HTTP client")
+}
+
+fn names(served: &[String]) -> Vec<&str> {
+    served.iter().map(String::as_str).collect()
+}
+
+/// Appends the container's log since `since` to `<run_dir>/container.log`.
+async fn save_log(docker: &Docker, id: &str, run_dir: &Path, since: i64) {
+    let path = run_dir.join("container.log");
+    let text = match logs(docker, id, since, None).await {
+        Ok(text) => text,
+        Err(e) => format!("(container log unavailable: {e:#})\n"),
+    };
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(text.as_bytes()));
+    if let Err(e) = written {
+        tracing::warn!("saving {}: {e}", path.display());
+    }
+}
+
+/// A server handed to one job, with its health watch.
+pub struct Lease {
+    pub container: Container,
+    /// This job's model and adapter folders (the container may have been created for
+    /// another adapter).
+    pub model_host: PathBuf,
+    pub adapter_host: Option<PathBuf>,
+    docker: Docker,
+    run_dir: PathBuf,
+    since: i64,
+    watch: Arc<Mutex<WatchState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    facts: ModelServerFacts,
+    /// The container's id now (a recreated container has a new one).
+    container_id: String,
+    restarting: bool,
+    /// A restart succeeded and the gym has not been resumed since.
+    pending_resume: bool,
+    /// Length of cases.jsonl at the last healthy check.
+    healthy_len: u64,
+    /// Case ids recorded before the last death (errors after it are its casualties).
+    before_death: BTreeSet<String>,
+}
+
+impl Lease {
+    fn start(docker: Docker, container: Container, run_dir: &Path, since: i64, setup: &Setup) -> Lease {
+        let watch = Arc::new(Mutex::new(WatchState { container_id: container.id.clone(), ..WatchState::default() }));
+        let task = tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone()));
+        let (model_host, adapter_host) = (setup.model_host.clone(), setup.adapter.as_ref().map(|a| a.host.clone()));
+        Lease { container, model_host, adapter_host, docker, run_dir: run_dir.to_path_buf(), since, watch, task }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.container.host_port)
+    }
+
+    pub fn facts(&self) -> ModelServerFacts {
+        self.watch.lock().expect("watch lock").facts.clone()
+    }
+
+    /// Called after each gym pass: true when the server was restarted since and the
+    /// gym must resume (after dropping the death's casualties); false when the run is
+    /// over (finished, or the server failed for good). Waits out a restart in progress.
+    pub async fn after_gym(&self) -> anyhow::Result<bool> {
+        loop {
+            {
+                let mut s = self.watch.lock().expect("watch lock");
+                if !s.restarting {
+                    if s.facts.failed || !s.pending_resume {
+                        return Ok(false);
+                    }
+                    s.pending_resume = false;
+                    let dropped = drop_casualties(&self.run_dir, &s.before_death)?;
+                    eprintln!("model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)");
+                    return Ok(true);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Every second: is the server alive? On a death: stop the gym, restart once.
+async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<Mutex<WatchState>>) {
+    let http = http();
+    let cases = run_dir.join("cases.jsonl");
+    let mut failures = 0;
+    let mut id = c.id.clone();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let reason = match healthy(&docker, &http, &id, c.host_port).await {
+            Ok(true) => {
+                failures = 0;
+                watch.lock().expect("watch lock").healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
+                continue;
+            }
+            Ok(false) => match docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await {
+                Ok(i) if i.state.as_ref().and_then(|s| s.running) == Some(true) => {
+                    failures += 1;
+                    if failures < 3 {
+                        continue;
+                    }
+                    "/health failed 3 times in a row".to_string()
+                }
+                Ok(i) => {
+                    let state = i.state.unwrap_or_default();
+                    let oom = if state.oom_killed == Some(true) { ", OOM-killed" } else { "" };
+                    format!("the container exited with code {}{oom}", state.exit_code.unwrap_or(-1))
+                }
+                Err(e) if is_not_found(&e) => "the container is gone".to_string(),
+                Err(_) => continue,
+            },
+            Err(e) if is_not_found(&e) => "the container is gone".to_string(),
+            // Docker itself hiccupped: not the server's death.
+            Err(_) => continue,
+        };
+        failures = 0;
+        let tail = log_tail(&docker, &id, 40).await;
+        let deaths = {
+            let mut s = watch.lock().expect("watch lock");
+            s.facts.deaths += 1;
+            s.facts.events.push(format!("{}: model server died: {reason}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            s.facts.log_tail = tail;
+            s.before_death = recorded_ids(&cases, s.healthy_len);
+            if s.facts.deaths >= 2 {
+                s.facts.failed = true;
+            } else {
+                s.restarting = true;
+            }
+            s.facts.deaths
+        };
+        let stopped = stop_gym_children();
+        eprintln!("model container {}: the server died ({reason}); {stopped} gym process(es) stopped", c.name);
+        if deaths >= 2 {
+            eprintln!("model container {}: second death — the run ends invalid", c.name);
+            return;
+        }
+        let restarted = restart(&docker, &c, &id).await;
+        let mut s = watch.lock().expect("watch lock");
+        s.restarting = false;
+        match restarted {
+            Ok(new_id) => {
+                id = new_id;
+                s.container_id = id.clone();
+                s.facts.restarts += 1;
+                s.pending_resume = true;
+                s.facts.events.push(format!("{}: restarted", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+                eprintln!("model container {}: restarted and ready", c.name);
+            }
+            Err(f) => {
+                s.facts.failed = true;
+                s.facts.events.push(format!("restart failed: {}", f.message));
+                s.facts.log_tail = f.log_tail;
+                eprintln!("model container {}: restart failed: {}", c.name, f.message);
+                return;
+            }
+        }
+    }
+}
+
+/// Starts the same container again (same port, same key; recreated from the same body
+/// when it was removed) and reloads adapters that were loaded at run time, which a
+/// restarted vLLM has forgotten. Returns the container's (possibly new) id.
+async fn restart(docker: &Docker, c: &Container, id: &str) -> Result<String, ServerFailure> {
+    let fail = |message: String| ServerFailure { message, log_tail: vec![] };
+    let options = bollard::query_parameters::RestartContainerOptionsBuilder::default().t(STOP_GRACE_S).build();
+    let id = match docker.restart_container(id, Some(options)).await {
+        Ok(()) => id.to_string(),
+        Err(e) if is_not_found(&e) => {
+            let id = create(docker, &c.name, c.body.clone()).await.map_err(|e| fail(format!("recreating {}: {e:#}", c.name)))?;
+            docker
+                .start_container(&id, None::<bollard::query_parameters::StartContainerOptions>)
+                .await
+                .map_err(|e| fail(format!("starting {}: {e}", c.name)))?;
+            id
+        }
+        Err(e) => return Err(fail(format!("restarting {}: {e}", c.name))),
+    };
+    let from_command = 1 + usize::from(c.setup.adapter.is_some());
+    let served = names(&c.served);
+    wait_ready(docker, &id, c.host_port, &c.api_key, &served[..from_command.min(served.len())], c.setup.ready_timeout).await?;
+    for name in served.iter().skip(from_command) {
+        let path = c.loaded_paths.get(*name).cloned().unwrap_or_default();
+        let url = format!("http://127.0.0.1:{}/v1/load_lora_adapter", c.host_port);
+        let body = serde_json::json!({"lora_name": name, "lora_path": path});
+        let ok = http().post(&url).bearer_auth(&c.api_key).json(&body).send().await.is_ok_and(|r| r.status().is_success());
+        if !ok {
+            return Err(fail(format!("reloading adapter {name} after the restart failed")));
+        }
+    }
+    wait_ready(docker, &id, c.host_port, &c.api_key, &served, Duration::from_secs(60)).await?;
+    Ok(id)
+}
+
+/// Case ids in the first `len` bytes of cases.jsonl.
+fn recorded_ids(cases: &Path, len: u64) -> BTreeSet<String> {
+    let bytes = std::fs::read(cases).unwrap_or_default();
+    let prefix = &bytes[..bytes.len().min(len as usize)];
+    String::from_utf8_lossy(prefix)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<CaseRecord>(l).ok())
+        .map(|r| r.case_id)
+        .collect()
+}
+
+/// Removes the error records of cases not recorded before the death (they failed
+/// because the server was gone), so the resumed gym runs them again.
+fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<usize> {
+    let path = run_dir.join("cases.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut kept = String::with_capacity(text.len());
+    let mut dropped = 0;
+    for line in text.lines() {
+        let casualty = serde_json::from_str::<CaseRecord>(line).is_ok_and(|r| r.is_error() && !before.contains(&r.case_id));
+        if casualty {
+            dropped += 1;
+        } else {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    if dropped > 0 {
+        util::write_atomic(&path, kept.as_bytes())?;
+    }
+    Ok(dropped)
+}

@@ -1,0 +1,149 @@
+//! `provenance.json` in every run directory: what exactly ran, so a result can be
+//! reproduced or doubted — the image (id, digests) and the exact container command (API
+//! key redacted), driver/CUDA/GPU (NVML), Jetson power mode and L4T release, model and
+//! adapter files, agentdojo version, plan hash, and our own version and revision.
+//!
+//! Collecting never fails a run: anything unavailable is recorded as absent, with why.
+//! Not the judgement's input (that is `run.json`); R1 reads the image digest from there.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::container::pool::Container;
+use crate::spec::Version;
+use crate::util;
+
+/// Files up to this size are hashed (sha256); larger ones (weights) are recorded by
+/// size and mtime only — hashing tens of GB per run would cost minutes.
+const HASH_LIMIT: u64 = 64 << 20;
+/// At most this many files per folder are listed.
+const MAX_FILES: usize = 2000;
+
+pub struct Inputs<'a> {
+    pub version: &'a Version,
+    pub plan_name: &'a str,
+    pub plan_hash: &'a str,
+    pub benchmark_version: &'a str,
+    pub agentdojo_version: &'a str,
+    pub container: Option<&'a Container>,
+    /// The model and adapter folders the server read (spec paths, or generated ones).
+    pub model_dir: Option<PathBuf>,
+    pub adapter_dir: Option<PathBuf>,
+}
+
+pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
+    util::write_json_atomic(&run_dir.join("provenance.json"), &collect(inputs))
+}
+
+pub fn collect(i: &Inputs) -> Value {
+    let spec = &i.version.spec;
+    let container = i.container.map(|c| {
+        json!({
+            "id": c.id, "name": c.name,
+            "command": c.command,
+            "env": ["VLLM_API_KEY=<redacted>"],
+            "published": format!("127.0.0.1:{}", c.host_port),
+            "gpu": spec.model.gpu,
+        })
+    });
+    json!({
+        "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "pruefstand": ours(),
+        "version": {"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()},
+        "plan": {"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version},
+        "agentdojo_version": i.agentdojo_version,
+        "image": i.container.map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
+        "container": container,
+        "gpu": nvml(),
+        "jetson": jetson(),
+        "files": {
+            "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
+            "model": i.model_dir.as_deref().map(fingerprint),
+            "adapter": i.adapter_dir.as_deref().map(fingerprint),
+        },
+    })
+}
+
+/// Our version, and the git revision read at run time from the checkout the binary was
+/// built from (`CARGO_MANIFEST_DIR`); null with the reason when that is not a checkout.
+fn ours() -> Value {
+    let source = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").arg("-C").arg(source).args(args).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let revision = git(&["rev-parse", "HEAD"]);
+    let dirty = revision.as_ref().and_then(|_| git(&["status", "--porcelain", "--untracked-files=no"])).map(|s| !s.is_empty());
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "git_revision": revision,
+        "git_dirty": dirty,
+        "git_source": format!("`git rev-parse HEAD` at run time in {source} (the build's source folder)"),
+    })
+}
+
+fn nvml() -> Value {
+    let nvml = match nvml_wrapper::Nvml::init() {
+        Ok(n) => n,
+        Err(e) => return json!({"available": false, "reason": format!("NVML: {e}")}),
+    };
+    let cuda = nvml.sys_cuda_driver_version().ok().map(|v| {
+        format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
+    });
+    let count = nvml.device_count().unwrap_or(0);
+    let names: Vec<Value> = (0..count).map(|i| nvml.device_by_index(i).and_then(|d| d.name()).map_or(Value::Null, Value::from)).collect();
+    json!({
+        "available": true,
+        "driver_version": nvml.sys_driver_version().ok(),
+        "cuda_driver_version": cuda,
+        "gpus": names,
+    })
+}
+
+fn jetson() -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string());
+    let nvpmodel = Command::new("nvpmodel")
+        .arg("-q")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    json!({
+        "nvpmodel_q": nvpmodel,
+        "nv_tegra_release": read("/etc/nv_tegra_release"),
+        "device_model": read("/proc/device-tree/model"),
+    })
+}
+
+/// Every file under `dir` (sorted): size, mtime, and sha256 when small enough.
+fn fingerprint(dir: &Path) -> Value {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(_) => files.push(p),
+                Err(_) => {}
+            }
+        }
+    }
+    files.sort();
+    let truncated = files.len() > MAX_FILES;
+    let listed: Vec<Value> = files
+        .iter()
+        .take(MAX_FILES)
+        .map(|p| {
+            let meta = std::fs::metadata(p).ok();
+            let size = meta.as_ref().map(|m| m.len());
+            let mtime = meta.as_ref().and_then(|m| m.modified().ok()).map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339());
+            let sha256 = size.filter(|s| *s <= HASH_LIMIT).and_then(|_| std::fs::read(p).ok()).map(|b| util::sha256_hex(&b));
+            json!({"path": p.strip_prefix(dir).unwrap_or(p), "size": size, "mtime": mtime, "sha256": sha256})
+        })
+        .collect();
+    json!({"path": dir, "exists": dir.is_dir(), "files": listed, "truncated": truncated})
+}
