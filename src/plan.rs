@@ -13,7 +13,9 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use crate::case::{Case, CaseKind};
+use crate::case::Case;
+#[cfg(test)]
+use crate::case::CaseKind;
 use crate::gym::Inventory;
 use crate::judge::Thresholds;
 use crate::util;

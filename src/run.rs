@@ -64,7 +64,18 @@ pub struct Finished {
 /// dead owners (a `kill -9`'d run) are removed and reported.
 pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Finished> {
     let pool = Pool::new(pyenv.cache.join("container"));
+    let result = run_with_pool(root, pyenv, request, &pool);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let shutdown = runtime.block_on(pool.shutdown());
+    let finished = result?;
+    shutdown?;
+    Ok(finished)
+}
+
+/// Like [`run`] with a pool the caller keeps (the daemon: warm containers across
+/// jobs): for Docker versions, orphaned containers are removed and the inputs checked
+/// (image present, model and adapter folders) before anything starts.
+pub fn run_with_pool(root: &Root, pyenv: &PyEnv, request: RunRequest, pool: &Pool) -> anyhow::Result<Finished> {
     let mut versions = vec![request.version.clone()];
     if let Some(name) = request.version.reference() {
         versions.push(Version::load(&root.versions(), name)?);
@@ -72,6 +83,7 @@ pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Fi
     if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
         // Inputs first (a missing plan is named before the environment is checked).
         Profile::load(&Profile::locate(&root.path, request.plan))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async {
             let docker = pool.docker().await?;
             for orphan in container::remove_orphans(docker).await? {
@@ -83,14 +95,9 @@ pub fn run(root: &Root, pyenv: &PyEnv, request: RunRequest) -> anyhow::Result<Fi
             anyhow::Ok(())
         })?;
     }
-    let result = run_in(root, pyenv, request, &pool);
-    let shutdown = runtime.block_on(pool.shutdown());
-    let finished = result?;
-    shutdown?;
-    Ok(finished)
+    run_in(root, pyenv, request, pool)
 }
 
-/// One run with containers from `pool` (kept warm afterwards: the caller shuts it down).
 pub fn run_in(root: &Root, pyenv: &PyEnv, request: RunRequest, pool: &Pool) -> anyhow::Result<Finished> {
     let version = request.version;
     let plan_path = Profile::locate(&root.path, request.plan);

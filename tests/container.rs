@@ -289,3 +289,46 @@ fn docker_unreachable_fails_in_one_line_without_hanging() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("no answer within 5 s"), "{stderr}");
 }
+
+#[test]
+fn two_queued_jobs_on_one_base_reuse_one_container_in_the_daemon() {
+    docker::ensure_dockerd();
+    let bench = Bench::new();
+    let plan = plan(&bench, 1);
+    let since = chrono::Utc::now().timestamp() - 1;
+    version(&bench, "queued-r3", "docker", "inj-harden-r3", "runtime_lora = true", 0);
+    version(&bench, "queued-r4", "docker", "inj-harden-r4", "runtime_lora = true", 0);
+    // Both queued before the daemon starts: when the first ends, the second is waiting.
+    let first = bench.start(&["queued-r3", "--plan", &plan]);
+    let second = bench.start(&["queued-r4", "--plan", &plan]);
+    let daemon = bench.daemon();
+    bench.wait_job(first, "done", 300);
+    bench.wait_job(second, "done", 300);
+    assert_eq!(docker::creates_since(since, "pruefstand.version=queued-r3"), 1, "the first job created the container");
+    assert_eq!(docker::creates_since(since, "pruefstand.version=queued-r4"), 0, "the second reused it\n{}", daemon.log());
+    let provenance = |id: u64| common::json(&PathBuf::from(bench.job(id)["run_dir"].as_str().unwrap()).join("provenance.json"));
+    assert_eq!(provenance(first)["container"]["id"], provenance(second)["container"]["id"]);
+    // Nothing left waiting: the daemon gives the GPU back.
+    wait_for(60, "the warm container to be stopped with the queue empty", || {
+        docker::containers("pruefstand.version=queued-r3").is_empty().then_some(())
+    });
+}
+
+#[test]
+fn orphans_of_a_killed_daemon_are_removed_at_its_next_start() {
+    docker::ensure_dockerd();
+    let bench = Bench::new();
+    let plan = plan(&bench, 2);
+    version(&bench, "daemon-orphan", "docker", "inj-harden-r3", "", 1500);
+    let mut daemon = bench.daemon();
+    let job = bench.start(&["daemon-orphan", "--plan", &plan]);
+    let orphan = container_of("daemon-orphan");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon.pid() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    daemon.child.wait().unwrap();
+    assert_eq!(docker::inspect(&orphan).state.unwrap().running, Some(true), "the orphan still runs");
+
+    let daemon = bench.daemon();
+    wait_for(60, "the orphan to be removed", || docker::containers("pruefstand.version=daemon-orphan").iter().all(|c| c.id.as_deref() != Some(orphan.as_str())).then_some(()));
+    assert!(daemon.log().contains(&orphan[..12]), "the removal is reported:\n{}", daemon.log());
+    bench.wait_job(job, "done", 300);
+}

@@ -415,6 +415,14 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Creates a container (named `name`); returns its id.
+/// Ids of the model containers this process created: the GPU guard counts their
+/// processes as ours, also for a container created after its watch began.
+static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+pub fn created_ids() -> Vec<String> {
+    CREATED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
 pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> anyhow::Result<String> {
     let image = body.image.clone().unwrap_or_default();
     let created = docker
@@ -424,6 +432,7 @@ pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> a
     for w in &created.warnings {
         tracing::warn!("docker: {w}");
     }
+    CREATED.lock().unwrap_or_else(|p| p.into_inner()).push(created.id.clone());
     Ok(created.id)
 }
 

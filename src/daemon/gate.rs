@@ -52,11 +52,9 @@ impl Observation for Watching {
 
 impl Gate for Guarded {
     async fn wait_clear(&mut self, on_status: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
-        // Our own model runs in-process or starts after this wait, so no process of ours
-        // is on the GPU yet.
         let mut last = String::new();
         self.guards
-            .wait_until_clear(&OwnProcesses::none(), |status| {
+            .wait_until_clear(&ours(), |status| {
                 let line = status.line();
                 if line != last {
                     on_status(&line);
@@ -70,6 +68,12 @@ impl Gate for Guarded {
     }
 
     fn watch(&mut self) -> Arc<dyn Observation> {
-        Arc::new(Watching(Mutex::new(self.guards.watch(OwnProcesses::none()))))
+        Arc::new(Watching(Mutex::new(self.guards.watch(ours()))))
     }
+}
+
+/// Our model containers (a warm one kept from the last job, the job's own once it is
+/// created) are never foreign.
+fn ours() -> OwnProcesses {
+    OwnProcesses::none().with_containers_from(crate::container::created_ids)
 }

@@ -136,6 +136,8 @@ struct Daemon<G: Gate> {
     tx: mpsc::UnboundedSender<Event>,
     state: Publisher,
     hooks: tokio::task::JoinSet<()>,
+    /// Model containers kept warm from one job to the next (same image, model, args).
+    pool: Arc<crate::container::Pool>,
     /// Kept alive for its inotify thread.
     _watcher: notify::RecommendedWatcher,
 }
@@ -161,6 +163,7 @@ impl<G: Gate> Daemon<G> {
         let mut usec = 0;
         let watchdog = sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec));
         let state = Publisher::new(queue.daemon_state_file());
+        let pool_dir = queue.daemon_state_file().with_file_name("containers");
         Ok(Daemon {
             root,
             queue,
@@ -169,12 +172,14 @@ impl<G: Gate> Daemon<G> {
             tx,
             state,
             hooks: tokio::task::JoinSet::new(),
+            pool: Arc::new(crate::container::Pool::new(pool_dir)),
             _watcher: watcher,
         })
     }
 
     async fn serve(&mut self) -> anyhow::Result<()> {
         self.recover()?;
+        self.remove_orphans().await;
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
         self.inbox.ping_if_due();
         tracing::info!("daemon ready for {} (pid {})", self.root.path.display(), std::process::id());
@@ -196,6 +201,13 @@ impl<G: Gate> Daemon<G> {
             let Some(job) = self.queue.next_pending()? else { continue };
             if let Flow::Exit = self.run_job(job).await? {
                 return self.exit("SIGTERM").await;
+            }
+            // A warm model container is kept only for a job that is already waiting: an
+            // idle daemon must not hold the shared GPU.
+            if self.queue.next_pending()?.is_none()
+                && let Err(err) = self.pool.shutdown().await
+            {
+                tracing::warn!("stopping the warm model container: {err:#}");
             }
         }
     }
@@ -279,7 +291,7 @@ impl<G: Gate> Daemon<G> {
             })),
             gpu: Some(Box::new(move || observation.exclusivity())),
         });
-        let (root, tx, thread_control) = (self.root.clone(), self.tx.clone(), control.clone());
+        let (root, tx, thread_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
         std::thread::Builder::new()
             .name(format!("job-{id}"))
             .spawn(move || {
@@ -287,7 +299,7 @@ impl<G: Gate> Daemon<G> {
                     let pyenv = PyEnv::ensure()?;
                     let plan = plan_path.to_string_lossy();
                     let request = RunRequest { version: &version, plan: &plan, jobs: None, out: Some(run_dir), control: Some(&thread_control) };
-                    let finished = run::run(&root, &pyenv, request)?;
+                    let finished = run::run_with_pool(&root, &pyenv, request, &pool)?;
                     let figures = &finished.judgement.figures;
                     Ok(Outcome {
                         run_dir: finished.run_dir.path.clone(),
@@ -371,12 +383,28 @@ impl<G: Gate> Daemon<G> {
         }
     }
 
+    /// Model containers left by a daemon or run that died (`kill -9`, a reboot) are
+    /// removed at start-up. No Docker on this machine is fine: then there are none.
+    async fn remove_orphans(&self) {
+        let docker = match self.pool.docker().await {
+            Ok(docker) => docker,
+            Err(err) => return tracing::info!("no orphan check: {err:#}"),
+        };
+        match crate::container::remove_orphans(docker).await {
+            Ok(orphans) => orphans.iter().for_each(|orphan| tracing::warn!("{orphan}")),
+            Err(err) => tracing::warn!("checking for orphaned containers: {err:#}"),
+        }
+    }
+
     async fn exit(&mut self, why: &str) -> anyhow::Result<()> {
         tracing::info!("{why}: daemon exits");
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
         if !self.hooks.is_empty() {
             let hooks = &mut self.hooks;
             let _ = tokio::time::timeout(HOOK_GRACE, async { while hooks.join_next().await.is_some() {} }).await;
+        }
+        if let Err(err) = self.pool.shutdown().await {
+            tracing::warn!("stopping the warm model container: {err:#}");
         }
         self.state.set(Activity::Stopped);
         Ok(())

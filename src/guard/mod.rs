@@ -154,6 +154,9 @@ fn positive_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
 pub struct OwnProcesses {
     pids: HashSet<u32>,
     containers: Vec<String>,
+    /// Containers known only later (a model container created after a watch began):
+    /// asked on every look.
+    later: Option<fn() -> Vec<String>>,
 }
 
 impl OwnProcesses {
@@ -162,7 +165,13 @@ impl OwnProcesses {
     }
 
     pub fn pids(pids: impl IntoIterator<Item = u32>) -> OwnProcesses {
-        OwnProcesses { pids: pids.into_iter().collect(), containers: Vec::new() }
+        OwnProcesses { pids: pids.into_iter().collect(), containers: Vec::new(), later: None }
+    }
+
+    /// Also counts the processes of every container `containers()` names when asked.
+    pub fn with_containers_from(mut self, containers: fn() -> Vec<String>) -> OwnProcesses {
+        self.later = Some(containers);
+        self
     }
 
     /// Also counts every process whose `/proc/PID/cgroup` names this container (its
@@ -176,17 +185,18 @@ impl OwnProcesses {
         if self.pids.contains(&pid) {
             return true;
         }
-        if self.containers.is_empty() {
+        let later = self.later.map(|containers| containers()).unwrap_or_default();
+        if self.containers.is_empty() && later.is_empty() {
             return false;
         }
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return false };
-        self.containers.iter().any(|id| cgroup_names_container(&text, id))
+        self.containers.iter().chain(&later).any(|id| cgroup_names_container(&text, id))
     }
 }
 
 impl From<HashSet<u32>> for OwnProcesses {
     fn from(pids: HashSet<u32>) -> Self {
-        OwnProcesses { pids, containers: Vec::new() }
+        OwnProcesses { pids, containers: Vec::new(), later: None }
     }
 }
 
