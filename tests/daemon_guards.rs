@@ -26,13 +26,18 @@ fn config(nvml: Option<&FakeNvml>, units: &str) -> String {
 
 /// Waits until `pruefstand status` (the daemon's published state) mentions `text`.
 fn wait_status(bench: &Bench, text: &str) -> String {
+    wait_status_where(bench, text, |status| status.contains(text))
+}
+
+/// Waits until `pruefstand status` satisfies `ready` (`what` names it in a failure).
+fn wait_status_where(bench: &Bench, what: &str, ready: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status = bench.run(&["status"]).ok().stdout;
-        if status.contains(text) {
+        if ready(&status) {
             return status;
         }
-        assert!(Instant::now() < deadline, "status never said {text:?}; last:\n{status}");
+        assert!(Instant::now() < deadline, "status never said {what:?}; last:\n{status}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -58,8 +63,10 @@ fn a_busy_gpu_keeps_the_job_waiting_until_idle_for_the_window() {
     assert_eq!(bench.job(id)["state"], "pending", "a busy GPU keeps the job waiting");
 
     nvml.set(&NvmlState::default().utilization(3).process(0, 4343));
-    let status = wait_status(&bench, "foreign compute process 4343");
-    assert!(!status.contains("utilization"), "utilization is fine now: {status}");
+    let status = wait_status_where(&bench, "only process 4343 left", |status| {
+        status.contains("foreign compute process 4343") && !status.contains("utilization") && !status.contains("4242")
+    });
+    assert!(status.contains("waiting"), "{status}");
     assert_eq!(bench.job(id)["state"], "pending");
 
     nvml.set(&NvmlState::default().utilization(0));
