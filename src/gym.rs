@@ -125,6 +125,22 @@ impl Control {
         Control { progress: Some(Box::new(progress)), state: Default::default() }
     }
 
+    /// No progress reports: only the stop switches.
+    pub fn new() -> Control {
+        Control { progress: None, state: Default::default() }
+    }
+
+    /// Ends the running gym now (SIGKILL to its process group; `cases.jsonl` keeps every
+    /// finished case) but lets a later gym start — to resume after the model server was
+    /// restarted. True when a gym was running.
+    pub fn interrupt(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pgid) = state.pgid {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+        state.pgid.is_some()
+    }
+
     /// Stops the gym now (SIGKILL to its process group; `cases.jsonl` keeps every
     /// finished case) and refuses to start another.
     pub fn stop(&self) {

@@ -21,6 +21,8 @@ pub struct UpContext<'a> {
     pub run_dir: &'a Path,
     pub job: &'a str,
     pub run_id: &'a str,
+    /// The gym this server will serve (stopped when the server dies).
+    pub gym: &'a Arc<crate::gym::Control>,
 }
 
 /// Where the agent finds the model, and what keeps it alive.
@@ -99,7 +101,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> an
             Ok(Endpoint { base_url: url.trim_end_matches('/').to_string(), api_key, server: None, lease: None })
         }
         Backend::Docker => {
-            let request = container::Request { version, truth_file, run_dir: ctx.run_dir, job: ctx.job, run_id: ctx.run_id };
+            let request = container::Request { version, truth_file, run_dir: ctx.run_dir, job: ctx.job, run_id: ctx.run_id, gym: ctx.gym.clone() };
             let lease = ctx.pool.acquire(&request).await?;
             Ok(Endpoint { base_url: lease.base_url(), api_key: Some(lease.container.api_key.clone()), server: None, lease: Some(lease) })
         }

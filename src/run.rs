@@ -10,6 +10,7 @@
 //! resumed; `provenance.json` is written for every backend.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
@@ -186,8 +187,10 @@ fn execute_version(
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let run_id = root::run_id(&run_dir.path);
     let job = format!("run-{}", std::process::id());
+    // Always a gym control, so a dying model server can stop the gym it serves.
+    let gym_control = control.map_or_else(|| Arc::new(gym::Control::new()), |c| c.gym.clone());
     runtime.block_on(async {
-        let ctx = model::UpContext { pool, run_dir: &run_dir.path, job: &job, run_id: &run_id };
+        let ctx = model::UpContext { pool, run_dir: &run_dir.path, job: &job, run_id: &run_id, gym: &gym_control };
         let endpoint = match model::up(version, &truth, &ctx).await {
             Ok(endpoint) => endpoint,
             Err(err) => {
@@ -206,10 +209,10 @@ fn execute_version(
         };
         write_provenance(run_dir, version, plan, inventory, Some(&endpoint));
         let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await;
+        let mut result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, &gym_control, &endpoint).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, control, &endpoint).await,
+                Ok(true) => result = run_gym(pyenv, run_dir, version, plan, inventory, jobs, &gym_control, &endpoint).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -240,11 +243,11 @@ async fn run_gym(
     plan: &Plan,
     inventory: &Inventory,
     jobs: Option<usize>,
-    control: Option<&RunControl>,
+    gym_control: &Arc<gym::Control>,
     endpoint: &model::Endpoint,
 ) -> anyhow::Result<Executed> {
     let mut settings = agent_settings(run_dir, version, plan, jobs, endpoint)?;
-    settings.control = control.map(|c| c.gym.clone());
+    settings.control = Some(gym_control.clone());
     let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
     tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings)).await.context("the gym's thread")?
 }

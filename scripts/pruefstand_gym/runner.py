@@ -302,6 +302,12 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
 
 def run(request_path: str) -> int:
     t_start = time.monotonic()
+    # pruefstand may run us in a process group of our own (so it can stop us with the
+    # workers and agents): then a Ctrl-C or kill of pruefstand would not reach us. End
+    # with our parent; the workers end with us.
+    from .adapter import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGTERM)
     req = validate_request(load_request(request_path))
 
     from . import dojo

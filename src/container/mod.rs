@@ -658,27 +658,6 @@ fn owner_alive(pid: &str, start: &str, boot: &str) -> bool {
     }
 }
 
-/// SIGTERMs our own gym children (`gym.py`), so a run whose model server died stops
-/// instead of failing every remaining case; the gym resumes later from cases.jsonl.
-pub(crate) fn stop_gym_children() -> usize {
-    let me = std::process::id();
-    let mut stopped = 0;
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let ppid = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(me) {
-            continue;
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains("gym.py") {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-            stopped += 1;
-        }
-    }
-    stopped
-}
-
 /// The exact command for provenance and logs: the API key never appears in argv, but
 /// a spec could carry `--api-key` in its args — redact it all the same.
 pub fn redact(argv: &[String]) -> Vec<String> {

@@ -26,7 +26,7 @@ use bollard::models::ContainerCreateBody;
 
 use super::{
     ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name, create,
-    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, stop_gym_children,
+    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove,
     wait_ready,
 };
 use crate::case::CaseRecord;
@@ -44,6 +44,9 @@ pub struct Request<'a> {
     /// Labels: the daemon's job id (`run` uses `run-<pid>`) and the run's id.
     pub job: &'a str,
     pub run_id: &'a str,
+    /// The gym that talks to this server: interrupted when the server dies, so the run
+    /// stops instead of failing every remaining case, and resumes after the restart.
+    pub gym: Arc<crate::gym::Control>,
 }
 
 /// A created container and how to reach it.
@@ -103,7 +106,7 @@ impl Pool {
             let fit = c.key == key && c.image.id == image.id && healthy(&docker, &http, &c.id, c.host_port).await.unwrap_or(false);
             if fit && self.take_adapter(&docker, &mut c, &setup).await? {
                 eprintln!("model container {} reused (warm)", c.name);
-                return Ok(Lease::start(docker, c, req.run_dir, since, &setup));
+                return Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.gym.clone()));
             }
             eprintln!("model container {}: stopping (the next job needs another server)", c.name);
             stop_and_remove(&docker, &c.id).await?;
@@ -134,7 +137,7 @@ impl Pool {
             stop_and_remove(&docker, &c.id).await?;
             return Err(failure.into());
         }
-        Ok(Lease::start(docker, c, req.run_dir, since, &setup))
+        Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.gym.clone()))
     }
 
     /// Makes the warm container serve the setup's adapter; false when it cannot.
@@ -291,9 +294,9 @@ struct WatchState {
 }
 
 impl Lease {
-    fn start(docker: Docker, container: Container, run_dir: &Path, since: i64, setup: &Setup) -> Lease {
+    fn start(docker: Docker, container: Container, run_dir: &Path, since: i64, setup: &Setup, gym: Arc<crate::gym::Control>) -> Lease {
         let watch = Arc::new(Mutex::new(WatchState { container_id: container.id.clone(), ..WatchState::default() }));
-        let task = tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone()));
+        let task = tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone(), gym));
         let (model_host, adapter_host) = (setup.model_host.clone(), setup.adapter.as_ref().map(|a| a.host.clone()));
         Lease { container, model_host, adapter_host, docker, run_dir: run_dir.to_path_buf(), since, watch, task }
     }
@@ -329,7 +332,7 @@ impl Lease {
 }
 
 /// Every second: is the server alive? On a death: stop the gym, restart once.
-async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<Mutex<WatchState>>) {
+async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<Mutex<WatchState>>, gym: Arc<crate::gym::Control>) {
     let http = http();
     let cases = run_dir.join("cases.jsonl");
     let mut failures = 0;
@@ -377,8 +380,8 @@ async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<M
             }
             s.facts.deaths
         };
-        let stopped = stop_gym_children();
-        eprintln!("model container {}: the server died ({reason}); {stopped} gym process(es) stopped", c.name);
+        let stopped = if gym.interrupt() { "the gym stopped" } else { "no gym running" };
+        eprintln!("model container {}: the server died ({reason}); {stopped}", c.name);
         if deaths >= 2 {
             eprintln!("model container {}: second death — the run ends invalid", c.name);
             return;

@@ -36,6 +36,8 @@ struct Entry {
 
 /// Rewrites `reports_dir/index.html` from every `judgement.json` below it.
 pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
+    // A run written elsewhere (`--out`) into a root without runs yet still gets an index.
+    std::fs::create_dir_all(reports_dir).with_context(|| format!("creating {}", reports_dir.display()))?;
     let mut files = Vec::new();
     find_judgements(reports_dir, 0, &mut files).with_context(|| format!("scanning {}", reports_dir.display()))?;
     let mut entries = Vec::new();
