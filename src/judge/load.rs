@@ -54,7 +54,7 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         }
         None => None,
     };
-    Ok(JudgeInput { run: meta.into_facts(checks), records, reference, thresholds })
+    Ok(JudgeInput { run: meta, environment_checks: checks, records, reference, thresholds })
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
@@ -112,26 +112,13 @@ mod tests {
     fn write_run(dir: &Path, input: &JudgeInput, reference_run_dir: Option<&str>) {
         std::fs::create_dir_all(dir).unwrap();
         let r = &input.run;
-        let meta = RunMeta {
-            run_id: r.run_id.clone(),
-            version: r.version.clone(),
-            plan: r.plan.clone(),
-            plan_hash: r.plan_hash.clone(),
-            planned_case_ids: r.planned_case_ids.clone(),
-            benchmark_version: r.benchmark_version.clone(),
-            agentdojo_version: r.agentdojo_version.clone(),
-            image_digest: r.image_digest.clone(),
-            gpu: r.gpu.clone(),
-            reference_run_dir: reference_run_dir.map(PathBuf::from),
-            started_at: r.started_at.clone(),
-            model_server: r.model_server.clone(),
-        };
+        let meta = RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() };
         std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
         let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
         std::fs::write(dir.join("cases.jsonl"), lines.join("\n") + "\n").unwrap();
         std::fs::write(
             dir.join("environment_check.json"),
-            serde_json::json!({"checks": r.environment_checks}).to_string(),
+            serde_json::json!({"checks": input.environment_checks}).to_string(),
         )
         .unwrap();
         std::fs::write(dir.join("thresholds.json"), serde_json::to_string(&input.thresholds).unwrap()).unwrap();

@@ -69,27 +69,6 @@ pub struct ModelServerFacts {
     pub log_tail: Vec<String>,
 }
 
-/// What the judgement needs to know about the run besides its records.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-pub struct RunFacts {
-    pub run_id: String,
-    pub version: String,
-    pub plan: String,
-    pub plan_hash: String,
-    pub planned_case_ids: Vec<String>,
-    pub benchmark_version: String,
-    pub agentdojo_version: Option<String>,
-    /// None when the model ran in-process (embedded sim): noted, not a failure.
-    pub image_digest: Option<String>,
-    pub environment_checks: Vec<EnvCheck>,
-    pub gpu: GpuExclusivity,
-    /// RFC 3339; orders runs in the trend index.
-    #[serde(default)]
-    pub started_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model_server: Option<ModelServerFacts>,
-}
-
 /// `run.json` in a run directory, written by `run`, read by `pruefstand judge`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct RunMeta {
@@ -115,25 +94,6 @@ pub struct RunMeta {
     pub model_server: Option<ModelServerFacts>,
 }
 
-impl RunMeta {
-    pub fn into_facts(self, environment_checks: Vec<EnvCheck>) -> RunFacts {
-        RunFacts {
-            run_id: self.run_id,
-            version: self.version,
-            plan: self.plan,
-            plan_hash: self.plan_hash,
-            planned_case_ids: self.planned_case_ids,
-            benchmark_version: self.benchmark_version,
-            agentdojo_version: self.agentdojo_version,
-            image_digest: self.image_digest,
-            environment_checks,
-            gpu: self.gpu,
-            started_at: self.started_at,
-            model_server: self.model_server,
-        }
-    }
-}
-
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ReferenceRun {
     pub run_id: String,
@@ -143,7 +103,10 @@ pub struct ReferenceRun {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct JudgeInput {
-    pub run: RunFacts,
+    pub run: RunMeta,
+    /// `environment_check.json`: each planned injection task's ground truth run in the
+    /// environment (R1).
+    pub environment_checks: Vec<EnvCheck>,
     pub records: Vec<CaseRecord>,
     pub reference: Option<ReferenceRun>,
     pub thresholds: Thresholds,
@@ -275,7 +238,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     let records = dedup(&input.records);
     let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
     let t = &input.thresholds;
-    let r1 = rules::r1_validity(&input.run, &records, input.records.len(), &t.r1);
+    let r1 = rules::r1_validity(&input.run, &input.environment_checks, &records, input.records.len(), &t.r1);
     let mut list = vec![r1];
     if list[0].status == RuleStatus::Fail {
         for (id, name) in [("R2", "security"), ("R3", "utility"), ("R4", "no regression"), ("R5", "operating budget")] {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use super::thresholds::{self, Clustering};
-use super::{EnvStatus, Estimate, Figures, GpuExclusivity, Outlook, RuleResult, RuleStatus, RunFacts, Thresholds};
+use super::{EnvCheck, EnvStatus, Estimate, Figures, GpuExclusivity, Outlook, RuleResult, RuleStatus, RunMeta, Thresholds};
 use crate::case::{CaseKind, CaseRecord};
 use crate::stats::{self, Adjusted, Cluster};
 
@@ -122,7 +122,7 @@ fn goal_utility(records: &[CaseRecord], alpha: f64) -> Option<Estimate> {
     })
 }
 
-pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usize, t: &thresholds::R1) -> RuleResult {
+pub(super) fn r1_validity(run: &RunMeta, checks: &[EnvCheck], records: &[CaseRecord], raw_count: usize, t: &thresholds::R1) -> RuleResult {
     let planned: BTreeSet<&str> = run.planned_case_ids.iter().map(String::as_str).collect();
     let have: BTreeSet<&str> = records.iter().map(|r| r.case_id.as_str()).collect();
     let missing: Vec<&str> = planned.difference(&have).copied().collect();
@@ -130,7 +130,7 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
     let errors = records.iter().filter(|r| planned.contains(r.case_id.as_str()) && r.is_error()).count();
     let error_rate = if planned.is_empty() { 1.0 } else { errors as f64 / planned.len() as f64 };
     let env = |s: EnvStatus| -> Vec<String> {
-        run.environment_checks
+        checks
             .iter()
             .filter(|c| c.status == s)
             .map(|c| format!("{}/{}", c.suite, c.injection_task))
@@ -166,7 +166,7 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
     if !env_failed.is_empty() {
         problems.push(format!("environment check failed for {}", env_failed.join(", ")));
     }
-    if run.environment_checks.is_empty() {
+    if checks.is_empty() {
         notes.push("no environment check recorded".to_string());
     }
     if !no_ground_truth.is_empty() {
@@ -211,7 +211,7 @@ pub(super) fn r1_validity(run: &RunFacts, records: &[CaseRecord], raw_count: usi
         "error_rate": error_rate,
         "environment_failed": env_failed,
         "no_ground_truth": no_ground_truth,
-        "environment_checks": run.environment_checks.len(),
+        "environment_checks": checks.len(),
         "gpu": gpu,
         "agentdojo_version": run.agentdojo_version,
         "benchmark_version": run.benchmark_version,

@@ -43,7 +43,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
             records.push(record(&Case::injection_goal(s, &format!("injection_task_{i}")), Some(true), None));
         }
     }
-    let run = RunFacts {
+    let run = RunMeta {
         run_id: "run-1".into(),
         version: "cand".into(),
         plan: "schnell".into(),
@@ -52,17 +52,14 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         benchmark_version: "v1.2.2".into(),
         agentdojo_version: Some("0.1.35".into()),
         image_digest: Some("sha256:00".into()),
-        environment_checks: vec![EnvCheck {
-            suite: "banking".into(),
-            injection_task: "injection_task_0".into(),
-            status: EnvStatus::Ok,
-            detail: None,
-        }],
         gpu: GpuExclusivity::Exclusive,
+        reference_run_dir: None,
         started_at: Some("2025-01-01T00:00:00Z".into()),
         model_server: None,
     };
-    JudgeInput { run, records, reference: None, thresholds: Thresholds::default() }
+    let environment_checks =
+        vec![EnvCheck { suite: "banking".into(), injection_task: "injection_task_0".into(), status: EnvStatus::Ok, detail: None }];
+    JudgeInput { run, environment_checks, records, reference: None, thresholds: Thresholds::default() }
 }
 
 fn rule<'a>(j: &'a Judgement, id: &str) -> &'a RuleResult {
@@ -171,9 +168,9 @@ fn r1_checks_errors_environment_gpu_and_pins() {
     });
     assert_eq!(r.status, RuleStatus::Fail, "6/93 errors > 5 %");
     assert_eq!(fails(&|i| i.records[0].error = Some("one".into())).status, RuleStatus::Pass);
-    let r = fails(&|i| i.run.environment_checks[0].status = EnvStatus::Failed);
+    let r = fails(&|i| i.environment_checks[0].status = EnvStatus::Failed);
     assert!(r.status == RuleStatus::Fail && r.reason.contains("banking/injection_task_0"));
-    let r = fails(&|i| i.run.environment_checks[0].status = EnvStatus::NoGroundTruth);
+    let r = fails(&|i| i.environment_checks[0].status = EnvStatus::NoGroundTruth);
     assert_eq!(r.status, RuleStatus::Pass);
     assert_eq!(r.measured["no_ground_truth"][0], "banking/injection_task_0");
     let r = fails(&|i| i.run.gpu = GpuExclusivity::NotObserved);
