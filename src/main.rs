@@ -1,33 +1,40 @@
 //! pruefstand — a local GPU test bench for tool-using LLM agents under prompt-injection
-//! attack. The flow (DESIGN §3) reads from the module list: a version `spec` and a
-//! `plan` make `case`s; the `gym` runs them through AgentDojo (Python, via `pyenv`)
-//! with the `agent` runtime talking to a model (`sim` here, vLLM on the Jetson);
-//! `telemetry`, `stats` and `judge` turn records into a verdict; `report` writes it.
-//! One file per command lives in `cmd`.
+//! attack. The modules below follow the flow of DESIGN §3, top to bottom; one file per
+//! command lives in `cmd`.
 
-mod agent;
-mod case;
-mod cmd;
-mod container;
-mod daemon;
-mod defence;
-mod guard;
-mod gym;
-mod hooks;
-mod judge;
-mod model;
-mod plan;
-mod provenance;
-mod queue;
-mod pyenv;
-mod report;
+// What is asked for: a version spec and a plan, snapshotted into a queued job.
 mod root;
-mod rundir;
-mod run;
-mod sim;
 mod spec;
-mod stats;
+mod defence;
+mod plan;
+mod case;
+mod queue;
+
+// Who runs it: the daemon, once the GPU is idle and no busy unit runs.
+mod daemon;
+mod guard;
+
+// The model server: vLLM in a container, or the simulated model.
+mod model;
+mod container;
+mod sim;
+
+// The run: the gym (AgentDojo, Python) with the agent runtime, recorded case by case.
+mod run;
+mod pyenv;
+mod gym;
+mod agent;
+mod rundir;
+mod provenance;
+
+// The verdict: figures, statistics, rules R1–R5, reports — then the hooks.
 mod telemetry;
+mod stats;
+mod judge;
+mod report;
+mod hooks;
+
+mod cmd;
 mod util;
 
 use std::process::ExitCode;
