@@ -300,6 +300,35 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
 # --- parent -----------------------------------------------------------------------------
 
 
+def longest_first(cases: list[dict], suites: dict) -> list[dict]:
+    """The cases in the order workers should take them: most ground-truth tool calls
+    first (user task plus injection task), so the run does not end on a few long cases
+    while the model server idles. Order changes no outcome: every draw is per case."""
+    from . import dojo
+
+    envs: dict = {}
+    steps: dict = {}
+
+    def count(suite_name: str, task_id: str, injection: bool) -> int:
+        key = (suite_name, task_id, injection)
+        if key not in steps:
+            suite = suites[suite_name]
+            if suite_name not in envs:
+                envs[suite_name] = dojo.default_env(suite)
+            tasks = suite.injection_tasks if injection else suite.user_tasks
+            try:
+                steps[key] = len(tasks[task_id].ground_truth(envs[suite_name]))
+            except Exception:  # noqa: BLE001 - an estimate only
+                steps[key] = 0
+        return steps[key]
+
+    def estimate(case: dict) -> int:
+        n = count(case["suite"], case["user_task"], False) if case.get("user_task") else 0
+        return n + (count(case["suite"], case["injection_task"], True) if case.get("injection_task") else 0)
+
+    return sorted(cases, key=estimate, reverse=True)
+
+
 def run(request_path: str) -> int:
     t_start = time.monotonic()
     # pruefstand may run us in a process group of our own (so it can stop us with the
@@ -383,7 +412,7 @@ def run(request_path: str) -> int:
             p = ctx.Process(target=_worker_main, args=(i, req, task_q, result_q), daemon=True)
             p.start()
             procs.append(p)
-        for c in to_run:
+        for c in longest_first(to_run, suites):
             task_q.put(c)
         for _ in range(jobs):
             task_q.put(None)
