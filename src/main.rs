@@ -58,33 +58,33 @@ struct Cli {
 enum Command {
     /// Benchmark a version on a plan and judge it (the main job).
     Run(cmd::run::Args),
-    /// Run a plan's cases against any agent that speaks the JSON-line protocol.
-    Gym(cmd::gym::Args),
-    /// Re-judge a stored run without re-running a case.
-    Judge(cmd::judge::Args),
-    /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
-    Agent(cmd::agent::Args),
-    /// The R2 error-rate study: false approvals at the boundary on voll's shape.
-    Study(cmd::study::Args),
-    /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
-    /// permissions — one line each, OK/WARN/FAIL with the fix.
-    Check(cmd::check::Args),
-    /// Create the managed Python venv with the pinned agentdojo now.
-    Setup(cmd::setup::Args),
-    /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
-    SimServe(cmd::sim_serve::Args),
     /// Queue a version × plan for the daemon; prints the job id.
     Start(cmd::start::Args),
     /// List the queued, running and finished jobs.
     Queue(cmd::queue::Args),
-    /// Cancel a pending job, or stop a running one.
-    Cancel(cmd::cancel::Args),
     /// What the daemon does now.
     Status(cmd::status::Args),
+    /// Cancel a pending job, or stop a running one.
+    Cancel(cmd::cancel::Args),
     /// Run the job queue (normally under systemd: units/pruefstand.service).
     Daemon(cmd::daemon::Args),
+    /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
+    /// permissions — one line each, OK/WARN/FAIL with the fix.
+    Check(cmd::check::Args),
+    /// Re-judge a stored run without re-running a case.
+    Judge(cmd::judge::Args),
+    /// Run a plan's cases against any agent that speaks the JSON-line protocol.
+    Gym(cmd::gym::Args),
+    /// The R2 error-rate study: false approvals at the boundary on voll's shape.
+    Study(cmd::study::Args),
+    /// Create the managed Python venv with the pinned agentdojo now.
+    Setup(cmd::setup::Args),
     /// Write the systemd user units with this binary and root filled in.
     InstallUnits(cmd::install_units::Args),
+    /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
+    Agent(cmd::agent::Args),
+    /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
+    SimServe(cmd::sim_serve::Args),
 }
 
 fn main() -> ExitCode {
