@@ -148,7 +148,7 @@ fn record_and_judge(
         // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
         gpu,
         reference_run_dir,
-        started_at: Some(chrono::Utc::now().to_rfc3339()),
+        started_at: Some(served.started_at.clone()),
         model_server: served.model_server,
     };
     util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
@@ -161,6 +161,8 @@ fn record_and_judge(
 struct Served {
     image_digest: Option<String>,
     model_server: Option<ModelServerFacts>,
+    /// When the run began (a resumed run keeps its first start).
+    started_at: String,
 }
 
 /// Runs the version's cases into `run_dir` with its model up, and records the spec and
@@ -179,6 +181,10 @@ fn execute_version(
     pool: &Pool,
 ) -> anyhow::Result<(Executed, Served)> {
     run_dir.create()?;
+    let started_at = judge::read_run_meta(&run_dir.path)
+        .ok()
+        .and_then(|meta| meta.started_at)
+        .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
     util::write_json_atomic(
         &run_dir.file("version.json"),
         &serde_json::json!({ "name": version.name, "source": version.path, "hash": version.hash, "spec": version.spec }),
@@ -204,7 +210,7 @@ fn execute_version(
                 };
                 write_provenance(run_dir, version, plan, inventory, None);
                 let executed = executed_from_run_dir(run_dir, plan)?;
-                return Ok((executed, Served { image_digest: None, model_server: Some(facts) }));
+                return Ok((executed, Served { image_digest: None, model_server: Some(facts), started_at }));
             }
         };
         write_provenance(run_dir, version, plan, inventory, Some(&endpoint));
@@ -231,7 +237,7 @@ fn execute_version(
             }
             Err(err) => return Err(err),
         };
-        Ok((executed, Served { image_digest, model_server }))
+        Ok((executed, Served { image_digest, model_server, started_at }))
     })
 }
 

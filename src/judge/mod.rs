@@ -17,7 +17,7 @@ use crate::case::CaseRecord;
 use crate::util;
 
 #[allow(unused_imports)] // public API: profiles and studies name the clustering
-pub use load::{load_input, rejudge};
+pub use load::{load_input, read_run_meta, rejudge};
 pub use thresholds::Thresholds;
 
 /// One environment sanity check: does an injection task's ground truth achieve its goal?
