@@ -195,3 +195,26 @@ fn units_verify_with_the_real_binary_and_root() {
     assert!(service.contains(&format!("ExecStart={} --root {} daemon", std::path::Path::new(BIN).canonicalize().unwrap().display(), bench.path().canonicalize().unwrap().display())));
     assert!(service.contains("Type=notify") && service.contains("WatchdogSec=") && service.contains("Restart=on-failure"));
 }
+
+#[test]
+fn status_watch_follows_a_running_job_case_by_case() {
+    use std::io::{BufRead, BufReader};
+    let bench = bench_with_slow(150);
+    let _daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "mini"]);
+    let mut watch = bench.cmd(&["status", "--watch"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut seen = Vec::new();
+    for line in BufReader::new(watch.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let progressed = line.contains(&format!("running job {id}")) && line.contains(&format!("/{MINI_CASES} cases")) && !line.contains(&format!(" 0/{MINI_CASES}"));
+        seen.push(line);
+        if progressed {
+            break;
+        }
+        assert!(seen.len() < 200, "no progress line: {seen:?}");
+    }
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    assert!(seen.last().unwrap().contains("ETA"), "an ETA once cases finish: {seen:?}");
+    bench.wait_job(id, "done", 120);
+}

@@ -64,8 +64,21 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template"));
+    // Without a terminal (a log, a pipe) the bar stays hidden: print each change as a line.
+    let plain = bar.is_hidden();
+    let mut last_line = String::new();
     loop {
         let (running, published) = current(queue)?;
+        if plain {
+            let line = match (running, &published) {
+                (true, Some(state)) => state.activity.line(),
+                _ => "daemon not running".to_string(),
+            };
+            if line != last_line {
+                println!("{line}");
+                last_line = line;
+            }
+        }
         match (running, published.map(|s| s.activity)) {
             (true, Some(Activity::Running(p))) => {
                 bar.set_length(p.total as u64);
