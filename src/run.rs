@@ -196,8 +196,30 @@ fn execute_version(
     // Always a gym control, so a dying model server can stop the gym it serves.
     let gym_control = control.map_or_else(|| Arc::new(gym::Control::new()), |c| c.gym.clone());
     runtime.block_on(async {
+        // A plain `run` stops cleanly on Ctrl-C/SIGTERM: the gym is killed, the model
+        // server stopped and removed, every finished case kept for `--out` to resume.
+        // (The daemon handles its signals itself.)
+        let (interrupt, mut interrupted) = tokio::sync::watch::channel(false);
+        let signals = control.is_none().then(|| {
+            let gym = gym_control.clone();
+            tokio::spawn(async move {
+                let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else { return };
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                gym.stop();
+                let _ = interrupt.send(true);
+            })
+        });
         let ctx = model::UpContext { pool, run_dir: &run_dir.path, job: &job, run_id: &run_id, gym: &gym_control };
-        let endpoint = match model::up(version, &truth, &ctx).await {
+        let up = tokio::select! {
+            up = model::up(version, &truth, &ctx) => up,
+            _ = interrupted.wait_for(|stop| *stop), if signals.is_some() => {
+                bail!("interrupted while the model server started (a container left behind is removed at the next start)")
+            }
+        };
+        let endpoint = match up {
             Ok(endpoint) => endpoint,
             Err(err) => {
                 let Some(failure) = err.downcast_ref::<container::ServerFailure>() else { return Err(err) };
@@ -227,6 +249,13 @@ fn execute_version(
             }
         }
         let model_server = endpoint.down(pool).await?;
+        if let Some(signals) = signals {
+            signals.abort();
+        }
+        if *interrupted.borrow() {
+            pool.shutdown().await?;
+            bail!("interrupted: the gym and the model server are stopped; finished cases are kept in {} (resume with --out)", run_dir.path.display());
+        }
         let failed = model_server.as_ref().is_some_and(|f| f.failed);
         let executed = match result {
             Ok(executed) => executed,

@@ -332,3 +332,31 @@ fn orphans_of_a_killed_daemon_are_removed_at_its_next_start() {
     assert!(daemon.log().contains(&orphan[..12]), "the removal is reported:\n{}", daemon.log());
     bench.wait_job(job, "done", 300);
 }
+
+#[test]
+fn sigterm_stops_a_run_and_its_container_and_the_run_resumes() {
+    docker::ensure_dockerd();
+    let bench = Bench::new();
+    let plan = plan(&bench, 2);
+    version(&bench, "dock-term", "docker", "inj-harden-r3", "", 400);
+    let out = out_dir(&bench, "dock-term");
+    let child = bench
+        .cmd(&["run", "dock-term", "--plan", &plan, "--out", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    container_of("dock-term");
+    wait_for(120, "a first recorded case", || (docker::recorded(&out) >= 1).then_some(()));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_no_container("dock-term");
+    let recorded = docker::recorded(&out);
+    let run = bench.run(&["run", "dock-term", "--plan", &plan, "--out", out.to_str().unwrap()]);
+    assert!(run.code.is_some_and(|c| c != 2), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(&format!("{recorded} already recorded")) || recorded == 0, "{}", run.stderr);
+    assert_no_container("dock-term");
+}
