@@ -50,20 +50,24 @@ fn axis(out: &mut String, top: f64, bottom: f64) {
     }
 }
 
+/// The opening of every chart: an `<svg class="chart">` of the given size (what tests
+/// and the report's CSS find), its accessible title and its visible heading.
+fn open_chart(id: &str, title: &str, heading: &str, width: f64, height: f64) -> String {
+    format!(
+        r#"<svg class="chart" id="{}" role="img" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" xmlns="http://www.w3.org/2000/svg"><title>{}</title><text x="0" y="16" font-size="13" font-weight="bold">{}</text>"#,
+        esc(id),
+        esc(title),
+        esc(heading)
+    )
+}
+
 /// Intervals of proportions on a 0–100 % axis, several series per row (e.g. candidate
 /// and reference), threshold as a dashed mark.
 pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
     let row_h = 18.0;
     let per_row: f64 = rows.iter().map(|r| r.series.len().max(1) as f64 * row_h + 8.0).sum();
     let h = 30.0 + per_row + 20.0;
-    let mut out = format!(
-        r#"<svg class="chart" id="{}" role="img" width="{}" height="{h:.0}" viewBox="0 0 {} {h:.0}" xmlns="http://www.w3.org/2000/svg"><title>{}</title><text x="0" y="16" font-size="13" font-weight="bold">{}</text>"#,
-        esc(id),
-        LABEL_W + PLOT_W + 90.0,
-        LABEL_W + PLOT_W + 90.0,
-        esc(title),
-        esc(title)
-    );
+    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + 90.0, h);
     axis(&mut out, 24.0, h - 20.0);
     let mut y = 30.0;
     for row in rows {
@@ -107,14 +111,7 @@ pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
 pub fn bar_chart(id: &str, title: &str, rows: &[(String, u64, u64)], threshold: Option<f64>) -> String {
     let row_h = 16.0;
     let h = 30.0 + rows.len() as f64 * row_h + 20.0;
-    let mut out = format!(
-        r#"<svg class="chart" id="{}" role="img" width="{}" height="{h:.0}" viewBox="0 0 {} {h:.0}" xmlns="http://www.w3.org/2000/svg"><title>{}</title><text x="0" y="16" font-size="13" font-weight="bold">{}</text>"#,
-        esc(id),
-        LABEL_W + PLOT_W + 90.0,
-        LABEL_W + PLOT_W + 90.0,
-        esc(title),
-        esc(title)
-    );
+    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + 90.0, h);
     axis(&mut out, 24.0, h - 20.0);
     for (i, (label, x, n)) in rows.iter().enumerate() {
         let y = 28.0 + i as f64 * row_h;
@@ -170,9 +167,7 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     let head = 90.0;
     let width = LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 100.0;
     let height: f64 = 24.0 + blocks.iter().map(|b| head + b.rows.len() as f64 * cell + 14.0).sum::<f64>();
-    let mut out = format!(
-        r#"<svg class="chart" id="matrix" role="img" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" xmlns="http://www.w3.org/2000/svg"><title>attack success: user task × injection task</title><text x="0" y="16" font-size="13" font-weight="bold">Attack success: user task × injection task</text>"#
-    );
+    let mut out = open_chart("matrix", "attack success: user task × injection task", "Attack success: user task × injection task", width, height);
     let mut y = 24.0;
     for b in blocks {
         let _ = write!(
@@ -242,12 +237,7 @@ pub fn line_chart(
     let step = if xlabels.len() > 1 { plot_w / (xlabels.len() - 1) as f64 } else { 0.0 };
     let px = |i: usize| left + if xlabels.len() > 1 { i as f64 * step } else { plot_w / 2.0 };
     let py = |v: f64| top + plot_h * (1.0 - v.clamp(0.0, 1.0));
-    let mut out = format!(
-        r#"<svg class="chart" id="{}" role="img" width="{w}" height="{h}" viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg"><title>{}</title><text x="0" y="16" font-size="13" font-weight="bold">{}</text>"#,
-        esc(id),
-        esc(title),
-        esc(title)
-    );
+    let mut out = open_chart(id, title, title, w, h);
     for tick in [0.0, 0.25, 0.5, 0.75, 1.0] {
         let y = py(tick);
         let _ = write!(
