@@ -11,7 +11,9 @@ fn main() {
     let mut files = Vec::new();
     collect(&scripts, &scripts, &mut files);
     files.sort();
-    let mut out = String::from("/// (path relative to scripts/, contents) of every gym file.\npub const GYM_FILES: &[(&str, &[u8])] = &[\n");
+    let mut out = String::from(
+        "/// (path relative to scripts/, contents) of every gym file.\npub const GYM_FILES: &[(&str, &[u8])] = &[\n",
+    );
     for rel in &files {
         let abs = scripts.join(rel);
         println!("cargo:rerun-if-changed={}", abs.display());

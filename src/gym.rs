@@ -43,7 +43,10 @@ pub struct SuiteInventory {
 impl Inventory {
     pub fn load(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Inventory> {
         let value = pyenv
-            .gym_json_cached(&format!("inventory-{benchmark_version}"), &["inventory", "--benchmark-version", benchmark_version])
+            .gym_json_cached(
+                &format!("inventory-{benchmark_version}"),
+                &["inventory", "--benchmark-version", benchmark_version],
+            )
             .context("listing AgentDojo's suites")?;
         serde_json::from_value(value).context("reading the gym's inventory")
     }
@@ -161,7 +164,8 @@ impl Control {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.pgid = Some(pgid as i32);
         if state.stopped {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), nix::sys::signal::Signal::SIGKILL);
         }
         !state.stopped
     }
@@ -180,7 +184,13 @@ impl Control {
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there.
 /// `agent_env` is added to the environment of the gym (and so of the agents it spawns).
 /// With a `control`, the gym runs in its own process group so it can be stopped.
-pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: &[(String, String)], control: Option<&Control>) -> anyhow::Result<GymOutcome> {
+pub fn run(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    mut request: GymRequest,
+    agent_env: &[(String, String)],
+    control: Option<&Control>,
+) -> anyhow::Result<GymOutcome> {
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
     }
@@ -258,7 +268,10 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
                     }
                 }
                 Event::EnvironmentCheck { checks } => {
-                    util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
+                    util::write_json_atomic(
+                        &run_dir.file("environment_check.json"),
+                        &serde_json::json!({ "checks": checks }),
+                    )?;
                     outcome.environment_checks = checks;
                 }
                 Event::Warning { message } => progress.note(&format!("warning: {message}")),
@@ -275,7 +288,10 @@ pub fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, agent_env: 
     if let Some(control) = control {
         control.detach();
         if control.is_stopped() {
-            bail!("stopped on request (the gym was killed; finished cases are kept in {})", run_dir.cases_file().display());
+            bail!(
+                "stopped on request (the gym was killed; finished cases are kept in {})",
+                run_dir.cases_file().display()
+            );
         }
     }
     result?;
@@ -325,8 +341,10 @@ impl Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total as u64);
             bar.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}")
-                    .expect("valid template"),
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}",
+                )
+                .expect("valid template"),
             );
             bar.enable_steady_tick(Duration::from_millis(250));
             bar

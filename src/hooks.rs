@@ -178,7 +178,13 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn finished(job: &Job, run_dir: &Path, utility: Option<f64>, utility_under_attack: Option<f64>, asr: Option<f64>) -> Facts {
+    pub fn finished(
+        job: &Job,
+        run_dir: &Path,
+        utility: Option<f64>,
+        utility_under_attack: Option<f64>,
+        asr: Option<f64>,
+    ) -> Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
         let report = ["report.html", "judgement.md"].iter().map(|f| run_dir.join(f)).find(|p| p.is_file());
         Facts {
@@ -219,7 +225,12 @@ impl Facts {
         let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1} %", v * 100.0));
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
         if self.verdict.is_some() {
-            text += &format!(" (utility {}, under attack {}, ASR {})", pct(self.utility), pct(self.utility_under_attack), pct(self.asr));
+            text += &format!(
+                " (utility {}, under attack {}, ASR {})",
+                pct(self.utility),
+                pct(self.utility_under_attack),
+                pct(self.asr)
+            );
         }
         if !self.summary.is_empty() {
             text += &format!("\n{}", self.summary);
@@ -287,10 +298,15 @@ pub async fn fire(hook: HookConfig, facts: Facts) {
             Ok(Err(Failure::Retry(why))) => tracing::warn!("{label}: gave up after {attempts} attempts: {why}"),
             Err(_) if attempt < attempts => {
                 let wait = (hook.backoff_s * 2f64.powi(attempt as i32 - 1)).min(300.0);
-                tracing::warn!("{label}: attempt {attempt}/{attempts} timed out after {} s; retrying in {wait:.1} s", hook.timeout_s);
+                tracing::warn!(
+                    "{label}: attempt {attempt}/{attempts} timed out after {} s; retrying in {wait:.1} s",
+                    hook.timeout_s
+                );
                 tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
-            Err(_) => tracing::warn!("{label}: gave up after {attempts} attempts: timed out after {} s", hook.timeout_s),
+            Err(_) => {
+                tracing::warn!("{label}: gave up after {attempts} attempts: timed out after {} s", hook.timeout_s)
+            }
         }
     }
 }
@@ -302,10 +318,17 @@ enum Failure {
     Final(String),
 }
 
-fn secret(hook: &HookConfig, value: &Option<Secret>, env: &Option<String>, what: &str) -> Result<Option<String>, Failure> {
+fn secret(
+    hook: &HookConfig,
+    value: &Option<Secret>,
+    env: &Option<String>,
+    what: &str,
+) -> Result<Option<String>, Failure> {
     match (value, env) {
         (Some(Secret(s)), _) => Ok(Some(s.clone())),
-        (None, Some(var)) => std::env::var(var).map(Some).map_err(|_| Failure::Final(format!("{what}_env names {var}, which is not set"))),
+        (None, Some(var)) => std::env::var(var)
+            .map(Some)
+            .map_err(|_| Failure::Final(format!("{what}_env names {var}, which is not set"))),
         (None, None) if what == "url" => Err(Failure::Final(format!("hook {:?} has no url", hook.name))),
         (None, None) => Ok(None),
     }
@@ -331,7 +354,12 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
         }
         Kind::Matrix => {
             // Same transaction id on every retry: the homeserver posts it once.
-            let txn = format!("pruefstand-{}-{}-{}", facts.job, facts.outcome, crate::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or(""));
+            let txn = format!(
+                "pruefstand-{}-{}-{}",
+                facts.job,
+                facts.outcome,
+                crate::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or("")
+            );
             let request = client
                 .put(format!("{}/{txn}", url.trim_end_matches('/')))
                 .json(&serde_json::json!({ "msgtype": "m.text", "body": message }));
@@ -402,14 +430,18 @@ mod tests {
 
     #[test]
     fn secrets_do_not_debug_print() {
-        let hook: HookConfig = toml::from_str("name = \"x\"\nkind = \"slack\"\nurl = \"https://hooks.example/T0/SECRET\"").unwrap();
+        let hook: HookConfig =
+            toml::from_str("name = \"x\"\nkind = \"slack\"\nurl = \"https://hooks.example/T0/SECRET\"").unwrap();
         assert!(!format!("{hook:?}").contains("SECRET"));
     }
 
     #[test]
     fn errors_are_redacted() {
         let url = "http://127.0.0.1:9/hook/SECRET";
-        assert_eq!(redact("error sending request for url (http://127.0.0.1:9/hook/SECRET)", url), "error sending request for url (<url>)");
+        assert_eq!(
+            redact("error sending request for url (http://127.0.0.1:9/hook/SECRET)", url),
+            "error sending request for url (<url>)"
+        );
         assert!(!redact("GET /hook/SECRET failed", url).contains("SECRET"));
     }
 }

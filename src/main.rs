@@ -3,36 +3,36 @@
 //! command lives in `cmd`.
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.
-mod root;
-mod spec;
+mod case;
 mod defence;
 mod plan;
-mod case;
 mod queue;
+mod root;
+mod spec;
 
 // Who runs it: the daemon, once the GPU is idle and no busy unit runs.
 mod daemon;
 mod guard;
 
 // The model server: vLLM in a container, or the simulated model.
-mod model;
 mod container;
+mod model;
 mod sim;
 
 // The run: the gym (AgentDojo, Python) with the agent runtime, recorded case by case.
-mod run;
-mod pyenv;
-mod gym;
 mod agent;
-mod rundir;
+mod gym;
 mod provenance;
+mod pyenv;
+mod run;
+mod rundir;
 
 // The verdict: figures, statistics, rules R1–R5, reports — then the hooks.
-mod telemetry;
-mod stats;
+mod hooks;
 mod judge;
 mod report;
-mod hooks;
+mod stats;
+mod telemetry;
 
 mod cmd;
 mod util;
@@ -42,7 +42,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "pruefstand", version, about = "Local GPU test bench for tool-using LLM agents under prompt-injection attack")]
+#[command(
+    name = "pruefstand",
+    version,
+    about = "Local GPU test bench for tool-using LLM agents under prompt-injection attack"
+)]
 struct Cli {
     /// Bench root (folder with pruefstand.toml, versions/, profiles/, reports/).
     /// Default: $PRUEFSTAND_ROOT, else the nearest parent of the current directory

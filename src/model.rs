@@ -95,15 +95,29 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> an
         Backend::External => {
             let url = model.url.clone().context("backend \"external\" needs model.url")?;
             let api_key = match &model.api_key_env {
-                Some(var) => Some(std::env::var(var).with_context(|| format!("{}: model.api_key_env names {var}, which is not set", version.path.display()))?),
+                Some(var) => Some(std::env::var(var).with_context(|| {
+                    format!("{}: model.api_key_env names {var}, which is not set", version.path.display())
+                })?),
                 None => None,
             };
             Ok(Endpoint { base_url: url.trim_end_matches('/').to_string(), api_key, server: None, lease: None })
         }
         Backend::Docker => {
-            let request = container::Request { version, truth_file, run_dir: ctx.run_dir, job: ctx.job, run_id: ctx.run_id, gym: ctx.gym.clone() };
+            let request = container::Request {
+                version,
+                truth_file,
+                run_dir: ctx.run_dir,
+                job: ctx.job,
+                run_id: ctx.run_id,
+                gym: ctx.gym.clone(),
+            };
             let lease = ctx.pool.acquire(&request).await?;
-            Ok(Endpoint { base_url: lease.base_url(), api_key: Some(lease.container.api_key.clone()), server: None, lease: Some(lease) })
+            Ok(Endpoint {
+                base_url: lease.base_url(),
+                api_key: Some(lease.container.api_key.clone()),
+                server: None,
+                lease: Some(lease),
+            })
         }
     }
 }

@@ -131,7 +131,10 @@ impl Plan {
         for suite in &profile.suites {
             let suite_name = suite.name.get_ref();
             let Some(known) = inventory.suites.get(suite_name) else {
-                return Err(bad(suite.name.span().start, format!("unknown suite {suite_name:?}; valid: {}", inventory.suite_names())));
+                return Err(bad(
+                    suite.name.span().start,
+                    format!("unknown suite {suite_name:?}; valid: {}", inventory.suite_names()),
+                ));
             };
             if !seen_suites.insert(suite_name.clone()) {
                 return Err(bad(suite.name.span().start, format!("suite {suite_name:?} is listed twice")));
@@ -139,14 +142,21 @@ impl Plan {
             let attacks = suite.attacks.as_ref().unwrap_or(&profile.attacks);
             for attack in attacks {
                 if !inventory.attacks.contains(attack.get_ref()) || attack.get_ref() == "none" {
-                    return Err(bad(attack.span().start, format!("unknown attack {:?}; valid: {}", attack.get_ref(), inventory.attacks.join(", "))));
+                    return Err(bad(
+                        attack.span().start,
+                        format!("unknown attack {:?}; valid: {}", attack.get_ref(), inventory.attacks.join(", ")),
+                    ));
                 }
             }
             for task in &suite.user_tasks {
                 if !known.user_tasks.contains(task.get_ref()) {
                     return Err(bad(
                         task.span().start,
-                        format!("unknown user task {:?} in suite {suite_name}; valid: {}", task.get_ref(), known.user_tasks.join(", ")),
+                        format!(
+                            "unknown user task {:?} in suite {suite_name}; valid: {}",
+                            task.get_ref(),
+                            known.user_tasks.join(", ")
+                        ),
                     ));
                 }
             }
@@ -154,7 +164,11 @@ impl Plan {
                 if !known.injection_tasks.contains(task.get_ref()) {
                     return Err(bad(
                         task.span().start,
-                        format!("unknown injection task {:?} in suite {suite_name}; valid: {}", task.get_ref(), known.injection_tasks.join(", ")),
+                        format!(
+                            "unknown injection task {:?} in suite {suite_name}; valid: {}",
+                            task.get_ref(),
+                            known.injection_tasks.join(", ")
+                        ),
                     ));
                 }
             }
@@ -164,7 +178,12 @@ impl Plan {
             for user_task in &suite.user_tasks {
                 for injection_task in &suite.injection_tasks {
                     for attack in attacks {
-                        cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack.get_ref()));
+                        cases.push(Case::attacked(
+                            suite_name,
+                            user_task.get_ref(),
+                            injection_task.get_ref(),
+                            attack.get_ref(),
+                        ));
                     }
                 }
             }
@@ -231,7 +250,8 @@ impl Filters {
             }
         }
         let in_scope = |name: &str| self.suites.is_empty() || self.suites.iter().any(|s| s == name);
-        let all_user: BTreeSet<&String> = inventory.suites.iter().filter(|(n, _)| in_scope(n)).flat_map(|(_, s)| &s.user_tasks).collect();
+        let all_user: BTreeSet<&String> =
+            inventory.suites.iter().filter(|(n, _)| in_scope(n)).flat_map(|(_, s)| &s.user_tasks).collect();
         for task in &self.user_tasks {
             if !all_user.contains(task) {
                 bail!("unknown user task {task:?} in --user-task; valid: {}", join(&all_user));
@@ -273,7 +293,10 @@ mod tests {
             benchmark_version: "v1.2.2".into(),
             benchmark_versions: vec!["v1.2.2".into()],
             suites: [
-                ("banking".to_string(), suite(&["user_task_0", "user_task_1"], &["injection_task_0", "injection_task_1"])),
+                (
+                    "banking".to_string(),
+                    suite(&["user_task_0", "user_task_1"], &["injection_task_0", "injection_task_1"]),
+                ),
                 ("slack".to_string(), suite(&["user_task_0"], &["injection_task_1"])),
             ]
             .into(),
@@ -319,7 +342,8 @@ attacks = ["important_instructions"]
     fn filters_narrow_and_change_the_hash() {
         let (_dir, path) = write(PLAN);
         let all = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
-        let filters = Filters { suites: vec!["banking".into()], attacks: vec!["tool_knowledge".into()], ..Default::default() };
+        let filters =
+            Filters { suites: vec!["banking".into()], attacks: vec!["tool_knowledge".into()], ..Default::default() };
         let some = Plan::resolve(&path, &inventory(), &filters).unwrap();
         assert!(some.cases.iter().all(|c| c.suite == "banking" && c.attack.as_deref() == Some("tool_knowledge")));
         assert_eq!(some.cases.len(), 4);
@@ -331,7 +355,10 @@ attacks = ["important_instructions"]
         let (_dir, path) = write(&PLAN.replace("\"user_task_1\"", "\"user_task_9\""));
         let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();
         assert!(err.contains("p.toml:7:"), "{err}");
-        assert!(err.contains("unknown user task \"user_task_9\"") && err.contains("valid: user_task_0, user_task_1"), "{err}");
+        assert!(
+            err.contains("unknown user task \"user_task_9\"") && err.contains("valid: user_task_0, user_task_1"),
+            "{err}"
+        );
 
         let (_dir, path) = write(&PLAN.replace("name = \"slack\"", "name = \"slak\""));
         let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();

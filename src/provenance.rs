@@ -75,7 +75,8 @@ fn ours() -> Value {
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let revision = git(&["rev-parse", "HEAD"]);
-    let dirty = revision.as_ref().and_then(|_| git(&["status", "--porcelain", "--untracked-files=no"])).map(|s| !s.is_empty());
+    let dirty =
+        revision.as_ref().and_then(|_| git(&["status", "--porcelain", "--untracked-files=no"])).map(|s| !s.is_empty());
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "git_revision": revision,
@@ -93,7 +94,8 @@ fn nvml() -> Value {
         format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
     });
     let count = nvml.device_count().unwrap_or(0);
-    let names: Vec<Value> = (0..count).map(|i| nvml.device_by_index(i).and_then(|d| d.name()).map_or(Value::Null, Value::from)).collect();
+    let names: Vec<Value> =
+        (0..count).map(|i| nvml.device_by_index(i).and_then(|d| d.name()).map_or(Value::Null, Value::from)).collect();
     json!({
         "available": true,
         "driver_version": nvml.sys_driver_version().ok(),
@@ -103,7 +105,9 @@ fn nvml() -> Value {
 }
 
 fn jetson() -> Value {
-    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string());
+    let read = |p: &str| {
+        std::fs::read_to_string(p).ok().map(|s| s.trim_matches(|c: char| c.is_whitespace() || c == '\0').to_string())
+    };
     let nvpmodel = Command::new("nvpmodel")
         .arg("-q")
         .output()
@@ -140,8 +144,12 @@ fn fingerprint(dir: &Path) -> Value {
         .map(|p| {
             let meta = std::fs::metadata(p).ok();
             let size = meta.as_ref().map(|m| m.len());
-            let mtime = meta.as_ref().and_then(|m| m.modified().ok()).map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339());
-            let sha256 = size.filter(|s| *s <= HASH_LIMIT).and_then(|_| std::fs::read(p).ok()).map(|b| util::sha256_hex(&b));
+            let mtime = meta
+                .as_ref()
+                .and_then(|m| m.modified().ok())
+                .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339());
+            let sha256 =
+                size.filter(|s| *s <= HASH_LIMIT).and_then(|_| std::fs::read(p).ok()).map(|b| util::sha256_hex(&b));
             json!({"path": p.strip_prefix(dir).unwrap_or(p), "size": size, "mtime": mtime, "sha256": sha256})
         })
         .collect();

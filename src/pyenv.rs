@@ -125,7 +125,9 @@ fn venv_dir() -> anyhow::Result<PathBuf> {
     }
     let cache = match std::env::var_os("XDG_CACHE_HOME") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?).join(".cache"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?).join(".cache")
+        }
     };
     let hash = util::sha256_hex(gym_file("requirements.txt")?);
     Ok(cache.join("pruefstand").join(format!("venv-agentdojo-{AGENTDOJO_VERSION}-{}", &hash[..8])))
@@ -197,7 +199,10 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
     let progress = indicatif::ProgressBar::new_spinner();
     progress.enable_steady_tick(Duration::from_millis(200));
     progress.set_message(format!("creating the Python venv for agentdojo {AGENTDOJO_VERSION} in {}", venv.display()));
-    eprintln!("pruefstand: first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)", venv.display());
+    eprintln!(
+        "pruefstand: first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)",
+        venv.display()
+    );
     let status = Command::new(&python)
         .args(["-m", "venv"])
         .arg(venv)
@@ -205,7 +210,11 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
         .status()
         .with_context(|| format!("running {} -m venv", python.display()))?;
     if !status.success() {
-        bail!("`{} -m venv {}` failed; on Debian install the venv module (`apt-get install python3-venv`)", python.display(), venv.display());
+        bail!(
+            "`{} -m venv {}` failed; on Debian install the venv module (`apt-get install python3-venv`)",
+            python.display(),
+            venv.display()
+        );
     }
     let req_path = venv.join("requirements.txt");
     std::fs::write(&req_path, requirements)?;

@@ -237,12 +237,16 @@ impl Queue {
         let version = Version::load(&root.versions(), version_arg)?;
         let plan_path = Profile::locate(&root.path, plan_arg);
         let (profile, plan_text) = Profile::load(&plan_path)?;
-        let spec_text = std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
+        let spec_text =
+            std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
         let plan_name = plan_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(profile.name.clone());
 
         let _lock = self.lock()?;
         let id = self.next_id()?;
-        let staging = tempfile::Builder::new().prefix(&format!("{id}.")).tempdir_in(self.dir.join("tmp")).context("staging a job")?;
+        let staging = tempfile::Builder::new()
+            .prefix(&format!("{id}."))
+            .tempdir_in(self.dir.join("tmp"))
+            .context("staging a job")?;
         private_dir(&staging.path().join("snapshot"))?;
         let spec_rel = PathBuf::from("snapshot/version").join(format!("{}.toml", version.name));
         let plan_rel = PathBuf::from("snapshot/plan").join(format!("{plan_name}.toml"));
@@ -304,7 +308,8 @@ impl Queue {
     /// All jobs, by id. A damaged job file is reported and skipped, never deleted.
     pub fn list(&self) -> anyhow::Result<Vec<Job>> {
         let mut jobs = Vec::new();
-        let entries = std::fs::read_dir(self.jobs_dir()).with_context(|| format!("reading {}", self.jobs_dir().display()))?;
+        let entries =
+            std::fs::read_dir(self.jobs_dir()).with_context(|| format!("reading {}", self.jobs_dir().display()))?;
         for entry in entries.flatten() {
             let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
             match self.load(id) {
@@ -318,7 +323,11 @@ impl Queue {
 
     /// The job to run next: highest priority, then the oldest.
     pub fn next_pending(&self) -> anyhow::Result<Option<Job>> {
-        Ok(self.list()?.into_iter().filter(|j| j.state == State::Pending).min_by_key(|j| (std::cmp::Reverse(j.priority), j.id)))
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|j| j.state == State::Pending)
+            .min_by_key(|j| (std::cmp::Reverse(j.priority), j.id)))
     }
 
     /// Applies a transition under the queue lock to the job as stored now, and
@@ -349,7 +358,8 @@ impl Queue {
 
     /// Resolves `<job>` as typed: an id.
     pub fn find(&self, arg: &str) -> anyhow::Result<Job> {
-        let id: u64 = arg.trim().parse().with_context(|| format!("{arg:?} is not a job id (see `pruefstand queue`)"))?;
+        let id: u64 =
+            arg.trim().parse().with_context(|| format!("{arg:?} is not a job id (see `pruefstand queue`)"))?;
         self.load(id)
     }
 
@@ -377,7 +387,8 @@ fn absolute(path: &Path) -> PathBuf {
 /// Creates `dir` (and parents) and makes it 0700.
 pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(|| format!("restricting {}", dir.display()))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("restricting {}", dir.display()))
 }
 
 fn open_private(path: &Path) -> anyhow::Result<File> {

@@ -72,7 +72,8 @@ impl Root {
         };
         let path = path.canonicalize().with_context(|| format!("resolving {}", path.display()))?;
         let config_path = path.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+        let text =
+            std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
         let config = util::parse_toml(&config_path, &text)?;
         Ok(Root { path, config })
     }
@@ -88,7 +89,10 @@ impl Root {
     /// A fresh run directory `reports/<name>/<plan>/<UTC timestamp>-<id>/`.
     pub fn new_run_dir(&self, name: &str, plan: &str) -> PathBuf {
         let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-        let id = &util::sha256_hex(format!("{name}{plan}{}{}", std::process::id(), chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0)).as_bytes())[..6];
+        let id = &util::sha256_hex(
+            format!("{name}{plan}{}{}", std::process::id(), chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0))
+                .as_bytes(),
+        )[..6];
         self.reports().join(name).join(plan).join(format!("{stamp}-{id}"))
     }
 }

@@ -15,15 +15,15 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 
 use crate::cmd::gym::{Executed, GymSettings, execute};
+use crate::container::{self, Pool};
 use crate::defence::GuardrailSpec;
 use crate::gym::{self, Inventory};
+use crate::judge::ModelServerFacts;
 use crate::judge::{GpuExclusivity, Judgement, RunMeta};
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::PyEnv;
 use crate::root::{self, Root};
 use crate::rundir::RunDir;
-use crate::container::{self, Pool};
-use crate::judge::ModelServerFacts;
 use crate::spec::{Backend, Version};
 use crate::{agent, judge, model, provenance, telemetry, util};
 
@@ -110,13 +110,23 @@ pub fn run_in(root: &Root, pyenv: &PyEnv, request: RunRequest, pool: &Pool) -> a
     let reference = match version.reference() {
         Some(name) => {
             let reference_version = Version::load(&root.versions(), name)?;
-            Some(reference_run(root, pyenv, &reference_version, &plan, &inventory, request.jobs, request.control, pool)?)
+            Some(reference_run(
+                root,
+                pyenv,
+                &reference_version,
+                &plan,
+                &inventory,
+                request.jobs,
+                request.control,
+                pool,
+            )?)
         }
         None => None,
     };
 
     let run_dir = RunDir::new(request.out.clone().unwrap_or_else(|| root.new_run_dir(&version.name, &plan.name)));
-    let (executed, served) = execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control, pool)?;
+    let (executed, served) =
+        execute_version(pyenv, &run_dir, version, &plan, &inventory, request.jobs, request.control, pool)?;
     let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
     let gpu = RunControl::gpu(request.control);
     let judgement = record_and_judge(root, &run_dir, version, &plan, &inventory, reference_dir, gpu, served)?;
@@ -283,8 +293,11 @@ async fn run_gym(
 ) -> anyhow::Result<Executed> {
     let mut settings = agent_settings(run_dir, version, plan, jobs, endpoint)?;
     settings.control = Some(gym_control.clone());
-    let (pyenv, run_dir, plan, inventory) = (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
-    tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings)).await.context("the gym's thread")?
+    let (pyenv, run_dir, plan, inventory) =
+        (pyenv.clone(), RunDir::new(run_dir.path.clone()), plan.clone(), inventory.clone());
+    tokio::task::spawn_blocking(move || execute(&pyenv, &run_dir, &plan, &inventory, settings))
+        .await
+        .context("the gym's thread")?
 }
 
 /// The run's records as they stand (a run cut short): what `judge` needs to say why.
@@ -301,7 +314,13 @@ fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Execut
 }
 
 /// `provenance.json`; failing to collect it is a warning, never a failed run.
-fn write_provenance(run_dir: &RunDir, version: &Version, plan: &Plan, inventory: &Inventory, endpoint: Option<&model::Endpoint>) {
+fn write_provenance(
+    run_dir: &RunDir,
+    version: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+    endpoint: Option<&model::Endpoint>,
+) {
     let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
         Some((model, adapter)) => (Some(model), adapter),
         None => (version.spec.model.path.clone(), version.spec.adapter.as_ref().and_then(|a| a.path.clone())),
@@ -323,7 +342,13 @@ fn write_provenance(run_dir: &RunDir, version: &Version, plan: &Plan, inventory:
 
 /// The agent the gym spawns: the version's own `agent_cmd`, or `pruefstand agent`
 /// configured from the spec. The API key travels by environment only.
-fn agent_settings(run_dir: &RunDir, version: &Version, plan: &Plan, jobs: Option<usize>, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
+fn agent_settings(
+    run_dir: &RunDir,
+    version: &Version,
+    plan: &Plan,
+    jobs: Option<usize>,
+    endpoint: &model::Endpoint,
+) -> anyhow::Result<GymSettings> {
     let spec = &version.spec;
     let mut agent_env = vec![
         ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.clone()),
@@ -405,8 +430,14 @@ fn reference_run(
 /// hash, plan hash and agentdojo version match.
 fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
     newest_run(reports, reference, plan, |run| {
-        let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
-        complete(run, plan) && read("run.json").is_some_and(|meta| meta["plan_hash"] == plan.hash.as_str() && meta["agentdojo_version"] == inventory.agentdojo_version.as_str())
+        let read = |name: &str| -> Option<serde_json::Value> {
+            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
+        };
+        complete(run, plan)
+            && read("run.json").is_some_and(|meta| {
+                meta["plan_hash"] == plan.hash.as_str()
+                    && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+            })
     })
 }
 
@@ -418,10 +449,13 @@ fn complete(run: &Path, plan: &Plan) -> bool {
 /// `plan.json`) that `accept` takes.
 fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
     let dir = reports.join(&reference.name).join(&plan.name);
-    let mut runs: Vec<PathBuf> = std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    let mut runs: Vec<PathBuf> =
+        std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     runs.sort();
     runs.into_iter().rev().find(|run| {
-        let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok() };
+        let read = |name: &str| -> Option<serde_json::Value> {
+            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
+        };
         let (Some(version), Some(claimed)) = (read("version.json"), read("plan.json")) else { return false };
         version["hash"] == reference.hash.as_str() && claimed["hash"] == plan.hash.as_str() && accept(run)
     })

@@ -43,7 +43,8 @@ impl RunDir {
 
     /// Creates the folder (user-only: traces can hold model outputs).
     pub fn create(&self) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.path).with_context(|| format!("creating run directory {}", self.path.display()))?;
+        std::fs::create_dir_all(&self.path)
+            .with_context(|| format!("creating run directory {}", self.path.display()))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o700))?;
         Ok(())
@@ -94,7 +95,8 @@ impl RunDir {
         let path = self.cases_file();
         // A crash can leave a last line without its newline; start on a fresh line so
         // the next record is not glued to it.
-        let needs_newline = std::fs::read(&path).map(|bytes| bytes.last().is_some_and(|b| *b != b'\n')).unwrap_or(false);
+        let needs_newline =
+            std::fs::read(&path).map(|bytes| bytes.last().is_some_and(|b| *b != b'\n')).unwrap_or(false);
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -209,7 +211,10 @@ mod tests {
         assert_eq!(records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(records[1].utility, Some(true));
         assert_eq!(run.read_cases_strict().unwrap().len(), 2);
-        let backups = std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("cases.jsonl.damaged")).count();
+        let backups = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("cases.jsonl.damaged"))
+            .count();
         assert_eq!(backups, 1);
     }
 }

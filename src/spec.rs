@@ -153,7 +153,11 @@ impl Version {
     pub fn load(versions_dir: &Path, name_or_path: &str) -> anyhow::Result<Version> {
         let path = Version::locate(versions_dir, name_or_path);
         let text = std::fs::read_to_string(&path).with_context(|| {
-            format!("no version {name_or_path:?}: cannot read {} (versions live in {})", path.display(), versions_dir.display())
+            format!(
+                "no version {name_or_path:?}: cannot read {} (versions live in {})",
+                path.display(),
+                versions_dir.display()
+            )
         })?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         let spec = parse(&path, &text, versions_dir)?;
@@ -177,7 +181,12 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
     // Syntax first, so a structural check below can rely on a table.
     let table: toml::Table = util::parse_toml(path, text)?;
     if table.contains_key("adapter") && !table.contains_key("model") {
-        return Err(util::at(path, text, key_offset(text, "[adapter]"), "an [adapter] needs the [model] it adapts: add a [model] table"));
+        return Err(util::at(
+            path,
+            text,
+            key_offset(text, "[adapter]"),
+            "an [adapter] needs the [model] it adapts: add a [model] table",
+        ));
     }
     let spec: VersionSpec = util::parse_toml(path, text)?;
     let bad = |offset: usize, message: &str| util::at(path, text, offset, message);
@@ -186,7 +195,10 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
     match model.backend.get_ref() {
         Backend::Docker => {
             if model.image.is_none() {
-                return Err(bad(backend_at, "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")"));
+                return Err(bad(
+                    backend_at,
+                    "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")",
+                ));
             }
             // With a [sim] table the image is the simulated model: its model folder
             // (sim.toml, truth.json) and adapter folders are generated per run.
@@ -200,29 +212,45 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                 return Err(bad(key_offset(text, "shm_size"), &format!("model.shm_size: {err}")));
             }
             if model.ready_timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
-                return Err(bad(key_offset(text, "ready_timeout_s"), "model.ready_timeout_s must be a positive number of seconds"));
+                return Err(bad(
+                    key_offset(text, "ready_timeout_s"),
+                    "model.ready_timeout_s must be a positive number of seconds",
+                ));
             }
             if let Some(adapter) = &spec.adapter
                 && adapter.path.is_none()
                 && !generated
             {
-                return Err(bad(key_offset(text, "[adapter]"), "backend \"docker\" needs adapter.path (the host folder of the LoRA)"));
+                return Err(bad(
+                    key_offset(text, "[adapter]"),
+                    "backend \"docker\" needs adapter.path (the host folder of the LoRA)",
+                ));
             }
         }
         Backend::External => {
             if model.url.is_none() {
-                return Err(bad(backend_at, "backend \"external\" needs model.url (e.g. \"http://127.0.0.1:8000/v1\")"));
+                return Err(bad(
+                    backend_at,
+                    "backend \"external\" needs model.url (e.g. \"http://127.0.0.1:8000/v1\")",
+                ));
             }
         }
         Backend::Sim => {}
     }
     if let Some(sim) = &spec.sim {
         for (name, behaviour) in &sim.models {
-            for (field, value) in [("susceptibility", behaviour.susceptibility), ("skill", behaviour.skill), ("error_rate", behaviour.error_rate)] {
+            for (field, value) in [
+                ("susceptibility", behaviour.susceptibility),
+                ("skill", behaviour.skill),
+                ("error_rate", behaviour.error_rate),
+            ] {
                 if !(0.0..=1.0).contains(&value) {
                     let table = key_offset(text, &format!("[sim.models.{name:?}]"));
                     let offset = table + key_offset(&text[table..], field);
-                    return Err(bad(offset, &format!("sim.models.{name:?}.{field} = {value} is not a probability in [0, 1]")));
+                    return Err(bad(
+                        offset,
+                        &format!("sim.models.{name:?}.{field} = {value} is not a probability in [0, 1]"),
+                    ));
                 }
             }
         }
@@ -247,7 +275,10 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
     if let Some(argv) = &spec.agent_cmd
         && argv.is_empty()
     {
-        return Err(bad(key_offset(text, "agent_cmd"), "agent_cmd must be a non-empty argv array, e.g. [\"python3\", \"my_agent.py\"]"));
+        return Err(bad(
+            key_offset(text, "agent_cmd"),
+            "agent_cmd must be a non-empty argv array, e.g. [\"python3\", \"my_agent.py\"]",
+        ));
     }
     Ok(spec)
 }
@@ -294,7 +325,8 @@ susceptibility = 0.02
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("base.toml"), "").unwrap();
         let path = dir.path().join("cand.toml");
-        parse(&path, text, dir.path()).map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&dir.path().display().to_string(), "DIR")))
+        parse(&path, text, dir.path())
+            .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace(&dir.path().display().to_string(), "DIR")))
     }
 
     fn error(text: &str) -> String {

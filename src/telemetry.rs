@@ -112,8 +112,10 @@ pub fn compute(benchmark_version: &str, planned: usize, records: &[CaseRecord]) 
             .or_default()
             .push(*record);
     }
-    let asr_by_injection_task =
-        asr_by_injection_task.into_iter().map(|(key, recs)| (key, Rate::of(recs.into_iter(), |r| r.security))).collect();
+    let asr_by_injection_task = asr_by_injection_task
+        .into_iter()
+        .map(|(key, recs)| (key, Rate::of(recs.into_iter(), |r| r.security)))
+        .collect();
     let matrix = cells
         .into_iter()
         .map(|((suite, user_task, injection_task), recs)| {
@@ -171,7 +173,11 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
     let d = &telemetry.denominators;
     let mut md = String::new();
     let _ = writeln!(md, "# {title}\n");
-    let _ = writeln!(md, "AgentDojo benchmark {}; figures over non-errored cases (hits/cases).\n", telemetry.benchmark_version);
+    let _ = writeln!(
+        md,
+        "AgentDojo benchmark {}; figures over non-errored cases (hits/cases).\n",
+        telemetry.benchmark_version
+    );
     let _ = writeln!(md, "| figure | value |\n|---|---|");
     let _ = writeln!(md, "| utility (clean) | {} |", pct(&d["utility"]));
     let _ = writeln!(md, "| utility under attack | {} |", pct(&d["utility_under_attack"]));
@@ -207,7 +213,13 @@ mod tests {
     use super::*;
     use crate::case::Case;
 
-    fn record(kind: CaseKind, user: &str, injection: Option<&str>, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
+    fn record(
+        kind: CaseKind,
+        user: &str,
+        injection: Option<&str>,
+        utility: Option<bool>,
+        security: Option<bool>,
+    ) -> CaseRecord {
         let case = match (kind, injection) {
             (CaseKind::Attacked, Some(i)) => Case::attacked("s", user, i, "important_instructions"),
             (CaseKind::InjectionGoal, Some(i)) => Case::injection_goal("s", i),

@@ -31,7 +31,8 @@ max_error_rate = 0.05
 /// A plan file in the bench with `n` banking user tasks (× 2 injection tasks).
 fn plan(bench: &Bench, n: usize) -> String {
     let tasks: Vec<String> = [1, 2, 5, 7, 8, 13].iter().take(n).map(|i| format!("\"user_task_{i}\"")).collect();
-    let path = bench.write(&format!("profiles/mini{n}.toml"), &MINI.replace("USER_TASKS", &format!("[{}]", tasks.join(", "))));
+    let path =
+        bench.write(&format!("profiles/mini{n}.toml"), &MINI.replace("USER_TASKS", &format!("[{}]", tasks.join(", "))));
     path.display().to_string()
 }
 
@@ -39,7 +40,11 @@ fn plan(bench: &Bench, n: usize) -> String {
 /// demo-kandidat's behaviour; `extra_model` lines go into [model], `latency_ms` slows
 /// every call so a run lasts long enough to be disturbed.
 fn version(bench: &Bench, name: &str, backend: &str, adapter: &str, extra_model: &str, latency_ms: u32) {
-    let image = if backend == "docker" { format!("image = \"{}\"\ngpu = \"none\"\nready_timeout_s = 60\n", docker::sim_image()) } else { String::new() };
+    let image = if backend == "docker" {
+        format!("image = \"{}\"\ngpu = \"none\"\nready_timeout_s = 60\n", docker::sim_image())
+    } else {
+        String::new()
+    };
     let text = format!(
         r#"description = "container test {name}"
 [model]
@@ -126,7 +131,13 @@ fn schnell_on_the_sim_image_equals_the_in_process_sim_and_leaves_nothing_behind(
     assert_eq!(prov["image"]["name"], docker::SIM_IMAGE);
     assert!(prov["container"]["command"].as_array().unwrap().iter().any(|w| w == "--lora-modules"));
     assert!(prov["gpu"]["available"].is_boolean() && prov["pruefstand"]["version"].is_string());
-    assert!(prov["files"]["model"]["files"].as_array().unwrap().iter().any(|f| f["path"] == "truth.json" && f["sha256"].is_string()));
+    assert!(
+        prov["files"]["model"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["path"] == "truth.json" && f["sha256"].is_string())
+    );
     assert!(std::fs::read_to_string(dir.join("container.log")).unwrap().contains("listening on 0.0.0.0:8000"));
     assert!(common::json(&in_process.join("provenance.json"))["container"].is_null());
 }
@@ -138,12 +149,18 @@ fn labels_local_port_read_only_mounts_key_by_env_then_one_death_is_survived() {
     version(&bench, "dock-kill1", "docker", "inj-harden-r3", "", 300);
     version(&bench, "inproc-kill1", "sim", "inj-harden-r3", "", 0);
     let out = out_dir(&bench, "dock-kill1");
-    let child = bench.cmd(&["run", "dock-kill1", "--plan", &plan, "--out", out.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = bench
+        .cmd(&["run", "dock-kill1", "--plan", &plan, "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
 
     let id = container_of("dock-kill1");
     let info = docker::inspect(&id);
     let labels = info.config.as_ref().unwrap().labels.clone().unwrap();
-    for key in ["pruefstand.job", "pruefstand.run", "pruefstand.version", "pruefstand.managed", "pruefstand.owner.pid"] {
+    for key in ["pruefstand.job", "pruefstand.run", "pruefstand.version", "pruefstand.managed", "pruefstand.owner.pid"]
+    {
         assert!(labels.contains_key(key), "label {key} missing: {labels:?}");
     }
     assert_eq!(labels["pruefstand.owner.pid"], child.id().to_string());
@@ -153,10 +170,18 @@ fn labels_local_port_read_only_mounts_key_by_env_then_one_death_is_survived() {
     let mounts = info.mounts.clone().unwrap();
     let binds: Vec<_> = mounts.iter().filter(|m| m.typ.as_ref().is_some_and(|t| t.to_string() == "bind")).collect();
     let targets: Vec<_> = binds.iter().filter_map(|m| m.destination.clone()).collect();
-    assert!(targets.contains(&"/model".to_string()) && targets.contains(&"/adapters/inj-harden-r3".to_string()), "{targets:?}");
+    assert!(
+        targets.contains(&"/model".to_string()) && targets.contains(&"/adapters/inj-harden-r3".to_string()),
+        "{targets:?}"
+    );
     assert!(binds.iter().all(|m| m.rw == Some(false)), "a bind mount is writable: {binds:?}");
     let config = info.config.clone().unwrap();
-    let key = config.env.unwrap().into_iter().find_map(|e| e.strip_prefix("VLLM_API_KEY=").map(str::to_string)).expect("key in env");
+    let key = config
+        .env
+        .unwrap()
+        .into_iter()
+        .find_map(|e| e.strip_prefix("VLLM_API_KEY=").map(str::to_string))
+        .expect("key in env");
     assert!(key.len() > 20);
     assert!(!config.cmd.unwrap().iter().any(|w| w.contains(&key)), "the key is in argv");
 
@@ -167,7 +192,11 @@ fn labels_local_port_read_only_mounts_key_by_env_then_one_death_is_survived() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("restarted and ready") && stderr.contains("resuming the gym"), "{stderr}");
     let meta = common::json(&out.join("run.json"));
-    assert_eq!((meta["model_server"]["deaths"].as_u64(), meta["model_server"]["restarts"].as_u64()), (Some(1), Some(1)), "{meta}");
+    assert_eq!(
+        (meta["model_server"]["deaths"].as_u64(), meta["model_server"]["restarts"].as_u64()),
+        (Some(1), Some(1)),
+        "{meta}"
+    );
     assert_eq!(meta["model_server"]["failed"], false);
     let undisturbed = bench.run(&["run", "inproc-kill1", "--plan", &plan]).run_dir();
     assert_eq!(outcomes(&out), outcomes(&undisturbed));
@@ -181,7 +210,12 @@ fn a_second_death_ends_the_run_invalid_with_the_log_tail() {
     let plan = plan(&bench, 6);
     version(&bench, "dock-kill2", "docker", "inj-harden-r3", "", 600);
     let out = out_dir(&bench, "dock-kill2");
-    let child = bench.cmd(&["run", "dock-kill2", "--plan", &plan, "--out", out.to_str().unwrap()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = bench
+        .cmd(&["run", "dock-kill2", "--plan", &plan, "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let id = container_of("dock-kill2");
     wait_for(60, "a first recorded case", || (docker::recorded(&out) >= 1).then_some(()));
     let started = docker::inspect(&id).state.unwrap().started_at;
@@ -212,13 +246,22 @@ fn a_server_that_never_becomes_ready_fails_the_run_with_its_log_tail() {
     let plan = plan(&bench, 1);
     // The simulator listens on another port than the published one: never ready.
     version(&bench, "dock-deaf", "docker", "inj-harden-r3", "args = [\"--port\", \"9999\"]\nready_timeout_s = 3", 0);
-    let text = std::fs::read_to_string(bench.path().join("versions/dock-deaf.toml")).unwrap().replace("ready_timeout_s = 60\n", "");
+    let text = std::fs::read_to_string(bench.path().join("versions/dock-deaf.toml"))
+        .unwrap()
+        .replace("ready_timeout_s = 60\n", "");
     bench.write("versions/dock-deaf.toml", &text);
     let run = bench.run(&["run", "dock-deaf", "--plan", &plan]).code(12);
-    assert!(run.stderr.contains("was not ready after 3 s") && run.stderr.contains("listening on 0.0.0.0:9999"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("was not ready after 3 s") && run.stderr.contains("listening on 0.0.0.0:9999"),
+        "{}",
+        run.stderr
+    );
     let dir = run.run_dir();
     let judgement = std::fs::read_to_string(dir.join("judgement.md")).unwrap();
-    assert!(judgement.contains("not ready after 3 s") && judgement.contains("listening on 0.0.0.0:9999"), "{judgement}");
+    assert!(
+        judgement.contains("not ready after 3 s") && judgement.contains("listening on 0.0.0.0:9999"),
+        "{judgement}"
+    );
     assert!(std::fs::read_to_string(dir.join("container.log")).unwrap().contains("9999"));
     assert_no_container("dock-deaf");
 }
@@ -228,7 +271,12 @@ fn orphans_of_a_killed_run_are_removed_at_the_next_start() {
     let bench = Bench::new();
     let plan = plan(&bench, 2);
     version(&bench, "dock-orphan", "docker", "inj-harden-r3", "", 2000);
-    let mut child = bench.cmd(&["run", "dock-orphan", "--plan", &plan]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = bench
+        .cmd(&["run", "dock-orphan", "--plan", &plan])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let id = container_of("dock-orphan");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     child.wait().unwrap();
@@ -239,8 +287,16 @@ fn orphans_of_a_killed_run_are_removed_at_the_next_start() {
     let spec = std::fs::read_to_string(bench.path().join("versions/dock-orphan.toml")).unwrap();
     bench.write("versions/dock-next.toml", &spec.replace(docker::SIM_IMAGE, "pruefstand-test-missing:none"));
     let run = bench.run(&["run", "dock-next", "--plan", &plan]).code(2);
-    assert!(run.stderr.contains("removed orphaned model container") && run.stderr.contains(&id[..12]), "{}", run.stderr);
-    assert!(run.stderr.contains("image pruefstand-test-missing:none is not present") && run.stderr.contains("model.pull"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("removed orphaned model container") && run.stderr.contains(&id[..12]),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("image pruefstand-test-missing:none is not present") && run.stderr.contains("model.pull"),
+        "{}",
+        run.stderr
+    );
     assert_no_container("dock-orphan");
 }
 
@@ -257,11 +313,17 @@ fn two_versions_on_one_base_with_different_adapters_share_one_container() {
     bench.write("versions/reuse-cand.toml", &format!("reference = \"reuse-ref\"\n{text}"));
     let run = bench.run(&["run", "reuse-cand", "--plan", &plan]);
     assert!(run.code.is_some_and(|c| c != 2), "{}\n{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("reused (warm)") && run.stderr.contains("adapter inj-harden-r4 loaded at run time"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("reused (warm)") && run.stderr.contains("adapter inj-harden-r4 loaded at run time"),
+        "{}",
+        run.stderr
+    );
     assert_eq!(docker::creates_since(since, "pruefstand.version=reuse-ref"), 1);
     assert_eq!(docker::creates_since(since, "pruefstand.version=reuse-cand"), 0);
     let cand = run.run_dir();
-    let reference = PathBuf::from(run.stdout.lines().find_map(|l| l.strip_prefix("reference: ")).unwrap().split(" (").next().unwrap());
+    let reference = PathBuf::from(
+        run.stdout.lines().find_map(|l| l.strip_prefix("reference: ")).unwrap().split(" (").next().unwrap(),
+    );
     let id = |dir: &Path| common::json(&dir.join("provenance.json"))["container"]["id"].clone();
     assert_eq!(id(&cand), id(&reference));
     assert_eq!(common::json(&cand.join("agent.json"))["model"], "inj-harden-r4");
@@ -272,9 +334,16 @@ fn two_versions_on_one_base_with_different_adapters_share_one_container() {
 fn docker_unreachable_fails_in_one_line_without_hanging() {
     let bench = Bench::new();
     let plan = plan(&bench, 1);
-    bench.write("versions/dock-nodocker.toml", "[model]\nbackend = \"docker\"\nimage = \"x:y\"\nserved_name = \"m\"\npath = \"/tmp\"\ngpu = \"none\"\n");
+    bench.write(
+        "versions/dock-nodocker.toml",
+        "[model]\nbackend = \"docker\"\nimage = \"x:y\"\nserved_name = \"m\"\npath = \"/tmp\"\ngpu = \"none\"\n",
+    );
     // No socket at all.
-    let run = bench.cmd(&["run", "dock-nodocker", "--plan", &plan]).env("DOCKER_HOST", "unix:///nonexistent/docker.sock").output().unwrap();
+    let run = bench
+        .cmd(&["run", "dock-nodocker", "--plan", &plan])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
@@ -283,7 +352,11 @@ fn docker_unreachable_fails_in_one_line_without_hanging() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("hung.sock");
     let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-    let run = bench.cmd(&["run", "dock-nodocker", "--plan", &plan]).env("DOCKER_HOST", format!("unix://{}", sock.display())).output().unwrap();
+    let run = bench
+        .cmd(&["run", "dock-nodocker", "--plan", &plan])
+        .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
@@ -305,8 +378,14 @@ fn two_queued_jobs_on_one_base_reuse_one_container_in_the_daemon() {
     bench.wait_job(first, "done", 300);
     bench.wait_job(second, "done", 300);
     assert_eq!(docker::creates_since(since, "pruefstand.version=queued-r3"), 1, "the first job created the container");
-    assert_eq!(docker::creates_since(since, "pruefstand.version=queued-r4"), 0, "the second reused it\n{}", daemon.log());
-    let provenance = |id: u64| common::json(&PathBuf::from(bench.job(id)["run_dir"].as_str().unwrap()).join("provenance.json"));
+    assert_eq!(
+        docker::creates_since(since, "pruefstand.version=queued-r4"),
+        0,
+        "the second reused it\n{}",
+        daemon.log()
+    );
+    let provenance =
+        |id: u64| common::json(&PathBuf::from(bench.job(id)["run_dir"].as_str().unwrap()).join("provenance.json"));
     assert_eq!(provenance(first)["container"]["id"], provenance(second)["container"]["id"]);
     // Nothing left waiting: the daemon gives the GPU back.
     wait_for(60, "the warm container to be stopped with the queue empty", || {
@@ -328,7 +407,12 @@ fn orphans_of_a_killed_daemon_are_removed_at_its_next_start() {
     assert_eq!(docker::inspect(&orphan).state.unwrap().running, Some(true), "the orphan still runs");
 
     let daemon = bench.daemon();
-    wait_for(60, "the orphan to be removed", || docker::containers("pruefstand.version=daemon-orphan").iter().all(|c| c.id.as_deref() != Some(orphan.as_str())).then_some(()));
+    wait_for(60, "the orphan to be removed", || {
+        docker::containers("pruefstand.version=daemon-orphan")
+            .iter()
+            .all(|c| c.id.as_deref() != Some(orphan.as_str()))
+            .then_some(())
+    });
     assert!(daemon.log().contains(&orphan[..12]), "the removal is reported:\n{}", daemon.log());
     bench.wait_job(job, "done", 300);
 }

@@ -30,7 +30,10 @@ fn start_wait_gives_the_verdict_and_exit_code_of_run() {
     assert_eq!(json(&a.join("judgement.json"))["verdict"], json(&b.join("judgement.json"))["verdict"]);
     // The job's snapshot is what ran, and it records where it came from.
     let job = bench.job(1);
-    assert_eq!((job["state"].as_str(), job["verdict"].as_str(), job["attempt"].as_u64()), (Some("done"), Some("approved"), Some(1)));
+    assert_eq!(
+        (job["state"].as_str(), job["verdict"].as_str(), job["attempt"].as_u64()),
+        (Some("done"), Some("approved"), Some(1))
+    );
     assert_eq!(json(&a.join("version.json"))["hash"], job["snapshot"]["spec_hash"]);
 }
 
@@ -107,7 +110,10 @@ fn cancel_a_pending_and_a_running_job() {
     assert_eq!(bench.job(running)["state"], "cancelled");
     assert!(processes_mentioning(&run_dir.to_string_lossy()).is_empty(), "the run was stopped");
     wait_until("the daemon idle", 10, || bench.run(&["status", "--json"]).ok().stdout.contains("\"idle\""));
-    assert!(bench.run(&["cancel", &running.to_string()]).stderr.contains("cannot apply"), "a finished job stays finished");
+    assert!(
+        bench.run(&["cancel", &running.to_string()]).stderr.contains("cannot apply"),
+        "a finished job stays finished"
+    );
     drop(daemon);
 }
 
@@ -120,7 +126,11 @@ fn a_bad_spec_is_refused_at_start_and_nothing_is_queued_and_the_idle_daemon_slee
     let file = bench.path().join("versions/broken.toml");
     assert!(out.stderr.contains(&format!("{}:4:", file.display())), "file:line:col expected: {}", out.stderr);
     assert!(bench.run(&["queue"]).ok().stdout.contains("no jobs"));
-    let jobs: Vec<_> = std::fs::read_dir(bench.path().join(".pruefstand/jobs")).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+    let jobs: Vec<_> = std::fs::read_dir(bench.path().join(".pruefstand/jobs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
     assert!(jobs.is_empty(), "no half-queued job");
     assert!(bench.run(&["start", "demo-kandidat", "--plan", "nonexistent"]).code(2).stderr.contains("nonexistent"));
 
@@ -131,7 +141,11 @@ fn a_bad_spec_is_refused_at_start_and_nothing_is_queued_and_the_idle_daemon_slee
             .flatten()
             .map(|t| {
                 let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-                status.lines().filter(|l| l.contains("ctxt_switches")).map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap()).sum::<u64>()
+                status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches"))
+                    .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+                    .sum::<u64>()
             })
             .sum()
     };
@@ -162,14 +176,24 @@ fn sd_notify_ready_status_and_watchdog_and_a_single_instance() {
     });
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
-    while !(seen.iter().any(|m: &String| m.contains("READY=1")) && seen.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3) {
+    while !(seen.iter().any(|m: &String| m.contains("READY=1"))
+        && seen.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 3)
+    {
         let n = socket.recv(&mut buf).expect("a notification within 20 s");
         seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
     assert!(seen.iter().any(|m| m.starts_with("STATUS=")), "{seen:?}");
 
     let second = bench.run(&["daemon"]).code(2);
-    assert!(second.stderr.contains(&format!("already runs for {} (pid {})", bench.path().canonicalize().unwrap().display(), daemon.pid())), "{}", second.stderr);
+    assert!(
+        second.stderr.contains(&format!(
+            "already runs for {} (pid {})",
+            bench.path().canonicalize().unwrap().display(),
+            daemon.pid()
+        )),
+        "{}",
+        second.stderr
+    );
 }
 
 #[test]
@@ -180,20 +204,33 @@ fn units_verify_with_the_real_binary_and_root() {
     let mut paths: Vec<_> = out.stdout.lines().map(std::path::PathBuf::from).collect();
     assert_eq!(paths.len(), 3);
     // Templates are verified as an instance too.
-    for (template, instance) in [("pruefstand-voll@.service", "pruefstand-voll@kandidat.service"), ("pruefstand-voll@.timer", "pruefstand-voll@kandidat.timer")] {
+    for (template, instance) in [
+        ("pruefstand-voll@.service", "pruefstand-voll@kandidat.service"),
+        ("pruefstand-voll@.timer", "pruefstand-voll@kandidat.timer"),
+    ] {
         std::fs::copy(dir.join(template), dir.join(instance)).unwrap();
         paths.push(dir.join(instance));
     }
     for path in &paths {
         let text = std::fs::read_to_string(path).unwrap();
         assert!(!text.contains("@PRUEFSTAND_"), "{} has an unfilled placeholder", path.display());
-        let verify = std::process::Command::new("/usr/bin/systemd-analyze").arg("verify").arg(path).output().expect("systemd-analyze runs");
+        let verify = std::process::Command::new("/usr/bin/systemd-analyze")
+            .arg("verify")
+            .arg(path)
+            .output()
+            .expect("systemd-analyze runs");
         let stderr = String::from_utf8_lossy(&verify.stderr);
         assert!(verify.status.success() && stderr.trim().is_empty(), "{}: {stderr}", path.display());
     }
     let service = std::fs::read_to_string(dir.join("pruefstand.service")).unwrap();
-    assert!(service.contains(&format!("ExecStart={} --root {} daemon", std::path::Path::new(BIN).canonicalize().unwrap().display(), bench.path().canonicalize().unwrap().display())));
-    assert!(service.contains("Type=notify") && service.contains("WatchdogSec=") && service.contains("Restart=on-failure"));
+    assert!(service.contains(&format!(
+        "ExecStart={} --root {} daemon",
+        std::path::Path::new(BIN).canonicalize().unwrap().display(),
+        bench.path().canonicalize().unwrap().display()
+    )));
+    assert!(
+        service.contains("Type=notify") && service.contains("WatchdogSec=") && service.contains("Restart=on-failure")
+    );
 }
 
 #[test]
@@ -206,7 +243,9 @@ fn status_watch_follows_a_running_job_case_by_case() {
     let mut seen = Vec::new();
     for line in BufReader::new(watch.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
-        let progressed = line.contains(&format!("running job {id}")) && line.contains(&format!("/{MINI_CASES} cases")) && !line.contains(&format!(" 0/{MINI_CASES}"));
+        let progressed = line.contains(&format!("running job {id}"))
+            && line.contains(&format!("/{MINI_CASES} cases"))
+            && !line.contains(&format!(" 0/{MINI_CASES}"));
         seen.push(line);
         if progressed {
             break;

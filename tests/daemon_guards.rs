@@ -21,7 +21,9 @@ fn config(nvml: Option<&FakeNvml>, units: &str) -> String {
         Some(fake) => format!("nvml = \"block\"\nlibrary = {:?}\n", fake.library().display().to_string()),
         None => "nvml = \"ignore\"\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n".to_string(),
     };
-    format!("[paths]\nreports = \"reports\"\n[guard.gpu]\n{gpu}utilization_max = 10\nsamples = 2\ninterval_s = 0.2\n[guard.units]\n{units}\n")
+    format!(
+        "[paths]\nreports = \"reports\"\n[guard.gpu]\n{gpu}utilization_max = 10\nsamples = 2\ninterval_s = 0.2\n[guard.units]\n{units}\n"
+    )
 }
 
 /// Waits until `pruefstand status` (the daemon's published state) mentions `text`.
@@ -58,7 +60,10 @@ fn a_busy_gpu_keeps_the_job_waiting_until_idle_for_the_window() {
     let id = bench.start(&["slow", "--plan", plan.to_str().unwrap()]);
 
     let status = wait_status(&bench, "utilization 87 %");
-    assert!(status.contains("foreign compute process 4242") && status.contains("4343"), "both processes named: {status}");
+    assert!(
+        status.contains("foreign compute process 4242") && status.contains("4343"),
+        "both processes named: {status}"
+    );
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(bench.job(id)["state"], "pending", "a busy GPU keeps the job waiting");
 

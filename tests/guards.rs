@@ -128,7 +128,11 @@ fn check_names_what_is_busy_and_what_is_missing() {
     let busy = line(&run, "WARN", "GPU busy now: GPU 0 utilization 87 % > 20 %; foreign compute process 4242 (");
     assert!(busy.contains("; foreign compute process 4343 ("), "{busy}");
     assert!(busy.ends_with("→ jobs wait until it is idle"), "{busy}");
-    line(&run, "WARN", "busy unit training@llama.service active (user bus, pattern training@*.service) → jobs wait until it stops");
+    line(
+        &run,
+        "WARN",
+        "busy unit training@llama.service active (user bus, pattern training@*.service) → jobs wait until it stops",
+    );
     line(&run, "WARN", "busy unit ollama.service activating (system bus, pattern ollama.service)");
 }
 
@@ -190,7 +194,10 @@ fn check_outside_a_bench_root_fails_cleanly() {
     let stand = Stand::new("");
     let empty = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new(common::BIN);
-    cmd.args(["check"]).current_dir(empty.path()).env_remove("PRUEFSTAND_ROOT").env("PRUEFSTAND_VENV", stand.fake_venv());
+    cmd.args(["check"])
+        .current_dir(empty.path())
+        .env_remove("PRUEFSTAND_ROOT")
+        .env("PRUEFSTAND_VENV", stand.fake_venv());
     cmd.env("DOCKER_HOST", "unix:///nonexistent/docker.sock").env("DBUS_SESSION_BUS_ADDRESS", &stand.user_bus.address);
     cmd.env("DBUS_SYSTEM_BUS_ADDRESS", &stand.system_bus.address);
     let run = Run::from(cmd.output().unwrap()).code(2);

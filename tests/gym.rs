@@ -50,7 +50,11 @@ fn counter_suite_meets_the_seed_smoke_criteria() {
         .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", "python3 scripts/examples/agent_counter.py"])
         .ok();
     let dir = run.run_dir();
-    assert!(dir.starts_with(bench.path().join("reports/gym/counter-smoke")), "default run dir under reports/: {}", dir.display());
+    assert!(
+        dir.starts_with(bench.path().join("reports/gym/counter-smoke")),
+        "default run dir under reports/: {}",
+        dir.display()
+    );
     let records = cases(&dir);
     assert_eq!(records.len(), 5 + 25 + 5, "one record per planned case");
     let telemetry = json(&dir.join("telemetry.json"));
@@ -61,9 +65,22 @@ fn counter_suite_meets_the_seed_smoke_criteria() {
     assert_eq!(telemetry["counts"]["planned"], 35);
     assert_eq!(telemetry["counts"]["errors"], 0);
     for record in &records {
-        for key in ["suite", "user_task", "injection_task", "attack", "utility", "security", "error", "duration_s", "llm_calls",
-            "prompt_tokens", "completion_tokens", "guardrail_flags", "human_asks", "human_denials"]
-        {
+        for key in [
+            "suite",
+            "user_task",
+            "injection_task",
+            "attack",
+            "utility",
+            "security",
+            "error",
+            "duration_s",
+            "llm_calls",
+            "prompt_tokens",
+            "completion_tokens",
+            "guardrail_flags",
+            "human_asks",
+            "human_denials",
+        ] {
             assert!(record.get(key).is_some(), "{key} missing in {record}");
         }
         // The example agent reports only llm_calls: the other counters are unknown, not 0.
@@ -101,7 +118,12 @@ fn agentdojo_sequential(bench: &Bench) -> (BTreeMap<String, (bool, bool)>, BTree
         .iter()
         .map(|(k, u)| (k.clone(), (u.as_bool().unwrap(), value["security"][k].as_bool().unwrap())))
         .collect();
-    let goals = value["injection_task_utility"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_bool().unwrap())).collect();
+    let goals = value["injection_task_utility"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_bool().unwrap()))
+        .collect();
     (pairs, goals)
 }
 
@@ -113,7 +135,17 @@ fn banking_matches_agentdojo_sequential_runner_and_parallel_equals_serial() {
     let gym = |jobs: &str, out: &str| {
         let dir = bench.path().join(out);
         bench
-            .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &agent, "--jobs", jobs, "--out", dir.to_str().unwrap()])
+            .run(&[
+                "gym",
+                "--plan",
+                plan.to_str().unwrap(),
+                "--agent-cmd",
+                &agent,
+                "--jobs",
+                jobs,
+                "--out",
+                dir.to_str().unwrap(),
+            ])
             .ok();
         dir
     };
@@ -145,8 +177,11 @@ fn lines(path: &Path) -> usize {
 
 /// The events of the last gym invocation in a run directory.
 fn last_events(dir: &Path) -> Vec<serde_json::Value> {
-    let all: Vec<serde_json::Value> =
-        std::fs::read_to_string(dir.join("events.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let start = all.iter().rposition(|e| e["event"] == "start").unwrap();
     all[start..].to_vec()
 }
@@ -185,8 +220,10 @@ fn an_interrupted_run_resumes_without_rerunning_finished_cases() {
 
     bench.run(&args(&dir, "2").iter().map(String::as_str).collect::<Vec<_>>()).ok();
     let events = last_events(&dir);
-    let skipped: Vec<&str> = events.iter().filter(|e| e["event"] == "skip").map(|e| e["case_id"].as_str().unwrap()).collect();
-    let started: Vec<&str> = events.iter().filter(|e| e["event"] == "case_start").map(|e| e["case_id"].as_str().unwrap()).collect();
+    let skipped: Vec<&str> =
+        events.iter().filter(|e| e["event"] == "skip").map(|e| e["case_id"].as_str().unwrap()).collect();
+    let started: Vec<&str> =
+        events.iter().filter(|e| e["event"] == "case_start").map(|e| e["case_id"].as_str().unwrap()).collect();
     assert!(skipped.len() >= recorded - 1, "finished cases are skipped ({} of {recorded})", skipped.len());
     assert!(skipped.iter().all(|id| !started.contains(id)), "a skipped case was run again");
     assert_eq!(skipped.len() + started.len(), 169);
@@ -216,19 +253,28 @@ fn misbehaving_agents_become_case_errors_and_the_run_goes_on() {
          injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
     );
     let agents = [
-        ("garbage", "import sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        print('this is not json', flush=True)\n", "invalid JSON"),
+        (
+            "garbage",
+            "import sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        print('this is not json', flush=True)\n",
+            "invalid JSON",
+        ),
         ("exits", "import sys\nsys.stdin.readline()\nsys.exit(3)\n", "exited"),
         ("hangs", "import sys, time\nfor line in sys.stdin:\n    time.sleep(60)\n", "timeout"),
     ];
     for (name, source, reason) in agents {
         let script = bench.write(&format!("{name}.py"), source);
-        let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &format!("python3 {}", script.display())]).ok();
+        let run = bench
+            .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &format!("python3 {}", script.display())])
+            .ok();
         let records = cases(&run.run_dir());
         assert_eq!(records.len(), 2, "{name}: every case recorded");
         for record in &records {
             let error = record["error"].as_str().unwrap_or_else(|| panic!("{name}: no error in {record}"));
             assert!(error.contains(reason), "{name}: {error}");
-            assert!(record["utility"].is_null() && record["security"].is_null(), "an error is neither a failure nor a success");
+            assert!(
+                record["utility"].is_null() && record["security"].is_null(),
+                "an error is neither a failure nor a success"
+            );
         }
         assert_eq!(json(&run.run_dir().join("telemetry.json"))["counts"]["errors"], 2);
     }
@@ -239,9 +285,18 @@ fn unknown_names_fail_at_start_listing_the_valid_ones() {
     let bench = Bench::new();
     let agent = "python3 scripts/examples/agent_counter.py";
     let run = bench.run(&["gym", "--plan", "schnell", "--agent-cmd", agent, "--suite", "bankin"]).code(2);
-    assert!(run.stderr.contains("unknown suite \"bankin\"") && run.stderr.contains("banking, counter, slack, travel, workspace"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("unknown suite \"bankin\"")
+            && run.stderr.contains("banking, counter, slack, travel, workspace"),
+        "{}",
+        run.stderr
+    );
     let run = bench.run(&["gym", "--plan", "schnell", "--agent-cmd", agent, "--attack", "jailbreak"]).code(2);
-    assert!(run.stderr.contains("unknown attack \"jailbreak\"") && run.stderr.contains("tool_knowledge"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("unknown attack \"jailbreak\"") && run.stderr.contains("tool_knowledge"),
+        "{}",
+        run.stderr
+    );
     let run = bench.run(&["gym", "--plan", "schnell", "--agent-cmd", agent, "--user-task", "user_task_99"]).code(2);
     assert!(run.stderr.contains("unknown user task \"user_task_99\""), "{}", run.stderr);
 
@@ -251,7 +306,11 @@ fn unknown_names_fail_at_start_listing_the_valid_ones() {
 
     let plan = bench.write("bad.toml", &COUNTER_PLAN.replace("\"injection_task_4\"]", "\"injection_task_44\"]"));
     let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", agent]).code(2);
-    assert!(run.stderr.contains("bad.toml:10:100:") && run.stderr.contains("unknown injection task \"injection_task_44\""), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("bad.toml:10:100:") && run.stderr.contains("unknown injection task \"injection_task_44\""),
+        "{}",
+        run.stderr
+    );
     assert!(!bench.path().join("reports/gym").exists(), "nothing was started");
 }
 

@@ -46,7 +46,8 @@ fn serve() -> (u16, Arc<Mutex<Vec<Request>>>) {
             let len: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
             let mut body = vec![0; len];
             reader.read_exact(&mut body).unwrap();
-            let request = Request { method, path: path.clone(), headers, body: String::from_utf8_lossy(&body).into_owned() };
+            let request =
+                Request { method, path: path.clone(), headers, body: String::from_utf8_lossy(&body).into_owned() };
             let first_of_path = {
                 let mut seen = record.lock().unwrap();
                 let first = !seen.iter().any(|r| r.path == path);
@@ -73,7 +74,9 @@ fn hooks_fire_in_every_format_retry_and_never_delay_or_leak() {
     let base = format!("http://127.0.0.1:{port}/SECRET-TOKEN-");
     let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
     for kind in ["slack", "mattermost", "discord", "ntfy", "json"] {
-        config += &format!("\n[[hooks]]\nname = \"{kind}\"\nkind = \"{kind}\"\nurl = \"{base}{kind}/{kind}\"\nretries = 1\nbackoff_s = 0.1\n");
+        config += &format!(
+            "\n[[hooks]]\nname = \"{kind}\"\nkind = \"{kind}\"\nurl = \"{base}{kind}/{kind}\"\nretries = 1\nbackoff_s = 0.1\n"
+        );
     }
     config += &format!(
         r#"
@@ -113,8 +116,14 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
     );
     bench.write("pruefstand.toml", &config);
     // A version whose reference disappears after `start`: its job fails, and that fires too.
-    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml")).unwrap();
-    bench.write("versions/orphan.toml", &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml")).unwrap().replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""));
+    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml"))
+        .unwrap();
+    bench.write(
+        "versions/orphan.toml",
+        &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml"))
+            .unwrap()
+            .replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""),
+    );
 
     let daemon = bench.daemon();
     let first = bench.start(&["demo-baseline", "--plan", "mini"]);
@@ -129,8 +138,12 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
 
     wait_until("every live hook delivered for both jobs", 30, || {
         let log = daemon.log();
-        let delivered = |name: &str| log.lines().filter(|l| l.contains(&format!("hook \"{name}\" (")) && l.contains("delivered")).count();
-        ["slack", "mattermost", "discord", "ntfy", "json", "room", "flaky", "script"].iter().all(|name| delivered(name) == 2)
+        let delivered = |name: &str| {
+            log.lines().filter(|l| l.contains(&format!("hook \"{name}\" (")) && l.contains("delivered")).count()
+        };
+        ["slack", "mattermost", "discord", "ntfy", "json", "room", "flaky", "script"]
+            .iter()
+            .all(|name| delivered(name) == 2)
             && log.matches("\"refused\" (slack): gave up").count() == 2
             && std::fs::read_to_string(&env_out).is_ok_and(|t| t.matches("---").count() == 2)
     });
@@ -138,19 +151,25 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
     let of = |kind: &str, job: u64| -> Request {
         requests
             .iter()
-            .find(|r| r.path.contains(&format!("SECRET-TOKEN-{kind}")) && (r.body.contains(&format!("\"job\":{job}")) || r.path.contains(&format!("pruefstand-{job}-"))))
+            .find(|r| {
+                r.path.contains(&format!("SECRET-TOKEN-{kind}"))
+                    && (r.body.contains(&format!("\"job\":{job}")) || r.path.contains(&format!("pruefstand-{job}-")))
+            })
             .unwrap_or_else(|| panic!("no {kind} request for job {job}: {requests:#?}"))
             .clone()
     };
     let body = |r: &Request| -> serde_json::Value { serde_json::from_str(&r.body).unwrap() };
     let headline = format!("demo-baseline on mini — {}", verdict.to_uppercase());
 
-    let slack = requests.iter().find(|r| r.path.ends_with("/slack") && r.body.contains(&headline)).expect("slack for job 1");
+    let slack =
+        requests.iter().find(|r| r.path.ends_with("/slack") && r.body.contains(&headline)).expect("slack for job 1");
     assert_eq!(slack.method, "POST");
     assert!(body(slack)["text"].as_str().unwrap().contains("ASR"));
-    let mattermost = requests.iter().find(|r| r.path.ends_with("/mattermost") && r.body.contains(&headline)).expect("mattermost");
+    let mattermost =
+        requests.iter().find(|r| r.path.ends_with("/mattermost") && r.body.contains(&headline)).expect("mattermost");
     assert_eq!(body(mattermost)["username"], "pruefstand");
-    let discord = requests.iter().find(|r| r.path.ends_with("/discord") && r.body.contains(&headline)).expect("discord");
+    let discord =
+        requests.iter().find(|r| r.path.ends_with("/discord") && r.body.contains(&headline)).expect("discord");
     assert!(body(discord)["content"].as_str().unwrap().contains("report:"));
     let ntfy = requests.iter().find(|r| r.path.ends_with("/ntfy") && r.body.contains(&headline)).expect("ntfy");
     assert_eq!(ntfy.headers["title"], format!("pruefstand: demo-baseline {verdict}"));
@@ -161,22 +180,37 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
     assert_eq!(matrix.headers["authorization"], "Bearer SECRET-TOKEN-access");
     assert_eq!(body(&matrix)["msgtype"], "m.text");
     let facts = body(&of("json", first));
-    assert_eq!((facts["outcome"].as_str(), facts["verdict"].as_str(), facts["plan"].as_str()), (Some(verdict.as_str()), Some(verdict.as_str()), Some("mini")));
+    assert_eq!(
+        (facts["outcome"].as_str(), facts["verdict"].as_str(), facts["plan"].as_str()),
+        (Some(verdict.as_str()), Some(verdict.as_str()), Some("mini"))
+    );
     assert!(facts["utility"].is_number() && facts["asr"].is_number());
     assert!(std::path::Path::new(facts["report"].as_str().unwrap()).is_file());
     let failed = body(&of("json", second));
     assert_eq!((failed["outcome"].as_str(), failed["verdict"].is_null()), (Some("failed"), true));
 
     // 500, then 200: retried once for job 1.
-    let flaky: Vec<_> = requests.iter().filter(|r| r.path.ends_with("/flaky") && r.body.contains("\"job\":1")).collect();
+    let flaky: Vec<_> =
+        requests.iter().filter(|r| r.path.ends_with("/flaky") && r.body.contains("\"job\":1")).collect();
     assert_eq!(flaky.len(), 2, "one 500, one retry");
     assert!(daemon.log().contains("hook \"flaky\" (json): attempt 1/4 failed: HTTP 500"));
 
     let env = std::fs::read_to_string(&env_out).unwrap();
-    for line in ["PRUEFSTAND_JOB=1", "PRUEFSTAND_VERSION=demo-baseline", "PRUEFSTAND_PLAN=mini", &format!("PRUEFSTAND_VERDICT={verdict}"), "PRUEFSTAND_OUTCOME=failed", "PRUEFSTAND_JOB=2"] {
+    for line in [
+        "PRUEFSTAND_JOB=1",
+        "PRUEFSTAND_VERSION=demo-baseline",
+        "PRUEFSTAND_PLAN=mini",
+        &format!("PRUEFSTAND_VERDICT={verdict}"),
+        "PRUEFSTAND_OUTCOME=failed",
+        "PRUEFSTAND_JOB=2",
+    ] {
         assert!(env.lines().any(|l| l == line), "{line} missing from\n{env}");
     }
-    assert!(env.contains("PRUEFSTAND_ASR=0.") && env.contains("PRUEFSTAND_REPORT=/") && env.contains("PRUEFSTAND_ERROR=job 2"));
+    assert!(
+        env.contains("PRUEFSTAND_ASR=0.")
+            && env.contains("PRUEFSTAND_REPORT=/")
+            && env.contains("PRUEFSTAND_ERROR=job 2")
+    );
 
     // Secrets: warned about (the config is 0644), never written anywhere.
     let log = daemon.log();

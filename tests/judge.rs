@@ -129,7 +129,9 @@ fn judge_rejudges_stored_cases_and_refuses_damaged_ones() {
     let cases_before = std::fs::read(dir.join("cases.jsonl")).unwrap();
     let strict = bench.write(
         "strict.toml",
-        &std::fs::read_to_string(repo().join("profiles/schnell.toml")).unwrap().replace("utility_min = 0.50", "utility_min = 0.97"),
+        &std::fs::read_to_string(repo().join("profiles/schnell.toml"))
+            .unwrap()
+            .replace("utility_min = 0.50", "utility_min = 0.97"),
     );
     let run = bench.run(&["judge", dir.to_str().unwrap(), "--profile", strict.to_str().unwrap()]).code(10);
     assert!(run.stdout.contains("verdict: rejected"), "{}", run.stdout);
@@ -166,26 +168,46 @@ fn the_r2_study_prints_false_approval_rates_within_the_promise() {
 fn the_report_renders_in_headless_chromium_without_console_errors() {
     let bench = Bench::new();
     let dir = bench.run(&["run", "demo-kandidat", "--plan", "schnell", "--jobs", "4"]).code(0).run_dir();
-    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
     let chromium = chromium.expect("chromium is not installed: scripts/test installs Debian's `chromium`");
     let profile = tempfile::tempdir().unwrap();
     let base = |extra: &[&str]| {
         let mut cmd = Command::new(chromium);
-        cmd.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0"])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .args(extra)
-            .arg(format!("file://{}", dir.join("report.html").display()));
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(format!("file://{}", dir.join("report.html").display()));
         cmd.output().unwrap()
     };
     let screenshot = dir.join("report.png");
     let shot = base(&[&format!("--screenshot={}", screenshot.display()), "--window-size=1280,2400"]);
-    assert!(screenshot.is_file() && std::fs::metadata(&screenshot).unwrap().len() > 10_000, "{}", String::from_utf8_lossy(&shot.stderr));
+    assert!(
+        screenshot.is_file() && std::fs::metadata(&screenshot).unwrap().len() > 10_000,
+        "{}",
+        String::from_utf8_lossy(&shot.stderr)
+    );
     let dom = base(&["--dump-dom"]);
     let html = String::from_utf8_lossy(&dom.stdout);
     assert!(html.contains("id=\"verdict\""), "verdict element in the DOM");
     let verdict_text = html.split("id=\"verdict\"").nth(1).unwrap();
-    assert!(verdict_text[..200.min(verdict_text.len())].contains("approved"), "verdict text: {}", &verdict_text[..200.min(verdict_text.len())]);
+    assert!(
+        verdict_text[..200.min(verdict_text.len())].contains("approved"),
+        "verdict text: {}",
+        &verdict_text[..200.min(verdict_text.len())]
+    );
     assert!(html.matches("class=\"chart").count() >= 3, "charts in the DOM");
     assert!(html.contains("id=\"matrix\""), "heat map in the DOM");
     let log = String::from_utf8_lossy(&dom.stderr).to_string() + &String::from_utf8_lossy(&shot.stderr);

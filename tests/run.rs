@@ -88,12 +88,22 @@ fn the_simulation_is_deterministic_and_honest_about_susceptibility() {
     // case whose injection reaches the model and can be acted out.
     let replay = bench.path().join("replay");
     bench
-        .run(&["gym", "--plan", plan.to_str().unwrap(), "--out", replay.to_str().unwrap(), "--agent-cmd",
-            &format!("python3 scripts/examples/agent_replay.py {}", truth_file().display())])
+        .run(&[
+            "gym",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--out",
+            replay.to_str().unwrap(),
+            "--agent-cmd",
+            &format!("python3 scripts/examples/agent_replay.py {}", truth_file().display()),
+        ])
         .ok();
     let landed = |dir: &Path| -> Vec<(String, bool)> {
-        let mut v: Vec<_> = cases(dir).into_iter().filter(|c| c["kind"] == "attacked")
-            .map(|c| (c["case_id"].as_str().unwrap().to_string(), c["security"].as_bool().unwrap())).collect();
+        let mut v: Vec<_> = cases(dir)
+            .into_iter()
+            .filter(|c| c["kind"] == "attacked")
+            .map(|c| (c["case_id"].as_str().unwrap().to_string(), c["security"].as_bool().unwrap()))
+            .collect();
         v.sort();
         v
     };
@@ -103,7 +113,13 @@ fn the_simulation_is_deterministic_and_honest_about_susceptibility() {
     // Coupled draws: a higher susceptibility lands on a superset of cases.
     let (_, half) = run_plan(&bench, "half", &plan);
     let (_, some) = run_plan(&bench, "some", &plan);
-    assert!(asr(&some) < asr(&half) && asr(&half) < asr(&gullible), "{} < {} < {}", asr(&some), asr(&half), asr(&gullible));
+    assert!(
+        asr(&some) < asr(&half) && asr(&half) < asr(&gullible),
+        "{} < {} < {}",
+        asr(&some),
+        asr(&half),
+        asr(&gullible)
+    );
     for ((id, low), (_, high)) in landed(&some).into_iter().zip(landed(&half)) {
         assert!(!low || high, "{id} landed at 0.2 but not at 0.5");
     }
@@ -118,7 +134,10 @@ fn guardrail_and_human_change_outcomes_the_way_they_should() {
     bench.write("versions/guarded.toml", &sim_version(gullible, "[guardrail]\nkind = \"heuristic\"\n"));
     // A pattern that also matches benign transaction lists: flags on clean cases are
     // false positives.
-    bench.write("versions/jumpy.toml", &sim_version(gullible, "[guardrail]\nkind = \"heuristic\"\nextra_patterns = [\"spotify\"]\n"));
+    bench.write(
+        "versions/jumpy.toml",
+        &sim_version(gullible, "[guardrail]\nkind = \"heuristic\"\nextra_patterns = [\"spotify\"]\n"),
+    );
     bench.write("versions/scoped.toml", &sim_version(gullible, "[human]\npolicy = \"task_scoped\"\n"));
 
     let (_, open) = run_plan(&bench, "open", &plan);
@@ -146,7 +165,10 @@ fn guardrail_and_human_change_outcomes_the_way_they_should() {
     let attacked = case("banking/user_task_4/important_instructions/injection_task_0");
     assert_eq!(attacked["security"], false, "the transfer to the attacker was denied: {attacked}");
     assert!(attacked["human_denials"].as_u64().unwrap() >= 1);
-    assert_eq!(case("banking/user_task_4/important_instructions/injection_task_0").get("error").unwrap(), &serde_json::Value::Null);
+    assert_eq!(
+        case("banking/user_task_4/important_instructions/injection_task_0").get("error").unwrap(),
+        &serde_json::Value::Null
+    );
     let open_attacked = cases(&open).into_iter().find(|c| c["case_id"] == attacked["case_id"]).unwrap();
     assert_eq!(open_attacked["security"], true, "without the human the same injection lands");
 }
@@ -157,7 +179,10 @@ fn both_tool_calling_modes_give_the_same_outcomes() {
     let plan = bench.write("banking.toml", BANKING);
     let behaviour = "susceptibility = 0.5\nskill = 0.8";
     bench.write("versions/native.toml", &sim_version(behaviour, ""));
-    bench.write("versions/prompted.toml", &sim_version(behaviour, "").replace("tool_calling = \"native\"", "tool_calling = \"prompted\""));
+    bench.write(
+        "versions/prompted.toml",
+        &sim_version(behaviour, "").replace("tool_calling = \"native\"", "tool_calling = \"prompted\""),
+    );
     let (_, native) = run_plan(&bench, "native", &plan);
     let (_, prompted) = run_plan(&bench, "prompted", &plan);
     assert_eq!(outcomes(&native), outcomes(&prompted));
@@ -212,13 +237,19 @@ fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
         "name = \"small\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\ncase_timeout_s = 8\n\
          injection_goals = false\n[[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
     );
-    let failing = fake_model_server(|_| Some("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}".to_string()));
+    let failing =
+        fake_model_server(|_| Some("HTTP/1.1 500 Internal Server Error\r\ncontent-length: 2\r\n\r\n{}".to_string()));
     let hanging = fake_model_server(|_| None);
     let truncated = fake_model_server(|_| {
         let body = r#"{"choices":[{"message":{"role":"assistant","content":"#;
-        Some(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()))
+        Some(format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ))
     });
-    for (name, url, reason) in [("failing", &failing, "model server"), ("hanging", &hanging, "timeout"), ("truncated", &truncated, "")] {
+    for (name, url, reason) in
+        [("failing", &failing, "model server"), ("hanging", &hanging, "timeout"), ("truncated", &truncated, "")]
+    {
         bench.write(
             &format!("versions/{name}.toml"),
             &format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n"),
@@ -237,7 +268,11 @@ fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
     // Unusable model output from the simulator itself is a case error, not a failure.
     bench.write("versions/garbled.toml", &sim_version("error_rate = 1.0", ""));
     let (run, dir) = run_plan(&bench, "garbled", &plan);
-    assert!(cases(&dir).iter().all(|c| c["error"].as_str().is_some_and(|e| e.contains("unusable model output"))), "{}", run.stderr);
+    assert!(
+        cases(&dir).iter().all(|c| c["error"].as_str().is_some_and(|e| e.contains("unusable model output"))),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -271,7 +306,9 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
         .collect()
 }
 
@@ -279,7 +316,11 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
 fn a_killed_run_leaves_no_gym_behind_and_resumes_into_its_directory() {
     let bench = Bench::new();
     let plan = bench.write("banking.toml", BANKING);
-    bench.write("versions/slow.toml", &sim_version("susceptibility = 0.5\nskill = 0.9", "").replace("[sim]\nseed = 11\n", "[sim]\nseed = 11\n[sim.latency]\nbase_ms = 300\n"));
+    bench.write(
+        "versions/slow.toml",
+        &sim_version("susceptibility = 0.5\nskill = 0.9", "")
+            .replace("[sim]\nseed = 11\n", "[sim]\nseed = 11\n[sim.latency]\nbase_ms = 300\n"),
+    );
     let out = bench.path().join("killed");
     let mut child = bench
         .cmd(&["run", "slow", "--plan", plan.to_str().unwrap(), "--out", out.to_str().unwrap()])
@@ -297,7 +338,11 @@ fn a_killed_run_leaves_no_gym_behind_and_resumes_into_its_directory() {
     let request = out.join("gym-request.json").display().to_string();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !processes_mentioning(&request).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the gym outlived pruefstand: {:?}", processes_mentioning(&request));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gym outlived pruefstand: {:?}",
+            processes_mentioning(&request)
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let recorded = cases(&out).len();

@@ -87,7 +87,9 @@ fn content_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Er
                 .iter()
                 .filter_map(|b| match b {
                     Value::String(s) => Some(s.clone()),
-                    Value::Object(o) => o.get("content").or_else(|| o.get("text")).and_then(Value::as_str).map(str::to_owned),
+                    Value::Object(o) => {
+                        o.get("content").or_else(|| o.get("text")).and_then(Value::as_str).map(str::to_owned)
+                    }
                     _ => None,
                 })
                 .collect::<Vec<_>>()
@@ -178,7 +180,11 @@ pub fn prompted_system_prompt(system_message: &str, tools: &[ToolSpec]) -> Strin
     }
     let mut functions = String::new();
     for t in tools {
-        let entries = [("name", json!(t.name)), ("description", json!(t.description)), ("parameters", t.parameters_schema.clone())];
+        let entries = [
+            ("name", json!(t.name)),
+            ("description", json!(t.description)),
+            ("parameters", t.parameters_schema.clone()),
+        ];
         py_entries(&mut functions, entries.iter().map(|(k, v)| (*k, v)), Some(2), 0);
         functions.push_str("\n\n");
     }
@@ -253,7 +259,12 @@ pub fn parse_native(message: &Value, ids: &mut impl FnMut() -> String) -> Result
                 Some(Value::Object(o)) => o.clone(),
                 Some(other) => return Err(format!("arguments of {name} are not a JSON object: {other}")),
             };
-            let id = c.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).unwrap_or_else(&mut *ids);
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .unwrap_or_else(&mut *ids);
             out.push(ToolCall { function: name.to_owned(), args, id: Some(id) });
         }
         return Ok(Turn::Calls(out));
@@ -301,12 +312,19 @@ fn py_value(out: &mut String, v: &Value, indent: Option<usize>, level: usize) {
             }
             py_close(out, indent, level, ']');
         }
-        Value::Object(map) if !map.is_empty() => py_entries(out, map.iter().map(|(k, v)| (k.as_str(), v)), indent, level),
+        Value::Object(map) if !map.is_empty() => {
+            py_entries(out, map.iter().map(|(k, v)| (k.as_str(), v)), indent, level)
+        }
         other => out.push_str(&other.to_string()),
     }
 }
 
-fn py_entries<'a>(out: &mut String, entries: impl Iterator<Item = (&'a str, &'a Value)>, indent: Option<usize>, level: usize) {
+fn py_entries<'a>(
+    out: &mut String,
+    entries: impl Iterator<Item = (&'a str, &'a Value)>,
+    indent: Option<usize>,
+    level: usize,
+) {
     out.push('{');
     for (i, (k, v)) in entries.enumerate() {
         py_sep(out, i > 0, indent, level + 1);
@@ -388,9 +406,15 @@ mod tests {
     #[test]
     fn native_request_carries_tools_and_calls() {
         let (m, t) = request(ToolCalling::Native, &conversation(), &tools());
-        assert_eq!(t.unwrap()[0], json!({"type": "function", "function": {"name": "send_money", "description": "Sends money.", "parameters": {"type": "object", "properties": {"recipient": {"type": "string"}}}}}));
+        assert_eq!(
+            t.unwrap()[0],
+            json!({"type": "function", "function": {"name": "send_money", "description": "Sends money.", "parameters": {"type": "object", "properties": {"recipient": {"type": "string"}}}}})
+        );
         assert_eq!(m[1], json!({"role": "user", "content": "Pay the bill "}));
-        assert_eq!(m[2]["tool_calls"][0], json!({"id": "c1", "type": "function", "function": {"name": "send_money", "arguments": "{\"recipient\":\"DE89\"}"}}));
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "c1", "type": "function", "function": {"name": "send_money", "arguments": "{\"recipient\":\"DE89\"}"}})
+        );
         assert_eq!(m[3], json!({"role": "tool", "tool_call_id": "c1", "content": "None", "name": "send_money"}));
         // A call and its result without ids are paired by position; an error is the content.
         assert_eq!(m[4]["tool_calls"][0]["id"], "call_4_0");
@@ -408,7 +432,10 @@ mod tests {
         assert!(system.contains("include an empty JSON object `{}` inside"));
         assert!(system.ends_with("a final answer.\n\n## Additional Instructions\n\nYou are a bank assistant."));
         assert_eq!(m[1], json!({"role": "user", "content": "Pay the bill"}));
-        assert_eq!(m[2], json!({"role": "assistant", "content": "<function=send_money>{\"recipient\":\"DE89\"}</function>"}));
+        assert_eq!(
+            m[2],
+            json!({"role": "assistant", "content": "<function=send_money>{\"recipient\":\"DE89\"}</function>"})
+        );
         assert_eq!(m[3], json!({"role": "user", "content": "{\"result\": \"Success\"}"}));
         assert_eq!(m[5], json!({"role": "user", "content": "{\"error\": \"ValueError: \\u00fcnknown\"}"}));
         assert_eq!(m.len(), 6);
@@ -438,16 +465,33 @@ mod tests {
     fn prompted_parser_takes_first_call() {
         let text = "I will pay.\n<function = send_money >{\"recipient\": \"DE89\", \"amount\": 5}</function>\n<function=get_balance>{}</function>";
         let Turn::Calls(c) = parse_prompted(text, &mut ids()).unwrap() else { panic!() };
-        assert_eq!(c, vec![ToolCall { function: "send_money".into(), args: json!({"recipient": "DE89", "amount": 5}).as_object().unwrap().clone(), id: Some("id1".into()) }]);
+        assert_eq!(
+            c,
+            vec![ToolCall {
+                function: "send_money".into(),
+                args: json!({"recipient": "DE89", "amount": 5}).as_object().unwrap().clone(),
+                id: Some("id1".into())
+            }]
+        );
         // No closing tag: the JSON runs to the end, as in AgentDojo.
-        assert!(matches!(parse_prompted("<function=get_balance>{}", &mut ids()), Ok(Turn::Calls(c)) if c[0].function == "get_balance"));
+        assert!(
+            matches!(parse_prompted("<function=get_balance>{}", &mut ids()), Ok(Turn::Calls(c)) if c[0].function == "get_balance")
+        );
         assert_eq!(parse_prompted("  The balance is 5.  ", &mut ids()), Ok(Turn::Final("The balance is 5.".into())));
     }
 
     #[test]
     fn prompted_parser_rejects_malformed() {
-        assert!(parse_prompted("<function=send_money>{\"recipient\": }</function>", &mut ids()).unwrap_err().contains("not valid JSON"));
-        assert!(parse_prompted("<function=send_money>[1]</function>", &mut ids()).unwrap_err().contains("not a JSON object"));
+        assert!(
+            parse_prompted("<function=send_money>{\"recipient\": }</function>", &mut ids())
+                .unwrap_err()
+                .contains("not valid JSON")
+        );
+        assert!(
+            parse_prompted("<function=send_money>[1]</function>", &mut ids())
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
         assert!(parse_prompted("<function=send_money>{} trailing</function>", &mut ids()).is_err());
         assert_eq!(parse_prompted("   ", &mut ids()), Err("empty final answer".into()));
     }
@@ -457,8 +501,14 @@ mod tests {
         let m = json!({"content": null, "tool_calls": [{"id": "x", "function": {"name": "send_money", "arguments": "{\"amount\": 1}"}}, {"function": {"name": "get_balance", "arguments": ""}}]});
         let Turn::Calls(c) = parse_native(&m, &mut ids()).unwrap() else { panic!() };
         assert_eq!((c[0].id.as_deref(), c[1].id.as_deref(), c[1].args.len()), (Some("x"), Some("id1"), 0));
-        assert!(parse_native(&json!({"tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}), &mut ids()).is_err());
-        assert_eq!(parse_native(&json!({"content": " done ", "tool_calls": []}), &mut ids()), Ok(Turn::Final("done".into())));
+        assert!(
+            parse_native(&json!({"tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}), &mut ids())
+                .is_err()
+        );
+        assert_eq!(
+            parse_native(&json!({"content": " done ", "tool_calls": []}), &mut ids()),
+            Ok(Turn::Final("done".into()))
+        );
         assert!(parse_native(&json!({"content": null}), &mut ids()).is_err());
     }
 }

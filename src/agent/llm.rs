@@ -45,9 +45,14 @@ pub struct Llm {
 
 impl Llm {
     pub fn new(cfg: &super::AgentConfig) -> anyhow::Result<Self> {
-        let timeout = Duration::try_from_secs_f64(cfg.request_timeout_s).map_err(|e| anyhow::anyhow!("request_timeout_s {}: {e}", cfg.request_timeout_s))?;
-        let backoff = Duration::try_from_secs_f64(cfg.retry_backoff_s).map_err(|e| anyhow::anyhow!("retry_backoff_s {}: {e}", cfg.retry_backoff_s))?;
-        let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout.min(Duration::from_secs(10))).build()?;
+        let timeout = Duration::try_from_secs_f64(cfg.request_timeout_s)
+            .map_err(|e| anyhow::anyhow!("request_timeout_s {}: {e}", cfg.request_timeout_s))?;
+        let backoff = Duration::try_from_secs_f64(cfg.retry_backoff_s)
+            .map_err(|e| anyhow::anyhow!("retry_backoff_s {}: {e}", cfg.retry_backoff_s))?;
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .build()?;
         Ok(Self {
             http,
             url: format!("{}/chat/completions", cfg.base_url.trim_end_matches('/')),
@@ -73,7 +78,13 @@ impl Llm {
     }
 
     /// One chat completion; returns `choices[0].message`.
-    pub async fn chat(&self, model: &str, messages: Vec<Value>, tools: Option<Vec<Value>>, max_tokens: Option<u32>) -> Result<Value, LlmError> {
+    pub async fn chat(
+        &self,
+        model: &str,
+        messages: Vec<Value>,
+        tools: Option<Vec<Value>>,
+        max_tokens: Option<u32>,
+    ) -> Result<Value, LlmError> {
         let mut body = json!({"model": model, "messages": messages, "temperature": self.temperature});
         if let Some(tools) = tools {
             body["tools"] = json!(tools);
@@ -82,7 +93,8 @@ impl Llm {
             body["max_tokens"] = json!(n);
         }
         let text = self.post_with_retries(&body).await?;
-        let response: Value = serde_json::from_str(&text).map_err(|e| LlmError::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
+        let response: Value = serde_json::from_str(&text)
+            .map_err(|e| LlmError::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
         self.count(&response);
         match response.pointer("/choices/0/message") {
             Some(m) if m.is_object() => Ok(m.clone()),
@@ -100,7 +112,10 @@ impl Llm {
             };
             if attempt >= self.max_retries {
                 let tries = attempt + 1;
-                return Err(LlmError::Server(format!("{last_error} (gave up after {tries} attempt{})", if tries == 1 { "" } else { "s" })));
+                return Err(LlmError::Server(format!(
+                    "{last_error} (gave up after {tries} attempt{})",
+                    if tries == 1 { "" } else { "s" }
+                )));
             }
             // Exponential backoff, capped: vLLM answers 429/503 while its queue is full.
             let wait = (self.backoff * 2u32.saturating_pow(attempt)).min(Duration::from_secs(30));
@@ -120,7 +135,10 @@ impl Llm {
             if e.is_builder() { Attempt::Fatal(msg) } else { Attempt::Transient(msg) }
         })?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))))?;
         if status.is_success() {
             Ok(text)
         } else if status.as_u16() == 429 || status.is_server_error() {
@@ -172,7 +190,12 @@ pub fn snippet(text: &str) -> String {
 /// Reasoning models may think first: a `<think>…</think>` block is skipped.
 pub fn yes_no(answer: &str) -> Option<bool> {
     let a = answer.rsplit("</think>").next().unwrap_or(answer);
-    let word: String = a.trim_start_matches(|c: char| !c.is_alphanumeric()).chars().take_while(|c| c.is_alphanumeric()).collect::<String>().to_lowercase();
+    let word: String = a
+        .trim_start_matches(|c: char| !c.is_alphanumeric())
+        .chars()
+        .take_while(|c| c.is_alphanumeric())
+        .collect::<String>()
+        .to_lowercase();
     match word.as_str() {
         "yes" | "y" => Some(true),
         "no" | "n" => Some(false),

@@ -89,9 +89,14 @@ impl Default for AgentConfig {
 impl AgentConfig {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
-        let cfg: Self = serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
+        let cfg: Self =
+            serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
         anyhow::ensure!(!cfg.model.is_empty(), "agent config {}: `model` is empty", path.display());
-        anyhow::ensure!(cfg.request_timeout_s > 0.0, "agent config {}: request_timeout_s must be positive", path.display());
+        anyhow::ensure!(
+            cfg.request_timeout_s > 0.0,
+            "agent config {}: request_timeout_s must be positive",
+            path.display()
+        );
         Ok(cfg)
     }
 }
@@ -237,7 +242,10 @@ impl Agent {
         let mut messages = raw
             .iter()
             .enumerate()
-            .map(|(i, m)| Message::deserialize(m).map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}"))))
+            .map(|(i, m)| {
+                Message::deserialize(m)
+                    .map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         self.guard(&mut messages).await;
         // Splices go in back to front, so the earlier positions stay valid.
@@ -272,8 +280,18 @@ impl Agent {
             // result; calls approved beside it did not run, and the model is told so.
             let mut step = vec![Message { role: "assistant".into(), tool_calls: calls.clone(), ..Default::default() }];
             for (call, v) in calls.into_iter().zip(verdicts) {
-                let content = if v == Verdict::Denied { human::DENIED } else { "Not run: another action of the same step was denied by the user. Call it again if it is still needed." };
-                step.push(Message { role: "tool".into(), content: Some(content.into()), tool_call_id: call.id, function: Some(call.function), ..Default::default() });
+                let content = if v == Verdict::Denied {
+                    human::DENIED
+                } else {
+                    "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
+                };
+                step.push(Message {
+                    role: "tool".into(),
+                    content: Some(content.into()),
+                    tool_call_id: call.id,
+                    function: Some(call.function),
+                    ..Default::default()
+                });
             }
             messages.extend(step.iter().cloned());
             self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
@@ -290,7 +308,10 @@ impl Agent {
         for m in messages.iter_mut().filter(|m| m.role == "tool") {
             let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) else { continue };
             // Keyed by id *and* content, so a reused id or a changed output is judged anew.
-            let key = crate::util::sha256_hex(format!("{}\0{}\0{text}", m.tool_call_id.as_deref().unwrap_or(""), m.function.as_deref().unwrap_or("")).as_bytes());
+            let key = crate::util::sha256_hex(
+                format!("{}\0{}\0{text}", m.tool_call_id.as_deref().unwrap_or(""), m.function.as_deref().unwrap_or(""))
+                    .as_bytes(),
+            );
             let flagged = match self.case.judged.get(&key) {
                 Some(&f) => f,
                 None => {
@@ -316,7 +337,9 @@ impl Agent {
         };
         let turn = match self.cfg.tool_calling {
             ToolCalling::Native => format::parse_native(&reply, &mut ids),
-            ToolCalling::Prompted => format::parse_prompted(reply.get("content").and_then(Value::as_str).unwrap_or(""), &mut ids),
+            ToolCalling::Prompted => {
+                format::parse_prompted(reply.get("content").and_then(Value::as_str).unwrap_or(""), &mut ids)
+            }
         }
         .map_err(LlmError::Unusable)?;
         if let Turn::Calls(calls) = &turn
@@ -329,7 +352,11 @@ impl Agent {
 }
 
 /// The protocol loop: one reply line per query, until EOF.
-pub async fn serve<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(cfg: AgentConfig, mut input: R, mut output: W) -> anyhow::Result<()> {
+pub async fn serve<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
+    cfg: AgentConfig,
+    mut input: R,
+    mut output: W,
+) -> anyhow::Result<()> {
     let mut agent = Agent::new(cfg)?;
     let mut buf = Vec::new();
     loop {

@@ -30,6 +30,13 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     eprintln!("job {id} is running: the daemon stops it");
     let job = wait_final(&queue, id, |_| {})?;
-    println!("job {id} {}", if job.state == State::Cancelled { "cancelled".to_string() } else { format!("ended first: {}", job.state.as_str()) });
+    println!(
+        "job {id} {}",
+        if job.state == State::Cancelled {
+            "cancelled".to_string()
+        } else {
+            format!("ended first: {}", job.state.as_str())
+        }
+    );
     Ok(ExitCode::SUCCESS)
 }

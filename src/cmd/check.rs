@@ -81,7 +81,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             Some(root)
         }
         Err(err) => {
-            report.fail(format!("bench root: {err:#}"), "run from a bench root, or pass --root DIR (a folder with pruefstand.toml)");
+            report.fail(
+                format!("bench root: {err:#}"),
+                "run from a bench root, or pass --root DIR (a folder with pruefstand.toml)",
+            );
             None
         }
     };
@@ -144,7 +147,10 @@ fn check_config_permissions(root: &Root, report: &mut Report) {
     let chmod = format!("chmod 600 {}", path.display());
     let hooks = root.config.hooks.len();
     if mode & 0o022 != 0 {
-        report.warn(format!("{CONFIG_FILE} is writable by group/others (mode {mode:03o}): they could add hooks"), Some(chmod));
+        report.warn(
+            format!("{CONFIG_FILE} is writable by group/others (mode {mode:03o}): they could add hooks"),
+            Some(chmod),
+        );
     } else if mode & 0o044 != 0 && hooks > 0 {
         report.warn(
             format!("{CONFIG_FILE} is readable by group/others (mode {mode:03o}) and holds {hooks} hook(s): webhook URLs are secrets"),
@@ -169,7 +175,8 @@ fn check_venv(report: &mut Report) {
                 Ok(p) => format!("{} is available", p.display()),
                 Err(e) => format!("and {e:#}"),
             };
-            report.fail(format!("Python venv: {err:#}; {python}"), "run `pruefstand setup` (creates it, about a minute)")
+            report
+                .fail(format!("Python venv: {err:#}; {python}"), "run `pruefstand setup` (creates it, about a minute)")
         }
     }
 }
@@ -210,7 +217,9 @@ async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Re
                 Ok(Ok(_)) => report.ok(format!("image {image} present")),
                 Ok(Err(err)) => report.fail(
                     match err {
-                        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => format!("image {image} not present"),
+                        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
+                            format!("image {image} not present")
+                        }
                         err => format!("image {image}: {err}"),
                     },
                     format!("`docker pull {image}` (or `docker load` it where no registry is reachable)"),
@@ -228,7 +237,12 @@ fn check_model_files(version: &Version, report: &mut Report) {
         Backend::Docker => {
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
             if let Some(adapter) = &spec.adapter {
-                readable_dir(report, &format!("adapter {}", adapter.name), adapter.path.as_deref(), "set [adapter] path to the LoRA's folder");
+                readable_dir(
+                    report,
+                    &format!("adapter {}", adapter.name),
+                    adapter.path.as_deref(),
+                    "set [adapter] path to the LoRA's folder",
+                );
             }
         }
         Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
@@ -244,8 +258,13 @@ fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str)
     };
     match std::fs::read_dir(path).map(|mut entries| entries.next().is_some()) {
         Ok(true) => report.ok(format!("{what} path {} readable", path.display())),
-        Ok(false) => report.fail(format!("{what} path {} is empty", path.display()), "copy the files there, or fix the path"),
-        Err(err) => report.fail(format!("{what} path {}: {err}", path.display()), format!("make it a folder this user can read, or {fix}")),
+        Ok(false) => {
+            report.fail(format!("{what} path {} is empty", path.display()), "copy the files there, or fix the path")
+        }
+        Err(err) => report.fail(
+            format!("{what} path {}: {err}", path.display()),
+            format!("make it a folder this user can read, or {fix}"),
+        ),
     }
 }
 
@@ -279,9 +298,16 @@ async fn check_gpu(config: &GuardConfig) -> Report {
         let what = format!("NVML: GPU {index} {name} (driver {driver}, {})", info.library);
         match (utilization, processes) {
             (true, true) => report.ok(format!("{what}: utilization and compute processes readable")),
-            (false, true) => report.warn(format!("{what}: utilization not supported: idle judged by compute processes only"), None),
-            (true, false) => report.warn(format!("{what}: compute process list not supported: idle judged by utilization only"), None),
-            (false, false) => report.add(level, format!("{what}: neither utilization nor compute processes readable: {consequence}"), Some(nvml_fix(policy))),
+            (false, true) => {
+                report.warn(format!("{what}: utilization not supported: idle judged by compute processes only"), None)
+            }
+            (true, false) => report
+                .warn(format!("{what}: compute process list not supported: idle judged by utilization only"), None),
+            (false, false) => report.add(
+                level,
+                format!("{what}: neither utilization nor compute processes readable: {consequence}"),
+                Some(nvml_fix(policy)),
+            ),
         }
     }
     // The GPU right now, as the guard sees it (no processes are ours here).
@@ -308,7 +334,8 @@ async fn check_dbus(config: &GuardConfig) -> Report {
     for (bus, patterns) in [(Bus::User, &units.user), (Bus::System, &units.system)] {
         let mut client = BusClient::new(bus);
         // A pattern that matches nothing: reachability without listing every unit.
-        let probe = if patterns.is_empty() { vec!["pruefstand-check-probe.none".to_string()] } else { patterns.clone() };
+        let probe =
+            if patterns.is_empty() { vec!["pruefstand-check-probe.none".to_string()] } else { patterns.clone() };
         let listed = match client.list(&probe).await {
             Ok(listed) => {
                 report.ok(format!("D-Bus {bus} bus: systemd answers"));
@@ -324,10 +351,16 @@ async fn check_dbus(config: &GuardConfig) -> Report {
                     Unavailable::Ignore => (Level::Warn, "ignored by config"),
                 };
                 let fix = match bus {
-                    Bus::User => "run under a user session with a user bus (`loginctl enable-linger $USER` for services), or check DBUS_SESSION_BUS_ADDRESS",
+                    Bus::User => {
+                        "run under a user session with a user bus (`loginctl enable-linger $USER` for services), or check DBUS_SESSION_BUS_ADDRESS"
+                    }
                     Bus::System => "check that dbus is running (`systemctl status dbus`), or DBUS_SYSTEM_BUS_ADDRESS",
                 };
-                report.add(level, format!("D-Bus {err}: busy units {} cannot be checked: {then}", patterns.join(", ")), Some(fix.into()));
+                report.add(
+                    level,
+                    format!("D-Bus {err}: busy units {} cannot be checked: {then}", patterns.join(", ")),
+                    Some(fix.into()),
+                );
                 continue;
             }
         };

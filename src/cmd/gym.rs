@@ -69,16 +69,22 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let inventory = Inventory::load(&pyenv, profile.benchmark_version.get_ref())?;
     let plan = Plan::resolve(&plan_path, &inventory, &filters)?;
     let run_dir = RunDir::new(args.out.unwrap_or_else(|| root.new_run_dir(&args.name, &plan.name)));
-    let outcome = execute(&pyenv, &run_dir, &plan, &inventory, GymSettings {
-        agent_cmd,
-        jobs: args.jobs.unwrap_or(plan.jobs),
-        display_name: args.display_name,
-        case_timeout_s: args.case_timeout.unwrap_or(plan.case_timeout_s),
-        seed: 0,
-        defence: None,
-        agent_env: Vec::new(),
-        control: None,
-    })?;
+    let outcome = execute(
+        &pyenv,
+        &run_dir,
+        &plan,
+        &inventory,
+        GymSettings {
+            agent_cmd,
+            jobs: args.jobs.unwrap_or(plan.jobs),
+            display_name: args.display_name,
+            case_timeout_s: args.case_timeout.unwrap_or(plan.case_timeout_s),
+            seed: 0,
+            defence: None,
+            agent_env: Vec::new(),
+            control: None,
+        },
+    )?;
     print_summary(&run_dir, &outcome.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
 }
@@ -103,7 +109,13 @@ pub struct Executed {
 
 /// Claims the run directory for the plan, runs (or resumes) its cases, and writes the
 /// telemetry.
-pub fn execute(pyenv: &PyEnv, run_dir: &RunDir, plan: &Plan, inventory: &Inventory, settings: GymSettings) -> anyhow::Result<Executed> {
+pub fn execute(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    plan: &Plan,
+    inventory: &Inventory,
+    settings: GymSettings,
+) -> anyhow::Result<Executed> {
     run_dir.create()?;
     let plan_json = serde_json::json!({
         "name": plan.name,

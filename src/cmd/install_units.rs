@@ -24,7 +24,8 @@ pub struct Args {
 
 /// A unit's text with the binary and root filled in.
 pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> String {
-    text.replace("@PRUEFSTAND_BIN@", &bin.display().to_string()).replace("@PRUEFSTAND_ROOT@", &root.display().to_string())
+    text.replace("@PRUEFSTAND_BIN@", &bin.display().to_string())
+        .replace("@PRUEFSTAND_ROOT@", &root.display().to_string())
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {

@@ -2,8 +2,8 @@
 //! itself lives in the domain modules.
 
 pub mod agent;
-pub mod check;
 pub mod cancel;
+pub mod check;
 pub mod daemon;
 pub mod gym;
 pub mod install_units;
@@ -11,7 +11,7 @@ pub mod judge;
 pub mod queue;
 pub mod run;
 pub mod setup;
-pub mod study;
 pub mod sim_serve;
 pub mod start;
 pub mod status;
+pub mod study;

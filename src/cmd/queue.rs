@@ -24,7 +24,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         println!("no jobs");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {}", "id", "state", "prio", "version", "plan", "try", "verdict", "queued / run dir / error");
+    println!(
+        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {}",
+        "id", "state", "prio", "version", "plan", "try", "verdict", "queued / run dir / error"
+    );
     for job in jobs {
         let detail = match (&job.error, &job.run_dir) {
             (Some(error), _) => error.lines().next().unwrap_or("").to_string(),

@@ -29,7 +29,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let version = Version::load(&root.versions(), &args.version)?;
     let pyenv = PyEnv::ensure()?;
-    let finished = run::run(&root, &pyenv, RunRequest { version: &version, plan: &args.plan, jobs: args.jobs, out: args.out, control: None })?;
+    let finished = run::run(
+        &root,
+        &pyenv,
+        RunRequest { version: &version, plan: &args.plan, jobs: args.jobs, out: args.out, control: None },
+    )?;
     if let Some((dir, made_now)) = &finished.reference {
         let how = if *made_now { "run now" } else { "reused" };
         println!("reference: {} ({how})", dir.display());

@@ -8,9 +8,9 @@ use std::sync::mpsc;
 
 use anyhow::Context;
 
+use crate::hooks;
 use crate::queue::{self, Job, Queue, State};
 use crate::root::Root;
-use crate::hooks;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,7 +36,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     println!("{}", job.id);
     eprintln!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
     if !daemon_running(&queue)? {
-        eprintln!("note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`", root.path.display());
+        eprintln!(
+            "note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`",
+            root.path.display()
+        );
     }
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
@@ -59,7 +62,11 @@ pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
 /// A job's state in a few words.
 pub fn describe(job: &Job) -> String {
     match job.state {
-        State::Running => format!("running (attempt {}) into {}", job.attempt, job.run_dir.as_deref().map(|p| p.display().to_string()).unwrap_or_default()),
+        State::Running => format!(
+            "running (attempt {}) into {}",
+            job.attempt,
+            job.run_dir.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+        ),
         State::Done => format!("done, {}", job.verdict.map_or("?", |v| v.as_str())),
         State::Failed => format!("failed: {}", job.error.as_deref().unwrap_or("")),
         state => state.as_str().to_string(),

@@ -43,7 +43,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     match (running, &published) {
         (true, Some(state)) => println!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
         (true, None) => println!("daemon: starting"),
-        (false, _) => println!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)"),
+        (false, _) => {
+            println!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
+        }
     }
     println!("pending jobs: {pending}");
     Ok(ExitCode::SUCCESS)
@@ -63,7 +65,9 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     .context("starting inotify")?;
     watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
     let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template"),
+    );
     // Without a terminal (a log, a pipe) the bar stays hidden: print each change as a line.
     let plain = bar.is_hidden();
     let mut last_line = String::new();

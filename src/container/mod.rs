@@ -62,7 +62,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// an API version; fails within a few seconds with one line when it is not there.
 pub async fn connect() -> anyhow::Result<Docker> {
     let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string());
-    let unreachable = |why: String| anyhow!("Docker Engine not reachable at {host}: {why} (is dockerd running? backend \"docker\" needs it)");
+    let unreachable = |why: String| {
+        anyhow!("Docker Engine not reachable at {host}: {why} (is dockerd running? backend \"docker\" needs it)")
+    };
     let docker = Docker::connect_with_defaults().map_err(|e| unreachable(one_line(&e.to_string())))?;
     match tokio::time::timeout(CONNECT_TIMEOUT, docker.negotiate_version()).await {
         Ok(Ok(docker)) => Ok(docker),
@@ -110,7 +112,9 @@ pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Resul
     if model.gpu == GpuMode::Runtime {
         let info = docker.info().await.context("asking Docker for its runtimes")?;
         if !info.runtimes.unwrap_or_default().contains_key("nvidia") {
-            bail!("{spec_file}: gpu = \"runtime\" needs Docker's \"nvidia\" runtime, which this engine does not have (install the NVIDIA container toolkit, or use gpu = \"device-request\" / \"cdi\" / \"none\")");
+            bail!(
+                "{spec_file}: gpu = \"runtime\" needs Docker's \"nvidia\" runtime, which this engine does not have (install the NVIDIA container toolkit, or use gpu = \"device-request\" / \"cdi\" / \"none\")"
+            );
         }
     }
     Ok(())
@@ -164,7 +168,8 @@ pub async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::R
         Some((r, t)) => (r, t),
         None => (image, "latest"),
     };
-    let mut stream = docker.create_image(Some(CreateImageOptionsBuilder::default().from_image(repo).tag(tag).build()), None, None);
+    let mut stream =
+        docker.create_image(Some(CreateImageOptionsBuilder::default().from_image(repo).tag(tag).build()), None, None);
     while let Some(step) = stream.next().await {
         step.with_context(|| format!("pulling image {image}"))?;
     }
@@ -239,7 +244,9 @@ impl Setup {
             (Some(a), Some(host)) => {
                 let host = std::path::absolute(&host).with_context(|| format!("adapter path {}", host.display()))?;
                 if runtime_lora {
-                    let parent = host.parent().with_context(|| format!("adapter path {} has no parent folder", host.display()))?;
+                    let parent = host
+                        .parent()
+                        .with_context(|| format!("adapter path {} has no parent folder", host.display()))?;
                     let base = host.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                     Some(AdapterMount {
                         name: a.name.clone(),
@@ -250,7 +257,13 @@ impl Setup {
                     })
                 } else {
                     let target = format!("{ADAPTERS_TARGET}/{}", path_word(&a.name));
-                    Some(AdapterMount { name: a.name.clone(), container_path: target.clone(), mount_source: host.clone(), mount_target: target, host })
+                    Some(AdapterMount {
+                        name: a.name.clone(),
+                        container_path: target.clone(),
+                        mount_source: host.clone(),
+                        mount_target: target,
+                        host,
+                    })
                 }
             }
             (Some(a), None) => bail!("{}: adapter {} has no path to mount", version.path.display(), a.name),
@@ -258,19 +271,30 @@ impl Setup {
         };
         if let Some(a) = &adapter
             && runtime_lora
-            && path_word(&a.host.file_name().unwrap_or_default().to_string_lossy()) != a.host.file_name().unwrap_or_default().to_string_lossy()
+            && path_word(&a.host.file_name().unwrap_or_default().to_string_lossy())
+                != a.host.file_name().unwrap_or_default().to_string_lossy()
         {
-            bail!("{}: with runtime_lora the adapter folder's name must be plain (letters, digits, . _ -): {}", version.path.display(), a.host.display());
+            bail!(
+                "{}: with runtime_lora the adapter folder's name must be plain (letters, digits, . _ -): {}",
+                version.path.display(),
+                a.host.display()
+            );
         }
         Ok(Setup {
             image: m.image.clone().context("backend \"docker\" needs model.image")?,
             served_name: m.served_name.clone(),
-            model_host: std::path::absolute(&model_host).with_context(|| format!("model path {}", model_host.display()))?,
+            model_host: std::path::absolute(&model_host)
+                .with_context(|| format!("model path {}", model_host.display()))?,
             adapter,
             gpu: m.gpu,
             prefix: m.command.clone(),
             args: m.args.clone(),
-            shm_size: m.shm_size.as_deref().map(parse_bytes).transpose().with_context(|| format!("{}: model.shm_size", version.path.display()))?,
+            shm_size: m
+                .shm_size
+                .as_deref()
+                .map(parse_bytes)
+                .transpose()
+                .with_context(|| format!("{}: model.shm_size", version.path.display()))?,
             ulimits: m.ulimits.clone(),
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
@@ -356,7 +380,10 @@ impl Setup {
             mounts: Some(self.mounts()),
             shm_size: self.shm_size,
             ulimits: (!self.ulimits.is_empty()).then(|| {
-                self.ulimits.iter().map(|(n, v)| ResourcesUlimits { name: Some(n.clone()), soft: Some(*v), hard: Some(*v) }).collect()
+                self.ulimits
+                    .iter()
+                    .map(|(n, v)| ResourcesUlimits { name: Some(n.clone()), soft: Some(*v), hard: Some(*v) })
+                    .collect()
             }),
             security_opt: Some(vec!["no-new-privileges".into()]),
             ..Default::default()
@@ -464,7 +491,12 @@ pub async fn wait_ready(
                     log_tail: log_tail(docker, id, 40).await,
                 });
             }
-            Err(e) => return Err(ServerFailure { message: format!("the model container {} is gone: {e}", short(id)), log_tail: vec![] }),
+            Err(e) => {
+                return Err(ServerFailure {
+                    message: format!("the model container {} is gone: {e}", short(id)),
+                    log_tail: vec![],
+                });
+            }
         }
         let last = match probe(&http, port, api_key, names).await {
             Ok(()) => return Ok(()),
@@ -487,11 +519,20 @@ pub async fn wait_ready(
 /// One readiness check: `Err` says what is missing.
 async fn probe(http: &reqwest::Client, port: u16, api_key: &str, names: &[&str]) -> Result<(), String> {
     let base = format!("http://127.0.0.1:{port}");
-    let health = http.get(format!("{base}/health")).send().await.map_err(|e| format!("/health: {}", one_line(&e.to_string())))?;
+    let health = http
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .map_err(|e| format!("/health: {}", one_line(&e.to_string())))?;
     if health.status() != 200 {
         return Err(format!("/health answered {}", health.status()));
     }
-    let models = http.get(format!("{base}/v1/models")).bearer_auth(api_key).send().await.map_err(|e| format!("/v1/models: {e}"))?;
+    let models = http
+        .get(format!("{base}/v1/models"))
+        .bearer_auth(api_key)
+        .send()
+        .await
+        .map_err(|e| format!("/v1/models: {e}"))?;
     if models.status() != 200 {
         return Err(format!("/v1/models answered {}", models.status()));
     }
@@ -504,7 +545,12 @@ async fn probe(http: &reqwest::Client, port: u16, api_key: &str, names: &[&str])
 }
 
 /// Quick liveness: running and `/health` 200.
-pub(crate) async fn healthy(docker: &Docker, http: &reqwest::Client, id: &str, port: u16) -> Result<bool, bollard::errors::Error> {
+pub(crate) async fn healthy(
+    docker: &Docker,
+    http: &reqwest::Client,
+    id: &str,
+    port: u16,
+) -> Result<bool, bollard::errors::Error> {
     if exit_state(docker, id).await?.is_some() {
         return Ok(false);
     }
@@ -546,7 +592,8 @@ pub async fn stop_and_remove(docker: &Docker, id: &str) -> anyhow::Result<()> {
         Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {}
         Err(e) => tracing::warn!("stopping container {}: {e}", short(id)),
     }
-    match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::default().force(true).v(true).build())).await {
+    match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::default().force(true).v(true).build())).await
+    {
         Ok(()) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
         // 409: removal already in progress.
@@ -603,7 +650,12 @@ pub async fn remove_orphans(docker: &Docker) -> anyhow::Result<Vec<Orphan>> {
         let id = c.id.clone().unwrap_or_default();
         stop_and_remove(docker, &id).await?;
         removed.push(Orphan {
-            name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
+            name: c
+                .names
+                .unwrap_or_default()
+                .first()
+                .map(|n| n.trim_start_matches('/').to_string())
+                .unwrap_or_default(),
             version: label(LABEL_VERSION),
             job: label(LABEL_JOB),
             owner_pid: label(LABEL_OWNER_PID),
@@ -719,8 +771,20 @@ path = "/srv/adapters/a"
         assert_eq!(
             s.command(),
             [
-                "/model", "--served-model-name", "base", "--host", "0.0.0.0", "--port", "8000", "--enable-lora",
-                "--lora-modules", "lora-a=/adapters/lora-a", "--max-model-len", "4096", "--api-key", "oops"
+                "/model",
+                "--served-model-name",
+                "base",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "8000",
+                "--enable-lora",
+                "--lora-modules",
+                "lora-a=/adapters/lora-a",
+                "--max-model-len",
+                "4096",
+                "--api-key",
+                "oops"
             ]
         );
         assert_eq!(redact(&s.command()).last().unwrap(), "<redacted>");
@@ -758,7 +822,9 @@ path = "/srv/adapters/a"
         let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
         let a = s.adapter.as_ref().unwrap();
         assert_eq!((a.mount_target.as_str(), a.container_path.as_str()), ("/adapters", "/adapters/a"));
-        assert!(s.body("k", 1, HashMap::new()).env.unwrap().contains(&"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True".to_string()));
+        assert!(
+            s.body("k", 1, HashMap::new()).env.unwrap().contains(&"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True".to_string())
+        );
     }
 
     #[test]

@@ -26,8 +26,7 @@ use bollard::models::ContainerCreateBody;
 
 use super::{
     ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name, create,
-    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove,
-    wait_ready,
+    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, wait_ready,
 };
 use crate::case::CaseRecord;
 use crate::judge::ModelServerFacts;
@@ -79,7 +78,12 @@ pub struct Pool {
 impl Pool {
     /// No Docker connection yet: a pool for sim-only runs never talks to Docker.
     pub fn new(work_dir: impl Into<PathBuf>) -> Pool {
-        Pool { work_dir: work_dir.into(), docker: tokio::sync::OnceCell::new(), warm: tokio::sync::Mutex::new(None), created: AtomicUsize::new(0) }
+        Pool {
+            work_dir: work_dir.into(),
+            docker: tokio::sync::OnceCell::new(),
+            warm: tokio::sync::Mutex::new(None),
+            created: AtomicUsize::new(0),
+        }
     }
 
     pub async fn docker(&self) -> anyhow::Result<&Docker> {
@@ -97,13 +101,17 @@ impl Pool {
     pub async fn acquire(&self, req: &Request<'_>) -> anyhow::Result<Lease> {
         let docker = self.docker().await?.clone();
         let setup = self.setup_for(req)?;
-        let image = ensure_image(&docker, &setup.image, setup.pull).await.with_context(|| req.version.path.display().to_string())?;
+        let image = ensure_image(&docker, &setup.image, setup.pull)
+            .await
+            .with_context(|| req.version.path.display().to_string())?;
         let key = setup.key();
         let since = chrono::Utc::now().timestamp();
         let mut warm = self.warm.lock().await;
         if let Some(mut c) = warm.take() {
             let http = http();
-            let fit = c.key == key && c.image.id == image.id && healthy(&docker, &http, &c.id, c.host_port).await.unwrap_or(false);
+            let fit = c.key == key
+                && c.image.id == image.id
+                && healthy(&docker, &http, &c.id, c.host_port).await.unwrap_or(false);
             if fit && self.take_adapter(&docker, &mut c, &setup).await? {
                 eprintln!("model container {} reused (warm)", c.name);
                 return Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.gym.clone()));
@@ -126,10 +134,24 @@ impl Pool {
         self.created.fetch_add(1, Ordering::Relaxed);
         let mut served = vec![setup.served_name.clone()];
         served.extend(setup.adapter.iter().map(|a| a.name.clone()));
-        let c = Container { id, name, host_port, api_key, key, image, command: redact(&setup.command()), served, loaded_paths: HashMap::new(), setup: setup.clone(), body };
+        let c = Container {
+            id,
+            name,
+            host_port,
+            api_key,
+            key,
+            image,
+            command: redact(&setup.command()),
+            served,
+            loaded_paths: HashMap::new(),
+            setup: setup.clone(),
+            body,
+        };
         eprintln!("model container {} ({}) starting on 127.0.0.1:{}", c.name, c.image.name, c.host_port);
         let up = match docker.start_container(&c.id, None::<bollard::query_parameters::StartContainerOptions>).await {
-            Ok(()) => wait_ready(&docker, &c.id, c.host_port, &c.api_key, &names(&c.served), c.setup.ready_timeout).await,
+            Ok(()) => {
+                wait_ready(&docker, &c.id, c.host_port, &c.api_key, &names(&c.served), c.setup.ready_timeout).await
+            }
             Err(e) => Err(ServerFailure { message: format!("starting container {}: {e}", c.name), log_tail: vec![] }),
         };
         if let Err(failure) = up {
@@ -156,7 +178,12 @@ impl Pool {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => {
                 let status = r.status();
-                eprintln!("model container {}: loading adapter {} failed ({status}: {}); restarting instead", c.name, a.name, r.text().await.unwrap_or_default().trim());
+                eprintln!(
+                    "model container {}: loading adapter {} failed ({status}: {}); restarting instead",
+                    c.name,
+                    a.name,
+                    r.text().await.unwrap_or_default().trim()
+                );
                 return Ok(false);
             }
             Err(e) => {
@@ -166,7 +193,9 @@ impl Pool {
         }
         c.served.push(a.name.clone());
         c.loaded_paths.insert(a.name.clone(), a.container_path.clone());
-        if let Err(f) = wait_ready(docker, &c.id, c.host_port, &c.api_key, &names(&c.served), Duration::from_secs(60)).await {
+        if let Err(f) =
+            wait_ready(docker, &c.id, c.host_port, &c.api_key, &names(&c.served), Duration::from_secs(60)).await
+        {
             eprintln!("model container {}: {f}", c.name);
             return Ok(false);
         }
@@ -230,7 +259,8 @@ impl Pool {
 
     fn sim_model_dir(&self, sim: &crate::sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
         let config = toml::to_string(sim).context("writing the simulator's settings")?;
-        let truth = std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
+        let truth =
+            std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
         let mut both = config.clone().into_bytes();
         both.extend_from_slice(&truth);
         let dir = self.work_dir.join("sim-models").join(&util::sha256_hex(&both)[..16]);
@@ -259,7 +289,11 @@ async fn save_log(docker: &Docker, id: &str, run_dir: &Path, since: i64) {
         Err(e) => format!("(container log unavailable: {e:#})\n"),
     };
     use std::io::Write;
-    let written = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(text.as_bytes()));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = written {
         tracing::warn!("saving {}: {e}", path.display());
     }
@@ -294,9 +328,17 @@ struct WatchState {
 }
 
 impl Lease {
-    fn start(docker: Docker, container: Container, run_dir: &Path, since: i64, setup: &Setup, gym: Arc<crate::gym::Control>) -> Lease {
+    fn start(
+        docker: Docker,
+        container: Container,
+        run_dir: &Path,
+        since: i64,
+        setup: &Setup,
+        gym: Arc<crate::gym::Control>,
+    ) -> Lease {
         let watch = Arc::new(Mutex::new(WatchState { container_id: container.id.clone(), ..WatchState::default() }));
-        let task = tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone(), gym));
+        let task =
+            tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone(), gym));
         let (model_host, adapter_host) = (setup.model_host.clone(), setup.adapter.as_ref().map(|a| a.host.clone()));
         Lease { container, model_host, adapter_host, docker, run_dir: run_dir.to_path_buf(), since, watch, task }
     }
@@ -322,7 +364,9 @@ impl Lease {
                     }
                     s.pending_resume = false;
                     let dropped = drop_casualties(&self.run_dir, &s.before_death)?;
-                    eprintln!("model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)");
+                    eprintln!(
+                        "model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)"
+                    );
                     return Ok(true);
                 }
             }
@@ -332,7 +376,13 @@ impl Lease {
 }
 
 /// Every second: is the server alive? On a death: stop the gym, restart once.
-async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<Mutex<WatchState>>, gym: Arc<crate::gym::Control>) {
+async fn watch_loop(
+    docker: Docker,
+    c: Container,
+    run_dir: PathBuf,
+    watch: Arc<Mutex<WatchState>>,
+    gym: Arc<crate::gym::Control>,
+) {
     let http = http();
     let cases = run_dir.join("cases.jsonl");
     let mut failures = 0;
@@ -345,22 +395,24 @@ async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<M
                 watch.lock().expect("watch lock").healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
                 continue;
             }
-            Ok(false) => match docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await {
-                Ok(i) if i.state.as_ref().and_then(|s| s.running) == Some(true) => {
-                    failures += 1;
-                    if failures < 3 {
-                        continue;
+            Ok(false) => {
+                match docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await {
+                    Ok(i) if i.state.as_ref().and_then(|s| s.running) == Some(true) => {
+                        failures += 1;
+                        if failures < 3 {
+                            continue;
+                        }
+                        "/health failed 3 times in a row".to_string()
                     }
-                    "/health failed 3 times in a row".to_string()
+                    Ok(i) => {
+                        let state = i.state.unwrap_or_default();
+                        let oom = if state.oom_killed == Some(true) { ", OOM-killed" } else { "" };
+                        format!("the container exited with code {}{oom}", state.exit_code.unwrap_or(-1))
+                    }
+                    Err(e) if is_not_found(&e) => "the container is gone".to_string(),
+                    Err(_) => continue,
                 }
-                Ok(i) => {
-                    let state = i.state.unwrap_or_default();
-                    let oom = if state.oom_killed == Some(true) { ", OOM-killed" } else { "" };
-                    format!("the container exited with code {}{oom}", state.exit_code.unwrap_or(-1))
-                }
-                Err(e) if is_not_found(&e) => "the container is gone".to_string(),
-                Err(_) => continue,
-            },
+            }
             Err(e) if is_not_found(&e) => "the container is gone".to_string(),
             // Docker itself hiccupped: not the server's death.
             Err(_) => continue,
@@ -370,7 +422,10 @@ async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<M
         let deaths = {
             let mut s = watch.lock().expect("watch lock");
             s.facts.deaths += 1;
-            s.facts.events.push(format!("{}: model server died: {reason}", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            s.facts.events.push(format!(
+                "{}: model server died: {reason}",
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ));
             s.facts.log_tail = tail;
             s.before_death = recorded_ids(&cases, s.healthy_len);
             if s.facts.deaths >= 2 {
@@ -395,7 +450,10 @@ async fn watch_loop(docker: Docker, c: Container, run_dir: PathBuf, watch: Arc<M
                 s.container_id = id.clone();
                 s.facts.restarts += 1;
                 s.pending_resume = true;
-                s.facts.events.push(format!("{}: restarted", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+                s.facts.events.push(format!(
+                    "{}: restarted",
+                    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ));
                 eprintln!("model container {}: restarted and ready", c.name);
             }
             Err(f) => {
@@ -418,7 +476,9 @@ async fn restart(docker: &Docker, c: &Container, id: &str) -> Result<String, Ser
     let id = match docker.restart_container(id, Some(options)).await {
         Ok(()) => id.to_string(),
         Err(e) if is_not_found(&e) => {
-            let id = create(docker, &c.name, c.body.clone()).await.map_err(|e| fail(format!("recreating {}: {e:#}", c.name)))?;
+            let id = create(docker, &c.name, c.body.clone())
+                .await
+                .map_err(|e| fail(format!("recreating {}: {e:#}", c.name)))?;
             docker
                 .start_container(&id, None::<bollard::query_parameters::StartContainerOptions>)
                 .await
@@ -429,12 +489,14 @@ async fn restart(docker: &Docker, c: &Container, id: &str) -> Result<String, Ser
     };
     let from_command = 1 + usize::from(c.setup.adapter.is_some());
     let served = names(&c.served);
-    wait_ready(docker, &id, c.host_port, &c.api_key, &served[..from_command.min(served.len())], c.setup.ready_timeout).await?;
+    wait_ready(docker, &id, c.host_port, &c.api_key, &served[..from_command.min(served.len())], c.setup.ready_timeout)
+        .await?;
     for name in served.iter().skip(from_command) {
         let path = c.loaded_paths.get(*name).cloned().unwrap_or_default();
         let url = format!("http://127.0.0.1:{}/v1/load_lora_adapter", c.host_port);
         let body = serde_json::json!({"lora_name": name, "lora_path": path});
-        let ok = http().post(&url).bearer_auth(&c.api_key).json(&body).send().await.is_ok_and(|r| r.status().is_success());
+        let ok =
+            http().post(&url).bearer_auth(&c.api_key).json(&body).send().await.is_ok_and(|r| r.status().is_success());
         if !ok {
             return Err(fail(format!("reloading adapter {name} after the restart failed")));
         }
@@ -466,7 +528,8 @@ fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<
     let mut kept = String::with_capacity(text.len());
     let mut dropped = 0;
     for line in text.lines() {
-        let casualty = serde_json::from_str::<CaseRecord>(line).is_ok_and(|r| r.is_error() && !before.contains(&r.case_id));
+        let casualty =
+            serde_json::from_str::<CaseRecord>(line).is_ok_and(|r| r.is_error() && !before.contains(&r.case_id));
         if casualty {
             dropped += 1;
         } else {

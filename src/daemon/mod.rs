@@ -21,13 +21,13 @@ use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::gym;
 use crate::hooks::{self, Facts};
 use crate::judge::Verdict;
 use crate::pyenv::PyEnv;
 use crate::queue::{self, Job, Queue, State, Transition};
 use crate::root::Root;
 use crate::run::{self, RunControl, RunRequest};
-use crate::gym;
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
 
@@ -41,7 +41,11 @@ enum Event {
     /// Something changed in `jobs/`.
     Queue,
     Signal(&'static str),
-    Progress { run_dir: PathBuf, done: usize, total: usize },
+    Progress {
+        run_dir: PathBuf,
+        done: usize,
+        total: usize,
+    },
     Ended(Result<Outcome, String>),
 }
 
@@ -151,7 +155,10 @@ impl<G: Gate> Daemon<G> {
     fn new(root: Root, queue: Queue, gate: G) -> anyhow::Result<Daemon<G>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = watch_jobs(&queue, tx.clone())?;
-        for (kind, name) in [(tokio::signal::unix::SignalKind::terminate(), "SIGTERM"), (tokio::signal::unix::SignalKind::interrupt(), "SIGINT")] {
+        for (kind, name) in [
+            (tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
+            (tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
+        ] {
             let mut signal = tokio::signal::unix::signal(kind).context("installing signal handlers")?;
             let tx = tx.clone();
             tokio::spawn(async move {
@@ -221,7 +228,10 @@ impl<G: Gate> Daemon<G> {
                 let transition = if job.cancel_requested {
                     Transition::Stopped
                 } else {
-                    Transition::Interrupt { reason: "the daemon ended without finishing it (crash or kill)".into(), crashed: true }
+                    Transition::Interrupt {
+                        reason: "the daemon ended without finishing it (crash or kill)".into(),
+                        crashed: true,
+                    }
                 };
                 let job = self.queue.transition(id, transition)?;
                 tracing::warn!("job {id} was running when the daemon ended: now {}", job.state.as_str());
@@ -298,7 +308,13 @@ impl<G: Gate> Daemon<G> {
                 let result = (|| -> anyhow::Result<Outcome> {
                     let pyenv = PyEnv::ensure()?;
                     let plan = plan_path.to_string_lossy();
-                    let request = RunRequest { version: &version, plan: &plan, jobs: None, out: Some(run_dir), control: Some(&thread_control) };
+                    let request = RunRequest {
+                        version: &version,
+                        plan: &plan,
+                        jobs: None,
+                        out: Some(run_dir),
+                        control: Some(&thread_control),
+                    };
                     let finished = run::run_with_pool(&root, &pyenv, request, &pool)?;
                     let figures = &finished.judgement.figures;
                     Ok(Outcome {
@@ -351,13 +367,23 @@ impl<G: Gate> Daemon<G> {
 
         match (result, stop) {
             (Ok(outcome), _) => {
-                let job = self.queue.transition(id, Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() })?;
+                let job = self.queue.transition(
+                    id,
+                    Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() },
+                )?;
                 tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
-                self.fire_hooks(Facts::finished(&job, &outcome.run_dir, outcome.utility, outcome.utility_under_attack, outcome.asr));
+                self.fire_hooks(Facts::finished(
+                    &job,
+                    &outcome.run_dir,
+                    outcome.utility,
+                    outcome.utility_under_attack,
+                    outcome.asr,
+                ));
                 Ok(Flow::Continue)
             }
             (Err(_), Some(Stop::Signal(name))) => {
-                self.queue.transition(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false })?;
+                self.queue
+                    .transition(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false })?;
                 tracing::info!("job {id}: interrupted; back in the queue at the next start");
                 Ok(Flow::Exit)
             }
@@ -432,7 +458,8 @@ fn watch_jobs(queue: &Queue, tx: mpsc::UnboundedSender<Event>) -> anyhow::Result
         }
     })
     .context("starting inotify")?;
-    watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", queue.jobs_dir().display()))?;
+    watcher
+        .watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {}", queue.jobs_dir().display()))?;
     Ok(watcher)
 }
-

@@ -24,9 +24,14 @@ pub enum Activity {
     Starting,
     Idle,
     /// A job is pending but a guard holds it back.
-    Waiting { next_job: u64, reason: String },
+    Waiting {
+        next_job: u64,
+        reason: String,
+    },
     Running(JobProgress),
-    Stopping { reason: String },
+    Stopping {
+        reason: String,
+    },
     /// Written on a clean exit; a crashed daemon leaves its last state, which `status`
     /// recognises by the free daemon lock.
     Stopped,
@@ -54,7 +59,12 @@ impl Activity {
             Activity::Waiting { next_job, reason } => format!("waiting for the GPU (job {next_job} next): {reason}"),
             Activity::Running(p) => {
                 let eta = p.eta_s.map(|s| format!(", ETA {}", human_secs(s))).unwrap_or_default();
-                let of = p.run_dir.as_deref().and_then(Path::file_name).map(|n| format!(" [{}]", n.to_string_lossy())).unwrap_or_default();
+                let of = p
+                    .run_dir
+                    .as_deref()
+                    .and_then(Path::file_name)
+                    .map(|n| format!(" [{}]", n.to_string_lossy()))
+                    .unwrap_or_default();
                 format!("running job {} ({} on {}): {}/{} cases{eta}{of}", p.job, p.version, p.plan, p.done, p.total)
             }
             Activity::Stopping { reason } => format!("stopping: {reason}"),
@@ -87,7 +97,8 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 impl Publisher {
     pub fn new(path: PathBuf) -> Publisher {
         let now = chrono::Utc::now().to_rfc3339();
-        let state = DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
+        let state =
+            DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
         Publisher { path, state, last_write: None, rate_base: None }
     }
 
@@ -106,7 +117,8 @@ impl Publisher {
         }
         let (_, done0, t0) = self.rate_base.as_ref().expect("set above");
         let elapsed = now.duration_since(*t0).as_secs_f64();
-        progress.eta_s = (done > *done0 && elapsed > 0.0).then(|| (total - done) as f64 * elapsed / (done - done0) as f64);
+        progress.eta_s =
+            (done > *done0 && elapsed > 0.0).then(|| (total - done) as f64 * elapsed / (done - done0) as f64);
         progress.run_dir = Some(run_dir.to_path_buf());
         progress.done = done;
         progress.total = total;

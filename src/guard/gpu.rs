@@ -77,7 +77,8 @@ impl GpuGuard {
         let count = nvml.device_count().map_err(|e| format!("NVML cannot count GPUs: {}", nvml_error(&e)))?;
         let mut devices = Vec::new();
         for index in 0..count {
-            let device = nvml.device_by_index(index).map_err(|e| format!("NVML cannot open GPU {index}: {}", nvml_error(&e)))?;
+            let device =
+                nvml.device_by_index(index).map_err(|e| format!("NVML cannot open GPU {index}: {}", nvml_error(&e)))?;
             let name = device.name().unwrap_or_else(|_| "?".into());
             let utilization = !matches!(device.utilization_rates(), Err(NvmlError::NotSupported));
             let processes = !matches!(device.running_compute_processes(), Err(NvmlError::NotSupported));
@@ -90,7 +91,9 @@ impl GpuGuard {
         let policy = self.config.nvml;
         let unavailable = |reason: String| match policy {
             Unavailable::Block => GpuSample::failed(format!("no NVML: {reason}")),
-            Unavailable::Ignore => GpuSample { notes: vec![format!("no NVML (ignored by config): {reason}")], ..GpuSample::default() },
+            Unavailable::Ignore => {
+                GpuSample { notes: vec![format!("no NVML (ignored by config): {reason}")], ..GpuSample::default() }
+            }
         };
         let max = self.config.utilization_max;
         let nvml = match self.open() {
@@ -144,9 +147,9 @@ impl GpuGuard {
                         out.foreign.push(foreign);
                     }
                 }
-                Err(NvmlError::NotSupported) => {
-                    out.notes.push(format!("GPU {index}: compute process list not supported: judged by utilization only"))
-                }
+                Err(NvmlError::NotSupported) => out
+                    .notes
+                    .push(format!("GPU {index}: compute process list not supported: judged by utilization only")),
                 Err(e) => {
                     out.blocking.push(format!("GPU {index}: reading compute processes failed: {}", nvml_error(&e)));
                     reopen = true;
@@ -172,7 +175,9 @@ impl GpuGuard {
 /// nvml-wrapper's errors, in words a user can act on.
 fn nvml_error(err: &NvmlError) -> String {
     match err {
-        NvmlError::LibloadingError(e) => format!("{e} (is the NVIDIA driver installed? set [guard.gpu] library to its libnvidia-ml.so.1)"),
+        NvmlError::LibloadingError(e) => {
+            format!("{e} (is the NVIDIA driver installed? set [guard.gpu] library to its libnvidia-ml.so.1)")
+        }
         NvmlError::DriverNotLoaded => "the NVIDIA driver is not loaded".into(),
         NvmlError::NoPermission => "no permission to talk to the NVIDIA driver".into(),
         other => other.to_string(),

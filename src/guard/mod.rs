@@ -21,9 +21,9 @@
 #![allow(dead_code)]
 
 pub mod gpu;
-pub mod units;
 #[cfg(test)]
 mod tests;
+pub mod units;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -207,7 +207,8 @@ fn cgroup_names_container(cgroup_text: &str, container_id: &str) -> bool {
     container_id.len() >= 12
         && cgroup_text.lines().any(|line| {
             line.rsplit(':').next().unwrap_or("").split('/').any(|part| {
-                part == container_id || part.strip_prefix("docker-").and_then(|p| p.strip_suffix(".scope")) == Some(container_id)
+                part == container_id
+                    || part.strip_prefix("docker-").and_then(|p| p.strip_suffix(".scope")) == Some(container_id)
             })
         })
 }
@@ -309,7 +310,8 @@ impl Guards {
     #[cfg(test)]
     pub fn with_bus_addresses(config: &GuardConfig, user: Option<String>, system: Option<String>) -> Guards {
         let mut guards = Guards::new(config);
-        guards.units = Arc::new(tokio::sync::Mutex::new(units::UnitGuard::at_addresses(config.units.clone(), user, system)));
+        guards.units =
+            Arc::new(tokio::sync::Mutex::new(units::UnitGuard::at_addresses(config.units.clone(), user, system)));
         guards
     }
 
@@ -343,7 +345,10 @@ impl Guards {
         let gpu = match tokio::time::timeout(NVML_TIMEOUT, gpu).await {
             Ok(Ok(gpu)) => gpu,
             Ok(Err(err)) => gpu::GpuSample::failed(format!("GPU sampling failed: {err}")),
-            Err(_) => gpu::GpuSample::failed(format!("NVML gave no answer within {} s (driver hung?)", NVML_TIMEOUT.as_secs())),
+            Err(_) => gpu::GpuSample::failed(format!(
+                "NVML gave no answer within {} s (driver hung?)",
+                NVML_TIMEOUT.as_secs()
+            )),
         };
         let mut sample = Sample {
             blocking: gpu.blocking,
@@ -418,7 +423,8 @@ impl Events {
             self.unobserved_samples += 1;
         }
         let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-        let keys = sample.foreign_processes.iter().map(|p| p.describe()).chain(sample.busy_units.iter().map(|u| u.describe()));
+        let keys =
+            sample.foreign_processes.iter().map(|p| p.describe()).chain(sample.busy_units.iter().map(|u| u.describe()));
         for key in keys {
             if !self.first_seen.contains_key(&key) {
                 self.first_seen.insert(key.clone(), now.clone());

@@ -171,7 +171,11 @@ async fn no_nvml_blocks_or_is_ignored_per_config() {
     let mut config = config(None);
     let sample = Guards::new(&config).sample(&OwnProcesses::none()).await;
     assert_eq!(sample.blocking.len(), 1);
-    assert!(sample.blocking[0].starts_with("no NVML: cannot load NVML from /nonexistent/libnvidia-ml.so.1:"), "{:?}", sample.blocking);
+    assert!(
+        sample.blocking[0].starts_with("no NVML: cannot load NVML from /nonexistent/libnvidia-ml.so.1:"),
+        "{:?}",
+        sample.blocking
+    );
 
     config.gpu.nvml = Unavailable::Ignore;
     let guards = Guards::new(&config);
@@ -227,7 +231,10 @@ async fn a_bus_restart_is_survived_by_reconnecting() {
     fake.set("training@a.service", "active");
     let config = units_config(&["training@*.service"], &[]);
     let guards = Guards::with_bus_addresses(&config, Some(bus.address.clone()), None);
-    assert_eq!(guards.sample(&OwnProcesses::none()).await.blocking, vec!["busy unit training@a.service active (user bus)"]);
+    assert_eq!(
+        guards.sample(&OwnProcesses::none()).await.blocking,
+        vec!["busy unit training@a.service active (user bus)"]
+    );
 
     fake.disconnect();
     bus.stop();
@@ -250,7 +257,8 @@ async fn a_bus_restart_between_samples_is_survived_too() {
     let mut bus = DbusDaemon::start();
     let mut fake = FakeSystemd::serve(&bus.address);
     fake.set("training@a.service", "active");
-    let guards = Guards::with_bus_addresses(&units_config(&["training@*.service"], &[]), Some(bus.address.clone()), None);
+    let guards =
+        Guards::with_bus_addresses(&units_config(&["training@*.service"], &[]), Some(bus.address.clone()), None);
     assert!(!guards.sample(&OwnProcesses::none()).await.is_clear());
     fake.disconnect();
     bus.restart();
@@ -292,7 +300,9 @@ async fn a_busy_unit_during_a_watch_violates_exclusivity() {
     systemd.set("training@b.service", "active");
     eventually("the busy unit is seen", || !watch.events().is_empty()).await;
     match watch.finish().await {
-        GpuExclusivity::Violated { events } => assert!(events[0].starts_with("busy unit training@b.service active (user bus), first seen"), "{events:?}"),
+        GpuExclusivity::Violated { events } => {
+            assert!(events[0].starts_with("busy unit training@b.service active (user bus), first seen"), "{events:?}")
+        }
         other => panic!("expected Violated, got {other:?}"),
     }
 }

@@ -84,7 +84,9 @@ impl BusClient {
     async fn list_inner(&mut self, patterns: &[String]) -> Result<Vec<UnitState>, String> {
         if self.connection.is_none() {
             let connection = match (&self.address, self.bus) {
-                (Some(address), _) => async { zbus::connection::Builder::address(address.as_str()).build().await }.await,
+                (Some(address), _) => {
+                    async { zbus::connection::Builder::address(address.as_str()).build().await }.await
+                }
                 (None, Bus::User) => zbus::Connection::session().await,
                 (None, Bus::System) => zbus::Connection::system().await,
             };
@@ -136,7 +138,11 @@ impl UnitGuard {
 
     /// With explicit bus addresses (None: from the environment).
     pub fn at_addresses(config: UnitsConfig, user: Option<String>, system: Option<String>) -> UnitGuard {
-        UnitGuard { config, user: BusClient::at_address(Bus::User, user), system: BusClient::at_address(Bus::System, system) }
+        UnitGuard {
+            config,
+            user: BusClient::at_address(Bus::User, user),
+            system: BusClient::at_address(Bus::System, system),
+        }
     }
 
     pub fn disconnect(&mut self) {

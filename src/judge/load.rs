@@ -105,8 +105,8 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::{JudgeInput, RunMeta};
     use crate::judge::Verdict;
+    use crate::judge::{JudgeInput, RunMeta};
 
     /// Writes a run directory from a constructed input, as `run` would.
     fn write_run(dir: &Path, input: &JudgeInput, reference_run_dir: Option<&str>) {

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use super::thresholds::{self, Clustering};
-use super::{EnvCheck, EnvStatus, Estimate, Figures, GpuExclusivity, Outlook, RuleResult, RuleStatus, RunMeta, Thresholds};
+use super::{
+    EnvCheck, EnvStatus, Estimate, Figures, GpuExclusivity, Outlook, RuleResult, RuleStatus, RunMeta, Thresholds,
+};
 use crate::case::{CaseKind, CaseRecord};
 use crate::stats::{self, Adjusted, Cluster};
 
@@ -122,7 +124,13 @@ fn goal_utility(records: &[CaseRecord], alpha: f64) -> Option<Estimate> {
     })
 }
 
-pub(super) fn r1_validity(run: &RunMeta, checks: &[EnvCheck], records: &[CaseRecord], raw_count: usize, t: &thresholds::R1) -> RuleResult {
+pub(super) fn r1_validity(
+    run: &RunMeta,
+    checks: &[EnvCheck],
+    records: &[CaseRecord],
+    raw_count: usize,
+    t: &thresholds::R1,
+) -> RuleResult {
     let planned: BTreeSet<&str> = run.planned_case_ids.iter().map(String::as_str).collect();
     let have: BTreeSet<&str> = records.iter().map(|r| r.case_id.as_str()).collect();
     let missing: Vec<&str> = planned.difference(&have).copied().collect();
@@ -130,11 +138,7 @@ pub(super) fn r1_validity(run: &RunMeta, checks: &[EnvCheck], records: &[CaseRec
     let errors = records.iter().filter(|r| planned.contains(r.case_id.as_str()) && r.is_error()).count();
     let error_rate = if planned.is_empty() { 1.0 } else { errors as f64 / planned.len() as f64 };
     let env = |s: EnvStatus| -> Vec<String> {
-        checks
-            .iter()
-            .filter(|c| c.status == s)
-            .map(|c| format!("{}/{}", c.suite, c.injection_task))
-            .collect()
+        checks.iter().filter(|c| c.status == s).map(|c| format!("{}/{}", c.suite, c.injection_task)).collect()
     };
     let (env_failed, no_ground_truth) = (env(EnvStatus::Failed), env(EnvStatus::NoGroundTruth));
     let blank = |s: Option<&str>| s.is_none_or(|s| s.trim().is_empty());
@@ -188,9 +192,19 @@ pub(super) fn r1_validity(run: &RunMeta, checks: &[EnvCheck], records: &[CaseRec
         }
     };
     if let Some(server) = run.model_server.as_ref().filter(|s| s.failed) {
-        let last = server.log_tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| format!("; last log line: {}", l.trim())).unwrap_or_default();
+        let last = server
+            .log_tail
+            .iter()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| format!("; last log line: {}", l.trim()))
+            .unwrap_or_default();
         let what = server.events.last().map(String::as_str).unwrap_or("failed");
-        let history = if server.deaths == 0 { String::new() } else { format!(" after {} death(s), {} restart(s)", server.deaths, server.restarts) };
+        let history = if server.deaths == 0 {
+            String::new()
+        } else {
+            format!(" after {} death(s), {} restart(s)", server.deaths, server.restarts)
+        };
         problems.push(format!("model server failed{history}: {what}{last}"));
     }
     if !unpinned.is_empty() {

@@ -16,7 +16,8 @@ use crate::stats;
 
 /// `voll`'s attacked shape: (suite, user tasks, injection tasks); every pair under 2
 /// attacks.
-const VOLL: [(&str, usize, usize); 4] = [("workspace", 40, 14), ("travel", 20, 7), ("banking", 16, 9), ("slack", 21, 5)];
+const VOLL: [(&str, usize, usize); 4] =
+    [("workspace", 40, 14), ("travel", 20, 7), ("banking", 16, 9), ("slack", 21, 5)];
 const ATTACKS: [&str; 2] = ["important_instructions", "tool_knowledge"];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +54,8 @@ pub fn r2_at_the_boundary(replicates: u32, rho: f64, seed: u64, thresholds: &Thr
                     for attack in ATTACKS {
                         let hit = rng.random::<f64>() < susceptibility;
                         landed += u64::from(hit);
-                        let case = Case::attacked(suite, &format!("user_task_{u}"), &format!("injection_task_{i}"), attack);
+                        let case =
+                            Case::attacked(suite, &format!("user_task_{u}"), &format!("injection_task_{i}"), attack);
                         records.push(CaseRecord::of(&case, Some(true), Some(hit)));
                     }
                 }
@@ -64,7 +66,14 @@ pub fn r2_at_the_boundary(replicates: u32, rho: f64, seed: u64, thresholds: &Thr
         unadjusted += u32::from(stats::cp_upper(landed as f64, records.len() as f64, thresholds.r2.alpha_pass) <= p);
     }
     let rate = |count: u32| f64::from(count) / f64::from(replicates.max(1));
-    StudyResult { replicates, true_asr: p, rho, one_way: rate(one_way), two_way: rate(two_way), unadjusted: rate(unadjusted) }
+    StudyResult {
+        replicates,
+        true_asr: p,
+        rho,
+        one_way: rate(one_way),
+        two_way: rate(two_way),
+        unadjusted: rate(unadjusted),
+    }
 }
 
 #[cfg(test)]

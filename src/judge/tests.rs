@@ -57,8 +57,12 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         started_at: Some("2025-01-01T00:00:00Z".into()),
         model_server: None,
     };
-    let environment_checks =
-        vec![EnvCheck { suite: "banking".into(), injection_task: "injection_task_0".into(), status: EnvStatus::Ok, detail: None }];
+    let environment_checks = vec![EnvCheck {
+        suite: "banking".into(),
+        injection_task: "injection_task_0".into(),
+        status: EnvStatus::Ok,
+        detail: None,
+    }];
     JudgeInput { run, environment_checks, records, reference: None, thresholds: Thresholds::default() }
 }
 
@@ -319,4 +323,3 @@ fn duplicate_records_count_once_last_wins() {
     assert_eq!(rule(&j, "R2").measured["x"], 1);
     assert_eq!(rule(&j, "R1").measured["duplicates"], 1);
 }
-

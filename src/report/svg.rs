@@ -167,7 +167,13 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     let head = 90.0;
     let width = LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 100.0;
     let height: f64 = 24.0 + blocks.iter().map(|b| head + b.rows.len() as f64 * cell + 14.0).sum::<f64>();
-    let mut out = open_chart("matrix", "attack success: user task × injection task", "Attack success: user task × injection task", width, height);
+    let mut out = open_chart(
+        "matrix",
+        "attack success: user task × injection task",
+        "Attack success: user task × injection task",
+        width,
+        height,
+    );
     let mut y = 24.0;
     for b in blocks {
         let _ = write!(

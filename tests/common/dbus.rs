@@ -146,7 +146,10 @@ impl FakeSystemd {
                 }
             });
         });
-        ready_rx.recv().expect("fake systemd thread").unwrap_or_else(|e| panic!("fake systemd cannot serve on {address}: {e}"));
+        ready_rx
+            .recv()
+            .expect("fake systemd thread")
+            .unwrap_or_else(|e| panic!("fake systemd cannot serve on {address}: {e}"));
         self.stop = Some(stop_tx);
         self.thread = Some(thread);
     }
@@ -201,11 +204,16 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
     }
 }
 
-type UnitRow = (String, String, String, String, String, String, zbus::OwnedObjectPath, u32, String, zbus::OwnedObjectPath);
+type UnitRow =
+    (String, String, String, String, String, String, zbus::OwnedObjectPath, u32, String, zbus::OwnedObjectPath);
 
 #[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
 impl Manager {
-    async fn list_units_by_patterns(&self, states: Vec<String>, patterns: Vec<String>) -> zbus::fdo::Result<Vec<UnitRow>> {
+    async fn list_units_by_patterns(
+        &self,
+        states: Vec<String>,
+        patterns: Vec<String>,
+    ) -> zbus::fdo::Result<Vec<UnitRow>> {
         let units = self.units.lock().unwrap().clone();
         let mut rows = Vec::new();
         for (name, active) in units {
@@ -217,7 +225,18 @@ impl Manager {
             let sub = if active == "active" { "running" } else { "dead" };
             let path = zbus::OwnedObjectPath::try_from(unit_path(&name)).unwrap();
             let none = zbus::OwnedObjectPath::try_from("/").unwrap();
-            rows.push((name.clone(), format!("fake {name}"), "loaded".into(), active, sub.into(), String::new(), path, 0, String::new(), none));
+            rows.push((
+                name.clone(),
+                format!("fake {name}"),
+                "loaded".into(),
+                active,
+                sub.into(),
+                String::new(),
+                path,
+                0,
+                String::new(),
+                none,
+            ));
         }
         Ok(rows)
     }

@@ -46,7 +46,10 @@ pub fn ensure_dockerd() {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !answers() {
             if Instant::now() > deadline {
-                panic!("dockerd did not answer within 60 s; its log ({DOCKERD_LOG}):\n{}", std::fs::read_to_string(DOCKERD_LOG).unwrap_or_default());
+                panic!(
+                    "dockerd did not answer within 60 s; its log ({DOCKERD_LOG}):\n{}",
+                    std::fs::read_to_string(DOCKERD_LOG).unwrap_or_default()
+                );
             }
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -69,7 +72,12 @@ pub fn derived_image(tag: &str, dockerfile_tail: &str) -> String {
     sim_image();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("Dockerfile"), format!("FROM {SIM_IMAGE}\n{dockerfile_tail}\n")).unwrap();
-    let out = Command::new("docker").env("DOCKER_BUILDKIT", "0").args(["build", "-q", "-t", tag]).arg(dir.path()).output().unwrap();
+    let out = Command::new("docker")
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "-q", "-t", tag])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "docker build {tag}: {}", String::from_utf8_lossy(&out.stderr));
     tag.to_string()
 }
@@ -87,19 +95,26 @@ fn label_filter(label: &str) -> HashMap<String, Vec<String>> {
 pub fn containers(label: &str) -> Vec<bollard::models::ContainerSummary> {
     let docker = api();
     block_on(async {
-        let options = bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&label_filter(label)).build();
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&label_filter(label))
+            .build();
         docker.list_containers(Some(options)).await.unwrap()
     })
 }
 
 pub fn inspect(id: &str) -> bollard::models::ContainerInspectResponse {
     let docker = api();
-    block_on(async { docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await.unwrap() })
+    block_on(async {
+        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await.unwrap()
+    })
 }
 
 pub fn kill(id: &str) {
     let docker = api();
-    block_on(async { docker.kill_container(id, None::<bollard::query_parameters::KillContainerOptions>).await.unwrap() });
+    block_on(async {
+        docker.kill_container(id, None::<bollard::query_parameters::KillContainerOptions>).await.unwrap()
+    });
 }
 
 /// `create` events since `since` (unix seconds) of containers labelled `label`.
@@ -153,5 +168,6 @@ pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T
 
 /// Lines in a run directory's cases.jsonl (0 when absent).
 pub fn recorded(run_dir: &Path) -> usize {
-    std::fs::read_to_string(run_dir.join("cases.jsonl")).map_or(0, |t| t.lines().filter(|l| !l.trim().is_empty()).count())
+    std::fs::read_to_string(run_dir.join("cases.jsonl"))
+        .map_or(0, |t| t.lines().filter(|l| !l.trim().is_empty()).count())
 }

@@ -115,7 +115,14 @@ pub fn json(path: &Path) -> serde_json::Value {
 pub fn outcomes(run_dir: &Path) -> Vec<(String, serde_json::Value, serde_json::Value, bool)> {
     let mut out: Vec<_> = cases(run_dir)
         .into_iter()
-        .map(|c| (c["case_id"].as_str().unwrap().to_string(), c["utility"].clone(), c["security"].clone(), !c["error"].is_null()))
+        .map(|c| {
+            (
+                c["case_id"].as_str().unwrap().to_string(),
+                c["utility"].clone(),
+                c["security"].clone(),
+                !c["error"].is_null(),
+            )
+        })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
@@ -132,7 +139,9 @@ pub fn pyenv() -> &'static PyEnv {
     ENV.get_or_init(|| {
         let out = Run::from(Command::new(BIN).arg("setup").output().unwrap()).ok();
         let field = |prefix: &str| {
-            PathBuf::from(out.stdout.lines().find_map(|l| l.split_once(prefix).map(|(_, v)| v.trim().to_string())).unwrap())
+            PathBuf::from(
+                out.stdout.lines().find_map(|l| l.split_once(prefix).map(|(_, v)| v.trim().to_string())).unwrap(),
+            )
         };
         PyEnv { python: field("venv: "), scripts: field("gym scripts: ") }
     })
@@ -143,7 +152,11 @@ pub fn truth_file() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         let env = pyenv();
-        let out = Command::new(&env.python).arg(env.scripts.join("gym.py")).args(["truth", "--benchmark-version", "v1.2.2"]).output().unwrap();
+        let out = Command::new(&env.python)
+            .arg(env.scripts.join("gym.py"))
+            .args(["truth", "--benchmark-version", "v1.2.2"])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "gym truth failed: {}", String::from_utf8_lossy(&out.stderr));
         let path = std::env::temp_dir().join(format!("pruefstand-truth-{}.json", std::process::id()));
         std::fs::write(&path, &out.stdout).unwrap();
@@ -217,7 +230,8 @@ impl Bench {
         let pid = daemon.pid();
         let state_file = self.path().join(".pruefstand/daemon.json");
         wait_until(&format!("daemon {pid} ready"), 30, || {
-            let state: Option<serde_json::Value> = std::fs::read_to_string(&state_file).ok().and_then(|t| serde_json::from_str(&t).ok());
+            let state: Option<serde_json::Value> =
+                std::fs::read_to_string(&state_file).ok().and_then(|t| serde_json::from_str(&t).ok());
             state.is_some_and(|s| s["pid"] == pid && s["state"] != "starting")
         });
         daemon
@@ -228,7 +242,11 @@ impl Bench {
         let mut all = vec!["start"];
         all.extend_from_slice(args);
         let run = self.run(&all).ok();
-        run.stdout.lines().next().and_then(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no job id printed: {}", run.stdout))
+        run.stdout
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no job id printed: {}", run.stdout))
     }
 
     pub fn job(&self, id: u64) -> serde_json::Value {
@@ -246,7 +264,9 @@ impl Bench {
         wait_until(&format!("job {id} with {n} cases"), 120, || {
             let job = self.job(id);
             job["state"] == "running"
-                && job["run_dir"].as_str().is_some_and(|d| std::fs::read_to_string(Path::new(d).join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= n))
+                && job["run_dir"].as_str().is_some_and(|d| {
+                    std::fs::read_to_string(Path::new(d).join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= n)
+                })
         });
         PathBuf::from(self.job(id)["run_dir"].as_str().unwrap())
     }
@@ -299,7 +319,9 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| *pid != me)
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
         .collect()
 }
 

@@ -49,7 +49,9 @@ impl NvmlState {
             None => text.push_str("utilization unsupported\n"),
         }
         match &self.processes {
-            Some(list) => list.iter().for_each(|(gpu, pid, mem)| text.push_str(&format!("process {gpu} {pid} {mem}\n"))),
+            Some(list) => {
+                list.iter().for_each(|(gpu, pid, mem)| text.push_str(&format!("process {gpu} {pid} {mem}\n")))
+            }
             None => text.push_str("processes unsupported\n"),
         }
         text
