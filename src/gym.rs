@@ -6,64 +6,79 @@
 //! It never reads AgentDojo's log folders: results arrive as events. Judging them is
 //! `telemetry`'s and `judge`'s job.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
-use crate::judge::EnvCheck;
-use crate::pyenv::PyEnv;
+use crate::plan::Plan;
+use crate::pyenv::{Inventory, PyEnv};
+use crate::record::EnvCheck;
 use crate::rundir::RunDir;
-use crate::util;
+use crate::{console, telemetry, util};
 
-/// What the installed AgentDojo (plus our custom suites) offers for one benchmark
-/// version.
-#[derive(Deserialize, Serialize, Clone, Debug)]
-pub struct Inventory {
-    pub agentdojo_version: String,
-    pub benchmark_version: String,
-    pub benchmark_versions: Vec<String>,
-    pub suites: BTreeMap<String, SuiteInventory>,
-    pub attacks: Vec<String>,
+/// How to run a plan's cases (the `gym` command's arguments, or a version's run).
+pub struct GymSettings {
+    pub agent_cmd: Vec<String>,
+    pub jobs: usize,
+    pub display_name: String,
+    pub case_timeout_s: f64,
+    pub seed: u64,
+    pub defence: Option<String>,
+    pub agent_env: Vec<(String, String)>,
+    /// The daemon's stop switch and progress sink.
+    pub control: Option<std::sync::Arc<Control>>,
 }
 
-#[derive(Deserialize, Serialize, Clone, Debug)]
-pub struct SuiteInventory {
-    pub user_tasks: Vec<String>,
-    pub injection_tasks: Vec<String>,
-    #[serde(default)]
-    pub injection_tasks_with_ground_truth: Vec<String>,
+pub struct Executed {
+    pub gym: GymOutcome,
+    pub telemetry: telemetry::Telemetry,
 }
 
-impl Inventory {
-    pub fn load(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Inventory> {
-        let value = pyenv
-            .gym_json_cached(
-                &format!("inventory-{benchmark_version}"),
-                &["inventory", "--benchmark-version", benchmark_version],
-            )
-            .context("listing AgentDojo's suites")?;
-        serde_json::from_value(value).context("reading the gym's inventory")
+/// Claims the run directory for the plan, runs (or resumes) its cases, and writes the
+/// telemetry.
+pub fn execute(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    plan: &Plan,
+    inventory: &Inventory,
+    settings: GymSettings,
+) -> anyhow::Result<Executed> {
+    run_dir.create()?;
+    let plan_json = serde_json::json!({
+        "name": plan.name,
+        "source": plan.source,
+        "hash": plan.hash,
+        "benchmark_version": plan.benchmark_version,
+        "agentdojo_version": inventory.agentdojo_version,
+        "cases": plan.cases,
+    });
+    run_dir.claim_plan(&plan_json, &plan.hash)?;
+    tracing::info!("run directory: {}", run_dir.path.display());
+    let request = GymRequest {
+        run_dir: run_dir.path.canonicalize()?,
+        benchmark_version: plan.benchmark_version.clone(),
+        jobs: settings.jobs.max(1),
+        agent_cmd: settings.agent_cmd,
+        model_display_name: settings.display_name,
+        case_timeout_s: settings.case_timeout_s,
+        seed: settings.seed,
+        defence: settings.defence,
+        cases: plan.cases.clone(),
+        done: Vec::new(),
+    };
+    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref())?;
+    if outcome.skipped > 0 || !outcome.rerun.is_empty() {
+        tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
-
-    pub fn suite_names(&self) -> String {
-        self.suites.keys().cloned().collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// The ground-truth export (docs/protocol.md §3), cached; returns the file's path so a
-/// simulator (in-process or in a container) can load it.
-pub fn truth_file(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<PathBuf> {
-    let key = format!("truth-{benchmark_version}");
-    pyenv
-        .gym_json_cached(&key, &["truth", "--benchmark-version", benchmark_version])
-        .context("exporting the tasks' ground truth")?;
-    Ok(pyenv.cache.join(format!("{key}.json")))
+    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &outcome.records);
+    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
+    let title = format!("{} — plan {}", crate::root::run_id(&run_dir.path), plan.name);
+    util::write_atomic(&run_dir.file("telemetry.md"), telemetry::markdown(&title, &telemetry).as_bytes())?;
+    Ok(Executed { gym: outcome, telemetry })
 }
 
 /// Everything `gym.py run` needs (docs/protocol.md §2).
@@ -85,11 +100,11 @@ pub struct GymRequest {
 #[derive(Deserialize, Debug)]
 #[serde(tag = "event", rename_all = "snake_case")]
 enum Event {
-    Start { total: usize, to_run: usize, done: usize, jobs: usize },
+    Start { total: usize, to_run: usize, jobs: usize },
     Skip {},
     Rerun { case_id: String, reason: String },
     CaseStart { case_id: String },
-    Case { record: CaseRecord },
+    Case { record: Box<CaseRecord> },
     EnvironmentCheck { checks: Vec<EnvCheck> },
     Warning { message: String },
     Done,
@@ -106,12 +121,15 @@ pub struct GymOutcome {
     pub rerun: Vec<String>,
 }
 
+/// `progress(run_dir, cases done, cases planned)`.
+type ProgressSink = dyn Fn(&Path, usize, usize) + Send + Sync;
+
 /// A caller's handle on a running gym (the daemon's): a progress sink, and a stop
 /// switch that kills the gym's whole process group — its workers and the agents they
 /// spawned — so a cancelled or interrupted job leaves nothing running.
 #[derive(Default)]
 pub struct Control {
-    progress: Option<Box<dyn Fn(&Path, usize, usize) + Send + Sync>>,
+    progress: Option<Box<ProgressSink>>,
     state: std::sync::Mutex<ControlState>,
 }
 
@@ -197,7 +215,7 @@ pub fn run(
     run_dir.create()?;
     let stored = run_dir.read_cases_lenient()?;
     for damage in &stored.damaged {
-        eprintln!("warning: {damage} (that case runs again)");
+        tracing::warn!("{damage} (that case runs again)");
     }
     let planned: std::collections::BTreeSet<&str> = request.cases.iter().map(|c| c.id.as_str()).collect();
     request.done = stored.records.keys().filter(|id| planned.contains(id.as_str())).cloned().collect();
@@ -230,7 +248,7 @@ pub fn run(
 
     let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
     let mut writer = run_dir.open_cases_for_append()?;
-    let mut progress = Progress::new(request.cases.len());
+    let mut progress = console::Progress::new(request.cases.len());
     let mut outcome = GymOutcome { records: Vec::new(), environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
     let mut finished = false;
     let result: anyhow::Result<()> = (|| {
@@ -248,23 +266,23 @@ pub fn run(
                 }
             };
             match event {
-                Event::Start { total, to_run, done, jobs } => {
-                    progress.start(total, done, to_run, jobs);
+                Event::Start { total, to_run, jobs } => {
+                    progress.start(total, to_run, jobs);
                     if let Some(control) = control {
-                        control.report(&run_dir.path, progress.done, progress.total);
+                        control.report(&run_dir.path, progress.done(), progress.total());
                     }
                 }
                 Event::Skip { .. } => outcome.skipped += 1,
                 Event::Rerun { case_id, reason } => {
-                    progress.note(&format!("re-running {case_id}: {reason}"));
+                    tracing::info!("re-running {case_id}: {reason}");
                     outcome.rerun.push(case_id);
                 }
                 Event::CaseStart { case_id } => tracing::debug!("case {case_id} started"),
                 Event::Case { record } => {
                     writer.append(&record)?;
-                    progress.case_done(&record);
+                    progress.case_done(record.is_error());
                     if let Some(control) = control {
-                        control.report(&run_dir.path, progress.done, progress.total);
+                        control.report(&run_dir.path, progress.done(), progress.total());
                     }
                 }
                 Event::EnvironmentCheck { checks } => {
@@ -274,7 +292,7 @@ pub fn run(
                     )?;
                     outcome.environment_checks = checks;
                 }
-                Event::Warning { message } => progress.note(&format!("warning: {message}")),
+                Event::Warning { message } => tracing::warn!("{message}"),
                 Event::Done => finished = true,
             }
         }
@@ -284,7 +302,7 @@ pub fn run(
         let _ = child.kill();
     }
     let status = child.wait()?;
-    progress.finish();
+    drop(progress);
     if let Some(control) = control {
         control.detach();
         if control.is_stopped() {
@@ -321,83 +339,4 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Cases done/total with an ETA: a bar on a terminal, a line every tenth of the plan
-/// otherwise (logs of timers and CI).
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    total: usize,
-    done: usize,
-    errors: usize,
-    started: Instant,
-    run_this_time: usize,
-    last_line: usize,
-}
-
-impl Progress {
-    fn new(total: usize) -> Progress {
-        use std::io::IsTerminal;
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(total as u64);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}",
-                )
-                .expect("valid template"),
-            );
-            bar.enable_steady_tick(Duration::from_millis(250));
-            bar
-        });
-        Progress { bar, total, done: 0, errors: 0, started: Instant::now(), run_this_time: 0, last_line: 0 }
-    }
-
-    fn start(&mut self, total: usize, done: usize, to_run: usize, jobs: usize) {
-        self.total = total;
-        self.done = total - to_run;
-        if let Some(bar) = &self.bar {
-            bar.set_length(total as u64);
-            bar.set_position(self.done as u64);
-        }
-        let resumed = if done > 0 { format!(", {} already recorded", total - to_run) } else { String::new() };
-        self.note(&format!("{to_run} of {total} cases to run on {jobs} workers{resumed}"));
-    }
-
-    fn case_done(&mut self, record: &CaseRecord) {
-        self.done += 1;
-        self.run_this_time += 1;
-        if record.is_error() {
-            self.errors += 1;
-        }
-        match &self.bar {
-            Some(bar) => {
-                bar.set_position(self.done as u64);
-                if self.errors > 0 {
-                    bar.set_message(format!("{} errors", self.errors));
-                }
-            }
-            None => {
-                let step = (self.total / 10).max(1);
-                if self.done - self.last_line >= step || self.done == self.total {
-                    self.last_line = self.done;
-                    let rate = self.run_this_time as f64 / self.started.elapsed().as_secs_f64().max(1e-6);
-                    let eta = (self.total - self.done) as f64 / rate.max(1e-6);
-                    eprintln!("progress: {}/{} cases, {} errors, ETA {:.0} s", self.done, self.total, self.errors, eta);
-                }
-            }
-        }
-    }
-
-    fn note(&self, message: &str) {
-        match &self.bar {
-            Some(bar) => bar.println(message),
-            None => eprintln!("{message}"),
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
 }

@@ -34,88 +34,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::bail;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
-
-/// A secret string: never printed by `Debug`.
-#[derive(Deserialize, Clone)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
-
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Slack,
-    Mattermost,
-    Discord,
-    Matrix,
-    Ntfy,
-    Json,
-    Exec,
-}
-
-impl Kind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Kind::Slack => "slack",
-            Kind::Mattermost => "mattermost",
-            Kind::Discord => "discord",
-            Kind::Matrix => "matrix",
-            Kind::Ntfy => "ntfy",
-            Kind::Json => "json",
-            Kind::Exec => "exec",
-        }
-    }
-}
-
-/// One `[[hooks]]` entry of pruefstand.toml.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct HookConfig {
-    /// Names the hook in logs (the URL never appears there).
-    pub name: String,
-    pub kind: Kind,
-    #[serde(default)]
-    pub url: Option<Secret>,
-    /// The variable holding the URL, for keeping it out of the file.
-    #[serde(default)]
-    pub url_env: Option<String>,
-    /// Matrix access token; ntfy bearer token (optional).
-    #[serde(default)]
-    pub token: Option<Secret>,
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// `exec`: the program and its arguments.
-    #[serde(default)]
-    pub argv: Vec<String>,
-    /// Outcomes that fire it: approved, rejected, inconclusive, invalid, failed.
-    #[serde(default)]
-    pub on: Option<Vec<String>>,
-    #[serde(default = "default_timeout")]
-    pub timeout_s: f64,
-    #[serde(default = "default_retries")]
-    pub retries: u32,
-    #[serde(default = "default_backoff")]
-    pub backoff_s: f64,
-}
-
-fn default_timeout() -> f64 {
-    10.0
-}
-fn default_retries() -> u32 {
-    3
-}
-fn default_backoff() -> f64 {
-    1.0
-}
+use crate::settings::{HookConfig, Kind, Secret};
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
@@ -325,7 +248,7 @@ fn secret(
     what: &str,
 ) -> Result<Option<String>, Failure> {
     match (value, env) {
-        (Some(Secret(s)), _) => Ok(Some(s.clone())),
+        (Some(secret), _) => Ok(Some(secret.expose().to_string())),
         (None, Some(var)) => std::env::var(var)
             .map(Some)
             .map_err(|_| Failure::Final(format!("{what}_env names {var}, which is not set"))),

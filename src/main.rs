@@ -1,41 +1,50 @@
 //! pruefstand — a local GPU test bench for tool-using LLM agents under prompt-injection
-//! attack. The modules below follow the flow of DESIGN §3, top to bottom; one file per
-//! command lives in `cmd`.
+//! attack. The modules below follow the flow (docs/architecture.md), leaves first; one
+//! file per command lives in `cmd`.
+
+// Leaves: words and tools every stage may use. A module uses only modules declared
+// above it (tests/layers.rs checks it), so this list reads as the flow.
+mod util;
+#[macro_use]
+mod console;
+mod case;
+mod pyenv;
+mod record;
+mod settings;
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.
-mod case;
-mod defence;
 mod plan;
 mod queue;
 mod root;
 mod spec;
 
-// Who runs it: the daemon, once the GPU is idle and no busy unit runs.
-mod daemon;
+// Before a job may use the GPU: the guards.
 mod guard;
 
-// The model server: vLLM in a container, or the simulated model.
+// The model server: the simulated model, vLLM in a container, brought up and down.
 mod container;
 mod model;
 mod sim;
 
-// The run: the gym (AgentDojo, Python) with the agent runtime, recorded case by case.
+// The run's parts: the run directory and the figures over its records, the gym
+// (AgentDojo, Python), the agent runtime.
 mod agent;
 mod gym;
 mod provenance;
-mod pyenv;
-mod run;
 mod rundir;
+mod telemetry;
 
-// The verdict: figures, statistics, rules R1–R5, reports — then the hooks.
+// The verdict: statistics, rules R1–R5, reports — then the hooks.
 mod hooks;
 mod judge;
 mod report;
 mod stats;
-mod telemetry;
+
+// Orchestration: one run end to end, and the daemon that runs queued jobs.
+mod daemon;
+mod run;
 
 mod cmd;
-mod util;
 
 use std::process::ExitCode;
 
@@ -93,29 +102,52 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The daemon's log is the journal: it says what it does. Commands stay quiet.
-    util::init_logging(if matches!(cli.command, Command::Daemon(_)) { "warn,pruefstand=info" } else { "warn" });
-    let result = match cli.command {
-        Command::Run(args) => cmd::run::main(cli.root, args),
-        Command::Gym(args) => cmd::gym::main(cli.root, args),
-        Command::Judge(args) => cmd::judge::main(cli.root, args),
-        Command::Agent(args) => cmd::agent::main(args),
-        Command::SimServe(args) => cmd::sim_serve::main(args),
-        Command::Setup(args) => cmd::setup::main(args),
-        Command::Study(args) => cmd::study::main(cli.root, args),
-        Command::Check(args) => cmd::check::main(cli.root, args),
-        Command::Start(args) => cmd::start::main(cli.root, args),
-        Command::Queue(args) => cmd::queue::main(cli.root, args),
-        Command::Cancel(args) => cmd::cancel::main(cli.root, args),
-        Command::Status(args) => cmd::status::main(cli.root, args),
-        Command::Daemon(args) => cmd::daemon::main(cli.root, args),
-        Command::InstallUnits(args) => cmd::install_units::main(cli.root, args),
+    console::init(match cli.command {
+        Command::Daemon(_) => console::Audience::Daemon,
+        Command::Agent(_) => console::Audience::Agent,
+        _ => console::Audience::Command,
+    });
+    // The process's one runtime: Docker, D-Bus and HTTP clients are made and used on it,
+    // and the daemon's jobs run on it. An agent answers one query at a time (and there
+    // are dozens of them), so it gets a single thread.
+    let runtime = match &cli.command {
+        Command::Agent(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build(),
+    };
+    let result = match runtime {
+        Ok(runtime) => {
+            let result = runtime.block_on(dispatch(cli.root, cli.command));
+            // Work left on the blocking pool (a hung NVML probe, a stdin reader) must not
+            // keep the process alive.
+            runtime.shutdown_background();
+            result
+        }
+        Err(err) => Err(anyhow::Error::new(err).context("starting the async runtime")),
     };
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            tracing::error!("{err:#}");
             ExitCode::from(util::EXIT_COULD_NOT_RUN)
         }
+    }
+}
+
+async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run(args) => cmd::run::main(root, args).await,
+        Command::Gym(args) => cmd::gym::main(root, args),
+        Command::Judge(args) => cmd::judge::main(root, args),
+        Command::Agent(args) => cmd::agent::main(args).await,
+        Command::SimServe(args) => cmd::sim_serve::main(args).await,
+        Command::Setup(args) => cmd::setup::main(args),
+        Command::Study(args) => cmd::study::main(root, args),
+        Command::Check(args) => cmd::check::main(root, args).await,
+        Command::Start(args) => cmd::start::main(root, args),
+        Command::Queue(args) => cmd::queue::main(root, args),
+        Command::Cancel(args) => cmd::cancel::main(root, args),
+        Command::Status(args) => cmd::status::main(root, args),
+        Command::Daemon(args) => cmd::daemon::main(root, args).await,
+        Command::InstallUnits(args) => cmd::install_units::main(root, args),
     }
 }

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::container;
-use crate::judge::ModelServerFacts;
+use crate::record::ModelServerFacts;
 use crate::sim;
 use crate::spec::{Backend, Version};
+use crate::util;
 
 /// Where a docker model's container comes from and what it is labelled with.
 pub struct UpContext<'a> {
@@ -21,8 +22,8 @@ pub struct UpContext<'a> {
     pub run_dir: &'a Path,
     pub job: &'a str,
     pub run_id: &'a str,
-    /// The gym this server will serve (stopped when the server dies).
-    pub gym: &'a Arc<crate::gym::Control>,
+    /// Stops the server's clients (the gym) when the server dies.
+    pub interrupt_clients: container::InterruptClients,
 }
 
 /// Where the agent finds the model, and what keeps it alive.
@@ -67,19 +68,12 @@ impl Endpoint {
     }
 }
 
-/// A random per-run API key.
-pub fn new_api_key() -> String {
-    use rand::RngExt;
-    let bytes: [u8; 24] = rand::rng().random();
-    format!("pfs-{}", hex::encode(bytes))
-}
-
 pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> anyhow::Result<Endpoint> {
     let model = &version.spec.model;
     match model.backend.get_ref() {
         Backend::Sim => {
             let truth = sim::Truth::load(truth_file)?;
-            let api_key = new_api_key();
+            let api_key = util::new_api_key();
             let settings = sim::SimSettings {
                 config: version.spec.sim.clone().unwrap_or_default(),
                 truth: Arc::new(truth),
@@ -109,7 +103,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> an
                 run_dir: ctx.run_dir,
                 job: ctx.job,
                 run_id: ctx.run_id,
-                gym: ctx.gym.clone(),
+                interrupt_clients: ctx.interrupt_clients.clone(),
             };
             let lease = ctx.pool.acquire(&request).await?;
             Ok(Endpoint {

@@ -3,7 +3,7 @@
 //! thresholds of R1–R5. Resolving a profile yields the ordered case list and its hash,
 //! recorded in every run so two versions are compared on identical cases.
 //!
-//! Names are checked against the installed AgentDojo's inventory (`gym::Inventory`),
+//! Names are checked against the installed AgentDojo's inventory (`pyenv::Inventory`),
 //! with errors that point at the profile's line. Running the cases is `gym`'s job.
 
 use std::collections::BTreeSet;
@@ -16,8 +16,8 @@ use toml::Spanned;
 use crate::case::Case;
 #[cfg(test)]
 use crate::case::CaseKind;
-use crate::gym::Inventory;
-use crate::judge::Thresholds;
+use crate::pyenv::Inventory;
+use crate::settings::thresholds::Thresholds;
 use crate::util;
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -280,7 +280,7 @@ fn join(names: &BTreeSet<&String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gym::SuiteInventory;
+    use crate::pyenv::SuiteInventory;
 
     fn inventory() -> Inventory {
         let suite = |users: &[&str], injections: &[&str]| SuiteInventory {

@@ -2,14 +2,17 @@
 //! venv with the pinned agentdojo (`scripts/requirements.txt`) on first use, and writes
 //! the embedded gym scripts beside it. Reused on every later call.
 //!
-//! This module does not know the gym's commands; `gym` does. It only hands out a
-//! `PyEnv` that can run `gym.py`.
+//! It also asks the venv what it offers: the installed AgentDojo's [`Inventory`] of
+//! suites, tasks and attacks (plans are checked against it) and the ground-truth export
+//! the simulated model follows — both cached per benchmark version. Running a plan's
+//! cases is `gym`'s.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
 
 use crate::util;
 
@@ -66,6 +69,8 @@ impl PyEnv {
         let mut cmd = Command::new(&self.python);
         cmd.arg(self.scripts.join("gym.py"));
         cmd.env("PYTHONUNBUFFERED", "1").env("PYTHONDONTWRITEBYTECODE", "1");
+        // The gym, its workers and their agents end with us (each layer sets the same).
+        util::die_with_parent(&mut cmd);
         cmd
     }
 
@@ -196,11 +201,8 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
     if venv.exists() {
         std::fs::remove_dir_all(venv).with_context(|| format!("removing the incomplete venv {}", venv.display()))?;
     }
-    let progress = indicatif::ProgressBar::new_spinner();
-    progress.enable_steady_tick(Duration::from_millis(200));
-    progress.set_message(format!("creating the Python venv for agentdojo {AGENTDOJO_VERSION} in {}", venv.display()));
-    eprintln!(
-        "pruefstand: first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)",
+    tracing::info!(
+        "first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)",
         venv.display()
     );
     let status = Command::new(&python)
@@ -218,14 +220,13 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
     }
     let req_path = venv.join("requirements.txt");
     std::fs::write(&req_path, requirements)?;
-    progress.set_message(format!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies"));
+    tracing::info!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies");
     let output = Command::new(venv.join("bin/python"))
         .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
         .arg(&req_path)
         .stdin(Stdio::null())
         .output()
         .context("running pip")?;
-    progress.finish_and_clear();
     if !output.status.success() {
         let _ = std::fs::remove_dir_all(venv);
         bail!(
@@ -234,6 +235,50 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    eprintln!("pruefstand: venv ready");
+    tracing::info!("venv ready");
     Ok(())
+}
+/// What the installed AgentDojo (plus our custom suites) offers for one benchmark
+/// version.
+#[derive(Deserialize, Serialize, Clone, Debug)]
+pub struct Inventory {
+    pub agentdojo_version: String,
+    pub benchmark_version: String,
+    pub benchmark_versions: Vec<String>,
+    pub suites: BTreeMap<String, SuiteInventory>,
+    pub attacks: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug)]
+pub struct SuiteInventory {
+    pub user_tasks: Vec<String>,
+    pub injection_tasks: Vec<String>,
+    #[serde(default)]
+    pub injection_tasks_with_ground_truth: Vec<String>,
+}
+
+impl Inventory {
+    pub fn load(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Inventory> {
+        let value = pyenv
+            .gym_json_cached(
+                &format!("inventory-{benchmark_version}"),
+                &["inventory", "--benchmark-version", benchmark_version],
+            )
+            .context("listing AgentDojo's suites")?;
+        serde_json::from_value(value).context("reading the gym's inventory")
+    }
+
+    pub fn suite_names(&self) -> String {
+        self.suites.keys().cloned().collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The ground-truth export (docs/protocol.md §3), cached; returns the file's path so a
+/// simulator (in-process or in a container) can load it.
+pub fn truth_file(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<PathBuf> {
+    let key = format!("truth-{benchmark_version}");
+    pyenv
+        .gym_json_cached(&key, &["truth", "--benchmark-version", benchmark_version])
+        .context("exporting the tasks' ground truth")?;
+    Ok(pyenv.cache.join(format!("{key}.json")))
 }

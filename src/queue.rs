@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::judge::Verdict;
 use crate::plan::Profile;
+use crate::record::Verdict;
 use crate::root::Root;
 use crate::spec::Version;
 use crate::util;

@@ -7,10 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-use serde::Deserialize;
-
+use crate::settings::Config;
 use crate::util;
+use anyhow::{Context, bail};
 
 pub const CONFIG_FILE: &str = "pruefstand.toml";
 
@@ -18,36 +17,6 @@ pub const CONFIG_FILE: &str = "pruefstand.toml";
 pub struct Root {
     pub path: PathBuf,
     pub config: Config,
-}
-
-/// `pruefstand.toml`.
-#[derive(Deserialize, Debug, Clone, Default)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    #[serde(default)]
-    pub paths: Paths,
-    #[serde(default)]
-    pub guard: crate::guard::GuardConfig,
-    #[serde(default)]
-    pub hooks: Vec<crate::hooks::HookConfig>,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct Paths {
-    /// Where runs land, relative to the root unless absolute.
-    #[serde(default = "default_reports")]
-    pub reports: PathBuf,
-}
-
-impl Default for Paths {
-    fn default() -> Self {
-        Paths { reports: default_reports() }
-    }
-}
-
-fn default_reports() -> PathBuf {
-    PathBuf::from("reports")
 }
 
 impl Root {

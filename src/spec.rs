@@ -11,8 +11,8 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use crate::defence::{GuardrailSpec, HumanSpec, ToolCalling};
-use crate::sim::config::SimConfig;
+use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use crate::settings::sim::SimConfig;
 use crate::util;
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -207,7 +207,7 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                 return Err(bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
             }
             if let Some(size) = &model.shm_size
-                && let Err(err) = crate::container::parse_bytes(size)
+                && let Err(err) = util::parse_bytes(size)
             {
                 return Err(bad(key_offset(text, "shm_size"), &format!("model.shm_size: {err}")));
             }

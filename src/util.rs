@@ -1,9 +1,9 @@
-//! Small shared helpers: logging set-up, exit codes, durable file writes, hashing.
+//! Small shared helpers: exit codes, durable file writes, hashing, per-run keys, sizes.
 
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow};
 use sha2::{Digest, Sha256};
 
 /// Exit codes of `run` (and `start --wait`), documented in the README.
@@ -13,17 +13,6 @@ pub const EXIT_INCONCLUSIVE: u8 = 11;
 pub const EXIT_INVALID: u8 = 12;
 /// Bad input, missing tools, a run that could not be carried out.
 pub const EXIT_COULD_NOT_RUN: u8 = 2;
-
-/// Logs go to stderr (stdout is the agent protocol's channel in `pruefstand agent`).
-/// `PRUEFSTAND_LOG` overrides the command's default filter.
-pub fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
-    // No colour codes in the journal or a log file.
-    let ansi = std::io::stderr().is_terminal();
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
-}
 
 /// Writes a file so that a crash leaves either the old or the new content: write to a
 /// temporary file beside it, fsync, rename, fsync the folder.
@@ -48,6 +37,46 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow:
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// A random per-run API key.
+pub fn new_api_key() -> String {
+    use rand::RngExt;
+    let bytes: [u8; 24] = rand::rng().random();
+    format!("pfs-{}", hex::encode(bytes))
+}
+
+/// "16g", "512m", "1024k", "65536" → bytes.
+pub fn parse_bytes(s: &str) -> anyhow::Result<i64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: i64 = num.trim().parse().map_err(|_| anyhow!("{s:?} is not a size (e.g. \"16g\", \"512m\")"))?;
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| anyhow!("{s:?} is not a positive size"))
+}
+
+/// Makes the child die with us: the kernel sends it SIGKILL when the thread that spawned
+/// it ends (`PR_SET_PDEATHSIG`), so a `kill -9` of pruefstand leaves no gym behind. The
+/// spawning thread must outlive the child, which every caller's wait guarantees.
+pub fn die_with_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: prctl, getppid and raise are async-signal-safe system calls.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The parent may have died between the fork and the prctl.
+            if nix::unistd::getppid() != parent {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            Ok(())
+        });
+    }
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ fn labels_local_port_read_only_mounts_key_by_env_then_one_death_is_survived() {
     let all: Vec<_> = bindings.values().flatten().flatten().collect();
     assert!(!all.is_empty() && all.iter().all(|b| b.host_ip.as_deref() == Some("127.0.0.1")), "{bindings:?}");
     let mounts = info.mounts.clone().unwrap();
-    let binds: Vec<_> = mounts.iter().filter(|m| m.typ.as_ref().is_some_and(|t| t.to_string() == "bind")).collect();
+    let binds: Vec<_> = mounts.iter().filter(|m| m.typ.as_ref().is_some_and(|t| t == "bind")).collect();
     let targets: Vec<_> = binds.iter().filter_map(|m| m.destination.clone()).collect();
     assert!(
         targets.contains(&"/model".to_string()) && targets.contains(&"/adapters/inj-harden-r3".to_string()),

@@ -250,8 +250,9 @@ DEFENCES = ("spotlighting_with_delimiting", "repeat_user_prompt")
 
 
 def build_pipeline(element, defence: str | None, model_display_name: str):
-    """The seed's composition, with AgentDojo's own no-cloud defences composed the way
-    `AgentPipeline.from_config` does (agent_pipeline.py, 0.1.35)."""
+    """[SystemMessage, InitQuery, agent, ToolsExecutionLoop([ToolsExecutor, agent])], with
+    AgentDojo's own no-cloud defences composed the way `AgentPipeline.from_config` does
+    (agent_pipeline.py, 0.1.35)."""
     from agentdojo.agent_pipeline.agent_pipeline import AgentPipeline, load_system_message
     from agentdojo.agent_pipeline.basic_elements import InitQuery, SystemMessage
     from agentdojo.agent_pipeline.tool_execution import ToolsExecutionLoop, ToolsExecutor, tool_result_to_str

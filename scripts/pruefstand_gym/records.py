@@ -44,7 +44,9 @@ def default_case_id(case: dict) -> str:
 
 
 def trace_relpath(case: dict, defence: str | None) -> str:
-    """AgentDojo's trace path of a case, relative to run_dir (AGENTDOJO_FACTS.md, Logs)."""
+    """AgentDojo's trace path of a case, relative to run_dir. AgentDojo 0.1.35 writes
+    `<logdir>/<pipeline name, '/'→'_'>/<suite>/<user task or injection task>/<attack or
+    none>/<injection task or none>.json`."""
     pipe = pipeline_name(defence).replace("/", "_")
     if case["kind"] == "injection_goal":
         task, attack, inj = case["injection_task"], "none", "none"

@@ -1,10 +1,11 @@
 """`gym.py run --request FILE`: validate, resume, environment check, N worker processes.
 
 Only the parent writes to stdout (one JSON event per line, flushed). Each worker owns one
-agent subprocess, takes cases from a queue and sends results back. AgentDojo's traps
-(AGENTDOJO_FACTS.md) are avoided: no `benchmark_suite_with_injections` per shard, one
-case = one `run_task_*` call with force_rerun=True, each worker inside its own
-OutputLogger with a fresh logger stack.
+agent subprocess, takes cases from a queue and sends results back. Two traps of
+AgentDojo 0.1.35 are avoided: `benchmark_suite_with_injections` per shard re-runs the
+injection tasks in every shard, which then write the same trace files at once (so here
+one case = one `run_task_*` call with force_rerun=True); and the logger stack is one
+process-wide list (so each worker enters its own OutputLogger on a fresh stack).
 """
 
 from __future__ import annotations

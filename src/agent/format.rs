@@ -20,7 +20,7 @@ use regex::Regex;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::defence::ToolCalling;
+use crate::settings::defence::ToolCalling;
 
 /// One message of the adapter's `messages` (protocol §1), leniently read: `content` may
 /// be a string, null or a list of AgentDojo content blocks.

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
 use format::{Message, ToolSpec, Turn};
 use guardrail::Guardrail;
 use human::{Human, Verdict};

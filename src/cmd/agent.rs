@@ -18,11 +18,8 @@ pub struct Args {
     pub config: PathBuf,
 }
 
-pub fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = AgentConfig::load(&args.config)?;
-    // One query at a time (the adapter waits for each reply): one thread is enough.
-    let rt =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     // The crate's tokio lacks `io-std`; stdin/stdout as tokio files (duplicated fds, run
     // on tokio's blocking pool) do the same job.
     let fd = |f: std::io::Result<std::os::fd::OwnedFd>, what: &str| {
@@ -30,13 +27,7 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     };
     let stdin = fd(std::io::stdin().as_fd().try_clone_to_owned(), "stdin")?;
     let stdout = fd(std::io::stdout().as_fd().try_clone_to_owned(), "stdout")?;
-    rt.block_on(async {
-        agent::serve(
-            cfg,
-            tokio::io::BufReader::new(tokio::fs::File::from_std(stdin)),
-            tokio::fs::File::from_std(stdout),
-        )
-        .await
-    })?;
+    agent::serve(cfg, tokio::io::BufReader::new(tokio::fs::File::from_std(stdin)), tokio::fs::File::from_std(stdout))
+        .await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -21,16 +21,16 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let id = queue.find(&args.job)?.id;
     let job = queue.transition(id, Transition::Cancel)?;
     if job.state == State::Cancelled {
-        println!("job {id} cancelled");
+        outln!("job {id} cancelled");
         return Ok(ExitCode::SUCCESS);
     }
     if !daemon_running(&queue)? {
-        println!("job {id}: cancel recorded; no daemon runs, the job ends as cancelled when one starts");
+        outln!("job {id}: cancel recorded; no daemon runs, the job ends as cancelled when one starts");
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!("job {id} is running: the daemon stops it");
+    tracing::info!("job {id} is running: the daemon stops it");
     let job = wait_final(&queue, id, |_| {})?;
-    println!(
+    outln!(
         "job {id} {}",
         if job.state == State::Cancelled {
             "cancelled".to_string()

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
-use crate::guard::{GuardConfig, Guards, OwnProcesses, Unavailable};
+use crate::guard::{Guards, OwnProcesses};
 use crate::pyenv::{self, AGENTDOJO_VERSION};
 use crate::root::{CONFIG_FILE, Root};
+use crate::settings::{GuardConfig, Unavailable};
 use crate::spec::{Backend, Version};
 use crate::util;
 
@@ -72,7 +73,7 @@ impl Report {
     }
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let mut report = Report::default();
     let root = match Root::find(root) {
         Ok(root) => {
@@ -111,12 +112,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
 
     check_venv(&mut report);
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (docker, gpu, dbus) = runtime.block_on(async {
-        tokio::join!(check_docker(version.as_ref(), backend), check_gpu(&guard_config), check_dbus(&guard_config))
-    });
-    // A hung NVML call must not keep the process alive after the report.
-    runtime.shutdown_background();
+    // (A hung NVML probe stays behind on the blocking pool; main does not wait for it.)
+    let (docker, gpu, dbus) =
+        tokio::join!(check_docker(version.as_ref(), backend), check_gpu(&guard_config), check_dbus(&guard_config));
     report.extend(docker);
     if let Some(version) = &version {
         check_model_files(version, &mut report);
@@ -126,13 +124,13 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
 
     for line in &report.0 {
         match &line.fix {
-            Some(fix) => println!("{:<4}  {} → {fix}", line.level, line.what),
-            None => println!("{:<4}  {}", line.level, line.what),
+            Some(fix) => outln!("{:<4}  {} → {fix}", line.level, line.what),
+            None => outln!("{:<4}  {}", line.level, line.what),
         }
     }
     let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
     let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
-    println!("{fails} FAIL, {warns} WARN");
+    outln!("{fails} FAIL, {warns} WARN");
     Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
 }
 

@@ -9,7 +9,7 @@ use crate::root::Root;
 #[derive(clap::Args)]
 pub struct Args {}
 
-pub fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
-    crate::daemon::main(Root::find(root)?)?;
+pub async fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
+    crate::daemon::main(Root::find(root)?).await?;
     Ok(ExitCode::SUCCESS)
 }

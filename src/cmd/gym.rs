@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::gym::{self, GymRequest, Inventory};
+use crate::gym::{GymSettings, execute};
 use crate::plan::{Filters, Plan, Profile};
-use crate::pyenv::PyEnv;
+use crate::pyenv::{Inventory, PyEnv};
 use crate::root::Root;
 use crate::rundir::RunDir;
 use crate::{telemetry, util};
@@ -89,67 +89,6 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(util::EXIT_APPROVED))
 }
 
-/// How to run a plan's cases (shared by `gym` and `run`).
-pub struct GymSettings {
-    pub agent_cmd: Vec<String>,
-    pub jobs: usize,
-    pub display_name: String,
-    pub case_timeout_s: f64,
-    pub seed: u64,
-    pub defence: Option<String>,
-    pub agent_env: Vec<(String, String)>,
-    /// The daemon's stop switch and progress sink.
-    pub control: Option<std::sync::Arc<gym::Control>>,
-}
-
-pub struct Executed {
-    pub gym: gym::GymOutcome,
-    pub telemetry: telemetry::Telemetry,
-}
-
-/// Claims the run directory for the plan, runs (or resumes) its cases, and writes the
-/// telemetry.
-pub fn execute(
-    pyenv: &PyEnv,
-    run_dir: &RunDir,
-    plan: &Plan,
-    inventory: &Inventory,
-    settings: GymSettings,
-) -> anyhow::Result<Executed> {
-    run_dir.create()?;
-    let plan_json = serde_json::json!({
-        "name": plan.name,
-        "source": plan.source,
-        "hash": plan.hash,
-        "benchmark_version": plan.benchmark_version,
-        "agentdojo_version": inventory.agentdojo_version,
-        "cases": plan.cases,
-    });
-    run_dir.claim_plan(&plan_json, &plan.hash)?;
-    eprintln!("run directory: {}", run_dir.path.display());
-    let request = GymRequest {
-        run_dir: run_dir.path.canonicalize()?,
-        benchmark_version: plan.benchmark_version.clone(),
-        jobs: settings.jobs.max(1),
-        agent_cmd: settings.agent_cmd,
-        model_display_name: settings.display_name,
-        case_timeout_s: settings.case_timeout_s,
-        seed: settings.seed,
-        defence: settings.defence,
-        cases: plan.cases.clone(),
-        done: Vec::new(),
-    };
-    let outcome = gym::run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref())?;
-    if outcome.skipped > 0 || !outcome.rerun.is_empty() {
-        eprintln!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
-    }
-    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &outcome.records);
-    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
-    let title = format!("{} — plan {}", crate::root::run_id(&run_dir.path), plan.name);
-    util::write_atomic(&run_dir.file("telemetry.md"), telemetry::markdown(&title, &telemetry).as_bytes())?;
-    Ok(Executed { gym: outcome, telemetry })
-}
-
 pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
     let d = &telemetry.denominators;
     let show = |name: &str| {
@@ -159,7 +98,7 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
             None => "–".into(),
         }
     };
-    println!(
+    outln!(
         "utility {}  utility under attack {}  ASR {}  injection-task utility {}  errors {}",
         show("utility"),
         show("utility_under_attack"),
@@ -167,5 +106,5 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
         show("injection_task_utility"),
         telemetry.counts.errors
     );
-    println!("{}", run_dir.path.display());
+    outln!("{}", run_dir.path.display());
 }

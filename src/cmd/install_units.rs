@@ -39,9 +39,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     for (name, text) in UNITS {
         let path = dir.join(name);
         crate::util::write_atomic(&path, render(text, &bin, &root.path).as_bytes())?;
-        println!("{}", path.display());
+        outln!("{}", path.display());
     }
-    eprintln!(
+    tracing::info!(
         "next:\n  systemctl --user daemon-reload\n  systemctl --user enable --now pruefstand.service\n  systemctl --user enable --now pruefstand-voll@kandidat.timer   # nightly voll of a version\n  loginctl enable-linger $USER   # run without a login session"
     );
     Ok(ExitCode::SUCCESS)

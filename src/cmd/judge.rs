@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::judge::rejudge;
+use crate::report::rejudge;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,11 +30,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
     let (judgement, _) =
         rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
-    println!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
+    outln!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
     for r in &judgement.rules {
-        println!("{} {:<16} {:<14} {}", r.id, r.name, r.status.as_str(), r.reason);
+        outln!("{} {:<16} {:<14} {}", r.id, r.name, r.status.as_str(), r.reason);
     }
-    println!("report: {}", args.run_dir.join("report.html").display());
+    outln!("report: {}", args.run_dir.join("report.html").display());
     Ok(ExitCode::from(judgement.verdict.exit_code()))
 }
 

@@ -17,16 +17,23 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let jobs = Queue::open(&root)?.list()?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        outln!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(ExitCode::SUCCESS);
     }
     if jobs.is_empty() {
-        println!("no jobs");
+        outln!("no jobs");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {}",
-        "id", "state", "prio", "version", "plan", "try", "verdict", "queued / run dir / error"
+        "id",
+        "state",
+        "prio",
+        "version",
+        "plan",
+        "try",
+        "verdict",
+        "queued / run dir / error"
     );
     for job in jobs {
         let detail = match (&job.error, &job.run_dir) {
@@ -34,7 +41,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             (None, Some(dir)) => dir.display().to_string(),
             (None, None) => job.enqueued_at.clone(),
         };
-        println!(
+        outln!(
             "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {detail}",
             job.id,
             job.state.as_str(),

@@ -4,10 +4,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use crate::pyenv::PyEnv;
 use crate::root::Root;
-use crate::run::{self, RunRequest};
+use crate::run::{self, RunControl};
 use crate::spec::Version;
 
 #[derive(clap::Args)]
@@ -25,24 +26,40 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let version = Version::load(&root.versions(), &args.version)?;
     let pyenv = PyEnv::ensure()?;
-    let finished = run::run(
-        &root,
-        &pyenv,
-        RunRequest { version: &version, plan: &args.plan, jobs: args.jobs, out: args.out, control: None },
-    )?;
+    // Ctrl-C or SIGTERM stops the run cleanly: the gym is killed, the model server
+    // stopped and removed, every finished case kept for `--out` to resume.
+    let mut control = RunControl::default();
+    control.stop_abandons_start = true;
+    let control = Arc::new(control);
+    let signals = tokio::spawn({
+        let control = control.clone();
+        async move {
+            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+                return;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            control.stop();
+        }
+    });
+    let finished = run::run(&root, &pyenv, &control, &version, &args.plan, args.jobs, args.out).await;
+    signals.abort();
+    let finished = finished?;
     if let Some((dir, made_now)) = &finished.reference {
         let how = if *made_now { "run now" } else { "reused" };
-        println!("reference: {} ({how})", dir.display());
+        outln!("reference: {} ({how})", dir.display());
     }
     crate::cmd::gym::print_summary(&finished.run_dir, &finished.executed.telemetry);
     let judgement = &finished.judgement;
     for rule in &judgement.rules {
-        println!("  {} {:<16} {:<14} {}", rule.id, rule.name, rule.status.as_str(), rule.reason);
+        outln!("  {} {:<16} {:<14} {}", rule.id, rule.name, rule.status.as_str(), rule.reason);
     }
-    println!("verdict: {}", judgement.verdict.as_str());
+    outln!("verdict: {}", judgement.verdict.as_str());
     Ok(ExitCode::from(judgement.verdict.exit_code()))
 }

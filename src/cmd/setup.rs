@@ -10,7 +10,7 @@ pub struct Args {}
 
 pub fn main(_args: Args) -> anyhow::Result<ExitCode> {
     let pyenv = PyEnv::ensure()?;
-    println!("agentdojo {AGENTDOJO_VERSION} venv: {}", pyenv.python.display());
-    println!("gym scripts: {}", pyenv.scripts.display());
+    outln!("agentdojo {AGENTDOJO_VERSION} venv: {}", pyenv.python.display());
+    outln!("gym scripts: {}", pyenv.scripts.display());
     Ok(ExitCode::SUCCESS)
 }

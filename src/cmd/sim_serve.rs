@@ -207,15 +207,14 @@ async fn stop_signal() -> anyhow::Result<&'static str> {
     }
 }
 
-pub fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
     let a = parse_vllm_args(&args.argv, std::env::var("VLLM_API_KEY").ok())?;
     for flag in &a.ignored {
         tracing::info!("ignoring vLLM option {flag} (simulated model)");
     }
     let settings = load_settings(&a)?;
     let addr = resolve(&a.host, a.port)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
-    runtime.block_on(async {
+    {
         let server = Server::start(settings, addr).await?;
         tracing::info!(
             "simulated model {} (adapters {:?}) from {} listening on {}",
@@ -226,8 +225,8 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
         );
         let signal = stop_signal().await?;
         tracing::info!("{signal}: shutting down");
-        server.shutdown().await
-    })?;
+        server.shutdown().await?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

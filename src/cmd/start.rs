@@ -33,10 +33,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
     let job = queue.enqueue(&root, &args.version, &args.plan, args.priority)?;
-    println!("{}", job.id);
-    eprintln!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
+    outln!("{}", job.id);
+    tracing::info!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
     if !daemon_running(&queue)? {
-        eprintln!(
+        tracing::info!(
             "note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`",
             root.path.display()
         );
@@ -44,13 +44,13 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
     }
-    let job = wait_final(&queue, job.id, |job| eprintln!("job {}: {}", job.id, describe(job)))?;
+    let job = wait_final(&queue, job.id, |job| tracing::info!("job {}: {}", job.id, describe(job)))?;
     if let Some(run_dir) = &job.run_dir {
-        println!("{}", run_dir.display());
+        outln!("{}", run_dir.display());
     }
     match &job.verdict {
-        Some(verdict) => println!("verdict: {}", verdict.as_str()),
-        None => println!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
+        Some(verdict) => outln!("verdict: {}", verdict.as_str()),
+        None => outln!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
     }
     Ok(ExitCode::from(job.exit_code()))
 }

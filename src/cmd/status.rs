@@ -37,17 +37,17 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             "pending": pending,
             "state": if running { serde_json::to_value(&published)? } else { serde_json::Value::Null },
         });
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
     }
     match (running, &published) {
-        (true, Some(state)) => println!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
-        (true, None) => println!("daemon: starting"),
+        (true, Some(state)) => outln!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
+        (true, None) => outln!("daemon: starting"),
         (false, _) => {
-            println!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
+            outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
         }
     }
-    println!("pending jobs: {pending}");
+    outln!("pending jobs: {pending}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -79,7 +79,7 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
                 _ => "daemon not running".to_string(),
             };
             if line != last_line {
-                println!("{line}");
+                outln!("{line}");
                 last_line = line;
             }
         }

@@ -27,12 +27,14 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (profile, _) = Profile::load(&Profile::locate(&root.path, &args.profile))?;
     let result = study::r2_at_the_boundary(args.replicates, args.rho, args.seed, &profile.rules);
-    println!(
+    outln!(
         "R2 at the boundary on voll's shape (true ASR = asr_max = {:.2}, ρ = {}, {} simulated versions):",
-        result.true_asr, result.rho, result.replicates
+        result.true_asr,
+        result.rho,
+        result.replicates
     );
-    println!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
-    println!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
-    println!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
+    outln!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
+    outln!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
+    outln!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
     Ok(ExitCode::SUCCESS)
 }

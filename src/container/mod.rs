@@ -27,7 +27,7 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
-pub use pool::{Lease, Pool, Request};
+pub use pool::{InterruptClients, Lease, Pool, Request};
 
 use crate::spec::{Backend, GpuMode, Version};
 
@@ -163,7 +163,7 @@ pub async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::R
     if !pull {
         bail!("{}", missing_image(image));
     }
-    eprintln!("pulling image {image} (model.pull = true)");
+    tracing::info!("pulling image {image} (model.pull = true)");
     let (repo, tag) = match image.rsplit_once(':').filter(|(_, t)| !t.contains('/')) {
         Some((r, t)) => (r, t),
         None => (image, "latest"),
@@ -292,7 +292,7 @@ impl Setup {
             shm_size: m
                 .shm_size
                 .as_deref()
-                .map(parse_bytes)
+                .map(crate::util::parse_bytes)
                 .transpose()
                 .with_context(|| format!("{}: model.shm_size", version.path.display()))?,
             ulimits: m.ulimits.clone(),
@@ -418,20 +418,6 @@ impl Setup {
             ..Default::default()
         }
     }
-}
-
-/// "16g", "512m", "1024k", "65536" → bytes.
-pub fn parse_bytes(s: &str) -> anyhow::Result<i64> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.strip_suffix('b').unwrap_or(&t);
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: i64 = num.trim().parse().map_err(|_| anyhow!("{s:?} is not a size (e.g. \"16g\", \"512m\")"))?;
-    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| anyhow!("{s:?} is not a positive size"))
 }
 
 /// A free TCP port on 127.0.0.1 for the published port (chosen by us, not Docker, so a
@@ -829,9 +815,9 @@ path = "/srv/adapters/a"
 
     #[test]
     fn sizes_parse() {
-        assert_eq!(parse_bytes("16g").unwrap(), 16 << 30);
-        assert_eq!(parse_bytes("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_bytes("1024").unwrap(), 1024);
-        assert!(parse_bytes("lots").is_err() && parse_bytes("-1g").is_err());
+        assert_eq!(crate::util::parse_bytes("16g").unwrap(), 16 << 30);
+        assert_eq!(crate::util::parse_bytes("512M").unwrap(), 512 << 20);
+        assert_eq!(crate::util::parse_bytes("1024").unwrap(), 1024);
+        assert!(crate::util::parse_bytes("lots").is_err() && crate::util::parse_bytes("-1g").is_err());
     }
 }

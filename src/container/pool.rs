@@ -29,7 +29,7 @@ use super::{
     ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, wait_ready,
 };
 use crate::case::CaseRecord;
-use crate::judge::ModelServerFacts;
+use crate::record::ModelServerFacts;
 use crate::spec::Version;
 use crate::util;
 
@@ -43,10 +43,13 @@ pub struct Request<'a> {
     /// Labels: the daemon's job id (`run` uses `run-<pid>`) and the run's id.
     pub job: &'a str,
     pub run_id: &'a str,
-    /// The gym that talks to this server: interrupted when the server dies, so the run
-    /// stops instead of failing every remaining case, and resumes after the restart.
-    pub gym: Arc<crate::gym::Control>,
+    /// Stops the server's clients (the gym) when the server dies, so the run stops
+    /// instead of failing every remaining case, and resumes after the restart.
+    pub interrupt_clients: InterruptClients,
 }
+
+/// Stops whatever talks to the server (the gym); true when something was running.
+pub type InterruptClients = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A created container and how to reach it.
 #[derive(Clone, Debug)]
@@ -113,15 +116,15 @@ impl Pool {
                 && c.image.id == image.id
                 && healthy(&docker, &http, &c.id, c.host_port).await.unwrap_or(false);
             if fit && self.take_adapter(&docker, &mut c, &setup).await? {
-                eprintln!("model container {} reused (warm)", c.name);
-                return Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.gym.clone()));
+                tracing::info!("model container {} reused (warm)", c.name);
+                return Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.interrupt_clients.clone()));
             }
-            eprintln!("model container {}: stopping (the next job needs another server)", c.name);
+            tracing::info!("model container {}: stopping (the next job needs another server)", c.name);
             stop_and_remove(&docker, &c.id).await?;
         }
         drop(warm);
 
-        let api_key = crate::model::new_api_key();
+        let api_key = util::new_api_key();
         let host_port = free_port()?;
         let name = container_name(&req.version.name);
         let labels = HashMap::from([
@@ -147,7 +150,7 @@ impl Pool {
             setup: setup.clone(),
             body,
         };
-        eprintln!("model container {} ({}) starting on 127.0.0.1:{}", c.name, c.image.name, c.host_port);
+        tracing::info!("model container {} ({}) starting on 127.0.0.1:{}", c.name, c.image.name, c.host_port);
         let up = match docker.start_container(&c.id, None::<bollard::query_parameters::StartContainerOptions>).await {
             Ok(()) => {
                 wait_ready(&docker, &c.id, c.host_port, &c.api_key, &names(&c.served), c.setup.ready_timeout).await
@@ -159,7 +162,7 @@ impl Pool {
             stop_and_remove(&docker, &c.id).await?;
             return Err(failure.into());
         }
-        Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.gym.clone()))
+        Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.interrupt_clients.clone()))
     }
 
     /// Makes the warm container serve the setup's adapter; false when it cannot.
@@ -178,7 +181,7 @@ impl Pool {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => {
                 let status = r.status();
-                eprintln!(
+                tracing::warn!(
                     "model container {}: loading adapter {} failed ({status}: {}); restarting instead",
                     c.name,
                     a.name,
@@ -187,7 +190,11 @@ impl Pool {
                 return Ok(false);
             }
             Err(e) => {
-                eprintln!("model container {}: loading adapter {} failed ({e}); restarting instead", c.name, a.name);
+                tracing::warn!(
+                    "model container {}: loading adapter {} failed ({e}); restarting instead",
+                    c.name,
+                    a.name
+                );
                 return Ok(false);
             }
         }
@@ -196,10 +203,10 @@ impl Pool {
         if let Err(f) =
             wait_ready(docker, &c.id, c.host_port, &c.api_key, &names(&c.served), Duration::from_secs(60)).await
         {
-            eprintln!("model container {}: {f}", c.name);
+            tracing::info!("model container {}: {f}", c.name);
             return Ok(false);
         }
-        eprintln!("model container {}: adapter {} loaded at run time", c.name, a.name);
+        tracing::info!("model container {}: adapter {} loaded at run time", c.name, a.name);
         Ok(true)
     }
 
@@ -227,7 +234,7 @@ impl Pool {
     pub async fn shutdown(&self) -> anyhow::Result<()> {
         let Some(c) = self.warm.lock().await.take() else { return Ok(()) };
         let docker = self.docker().await?;
-        eprintln!("model container {}: stopping", c.name);
+        tracing::info!("model container {}: stopping", c.name);
         stop_and_remove(docker, &c.id).await
     }
 
@@ -334,11 +341,16 @@ impl Lease {
         run_dir: &Path,
         since: i64,
         setup: &Setup,
-        gym: Arc<crate::gym::Control>,
+        interrupt_clients: InterruptClients,
     ) -> Lease {
         let watch = Arc::new(Mutex::new(WatchState { container_id: container.id.clone(), ..WatchState::default() }));
-        let task =
-            tokio::spawn(watch_loop(docker.clone(), container.clone(), run_dir.to_path_buf(), watch.clone(), gym));
+        let task = tokio::spawn(watch_loop(
+            docker.clone(),
+            container.clone(),
+            run_dir.to_path_buf(),
+            watch.clone(),
+            interrupt_clients,
+        ));
         let (model_host, adapter_host) = (setup.model_host.clone(), setup.adapter.as_ref().map(|a| a.host.clone()));
         Lease { container, model_host, adapter_host, docker, run_dir: run_dir.to_path_buf(), since, watch, task }
     }
@@ -364,7 +376,7 @@ impl Lease {
                     }
                     s.pending_resume = false;
                     let dropped = drop_casualties(&self.run_dir, &s.before_death)?;
-                    eprintln!(
+                    tracing::info!(
                         "model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)"
                     );
                     return Ok(true);
@@ -381,7 +393,7 @@ async fn watch_loop(
     c: Container,
     run_dir: PathBuf,
     watch: Arc<Mutex<WatchState>>,
-    gym: Arc<crate::gym::Control>,
+    interrupt_clients: InterruptClients,
 ) {
     let http = http();
     let cases = run_dir.join("cases.jsonl");
@@ -435,10 +447,10 @@ async fn watch_loop(
             }
             s.facts.deaths
         };
-        let stopped = if gym.interrupt() { "the gym stopped" } else { "no gym running" };
-        eprintln!("model container {}: the server died ({reason}); {stopped}", c.name);
+        let stopped = if interrupt_clients() { "the gym stopped" } else { "no gym running" };
+        tracing::warn!("model container {}: the server died ({reason}); {stopped}", c.name);
         if deaths >= 2 {
-            eprintln!("model container {}: second death — the run ends invalid", c.name);
+            tracing::warn!("model container {}: second death — the run ends invalid", c.name);
             return;
         }
         let restarted = restart(&docker, &c, &id).await;
@@ -454,13 +466,13 @@ async fn watch_loop(
                     "{}: restarted",
                     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 ));
-                eprintln!("model container {}: restarted and ready", c.name);
+                tracing::info!("model container {}: restarted and ready", c.name);
             }
             Err(f) => {
                 s.facts.failed = true;
                 s.facts.events.push(format!("restart failed: {}", f.message));
                 s.facts.log_tail = f.log_tail;
-                eprintln!("model container {}: restart failed: {}", c.name, f.message);
+                tracing::warn!("model container {}: restart failed: {}", c.name, f.message);
                 return;
             }
         }

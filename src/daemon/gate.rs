@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::guard::{Guards, OwnProcesses, Watch};
-use crate::judge::GpuExclusivity;
+use crate::record::GpuExclusivity;
 
 #[allow(async_fn_in_trait)]
 pub trait Gate {

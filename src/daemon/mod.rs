@@ -3,8 +3,8 @@
 //! One instance per root (flock on `.pruefstand/daemon.lock`). At rest it blocks on a
 //! channel fed by inotify (`jobs/` only), SIGTERM/SIGINT and — when systemd asked for
 //! one — the watchdog timer: no polling. Each job goes through the guards' [`Gate`],
-//! then `run::run` on a thread of its own, exactly as `pruefstand run` would, with the
-//! job's snapshot as spec and plan, into the run directory recorded in the job (so a
+//! then the same [`RunContext`] path `pruefstand run` takes, on the daemon's runtime
+//! (the process has one), with the job's snapshot as spec and plan, into the run directory recorded in the job (so a
 //! crashed or stopped job resumes there and the gym skips its recorded cases).
 //!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
@@ -23,11 +23,11 @@ use tokio::time::Instant;
 
 use crate::gym;
 use crate::hooks::{self, Facts};
-use crate::judge::Verdict;
 use crate::pyenv::PyEnv;
 use crate::queue::{self, Job, Queue, State, Transition};
+use crate::record::Verdict;
 use crate::root::Root;
-use crate::run::{self, RunControl, RunRequest};
+use crate::run::{self, RunContext, RunControl};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
 
@@ -59,7 +59,7 @@ struct Outcome {
     asr: Option<f64>,
 }
 
-pub fn main(root: Root) -> anyhow::Result<()> {
+pub async fn main(root: Root) -> anyhow::Result<()> {
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
     let Some(lock) = queue::try_daemon_lock(&queue)? else {
@@ -76,12 +76,11 @@ pub fn main(root: Root) -> anyhow::Result<()> {
     if let Some(warning) = hooks::permission_warning(&root) {
         tracing::warn!("{warning}");
     }
-    // One thread: the daemon waits most of the time, and the job runs on its own.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let result = runtime.block_on(async {
+    let result = async {
         let mut daemon = Daemon::new(root.clone(), queue, Guarded::new(crate::guard::Guards::new(&root.config.guard)))?;
         daemon.serve().await
-    });
+    }
+    .await;
     drop(lock);
     result
 }
@@ -295,40 +294,37 @@ impl<G: Gate> Daemon<G> {
 
         let observation = self.gate.watch();
         let progress_tx = self.tx.clone();
-        let control = Arc::new(RunControl {
-            gym: Arc::new(gym::Control::with_progress(move |run_dir, done, total| {
+        let control = Arc::new(RunControl::new(
+            Arc::new(gym::Control::with_progress(move |run_dir, done, total| {
                 let _ = progress_tx.send(Event::Progress { run_dir: run_dir.to_path_buf(), done, total });
             })),
-            gpu: Some(Box::new(move || observation.exclusivity())),
+            Some(Box::new(move || observation.exclusivity())),
+        ));
+        // The job runs on the daemon's own runtime (its Docker client and the pool live
+        // there), driven from a blocking-pool thread: the run reads files and the gym's
+        // event stream synchronously between its awaits. Its messages carry the job id.
+        let (root, tx, job_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
+        let runtime = tokio::runtime::Handle::current();
+        let span = tracing::info_span!("job", job = id);
+        tokio::task::spawn_blocking(move || {
+            let _span = span.enter();
+            let result = runtime.block_on(async {
+                let pyenv = PyEnv::ensure()?;
+                let ctx = RunContext::new(&root, &pyenv, &pool, &job_control, &plan_path.to_string_lossy(), None)?;
+                run::preflight(&ctx, &version).await?;
+                let finished = ctx.run(&version, Some(run_dir)).await?;
+                let figures = &finished.judgement.figures;
+                anyhow::Ok(Outcome {
+                    run_dir: finished.run_dir.path.clone(),
+                    verdict: finished.judgement.verdict,
+                    summary: finished.judgement.summary.clone(),
+                    utility: figures.utility_clean.map(|e| e.rate),
+                    utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+                    asr: figures.asr.map(|e| e.rate),
+                })
+            });
+            let _ = tx.send(Event::Ended(result.map_err(|e| format!("{e:#}"))));
         });
-        let (root, tx, thread_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
-        std::thread::Builder::new()
-            .name(format!("job-{id}"))
-            .spawn(move || {
-                let result = (|| -> anyhow::Result<Outcome> {
-                    let pyenv = PyEnv::ensure()?;
-                    let plan = plan_path.to_string_lossy();
-                    let request = RunRequest {
-                        version: &version,
-                        plan: &plan,
-                        jobs: None,
-                        out: Some(run_dir),
-                        control: Some(&thread_control),
-                    };
-                    let finished = run::run_with_pool(&root, &pyenv, request, &pool)?;
-                    let figures = &finished.judgement.figures;
-                    Ok(Outcome {
-                        run_dir: finished.run_dir.path.clone(),
-                        verdict: finished.judgement.verdict,
-                        summary: finished.judgement.summary.clone(),
-                        utility: figures.utility_clean.map(|e| e.rate),
-                        utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
-                        asr: figures.asr.map(|e| e.rate),
-                    })
-                })();
-                let _ = tx.send(Event::Ended(result.map_err(|e| format!("{e:#}"))));
-            })
-            .context("starting the job's thread")?;
 
         enum Stop {
             Cancel,
@@ -350,14 +346,14 @@ impl<G: Gate> Daemon<G> {
                 Event::Queue if stop.is_none() && self.queue.load(id).is_ok_and(|j| j.cancel_requested) => {
                     tracing::info!("job {id}: cancel requested, stopping the run");
                     self.state.set(Activity::Stopping { reason: format!("job {id} cancelled") });
-                    control.gym.stop();
+                    control.stop();
                     stop = Some(Stop::Cancel);
                 }
                 Event::Signal(name) if !matches!(stop, Some(Stop::Signal(_))) => {
                     tracing::info!("{name}: stopping job {id}; it resumes when a daemon starts again");
                     self.state.set(Activity::Stopping { reason: format!("{name}, job {id} goes back to the queue") });
                     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
-                    control.gym.stop();
+                    control.stop();
                     stop = Some(Stop::Signal(name));
                     deadline = Some(Instant::now() + STOP_GRACE);
                 }

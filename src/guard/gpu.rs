@@ -9,7 +9,8 @@
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
-use super::{ForeignProcess, GpuConfig, OwnProcesses, Unavailable};
+use super::{ForeignProcess, OwnProcesses};
+use crate::settings::{GpuConfig, Unavailable};
 
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 

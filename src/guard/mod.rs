@@ -26,126 +26,14 @@ mod tests;
 pub mod units;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
-
-use crate::judge::GpuExclusivity;
+use crate::record::GpuExclusivity;
+use crate::settings::GuardConfig;
 
 /// A sample waits this long for NVML; a hung driver then blocks with a reason.
 const NVML_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `[guard]` of pruefstand.toml.
-#[derive(Deserialize, Debug, Clone, Default)]
-#[serde(deny_unknown_fields)]
-pub struct GuardConfig {
-    #[serde(default)]
-    pub gpu: GpuConfig,
-    #[serde(default)]
-    pub units: UnitsConfig,
-}
-
-/// What to do when a source cannot be read at all (no NVML, a bus not reachable).
-#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Unavailable {
-    /// Jobs wait; the status says why.
-    #[default]
-    Block,
-    /// Jobs run without this check (noted in the status; R1 says "not observed").
-    Ignore,
-}
-
-/// `[guard.gpu]`.
-#[derive(Deserialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct GpuConfig {
-    /// When NVML cannot be loaded or sees no GPU.
-    #[serde(default)]
-    pub nvml: Unavailable,
-    /// The NVML library; default `libnvidia-ml.so.1` from the loader's path.
-    #[serde(default)]
-    pub library: Option<PathBuf>,
-    /// Highest GPU utilization (percent) that still counts as idle.
-    #[serde(default = "default_utilization_max", deserialize_with = "percent")]
-    pub utilization_max: u32,
-    /// Consecutive clear samples needed before a job starts.
-    #[serde(default = "default_samples", deserialize_with = "at_least_one")]
-    pub samples: u32,
-    /// Seconds between samples (while waiting and while a run is watched).
-    #[serde(default = "default_interval_s", deserialize_with = "positive_seconds")]
-    pub interval_s: f64,
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        GpuConfig {
-            nvml: Unavailable::Block,
-            library: None,
-            utilization_max: default_utilization_max(),
-            samples: default_samples(),
-            interval_s: default_interval_s(),
-        }
-    }
-}
-
-impl GpuConfig {
-    pub fn interval(&self) -> Duration {
-        Duration::from_secs_f64(self.interval_s)
-    }
-}
-
-/// `[guard.units]`: unit name patterns (systemd globs, e.g. `training@*.service`).
-#[derive(Deserialize, Debug, Clone, Default)]
-#[serde(deny_unknown_fields)]
-pub struct UnitsConfig {
-    /// On the user's (session) bus: the user manager the daemon itself runs under.
-    #[serde(default)]
-    pub user: Vec<String>,
-    /// On the system bus.
-    #[serde(default)]
-    pub system: Vec<String>,
-    /// When a bus with patterns cannot be reached.
-    #[serde(default)]
-    pub unreachable: Unavailable,
-}
-
-fn default_utilization_max() -> u32 {
-    10
-}
-fn default_samples() -> u32 {
-    3
-}
-fn default_interval_s() -> f64 {
-    5.0
-}
-
-fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let v = u32::deserialize(d)?;
-    if v > 100 {
-        return Err(serde::de::Error::custom(format!("utilization_max is a percentage (0–100), not {v}")));
-    }
-    Ok(v)
-}
-
-fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let v = u32::deserialize(d)?;
-    if v == 0 {
-        return Err(serde::de::Error::custom("samples must be at least 1"));
-    }
-    Ok(v)
-}
-
-fn positive_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    let v = f64::deserialize(d)?;
-    // Upper bound: a day; anything more is a typo (milliseconds?) and would stall jobs.
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err(serde::de::Error::custom(format!("interval_s must be a number of seconds in (0, 86400], not {v}")));
-    }
-    Ok(v)
-}
 
 /// The processes that are ours (the model container's) and so never block or violate:
 /// explicit pids, and/or every process in a Docker container's cgroup (vLLM starts

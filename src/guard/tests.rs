@@ -9,6 +9,7 @@ mod nvml;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::settings::Unavailable;
 use dbus::{DbusDaemon, FakeSystemd};
 use nvml::{FakeNvml, NvmlState};
 
@@ -144,8 +145,7 @@ async fn an_undisturbed_watch_is_exclusive() {
 #[tokio::test]
 async fn unsupported_utilization_relies_on_processes_and_says_so() {
     let fake = FakeNvml::new();
-    let mut state = NvmlState::default();
-    state.utilization = None;
+    let state = NvmlState { utilization: None, ..Default::default() };
     fake.set(&state);
     let guards = Guards::new(&config(Some(&fake)));
     let sample = guards.sample(&OwnProcesses::none()).await;

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use zbus_systemd::systemd1::ManagerProxy;
 
-use super::{BusyUnit, Unavailable, UnitsConfig};
+use super::BusyUnit;
+use crate::settings::{Unavailable, UnitsConfig};
 
 /// Connect + call must not hang a sample (or `check`) on a wedged bus.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -6,11 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::thresholds::{self, Clustering};
-use super::{
-    EnvCheck, EnvStatus, Estimate, Figures, GpuExclusivity, Outlook, RuleResult, RuleStatus, RunMeta, Thresholds,
-};
+use super::{EnvCheck, Estimate, Figures, Outlook, RuleResult, RuleStatus, RunMeta, Thresholds};
 use crate::case::{CaseKind, CaseRecord};
+use crate::record::{EnvStatus, GpuExclusivity};
+use crate::settings::thresholds::{self, Clustering};
 use crate::stats::{self, Adjusted, Cluster};
 
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949

@@ -9,9 +9,9 @@
 use rand::{RngExt, SeedableRng};
 use statrs::distribution::{Beta, ContinuousCDF};
 
-use super::thresholds::{Clustering, Thresholds};
 use super::{RuleStatus, rules};
 use crate::case::{Case, CaseRecord};
+use crate::settings::thresholds::{Clustering, Thresholds};
 use crate::stats;
 
 /// `voll`'s attacked shape: (suite, user tasks, injection tasks); every pair under 2

@@ -1,7 +1,11 @@
 //! Rule and verdict tests on constructed records (also the fixtures of report tests).
 
+use std::path::{Path, PathBuf};
+
 use super::*;
 use crate::case::{Case, CaseKind, CaseRecord};
+use crate::record::{EnvStatus, GpuExclusivity};
+use crate::settings::thresholds;
 
 pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
     CaseRecord {
@@ -111,7 +115,7 @@ fn clustered_successes_widen_the_bounds() {
     assert!(deff(&clustered) > 1.5, "{}", deff(&clustered));
     assert!(deff(&clustered) > deff(&spread));
     // Two-way clustering is offered and runs.
-    input.thresholds.r2.clustering = super::thresholds::Clustering::TwoWay;
+    input.thresholds.r2.clustering = thresholds::Clustering::TwoWay;
     let two = judge(&input);
     assert!(rule(&two, "R2").measured["deff"].as_f64().unwrap() >= 1.0);
 }
@@ -322,4 +326,20 @@ fn duplicate_records_count_once_last_wins() {
     let j = judge(&input);
     assert_eq!(rule(&j, "R2").measured["x"], 1);
     assert_eq!(rule(&j, "R1").measured["duplicates"], 1);
+}
+
+/// Writes a run directory from a constructed input, as `run` would.
+pub(crate) fn write_run_dir(dir: &Path, input: &JudgeInput, reference_run_dir: Option<&str>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let r = &input.run;
+    let meta = RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() };
+    std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
+    let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
+    std::fs::write(dir.join("cases.jsonl"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.join("environment_check.json"),
+        serde_json::json!({"checks": input.environment_checks}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("thresholds.json"), serde_json::to_string(&input.thresholds).unwrap()).unwrap();
 }

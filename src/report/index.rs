@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::svg::{self, esc, pct};
 use super::{page, verdict_class};
-use crate::judge::Verdict;
+use crate::record::Verdict;
 use crate::util;
 
 /// How deep below the reports folder judgements are looked for

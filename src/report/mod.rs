@@ -4,6 +4,7 @@
 //! the [`Judgement`] or the case records; nothing here decides anything.
 
 mod index;
+mod publish;
 mod svg;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,10 +14,12 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{Estimate, JudgeInput, Judgement, RuleStatus, Verdict};
+use crate::judge::{Estimate, JudgeInput, Judgement};
+use crate::record::{RuleStatus, Verdict};
 use crate::util;
 
 pub use index::write_index;
+pub use publish::rejudge;
 use svg::{IntervalRow, MatrixBlock, esc, pct};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic

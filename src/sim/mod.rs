@@ -6,7 +6,6 @@
 //! `truth` (truth.json) → `policy` (what to do) → `openai` (wire format) → `server`
 //! (HTTP, latency, metrics). `draw` is the only randomness.
 
-pub mod config;
 pub mod draw;
 pub mod metrics;
 pub mod openai;
@@ -14,6 +13,6 @@ pub mod policy;
 pub mod server;
 pub mod truth;
 
-pub use config::SimConfig;
+pub use crate::settings::sim::SimConfig;
 pub use server::{Server, SimSettings};
 pub use truth::Truth;

@@ -26,9 +26,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::config::Behaviour;
 use super::draw::u;
 use super::truth::{Call, Truth};
+use crate::settings::sim::Behaviour;
 
 pub const UNKNOWN_PROMPT_ANSWER: &str = "I'm sorry, but I don't know how to help with that request.";
 pub const GIVE_UP_ANSWER: &str = "I'm sorry, I was not able to complete this task.";

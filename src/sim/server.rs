@@ -23,11 +23,11 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::config::{Latency, SimConfig};
 use super::metrics::{Gate, Metrics};
 use super::openai;
 use super::policy::Policy;
 use super::truth::Truth;
+use crate::settings::sim::{Latency, SimConfig};
 
 /// Everything a simulator instance needs.
 #[derive(Clone, Debug)]
@@ -288,7 +288,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::config::Behaviour;
+    use crate::settings::sim::Behaviour;
     use crate::sim::policy::tests::tiny_truth;
 
     fn settings(api_key: Option<&str>) -> SimSettings {

@@ -37,7 +37,8 @@ pub fn ensure_dockerd() {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(DOCKERD_LOG).unwrap();
         // Detached from the test process: it outlives the test run (other test
         // processes use it too); a second start while one runs fails harmlessly.
-        Command::new("dockerd")
+        #[allow(clippy::zombie_processes)]
+        let _dockerd = Command::new("dockerd")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -1,5 +1,5 @@
 //! The `[rules]` table of a profile: thresholds of R1–R5. Every field has a default (the
-//! values `STATISTICS.md` measured), unknown keys are errors (a typo must not silently
+//! values the error-rate studies support: docs/statistics.md), unknown keys are errors (a typo must not silently
 //! fall back to a default).
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,274 @@
+//! The one console: every message and every progress report of the process goes through
+//! here, so a terminal, a log file and the journal each get what suits them.
+//!
+//! - Library code never prints. It emits `tracing` events (`info!` for what a user wants
+//!   to follow, `warn!`/`error!` for trouble) and reports case progress through a
+//!   [`Progress`].
+//! - A command on a terminal shows an indicatif bar; messages are printed above it, so
+//!   the bar is never torn. Without a terminal (a pipe, CI, a timer's log) the same
+//!   progress comes as a plain line every tenth of the plan.
+//! - The daemon's events carry the job they belong to (`[job=12]`, from the span the
+//!   daemon opens per job). Under systemd (`JOURNAL_STREAM` set) each line starts with
+//!   its syslog priority (`<4>` for a warning), which journald turns into the entry's
+//!   priority: `journalctl --user -u pruefstand -p warning` filters.
+//! - Results go to stdout through [`out`] (the `outln!` macro). A closed stdout
+//!   (`pruefstand queue | head -1`) ends the process quietly with status 0, as ripgrep
+//!   does, instead of a panic.
+//!
+//! Not here: what a message says (the caller's), the daemon's status file (`daemon`).
+
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Who reads the process's stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// A person at a terminal or a script: `warning: …` lines and a progress bar.
+    Command,
+    /// The daemon's log (the journal under systemd): a level and the job on every line.
+    Daemon,
+    /// `pruefstand agent`: stderr lands in the gym's log; warnings only by default.
+    Agent,
+}
+
+/// Installs the process's one subscriber. `PRUEFSTAND_LOG` (an `EnvFilter`) overrides
+/// the audience's default.
+pub fn init(audience: Audience) {
+    let default = match audience {
+        Audience::Command | Audience::Daemon => "warn,pruefstand=info",
+        Audience::Agent => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let format = Lines { audience, journal: audience == Audience::Daemon && under_journald() };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| Stderr)
+        .with_ansi(false)
+        .event_format(format)
+        .try_init();
+}
+
+/// systemd connects a service's stderr to the journal and says so in `JOURNAL_STREAM`.
+fn under_journald() -> bool {
+    std::env::var_os("JOURNAL_STREAM").is_some()
+}
+
+/// The syslog priority journald reads from a `<N>` line prefix (sd-daemon(3)).
+fn priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// One line per event: `[<N>][time LEVEL ][[span fields] ]message`.
+struct Lines {
+    audience: Audience,
+    journal: bool,
+}
+
+impl<S, N> FormatEvent<S, N> for Lines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> std::fmt::Result {
+        let level = *event.metadata().level();
+        match (self.audience, self.journal) {
+            (Audience::Daemon, true) => write!(writer, "<{}>", priority(level))?,
+            (Audience::Daemon, false) | (Audience::Agent, _) => {
+                write!(writer, "{} {level:>5} ", chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ"))?
+            }
+            (Audience::Command, _) => match level {
+                Level::ERROR => write!(writer, "error: ")?,
+                Level::WARN => write!(writer, "warning: ")?,
+                Level::INFO => {}
+                _ => write!(writer, "{}: ", level.as_str().to_ascii_lowercase())?,
+            },
+        }
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                if let Some(fields) = extensions.get::<FormattedFields<N>>()
+                    && !fields.is_empty()
+                {
+                    write!(writer, "[{fields}] ")?;
+                }
+            }
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+/// The progress bar on screen, if any: messages are printed above it.
+static BAR: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+fn bar() -> Option<indicatif::ProgressBar> {
+    BAR.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// stderr, around the bar. Write errors are swallowed: a closed stderr must not end a
+/// run (tracing does not panic on them either).
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let write = || {
+            let _ = std::io::stderr().write_all(buf);
+        };
+        match bar() {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Writes a command's result to stdout. A closed stdout (the reader went away) ends the
+/// process quietly with status 0; any other write error is reported and ends it with 2.
+pub fn out(args: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(err) = stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush()) {
+        if err.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        tracing::error!("writing to stdout: {err}");
+        std::process::exit(i32::from(crate::util::EXIT_COULD_NOT_RUN));
+    }
+}
+
+/// `println!` for a command's results, through [`out`].
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::console::out(format_args!("")) };
+    ($($arg:tt)*) => { $crate::console::out(format_args!($($arg)*)) };
+}
+
+/// Cases done of a plan, with an ETA: a bar on a terminal, else an `info` line every
+/// tenth of the plan (which in the daemon carries the job's span).
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: usize,
+    done: usize,
+    errors: usize,
+    started: Instant,
+    run_this_time: usize,
+    last_line: usize,
+}
+
+impl Progress {
+    /// A bar only for a command whose stderr is a terminal.
+    pub fn new(total: usize) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}",
+                )
+                .expect("valid template"),
+            );
+            bar.enable_steady_tick(Duration::from_millis(250));
+            *BAR.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
+            bar
+        });
+        Progress { bar, total, done: 0, errors: 0, started: Instant::now(), run_this_time: 0, last_line: 0 }
+    }
+
+    pub fn done(&self) -> usize {
+        self.done
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// The plan's size and what is already recorded (a resumed run).
+    pub fn start(&mut self, total: usize, to_run: usize, jobs: usize) {
+        self.total = total;
+        self.done = total - to_run;
+        self.last_line = self.done;
+        if let Some(bar) = &self.bar {
+            bar.set_length(total as u64);
+            bar.set_position(self.done as u64);
+        }
+        let resumed = if self.done > 0 { format!(", {} already recorded", self.done) } else { String::new() };
+        tracing::info!("{to_run} of {total} cases to run on {jobs} workers{resumed}");
+    }
+
+    pub fn case_done(&mut self, errored: bool) {
+        self.done += 1;
+        self.run_this_time += 1;
+        if errored {
+            self.errors += 1;
+        }
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(self.done as u64);
+                if self.errors > 0 {
+                    bar.set_message(format!("{} errors", self.errors));
+                }
+            }
+            None => {
+                let step = (self.total / 10).max(1);
+                if self.done - self.last_line >= step || self.done == self.total {
+                    self.last_line = self.done;
+                    let rate = self.run_this_time as f64 / self.started.elapsed().as_secs_f64().max(1e-6);
+                    let eta = (self.total - self.done) as f64 / rate.max(1e-6);
+                    tracing::info!(
+                        "progress: {}/{} cases, {} errors, ETA {eta:.0} s",
+                        self.done,
+                        self.total,
+                        self.errors
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+            *BAR.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journald_priorities_follow_syslog() {
+        assert_eq!(priority(Level::ERROR), 3);
+        assert_eq!(priority(Level::WARN), 4);
+        assert_eq!(priority(Level::INFO), 6);
+        assert_eq!(priority(Level::DEBUG), 7);
+    }
+
+    #[test]
+    fn plain_progress_counts_a_resumed_run_from_what_is_recorded() {
+        let mut progress = Progress::new(0); // cargo test: stderr is no terminal
+        progress.start(20, 5, 4);
+        assert_eq!((progress.done(), progress.total()), (15, 20));
+        progress.case_done(true);
+        progress.case_done(false);
+        assert_eq!((progress.done(), progress.errors), (17, 1));
+    }
+}

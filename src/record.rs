@@ -1,0 +1,135 @@
+//! Records that travel along the flow and that several stages share: the verdict and a
+//! rule's status, whether the GPU stayed ours, how the model server fared, the
+//! environment checks, and `run.json`'s facts about a run. Plain data with its
+//! serialisation; deciding anything from them is `judge`'s job.
+//!
+//! A leaf: it uses nothing of the crate but `util`, so the guard, the container pool,
+//! the queue and the gym can all name these records without depending on the judge.
+
+use serde::{Deserialize, Serialize};
+
+use crate::util;
+
+/// One environment sanity check: does an injection task's ground truth achieve its goal?
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct EnvCheck {
+    pub suite: String,
+    pub injection_task: String,
+    pub status: EnvStatus,
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvStatus {
+    Ok,
+    Failed,
+    /// The task ships no ground truth: listed, not failed.
+    NoGroundTruth,
+}
+
+/// Whether the GPU stayed ours during the run. JSON: `{"state":"exclusive"}`,
+/// `{"state":"not_observed"}`, `{"state":"violated","events":["…"]}`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum GpuExclusivity {
+    /// No GPU watched (sim backend, no NVML): noted, not a failure.
+    #[default]
+    NotObserved,
+    Exclusive,
+    Violated {
+        events: Vec<String>,
+    },
+}
+
+/// How the model server (the Docker container) fared during the run: deaths seen by
+/// the health watch, restarts, and whether it gave up (a second death, or a server
+/// that never became ready). `failed` makes R1 fail. Absent for in-process models.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ModelServerFacts {
+    pub deaths: u32,
+    pub restarts: u32,
+    pub failed: bool,
+    /// One line per incident, oldest first.
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// The container's last log lines at the last incident.
+    #[serde(default)]
+    pub log_tail: Vec<String>,
+}
+
+/// `run.json` in a run directory, written by `run`, read by `pruefstand judge`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct RunMeta {
+    pub run_id: String,
+    pub version: String,
+    pub plan: String,
+    pub plan_hash: String,
+    pub planned_case_ids: Vec<String>,
+    pub benchmark_version: String,
+    #[serde(default)]
+    pub agentdojo_version: Option<String>,
+    #[serde(default)]
+    pub image_digest: Option<String>,
+    #[serde(default)]
+    pub gpu: GpuExclusivity,
+    /// The reference run's directory (absolute, or relative to this run directory).
+    #[serde(default)]
+    pub reference_run_dir: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub started_at: Option<String>,
+    /// Written by the container backend; absent for in-process models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_server: Option<ModelServerFacts>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleStatus {
+    Pass,
+    Fail,
+    Inconclusive,
+    NotApplicable,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Approved,
+    Rejected,
+    Inconclusive,
+    Invalid,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Approved => "approved",
+            Verdict::Rejected => "rejected",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::Invalid => "invalid",
+        }
+    }
+
+    /// The process exit code `run` and `judge` end with (README).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Approved => util::EXIT_APPROVED,
+            Verdict::Rejected => util::EXIT_REJECTED,
+            Verdict::Inconclusive => util::EXIT_INCONCLUSIVE,
+            Verdict::Invalid => util::EXIT_INVALID,
+        }
+    }
+}
+
+impl RuleStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleStatus::Pass => "pass",
+            RuleStatus::Fail => "fail",
+            RuleStatus::Inconclusive => "inconclusive",
+            RuleStatus::NotApplicable => "not_applicable",
+        }
+    }
+}

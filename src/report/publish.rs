@@ -1,0 +1,80 @@
+//! The one path from a run directory to its verdict, shared by `run` and `judge`: load
+//! the stored run, judge it, write its reports and refresh the trend index.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::{write_index, write_run_report};
+use crate::judge::{self, JudgeInput, Judgement};
+
+/// Loads, judges and writes the reports of one run directory; refreshes the index when
+/// a reports folder is given or found. Returns the judgement and its input.
+pub fn rejudge(
+    run_dir: &Path,
+    profile: Option<&Path>,
+    reference: Option<&Path>,
+    reports_dir: Option<&Path>,
+) -> anyhow::Result<(Judgement, JudgeInput)> {
+    let input = judge::load_input(run_dir, profile, reference)?;
+    let judgement = judge::judge(&input);
+    write_run_report(run_dir, &judgement, &input)?;
+    if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run_dir)) {
+        write_index(&reports).with_context(|| format!("refreshing the index in {}", reports.display()))?;
+    }
+    Ok((judgement, input))
+}
+
+fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(run_dir).ok()?;
+    abs.ancestors()
+        .skip(1)
+        .take(3)
+        .find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join("index.html").is_file())
+        .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::tests::write_run_dir;
+    use crate::record::Verdict;
+
+    #[test]
+    fn rejudges_a_stored_run_with_reference_and_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reports = tmp.path().join("reports");
+        let mut base = crate::judge::tests::schnell(0);
+        base.run.run_id = "run-0".into();
+        let ref_dir = reports.join("base/schnell/run-0");
+        write_run_dir(&ref_dir, &base, None);
+        let mut cand = crate::judge::tests::schnell(0);
+        cand.run.run_id = "run-1".into();
+        for r in cand.records.iter_mut().filter(|r| r.kind != crate::case::CaseKind::InjectionGoal).take(40) {
+            r.utility = Some(false);
+        }
+        let run_dir = reports.join("cand/schnell/run-1");
+        write_run_dir(&run_dir, &cand, Some("../../../base/schnell/run-0"));
+        let cases_before = std::fs::read(run_dir.join("cases.jsonl")).unwrap();
+
+        let (j, _) = rejudge(&run_dir, None, None, None).unwrap();
+        assert_eq!(j.verdict, Verdict::Rejected);
+        assert_eq!(j.reference_run_id.as_deref(), Some("run-0"));
+        for f in ["judgement.json", "judgement.md", "report.html"] {
+            assert!(run_dir.join(f).is_file(), "{f}");
+        }
+        assert!(reports.join("index.html").is_file(), "found the reports folder by name");
+        assert_eq!(std::fs::read(run_dir.join("cases.jsonl")).unwrap(), cases_before);
+
+        // A profile overrides thresholds.json; an explicit reference overrides run.json.
+        let profile = tmp.path().join("p.toml");
+        std::fs::write(
+            &profile,
+            "name = \"x\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\nsuites = []\n[rules.R3]\nutility_min = 0.0\nutility_under_attack_min = 0.0\n[rules.R4]\nmargin = 0.9\n",
+        )
+        .unwrap();
+        let (j, input) = rejudge(&run_dir, Some(&profile), Some(&ref_dir), None).unwrap();
+        assert_eq!(input.thresholds.r4.margin, 0.9);
+        assert_eq!(j.verdict, Verdict::Approved, "{:?}", j.rules);
+    }
+}
