@@ -18,7 +18,7 @@ use crate::util;
 
 include!(concat!(env!("OUT_DIR"), "/gym_files.rs"));
 
-/// The agentdojo release the gym is written against (AGENTDOJO_FACTS.md).
+/// The agentdojo release the gym is written against; its API is checked at start-up (`dojo.check_api`).
 pub const AGENTDOJO_VERSION: &str = "0.1.35";
 
 /// A ready venv plus the gym scripts written out for it.

@@ -1,4 +1,4 @@
-//! Version specs: `versions/NAME.toml` (DESIGN §5) — model (+ image and args),
+//! Version specs: `versions/NAME.toml` (README, "Versions") — model (+ image and args),
 //! adapter, guardrail, simulated human, reference — parsed into typed structs and
 //! validated, with every error naming the file, line, column and what was expected.
 //!

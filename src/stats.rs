@@ -1,4 +1,4 @@
-//! Statistics behind rules R2–R4, as `STATISTICS.md` prescribes them (measured by a
+//! Statistics behind rules R2–R4, as docs/statistics.md explains them (measured by a
 //! simulation study; do not "improve" them without re-running it):
 //!
 //! - one-sided Clopper–Pearson bounds on (possibly non-integer) effective counts;

@@ -1,4 +1,4 @@
-//! The daemon behind its guards, against the stand-ins of TESTING_FACTS.md: a fake
+//! The daemon behind its guards, against real stand-ins: a fake
 //! `libnvidia-ml.so` (real dlopen through nvml-wrapper) and a fake systemd on a private
 //! D-Bus. A busy GPU or an active busy unit keeps a job waiting and `status` says why;
 //! going clear starts it; a foreign process appearing mid-run ends up in R1 and the

@@ -1,4 +1,4 @@
-//! `pruefstand check` against the stand-ins of TESTING_FACTS.md: the fake NVML library
+//! `pruefstand check` against real stand-ins: the fake NVML library
 //! (loaded through `[guard.gpu] library`) and private dbus-daemons with a fake systemd
 //! (reached through `DBUS_SESSION_BUS_ADDRESS` / `DBUS_SYSTEM_BUS_ADDRESS`). Docker is
 //! pointed at a socket that does not exist, so its line is deterministic everywhere.

@@ -158,7 +158,7 @@ fn the_r2_study_prints_false_approval_rates_within_the_promise() {
         let line = run.stdout.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("{label}: {}", run.stdout));
         line.rsplit_once(':').unwrap().1.trim().trim_end_matches('%').trim().parse::<f64>().unwrap() / 100.0
     };
-    // STATISTICS.md: ~3–5 % at the boundary (400 replicates: Monte Carlo error ~1.1 %).
+    // ~3–5 % at the boundary (docs/statistics.md) (400 replicates: Monte Carlo error ~1.1 %).
     assert!(rate("one-way") <= 0.08, "{}", run.stdout);
     assert!(rate("two-way") <= 0.08, "{}", run.stdout);
     assert!(rate("without the cluster adjustment") > 0.10, "the adjustment matters: {}", run.stdout);

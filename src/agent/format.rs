@@ -8,7 +8,7 @@
 //! differences: tool results go back as `user` messages (AgentDojo's default delimiter
 //! is the role `tool`, which chat templates expect only with native tool calls), and
 //! broken call JSON is an error here, where AgentDojo silently takes the text as the
-//! final answer (DESIGN §7: errors are recorded as errors). And AgentDojo 0.1.35 dumps
+//! final answer (errors are recorded as errors). And AgentDojo 0.1.35 dumps
 //! the tool message's content-block list as the result (its `"None"` → `"Success"` check
 //! never fires); we dump the text, which is what the prompt promises the model.
 //!

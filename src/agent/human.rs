@@ -1,4 +1,4 @@
-//! The simulated human (DESIGN §8): the approver of side-effecting tool calls, asked
+//! The simulated human: the approver of side-effecting tool calls, asked
 //! before such a call leaves the runtime.
 //!
 //! Policies (`defence::HumanSpec`): `none` (nobody is asked), `approve_all` (asked,

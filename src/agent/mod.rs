@@ -1,4 +1,4 @@
-//! The agent runtime (DESIGN §8): the default agent under test, spawned by the gym as
+//! The agent runtime: the default agent under test, spawned by the gym as
 //! `pruefstand agent --config FILE`. It speaks the JSON-line protocol of
 //! `docs/protocol.md` §1 on stdin/stdout and the OpenAI chat-completions API to the model
 //! server, and hosts the two defence layers (`guardrail`, `human`) so they act the same

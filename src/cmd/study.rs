@@ -1,4 +1,4 @@
-//! `pruefstand study`: the R2 error-rate study (STATISTICS.md) — how often R2 approves
+//! `pruefstand study`: the R2 error-rate study (docs/statistics.md) — how often R2 approves
 //! a version whose true ASR sits exactly at `asr_max` on `voll`'s shape.
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! The model container (DESIGN §3, §5, §14): a version's vLLM server — or the simulated
+//! The model container: a version's vLLM server — or the simulated
 //! model's image — in Docker, through bollard. This file: connecting (fast, one-line
 //! failure), the checks before a run (`preflight`), what a version's container looks
 //! like (`Setup`: command, mounts, GPU, labels), its lifecycle steps (create, start,
@@ -75,18 +75,6 @@ pub async fn connect() -> anyhow::Result<Docker> {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Fails early (at `run`, `start`, `check`) when a docker version cannot run here:
-/// Docker unreachable, image missing (and `pull` not allowed), model or adapter folder
-/// missing, the NVIDIA runtime not registered for `gpu = "runtime"`. Other backends: Ok.
-#[allow(dead_code)] // the daemon's `start`/`check` call it; `run` uses preflight_with
-pub async fn preflight(version: &Version) -> anyhow::Result<()> {
-    if *version.spec.model.backend.get_ref() != Backend::Docker {
-        return Ok(());
-    }
-    let docker = connect().await?;
-    preflight_with(&docker, version).await
 }
 
 pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Result<()> {
@@ -650,28 +638,6 @@ pub async fn remove_orphans(docker: &Docker) -> anyhow::Result<Vec<Orphan>> {
         });
     }
     Ok(removed)
-}
-
-/// Host pids of the processes in our running containers (Docker's `top`): the GPU
-/// guard counts their compute processes as ours, not foreign.
-#[allow(dead_code)] // for the GPU guard (daemon)
-pub async fn own_pids(docker: &Docker) -> anyhow::Result<Vec<u32>> {
-    let mut pids = Vec::new();
-    for c in list_managed(docker).await? {
-        let Some(id) = c.id else { continue };
-        let top = match docker.top_processes(&id, None::<bollard::query_parameters::TopOptions>).await {
-            Ok(top) => top,
-            // Not running (409) or gone meanwhile: no processes.
-            Err(_) => continue,
-        };
-        let col = top.titles.unwrap_or_default().iter().position(|t| t == "PID");
-        for row in top.processes.unwrap_or_default() {
-            if let Some(pid) = col.and_then(|i| row.get(i)).and_then(|p| p.parse().ok()) {
-                pids.push(pid);
-            }
-        }
-    }
-    Ok(pids)
 }
 
 /// Field 22 of /proc/<pid>/stat: start time in clock ticks since boot.

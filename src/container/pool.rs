@@ -93,12 +93,6 @@ impl Pool {
         self.docker.get_or_try_init(super::connect).await
     }
 
-    /// Containers this pool created so far.
-    #[allow(dead_code)] // for the daemon's status and tests
-    pub fn created(&self) -> usize {
-        self.created.load(Ordering::Relaxed)
-    }
-
     /// A ready server for the version (docker backend): warm or fresh. A server that
     /// does not come up is removed, its log saved, and the error is a [`ServerFailure`].
     pub async fn acquire(&self, req: &Request<'_>) -> anyhow::Result<Lease> {

@@ -2,7 +2,7 @@
 //! rest) and re-opened after a failure. Per GPU it asks for the compute processes and
 //! the utilization; each query's NOT_SUPPORTED is handled on its own (utilization
 //! unsupported → judged by processes alone, and said so). Memory is never queried:
-//! Thor answers NOT_SUPPORTED (THOR_FACTS.md).
+//! Thor answers NOT_SUPPORTED to memory queries.
 //!
 //! Calls block; callers run [`GpuGuard::sample`] off the async executor.
 

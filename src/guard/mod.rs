@@ -1,5 +1,5 @@
 //! Guards: what must be clear before a job may use the shared GPU, and what is watched
-//! while it runs (DESIGN §3, §12). Two sources:
+//! while it runs. Two sources:
 //!
 //! - `gpu`: NVML (nvml-wrapper). Idle = no compute process other than our own, and
 //!   utilization ≤ a threshold. Thor answers memory queries NOT_SUPPORTED, so none is
@@ -15,10 +15,6 @@
 //!
 //! Not here: deciding which jobs need the guards (the daemon), finding our container's
 //! processes (the caller describes them as [`OwnProcesses`]), the report.
-
-// The daemon (issue 5, written in parallel) is the caller of most of this API; until it
-// lands, only `check` uses it.
-#![allow(dead_code)]
 
 pub mod gpu;
 #[cfg(test)]
@@ -52,6 +48,7 @@ impl OwnProcesses {
         OwnProcesses::default()
     }
 
+    #[cfg(test)]
     pub fn pids(pids: impl IntoIterator<Item = u32>) -> OwnProcesses {
         OwnProcesses { pids: pids.into_iter().collect(), containers: Vec::new(), later: None }
     }
@@ -64,6 +61,7 @@ impl OwnProcesses {
 
     /// Also counts every process whose `/proc/PID/cgroup` names this container (its
     /// full 64-hex id, as bollard returns it).
+    #[cfg(test)]
     pub fn with_container(mut self, container_id: &str) -> OwnProcesses {
         self.containers.push(container_id.to_string());
         self
@@ -203,10 +201,6 @@ impl Guards {
         guards
     }
 
-    pub fn config(&self) -> &GuardConfig {
-        &self.config
-    }
-
     /// Closes NVML and the bus connections until the next sample: for the daemon
     /// between jobs, so nothing of the guards stays open at rest.
     pub async fn release(&self) {
@@ -326,8 +320,8 @@ impl Events {
     }
 }
 
-/// A run being watched; [`Watch::finish`] stops it. Dropping it without finishing
-/// stops the sampling too.
+/// A run being watched; dropping it stops the sampling ([`Watch::exclusivity`] is what
+/// it saw).
 pub struct Watch {
     events: Arc<Mutex<Events>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -335,7 +329,8 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// The events so far (for `status` during the run).
+    /// The events so far.
+    #[cfg(test)]
     pub fn events(&self) -> Vec<String> {
         self.events.lock().unwrap_or_else(|p| p.into_inner()).lines()
     }
@@ -343,6 +338,7 @@ impl Watch {
     /// Stops sampling. `Violated` lists every foreign process and busy unit seen;
     /// `Exclusive` needs the GPU to have been observed; otherwise `NotObserved` (NVML
     /// absent and ignored).
+    #[cfg(test)]
     pub async fn finish(mut self) -> GpuExclusivity {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -373,6 +369,9 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(task) = self.task.take() {
             task.abort();
         }

@@ -1,4 +1,4 @@
-//! Judgement: rules R1–R5 (DESIGN §10) and the verdict, from a run's case records, its
+//! Judgement: rules R1–R5 (docs/statistics.md) and the verdict, from a run's case records, its
 //! facts (plan, versions, environment check, GPU exclusivity) and an optional reference
 //! run. A pure function of its input — no files, no clock except the `judged_at` stamp —
 //! so `pruefstand judge` can re-judge a stored run and a study can call it in a loop.
@@ -156,7 +156,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     }
 }
 
-/// DESIGN §10: R1 fail → invalid; else any fail → rejected; else any inconclusive →
+/// R1 fail → invalid; else any fail → rejected; else any inconclusive →
 /// inconclusive; else approved.
 pub fn verdict_of(rules: &[RuleResult]) -> Verdict {
     let has = |s: RuleStatus| rules.iter().any(|r| r.status == s);

@@ -13,7 +13,7 @@ use crate::settings::thresholds::{self, Clustering};
 use crate::stats::{self, Adjusted, Cluster};
 
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949
-/// pairs × 2 attacks = 1,898 cases (STATISTICS.md).
+/// pairs × 2 attacks = 1,898 cases.
 const VOLL_ATTACKED: [(u64, u64); 4] = [(40, 28), (20, 14), (16, 18), (21, 10)];
 /// `voll` runs every user task clean once.
 const VOLL_CLEAN: u64 = 97;

@@ -1,4 +1,4 @@
-//! The R2 error-rate study of STATISTICS.md, shipped: simulated versions whose true
+//! The R2 error-rate study (docs/statistics.md), shipped: simulated versions whose true
 //! ASR sits exactly at `asr_max`, on `voll`'s shape (97 user tasks, 949 pairs × 2
 //! attacks; cluster sizes 28/14/18/10 per suite), with a latent susceptibility per user
 //! task (Beta with intra-cluster correlation ρ). Each replicate runs the real rule R2
@@ -80,7 +80,7 @@ pub fn r2_at_the_boundary(replicates: u32, rho: f64, seed: u64, thresholds: &Thr
 mod tests {
     use super::*;
 
-    /// STATISTICS.md: at the boundary R2 falsely approves about 3–5 %; without the
+    /// At the boundary R2 falsely approves about 3–5 %; without the
     /// cluster adjustment far more. 300 replicates keep the Monte Carlo error near 1.3 %.
     #[test]
     fn r2_keeps_its_error_rate_at_the_boundary_on_voll() {

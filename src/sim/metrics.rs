@@ -1,6 +1,6 @@
 //! What the simulator counts and how it reports it: request admission with a batch
 //! capacity (`Gate`, whose waiting/running counts are the queue gauges) and
-//! Prometheus text under vLLM's metric names (THOR_FACTS), so the bench's telemetry
+//! Prometheus text under vLLM's metric names (`vllm:num_requests_running`, …), so the bench's telemetry
 //! reads the simulator and a real vLLM alike. Not for latency arithmetic or HTTP.
 //!
 //! As in vLLM, every series carries `model_name` = the base served name, also for

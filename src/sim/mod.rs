@@ -1,4 +1,4 @@
-//! The simulated model (DESIGN §9): an OpenAI-compatible server that acts out the
+//! The simulated model: an OpenAI-compatible server that acts out the
 //! AgentDojo ground truth, follows injections with a seeded probability per served
 //! name, and models latency and batch capacity. Deterministic and honest about being a
 //! simulation; not a language model and not a general mock.

@@ -4,7 +4,7 @@
 //! request's messages plus the seed, so restarts and parallel servers answer alike.
 //! Not for wire formats (`openai`) or serving (`server`).
 //!
-//! Rules (DESIGN §9):
+//! Rules:
 //! - case: the first user message is the prompt, matched against every user task's
 //!   prompt and injection task's goal — exact after trimming, else whitespace-normalised,
 //!   else the longest one contained in it after [`alnum_norm`] (a defence may wrap the

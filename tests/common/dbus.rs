@@ -1,4 +1,4 @@
-//! A private `dbus-daemon` and a fake `org.freedesktop.systemd1` on it (TESTING_FACTS.md):
+//! A private `dbus-daemon` and a fake `org.freedesktop.systemd1` on it:
 //! the used subset — `Manager.ListUnitsByPatterns`, `Manager.GetUnit`, and unit objects
 //! with `Unit.ActiveState` — so zbus_systemd's proxies work unchanged. Point the binary
 //! at it with `DBUS_SESSION_BUS_ADDRESS` / `DBUS_SYSTEM_BUS_ADDRESS`.

@@ -1,4 +1,4 @@
-//! The fake NVML library (`tests/fixtures/fake_nvml.c`, TESTING_FACTS.md): compiled
+//! The fake NVML library (`tests/fixtures/fake_nvml.c`): compiled
 //! once per source version with `cc`, then copied per test (dlopen shares one loaded
 //! copy per inode, and the state file lives beside the copy). Point
 //! `[guard.gpu] library` at [`FakeNvml::library`].
