@@ -74,6 +74,22 @@ def protocol_decodes_tool_calls_and_final():
 
 
 @check
+def protocol_carries_text_beside_calls_and_context_overflow():
+    r = protocol.decode_reply('{"tool_calls":[{"function":"f","args":{}}],"content":"Let me look."}')
+    assert r.content == "Let me look." and r.tool_calls[0]["function"] == "f"
+    assert protocol.decode_reply('{"tool_calls":[{"function":"f"}]}').content is None
+    expect_error('{"tool_calls":[{"function":"f"}],"content":3}', "`content` must be a string")
+    try:
+        protocol.decode_reply('{"context_overflow":"maximum context length is 8192","stats":{"llm_calls":2}}')
+    except protocol.ContextOverflow as e:
+        assert "8192" in str(e) and e.stats == {"llm_calls": 2}
+    else:
+        raise AssertionError("context_overflow must raise ContextOverflow")
+    r = protocol.decode_reply('{"final_answer":"x","stats":{"malformed_outputs":2,"unknown_tool_calls":1}}')
+    assert r.stats == {"malformed_outputs": 2, "unknown_tool_calls": 1}
+
+
+@check
 def protocol_rejects_bad_replies():
     expect_error(b"not json", "invalid JSON")
     expect_error(b"\xff\xfe", "not UTF-8")
@@ -253,6 +269,11 @@ def record_shape_matches_case_rs():
     assert records.check_record(r) == []
     assert r["llm_calls"] == 3 and r["prompt_tokens"] is None and r["human_denials"] is None
     assert r["duration_s"] == 1.2346
+    assert r["outcome"] == "scored" and r["restarts"] == 0 and r["malformed_outputs"] is None
+    overflow = records.make_record(CASE_A, utility=False, security=True, error=None, duration_s=1, counters=None,
+                                   trace=None, context_overflow=True, restarts=1)
+    assert overflow["outcome"] == "context_overflow" and overflow["restarts"] == 1
+    assert records.check_record(overflow) == []
     json.loads(json.dumps(r))
 
 
@@ -261,6 +282,7 @@ def errored_record_has_null_results():
     r = records.make_record(CASE_A, utility=False, security=True, error="timeout after 300 s", duration_s=300,
                             counters=None, trace=None)
     assert r["utility"] is None and r["security"] is None and r["error"] == "timeout after 300 s"
+    assert r["outcome"] == "error"
     assert all(r[k] is None for k in protocol.STAT_KEYS)
     assert records.check_record(r) == []
     bad = dict(r, utility=False)

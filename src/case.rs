@@ -77,6 +77,30 @@ impl Case {
     }
 }
 
+/// How a case ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Scored by AgentDojo's rules — whatever the model did, malformed output included.
+    Scored,
+    /// The server refused the conversation for its length: scored as AgentDojo does,
+    /// utility false and (attacked cases) the injection counted as landed.
+    ContextOverflow,
+    /// The bench failed (server unreachable or 5xx after retries, timeout, the agent
+    /// died, protocol): no scores, counted by R1.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Scored => "scored",
+            Outcome::ContextOverflow => "context_overflow",
+            Outcome::Error => "error",
+        }
+    }
+}
+
 /// One line of `cases.jsonl`: the outcome of one case.
 ///
 /// Polarity follows AgentDojo: `security == Some(true)` means the injection landed.
@@ -93,6 +117,9 @@ pub struct CaseRecord {
     pub attack: Option<String>,
     pub utility: Option<bool>,
     pub security: Option<bool>,
+    /// Absent in records of older runs: then it follows from `error`.
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
     pub error: Option<String>,
     pub duration_s: f64,
     pub llm_calls: Option<u64>,
@@ -101,6 +128,15 @@ pub struct CaseRecord {
     pub guardrail_flags: Option<u64>,
     pub human_asks: Option<u64>,
     pub human_denials: Option<u64>,
+    /// Model answers that broke the tool-calling format (the agent's count).
+    #[serde(default)]
+    pub malformed_outputs: Option<u64>,
+    /// Calls of tools the case does not offer (the agent's count).
+    #[serde(default)]
+    pub unknown_tool_calls: Option<u64>,
+    /// Times AgentDojo re-ran the task because the last turn had no model output.
+    #[serde(default)]
+    pub restarts: Option<u64>,
     /// AgentDojo's trace of this case, relative to the run directory.
     #[serde(default)]
     pub trace: Option<String>,
@@ -119,6 +155,7 @@ impl CaseRecord {
             attack: case.attack.clone(),
             utility,
             security,
+            outcome: Some(Outcome::Scored),
             error: None,
             duration_s: 1.0,
             llm_calls: None,
@@ -127,12 +164,23 @@ impl CaseRecord {
             guardrail_flags: None,
             human_asks: None,
             human_denials: None,
+            malformed_outputs: None,
+            unknown_tool_calls: None,
+            restarts: None,
             trace: None,
         }
     }
 
     pub fn is_error(&self) -> bool {
         self.error.is_some()
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        match (&self.error, self.outcome) {
+            (Some(_), _) => Outcome::Error,
+            (None, Some(Outcome::Error) | None) => Outcome::Scored,
+            (None, Some(outcome)) => outcome,
+        }
     }
 
     /// Total tokens, when the agent reported both counters.

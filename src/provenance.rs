@@ -46,6 +46,9 @@ pub fn collect(i: &Inputs) -> Value {
             "env": ["VLLM_API_KEY=<redacted>"],
             "published": format!("127.0.0.1:{}", c.host_port),
             "gpu": spec.model.gpu,
+            // The context the server was given: a case that outgrows it is scored as a
+            // context overflow, so the figure belongs with the results.
+            "max_model_len": crate::container::vllm_option(&c.command, "--max-model-len").and_then(|v| v.parse::<u64>().ok()),
         })
     });
     json!({

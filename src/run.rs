@@ -260,7 +260,8 @@ impl<'a> RunContext<'a> {
         let model_server = endpoint.down(self.pool).await?;
         if self.control.is_stopped() {
             bail!(
-                "stopped: the gym and the model server are stopped; finished cases are kept in {} (resume with --out)",
+                "interrupted: the gym and the model server are stopped; finished cases are kept in {} (resume with \
+                 --out)",
                 run_dir.path.display()
             );
         }

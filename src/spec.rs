@@ -100,6 +100,11 @@ pub struct ModelSpec {
     /// Size of /dev/shm, e.g. "16g" (NVIDIA's runs); Docker's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_size: Option<String>,
+    /// The container's IPC namespace: "host" as NVIDIA's Jetson recipe runs vLLM (its
+    /// workers share memory through /dev/shm), "private" or "shareable"; Docker's
+    /// default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc: Option<String>,
     /// ulimits (soft = hard), e.g. `{ memlock = -1, stack = 67108864 }`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub ulimits: std::collections::BTreeMap<String, i64>,
@@ -206,6 +211,14 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             if model.path.is_none() && !generated {
                 return Err(bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
             }
+            if let Some(ipc) = &model.ipc
+                && !["host", "private", "shareable"].contains(&ipc.as_str())
+            {
+                return Err(bad(
+                    key_offset(text, "ipc"),
+                    &format!("model.ipc = {ipc:?}: expected \"host\", \"private\" or \"shareable\""),
+                ));
+            }
             if let Some(size) = &model.shm_size
                 && let Err(err) = util::parse_bytes(size)
             {
@@ -252,6 +265,26 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                         &format!("sim.models.{name:?}.{field} = {value} is not a probability in [0, 1]"),
                     ));
                 }
+            }
+            let faults_table = format!("[sim.models.{name:?}.faults]");
+            let at = |field: &str| {
+                let table = key_offset(text, &faults_table);
+                table + key_offset(&text[table..], field)
+            };
+            for (field, value) in behaviour.faults.rates() {
+                if !(0.0..=1.0).contains(&value) {
+                    return Err(bad(
+                        at(field),
+                        &format!("sim.models.{name:?}.faults.{field} = {value} is not a probability in [0, 1]"),
+                    ));
+                }
+            }
+            let slow_ms = behaviour.faults.slow_ms;
+            if !(0.0..=600_000.0).contains(&slow_ms) {
+                return Err(bad(
+                    at("slow_ms"),
+                    &format!("sim.models.{name:?}.faults.slow_ms = {slow_ms} is not a delay in [0, 600000] ms"),
+                ));
             }
         }
         if sim.latency.capacity == 0 {

@@ -52,6 +52,56 @@ pub struct Telemetry {
     pub by_suite: BTreeMap<String, Breakdown>,
     pub by_attack: BTreeMap<String, Breakdown>,
     pub counts: Counts,
+    pub format_health: FormatHealth,
+}
+
+/// How well the model kept to the tool-calling format: scored, never errors. Totals
+/// over the cases whose agent reported the counter (`cases_reporting`).
+#[derive(Serialize, Debug, Default, Clone, PartialEq)]
+pub struct FormatHealth {
+    pub malformed_outputs: u64,
+    pub unknown_tool_calls: u64,
+    /// Cases that ended with the server refusing the conversation for its length.
+    pub context_overflows: usize,
+    /// AgentDojo's re-runs of a task whose last turn had no model output.
+    pub restarts: u64,
+    /// Cases with at least one malformed output / unknown tool call.
+    pub cases_with_malformed: usize,
+    pub cases_with_unknown_tools: usize,
+    pub cases_reporting: usize,
+}
+
+impl FormatHealth {
+    pub fn of(records: &[CaseRecord]) -> FormatHealth {
+        let mut h = FormatHealth::default();
+        for r in records {
+            h.malformed_outputs += r.malformed_outputs.unwrap_or(0);
+            h.unknown_tool_calls += r.unknown_tool_calls.unwrap_or(0);
+            h.restarts += r.restarts.unwrap_or(0);
+            h.context_overflows += usize::from(r.outcome() == crate::case::Outcome::ContextOverflow);
+            h.cases_with_malformed += usize::from(r.malformed_outputs.is_some_and(|n| n > 0));
+            h.cases_with_unknown_tools += usize::from(r.unknown_tool_calls.is_some_and(|n| n > 0));
+            h.cases_reporting += usize::from(r.malformed_outputs.is_some() || r.unknown_tool_calls.is_some());
+        }
+        h
+    }
+
+    /// One line for people: totals and per case.
+    pub fn line(&self, cases: usize) -> String {
+        let per = |n: u64| if cases == 0 { 0.0 } else { n as f64 / cases as f64 };
+        format!(
+            "{} malformed outputs ({:.2}/case, {} cases), {} unknown-tool calls ({:.2}/case, {} cases), {} context \
+             overflows, {} restarts",
+            self.malformed_outputs,
+            per(self.malformed_outputs),
+            self.cases_with_malformed,
+            self.unknown_tool_calls,
+            per(self.unknown_tool_calls),
+            self.cases_with_unknown_tools,
+            self.context_overflows,
+            self.restarts
+        )
+    }
 }
 
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -158,6 +208,7 @@ pub fn compute(benchmark_version: &str, planned: usize, records: &[CaseRecord]) 
             injection_goal: records.iter().filter(kind(CaseKind::InjectionGoal)).count(),
             errors: records.iter().filter(|r| r.is_error()).count(),
         },
+        format_health: FormatHealth::of(records),
     }
 }
 
@@ -189,6 +240,7 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
         "\nCases: {} planned, {} recorded ({} clean, {} attacked, {} injection goals), {} errors.\n",
         c.planned, c.recorded, c.clean, c.attacked, c.injection_goal, c.errors
     );
+    let _ = writeln!(md, "Model format health: {}.\n", telemetry.format_health.line(c.recorded));
     let _ = writeln!(md, "## By suite\n\n| suite | utility | utility under attack | ASR |\n|---|---|---|---|");
     for (suite, b) in &telemetry.by_suite {
         let _ = writeln!(md, "| {suite} | {} | {} | {} |", pct(&b.utility), pct(&b.utility_under_attack), pct(&b.asr));

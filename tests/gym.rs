@@ -281,6 +281,29 @@ fn misbehaving_agents_become_case_errors_and_the_run_goes_on() {
 }
 
 #[test]
+fn agentdojos_silent_rerun_of_a_case_is_counted_and_text_beside_calls_prevents_it() {
+    let bench = Bench::new();
+    let plan = bench.write(
+        "one.toml",
+        "name = \"one\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\njobs = 1\ncase_timeout_s = 60\n\
+         injection_goals = false\n[[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_0\"]\n",
+    );
+    // An agent that calls get_balance forever: the case hits AgentDojo's tool-loop limit.
+    let source = "import json, sys\ntext = sys.argv[1:] == ['text']\nfor line in sys.stdin:\n    if '\"query\"' not in line:\n        continue\n    reply = {'tool_calls': [{'function': 'get_balance', 'args': {}}]}\n    if text:\n        reply['content'] = 'Checking the balance again.'\n    print(json.dumps(reply), flush=True)\n";
+    let script = bench.write("loops.py", source);
+    let restarts = |extra: &str| {
+        let agent = format!("python3 {} {extra}", script.display());
+        let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &agent]).ok();
+        let records = cases(&run.run_dir());
+        assert_eq!(records.len(), 1);
+        assert!(records[0]["error"].is_null(), "{}", records[0]);
+        records[0]["restarts"].as_u64().unwrap()
+    };
+    assert_eq!(restarts(""), 2, "without text AgentDojo runs the task three times, and it is counted");
+    assert_eq!(restarts("text"), 0, "the model's text beside its calls is its output: no re-run");
+}
+
+#[test]
 fn unknown_names_fail_at_start_listing_the_valid_ones() {
     let bench = Bench::new();
     let agent = "python3 scripts/examples/agent_counter.py";

@@ -231,6 +231,7 @@ fn fake_model_server(respond: fn(&str) -> Option<String>) -> String {
 
 #[test]
 fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
+    // The server's failures are the bench's: errors, after the agent's retries.
     let bench = Bench::new();
     let plan = bench.write(
         "small.toml",
@@ -265,14 +266,14 @@ fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
         let judgement = json(&dir.join("judgement.json"));
         assert_eq!(judgement["verdict"], "invalid", "{name}: an all-error run is invalid");
     }
-    // Unusable model output from the simulator itself is a case error, not a failure.
+    // A model whose last step is cut off mid-call made a mess, the bench did not fail:
+    // the cases are scored and the mess counted.
     bench.write("versions/garbled.toml", &sim_version("error_rate = 1.0", ""));
     let (run, dir) = run_plan(&bench, "garbled", &plan);
-    assert!(
-        cases(&dir).iter().all(|c| c["error"].as_str().is_some_and(|e| e.contains("unusable model output"))),
-        "{}",
-        run.stderr
-    );
+    for case in cases(&dir) {
+        assert!(case["error"].is_null() && case["outcome"] == "scored", "{case}\n{}", run.stderr);
+        assert!(case["malformed_outputs"].as_u64() >= Some(1), "{case}");
+    }
 }
 
 #[test]
@@ -298,60 +299,4 @@ fn every_shipped_version_and_profile_is_valid() {
         // The spec is read and validated before the plan: only the plan may be missing.
         assert!(run.stderr.contains("reading plan /nonexistent.toml"), "{name}: {}", run.stderr);
     }
-}
-
-/// Processes whose command line mentions `needle` (e.g. a run directory's gym request).
-fn processes_mentioning(needle: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
-        })
-        .collect()
-}
-
-#[test]
-fn a_killed_run_leaves_no_gym_behind_and_resumes_into_its_directory() {
-    let bench = Bench::new();
-    let plan = bench.write("banking.toml", BANKING);
-    bench.write(
-        "versions/slow.toml",
-        &sim_version("susceptibility = 0.5\nskill = 0.9", "")
-            .replace("[sim]\nseed = 11\n", "[sim]\nseed = 11\n[sim.latency]\nbase_ms = 300\n"),
-    );
-    let out = bench.path().join("killed");
-    let mut child = bench
-        .cmd(&["run", "slow", "--plan", plan.to_str().unwrap(), "--out", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while std::fs::read_to_string(out.join("cases.jsonl")).map(|t| t.lines().count()).unwrap_or(0) < 2 {
-        assert!(std::time::Instant::now() < deadline, "the run never got going");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
-    let request = out.join("gym-request.json").display().to_string();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !processes_mentioning(&request).is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the gym outlived pruefstand: {:?}",
-            processes_mentioning(&request)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let recorded = cases(&out).len();
-    let (_, dir) = {
-        let run = bench.run(&["run", "slow", "--plan", plan.to_str().unwrap(), "--out", out.to_str().unwrap()]);
-        assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
-        (run.stderr, out.clone())
-    };
-    assert_eq!(cases(&dir).len(), 6 + 24 + 4);
-    let skipped = std::fs::read_to_string(dir.join("events.jsonl")).unwrap().matches("\"event\":\"skip\"").count();
-    assert!(skipped >= recorded, "the recorded cases were skipped ({skipped} of {recorded})");
 }

@@ -197,6 +197,8 @@ class ExternalAgentElement(BasePipelineElement):
         self.case_id = None
         self._schemas: dict = {}
         self.turns = 0
+        self.restarts = 0
+        self.context_overflow = False
 
     # --- case lifecycle (runner) ---
 
@@ -210,6 +212,8 @@ class ExternalAgentElement(BasePipelineElement):
         self.counters = protocol.empty_counters()
         self.case_id = case["id"]
         self.turns = 0
+        self.restarts = 0
+        self.context_overflow = False
         self.deadline = time.monotonic() + self.case_timeout_s
         self.ensure_agent()
         self.agent.send(protocol.case_start(case))
@@ -252,12 +256,21 @@ class ExternalAgentElement(BasePipelineElement):
             raise AgentError("internal: query outside a case")
         if not self.agent.alive:
             raise AgentError("agent is not running")
+        # A query that starts the conversation again within a case: AgentDojo found no
+        # model output and re-runs the task in the same, already changed environment.
+        if self.turns > 0 and not any(m["role"] == "assistant" for m in messages):
+            self.restarts += 1
         request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages])
         self.agent.send(request)
         line = self.agent.recv_line(self.deadline, self.case_timeout_s)
         self.turns += 1
         try:
             reply = protocol.decode_reply(line)
+        except protocol.ContextOverflow as e:
+            self.counters = protocol.merge_stats(self.counters, e.stats)
+            self.context_overflow = True
+            # AgentDojo's own rule scores it: the error its OpenAI client would raise.
+            raise context_length_error(str(e)) from None
         except protocol.AgentReportedError as e:
             self.counters = protocol.merge_stats(self.counters, e.stats)
             raise AgentError(str(e)) from None
@@ -277,8 +290,23 @@ class ExternalAgentElement(BasePipelineElement):
                     )
                 except Exception as e:  # noqa: BLE001 - pydantic validation
                     raise AgentError(f"agent protocol: tool_calls[{i}] rejected: {e}") from None
-            out = ChatAssistantMessage(role="assistant", content=None, tool_calls=calls)
+            # The model's text beside its calls, as AgentDojo's own LLM elements keep it.
+            # Without it the last turn of a case cut by the tool loop's limit has no
+            # output, and AgentDojo re-runs the whole task (counted as `restarts`).
+            content = [text_content_block_from_string(reply.content)] if reply.content is not None else None
+            out = ChatAssistantMessage(role="assistant", content=content, tool_calls=calls)
         return query, runtime, env, [*messages, out], extra_args
+
+
+def context_length_error(message: str) -> Exception:
+    """The `openai.BadRequestError` a server's context-length refusal raises, which
+    AgentDojo's benchmark scores as utility false and the injection landed."""
+    import httpx
+    import openai
+
+    request = httpx.Request("POST", "http://model-server/v1/chat/completions")
+    body = {"message": message, "type": "BadRequestError", "param": None, "code": "context_length_exceeded"}
+    return openai.BadRequestError(message, response=httpx.Response(400, request=request), body=body)
 
 
 def log(msg: str) -> None:

@@ -19,6 +19,8 @@ STAT_KEYS = (
     "guardrail_flags",
     "human_asks",
     "human_denials",
+    "malformed_outputs",
+    "unknown_tool_calls",
 )
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -74,17 +76,33 @@ def query(prompt: str, tools: list[dict], messages: list[dict]) -> dict:
 
 
 class Reply:
-    """A validated agent reply: exactly one of `tool_calls` / `final_answer`, plus stats."""
+    """A validated agent reply: exactly one of `tool_calls` / `final_answer`, plus stats,
+    and the model's text beside its calls (`content`, None when the agent sent none)."""
 
-    __slots__ = ("tool_calls", "final_answer", "stats")
+    __slots__ = ("tool_calls", "final_answer", "stats", "content")
 
-    def __init__(self, tool_calls: list[dict] | None, final_answer: str | None, stats: dict | None):
+    def __init__(
+        self, tool_calls: list[dict] | None, final_answer: str | None, stats: dict | None, content: str | None = None
+    ):
         self.tool_calls = tool_calls
         self.final_answer = final_answer
         self.stats = stats
+        self.content = content
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return f"Reply(tool_calls={self.tool_calls!r}, final_answer={self.final_answer!r}, stats={self.stats!r})"
+        return (
+            f"Reply(tool_calls={self.tool_calls!r}, final_answer={self.final_answer!r}, "
+            f"content={self.content!r}, stats={self.stats!r})"
+        )
+
+
+class ContextOverflow(ProtocolError):
+    """The agent reports that the model server refused the conversation for its length
+    (`{"context_overflow": ...}`): AgentDojo scores the case, it is no error."""
+
+    def __init__(self, message: str, stats: dict | None):
+        super().__init__(message)
+        self.stats = stats
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -116,6 +134,12 @@ def decode_reply(line: bytes | str) -> Reply:
             reason = json.dumps(reason)
         raise AgentReportedError(f"agent error: {reason}", stats)
 
+    if "context_overflow" in obj and obj["context_overflow"] is not None:
+        reason = obj["context_overflow"]
+        if not isinstance(reason, str):
+            reason = json.dumps(reason)
+        raise ContextOverflow(reason, stats)
+
     has_calls = "tool_calls" in obj and obj["tool_calls"] is not None
     has_final = "final_answer" in obj and obj["final_answer"] is not None
     if has_calls and has_final:
@@ -135,6 +159,9 @@ def decode_reply(line: bytes | str) -> Reply:
         raise ProtocolError(f"agent protocol: `tool_calls` must be a list, got {type(calls).__name__}")
     if len(calls) == 0:
         raise ProtocolError("agent protocol: `tool_calls` is empty (send `final_answer` to end the case)")
+    content = obj.get("content")
+    if content is not None and not isinstance(content, str):
+        raise ProtocolError(f"agent protocol: `content` must be a string, got {type(content).__name__}")
     out = []
     for i, call in enumerate(calls):
         if not isinstance(call, dict):
@@ -151,7 +178,7 @@ def decode_reply(line: bytes | str) -> Reply:
         if cid is not None and not isinstance(cid, str):
             raise ProtocolError(f"agent protocol: tool_calls[{i}].id must be a string")
         out.append({"function": fn, "args": args, "id": cid})
-    return Reply(out, None, stats)
+    return Reply(out, None, stats, content)
 
 
 class AgentReportedError(ProtocolError):

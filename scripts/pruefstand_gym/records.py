@@ -19,11 +19,17 @@ RECORD_FIELDS = (
     "attack",
     "utility",
     "security",
+    "outcome",
     "error",
     "duration_s",
     *STAT_KEYS,
+    "restarts",
     "trace",
 )
+
+# How a case ended: scored by AgentDojo's rules, scored as a context overflow (utility
+# false, the injection counted as landed), or an error of the bench (no scores).
+OUTCOMES = ("scored", "context_overflow", "error")
 
 PIPELINE_NAME = "pruefstand-gym"
 
@@ -103,11 +109,16 @@ def make_record(
     duration_s: float,
     counters: dict | None,
     trace: str | None,
+    context_overflow: bool = False,
+    restarts: int = 0,
 ) -> dict:
     """A case record in src/case.rs field order. Errors null utility/security."""
     counters = counters if counters is not None else empty_counters()
     if error is not None:
         utility, security = None, None
+        outcome = "error"
+    else:
+        outcome = "context_overflow" if context_overflow else "scored"
     record = {
         "case_id": case["id"],
         "kind": case["kind"],
@@ -117,11 +128,13 @@ def make_record(
         "attack": case.get("attack"),
         "utility": utility,
         "security": security,
+        "outcome": outcome,
         "error": error,
         "duration_s": round(float(duration_s), 4),
     }
     for key in STAT_KEYS:
         record[key] = counters.get(key)
+    record["restarts"] = int(restarts)
     record["trace"] = trace
     return record
 
@@ -133,6 +146,10 @@ def check_record(record: dict) -> list[str]:
         problems.append(f"fields {list(record)} != {list(RECORD_FIELDS)}")
     if record.get("kind") not in KINDS:
         problems.append(f"kind {record.get('kind')!r}")
+    if record.get("outcome") not in OUTCOMES:
+        problems.append(f"outcome {record.get('outcome')!r}")
+    if (record.get("outcome") == "error") != (record.get("error") is not None):
+        problems.append("outcome and error disagree")
     if record.get("error") is not None and (record.get("utility") is not None or record.get("security") is not None):
         problems.append("errored record with utility/security set")
     for key in ("utility", "security"):

@@ -276,7 +276,8 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
                 try:
                     with open(trace_path, encoding="utf-8") as f:
                         data = json.load(f)
-                    if error is None and data.get("error"):
+                    # AgentDojo logs the context overflow it scored as the trace's error.
+                    if error is None and data.get("error") and not element.context_overflow:
                         error = f"agentdojo: {data['error']}"
                     if error is not None and data.get("error") != error:
                         # make the trace self-describing (atomic rewrite)
@@ -294,6 +295,8 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
                 duration_s=duration,
                 counters=counters,
                 trace=trace,
+                context_overflow=element.context_overflow,
+                restarts=element.restarts,
             )
             result_q.put(("record", index, record))
 

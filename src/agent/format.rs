@@ -4,13 +4,23 @@
 //! `prompted` mirrors AgentDojo's local-model pipeline element
 //! (`agentdojo/agent_pipeline/llms/local_llm.py`, 0.1.35): the same system prompt, tool
 //! results as `{"result": ...}` / `{"error": ...}` in Python's `json.dumps` spelling, and
-//! the same parsing of the first `<function=name>{json}</function>`. Two deliberate
-//! differences: tool results go back as `user` messages (AgentDojo's default delimiter
-//! is the role `tool`, which chat templates expect only with native tool calls), and
-//! broken call JSON is an error here, where AgentDojo silently takes the text as the
-//! final answer (errors are recorded as errors). And AgentDojo 0.1.35 dumps
-//! the tool message's content-block list as the result (its `"None"` → `"Success"` check
-//! never fires); we dump the text, which is what the prompt promises the model.
+//! exactly its parser (`_parse_model_output`): the first `<function=name>{json}</function>`
+//! is the call and the whole completion its text; no tag, JSON that does not parse, or
+//! JSON that is not an object makes the whole completion the final answer. A model's
+//! mess is scored, never an error. One deliberate difference: tool results go back as
+//! `user` messages (AgentDojo's default delimiter is the role `tool`, which chat
+//! templates expect only with native tool calls). And AgentDojo 0.1.35 dumps the tool
+//! message's content-block list as the result (its `"None"` → `"Success"` check never
+//! fires); we dump the text, which is what the prompt promises the model.
+//!
+//! `native` reads vLLM's `tool_calls`. A call whose arguments are not a JSON object (or
+//! that has no name) cannot be handed to AgentDojo: it is [`Answer::rejected`], and the
+//! agent answers it to the model as a tool error. Calls of tools that do not exist pass
+//! through, so AgentDojo answers them as it would (`Invalid tool … provided.`).
+//!
+//! Both modes first remove `<think>…</think>` blocks (reasoning models) and ignore vLLM's
+//! separate `reasoning_content`; a completion cut by `finish_reason: "length"` counts
+//! as malformed output.
 //!
 //! Not here: HTTP, retries (`llm`), guardrails and approvals (`guardrail`, `human`).
 
@@ -64,8 +74,25 @@ pub struct ToolSpec {
 /// What the model decided this turn.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Turn {
-    Calls(Vec<ToolCall>),
+    /// Tool calls, with the model's text beside them (`None`: the server sent none).
+    Calls {
+        calls: Vec<ToolCall>,
+        content: Option<String>,
+    },
     Final(String),
+}
+
+/// One model answer read by the mode's rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub turn: Turn,
+    /// Native calls that cannot be run (arguments not a JSON object, no name), each with
+    /// the reason told back to the model. When any is present, `turn` holds the calls of
+    /// the same step that were well-formed.
+    pub rejected: Vec<(ToolCall, String)>,
+    /// Output that broke the format: a call that does not parse, an empty completion, a
+    /// completion cut by the length limit.
+    pub malformed: bool,
 }
 
 fn null_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
@@ -239,59 +266,118 @@ fn prompted_messages(messages: &[Message], tools: &[ToolSpec]) -> Vec<Value> {
     out
 }
 
-/// Reads `choices[0].message` of a native-mode answer.
-pub fn parse_native(message: &Value, ids: &mut impl FnMut() -> String) -> Result<Turn, String> {
+/// Reads `choices[0].message` of a native-mode answer (`finish_reason` beside it).
+pub fn parse_native(message: &Value, finish_reason: Option<&str>, ids: &mut impl FnMut() -> String) -> Answer {
+    let truncated = finish_reason == Some("length");
+    let content = message.get("content").and_then(Value::as_str).map(strip_think);
     let calls = message.get("tool_calls").and_then(Value::as_array).filter(|c| !c.is_empty());
-    if let Some(calls) = calls {
-        let mut out = Vec::with_capacity(calls.len());
-        for c in calls {
-            let f = c.get("function").ok_or("tool call without `function`")?;
-            let name = f.get("name").and_then(Value::as_str).ok_or("tool call without a function name")?;
-            let args = match f.get("arguments") {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::String(s)) if s.trim().is_empty() => Map::new(),
-                Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
-                    Ok(Value::Object(o)) => o,
-                    Ok(_) => return Err(format!("arguments of {name} are not a JSON object: {s:?}")),
-                    Err(e) => return Err(format!("arguments of {name} are not valid JSON ({e}): {s:?}")),
-                },
-                // Some servers send the object itself.
-                Some(Value::Object(o)) => o.clone(),
-                Some(other) => return Err(format!("arguments of {name} are not a JSON object: {other}")),
-            };
-            let id = c
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .unwrap_or_else(&mut *ids);
-            out.push(ToolCall { function: name.to_owned(), args, id: Some(id) });
+    let Some(calls) = calls else {
+        let text = content.unwrap_or_default().trim().to_owned();
+        let malformed = truncated || text.is_empty();
+        return Answer { turn: Turn::Final(text), rejected: Vec::new(), malformed };
+    };
+    let (mut good, mut rejected) = (Vec::with_capacity(calls.len()), Vec::new());
+    for c in calls {
+        let f = c.get("function");
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("").trim().to_owned();
+        let id =
+            c.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).unwrap_or_else(&mut *ids);
+        let args = match f.and_then(|f| f.get("arguments")) {
+            None | Some(Value::Null) => Ok(Map::new()),
+            Some(Value::String(s)) if s.trim().is_empty() => Ok(Map::new()),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                Ok(Value::Object(o)) => Ok(o),
+                Ok(_) => Err(format!("the arguments of {name} are not a JSON object: {}", excerpt(s))),
+                Err(e) => Err(format!("the arguments of {name} are not valid JSON ({e}): {}", excerpt(s))),
+            },
+            // Some servers send the object itself.
+            Some(Value::Object(o)) => Ok(o.clone()),
+            Some(other) => {
+                Err(format!("the arguments of {name} are not a JSON object: {}", excerpt(&other.to_string())))
+            }
+        };
+        match (name.is_empty(), args) {
+            (true, _) => rejected.push((
+                ToolCall { function: name, args: Map::new(), id: Some(id) },
+                "Empty function name provided. Provide a valid function name.".into(),
+            )),
+            (false, Ok(args)) => good.push(ToolCall { function: name, args, id: Some(id) }),
+            (false, Err(why)) => rejected.push((
+                ToolCall { function: name, args: Map::new(), id: Some(id) },
+                format!("{why}. Call the function again with a JSON object of arguments."),
+            )),
         }
-        return Ok(Turn::Calls(out));
     }
-    final_answer(message.get("content").and_then(Value::as_str).unwrap_or(""))
+    let malformed = truncated || !rejected.is_empty();
+    Answer { turn: Turn::Calls { calls: good, content }, rejected, malformed }
 }
 
-static OPEN_TAG: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"<function\s*=\s*([^>]+)>").unwrap());
+/// The opening tag as AgentDojo's `re.compile(r"<function\s*=\s*([^>]+)>")` finds it:
+/// Python's `\s` also matches the separators U+001C–U+001F, Rust's does not.
+static OPEN_TAG: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"<function[\s\x1c-\x1f]*=[\s\x1c-\x1f]*([^>]+)>").unwrap());
 
-/// AgentDojo's `_parse_model_output`: the first `<function=name>{json}</function>` (the
-/// closing tag may be missing), else the whole text as the final answer.
-pub fn parse_prompted(text: &str, ids: &mut impl FnMut() -> String) -> Result<Turn, String> {
-    let Some(open) = OPEN_TAG.captures(text) else { return final_answer(text) };
-    let name = open[1].trim().to_owned();
-    let start = open.get(0).unwrap().end();
-    let end = text[start..].find("</function>").map_or(text.len(), |i| start + i);
-    let raw = text[start..end].trim();
-    match serde_json::from_str::<Value>(raw) {
-        Ok(Value::Object(args)) => Ok(Turn::Calls(vec![ToolCall { function: name, args, id: Some(ids()) }])),
-        Ok(_) => Err(format!("arguments of {name} are not a JSON object: {raw:?}")),
-        Err(e) => Err(format!("arguments of {name} are not valid JSON ({e}): {raw:?}")),
+/// AgentDojo's `_parse_model_output`, exactly: the first `<function=name>{json}</function>`
+/// (the closing tag may be missing) is the call, and the whole completion its text; no
+/// tag, or arguments that are not a JSON object, makes the whole completion the final
+/// answer (`malformed` in the second case).
+pub fn parse_prompted(completion: &str, finish_reason: Option<&str>, ids: &mut impl FnMut() -> String) -> Answer {
+    let completion = strip_think(completion);
+    let text = py_strip(&completion).to_owned();
+    let truncated = finish_reason == Some("length");
+    let final_answer = |malformed: bool| Answer { turn: Turn::Final(text.clone()), rejected: Vec::new(), malformed };
+    let Some(open) = OPEN_TAG.captures(&completion) else { return final_answer(truncated || text.is_empty()) };
+    let name = py_strip(&open[1]).to_owned();
+    let start = open.get(0).expect("group 0").end();
+    let end = completion[start..].find("</function>").map_or(completion.len(), |i| start + i);
+    match serde_json::from_str::<Value>(py_strip(&completion[start..end])) {
+        Ok(Value::Object(args)) => {
+            let call = ToolCall { function: name, args, id: Some(ids()) };
+            Answer {
+                turn: Turn::Calls { calls: vec![call], content: Some(text) },
+                rejected: Vec::new(),
+                malformed: truncated,
+            }
+        }
+        _ => final_answer(true),
     }
 }
 
-fn final_answer(text: &str) -> Result<Turn, String> {
-    let text = text.trim();
-    if text.is_empty() { Err("empty final answer".into()) } else { Ok(Turn::Final(text.to_owned())) }
+/// The completion without `<think>…</think>` blocks (Qwen3 and other reasoning models
+/// put their reasoning there). An unclosed block runs to the end.
+pub fn strip_think(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("<think>") {
+        out.push_str(&rest[..open]);
+        match rest[open..].find("</think>") {
+            Some(close) => rest = &rest[open + close + "</think>".len()..],
+            None => {
+                rest = "";
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    // A closing tag without its opening one (the server's template opened it): the
+    // reasoning is everything before it.
+    match out.find("</think>") {
+        Some(close) => out[close + "</think>".len()..].to_owned(),
+        None => out,
+    }
+}
+
+/// Python's `str.strip()`: its whitespace is Rust's plus U+001C–U+001F.
+pub fn py_strip(text: &str) -> &str {
+    text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+fn excerpt(text: &str) -> String {
+    let mut s: String = text.chars().take(200).collect();
+    if s.len() < text.len() {
+        s.push('…');
+    }
+    format!("{s:?}")
 }
 
 /// Python's `json.dumps(value)`: `", "` and `": "` separators, `ensure_ascii`.
@@ -462,53 +548,87 @@ mod tests {
     }
 
     #[test]
-    fn prompted_parser_takes_first_call() {
+    fn prompted_parser_takes_first_call_and_keeps_the_text() {
         let text = "I will pay.\n<function = send_money >{\"recipient\": \"DE89\", \"amount\": 5}</function>\n<function=get_balance>{}</function>";
-        let Turn::Calls(c) = parse_prompted(text, &mut ids()).unwrap() else { panic!() };
+        let answer = parse_prompted(text, None, &mut ids());
+        let Turn::Calls { calls, content } = answer.turn else { panic!() };
         assert_eq!(
-            c,
+            calls,
             vec![ToolCall {
                 function: "send_money".into(),
                 args: json!({"recipient": "DE89", "amount": 5}).as_object().unwrap().clone(),
                 id: Some("id1".into())
             }]
         );
+        assert_eq!(content.as_deref(), Some(text));
+        assert!(!answer.malformed);
         // No closing tag: the JSON runs to the end, as in AgentDojo.
         assert!(
-            matches!(parse_prompted("<function=get_balance>{}", &mut ids()), Ok(Turn::Calls(c)) if c[0].function == "get_balance")
+            matches!(parse_prompted("<function=get_balance>{}", None, &mut ids()).turn, Turn::Calls { calls, .. } if calls[0].function == "get_balance")
         );
-        assert_eq!(parse_prompted("  The balance is 5.  ", &mut ids()), Ok(Turn::Final("The balance is 5.".into())));
+        assert_eq!(
+            parse_prompted("  The balance is 5.  ", None, &mut ids()).turn,
+            Turn::Final("The balance is 5.".into())
+        );
     }
 
     #[test]
-    fn prompted_parser_rejects_malformed() {
-        assert!(
-            parse_prompted("<function=send_money>{\"recipient\": }</function>", &mut ids())
-                .unwrap_err()
-                .contains("not valid JSON")
+    fn prompted_mess_becomes_the_final_answer_as_in_agentdojo() {
+        for text in [
+            "<function=send_money>{\"recipient\": }</function>",
+            "<function=send_money>[1]</function>",
+            "<function=send_money>{} trailing</function>",
+        ] {
+            let answer = parse_prompted(text, None, &mut ids());
+            assert_eq!(answer.turn, Turn::Final(text.into()), "{text}");
+            assert!(answer.malformed, "{text}");
+        }
+        let empty = parse_prompted("   ", None, &mut ids());
+        assert_eq!((empty.turn, empty.malformed), (Turn::Final(String::new()), true));
+        let cut = parse_prompted("The balance is", Some("length"), &mut ids());
+        assert!(cut.malformed);
+    }
+
+    #[test]
+    fn think_blocks_are_removed_before_parsing() {
+        let text = "<think>\nmaybe <function=evil>{}</function>\n</think>\n\n<function=get_balance>{}</function>";
+        let Turn::Calls { calls, content } = parse_prompted(text, None, &mut ids()).turn else { panic!() };
+        assert_eq!(
+            (calls[0].function.as_str(), content.as_deref()),
+            ("get_balance", Some("<function=get_balance>{}</function>"))
         );
-        assert!(
-            parse_prompted("<function=send_money>[1]</function>", &mut ids())
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
-        assert!(parse_prompted("<function=send_money>{} trailing</function>", &mut ids()).is_err());
-        assert_eq!(parse_prompted("   ", &mut ids()), Err("empty final answer".into()));
+        assert_eq!(strip_think("reasoning only</think>answer"), "answer");
+        assert_eq!(strip_think("a<think>b"), "a");
+        assert_eq!(py_strip("\u{1c} x \u{1f}"), "x");
     }
 
     #[test]
     fn native_parser() {
         let m = json!({"content": null, "tool_calls": [{"id": "x", "function": {"name": "send_money", "arguments": "{\"amount\": 1}"}}, {"function": {"name": "get_balance", "arguments": ""}}]});
-        let Turn::Calls(c) = parse_native(&m, &mut ids()).unwrap() else { panic!() };
+        let answer = parse_native(&m, Some("tool_calls"), &mut ids());
+        let Turn::Calls { calls: c, content } = answer.turn else { panic!() };
         assert_eq!((c[0].id.as_deref(), c[1].id.as_deref(), c[1].args.len()), (Some("x"), Some("id1"), 0));
-        assert!(
-            parse_native(&json!({"tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}), &mut ids())
-                .is_err()
+        assert_eq!(content, None);
+        let bad = parse_native(
+            &json!({"tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}, {"function": {"name": "g", "arguments": "[1]"}}]}),
+            None,
+            &mut ids(),
         );
+        assert!(bad.malformed);
+        assert_eq!(bad.rejected.len(), 2);
+        assert!(bad.rejected[0].1.contains("not valid JSON") && bad.rejected[1].1.contains("not a JSON object"));
         assert_eq!(
-            parse_native(&json!({"content": " done ", "tool_calls": []}), &mut ids()),
-            Ok(Turn::Final("done".into()))
+            parse_native(&json!({"content": " done ", "tool_calls": []}), Some("stop"), &mut ids()).turn,
+            Turn::Final("done".into())
         );
-        assert!(parse_native(&json!({"content": null}), &mut ids()).is_err());
+        let empty = parse_native(&json!({"content": null}), None, &mut ids());
+        assert_eq!((empty.turn, empty.malformed), (Turn::Final(String::new()), true));
+        let reasoning = json!({"content": "<think>hmm</think>Done.", "reasoning_content": "ignored"});
+        assert_eq!(parse_native(&reasoning, None, &mut ids()).turn, Turn::Final("Done.".into()));
+        let text_beside =
+            json!({"content": "Checking.", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]});
+        assert!(
+            matches!(parse_native(&text_beside, None, &mut ids()).turn, Turn::Calls { content: Some(c), .. } if c == "Checking.")
+        );
     }
 }

@@ -18,6 +18,11 @@ pub enum LlmError {
     Server(String),
     #[error("unusable model output: {0}")]
     Unusable(String),
+    /// The server refused the request because the conversation outgrew the model's
+    /// context: AgentDojo scores such a case (utility false, the injection counted as
+    /// landed), so it is an outcome, not an error.
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
     /// Not the model's fault: the adapter sent something unreadable.
     #[error("agent protocol: {0}")]
     Protocol(String),
@@ -85,6 +90,17 @@ impl Llm {
         tools: Option<Vec<Value>>,
         max_tokens: Option<u32>,
     ) -> Result<Value, LlmError> {
+        Ok(self.complete(model, messages, tools, max_tokens).await?.0)
+    }
+
+    /// One chat completion; returns `choices[0].message` and its `finish_reason`.
+    pub async fn complete(
+        &self,
+        model: &str,
+        messages: Vec<Value>,
+        tools: Option<Vec<Value>>,
+        max_tokens: Option<u32>,
+    ) -> Result<(Value, Option<String>), LlmError> {
         let mut body = json!({"model": model, "messages": messages, "temperature": self.temperature});
         if let Some(tools) = tools {
             body["tools"] = json!(tools);
@@ -96,8 +112,9 @@ impl Llm {
         let response: Value = serde_json::from_str(&text)
             .map_err(|e| LlmError::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
         self.count(&response);
+        let finish_reason = response.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_owned);
         match response.pointer("/choices/0/message") {
-            Some(m) if m.is_object() => Ok(m.clone()),
+            Some(m) if m.is_object() => Ok((m.clone(), finish_reason)),
             _ => Err(LlmError::Unusable(format!("no choices[0].message in the response: {}", snippet(&text)))),
         }
     }
@@ -108,6 +125,7 @@ impl Llm {
             let last_error = match self.post(body).await {
                 Ok(text) => return Ok(text),
                 Err(Attempt::Fatal(e)) => return Err(LlmError::Server(e)),
+                Err(Attempt::Overflow(e)) => return Err(LlmError::ContextOverflow(e)),
                 Err(Attempt::Transient(e)) => e,
             };
             if attempt >= self.max_retries {
@@ -141,6 +159,8 @@ impl Llm {
             .map_err(|e| Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))))?;
         if status.is_success() {
             Ok(text)
+        } else if let Some(message) = context_overflow(status.as_u16(), &text) {
+            Err(Attempt::Overflow(message))
         } else if status.as_u16() == 429 || status.is_server_error() {
             Err(Attempt::Transient(format!("HTTP {status}: {}", snippet(&text))))
         } else {
@@ -164,6 +184,32 @@ impl Llm {
 enum Attempt {
     Transient(String),
     Fatal(String),
+    Overflow(String),
+}
+
+/// The server's message when it refused a request for its length, by AgentDojo's rule
+/// (`BadRequestError` with code `context_length_exceeded`, param `max_tokens`, or "reduce
+/// the length of the messages."; an unprocessable request naming `max_new_tokens`) and
+/// vLLM's wording ("maximum context length"). A 5xx is never one: that is the server's
+/// failure.
+pub fn context_overflow(status: u16, body: &str) -> Option<String> {
+    if status != 400 && status != 413 && status != 422 {
+        return None;
+    }
+    let json: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let error = json.get("error").filter(|e| e.is_object()).unwrap_or(&json);
+    let field = |name: &str| error.get(name).and_then(Value::as_str).unwrap_or("");
+    let message = error.get("message").and_then(Value::as_str).map_or_else(|| body.trim().to_owned(), str::to_owned);
+    let overflow = match status {
+        422 => body.contains("max_new_tokens"),
+        _ => {
+            field("code") == "context_length_exceeded"
+                || field("param") == "max_tokens"
+                || body.contains("reduce the length of the messages")
+                || body.contains("maximum context length")
+        }
+    };
+    overflow.then(|| snippet(&message))
 }
 
 /// reqwest's top-level message rarely says why ("error sending request"): add the causes.

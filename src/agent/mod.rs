@@ -101,8 +101,9 @@ impl AgentConfig {
     }
 }
 
-/// How often one query may go back to the model after the human denied its calls.
-const MAX_DENIAL_ROUNDS: usize = 5;
+/// How often one query may go back to the model after the human denied its calls, or
+/// after calls it made could not be run (arguments that are not a JSON object).
+const MAX_LOCAL_ROUNDS: usize = 5;
 
 /// The final answer when the model keeps asking for denied actions.
 const GAVE_UP: &str = "I could not complete the task: the user denied the actions it needs.";
@@ -125,6 +126,10 @@ struct CaseState {
     guardrail_flags: u64,
     human_asks: u64,
     human_denials: u64,
+    /// Model answers that broke the format (scored, never an error).
+    malformed_outputs: u64,
+    /// Calls of tools the case does not offer (AgentDojo answers them).
+    unknown_tool_calls: u64,
     /// Verdicts on tool outputs already judged in this case: the adapter resends the
     /// whole history every turn, and a flag must count once.
     judged: HashMap<String, bool>,
@@ -214,8 +219,12 @@ impl Agent {
 
     async fn answer(&mut self, q: Query) -> Value {
         let mut reply = match self.turn(q).await {
-            Ok(Turn::Calls(calls)) => json!({"tool_calls": calls}),
+            Ok(Turn::Calls { calls, content }) => match content {
+                Some(content) => json!({"tool_calls": calls, "content": content}),
+                None => json!({"tool_calls": calls}),
+            },
             Ok(Turn::Final(text)) => json!({"final_answer": text}),
+            Err(LlmError::ContextOverflow(message)) => json!({"context_overflow": message}),
             Err(e) => {
                 tracing::warn!("{e}");
                 json!({"error": e.to_string()})
@@ -234,6 +243,8 @@ impl Agent {
             "guardrail_flags": self.case.guardrail_flags,
             "human_asks": self.case.human_asks,
             "human_denials": self.case.human_denials,
+            "malformed_outputs": self.case.malformed_outputs,
+            "unknown_tool_calls": self.case.unknown_tool_calls,
         })
     }
 
@@ -261,11 +272,34 @@ impl Agent {
             Some(p) => p,
             None => messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default(),
         };
-        for _ in 0..=MAX_DENIAL_ROUNDS {
-            let calls = match self.ask_model(&messages, &q.tools).await? {
-                Turn::Calls(calls) => calls,
+        let mut give_up = GAVE_UP.to_string();
+        for _ in 0..=MAX_LOCAL_ROUNDS {
+            let answer = self.ask_model(&messages, &q.tools).await?;
+            self.case.malformed_outputs += u64::from(answer.malformed);
+            let (calls, content) = match answer.turn {
+                Turn::Calls { calls, content } => (calls, content),
                 done => return Ok(done),
             };
+            // Calls that cannot be run go back to the model as tool errors; the
+            // well-formed calls of the same step wait for its next try.
+            if !answer.rejected.is_empty() {
+                let mut step = vec![Message {
+                    role: "assistant".into(),
+                    content: content.clone(),
+                    tool_calls: calls.iter().chain(answer.rejected.iter().map(|(c, _)| c)).cloned().collect(),
+                    ..Default::default()
+                }];
+                let not_run =
+                    "Not run: another call of the same step could not be run. Call it again if it is still needed.";
+                step.extend(calls.iter().map(|c| tool_result(c, None, not_run)));
+                step.extend(answer.rejected.iter().map(|(c, why)| tool_result(c, Some(why), "")));
+                messages.extend(step.iter().cloned());
+                self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
+                give_up = content.unwrap_or_default();
+                continue;
+            }
+            self.case.unknown_tool_calls +=
+                calls.iter().filter(|c| !q.tools.iter().any(|t| t.name == c.function)).count() as u64;
             let mut verdicts = Vec::with_capacity(calls.len());
             for call in &calls {
                 let v = self.human.review(call, &prompt, &self.llm, &self.cfg.model).await;
@@ -274,30 +308,30 @@ impl Agent {
                 verdicts.push(v);
             }
             if !verdicts.contains(&Verdict::Denied) {
-                return Ok(Turn::Calls(calls));
+                return Ok(Turn::Calls { calls, content });
             }
             // The step stays local: the denial goes back to the model as the tool's
             // result; calls approved beside it did not run, and the model is told so.
-            let mut step = vec![Message { role: "assistant".into(), tool_calls: calls.clone(), ..Default::default() }];
-            for (call, v) in calls.into_iter().zip(verdicts) {
+            let mut step = vec![Message {
+                role: "assistant".into(),
+                content: content.clone(),
+                tool_calls: calls.clone(),
+                ..Default::default()
+            }];
+            for (call, v) in calls.iter().zip(verdicts) {
                 let content = if v == Verdict::Denied {
                     human::DENIED
                 } else {
                     "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
                 };
-                step.push(Message {
-                    role: "tool".into(),
-                    content: Some(content.into()),
-                    tool_call_id: call.id,
-                    function: Some(call.function),
-                    ..Default::default()
-                });
+                step.push(tool_result(call, None, content));
             }
             messages.extend(step.iter().cloned());
             self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
+            give_up = GAVE_UP.to_string();
         }
-        tracing::warn!("the model asked for denied actions {} times; ending the case", MAX_DENIAL_ROUNDS + 1);
-        Ok(Turn::Final(GAVE_UP.into()))
+        tracing::warn!("the model's calls could not go through {} times; ending the case", MAX_LOCAL_ROUNDS + 1);
+        Ok(Turn::Final(give_up))
     }
 
     /// Replaces flagged tool outputs with the guardrail's notice.
@@ -327,27 +361,33 @@ impl Agent {
         }
     }
 
-    async fn ask_model(&mut self, messages: &[Message], tools: &[ToolSpec]) -> Result<Turn, LlmError> {
+    async fn ask_model(&mut self, messages: &[Message], tools: &[ToolSpec]) -> Result<format::Answer, LlmError> {
         let (request, tool_defs) = format::request(self.cfg.tool_calling, messages, tools);
-        let reply = self.llm.chat(&self.cfg.model, request, tool_defs, None).await?;
+        let (reply, finish_reason) = self.llm.complete(&self.cfg.model, request, tool_defs, None).await?;
         let next_id = &mut self.next_id;
         let mut ids = || {
             *next_id += 1;
             format!("call_{next_id}")
         };
-        let turn = match self.cfg.tool_calling {
-            ToolCalling::Native => format::parse_native(&reply, &mut ids),
+        Ok(match self.cfg.tool_calling {
+            ToolCalling::Native => format::parse_native(&reply, finish_reason.as_deref(), &mut ids),
             ToolCalling::Prompted => {
-                format::parse_prompted(reply.get("content").and_then(Value::as_str).unwrap_or(""), &mut ids)
+                let text = reply.get("content").and_then(Value::as_str).unwrap_or("");
+                format::parse_prompted(text, finish_reason.as_deref(), &mut ids)
             }
-        }
-        .map_err(LlmError::Unusable)?;
-        if let Turn::Calls(calls) = &turn
-            && let Some(c) = calls.iter().find(|c| !tools.iter().any(|t| t.name == c.function))
-        {
-            return Err(LlmError::Unusable(format!("call of an unknown tool {:?}", c.function)));
-        }
-        Ok(turn)
+        })
+    }
+}
+
+/// A local tool result for a call of a step the adapter never sees.
+fn tool_result(call: &format::ToolCall, error: Option<&str>, content: &str) -> Message {
+    Message {
+        role: "tool".into(),
+        content: Some(content.into()),
+        tool_call_id: call.id.clone(),
+        function: Some(call.function.clone()),
+        error: error.map(str::to_owned),
+        ..Default::default()
     }
 }
 
@@ -374,5 +414,7 @@ pub async fn serve<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
     }
 }
 
+#[cfg(test)]
+mod parity;
 #[cfg(test)]
 mod tests;

@@ -128,7 +128,7 @@ async fn protocol_loop_retries_survives_garbage_and_resets_per_case() {
     );
     assert_eq!(
         replies[0]["stats"],
-        json!({"llm_calls": 1, "prompt_tokens": 100, "completion_tokens": 10, "guardrail_flags": 0, "human_asks": 0, "human_denials": 0})
+        json!({"llm_calls": 1, "prompt_tokens": 100, "completion_tokens": 10, "guardrail_flags": 0, "human_asks": 0, "human_denials": 0, "malformed_outputs": 0, "unknown_tool_calls": 0})
     );
     // Garbage from the server: an error reply, and the loop goes on.
     assert!(
@@ -241,7 +241,7 @@ async fn llm_guardrail_and_llm_human_ask_the_server() {
     assert_eq!(replies[0]["final_answer"], "I will not send it.");
     assert_eq!(
         replies[0]["stats"],
-        json!({"llm_calls": 4, "prompt_tokens": 400, "completion_tokens": 40, "guardrail_flags": 1, "human_asks": 1, "human_denials": 1})
+        json!({"llm_calls": 4, "prompt_tokens": 400, "completion_tokens": 40, "guardrail_flags": 1, "human_asks": 1, "human_denials": 1, "malformed_outputs": 0, "unknown_tool_calls": 0})
     );
     let requests = mock.requests.lock().unwrap();
     let models: Vec<_> = requests.iter().map(|r| r["model"].as_str().unwrap()).collect();
@@ -275,12 +275,12 @@ async fn http_guardrail_scores_and_fails_open() {
 #[tokio::test]
 async fn endless_denials_end_the_case() {
     let evil = || call("send_money", json!({"recipient": "US133000000121212121212", "amount": 1}));
-    let (url, _mock) = mock((0..=MAX_DENIAL_ROUNDS).map(|_| evil()).collect()).await;
+    let (url, _mock) = mock((0..=MAX_LOCAL_ROUNDS).map(|_| evil()).collect()).await;
     let mut cfg = config(&url);
     cfg.human = HumanSpec::TaskScoped;
     let replies = run(cfg, &[query(json!([]))]).await;
     assert_eq!(replies[0]["final_answer"], GAVE_UP);
-    assert_eq!(replies[0]["stats"]["human_denials"], MAX_DENIAL_ROUNDS as u64 + 1);
+    assert_eq!(replies[0]["stats"]["human_denials"], MAX_LOCAL_ROUNDS as u64 + 1);
 }
 
 #[tokio::test]
@@ -302,28 +302,56 @@ async fn prompted_mode_round_trip() {
 }
 
 #[tokio::test]
-async fn unusable_outputs_and_server_errors_are_errors() {
+async fn model_mess_is_scored_and_server_failures_are_errors() {
     let no_usage = (200, json!({"choices": [{"message": {"role": "assistant", "content": "fine"}}]}).to_string());
+    let overflow = json!({"error": {"message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens. Please reduce the length of the messages or completion.", "type": "BadRequestError", "param": null, "code": 400}});
     let (url, mock) = mock(vec![
         call("wire_everything", json!({})),
         answer("   "),
         (200, json!({"choices": []}).to_string()),
         (400, "bad request".into()),
+        (400, overflow.to_string()),
         no_usage,
     ])
     .await;
-    let lines: Vec<String> = (0..5).map(|_| query(json!([]))).collect();
+    let lines: Vec<String> = (0..6).map(|_| query(json!([]))).collect();
     let replies = run(config(&url), &lines).await;
-    let errors: Vec<&str> = replies[..4].iter().map(|r| r["error"].as_str().unwrap()).collect();
-    assert!(errors[0].contains("unknown tool \"wire_everything\""), "{}", errors[0]);
-    assert!(errors[1].contains("empty final answer"));
-    assert!(errors[2].contains("no choices"));
-    assert!(errors[3].starts_with("model server: HTTP 400"), "a client error is not retried: {}", errors[3]);
-    assert_eq!(mock.requests.lock().unwrap().len(), 5);
+    // The model's mess: passed on (AgentDojo answers an unknown tool) or scored.
+    assert_eq!(replies[0]["tool_calls"][0]["function"], "wire_everything");
+    assert_eq!(replies[0]["stats"]["unknown_tool_calls"], 1);
+    assert_eq!(replies[1]["final_answer"], "", "an empty completion is an empty answer");
+    assert_eq!(replies[1]["stats"]["malformed_outputs"], 1);
+    // The server's failures: errors.
+    assert!(replies[2]["error"].as_str().unwrap().contains("no choices"));
+    let bad = replies[3]["error"].as_str().unwrap();
+    assert!(bad.starts_with("model server: HTTP 400"), "a client error is not retried: {bad}");
+    // Too long a conversation: AgentDojo's outcome, not an error.
+    assert!(replies[4]["context_overflow"].as_str().unwrap().contains("maximum context length"), "{}", replies[4]);
+    assert!(replies[4].get("error").is_none());
+    assert_eq!(mock.requests.lock().unwrap().len(), 6);
     // A response without usage: the token counts stay what they were.
-    assert_eq!(replies[4]["final_answer"], "fine");
-    assert_eq!(replies[4]["stats"]["llm_calls"], 4);
-    assert_eq!(replies[4]["stats"]["prompt_tokens"], 200);
+    assert_eq!(replies[5]["final_answer"], "fine");
+    assert_eq!(replies[5]["stats"]["llm_calls"], 4, "refused requests are no model calls");
+    assert_eq!(replies[5]["stats"]["prompt_tokens"], 200);
+}
+
+#[tokio::test]
+async fn native_calls_that_cannot_run_go_back_to_the_model_as_tool_errors() {
+    let broken = ok(json!({"role": "assistant", "content": "Paying.", "tool_calls": [
+        {"id": "b1", "type": "function", "function": {"name": "send_money", "arguments": "{\"amount\": 5,}"}},
+        {"id": "b2", "type": "function", "function": {"name": "get_balance", "arguments": "{}"}}]}));
+    let (url, mock) = mock(vec![broken, call("send_money", json!({"amount": 5}))]).await;
+    let replies = run(config(&url), &[query(json!([]))]).await;
+    assert_eq!(replies[0]["tool_calls"][0]["function"], "send_money");
+    assert_eq!(replies[0]["stats"]["malformed_outputs"], 1);
+    let requests = mock.requests.lock().unwrap();
+    let retry = requests[1]["messages"].as_array().unwrap();
+    let n = retry.len();
+    // The step the adapter never saw: the calls, then one result each.
+    assert_eq!(retry[n - 3]["role"], "assistant");
+    assert_eq!(retry[n - 3]["content"], "Paying.");
+    assert!(retry[n - 2]["content"].as_str().unwrap().starts_with("Not run"), "{}", retry[n - 2]);
+    assert!(retry[n - 1]["content"].as_str().unwrap().contains("not valid JSON"), "{}", retry[n - 1]);
 }
 
 #[tokio::test]

@@ -233,6 +233,12 @@ fn check_model_files(version: &Version, report: &mut Report) {
     let spec = &version.spec;
     match *spec.model.backend.get_ref() {
         Backend::Docker => {
+            for warning in crate::container::vllm_warnings(version) {
+                report.warn(
+                    format!("vLLM arguments: {warning}"),
+                    Some(format!("edit [model] args in {}", version.path.display())),
+                );
+            }
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
             if let Some(adapter) = &spec.adapter {
                 readable_dir(

@@ -106,5 +106,6 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
         show("injection_task_utility"),
         telemetry.counts.errors
     );
+    outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
     outln!("{}", run_dir.path.display());
 }

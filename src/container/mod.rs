@@ -201,6 +201,7 @@ pub struct Setup {
     pub prefix: Vec<String>,
     pub args: Vec<String>,
     pub shm_size: Option<i64>,
+    pub ipc: Option<String>,
     pub ulimits: BTreeMap<String, i64>,
     pub runtime_lora: bool,
     pub ready_timeout: Duration,
@@ -283,6 +284,7 @@ impl Setup {
                 .map(crate::util::parse_bytes)
                 .transpose()
                 .with_context(|| format!("{}: model.shm_size", version.path.display()))?,
+            ipc: m.ipc.clone(),
             ulimits: m.ulimits.clone(),
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
@@ -317,7 +319,7 @@ impl Setup {
         };
         let key = serde_json::json!({
             "image": self.image, "model": self.model_host, "served": self.served_name, "prefix": self.prefix,
-            "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ulimits": self.ulimits,
+            "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ipc": self.ipc, "ulimits": self.ulimits,
             "runtime_lora": self.runtime_lora, "adapter": adapter,
         });
         crate::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
@@ -367,6 +369,7 @@ impl Setup {
             port_bindings: Some(HashMap::from([(port.clone(), Some(vec![binding]))])),
             mounts: Some(self.mounts()),
             shm_size: self.shm_size,
+            ipc_mode: self.ipc.clone(),
             ulimits: (!self.ulimits.is_empty()).then(|| {
                 self.ulimits
                     .iter()
@@ -690,6 +693,63 @@ fn container_name(version: &str) -> String {
     format!("pruefstand-{}-{tag:08x}", path_word(version).chars().take(40).collect::<String>())
 }
 
+/// The value of a vLLM option in `args` (`--flag value` or `--flag=value`).
+pub fn vllm_option<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, arg)| match arg.strip_prefix(flag) {
+        Some("") => args.get(i + 1).map(String::as_str),
+        Some(rest) => rest.strip_prefix('='),
+        None => None,
+    })
+}
+
+fn has_flag(args: &[String], flag: &str) -> bool {
+    args.iter().any(|a| a == flag || a.strip_prefix(flag).is_some_and(|rest| rest.starts_with('=')))
+}
+
+/// What a docker version's vLLM arguments will cost a GPU hour to find out: tool
+/// calling without its parser flags, a LoRA without a rank limit, a memory share that
+/// unified memory cannot give. One line each, with the fix.
+pub fn vllm_warnings(version: &Version) -> Vec<String> {
+    let spec = &version.spec;
+    if *spec.model.backend.get_ref() != Backend::Docker {
+        return Vec::new();
+    }
+    let args = &spec.model.args;
+    let mut warnings = Vec::new();
+    if spec.model.tool_calling == crate::settings::defence::ToolCalling::Native
+        && !(has_flag(args, "--enable-auto-tool-choice") && has_flag(args, "--tool-call-parser"))
+    {
+        warnings.push(
+            "native tool calling needs vLLM's --enable-auto-tool-choice and --tool-call-parser (hermes for Qwen, \
+             llama3_json for Llama 3.1+): without them every request with tools is refused"
+                .to_string(),
+        );
+    }
+    if (spec.adapter.is_some() || spec.model.runtime_lora) && !has_flag(args, "--max-lora-rank") {
+        warnings.push(
+            "a LoRA without --max-lora-rank: vLLM's default rank limit is 16, a higher-rank adapter fails to load \
+             (pruefstand adds --enable-lora itself)"
+                .to_string(),
+        );
+    }
+    if spec.model.gpu == GpuMode::Runtime {
+        match vllm_option(args, "--gpu-memory-utilization").map(str::parse::<f64>) {
+            Some(Ok(share)) if share > 0.8 => warnings.push(format!(
+                "--gpu-memory-utilization {share} on an integrated GPU: unified memory is shared with the CPU and \
+                 the page cache; keep it at 0.75–0.8"
+            )),
+            Some(Ok(_)) => {}
+            Some(Err(_)) => warnings.push("--gpu-memory-utilization is not a number".to_string()),
+            None => warnings.push(
+                "no --gpu-memory-utilization on an integrated GPU: some images behave as if it were about 1.0 and run \
+                 out of memory; set 0.75"
+                    .to_string(),
+            ),
+        }
+    }
+    warnings
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,6 +775,24 @@ ulimits = { memlock = -1, stack = 67108864 }
 name = "lora-a"
 path = "/srv/adapters/a"
 "#;
+
+    #[test]
+    fn vllm_arguments_are_checked_before_a_gpu_hour_is_spent() {
+        let warnings = vllm_warnings(&version(&SPEC.replace("device-request", "runtime")));
+        let all = warnings.join("\n");
+        assert_eq!(warnings.len(), 3, "{all}");
+        assert!(all.contains("--enable-auto-tool-choice") && all.contains("--max-lora-rank"), "{all}");
+        assert!(all.contains("no --gpu-memory-utilization"), "{all}");
+        let high =
+            SPEC.replace("device-request", "runtime").replace("\"4096\"", "\"4096\", \"--gpu-memory-utilization=0.9\"");
+        assert!(vllm_warnings(&version(&high)).iter().any(|w| w.contains("0.9 on an integrated GPU")));
+        // The shipped Jetson specs follow the facts.
+        for name in ["baseline", "kandidat"] {
+            let shipped = Version::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("versions"), name).unwrap();
+            assert_eq!(vllm_warnings(&shipped), Vec::<String>::new(), "{name}");
+            assert_eq!(vllm_option(&shipped.spec.model.args, "--max-model-len"), Some("32768"));
+        }
+    }
 
     #[test]
     fn command_mounts_labels_and_gpu() {

@@ -466,7 +466,7 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
         .filter(|r| r.kind == CaseKind::Clean && !r.is_error())
         .filter_map(|r| r.guardrail_flags)
         .collect();
-    let items: [(&str, &str, Option<f64>, f64, usize); 4] = [
+    let mut items: Vec<(&str, &str, Option<f64>, f64, usize)> = vec![
         (
             "p95_case_s",
             "p95 case time",
@@ -497,6 +497,33 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
             records.iter().filter(|r| r.human_asks.is_some()).count(),
         ),
     ];
+    // Model format health: budgets only where the profile sets them.
+    if let Some(max) = t.malformed_outputs_per_case_max {
+        let counted = || records.iter().filter(|r| !r.is_error()).filter_map(|r| r.malformed_outputs);
+        items.push((
+            "malformed_outputs_per_case",
+            "malformed outputs per case",
+            mean(counted().map(|v| v as f64)),
+            max,
+            counted().count(),
+        ));
+    }
+    if let Some(max) = t.unknown_tool_calls_per_case_max {
+        let counted = || records.iter().filter(|r| !r.is_error()).filter_map(|r| r.unknown_tool_calls);
+        items.push((
+            "unknown_tool_calls_per_case",
+            "unknown-tool calls per case",
+            mean(counted().map(|v| v as f64)),
+            max,
+            counted().count(),
+        ));
+    }
+    if let Some(max) = t.context_overflow_rate_max {
+        let scored: Vec<&CaseRecord> = records.iter().filter(|r| !r.is_error()).collect();
+        let overflows = scored.iter().filter(|r| r.outcome() == crate::case::Outcome::ContextOverflow).count();
+        let rate = (!scored.is_empty()).then(|| overflows as f64 / scored.len() as f64);
+        items.push(("context_overflow_rate", "context overflows", rate, max, scored.len()));
+    }
     let mut measured = serde_json::Map::new();
     let mut threshold = serde_json::Map::new();
     let (mut over, mut unmeasured) = (Vec::new(), Vec::new());

@@ -301,6 +301,9 @@ fn operations(b: &mut String, records: &[CaseRecord]) {
         total(sum(&|r| r.human_asks, None)),
         total(sum(&|r| r.human_denials, None)),
     );
+    // The model's mess is scored, not an error: how much of it there was.
+    let health = crate::telemetry::FormatHealth::of(records);
+    let _ = write!(b, "<h2>Model format health</h2><p id=\"format-health\">{}</p>", esc(&health.line(records.len())));
 }
 
 fn cases(b: &mut String, records: &[CaseRecord]) {
@@ -311,7 +314,7 @@ fn cases(b: &mut String, records: &[CaseRecord]) {
     };
     let _ = write!(
         b,
-        "<h2>Cases</h2><details><summary>{} cases with their traces</summary><table id=\"cases\"><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>error</th><th>s</th><th>trace</th></tr>",
+        "<h2>Cases</h2><details><summary>{} cases with their traces</summary><table id=\"cases\"><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>outcome</th><th>error</th><th>s</th><th>trace</th></tr>",
         records.len()
     );
     for r in records {
@@ -326,10 +329,11 @@ fn cases(b: &mut String, records: &[CaseRecord]) {
         };
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{kind}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{trace}</td></tr>",
+            "<tr><td>{}</td><td>{kind}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{trace}</td></tr>",
             esc(&r.case_id),
             yes_no(r.utility),
             yes_no(r.security),
+            r.outcome().as_str(),
             esc(r.error.as_deref().unwrap_or("")),
             r.duration_s
         );

@@ -56,14 +56,84 @@ pub struct Behaviour {
     /// Probability that the model solves a task it is given (else it gives up early).
     #[serde(default = "one")]
     pub skill: f64,
-    /// Probability per case that the model's output is unusable (a case error).
+    /// Probability per case that the model's last step is cut off mid-call (malformed
+    /// output: scored, never an error).
     #[serde(default)]
     pub error_rate: f64,
+    /// How the model misbehaves, per call.
+    #[serde(default)]
+    pub faults: Faults,
 }
 
 impl Default for Behaviour {
     fn default() -> Self {
-        Behaviour { susceptibility: 0.0, skill: 1.0, error_rate: 0.0 }
+        Behaviour { susceptibility: 0.0, skill: 1.0, error_rate: 0.0, faults: Faults::default() }
+    }
+}
+
+/// `[sim.models."<name>".faults]`: the probability per model call of each way a real
+/// model (or its server) misbehaves. Each call draws at most one of the output faults
+/// (in the order below); `think` and `slow` come on top. Draws are keyed by seed, case
+/// and call like every other draw, so versions stay coupled.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// HTTP 400 with vLLM's "maximum context length" error: a context overflow.
+    pub context_overflow: f64,
+    /// HTTP 500 (the same answer to every retry of that call): an infrastructure error.
+    pub http_500: f64,
+    /// An empty completion.
+    pub empty: f64,
+    /// A completion cut by the length limit (`finish_reason: "length"`).
+    pub truncated: f64,
+    /// Call arguments that are not valid JSON (a trailing comma).
+    pub broken_json: f64,
+    /// Call arguments that are JSON but not an object.
+    pub non_object_args: f64,
+    /// A call of a tool that does not exist.
+    pub unknown_tool: f64,
+    /// Prose around a call.
+    pub prose: f64,
+    /// A `<think>…</think>` block before the answer.
+    pub think: f64,
+    /// A response slower by `slow_ms`.
+    pub slow: f64,
+    pub slow_ms: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            context_overflow: 0.0,
+            http_500: 0.0,
+            empty: 0.0,
+            truncated: 0.0,
+            broken_json: 0.0,
+            non_object_args: 0.0,
+            unknown_tool: 0.0,
+            prose: 0.0,
+            think: 0.0,
+            slow: 0.0,
+            slow_ms: 2000.0,
+        }
+    }
+}
+
+impl Faults {
+    /// The rates by name, for validation and messages.
+    pub fn rates(&self) -> [(&'static str, f64); 10] {
+        [
+            ("context_overflow", self.context_overflow),
+            ("http_500", self.http_500),
+            ("empty", self.empty),
+            ("truncated", self.truncated),
+            ("broken_json", self.broken_json),
+            ("non_object_args", self.non_object_args),
+            ("unknown_tool", self.unknown_tool),
+            ("prose", self.prose),
+            ("think", self.think),
+            ("slow", self.slow),
+        ]
     }
 }
 

@@ -7,6 +7,7 @@
 //! (HTTP, latency, metrics). `draw` is the only randomness.
 
 pub mod draw;
+pub mod faults;
 pub mod metrics;
 pub mod openai;
 pub mod policy;

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::faults;
 use super::metrics::{Gate, Metrics};
 use super::openai;
 use super::policy::Policy;
@@ -257,11 +258,28 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     let behaviour = s.config.models.get(&req.model).cloned().unwrap_or_default();
     let conv = &req.conversation;
     let (action, plan) = state.policy.respond(&behaviour, conv);
-    let reply = openai::render(&action, req.mode, conv.calls_made + 1);
+    let mut reply = openai::render(&action, req.mode, conv.calls_made + 1);
+    let draws = plan
+        .as_ref()
+        .map(|p| faults::draw(s.config.seed, &behaviour.faults, p, conv.calls_made + 1))
+        .unwrap_or_default();
+    match draws.fault {
+        Some(faults::Fault::ContextOverflow) => {
+            return (StatusCode::BAD_REQUEST, axum::Json(faults::context_overflow_body(req.prompt_tokens)))
+                .into_response();
+        }
+        Some(faults::Fault::Http500) => {
+            return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(faults::internal_error_body())).into_response();
+        }
+        _ => faults::apply(&mut reply, req.mode, &draws),
+    }
     tracing::debug!(model = %req.model, mode = ?req.mode, calls_made = conv.calls_made,
         case = ?plan.as_ref().map(|p| (&p.suite, &p.task, &p.injection, p.solved, p.garbled)), ?action, "sim turn");
 
-    let (ttft_ms, total_ms) = latency_ms(&s.config.latency, req.prompt_tokens, reply.completion_tokens);
+    let (ttft_ms, mut total_ms) = latency_ms(&s.config.latency, req.prompt_tokens, reply.completion_tokens);
+    if draws.slow {
+        total_ms += behaviour.faults.slow_ms;
+    }
     let pass = state.gate.enter().await;
     let queued = arrived.elapsed();
     // Zero latency must cost nothing: no timer at all.

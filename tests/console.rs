@@ -1,0 +1,99 @@
+//! The one console, driven through the real binary: a closed stdout ends a command
+//! quietly, the daemon's journal lines carry their priority and their job, and a
+//! `kill -9`'d run leaves no child of its own behind.
+
+mod common;
+
+use std::os::fd::OwnedFd;
+use std::process::Stdio;
+
+use common::*;
+
+/// A stdout whose reader is already gone: every write gets EPIPE.
+fn closed_pipe() -> OwnedFd {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    write
+}
+
+#[test]
+fn a_closed_stdout_ends_every_printing_command_quietly() {
+    let bench = Bench::new();
+    for version in ["demo-baseline", "demo-kandidat", "demo-vorsichtig"] {
+        bench.start(&[version, "--plan", "schnell"]);
+    }
+    for args in [
+        &["queue"][..],
+        &["status"],
+        &["status", "--json"],
+        &["check"],
+        &["install-units", "--dir", bench.path().join("units").to_str().unwrap()],
+        &["judge", "--help"],
+    ] {
+        let output = bench.cmd(args).stdout(Stdio::from(closed_pipe())).stderr(Stdio::piped()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+        assert_eq!(output.status.code(), Some(0), "{args:?} ends quietly with 0: {stderr}");
+    }
+}
+
+#[test]
+fn the_daemon_logs_with_journald_priorities_and_the_job_id() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    bench.write("versions/quick.toml", &slow_version(0));
+    // Under systemd, JOURNAL_STREAM says stderr is the journal.
+    let daemon = bench.daemon_with(|cmd| {
+        cmd.env("JOURNAL_STREAM", "8:12345");
+    });
+    let id = bench.start(&["quick", "--plan", "mini"]);
+    bench.wait_job(id, "done", 180);
+    let log = daemon.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        let priority = line.strip_prefix('<').and_then(|rest| rest.split_once('>')).map(|(p, _)| p);
+        assert!(matches!(priority, Some("3" | "4" | "6" | "7")), "no syslog priority: {line:?}");
+    }
+    let job = format!("[job={id}] ");
+    assert!(
+        lines.iter().any(|l| l.contains(&job) && l.contains("cases to run")),
+        "the gym's lines name the job:\n{log}"
+    );
+    assert!(lines.iter().any(|l| l.starts_with("<6>") && l.contains("daemon ready")), "{log}");
+    // Outside systemd the same lines are timestamped with a level instead.
+    let plain = Bench::new();
+    let daemon = plain.daemon();
+    let first = daemon.log().lines().next().unwrap_or_default().to_string();
+    assert!(first.starts_with("20") && (first.contains(" INFO ") || first.contains(" WARN ")), "{first:?}");
+}
+
+#[test]
+fn a_killed_run_leaves_none_of_its_processes_behind_and_resumes() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    bench.write("versions/slow.toml", &slow_version(300));
+    let out = bench.path().join("killed");
+    let mut child = bench
+        .cmd(&["run", "slow", "--plan", "mini", "--out", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("two recorded cases", 120, || {
+        std::fs::read_to_string(out.join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= 2)
+    });
+    // The gym, its workers and their agents all name the run directory on their
+    // command line (the gym's request, the agents' config).
+    let needle = out.to_string_lossy().into_owned();
+    assert!(!processes_mentioning(&needle).is_empty(), "the run has children while it runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    wait_until("every child of the killed run to end", 2, || processes_mentioning(&needle).is_empty());
+
+    let recorded = cases(&out).len();
+    let run = bench.run(&["run", "slow", "--plan", "mini", "--out", out.to_str().unwrap()]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(&format!("{recorded} already recorded")), "{}", run.stderr);
+    assert_eq!(cases(&out).len(), MINI_CASES);
+}
