@@ -80,9 +80,15 @@ fn counter_suite_meets_the_seed_smoke_criteria() {
             "guardrail_flags",
             "human_asks",
             "human_denials",
+            "outcome",
+            "malformed_outputs",
+            "unknown_tool_calls",
+            "restarts",
         ] {
             assert!(record.get(key).is_some(), "{key} missing in {record}");
         }
+        assert_eq!((record["outcome"].as_str(), record["restarts"].as_u64()), (Some("scored"), Some(0)));
+        assert!(record["malformed_outputs"].is_null(), "an agent that does not count them reports null");
         // The example agent reports only llm_calls: the other counters are unknown, not 0.
         assert!(record["llm_calls"].as_u64().unwrap() >= 1);
         assert!(record["prompt_tokens"].is_null() && record["human_asks"].is_null());
