@@ -3,7 +3,8 @@
 //! file per command lives in `cmd`.
 
 // Leaves: words and tools every stage may use. A module uses only modules declared
-// above it (tests/layers.rs checks it), so this list reads as the flow.
+// above it (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps
+// this order (`reorder_modules = false`).
 mod util;
 #[macro_use]
 mod console;
@@ -13,36 +14,36 @@ mod record;
 mod settings;
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.
-mod plan;
-mod queue;
 mod root;
 mod spec;
+mod plan;
+mod queue;
 
 // Before a job may use the GPU: the guards.
 mod guard;
 
 // The model server: the simulated model, vLLM in a container, brought up and down.
+mod sim;
 mod container;
 mod model;
-mod sim;
 
 // The run's parts: the run directory and the figures over its records, the gym
 // (AgentDojo, Python), the agent runtime.
-mod agent;
-mod gym;
-mod provenance;
 mod rundir;
 mod telemetry;
+mod gym;
+mod agent;
+mod provenance;
 
 // The verdict: statistics, rules R1–R5, reports — then the hooks.
-mod hooks;
+mod stats;
 mod judge;
 mod report;
-mod stats;
+mod hooks;
 
 // Orchestration: one run end to end, and the daemon that runs queued jobs.
-mod daemon;
 mod run;
+mod daemon;
 
 mod cmd;
 
