@@ -3,7 +3,8 @@
 //! file per command lives in `cmd`.
 
 // Leaves: words and tools every stage may use. A module uses only modules declared
-// above it (tests/layers.rs checks it), so this list reads as the flow.
+// above it (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps
+// this order (`reorder_modules = false`).
 mod util;
 #[macro_use]
 mod console;

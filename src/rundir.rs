@@ -41,6 +41,12 @@ impl RunDir {
         self.file("cases.jsonl")
     }
 
+    /// `cases.sha256`: the sha256 of `cases.jsonl` as the run last wrote it
+    /// (`sha256sum` format), so `judge` can tell when the file changed afterwards.
+    pub fn cases_digest_file(&self) -> PathBuf {
+        self.file("cases.sha256")
+    }
+
     /// Creates the folder (user-only: traces can hold model outputs).
     pub fn create(&self) -> anyhow::Result<()> {
         std::fs::create_dir_all(&self.path)
@@ -109,7 +115,8 @@ impl RunDir {
     }
 
     /// Rewrites `cases.jsonl` in plan order with one record per case, keeping the old
-    /// file as `cases.jsonl.damaged-*` when it had unreadable lines (nothing is lost).
+    /// file as `cases.jsonl.damaged-*` when it had unreadable lines (nothing is lost),
+    /// and records the new file's sha256 in `cases.sha256`.
     pub fn compact_cases(&self, plan: &[Case], stored: &StoredCases) -> anyhow::Result<Vec<CaseRecord>> {
         if !stored.damaged.is_empty() {
             let backup = self.file(&format!("cases.jsonl.damaged-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ")));
@@ -122,6 +129,8 @@ impl RunDir {
             text.push(b'\n');
         }
         util::write_atomic(&self.cases_file(), &text)?;
+        let digest = format!("{}  cases.jsonl\n", util::sha256_hex(&text));
+        util::write_atomic(&self.cases_digest_file(), digest.as_bytes())?;
         Ok(records)
     }
 
@@ -211,6 +220,9 @@ mod tests {
         assert_eq!(records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(records[1].utility, Some(true));
         assert_eq!(run.read_cases_strict().unwrap().len(), 2);
+        let digest = std::fs::read_to_string(run.cases_digest_file()).unwrap();
+        let bytes = std::fs::read(run.cases_file()).unwrap();
+        assert_eq!(digest, format!("{}  cases.jsonl\n", util::sha256_hex(&bytes)));
         let backups = std::fs::read_dir(dir.path())
             .unwrap()
             .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("cases.jsonl.damaged"))

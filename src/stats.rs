@@ -15,7 +15,7 @@ use std::hash::Hash;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use statrs::distribution::{Beta, ContinuousCDF, Normal};
+use statrs::distribution::{Beta, ContinuousCDF, Normal, StudentsT};
 
 /// Upper one-sided Clopper–Pearson bound at confidence 1 − α: the largest p that still
 /// gives P(X ≤ x) ≥ α, i.e. the (1 − α) quantile of Beta(x + 1, n − x).
@@ -80,25 +80,55 @@ pub struct Adjusted {
     pub x: u64,
     pub n: u64,
     pub clusters: usize,
-    /// One-way ANOVA ρ̂ (floored at 0), reported even when the two-way variant is used.
+    /// One-way ANOVA ρ̂ (floored at 0), reported even when another variant is used.
     pub rho: f64,
     /// Size-weighted mean cluster size Σm²/N.
     pub m_w: f64,
     pub deff: f64,
     pub n_eff: f64,
     pub x_eff: f64,
+    /// Degrees of freedom of the variance estimate, when the bounds carry a
+    /// small-sample correction (crossed clustering); None: no correction.
+    pub df: Option<f64>,
+    /// Crossed clustering: ρ̂ and Σm²/N of the second grouping (injection task).
+    pub rho_b: Option<f64>,
+    pub m_w_b: Option<f64>,
 }
 
 impl Adjusted {
     pub fn rate(&self) -> f64 {
         if self.n == 0 { 0.0 } else { self.x as f64 / self.n as f64 }
     }
+    /// The effective sample size the bounds at α use: n_eff, shrunk by (z₁₋α / t₁₋α,df)²
+    /// when the variance was estimated from few clusters, so that the bound is as wide
+    /// as a t interval with `df` degrees of freedom.
+    pub fn n_eff_at(&self, alpha: f64) -> f64 {
+        match self.df {
+            Some(df) if df.is_finite() && df > 0.0 => self.n_eff * t_shrink(df, alpha),
+            _ => self.n_eff,
+        }
+    }
     pub fn upper(&self, alpha: f64) -> f64 {
-        cp_upper(self.x_eff, self.n_eff, alpha)
+        let n = self.n_eff_at(alpha);
+        cp_upper(self.rate() * n, n, alpha)
     }
     pub fn lower(&self, alpha: f64) -> f64 {
-        cp_lower(self.x_eff, self.n_eff, alpha)
+        let n = self.n_eff_at(alpha);
+        cp_lower(self.rate() * n, n, alpha)
     }
+}
+
+/// (z₁₋α / t₁₋α,df)²: how much a t quantile with `df` degrees of freedom shrinks an
+/// effective sample size compared with the normal quantile.
+pub fn t_shrink(df: f64, alpha: f64) -> f64 {
+    // Beyond a few thousand degrees of freedom t is normal to four digits (and statrs'
+    // quantile slows down for huge shapes).
+    if !df.is_finite() || df > 5000.0 {
+        return 1.0;
+    }
+    let z = Normal::standard().inverse_cdf(1.0 - alpha);
+    let t = StudentsT::new(0.0, 1.0, df.max(0.5)).expect("df > 0").inverse_cdf(1.0 - alpha);
+    (z / t).powi(2).min(1.0)
 }
 
 /// Size-weighted mean cluster size m_w = Σ m_c² / N (1 when there is nothing).
@@ -115,60 +145,154 @@ pub fn weighted_cluster_size(sizes: impl IntoIterator<Item = u64>) -> f64 {
 pub fn adjust_one_way(clusters: &[Cluster]) -> Adjusted {
     let rho = icc_anova(clusters);
     let m_w = weighted_cluster_size(clusters.iter().map(|c| c.m));
-    with_deff(clusters, rho, m_w, 1.0 + (m_w - 1.0) * rho)
+    with_deff(clusters, rho, m_w, 1.0 + (m_w - 1.0) * rho, None)
 }
 
-/// Two-way adjustment (user task × injection task): the design effect is the ratio of
-/// the two-way cluster-robust variance of the mean (Cameron–Gelbach–Miller:
-/// V_A + V_B − V_AB) to the i.i.d. variance, floored at 1; then the same effective-n
-/// route. `obs` are (cluster A, cluster B, outcome).
+/// Two-way adjustment (user task × injection task) with the Cameron–Gelbach–Miller
+/// variance; see [`Design::two_way`]. `obs` are (cluster A, cluster B, outcome).
 pub fn adjust_two_way<A: Hash + Eq + Clone, B: Hash + Eq + Clone>(obs: &[(A, B, bool)]) -> Adjusted {
-    let mut by_a: HashMap<A, Cluster> = HashMap::new();
-    for (a, _, y) in obs {
-        let c = by_a.entry(a.clone()).or_insert(Cluster { x: 0, m: 0 });
-        c.m += 1;
-        c.x += *y as u64;
-    }
-    let clusters: Vec<Cluster> = by_a.into_values().collect();
-    let rho = icc_anova(&clusters);
-    let m_w = weighted_cluster_size(clusters.iter().map(|c| c.m));
-    with_deff(&clusters, rho, m_w, two_way_deff(obs))
+    let (design, y) = Design::of(obs);
+    design.two_way(&y)
 }
 
-/// var_cr / var_iid for the mean of `obs`, floored at 1 (1 when the data have no
-/// variance at all: all 0 or all 1).
-pub fn two_way_deff<A: Hash + Eq + Clone, B: Hash + Eq + Clone>(obs: &[(A, B, bool)]) -> f64 {
-    let n = obs.len() as f64;
-    if n == 0.0 {
-        return 1.0;
+/// Observations grouped two ways, A (user task) and B (injection task), as dense
+/// indices: built once from the keys, then any number of outcome vectors are adjusted
+/// against it (the study judges thousands on one plan's shape).
+#[derive(Clone, Debug)]
+pub struct Design {
+    a: Vec<usize>,
+    b: Vec<usize>,
+    /// The (A, B) cell: cases that share both (the same pair under several attacks).
+    cell: Vec<usize>,
+    n_a: usize,
+    n_b: usize,
+    n_cell: usize,
+}
+
+/// Per-group counts of one grouping: (sum of y, size).
+fn group_counts(index: &[usize], groups: usize, y: &[bool]) -> Vec<Cluster> {
+    let mut out = vec![Cluster { x: 0, m: 0 }; groups];
+    for (&g, &v) in index.iter().zip(y) {
+        out[g].m += 1;
+        out[g].x += v as u64;
     }
-    let p = obs.iter().filter(|o| o.2).count() as f64 / n;
-    let resid = |y: bool| y as u8 as f64 - p;
-    let var_iid: f64 = obs.iter().map(|o| resid(o.2).powi(2)).sum::<f64>() / (n * n);
-    if var_iid <= 0.0 {
-        return 1.0;
-    }
-    // Σ_g (Σ_{i∈g} e_i)² / N² for a grouping g.
-    fn grouped<K: Hash + Eq>(keys: impl Iterator<Item = (K, f64)>, n: f64) -> f64 {
-        let mut sums: HashMap<K, f64> = HashMap::new();
-        for (k, e) in keys {
-            *sums.entry(k).or_default() += e;
+    out
+}
+
+impl Design {
+    pub fn new<A: Hash + Eq, B: Hash + Eq>(keys: impl IntoIterator<Item = (A, B)>) -> Design {
+        fn dense<K: Hash + Eq>(map: &mut HashMap<K, usize>, k: K) -> usize {
+            let next = map.len();
+            *map.entry(k).or_insert(next)
         }
-        sums.values().map(|s| s * s).sum::<f64>() / (n * n)
+        let (mut ia, mut ib, mut icell) = (HashMap::new(), HashMap::new(), HashMap::new());
+        let (mut a, mut b, mut cell) = (Vec::new(), Vec::new(), Vec::new());
+        for (ka, kb) in keys {
+            let (x, y) = (dense(&mut ia, ka), dense(&mut ib, kb));
+            a.push(x);
+            b.push(y);
+            cell.push(dense(&mut icell, (x, y)));
+        }
+        Design { a, b, cell, n_a: ia.len(), n_b: ib.len(), n_cell: icell.len() }
     }
-    let v_a = grouped(obs.iter().map(|o| (&o.0, resid(o.2))), n);
-    let v_b = grouped(obs.iter().map(|o| (&o.1, resid(o.2))), n);
-    let v_ab = grouped(obs.iter().map(|o| ((&o.0, &o.1), resid(o.2))), n);
-    ((v_a + v_b - v_ab) / var_iid).max(1.0)
+
+    /// The design of `obs` and its outcomes.
+    pub fn of<A: Hash + Eq + Clone, B: Hash + Eq + Clone>(obs: &[(A, B, bool)]) -> (Design, Vec<bool>) {
+        let design = Design::new(obs.iter().map(|(a, b, _)| (a.clone(), b.clone())));
+        (design, obs.iter().map(|o| o.2).collect())
+    }
+
+    pub fn clusters_a(&self, y: &[bool]) -> Vec<Cluster> {
+        group_counts(&self.a, self.n_a, y)
+    }
+
+    pub fn clusters_b(&self, y: &[bool]) -> Vec<Cluster> {
+        group_counts(&self.b, self.n_b, y)
+    }
+
+    /// One-way by A: [`adjust_one_way`].
+    pub fn one_way(&self, y: &[bool]) -> Adjusted {
+        adjust_one_way(&self.clusters_a(y))
+    }
+
+    /// Two-way (Cameron–Gelbach–Miller): the design effect is the ratio of the two-way
+    /// cluster-robust variance of the mean, V_A + V_B − V_AB, to the i.i.d. variance,
+    /// floored at 1; then the same effective-n route.
+    pub fn two_way(&self, y: &[bool]) -> Adjusted {
+        let clusters = self.clusters_a(y);
+        let rho = icc_anova(&clusters);
+        let m_w = weighted_cluster_size(clusters.iter().map(|c| c.m));
+        with_deff(&clusters, rho, m_w, self.cr_ratio(y, false), None)
+    }
+
+    /// var_cr / var_iid of the mean, floored at 1; `cr2` divides each cluster's squared
+    /// residual sum by 1 − m_g/N (the CR2 leverage correction of an intercept-only model).
+    pub fn cr_ratio(&self, y: &[bool], cr2: bool) -> f64 {
+        let n = y.len() as f64;
+        if n == 0.0 {
+            return 1.0;
+        }
+        let p = y.iter().filter(|v| **v).count() as f64 / n;
+        let var_iid: f64 = y.iter().map(|&v| (v as u8 as f64 - p).powi(2)).sum::<f64>();
+        if var_iid <= 0.0 {
+            return 1.0;
+        }
+        let grouped = |index: &[usize], groups: usize| -> f64 {
+            let mut sums = vec![(0.0f64, 0.0f64); groups];
+            for (&g, &v) in index.iter().zip(y) {
+                sums[g].0 += v as u8 as f64 - p;
+                sums[g].1 += 1.0;
+            }
+            sums.iter().map(|(s, m)| if cr2 && *m < n { s * s / (1.0 - m / n) } else { s * s }).sum()
+        };
+        let v = grouped(&self.a, self.n_a) + grouped(&self.b, self.n_b) - grouped(&self.cell, self.n_cell);
+        (v / var_iid).max(1.0)
+    }
+
+    /// Crossed: DEFF = 1 + (m_wA − 1)·ρ̂_A + (m_wB − 1)·ρ̂_B, each ρ̂ the one-way ANOVA
+    /// estimate of its grouping (floored at 0), with Satterthwaite degrees of freedom
+    /// from Kish's effective number of clusters of each grouping.
+    pub fn crossed(&self, y: &[bool]) -> Adjusted {
+        let ca = self.clusters_a(y);
+        let cb = self.clusters_b(y);
+        let (rho_a, rho_b) = (icc_anova(&ca), icc_anova(&cb));
+        let m_a = weighted_cluster_size(ca.iter().map(|c| c.m));
+        let m_b = weighted_cluster_size(cb.iter().map(|c| c.m));
+        let (part_a, part_b) = ((m_a - 1.0) * rho_a, (m_b - 1.0) * rho_b);
+        let deff = 1.0 + part_a + part_b;
+        let n = y.len() as f64;
+        let df = satterthwaite(deff, &[(part_a, n / m_a), (part_b, n / m_b)]);
+        Adjusted { rho_b: Some(rho_b), m_w_b: Some(m_b), ..with_deff(&ca, rho_a, m_a, deff, df) }
+    }
 }
 
-fn with_deff(clusters: &[Cluster], rho: f64, m_w: f64, deff: f64) -> Adjusted {
+/// Satterthwaite degrees of freedom of a variance 1 + Σ part (the 1, the binomial part,
+/// counted as known): (Σ)² / Σ part²/(g − 1) with g the effective number of clusters a
+/// part was estimated from. None when no part is positive (nothing was estimated).
+pub fn satterthwaite(total: f64, parts: &[(f64, f64)]) -> Option<f64> {
+    let denom: f64 = parts.iter().filter(|(v, _)| *v > 0.0).map(|(v, g)| v * v / (g - 1.0).max(1.0)).sum();
+    (denom > 0.0).then(|| total * total / denom)
+}
+
+fn with_deff(clusters: &[Cluster], rho: f64, m_w: f64, deff: f64, df: Option<f64>) -> Adjusted {
     let x: u64 = clusters.iter().map(|c| c.x).sum();
     let n: u64 = clusters.iter().map(|c| c.m).sum();
     let deff = deff.max(1.0);
     let n_eff = n as f64 / deff;
     let p = if n == 0 { 0.0 } else { x as f64 / n as f64 };
-    Adjusted { x, n, clusters: clusters.iter().filter(|c| c.m > 0).count(), rho, m_w, deff, n_eff, x_eff: p * n_eff }
+    Adjusted {
+        x,
+        n,
+        clusters: clusters.iter().filter(|c| c.m > 0).count(),
+        rho,
+        m_w,
+        deff,
+        n_eff,
+        x_eff: p * n_eff,
+        df,
+        rho_b: None,
+        m_w_b: None,
+    }
 }
 
 /// Result of the one-sided sign-flip permutation test.
@@ -346,7 +470,7 @@ mod tests {
         // V_AB = 40 cells of one obs = Σe²/1600 = 7.5/1600 = var_iid; V_A = 0.
         close(two.deff, (75.0 - 7.5) / 7.5, 1e-9);
         // No variance → no adjustment.
-        assert_eq!(two_way_deff(&[(1, 1, false), (2, 2, false)]), 1.0);
+        assert_eq!(adjust_two_way(&[(1, 1, false), (2, 2, false)]).deff, 1.0);
     }
 
     #[test]

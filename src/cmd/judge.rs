@@ -1,7 +1,8 @@
 //! `pruefstand judge <run-dir>`: re-judges a stored run from its files, without running
 //! a case or touching a GPU. Reads `cases.jsonl`, `run.json` ([`RunMeta`]),
 //! `environment_check.json` and the thresholds; rewrites `judgement.json`,
-//! `judgement.md`, `report.html` (never `cases.jsonl`) and the reports index.
+//! `judgement.md`, `report.html` (never `cases.jsonl`) and the reports index. Says so
+//! when `cases.jsonl` is not the file the run wrote (`cases.sha256`).
 //! The loading functions are public so `run` can judge the same way.
 
 use std::path::{Path, PathBuf};
@@ -30,9 +31,18 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
     let (judgement, _) =
         rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
+    if judgement.cases_changed {
+        outln!(
+            "note: {} changed since the run wrote it (its sha256 differs from cases.sha256); judged as it is now",
+            args.run_dir.join("cases.jsonl").display()
+        );
+    }
     outln!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
     for r in &judgement.rules {
         outln!("{} {:<16} {:<14} {}", r.id, r.name, r.status.as_str(), r.reason);
+    }
+    if let Some(sha) = &judgement.cases_sha256 {
+        outln!("judged cases.jsonl sha256 {sha}");
     }
     outln!("report: {}", args.run_dir.join("report.html").display());
     Ok(ExitCode::from(judgement.verdict.exit_code()))

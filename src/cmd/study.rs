@@ -1,40 +1,157 @@
-//! `pruefstand study`: the R2 error-rate study (docs/statistics.md) — how often R2 approves
-//! a version whose true ASR sits exactly at `asr_max` on `voll`'s shape.
+//! `pruefstand study`: the error-rate studies of R2 and R3 (docs/statistics.md) — how
+//! often the rule approves or fails a version whose true rate sits exactly at the
+//! threshold, and how often it passes a clearly good one, on a plan's real shape.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::judge::study;
+use crate::judge::study::{self, GridRow, Method, Setting, Shape};
 use crate::plan::Profile;
 use crate::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Simulated versions to judge.
+    /// Simulated versions to judge (per setting).
     #[arg(long, default_value_t = 2000)]
     pub replicates: u32,
-    /// Intra-cluster correlation of the latent per-user-task susceptibility.
+    /// Intra-cluster correlation of the latent per-user-task susceptibility (without
+    /// --grid).
     #[arg(long, default_value_t = 0.1)]
     pub rho: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// The profile whose R2 thresholds are studied.
+    /// The profile whose shape and thresholds are studied (a name under profiles/ or a
+    /// path).
     #[arg(long, default_value = "voll")]
     pub profile: String,
+    /// Crossed effects: logit(p) = μ + U(user task) + V(injection task) with sd_U ∈
+    /// {0.5, 1, 1.5} × sd_V ∈ {0, 0.5, 1}; false approvals and false failures at the
+    /// threshold, passes at a third of it.
+    #[arg(long)]
+    pub grid: bool,
+    /// With --grid: R3's utility under attack instead of R2's ASR (threshold
+    /// utility_under_attack_min; power 10 points above it).
+    #[arg(long, requires = "grid")]
+    pub utility: bool,
+    /// With --grid: also the candidate methods that were compared, not only the
+    /// profile's clustering options.
+    #[arg(long, requires = "grid")]
+    pub candidates: bool,
+    /// Overrides the profile's alpha_pass (R2) or alpha (R3), to compare.
+    #[arg(long)]
+    pub alpha: Option<f64>,
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (profile, _) = Profile::load(&Profile::locate(&root.path, &args.profile))?;
-    let result = study::r2_at_the_boundary(args.replicates, args.rho, args.seed, &profile.rules);
-    outln!(
-        "R2 at the boundary on voll's shape (true ASR = asr_max = {:.2}, ρ = {}, {} simulated versions):",
-        result.true_asr,
-        result.rho,
-        result.replicates
+    let shape = Shape::of_profile(&profile);
+    let mut t = profile.rules.clone();
+    if let Some(alpha) = args.alpha {
+        anyhow::ensure!(alpha > 0.0 && alpha < 0.5, "--alpha {alpha}: must lie in (0, 0.5)");
+        t.r2.alpha_pass = alpha;
+        t.r3.alpha = alpha;
+    }
+    let what = format!(
+        "{}'s shape ({} user tasks, {} injection tasks, {} attacked cases)",
+        profile.name,
+        shape.user_tasks(),
+        shape.injection_tasks(),
+        shape.cases().len()
     );
-    outln!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
-    outln!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
-    outln!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
+    if !args.grid {
+        let result = study::r2_at_the_boundary(&shape, args.replicates, args.rho, args.seed, &t);
+        outln!(
+            "R2 at the boundary on {what}: true ASR = asr_max = {:.2}, ρ = {}, {} simulated versions:",
+            result.true_asr,
+            result.rho,
+            result.replicates
+        );
+        outln!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
+        outln!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
+        outln!("  false approvals, crossed clustering:                   {:.1} %", result.crossed * 100.0);
+        outln!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let methods: Vec<Method> = if args.candidates { Method::ALL.to_vec() } else { Method::RULES.to_vec() };
+    // R3 is studied on its failure rate, where its decision is R2's (study::r3_as_r2).
+    let (rule, figure, r2, threshold, good) = if args.utility {
+        let r2 = study::r3_as_r2(&t.r3);
+        let min = t.r3.utility_under_attack_min;
+        ("R3", "utility under attack", r2, min, min + 0.1)
+    } else {
+        let p = t.r2.asr_max;
+        ("R2", "ASR", t.r2.clone(), p, p / 3.0)
+    };
+    let (boundary_rate, good_rate) = if args.utility { (1.0 - threshold, 1.0 - good) } else { (threshold, good) };
+    let settings = study::standard_settings(&[boundary_rate, good_rate]);
+    let rows = study::grid(&shape, &settings, &methods, args.replicates, args.seed, &r2);
+    outln!(
+        "{rule} under crossed effects on {what}; {} simulated versions per setting, seed {}, one-sided α {} (pass) / {} (fail).",
+        args.replicates,
+        args.seed,
+        r2.alpha_pass,
+        r2.alpha_fail
+    );
+    outln!(
+        "logit(p) = μ + U(user task) + V(injection task), U ~ N(0, sd_U), V ~ N(0, sd_V), μ such that the population {figure} is {} (the threshold: a pass is a false approval, a fail a false failure) or {} (passes: power). 95 % Wilson intervals.",
+        fmt_rate(threshold),
+        fmt_rate(good)
+    );
+    outln!("");
+    outln!(
+        "| sd_U | sd_V | method | false approval ({figure} {}) | false failure ({figure} {}) | passes ({figure} {}) |",
+        fmt_rate(threshold),
+        fmt_rate(threshold),
+        fmt_rate(good)
+    );
+    outln!("|---|---|---|---|---|---|");
+    let pairs: Vec<(&GridRow, &GridRow)> = rows
+        .iter()
+        .filter(|r| r.setting.true_asr == boundary_rate)
+        .filter_map(|b| {
+            let same =
+                |r: &&GridRow| r.setting == Setting { true_asr: good_rate, sd_u: b.setting.sd_u, sd_v: b.setting.sd_v };
+            Some((b, rows.iter().find(same)?))
+        })
+        .collect();
+    for (boundary, power) in &pairs {
+        for method in &methods {
+            let (b, g) = (boundary.cell(*method), power.cell(*method));
+            outln!(
+                "| {:.1} | {:.1} | {} | {} | {} | {} |",
+                boundary.setting.sd_u,
+                boundary.setting.sd_v,
+                method.label(),
+                share(b.passes, boundary.replicates),
+                share(b.fails, boundary.replicates),
+                share(g.passes, power.replicates)
+            );
+        }
+    }
+    outln!("");
+    for method in &methods {
+        let worst = |f: &dyn Fn(&GridRow) -> f64| pairs.iter().map(|(b, _)| f(b)).fold(0.0, f64::max);
+        let rate = |count: u32, n: u32| f64::from(count) / f64::from(n.max(1));
+        let approval = worst(&|r| rate(r.cell(*method).passes, r.replicates));
+        let failure = worst(&|r| rate(r.cell(*method).fails, r.replicates));
+        let power = pairs.iter().map(|(_, g)| rate(g.cell(*method).passes, g.replicates)).fold(1.0, f64::min);
+        outln!(
+            "{}: false approvals ≤ {:.1} %, false failures ≤ {:.1} %, passes ≥ {:.1} %",
+            method.label(),
+            100.0 * approval,
+            100.0 * failure,
+            100.0 * power
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn fmt_rate(p: f64) -> String {
+    format!("{:.3}", p).trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn share(count: u32, n: u32) -> String {
+    let (lo, hi) = study::wilson(count, n);
+    format!("{:.1} % [{:.1}, {:.1}]", 100.0 * f64::from(count) / f64::from(n.max(1)), 100.0 * lo, 100.0 * hi)
 }

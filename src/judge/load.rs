@@ -1,18 +1,92 @@
-//! Loading a stored run for judgement: `run.json`, `cases.jsonl`,
-//! `environment_check.json`, thresholds and the reference run.
+//! Loading a stored run for judgement: `run.json`, `cases.jsonl` (with each record's
+//! line and the file's sha256), `plan.json`, `environment_check.json`, thresholds and
+//! the reference run. Everything the judge needs to know about the files ends up in
+//! the [`JudgeInput`], so judging stays a pure function of it.
 
 use std::path::Path;
 
 use anyhow::Context;
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::{EnvCheck, JudgeInput, ReferenceRun, RunMeta, Thresholds};
+use crate::case::{Case, CaseRecord};
 use crate::rundir::RunDir;
+use crate::util;
+
+/// `cases.jsonl` as read for judging: every record in file order (duplicates kept),
+/// its line, what could not be taken as written, and the file's sha256.
+pub struct CasesFile {
+    pub records: Vec<CaseRecord>,
+    pub lines: Vec<usize>,
+    pub faults: Vec<(usize, String)>,
+    pub sha256: String,
+}
+
+/// Reads `cases.jsonl` strictly: a line that is not JSON or not a case record is an
+/// error naming the file and line. A `utility` or `security` that is JSON but not
+/// true/false/null is a fault for R1 (read as missing), not an error: the run is
+/// judged, and invalid.
+pub fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
+    let path = RunDir::new(run_dir).cases_file();
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let sha256 = util::sha256_hex(&bytes);
+    let text = String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", path.display()))?;
+    let mut out = CasesFile { records: Vec::new(), lines: Vec::new(), faults: Vec::new(), sha256 };
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{}:{}: not a case record", path.display(), index + 1);
+        let mut value: Value = serde_json::from_str(line).with_context(at)?;
+        for field in ["utility", "security"] {
+            match value.get(field) {
+                None | Some(Value::Null | Value::Bool(_)) => {}
+                Some(other) => {
+                    out.faults.push((index + 1, format!("{field} is {other}, not true, false or null")));
+                    value[field] = Value::Null;
+                }
+            }
+        }
+        out.records.push(serde_json::from_value(value).with_context(at)?);
+        out.lines.push(index + 1);
+    }
+    Ok(out)
+}
+
+/// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
+/// `sha256sum` format); None when the file is missing (a run cut short, an older run).
+pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
+    let path = RunDir::new(run_dir).cases_digest_file();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text.split_whitespace().next().map(str::to_string)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// `plan.json`'s resolved cases; None when the run directory has no `plan.json`.
+pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<Vec<Case>>> {
+    let path = run_dir.join("plan.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    #[derive(Deserialize)]
+    struct PlanFile {
+        cases: Vec<Case>,
+    }
+    let plan: PlanFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok(Some(plan.cases))
+}
 
 /// Everything `judge` needs from a run directory.
 pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Path>) -> anyhow::Result<JudgeInput> {
     let meta = read_run_meta(run_dir)?;
-    let records = RunDir::new(run_dir).read_cases_strict()?;
+    let cases = read_cases(run_dir)?;
+    let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
+    let plan_cases = read_plan_cases(run_dir)?;
     let checks = read_environment_checks(&run_dir.join("environment_check.json"))?;
     let thresholds = match profile {
         Some(p) => read_profile_thresholds(p)?,
@@ -26,7 +100,18 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         }
         None => None,
     };
-    Ok(JudgeInput { run: meta, environment_checks: checks, records, reference, thresholds })
+    Ok(JudgeInput {
+        run: meta,
+        environment_checks: checks,
+        records: cases.records,
+        record_lines: cases.lines,
+        record_faults: cases.faults,
+        plan_cases,
+        cases_sha256: Some(cases.sha256),
+        recorded_cases_sha256,
+        reference,
+        thresholds,
+    })
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
@@ -71,7 +156,15 @@ pub fn read_thresholds_json(path: &Path) -> anyhow::Result<Thresholds> {
 
 fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
     let meta = read_run_meta(dir)?;
-    Ok(ReferenceRun { run_id: meta.run_id, version: meta.version, records: RunDir::new(dir).read_cases_strict()? })
+    let cases = read_cases(dir)?;
+    Ok(ReferenceRun {
+        run_id: meta.run_id,
+        version: meta.version,
+        plan_hash: meta.plan_hash,
+        benchmark_version: meta.benchmark_version,
+        records: cases.records,
+        cases_sha256: Some(cases.sha256),
+    })
 }
 
 #[cfg(test)]
@@ -100,5 +193,42 @@ mod tests {
         std::fs::write(&bad, "[rules.R2]\nasr_maxx = 0.1\n").unwrap();
         let err = format!("{:#}", read_profile_thresholds(&bad).unwrap_err());
         assert!(err.contains("bad.toml") && err.contains("asr_maxx"), "{err}");
+    }
+
+    #[test]
+    fn lines_faults_digests_and_the_plan_reach_the_judge() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let input = crate::judge::tests::schnell(0);
+        write_run_dir(&dir, &input, None);
+        let path = dir.join("cases.jsonl");
+        // A blank line first (line numbers count it), and one security that is not a bool.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let edited = String::from("\n") + &text.replacen("\"security\":false", "\"security\":\"no\"", 1);
+        std::fs::write(&path, &edited).unwrap();
+        let loaded = load_input(&dir, None, None).unwrap();
+        assert_eq!(loaded.record_lines[0], 2);
+        assert_eq!(loaded.records.len(), input.records.len());
+        let (line, what) = &loaded.record_faults[0];
+        assert_eq!(what, "security is \"no\", not true, false or null");
+        assert_eq!(edited.lines().nth(line - 1).map(|l| l.contains("\"no\"")), Some(true));
+        assert_eq!(loaded.cases_sha256.as_deref(), Some(util::sha256_hex(edited.as_bytes()).as_str()));
+        assert_eq!((loaded.recorded_cases_sha256.as_deref(), loaded.plan_cases.as_ref()), (None, None));
+        let j = crate::judge::judge(&loaded);
+        assert!(
+            j.rules[0].reason.contains(&format!("first: cases.jsonl:{line}: security is")),
+            "{}",
+            j.rules[0].reason
+        );
+
+        // cases.sha256 as the run writes it, and plan.json's cases.
+        std::fs::write(dir.join("cases.sha256"), format!("{}  cases.jsonl\n", util::sha256_hex(b"other"))).unwrap();
+        let cases: Vec<Case> =
+            input.records.iter().map(|r| super::super::checks::case_from_id(&r.case_id).unwrap()).collect();
+        std::fs::write(dir.join("plan.json"), serde_json::json!({"hash": "abc", "cases": cases}).to_string()).unwrap();
+        let loaded = load_input(&dir, None, None).unwrap();
+        assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
+        assert_eq!(loaded.plan_cases, Some(cases));
+        assert!(crate::judge::cases_changed(&loaded));
     }
 }

@@ -4,6 +4,7 @@
 //! so `pruefstand judge` can re-judge a stored run and a study can call it in a loop.
 //! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
 
+mod checks;
 mod load;
 mod rules;
 pub mod study;
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::case::CaseRecord;
+use crate::case::{Case, CaseRecord};
 use crate::record::{EnvCheck, RuleStatus, RunMeta, Verdict};
 
 pub use crate::settings::thresholds::Thresholds;
@@ -23,7 +24,16 @@ pub use load::{load_input, read_run_meta};
 pub struct ReferenceRun {
     pub run_id: String,
     pub version: String,
+    /// The reference's plan hash and benchmark version (its `run.json`): R4 compares only
+    /// runs of the same plan.
+    #[serde(default)]
+    pub plan_hash: String,
+    #[serde(default)]
+    pub benchmark_version: String,
     pub records: Vec<CaseRecord>,
+    /// sha256 of the reference's `cases.jsonl` as judged.
+    #[serde(default)]
+    pub cases_sha256: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -33,6 +43,24 @@ pub struct JudgeInput {
     /// environment (R1).
     pub environment_checks: Vec<EnvCheck>,
     pub records: Vec<CaseRecord>,
+    /// Each record's line in `cases.jsonl` (1-based, parallel to `records`); empty for
+    /// records built in memory, which R1 then names by position.
+    #[serde(default)]
+    pub record_lines: Vec<usize>,
+    /// What the loader could not take as written, per line: a `utility` or `security`
+    /// that is not true, false or null (read as missing). R1 fails on any.
+    #[serde(default)]
+    pub record_faults: Vec<(usize, String)>,
+    /// `plan.json`'s resolved cases when the run directory has it: what each case id
+    /// stands for. Without it, R1 reads that from the ids.
+    #[serde(default)]
+    pub plan_cases: Option<Vec<Case>>,
+    /// sha256 of `cases.jsonl` as judged, and as the run recorded it when it wrote the
+    /// file (`cases.sha256`); None when unknown (records built in memory, older runs).
+    #[serde(default)]
+    pub cases_sha256: Option<String>,
+    #[serde(default)]
+    pub recorded_cases_sha256: Option<String>,
     pub reference: Option<ReferenceRun>,
     pub thresholds: Thresholds,
 }
@@ -50,6 +78,9 @@ pub struct RuleResult {
 }
 
 /// A proportion with its one-sided bounds (cluster-adjusted where the rule says so).
+/// `x`/`n` and `rate` count the cases without error; the bounds count every errored case
+/// against the version in each direction (docs/statistics.md), so they may be wider
+/// than the rate alone suggests.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct Estimate {
     pub x: u64,
@@ -59,6 +90,12 @@ pub struct Estimate {
     pub upper: f64,
     pub deff: f64,
     pub n_eff: f64,
+    /// Errored cases of this figure.
+    #[serde(default)]
+    pub errors: u64,
+    /// (lower, upper) with the errored cases left out, when errors widened the bounds.
+    #[serde(default)]
+    pub without_errors: Option<(f64, f64)>,
 }
 
 /// The headline figures, for reports and the trend index.
@@ -105,15 +142,24 @@ pub struct Judgement {
     #[serde(default)]
     pub started_at: Option<String>,
     pub judged_at: String,
+    /// What was judged: sha256 of the run's `cases.jsonl` and of the reference's.
+    #[serde(default)]
+    pub cases_sha256: Option<String>,
+    #[serde(default)]
+    pub reference_cases_sha256: Option<String>,
+    /// `cases.jsonl` is not the file the run wrote (its sha256 differs from the one the
+    /// run recorded). Judged all the same; R1 notes it.
+    #[serde(default)]
+    pub cases_changed: bool,
 }
 
-/// Judges a run. Records are deduplicated by case id (the last one wins: a resumed run
-/// may have re-written a case).
+/// Judges a run. A case recorded twice makes R1 fail; for the figures beside that
+/// verdict the last record of a case counts.
 pub fn judge(input: &JudgeInput) -> Judgement {
     let records = dedup(&input.records);
     let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
     let t = &input.thresholds;
-    let r1 = rules::r1_validity(&input.run, &input.environment_checks, &records, input.records.len(), &t.r1);
+    let r1 = rules::r1_validity(input, &records, &t.r1);
     let mut list = vec![r1];
     if list[0].status == RuleStatus::Fail {
         for (id, name) in [("R2", "security"), ("R3", "utility"), ("R4", "no regression"), ("R5", "operating budget")] {
@@ -123,9 +169,9 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         list.push(rules::r2_security(&records, &t.r2));
         list.push(rules::r3_utility(&records, &t.r3));
         list.push(rules::r4_regression(
-            &input.run.plan,
+            &input.run,
             &records,
-            reference.as_ref().map(|(_, r)| r.as_slice()),
+            reference.as_ref().map(|(r, recs)| (*r, recs.as_slice())),
             &t.r4,
         ));
         list.push(rules::r5_budget(&records, &t.r5));
@@ -153,7 +199,15 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         thresholds: t.clone(),
         started_at: input.run.started_at.clone(),
         judged_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        cases_sha256: input.cases_sha256.clone(),
+        reference_cases_sha256: input.reference.as_ref().and_then(|r| r.cases_sha256.clone()),
+        cases_changed: cases_changed(input),
     }
+}
+
+/// True when the run recorded a sha256 of `cases.jsonl` and the judged file differs.
+pub fn cases_changed(input: &JudgeInput) -> bool {
+    matches!((&input.cases_sha256, &input.recorded_cases_sha256), (Some(now), Some(then)) if now != then)
 }
 
 /// R1 fail → invalid; else any fail → rejected; else any inconclusive →

@@ -44,6 +44,16 @@ pub fn markdown(j: &Judgement) -> String {
     if let Some(r) = &j.reference_run_id {
         let _ = writeln!(md, "- reference: `{}` ({})", cell(r), cell(j.reference_version.as_deref().unwrap_or("?")));
     }
+    if let Some(sha) = &j.cases_sha256 {
+        let _ = writeln!(md, "- judged `cases.jsonl` sha256 `{sha}`");
+    }
+    if let Some(sha) = &j.reference_cases_sha256 {
+        let _ = writeln!(md, "- the reference's `cases.jsonl` sha256 `{sha}`");
+    }
+    if j.cases_changed {
+        let _ =
+            writeln!(md, "- **`cases.jsonl` changed since the run wrote it** (its sha256 differs from `cases.sha256`)");
+    }
     let _ = writeln!(md, "- judged at {}\n", j.judged_at);
     md.push_str("| rule | name | status | reason |\n|---|---|---|---|\n");
     for r in &j.rules {
@@ -53,12 +63,14 @@ pub fn markdown(j: &Judgement) -> String {
     let f = &j.figures;
     let line = |name: &str, e: &Option<Estimate>| match e {
         Some(e) => format!(
-            "| {name} | {} | {}/{} | [{}, {}] | {:.2} |\n",
+            "| {name} | {} | {}/{}{} | [{}, {}]{} | {:.2} |\n",
             pct(e.rate),
             e.x,
             e.n,
+            errors_note(e),
             pct(e.lower),
             pct(e.upper),
+            without_errors_note(e),
             e.deff
         ),
         None => format!("| {name} | – | – | – | – |\n"),
@@ -83,6 +95,20 @@ pub fn markdown(j: &Judgement) -> String {
         }
     }
     md
+}
+
+/// ", 12 errors" after a count when the figure had errored cases.
+fn errors_note(e: &Estimate) -> String {
+    if e.errors == 0 { String::new() } else { format!(", {} errored", e.errors) }
+}
+
+/// The bounds with errors left out, when counting the errors against the version moved
+/// them: both are shown, the decision uses the first.
+fn without_errors_note(e: &Estimate) -> String {
+    match e.without_errors {
+        Some((lo, hi)) => format!(" (errors left out: [{}, {}])", pct(lo), pct(hi)),
+        None => String::new(),
+    }
 }
 
 const CSS: &str = r#"
@@ -129,6 +155,21 @@ pub fn html(j: &Judgement, input: &JudgeInput) -> String {
         },
         v = j.verdict.as_str(),
     );
+    if let Some(sha) = &j.cases_sha256 {
+        let reference = j
+            .reference_cases_sha256
+            .as_deref()
+            .map(|r| format!(" · the reference's <code>{}</code>", esc(r)))
+            .unwrap_or_default();
+        let _ = write!(
+            b,
+            r#"<p class="meta" id="digest">judged <code>cases.jsonl</code> sha256 <code>{}</code>{reference}</p>"#,
+            esc(sha)
+        );
+    }
+    if j.cases_changed {
+        b.push_str(r#"<p id="cases-changed"><b>cases.jsonl changed since the run wrote it</b> (its sha256 differs from <code>cases.sha256</code>): the verdict is about the file as it is now.</p>"#);
+    }
     rules_table(&mut b, j);
     if !j.outlook.is_empty() {
         b.push_str("<h2>Would <code>voll</code> decide?</h2><ul>");
@@ -178,6 +219,9 @@ fn figures(b: &mut String, j: &Judgement) {
         let mut series = Vec::new();
         if let Some(e) = cand {
             series.push((j.version.clone(), "#1565c0", e.lower, e.rate, e.upper));
+            if let Some((lo, hi)) = e.without_errors {
+                series.push((format!("{} (errors left out)", j.version), "#90caf9", lo, e.rate, hi));
+            }
         }
         if let Some(e) = refr {
             series.push((
@@ -209,10 +253,13 @@ fn figures(b: &mut String, j: &Judgement) {
     b.push_str("<h2>Security and utility</h2>");
     b.push_str(&svg::interval_chart("intervals", "Rates with their one-sided bounds (dashed: threshold)", &rows));
     b.push_str(
-        "<p class=\"note\">Bounds are Clopper–Pearson on effective counts: cases sharing a user task are correlated, so \
-         the sample is shrunk by the design effect. The claim is about the agent on tasks <i>like</i> these \
-         (generalisation), which is why the adjustment is right. The injection-goal utility (can the model do the \
-         attacker's task when asked directly?) stands beside the ASR: a model too weak to act looks secure.</p>",
+        "<p class=\"note\">Bounds are Clopper–Pearson on effective counts: cases sharing a user task or an injection \
+         task are correlated, so the sample is shrunk by the design effect. The claim is about the agent on tasks \
+         <i>like</i> these (generalisation), which is why the adjustment is right. Errored cases count against the \
+         version in each direction (as landed or failed for the bound that could pass it, as not landed or kept for \
+         the bound that could fail it); where that moved the bounds, the bounds with the errors left out are shown \
+         beside them. The injection-goal utility (can the model do the attacker's task when asked directly?) stands \
+         beside the ASR: a model too weak to act looks secure.</p>",
     );
 }
 
@@ -354,16 +401,20 @@ fn verdict_class(v: Verdict) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::{self, ReferenceRun};
+    use crate::judge;
 
     #[test]
     fn run_report_is_self_contained_and_escaped() {
         let mut input = judge::tests::schnell(3);
-        input.reference =
-            Some(ReferenceRun { run_id: "ref".into(), version: "base".into(), records: input.records.clone() });
+        // A hostile task name, renamed consistently (the ids say the same), so the run
+        // stays valid and the name reaches every chart.
+        let evil = "<script>alert(1)<\\script>";
         for r in input.records.iter_mut().filter(|r| r.injection_task.as_deref() == Some("injection_task_0")) {
-            r.injection_task = Some("<script>alert(1)</script>".into());
+            r.injection_task = Some(evil.into());
+            r.case_id = r.case_id.replace("injection_task_0", evil);
         }
+        input.run.planned_case_ids = input.records.iter().map(|r| r.case_id.clone()).collect();
+        input.reference = Some(judge::tests::reference_of(&input, input.records.clone()));
         input.records[0].trace = Some("javascript:alert(1)".into());
         let j = judge::judge(&input);
         let dir = tempfile::tempdir().unwrap();
@@ -373,7 +424,7 @@ mod tests {
         assert!(html.matches(r#"class="chart""#).count() >= 4);
         assert!(html.contains(r#"id="matrix""#));
         assert!(!html.contains("<script"), "no script, and data escaped");
-        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;\\script&gt;"));
         assert!(!html.contains("javascript:"));
         assert!(html.contains(r#"href="traces/"#));
         assert!(

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod docker;
+pub mod runs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
