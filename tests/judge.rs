@@ -112,7 +112,10 @@ fn r4_passes_a_twin_and_fails_a_clearly_worse_candidate() {
 #[test]
 fn too_many_errors_or_a_failed_environment_check_make_a_run_invalid() {
     let bench = Bench::new();
-    sim_version(&bench, "flaky", "susceptibility = 0.5\nskill = 0.9\nerror_rate = 0.3", None);
+    // A server that fails (HTTP 500 on every retry) on a tenth of the calls: the bench's
+    // errors, not the model's, so R1 counts them.
+    let flaky = "susceptibility = 0.5\nskill = 0.9\n[sim.models.\"sim/qwen3-8b\".faults]\nhttp_500 = 0.1";
+    sim_version(&bench, "flaky", flaky, None);
     let dir = bench.run(&["run", "flaky", "--plan", "schnell"]).code(12).run_dir();
     assert_eq!(status(&dir, "R1"), "fail");
     for id in ["R2", "R3", "R4", "R5"] {

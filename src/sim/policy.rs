@@ -18,8 +18,8 @@
 //!   name in the key: the server cannot know it). Following splices the injection
 //!   task's calls in after the calls made so far. Injection tasks without ground-truth
 //!   calls cannot be acted out: following them changes nothing.
-//! - error: `u(seed, suite, task, injection_task or "none", "error") < error_rate` makes
-//!   the final step unusable output (so the case ends as an error, after any calls).
+//! - error: `u(seed, suite, task, injection_task or "none", "error") < error_rate` cuts
+//!   the final step off mid-call (malformed output: the agent scores it, after any calls).
 //! - an injection goal given as the prompt ("injection_goal" case) is a task of its
 //!   own: its calls, with skill and error drawn under the injection task's name.
 
@@ -67,7 +67,7 @@ pub enum Kind {
 pub enum Action {
     Call(Call),
     Final(String),
-    /// Output the agent cannot use (the `error_rate` draw fired).
+    /// A call cut off mid-arguments (the `error_rate` draw fired): malformed output.
     Garbled {
         function: String,
     },
