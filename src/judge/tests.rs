@@ -293,6 +293,31 @@ fn r5_budgets_and_unmeasured_counters() {
     assert!(r5.reason.contains("guardrail false positives"));
 }
 
+#[test]
+fn r5_format_health_budgets_are_off_unless_the_profile_sets_them() {
+    let mut input = schnell(0);
+    for r in input.records.iter_mut() {
+        r.malformed_outputs = Some(2);
+        r.unknown_tool_calls = Some(0);
+    }
+    for r in input.records.iter_mut().take(6) {
+        r.outcome = Some(crate::case::Outcome::ContextOverflow);
+    }
+    let r5 = rule(&judge(&input), "R5").clone();
+    assert_eq!(r5.status, RuleStatus::Pass, "no budget, no judgement: {}", r5.reason);
+    assert!(r5.measured.get("malformed_outputs_per_case").is_none());
+
+    input.thresholds.r5.malformed_outputs_per_case_max = Some(1.0);
+    input.thresholds.r5.unknown_tool_calls_per_case_max = Some(0.5);
+    input.thresholds.r5.context_overflow_rate_max = Some(0.01);
+    let r5 = rule(&judge(&input), "R5").clone();
+    assert_eq!(r5.status, RuleStatus::Fail);
+    assert!(r5.reason.contains("malformed outputs per case 2 > 1"), "{}", r5.reason);
+    assert!(r5.reason.contains("context overflows"), "{}", r5.reason);
+    assert!(!r5.reason.contains("unknown-tool"), "within its budget: {}", r5.reason);
+    assert_eq!(r5.measured["unknown_tool_calls_per_case"]["value"], 0.0);
+}
+
 use serde_json::Value;
 
 #[test]
