@@ -372,12 +372,9 @@ pub fn py_strip(text: &str) -> &str {
     text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
+/// A model's text in an error message: quoted, and cut like every other excerpt.
 fn excerpt(text: &str) -> String {
-    let mut s: String = text.chars().take(200).collect();
-    if s.len() < text.len() {
-        s.push('…');
-    }
-    format!("{s:?}")
+    format!("{:?}", super::llm::snippet(text))
 }
 
 /// Python's `json.dumps(value)`: `", "` and `": "` separators, `ensure_ascii`.

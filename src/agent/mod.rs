@@ -283,18 +283,14 @@ impl Agent {
             // Calls that cannot be run go back to the model as tool errors; the
             // well-formed calls of the same step wait for its next try.
             if !answer.rejected.is_empty() {
-                let mut step = vec![Message {
-                    role: "assistant".into(),
-                    content: content.clone(),
-                    tool_calls: calls.iter().chain(answer.rejected.iter().map(|(c, _)| c)).cloned().collect(),
-                    ..Default::default()
-                }];
                 let not_run =
                     "Not run: another call of the same step could not be run. Call it again if it is still needed.";
-                step.extend(calls.iter().map(|c| tool_result(c, None, not_run)));
-                step.extend(answer.rejected.iter().map(|(c, why)| tool_result(c, Some(why), "")));
-                messages.extend(step.iter().cloned());
-                self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
+                let results = calls
+                    .iter()
+                    .map(|c| (c, tool_result(c, None, not_run)))
+                    .chain(answer.rejected.iter().map(|(c, why)| (c, tool_result(c, Some(why), ""))))
+                    .collect();
+                self.keep_local_step(&mut messages, &anchor, content.clone(), results);
                 give_up = content.unwrap_or_default();
                 continue;
             }
@@ -312,26 +308,39 @@ impl Agent {
             }
             // The step stays local: the denial goes back to the model as the tool's
             // result; calls approved beside it did not run, and the model is told so.
-            let mut step = vec![Message {
-                role: "assistant".into(),
-                content: content.clone(),
-                tool_calls: calls.clone(),
-                ..Default::default()
-            }];
-            for (call, v) in calls.iter().zip(verdicts) {
-                let content = if v == Verdict::Denied {
-                    human::DENIED
-                } else {
-                    "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
-                };
-                step.push(tool_result(call, None, content));
-            }
-            messages.extend(step.iter().cloned());
-            self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
+            let results = calls
+                .iter()
+                .zip(verdicts)
+                .map(|(call, v)| {
+                    let content = if v == Verdict::Denied {
+                        human::DENIED
+                    } else {
+                        "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
+                    };
+                    (call, tool_result(call, None, content))
+                })
+                .collect();
+            self.keep_local_step(&mut messages, &anchor, content, results);
             give_up = GAVE_UP.to_string();
         }
         tracing::warn!("the model's calls could not go through {} times; ending the case", MAX_LOCAL_ROUNDS + 1);
         Ok(Turn::Final(give_up))
+    }
+
+    /// A step the adapter never sees — the model's calls with one local result each —
+    /// goes into this query's conversation and, spliced in, into the case's later ones.
+    fn keep_local_step(
+        &mut self,
+        messages: &mut Vec<Message>,
+        anchor: &(usize, String),
+        content: Option<String>,
+        results: Vec<(&format::ToolCall, Message)>,
+    ) {
+        let calls = results.iter().map(|(call, _)| (*call).clone()).collect();
+        let mut step = vec![Message { role: "assistant".into(), content, tool_calls: calls, ..Default::default() }];
+        step.extend(results.into_iter().map(|(_, result)| result));
+        messages.extend(step.iter().cloned());
+        self.case.splices.push(Splice { at: anchor.0, prefix: anchor.1.clone(), messages: step });
     }
 
     /// Replaces flagged tool outputs with the guardrail's notice.

@@ -610,25 +610,19 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
         ),
     ];
     // Model format health: budgets only where the profile sets them.
+    // Per scored case that reported the counter: (mean, cases).
+    let per_case = |counter: fn(&CaseRecord) -> Option<u64>| {
+        let counted: Vec<f64> =
+            records.iter().filter(|r| !r.is_error()).filter_map(counter).map(|v| v as f64).collect();
+        (mean(counted.iter().copied()), counted.len())
+    };
     if let Some(max) = t.malformed_outputs_per_case_max {
-        let counted = || records.iter().filter(|r| !r.is_error()).filter_map(|r| r.malformed_outputs);
-        items.push((
-            "malformed_outputs_per_case",
-            "malformed outputs per case",
-            mean(counted().map(|v| v as f64)),
-            max,
-            counted().count(),
-        ));
+        let (value, cases) = per_case(|r| r.malformed_outputs);
+        items.push(("malformed_outputs_per_case", "malformed outputs per case", value, max, cases));
     }
     if let Some(max) = t.unknown_tool_calls_per_case_max {
-        let counted = || records.iter().filter(|r| !r.is_error()).filter_map(|r| r.unknown_tool_calls);
-        items.push((
-            "unknown_tool_calls_per_case",
-            "unknown-tool calls per case",
-            mean(counted().map(|v| v as f64)),
-            max,
-            counted().count(),
-        ));
+        let (value, cases) = per_case(|r| r.unknown_tool_calls);
+        items.push(("unknown_tool_calls_per_case", "unknown-tool calls per case", value, max, cases));
     }
     if let Some(max) = t.context_overflow_rate_max {
         let scored: Vec<&CaseRecord> = records.iter().filter(|r| !r.is_error()).collect();
