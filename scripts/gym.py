@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--benchmark-version", required=True)
     p = sub.add_parser("run")
     p.add_argument("--request", required=True)
+    p.add_argument(
+        "--agent-env-stdin",
+        action="store_true",
+        help="read {\"agent_env\": {NAME: value}} as one JSON line from stdin: variables for the agents only",
+    )
     sub.add_parser("selftest")
     args = parser.parse_args(argv)
 
@@ -49,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from pruefstand_gym import runner
 
-            return runner.run(args.request)
+            return runner.run(args.request, agent_env_stdin=args.agent_env_stdin)
 
         from pruefstand_gym import dojo
 

@@ -38,7 +38,7 @@ pub struct Executed {
     pub telemetry: telemetry::Telemetry,
 }
 
-/// Claims the run directory for the plan, runs (or resumes) its cases, and writes the
+/// Runs (or resumes) the plan's cases in a claimed run directory, and writes the
 /// telemetry.
 pub fn execute(
     pyenv: &PyEnv,
@@ -47,7 +47,6 @@ pub fn execute(
     inventory: &Inventory,
     settings: GymSettings,
 ) -> anyhow::Result<Executed> {
-    run_dir.create()?;
     let plan_json = serde_json::json!({
         "name": plan.name,
         "source": plan.source,
@@ -56,7 +55,7 @@ pub fn execute(
         "agentdojo_version": inventory.agentdojo_version,
         "cases": plan.cases,
     });
-    run_dir.claim_plan(&plan_json, &plan.hash)?;
+    run_dir.write_plan(&plan_json)?;
     tracing::info!("run directory: {}", run_dir.path.display());
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
@@ -200,7 +199,8 @@ impl Control {
 }
 
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there.
-/// `agent_env` is added to the environment of the gym (and so of the agents it spawns).
+/// `agent_env` (the model's URL and key) reaches the agents only: the gym reads it from
+/// its stdin and adds it to their environments, never to its own.
 /// With a `control`, the gym runs in its own process group so it can be stopped.
 pub fn run(
     pyenv: &PyEnv,
@@ -212,13 +212,16 @@ pub fn run(
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
     }
-    run_dir.create()?;
     let stored = run_dir.read_cases_lenient()?;
     for damage in &stored.damaged {
         tracing::warn!("{damage} (that case runs again)");
     }
     let planned: std::collections::BTreeSet<&str> = request.cases.iter().map(|c| c.id.as_str()).collect();
-    request.done = stored.records.keys().filter(|id| planned.contains(id.as_str())).cloned().collect();
+    let (done, bench_errors) = resumable(&stored.records, &planned);
+    if bench_errors > 0 {
+        tracing::info!("{bench_errors} recorded cases ended in a bench error (server, timeout, agent): they run again");
+    }
+    request.done = done;
     let request_path = run_dir.file("gym-request.json");
     util::write_json_atomic(&request_path, &request)?;
 
@@ -235,13 +238,24 @@ pub fn run(
         .arg("run")
         .arg("--request")
         .arg(&request_path)
-        .envs(agent_env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
+        .arg("--agent-env-stdin")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
         .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
     let stdout = child.stdout.take().expect("piped stdout");
+    {
+        let agent_env: std::collections::BTreeMap<&str, &str> =
+            agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let mut line = serde_json::to_vec(&serde_json::json!({ "agent_env": agent_env }))?;
+        line.push(b'\n');
+        // A gym that died at once shows in its status below; this write must not hide it.
+        if let Err(err) = stdin.write_all(&line) {
+            tracing::debug!("handing the agent environment to the gym: {err}");
+        }
+    }
     if let Some(control) = control {
         control.attach(child.id());
     }
@@ -335,8 +349,51 @@ pub fn run(
     Ok(outcome)
 }
 
+/// The recorded cases a resume keeps — every planned one except those that ended in
+/// a bench error (the server failed, the agent died, a timeout), which say nothing
+/// about the model and run again — and how many of those there were.
+fn resumable(
+    records: &std::collections::BTreeMap<String, CaseRecord>,
+    planned: &std::collections::BTreeSet<&str>,
+) -> (Vec<String>, usize) {
+    let recorded: Vec<&CaseRecord> = records.values().filter(|r| planned.contains(r.case_id.as_str())).collect();
+    let done: Vec<String> =
+        recorded.iter().filter(|r| r.outcome() != crate::case::Outcome::Error).map(|r| r.case_id.clone()).collect();
+    let errors = recorded.len() - done.len();
+    (done, errors)
+}
+
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::Outcome;
+
+    #[test]
+    fn a_resume_runs_bench_errors_again_and_keeps_everything_else() {
+        let case = |id: &str, outcome: Outcome, error: Option<&str>| {
+            let mut record = CaseRecord::of(&Case::clean("s", id), Some(false), None);
+            record.case_id = id.into();
+            record.outcome = Some(outcome);
+            record.error = error.map(String::from);
+            (id.to_string(), record)
+        };
+        let records = [
+            case("scored", Outcome::Scored, None),
+            case("overflow", Outcome::ContextOverflow, None),
+            case("agent-died", Outcome::Error, Some("the agent died")),
+            case("not-planned", Outcome::Scored, None),
+        ]
+        .into_iter()
+        .collect();
+        let planned = ["scored", "overflow", "agent-died"].into_iter().collect();
+        let (done, errors) = resumable(&records, &planned);
+        assert_eq!(done, ["overflow", "scored"]);
+        assert_eq!(errors, 1);
+    }
 }

@@ -60,9 +60,6 @@ pub fn validate(root: &Root) -> anyhow::Result<()> {
         if let Some(bad) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
             bail!("{}: on = {bad:?} is not one of {}", at(), OUTCOMES.join(", "));
         }
-        if !(hook.timeout_s > 0.0 && hook.backoff_s >= 0.0) {
-            bail!("{}: timeout_s must be > 0 and backoff_s ≥ 0", at());
-        }
     }
     Ok(())
 }
@@ -316,8 +313,12 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
 }
 
 async fn exec(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
-    let mut command = tokio::process::Command::new(&hook.argv[0]);
-    command.args(&hook.argv[1..]).envs(facts.env()).stdin(std::process::Stdio::null()).kill_on_drop(true);
+    // Only the verdict's facts: other hooks' secrets stay out of this one's environment.
+    let mut command = std::process::Command::new(&hook.argv[0]);
+    crate::util::minimal_env(&mut command);
+    command.args(&hook.argv[1..]).envs(facts.env()).stdin(std::process::Stdio::null());
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
     let status = command.status().await.map_err(|e| Failure::Final(format!("cannot start {}: {e}", hook.argv[0])))?;
     if status.success() { Ok(()) } else { Err(Failure::Retry(format!("{} exited with {status}", hook.argv[0]))) }
 }

@@ -23,6 +23,7 @@ use crate::util;
 #[derive(Deserialize, Serialize, Clone, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
+    #[serde(deserialize_with = "plan_name")]
     pub name: String,
     #[serde(default)]
     pub description: String,
@@ -31,10 +32,10 @@ pub struct Profile {
     /// Attacks every attacked pair runs under, unless a suite names its own.
     pub attacks: Vec<Spanned<String>>,
     /// Parallel gym workers (vLLM batches concurrent requests).
-    #[serde(default = "default_jobs")]
+    #[serde(default = "default_jobs", deserialize_with = "jobs")]
     pub jobs: usize,
     /// Wall-time limit of one case; past it the case is an error.
-    #[serde(default = "default_case_timeout")]
+    #[serde(default = "default_case_timeout", deserialize_with = "case_timeout_s")]
     pub case_timeout_s: f64,
     /// Also run each planned injection task's goal as a direct prompt (the model's own
     /// injection-task utility, reported beside ASR).
@@ -61,6 +62,30 @@ pub struct SuitePlan {
 
 fn default_jobs() -> usize {
     4
+}
+
+/// The plan's name names its folder under `reports/<version>/`.
+fn plan_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    util::check_name(&name).map_err(|why| serde::de::Error::custom(format!("name: {why}")))?;
+    Ok(name)
+}
+
+/// Workers beyond this gain nothing (a server batches a few hundred requests at most)
+/// and cost a process or thread each.
+pub const JOBS_MAX: usize = 1024;
+
+fn jobs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let jobs = usize::deserialize(d)?;
+    if !(1..=JOBS_MAX).contains(&jobs) {
+        return Err(serde::de::Error::custom(format!("jobs = {jobs} is not in [1, {JOBS_MAX}]")));
+    }
+    Ok(jobs)
+}
+
+/// A day: anything longer is a typo (milliseconds?) that would stall a run.
+fn case_timeout_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    util::bounded(d, "case_timeout_s", (0.0, 86_400.0, true), "a number of seconds")
 }
 fn default_case_timeout() -> f64 {
     300.0
@@ -107,9 +132,6 @@ impl Profile {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
         profile.rules.validate().with_context(|| format!("in the [rules] of {}", path.display()))?;
-        if profile.jobs == 0 {
-            bail!("{}: jobs must be at least 1", path.display());
-        }
         Ok((profile, text))
     }
 }
@@ -336,6 +358,28 @@ attacks = ["important_instructions"]
         assert_eq!(plan.cases[0].id, "banking/user_task_0/none/none");
         let again = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
         assert_eq!(plan.hash, again.hash);
+    }
+
+    #[test]
+    fn names_and_numbers_are_refused_at_their_line_before_anything_runs() {
+        for (field, bad, message) in [
+            ("name = \"mini\"", "name = \"../../../x\"", "name: \"../../../x\" starts with '.'"),
+            ("name = \"mini\"", "name = \"\"", "name: a name cannot be empty"),
+            ("name = \"mini\"", "name = \"a/b\"", "holds '/'"),
+            ("attacks = [", "case_timeout_s = nan\nattacks = [", "case_timeout_s = NaN is not a number of seconds"),
+            ("attacks = [", "case_timeout_s = inf\nattacks = [", "case_timeout_s = inf"),
+            ("attacks = [", "case_timeout_s = -5.0\nattacks = [", "case_timeout_s = -5"),
+            ("attacks = [", "jobs = 100000000000\nattacks = [", "jobs = 100000000000 is not in [1, 1024]"),
+            ("attacks = [", "jobs = 0\nattacks = [", "jobs = 0 is not in [1, 1024]"),
+            ("attacks = [", "jobs = 1e11\nattacks = [", "invalid type: floating point"),
+        ] {
+            let (_dir, path) = write(&PLAN.replacen(field, bad, 1));
+            let err = Profile::load(&path).err().unwrap().to_string();
+            assert!(err.contains("p.toml:") && err.contains(message), "{bad}: {err}");
+            let line = err.split(':').nth(1).and_then(|n| n.parse::<usize>().ok()).unwrap();
+            let first_line = bad.split('\n').next().unwrap();
+            assert_eq!(PLAN.replacen(field, bad, 1).lines().nth(line - 1), Some(first_line), "{err}");
+        }
     }
 
     #[test]

@@ -67,6 +67,7 @@ impl PyEnv {
     /// shadow the standard library.
     pub fn gym_command(&self) -> Command {
         let mut cmd = Command::new(&self.python);
+        util::minimal_env(&mut cmd);
         cmd.arg(self.scripts.join("gym.py"));
         cmd.env("PYTHONUNBUFFERED", "1").env("PYTHONDONTWRITEBYTECODE", "1");
         // The gym, its workers and their agents end with us (each layer sets the same).

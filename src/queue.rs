@@ -289,12 +289,22 @@ impl Queue {
     fn next_id(&self) -> anyhow::Result<u64> {
         let path = self.dir.join("next-id");
         let last = match std::fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse::<u64>().with_context(|| format!("{}: not a number", path.display()))?,
+            Ok(text) => text.trim().parse::<u64>().unwrap_or_else(|_| {
+                tracing::warn!("{}: not a number ({text:?}); continuing after the highest job folder", path.display());
+                0
+            }),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => 0,
             Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
         };
-        // Never reuse an id whose folder exists (next-id lost or restored from a backup).
-        let id = (last + 1).max(self.list()?.iter().map(|j| j.id + 1).max().unwrap_or(1));
+        // Never reuse an id whose folder exists (next-id lost, damaged or restored from a
+        // backup) — read from the folder names, so a damaged job.json cannot block this.
+        let highest = std::fs::read_dir(self.jobs_dir())
+            .with_context(|| format!("listing {}", self.jobs_dir().display()))?
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let id = (last + 1).max(highest + 1);
         write_private(&path, id.to_string().as_bytes())?;
         Ok(id)
     }
@@ -480,6 +490,20 @@ mod tests {
         assert_eq!((j.state, j.cancel_requested), (State::Running, true));
         j.apply(Transition::Stopped).unwrap();
         assert_eq!(j.state, State::Cancelled);
+    }
+
+    #[test]
+    fn a_damaged_next_id_continues_after_the_highest_job_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = Queue { dir: dir.path().to_path_buf() };
+        for id in ["3", "7"] {
+            std::fs::create_dir_all(queue.jobs_dir().join(id)).unwrap();
+        }
+        std::fs::write(dir.path().join("next-id"), "garbage\u{0}").unwrap();
+        assert_eq!(queue.next_id().unwrap(), 8);
+        assert_eq!(queue.next_id().unwrap(), 9);
+        std::fs::write(dir.path().join("next-id"), "41").unwrap();
+        assert_eq!(queue.next_id().unwrap(), 42);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
 use crate::record::{GpuExclusivity, ModelServerFacts, RunMeta};
 use crate::root::{self, Root};
-use crate::rundir::RunDir;
+use crate::rundir::{Claimed, Identity, RunDir, RunLock};
 use crate::settings::defence::GuardrailSpec;
 use crate::spec::{Backend, Version};
 use crate::{agent, judge, model, provenance, report, telemetry, util};
@@ -159,11 +159,22 @@ impl<'a> RunContext<'a> {
             Some(name) => Some(self.reference_run(&Version::load(&self.root.versions(), name)?).await?),
             None => None,
         };
-        let run_dir = RunDir::new(out.unwrap_or_else(|| self.root.new_run_dir(&version.name, &self.plan.name)));
-        let (executed, served) = self.execute_version(&run_dir, version).await?;
+        let path = out.unwrap_or_else(|| self.root.new_run_dir(&version.name, &self.plan.name));
+        let claimed = RunDir::claim(&path, &self.identity(version))?;
+        let (executed, served) = self.execute_version(&claimed, version).await?;
         let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-        let judgement = self.record_and_judge(&run_dir, version, reference_dir, served)?;
-        Ok(Finished { run_dir, executed, judgement, reference })
+        let judgement = self.record_and_judge(&claimed.dir, version, reference_dir, served)?;
+        Ok(Finished { run_dir: RunDir::new(claimed.dir.path.clone()), executed, judgement, reference })
+    }
+
+    /// What a run directory of `version` on this plan must match to be resumed.
+    fn identity(&self, version: &Version) -> Identity {
+        Identity {
+            version: version.name.clone(),
+            spec_hash: version.hash.clone(),
+            plan_hash: self.plan.hash.clone(),
+            benchmark_version: self.plan.benchmark_version.clone(),
+        }
     }
 
     /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
@@ -200,9 +211,8 @@ impl<'a> RunContext<'a> {
     /// and provenance. A docker server that dies is restarted once and the gym resumed;
     /// a server that fails for good (never ready, or a second death) is not an error
     /// here: the run is recorded with what it has and `failed` facts, which R1 fails.
-    async fn execute_version(&self, run_dir: &RunDir, version: &Version) -> anyhow::Result<(Executed, Served)> {
-        let plan = &self.plan;
-        run_dir.create()?;
+    async fn execute_version(&self, claimed: &Claimed, version: &Version) -> anyhow::Result<(Executed, Served)> {
+        let (plan, run_dir) = (&self.plan, &claimed.dir);
         let started_at = judge::read_run_meta(&run_dir.path)
             .ok()
             .and_then(|meta| meta.started_at)
@@ -246,10 +256,10 @@ impl<'a> RunContext<'a> {
         };
         self.write_provenance(run_dir, version, Some(&endpoint));
         let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = self.run_gym(run_dir, version, &endpoint).await;
+        let mut result = self.run_gym(claimed, version, &endpoint).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = self.run_gym(run_dir, version, &endpoint).await,
+                Ok(true) => result = self.run_gym(claimed, version, &endpoint).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -280,15 +290,10 @@ impl<'a> RunContext<'a> {
 
     /// One gym pass on the blocking pool (it reads the gym's events line by line), in
     /// the caller's span so its messages keep the daemon's job id.
-    async fn run_gym(
-        &self,
-        run_dir: &RunDir,
-        version: &Version,
-        endpoint: &model::Endpoint,
-    ) -> anyhow::Result<Executed> {
-        let settings = self.gym_settings(run_dir, version, endpoint)?;
+    async fn run_gym(&self, claimed: &Claimed, version: &Version, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
+        let settings = self.gym_settings(claimed, version, endpoint)?;
         let (pyenv, run_dir, plan, inventory) =
-            (self.pyenv.clone(), RunDir::new(run_dir.path.clone()), self.plan.clone(), self.inventory.clone());
+            (self.pyenv.clone(), RunDir::new(claimed.dir.path.clone()), self.plan.clone(), self.inventory.clone());
         let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
             span.in_scope(|| gym::execute(&pyenv, &run_dir, &plan, &inventory, settings))
@@ -337,11 +342,11 @@ impl<'a> RunContext<'a> {
     /// configured from the spec. The API key travels by environment only.
     fn gym_settings(
         &self,
-        run_dir: &RunDir,
+        claimed: &Claimed,
         version: &Version,
         endpoint: &model::Endpoint,
     ) -> anyhow::Result<GymSettings> {
-        let plan = &self.plan;
+        let (plan, run_dir) = (&self.plan, &claimed.dir);
         let spec = &version.spec;
         let mut agent_env = vec![
             ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.clone()),
@@ -376,10 +381,7 @@ impl<'a> RunContext<'a> {
             jobs: self.jobs.unwrap_or(plan.jobs),
             display_name: spec.model.display_name.clone(),
             case_timeout_s: plan.case_timeout_s,
-            // Secrets of the counter suite's payloads: fixed per run directory, so a resumed
-            // run sees the same ones.
-            seed: u64::from_str_radix(&util::sha256_hex(run_dir.path.to_string_lossy().as_bytes())[..12], 16)
-                .unwrap_or(0),
+            seed: claimed.seed,
             defence,
             agent_env,
             control: Some(self.control.gym.clone()),
@@ -390,6 +392,9 @@ impl<'a> RunContext<'a> {
     /// plan hash and agentdojo version with every case recorded; else run now.
     async fn reference_run(&self, reference: &Version) -> anyhow::Result<(PathBuf, bool)> {
         let (reports, plan) = (self.root.reports(), &self.plan);
+        // Two candidates needing the same reference share one run of it: the second
+        // waits here, then finds it complete.
+        let _shared = self.reference_lock(reference).await?;
         if let Some(dir) = find_reference_run(&reports, reference, plan, &self.inventory) {
             tracing::info!(
                 "reference: reusing {}'s run {} (same spec, plan and agentdojo)",
@@ -402,17 +407,42 @@ impl<'a> RunContext<'a> {
         // A reference run cut short (daemon killed, job interrupted) is resumed, so none
         // of its finished cases runs twice.
         let unfinished = newest_run(&reports, reference, plan, |run| !complete(run, plan));
-        let run_dir = RunDir::new(unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name)));
-        let (executed, served) = self.execute_version(&run_dir, reference).await?;
+        let path = unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name));
+        let claimed = RunDir::claim(&path, &self.identity(reference))?;
+        let run_dir = &claimed.dir;
+        let (executed, served) = self.execute_version(&claimed, reference).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
         }
-        self.record_and_judge(&run_dir, reference, None, served)?;
+        self.record_and_judge(run_dir, reference, None, served)?;
         if failed {
             bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
         }
-        Ok((run_dir.path, true))
+        Ok((run_dir.path.clone(), true))
+    }
+
+    /// The lock on `reference`'s runs of this plan, waited for (saying for whom) while
+    /// another run makes the reference; a stop ends the wait.
+    async fn reference_lock(&self, reference: &Version) -> anyhow::Result<RunLock> {
+        let dir = self.root.reports().join(&reference.name).join(&self.plan.name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(".reference.lock");
+        let mut said = false;
+        loop {
+            match RunLock::try_take(&path)? {
+                Ok(lock) => return Ok(lock),
+                Err(holder) if !said => {
+                    tracing::info!("reference: waiting for the run of {} that {holder} is making", reference.name);
+                    said = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                () = self.control.until_stopped() => bail!("interrupted while waiting for the reference run"),
+            }
+        }
     }
 }
 

@@ -165,6 +165,8 @@ impl Version {
             )
         })?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        // The name becomes a folder under reports/.
+        util::check_name(&name).map_err(|why| anyhow::anyhow!("{}: not a usable version name: {why}", path.display()))?;
         let spec = parse(&path, &text, versions_dir)?;
         let hash = util::sha256_hex(serde_json::to_string(&spec)?.as_bytes());
         Ok(Version { name, path, spec, hash })
@@ -249,47 +251,6 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             }
         }
         Backend::Sim => {}
-    }
-    if let Some(sim) = &spec.sim {
-        for (name, behaviour) in &sim.models {
-            for (field, value) in [
-                ("susceptibility", behaviour.susceptibility),
-                ("skill", behaviour.skill),
-                ("error_rate", behaviour.error_rate),
-            ] {
-                if !(0.0..=1.0).contains(&value) {
-                    let table = key_offset(text, &format!("[sim.models.{name:?}]"));
-                    let offset = table + key_offset(&text[table..], field);
-                    return Err(bad(
-                        offset,
-                        &format!("sim.models.{name:?}.{field} = {value} is not a probability in [0, 1]"),
-                    ));
-                }
-            }
-            let faults_table = format!("[sim.models.{name:?}.faults]");
-            let at = |field: &str| {
-                let table = key_offset(text, &faults_table);
-                table + key_offset(&text[table..], field)
-            };
-            for (field, value) in behaviour.faults.rates() {
-                if !(0.0..=1.0).contains(&value) {
-                    return Err(bad(
-                        at(field),
-                        &format!("sim.models.{name:?}.faults.{field} = {value} is not a probability in [0, 1]"),
-                    ));
-                }
-            }
-            let slow_ms = behaviour.faults.slow_ms;
-            if !(0.0..=600_000.0).contains(&slow_ms) {
-                return Err(bad(
-                    at("slow_ms"),
-                    &format!("sim.models.{name:?}.faults.slow_ms = {slow_ms} is not a delay in [0, 600000] ms"),
-                ));
-            }
-        }
-        if sim.latency.capacity == 0 {
-            return Err(bad(key_offset(text, "capacity"), "sim.latency.capacity must be at least 1"));
-        }
     }
     if let Some(reference) = &spec.reference {
         let name = reference.get_ref();
@@ -417,7 +378,24 @@ susceptibility = 0.02
     #[test]
     fn probabilities_are_checked() {
         let err = error(&GOOD.replace("0.02", "1.5"));
-        assert!(err.starts_with("DIR/cand.toml:20:1:") && err.contains("not a probability"), "{err}");
+        assert!(err.starts_with("DIR/cand.toml:20:18: susceptibility = 1.5 is not a probability"), "{err}");
+    }
+
+    #[test]
+    fn every_simulator_number_is_bounded_at_its_own_line() {
+        // The second of two model tables: its line, not the first one's.
+        let two = format!("{GOOD}[sim.models.\"other\"]\nskill = 0.5\nsusceptibility = nan\n");
+        let line = two.lines().count();
+        let err = error(&two);
+        assert!(err.starts_with(&format!("DIR/cand.toml:{line}:18: susceptibility = NaN")), "{err}");
+        for (key, value) in [("base_ms", "1e300"), ("base_ms", "-1.0"), ("per_prompt_token_ms", "inf")] {
+            let text = format!("{GOOD}[sim.latency]\n{key} = {value}\n");
+            let err = error(&text);
+            let line = text.lines().count();
+            assert!(err.starts_with(&format!("DIR/cand.toml:{line}:")) && err.contains(key), "{err}");
+        }
+        let err = error(&format!("{GOOD}[sim.models.\"other\".faults]\nslow_ms = 1e300\n"));
+        assert!(err.contains("slow_ms = 1e300 is not a delay (ms) in [0, 600000]"), "{err}");
     }
 
     #[test]

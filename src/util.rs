@@ -79,9 +79,54 @@ pub fn die_with_parent(command: &mut std::process::Command) {
     }
 }
 
+/// What a child of pruefstand inherits from its environment: locale, paths, terminal
+/// and log settings — never the rest, which may hold secrets a child must not see (a
+/// webhook's `url_env`, a token). Whatever a child needs beyond this is given to it
+/// explicitly.
+const INHERITED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "NO_COLOR",
+    "JOURNAL_STREAM",
+    "PRUEFSTAND_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// Clears `command`'s environment down to [`INHERITED`].
+pub fn minimal_env(command: &mut std::process::Command) {
+    command.env_clear();
+    for name in INHERITED {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_gets_only_the_inherited_variables() {
+        // SAFETY: this test process sets a variable no other test reads.
+        unsafe { std::env::set_var("PRUEFSTAND_TEST_SECRET_XYZ", "s3cret") };
+        let mut command = std::process::Command::new("/usr/bin/env");
+        minimal_env(&mut command);
+        command.env("GIVEN", "1");
+        let out = String::from_utf8(command.output().unwrap().stdout).unwrap();
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(out.contains("GIVEN=1") && out.lines().all(|l| INHERITED.iter().any(|n| l.starts_with(&format!("{n}="))) || l == "GIVEN=1"), "{out}");
+    }
 
     #[test]
     fn atomic_write_replaces_content() {
@@ -117,6 +162,59 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> an
             None => anyhow::anyhow!("{}: {message}", path.display()),
         }
     })
+}
+
+/// A number read from a file, refused unless finite and within `[low, high]` (or
+/// `(low, high]` when `low_open`): the `deserialize_with` helpers of the settings
+/// build on it, so a bad value is reported at its file:line:col with its field.
+pub fn bounded<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+    field: &str,
+    (low, high, low_open): (f64, f64, bool),
+    unit: &str,
+) -> Result<f64, D::Error> {
+    let value = <f64 as serde::Deserialize>::deserialize(deserializer)?;
+    let above_low = if low_open { value > low } else { value >= low };
+    if value.is_finite() && above_low && value <= high {
+        return Ok(value);
+    }
+    let open = if low_open { "(" } else { "[" };
+    let shown = if value.is_finite() && value.abs() >= 1e9 { format!("{value:e}") } else { value.to_string() };
+    Err(serde::de::Error::custom(format!("{field} = {shown} is not {unit} in {open}{low}, {high}]")))
+}
+
+/// A name that becomes a path component (a version, a plan, a gym run): letters,
+/// digits, `.`, `_`, `-`, not starting with `.` — so it can never climb out of the
+/// folder it names. Err: why not.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a name cannot be empty".into());
+    }
+    if name.starts_with('.') {
+        return Err(format!("{name:?} starts with '.'"));
+    }
+    if name.len() > 100 {
+        return Err(format!("{name:?} is longer than 100 characters"));
+    }
+    match name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        Some(c) => Err(format!("{name:?} holds {c:?}: use letters, digits, '.', '_' and '-'")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::check_name;
+
+    #[test]
+    fn names_cannot_climb_or_hide() {
+        for good in ["demo-kandidat", "v1.2_x", "A"] {
+            assert_eq!(check_name(good), Ok(()), "{good}");
+        }
+        for bad in ["", "..", ".hidden", "../x", "a/b", "a b", "ü", "x\0"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }
 
 /// An error located in a file: `file:line:col: message`.

@@ -44,8 +44,13 @@ def _agent_preexec() -> None:
     set_parent_death_signal(signal.SIGKILL)
 
 
+# Variables for the agents only (the model's URL and key), added to the environment they
+# inherit from us; filled by the runner before the workers fork.
+AGENT_ENV: dict[str, str] = {}
+
+
 class AgentProcess:
-    """One agent subprocess: argv list (no shell), env inherited, stderr passed through."""
+    """One agent subprocess: argv list (no shell), our env plus AGENT_ENV, stderr passed through."""
 
     def __init__(self, argv: list[str], log_prefix: str = ""):
         self.argv = list(argv)
@@ -64,6 +69,7 @@ class AgentProcess:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=None,
+                env={**os.environ, **AGENT_ENV},
                 bufsize=0,
                 close_fds=True,
                 preexec_fn=_agent_preexec if sys.platform.startswith("linux") else None,

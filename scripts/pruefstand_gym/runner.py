@@ -333,8 +333,24 @@ def longest_first(cases: list[dict], suites: dict) -> list[dict]:
     return sorted(cases, key=estimate, reverse=True)
 
 
-def run(request_path: str) -> int:
+def read_agent_env(line: str) -> dict:
+    try:
+        env = json.loads(line)["agent_env"]
+    except (ValueError, KeyError, TypeError):
+        raise RequestError('stdin: expected one JSON line {"agent_env": {NAME: value, ...}}') from None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RequestError("stdin: agent_env must map names to strings")
+    return env
+
+
+def run(request_path: str, agent_env_stdin: bool = False) -> int:
     t_start = time.monotonic()
+    if agent_env_stdin:
+        # The model's URL and key travel to the agents without entering our own
+        # environment (or the request file, which is kept in the run directory).
+        from .adapter import AGENT_ENV
+
+        AGENT_ENV.update(read_agent_env(sys.stdin.readline()))
     # pruefstand may run us in a process group of our own (so it can stop us with the
     # workers and agents): then a Ctrl-C or kill of pruefstand would not reach us. End
     # with our parent; the workers end with us.

@@ -11,7 +11,7 @@ use crate::gym::{GymSettings, execute};
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{Inventory, PyEnv};
 use crate::root::Root;
-use crate::rundir::RunDir;
+use crate::rundir::{Identity, RunDir};
 use crate::{telemetry, util};
 
 #[derive(clap::Args)]
@@ -36,19 +36,19 @@ pub struct Args {
     #[arg(long = "attack")]
     pub attacks: Vec<String>,
     /// Parallel workers (default: the plan's).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cmd::jobs_parser())]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one with the same cases is resumed.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Names the run's folder under reports/.
-    #[arg(long, default_value = "gym")]
+    #[arg(long, default_value = "gym", value_parser = crate::cmd::name_parser)]
     pub name: String,
     /// Model name the important_instructions attacks address the model by.
     #[arg(long, default_value = "Local model")]
     pub display_name: String,
-    /// Per-case wall-time limit in seconds (default: the plan's).
-    #[arg(long)]
+    /// Per-case wall-time limit in seconds (default: the plan's; at most a day).
+    #[arg(long, value_parser = case_timeout_parser)]
     pub case_timeout: Option<f64>,
 }
 
@@ -68,10 +68,20 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let (profile, _) = Profile::load(&plan_path)?;
     let inventory = Inventory::load(&pyenv, profile.benchmark_version.get_ref())?;
     let plan = Plan::resolve(&plan_path, &inventory, &filters)?;
-    let run_dir = RunDir::new(args.out.unwrap_or_else(|| root.new_run_dir(&args.name, &plan.name)));
+    let path = args.out.unwrap_or_else(|| root.new_run_dir(&args.name, &plan.name));
+    // A gym run's identity: its name and agent, in place of a version's spec.
+    let agent_hash = util::sha256_hex(serde_json::to_string(&(&agent_cmd, &args.display_name))?.as_bytes());
+    let identity = Identity {
+        version: args.name.clone(),
+        spec_hash: agent_hash,
+        plan_hash: plan.hash.clone(),
+        benchmark_version: plan.benchmark_version.clone(),
+    };
+    let claimed = RunDir::claim(&path, &identity)?;
+    let run_dir = &claimed.dir;
     let outcome = execute(
         &pyenv,
-        &run_dir,
+        run_dir,
         &plan,
         &inventory,
         GymSettings {
@@ -79,14 +89,22 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             jobs: args.jobs.unwrap_or(plan.jobs),
             display_name: args.display_name,
             case_timeout_s: args.case_timeout.unwrap_or(plan.case_timeout_s),
-            seed: 0,
+            seed: claimed.seed,
             defence: None,
             agent_env: Vec::new(),
             control: None,
         },
     )?;
-    print_summary(&run_dir, &outcome.telemetry);
+    print_summary(run_dir, &outcome.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
+}
+
+fn case_timeout_parser(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text.parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= 86_400.0) {
+        return Err(format!("{seconds} is not a number of seconds in (0, 86400]"));
+    }
+    Ok(seconds)
 }
 
 pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {

@@ -22,10 +22,70 @@ pub struct Args {
     pub dir: Option<PathBuf>,
 }
 
-/// A unit's text with the binary and root filled in.
-pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> String {
-    text.replace("@PRUEFSTAND_BIN@", &bin.display().to_string())
-        .replace("@PRUEFSTAND_ROOT@", &root.display().to_string())
+/// A unit's text with the binary and root filled in, escaped for where they stand: a
+/// quoted word in `ExecStart=` (systemd would split a path at a space and expand `%h`),
+/// a percent-encoded URL in `Documentation=`.
+pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> anyhow::Result<String> {
+    let (bin, root) = (path_text(bin)?, path_text(root)?);
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let fill: fn(&str) -> String = if line.starts_with("Documentation=") { url_path } else { exec_word };
+        out.push_str(&line.replace("@PRUEFSTAND_BIN@", &fill(&bin)).replace("@PRUEFSTAND_ROOT@", &fill(&root)));
+    }
+    Ok(out)
+}
+
+fn path_text(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = path.to_str().with_context(|| format!("{} is not UTF-8: systemd units cannot name it", path.display()))?;
+    anyhow::ensure!(!text.contains(['\n', '\r']), "{text:?} holds a line break: systemd units cannot name it");
+    Ok(text.to_string())
+}
+
+/// One word of a systemd command line: quoted, with `\` and `"` escaped, `%` and `$`
+/// doubled (specifiers and variables are expanded inside quotes too).
+fn exec_word(text: &str) -> String {
+    let mut word = String::from("\"");
+    for c in text.chars() {
+        match c {
+            '\\' | '"' => {
+                word.push('\\');
+                word.push(c);
+            }
+            '%' => word.push_str("%%"),
+            '$' => word.push_str("$$"),
+            _ => word.push(c),
+        }
+    }
+    word.push('"');
+    word
+}
+
+/// A path inside a `file://` URL: percent-encoded, then `%` doubled for systemd.
+fn url_path(text: &str) -> String {
+    let mut url = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
+            url.push(byte as char);
+        } else {
+            url.push_str(&format!("%%{byte:02X}"));
+        }
+    }
+    url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_quoted_and_escaped_for_systemd() {
+        assert_eq!(exec_word("/srv/my root %h/$X\\\""), "\"/srv/my root %%h/$$X\\\\\\\"\"");
+        assert_eq!(url_path("/srv/my root%"), "/srv/my%%20root%%25");
+        let text = "Documentation=file://@PRUEFSTAND_ROOT@/README.md\nExecStart=@PRUEFSTAND_BIN@ --root @PRUEFSTAND_ROOT@ daemon\n";
+        let unit = render(text, std::path::Path::new("/b in/p"), std::path::Path::new("/r %h")).unwrap();
+        assert_eq!(unit, "Documentation=file:///r%%20%%25h/README.md\nExecStart=\"/b in/p\" --root \"/r %%h\" daemon\n");
+        assert!(render(text, std::path::Path::new("/b"), std::path::Path::new("/r\nx")).is_err());
+    }
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
@@ -38,7 +98,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, text) in UNITS {
         let path = dir.join(name);
-        crate::util::write_atomic(&path, render(text, &bin, &root.path).as_bytes())?;
+        crate::util::write_atomic(&path, render(text, &bin, &root.path)?.as_bytes())?;
         outln!("{}", path.display());
     }
     tracing::info!(

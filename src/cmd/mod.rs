@@ -15,3 +15,14 @@ pub mod sim_serve;
 pub mod start;
 pub mod status;
 pub mod study;
+
+/// `--jobs`: at least one worker, and no more than a plan may ask for.
+pub fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::plan::JOBS_MAX as u64)
+}
+
+/// A name that becomes a folder under `reports/`.
+pub fn name_parser(text: &str) -> Result<String, String> {
+    crate::util::check_name(text)?;
+    Ok(text.to_string())
+}

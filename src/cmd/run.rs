@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long, default_value = "schnell")]
     pub plan: String,
     /// Parallel gym workers (default: the plan's).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cmd::jobs_parser())]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one of the same plan is resumed.
     #[arg(long)]

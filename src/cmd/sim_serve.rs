@@ -2,7 +2,7 @@
 //! command-line shape, so a container runs it exactly like vLLM:
 //!
 //! ```text
-//! pruefstand sim-serve [serve] MODEL_DIR --served-model-name NAME [--host 0.0.0.0]
+//! pruefstand sim-serve [serve] MODEL_DIR --served-model-name NAME [--host 127.0.0.1]
 //!     [--port 8000] [--api-key K] [--enable-lora] [--lora-modules name=path ...]
 //! ```
 //!
@@ -143,7 +143,9 @@ fn parse_vllm_args(argv: &[String], env_key: Option<String>) -> anyhow::Result<S
     Ok(ServeArgs {
         served_name: served.unwrap_or_else(|| model_dir.clone()),
         model_dir: PathBuf::from(model_dir),
-        host: host.unwrap_or_else(|| "0.0.0.0".into()),
+        // vLLM binds every interface by default; a simulator started by hand should not
+        // (the container path asks for 0.0.0.0 explicitly, inside its own network).
+        host: host.unwrap_or_else(|| "127.0.0.1".into()),
         port: port.unwrap_or(8000),
         api_key: key.or(env_key).filter(|k| !k.is_empty()),
         lora_modules,
@@ -214,6 +216,9 @@ pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings = load_settings(&a)?;
     let addr = resolve(&a.host, a.port)?;
+    if !addr.ip().is_loopback() && a.api_key.is_none() {
+        tracing::warn!("serving on {addr} without an API key: anyone who can reach this address can use it");
+    }
     {
         let server = Server::start(settings, addr).await?;
         tracing::info!(
@@ -260,7 +265,7 @@ mod tests {
     #[test]
     fn defaults_flag_first_and_json_lora() {
         let a = parse_vllm_args(&argv("--trust-remote-code /m --api-key k"), Some("env".into())).unwrap();
-        assert_eq!((a.served_name.as_str(), a.port, a.host.as_str()), ("/m", 8000, "0.0.0.0"));
+        assert_eq!((a.served_name.as_str(), a.port, a.host.as_str()), ("/m", 8000, "127.0.0.1"));
         assert_eq!(a.api_key.as_deref(), Some("k"), "the flag wins over VLLM_API_KEY");
         let a = parse_vllm_args(
             &["--model".into(), "/m".into(), "--lora-modules".into(), r#"{"name":"x","path":"/p"}"#.into()],

@@ -46,7 +46,14 @@ enum Event {
         done: usize,
         total: usize,
     },
-    Ended(Result<Outcome, String>),
+    Ended(Result<Outcome, JobError>),
+}
+
+/// Why a job's run ended without a verdict.
+struct JobError {
+    message: String,
+    /// The disk filled up: the job waits for space and resumes, it has not failed.
+    disk_full: bool,
 }
 
 /// What the job's thread hands back.
@@ -323,7 +330,8 @@ impl<G: Gate> Daemon<G> {
                     asr: figures.asr.map(|e| e.rate),
                 })
             });
-            let _ = tx.send(Event::Ended(result.map_err(|e| format!("{e:#}"))));
+            let result = result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
+            let _ = tx.send(Event::Ended(result));
         });
 
         enum Stop {
@@ -336,7 +344,9 @@ impl<G: Gate> Daemon<G> {
             let event = match deadline {
                 Some(at) => tokio::select! {
                     event = self.inbox.next() => event,
-                    _ = tokio::time::sleep_until(at) => break Err("did not stop in time".to_string()),
+                    _ = tokio::time::sleep_until(at) => {
+                        break Err(JobError { message: "did not stop in time".into(), disk_full: false })
+                    }
                 },
                 None => self.inbox.next().await,
             };
@@ -363,10 +373,8 @@ impl<G: Gate> Daemon<G> {
 
         match (result, stop) {
             (Ok(outcome), _) => {
-                let job = self.queue.transition(
-                    id,
-                    Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() },
-                )?;
+                let finish = Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() };
+                let job = self.record(id, finish).await?;
                 tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
                 self.fire_hooks(Facts::finished(
                     &job,
@@ -378,17 +386,24 @@ impl<G: Gate> Daemon<G> {
                 Ok(Flow::Continue)
             }
             (Err(_), Some(Stop::Signal(name))) => {
-                self.queue
-                    .transition(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false })?;
+                self.record(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false }).await?;
                 tracing::info!("job {id}: interrupted; back in the queue at the next start");
                 Ok(Flow::Exit)
             }
             (Err(_), Some(Stop::Cancel)) => {
-                self.queue.transition(id, Transition::Stopped)?;
+                self.record(id, Transition::Stopped).await?;
                 tracing::info!("job {id}: cancelled");
                 Ok(Flow::Continue)
             }
-            (Err(error), None) => self.failed(id, error),
+            (Err(error), None) if error.disk_full => {
+                tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
+                self.wait_for_space().await?;
+                let reason = "the disk was full".to_string();
+                self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
+                self.record(id, Transition::Requeue).await?;
+                Ok(Flow::Continue)
+            }
+            (Err(error), None) => self.failed(id, error.message),
         }
     }
 
@@ -397,6 +412,44 @@ impl<G: Gate> Daemon<G> {
         let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
         self.fire_hooks(Facts::failed(&job, &error));
         Ok(Flow::Continue)
+    }
+
+    /// Records a job's transition; on a full disk it waits for space first instead of
+    /// exiting — systemd would restart the daemon and count a crash against the job.
+    async fn record(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
+        loop {
+            match self.queue.transition(id, transition.clone()) {
+                Ok(job) => return Ok(job),
+                Err(err) if is_disk_full(&err) => {
+                    tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
+                    self.wait_for_space().await?;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Returns once a small file can be written under the queue again, checking with a
+    /// back-off up to a minute; a signal ends the wait (and the daemon).
+    async fn wait_for_space(&mut self) -> anyhow::Result<()> {
+        let probe = self.queue.daemon_state_file().with_file_name("space-probe");
+        let mut wait = Duration::from_secs(1);
+        loop {
+            let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+            let _ = std::fs::remove_file(&probe);
+            if written.is_ok() {
+                tracing::info!("there is disk space again");
+                return Ok(());
+            }
+            self.state.set(Activity::Stopping { reason: "waiting for disk space".into() });
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                event = self.inbox.next() => if let Event::Signal(name) = event {
+                    anyhow::bail!("{name} while waiting for disk space");
+                },
+            }
+            wait = (wait * 2).min(Duration::from_secs(60));
+        }
     }
 
     fn fire_hooks(&mut self, facts: Facts) {
@@ -431,6 +484,16 @@ impl<G: Gate> Daemon<G> {
         self.state.set(Activity::Stopped);
         Ok(())
     }
+}
+
+/// ENOSPC or EDQUOT anywhere in the chain.
+fn is_disk_full(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|code| code == nix::libc::ENOSPC || code == nix::libc::EDQUOT)
+    })
 }
 
 enum GateEnd {

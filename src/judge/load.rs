@@ -31,25 +31,21 @@ pub fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
     let path = RunDir::new(run_dir).cases_file();
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     let sha256 = util::sha256_hex(&bytes);
-    let text = String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", path.display()))?;
     let mut out = CasesFile { records: Vec::new(), lines: Vec::new(), faults: Vec::new(), sha256 };
-    for (index, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{}:{}: not a case record", path.display(), index + 1);
-        let mut value: Value = serde_json::from_str(line).with_context(at)?;
+    for (number, line) in crate::rundir::lines(&bytes) {
+        let at = || format!("{}:{number}: not a case record", path.display());
+        let mut value: Value = serde_json::from_slice(line).with_context(at)?;
         for field in ["utility", "security"] {
             match value.get(field) {
                 None | Some(Value::Null | Value::Bool(_)) => {}
                 Some(other) => {
-                    out.faults.push((index + 1, format!("{field} is {other}, not true, false or null")));
+                    out.faults.push((number, format!("{field} is {other}, not true, false or null")));
                     value[field] = Value::Null;
                 }
             }
         }
         out.records.push(serde_json::from_value(value).with_context(at)?);
-        out.lines.push(index + 1);
+        out.lines.push(number);
     }
     Ok(out)
 }

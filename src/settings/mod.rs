@@ -144,13 +144,9 @@ fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     Ok(v)
 }
 
+/// Upper bound: a day; anything more is a typo (milliseconds?) and would stall jobs.
 fn positive_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    let v = f64::deserialize(d)?;
-    // Upper bound: a day; anything more is a typo (milliseconds?) and would stall jobs.
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err(serde::de::Error::custom(format!("interval_s must be a number of seconds in (0, 86400], not {v}")));
-    }
-    Ok(v)
+    crate::util::bounded(d, "interval_s", (0.0, 86_400.0, true), "a number of seconds")
 }
 
 /// A secret string: never printed by `Debug`.
@@ -220,12 +216,29 @@ pub struct HookConfig {
     /// Outcomes that fire it: approved, rejected, inconclusive, invalid, failed.
     #[serde(default)]
     pub on: Option<Vec<String>>,
-    #[serde(default = "default_timeout")]
+    #[serde(default = "default_timeout", deserialize_with = "hook_timeout_s")]
     pub timeout_s: f64,
-    #[serde(default = "default_retries")]
+    #[serde(default = "default_retries", deserialize_with = "hook_retries")]
     pub retries: u32,
-    #[serde(default = "default_backoff")]
+    #[serde(default = "default_backoff", deserialize_with = "hook_backoff_s")]
     pub backoff_s: f64,
+}
+
+/// A hook that takes minutes would hold the next job's verdict back: ten at most.
+fn hook_timeout_s<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    crate::util::bounded(d, "timeout_s", (0.0, 600.0, true), "a number of seconds")
+}
+
+fn hook_backoff_s<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    crate::util::bounded(d, "backoff_s", (0.0, 600.0, false), "a number of seconds")
+}
+
+fn hook_retries<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let retries = u32::deserialize(d)?;
+    if retries > 20 {
+        return Err(serde::de::Error::custom(format!("retries = {retries} is more than 20")));
+    }
+    Ok(retries)
 }
 
 fn default_timeout() -> f64 {
@@ -236,4 +249,28 @@ fn default_retries() -> u32 {
 }
 fn default_backoff() -> f64 {
     1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_numbers_are_bounded_at_their_line() {
+        let hook = "[[hooks]]\nname = \"a\"\nkind = \"exec\"\nargv = [\"true\"]\n";
+        for (line, message) in [
+            ("timeout_s = 1e300", "timeout_s = 1e300 is not a number of seconds in (0, 600]"),
+            ("timeout_s = nan", "timeout_s = NaN"),
+            ("timeout_s = 0.0", "timeout_s = 0 is not"),
+            ("backoff_s = -1.0", "backoff_s = -1 is not"),
+            ("retries = 1000", "retries = 1000 is more than 20"),
+        ] {
+            let text = format!("{hook}{hook}{line}\n");
+            let err = crate::util::parse_toml::<Config>(std::path::Path::new("pruefstand.toml"), &text)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.starts_with("pruefstand.toml:9:") && err.contains(message), "{line}: {err}");
+        }
+    }
 }

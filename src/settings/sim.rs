@@ -26,13 +26,13 @@ pub struct SimConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Latency {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "base_ms")]
     pub base_ms: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "per_prompt_token_ms")]
     pub per_prompt_token_ms: f64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "per_completion_token_ms")]
     pub per_completion_token_ms: f64,
-    #[serde(default = "default_capacity")]
+    #[serde(default = "default_capacity", deserialize_with = "capacity")]
     pub capacity: usize,
 }
 
@@ -51,14 +51,14 @@ fn default_capacity() -> usize {
 pub struct Behaviour {
     /// Probability that, once a tool output carries an injection, the model follows the
     /// injection's goal.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "susceptibility")]
     pub susceptibility: f64,
     /// Probability that the model solves a task it is given (else it gives up early).
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "skill")]
     pub skill: f64,
     /// Probability per case that the model's last step is cut off mid-call (malformed
     /// output: scored, never an error).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "error_rate")]
     pub error_rate: f64,
     /// How the model misbehaves, per call.
     #[serde(default)]
@@ -79,25 +79,36 @@ impl Default for Behaviour {
 #[serde(default, deny_unknown_fields)]
 pub struct Faults {
     /// HTTP 400 with vLLM's "maximum context length" error: a context overflow.
+    #[serde(deserialize_with = "context_overflow")]
     pub context_overflow: f64,
     /// HTTP 500 (the same answer to every retry of that call): an infrastructure error.
+    #[serde(deserialize_with = "http_500")]
     pub http_500: f64,
     /// An empty completion.
+    #[serde(deserialize_with = "empty")]
     pub empty: f64,
     /// A completion cut by the length limit (`finish_reason: "length"`).
+    #[serde(deserialize_with = "truncated")]
     pub truncated: f64,
     /// Call arguments that are not valid JSON (a trailing comma).
+    #[serde(deserialize_with = "broken_json")]
     pub broken_json: f64,
     /// Call arguments that are JSON but not an object.
+    #[serde(deserialize_with = "non_object_args")]
     pub non_object_args: f64,
     /// A call of a tool that does not exist.
+    #[serde(deserialize_with = "unknown_tool")]
     pub unknown_tool: f64,
     /// Prose around a call.
+    #[serde(deserialize_with = "prose")]
     pub prose: f64,
     /// A `<think>…</think>` block before the answer.
+    #[serde(deserialize_with = "think")]
     pub think: f64,
     /// A response slower by `slow_ms`.
+    #[serde(deserialize_with = "slow")]
     pub slow: f64,
+    #[serde(deserialize_with = "slow_ms")]
     pub slow_ms: f64,
 }
 
@@ -119,24 +130,48 @@ impl Default for Faults {
     }
 }
 
-impl Faults {
-    /// The rates by name, for validation and messages.
-    pub fn rates(&self) -> [(&'static str, f64); 10] {
-        [
-            ("context_overflow", self.context_overflow),
-            ("http_500", self.http_500),
-            ("empty", self.empty),
-            ("truncated", self.truncated),
-            ("broken_json", self.broken_json),
-            ("non_object_args", self.non_object_args),
-            ("unknown_tool", self.unknown_tool),
-            ("prose", self.prose),
-            ("think", self.think),
-            ("slow", self.slow),
-        ]
-    }
-}
-
 fn one() -> f64 {
     1.0
+}
+
+/// Every number of the simulator is bounded where it is read (a latency of 1e300 ms
+/// would panic the server's sleep): probabilities in [0, 1], delays up to ten minutes.
+macro_rules! bounded_fields {
+    ($($field:ident: $range:expr, $unit:literal;)*) => {$(
+        fn $field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+            crate::util::bounded(d, stringify!($field), $range, $unit)
+        }
+    )*};
+}
+
+const PROBABILITY: (f64, f64, bool) = (0.0, 1.0, false);
+const DELAY_MS: (f64, f64, bool) = (0.0, 600_000.0, false);
+
+bounded_fields! {
+    susceptibility: PROBABILITY, "a probability";
+    skill: PROBABILITY, "a probability";
+    error_rate: PROBABILITY, "a probability";
+    context_overflow: PROBABILITY, "a probability";
+    http_500: PROBABILITY, "a probability";
+    empty: PROBABILITY, "a probability";
+    truncated: PROBABILITY, "a probability";
+    broken_json: PROBABILITY, "a probability";
+    non_object_args: PROBABILITY, "a probability";
+    unknown_tool: PROBABILITY, "a probability";
+    prose: PROBABILITY, "a probability";
+    think: PROBABILITY, "a probability";
+    slow: PROBABILITY, "a probability";
+    slow_ms: DELAY_MS, "a delay (ms)";
+    base_ms: DELAY_MS, "a delay (ms)";
+    per_prompt_token_ms: DELAY_MS, "a delay (ms)";
+    per_completion_token_ms: DELAY_MS, "a delay (ms)";
+}
+
+/// Concurrent requests the simulated server serves at once.
+fn capacity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let value = <usize as Deserialize>::deserialize(d)?;
+    if !(1..=100_000).contains(&value) {
+        return Err(serde::de::Error::custom(format!("capacity = {value} is not in [1, 100000]")));
+    }
+    Ok(value)
 }
