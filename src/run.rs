@@ -154,13 +154,14 @@ impl<'a> RunContext<'a> {
     /// Runs `version` into `out` (or a new run directory), its reference first when R4
     /// needs one, and judges it.
     pub async fn run(&self, version: &Version, out: Option<PathBuf>) -> anyhow::Result<Finished> {
+        // The run directory first: a wrong --out is refused before anything runs.
+        let path = out.unwrap_or_else(|| self.root.new_run_dir(&version.name, &self.plan.name));
+        let claimed = RunDir::claim(&path, &self.identity(version))?;
         // R4 compares with the reference on the same plan: make sure its run exists first.
         let reference = match version.reference() {
             Some(name) => Some(self.reference_run(&Version::load(&self.root.versions(), name)?).await?),
             None => None,
         };
-        let path = out.unwrap_or_else(|| self.root.new_run_dir(&version.name, &self.plan.name));
-        let claimed = RunDir::claim(&path, &self.identity(version))?;
         let (executed, served) = self.execute_version(&claimed, version).await?;
         let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
         let judgement = self.record_and_judge(&claimed.dir, version, reference_dir, served)?;

@@ -224,7 +224,7 @@ fn units_verify_with_the_real_binary_and_root() {
     }
     let service = std::fs::read_to_string(dir.join("pruefstand.service")).unwrap();
     assert!(service.contains(&format!(
-        "ExecStart={} --root {} daemon",
+        "ExecStart=\"{}\" --root \"{}\" daemon",
         std::path::Path::new(BIN).canonicalize().unwrap().display(),
         bench.path().canonicalize().unwrap().display()
     )));

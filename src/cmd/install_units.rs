@@ -29,8 +29,12 @@ pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> anyh
     let (bin, root) = (path_text(bin)?, path_text(root)?);
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
-        let fill: fn(&str) -> String = if line.starts_with("Documentation=") { url_path } else { exec_word };
-        out.push_str(&line.replace("@PRUEFSTAND_BIN@", &fill(&bin)).replace("@PRUEFSTAND_ROOT@", &fill(&root)));
+        let (bin, root) = if line.starts_with("Documentation=") {
+            (url_path(&bin), url_path(&root))
+        } else {
+            (exec_word(&bin, true), exec_word(&root, false))
+        };
+        out.push_str(&line.replace("@PRUEFSTAND_BIN@", &bin).replace("@PRUEFSTAND_ROOT@", &root));
     }
     Ok(out)
 }
@@ -41,9 +45,10 @@ fn path_text(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(text.to_string())
 }
 
-/// One word of a systemd command line: quoted, with `\` and `"` escaped, `%` and `$`
-/// doubled (specifiers and variables are expanded inside quotes too).
-fn exec_word(text: &str) -> String {
+/// One word of a systemd command line: quoted, with `\` and `"` escaped, `%` doubled
+/// (specifiers are expanded inside quotes too) and, in an argument, `$` doubled
+/// (variables are expanded in arguments, not in the command's path).
+fn exec_word(text: &str, command: bool) -> String {
     let mut word = String::from("\"");
     for c in text.chars() {
         match c {
@@ -52,7 +57,7 @@ fn exec_word(text: &str) -> String {
                 word.push(c);
             }
             '%' => word.push_str("%%"),
-            '$' => word.push_str("$$"),
+            '$' if !command => word.push_str("$$"),
             _ => word.push(c),
         }
     }
@@ -79,7 +84,8 @@ mod tests {
 
     #[test]
     fn paths_are_quoted_and_escaped_for_systemd() {
-        assert_eq!(exec_word("/srv/my root %h/$X\\\""), "\"/srv/my root %%h/$$X\\\\\\\"\"");
+        assert_eq!(exec_word("/srv/my root %h/$X\\\"", false), "\"/srv/my root %%h/$$X\\\\\\\"\"");
+        assert_eq!(exec_word("/srv/$X/bin", true), "\"/srv/$X/bin\"");
         assert_eq!(url_path("/srv/my root%"), "/srv/my%%20root%%25");
         let text = "Documentation=file://@PRUEFSTAND_ROOT@/README.md\nExecStart=@PRUEFSTAND_BIN@ --root @PRUEFSTAND_ROOT@ daemon\n";
         let unit = render(text, std::path::Path::new("/b in/p"), std::path::Path::new("/r %h")).unwrap();
