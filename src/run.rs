@@ -291,7 +291,12 @@ impl<'a> RunContext<'a> {
 
     /// One gym pass on the blocking pool (it reads the gym's events line by line), in
     /// the caller's span so its messages keep the daemon's job id.
-    async fn run_gym(&self, claimed: &Claimed, version: &Version, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
+    async fn run_gym(
+        &self,
+        claimed: &Claimed,
+        version: &Version,
+        endpoint: &model::Endpoint,
+    ) -> anyhow::Result<Executed> {
         let settings = self.gym_settings(claimed, version, endpoint)?;
         let (pyenv, run_dir, plan, inventory) =
             (self.pyenv.clone(), RunDir::new(claimed.dir.path.clone()), self.plan.clone(), self.inventory.clone());

@@ -178,7 +178,8 @@ impl RunDir {
                 }
                 let run_id = crate::root::run_id(&dir.path);
                 let seed = u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0);
-                let file = IdentityFile { identity: identity.clone(), seed, created_at: chrono::Utc::now().to_rfc3339() };
+                let file =
+                    IdentityFile { identity: identity.clone(), seed, created_at: chrono::Utc::now().to_rfc3339() };
                 util::write_json_atomic(&identity_path, &file)?;
                 seed
             }
@@ -239,8 +240,7 @@ impl RunDir {
         let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         lines(&bytes)
             .map(|(number, line)| {
-                serde_json::from_slice(line)
-                    .with_context(|| format!("{}:{number}: not a case record", path.display()))
+                serde_json::from_slice(line).with_context(|| format!("{}:{number}: not a case record", path.display()))
             })
             .collect()
     }
@@ -314,7 +314,8 @@ fn identity_differences(stored: &Identity, requested: &Identity) -> Vec<String> 
     .into_iter()
     .filter(|(_, stored, requested, _)| !stored.is_empty() && stored != requested)
     .map(|(field, stored, requested, hash)| {
-        let (stored, requested) = if hash { (short(stored), short(requested)) } else { (stored.clone(), requested.clone()) };
+        let (stored, requested) =
+            if hash { (short(stored), short(requested)) } else { (stored.clone(), requested.clone()) };
         format!("{field}: {stored}, requested {requested}")
     })
     .collect()
@@ -371,8 +372,16 @@ mod tests {
     fn a_run_directory_written_before_identities_is_checked_by_its_records() {
         let dir = tempfile::tempdir().unwrap();
         let run = RunDir::new(dir.path());
-        util::write_json_atomic(&run.file("plan.json"), &serde_json::json!({"hash": "plan-hash-000000", "benchmark_version": "v1.2.2"})).unwrap();
-        util::write_json_atomic(&run.file("version.json"), &serde_json::json!({"name": "demo-baseline", "hash": "demo-baseline-spec-hash-0000"})).unwrap();
+        util::write_json_atomic(
+            &run.file("plan.json"),
+            &serde_json::json!({"hash": "plan-hash-000000", "benchmark_version": "v1.2.2"}),
+        )
+        .unwrap();
+        util::write_json_atomic(
+            &run.file("version.json"),
+            &serde_json::json!({"name": "demo-baseline", "hash": "demo-baseline-spec-hash-0000"}),
+        )
+        .unwrap();
         std::fs::write(run.cases_file(), "").unwrap();
         assert!(RunDir::claim(dir.path(), &identity("demo-kandidat")).is_err());
         let claimed = RunDir::claim(dir.path(), &identity("demo-baseline")).unwrap();

@@ -166,7 +166,8 @@ impl Version {
         })?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         // The name becomes a folder under reports/.
-        util::check_name(&name).map_err(|why| anyhow::anyhow!("{}: not a usable version name: {why}", path.display()))?;
+        util::check_name(&name)
+            .map_err(|why| anyhow::anyhow!("{}: not a usable version name: {why}", path.display()))?;
         let spec = parse(&path, &text, versions_dir)?;
         let hash = util::sha256_hex(serde_json::to_string(&spec)?.as_bytes());
         Ok(Version { name, path, spec, hash })

@@ -125,7 +125,11 @@ mod tests {
         command.env("GIVEN", "1");
         let out = String::from_utf8(command.output().unwrap().stdout).unwrap();
         assert!(!out.contains("s3cret"), "{out}");
-        assert!(out.contains("GIVEN=1") && out.lines().all(|l| INHERITED.iter().any(|n| l.starts_with(&format!("{n}="))) || l == "GIVEN=1"), "{out}");
+        assert!(
+            out.contains("GIVEN=1")
+                && out.lines().all(|l| INHERITED.iter().any(|n| l.starts_with(&format!("{n}="))) || l == "GIVEN=1"),
+            "{out}"
+        );
     }
 
     #[test]

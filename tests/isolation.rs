@@ -134,7 +134,11 @@ fn names_cannot_climb_out_of_the_reports_folder() {
     let bench = Bench::new();
     std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/...toml")).unwrap();
     let run = bench.run(&["run", "..", "--plan", "schnell"]).code(2);
-    assert!(run.stderr.contains("not a usable version name") && run.stderr.contains("starts with '.'"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("not a usable version name") && run.stderr.contains("starts with '.'"),
+        "{}",
+        run.stderr
+    );
 
     let escaping = TINY_PLAN.replace("name = \"tiny\"", "name = \"../../../escaped\"");
     let plan = bench.write("profiles/escape.toml", &escaping);
@@ -318,7 +322,9 @@ fn secrets_reach_only_the_processes_that_need_them() {
 
     bench.wait_job(job, "done", 120);
     wait_until("both hooks fired", 30, || env_dump.is_file() && !seen.lock().unwrap().is_empty());
-    wait_until("the exec hook's dump", 10, || std::fs::read_to_string(&env_dump).is_ok_and(|t| t.contains("PRUEFSTAND_JOB=")));
+    wait_until("the exec hook's dump", 10, || {
+        std::fs::read_to_string(&env_dump).is_ok_and(|t| t.contains("PRUEFSTAND_JOB="))
+    });
     let dump = std::fs::read_to_string(&env_dump).unwrap();
     assert!(!dump.contains("SECRET") && !dump.contains(&api_key), "the exec hook got another's secret:\n{dump}");
     assert!(seen.lock().unwrap().iter().any(|p| p == "/HOOK-SECRET-path"), "the webhook still got its URL");
@@ -331,4 +337,78 @@ fn secrets_reach_only_the_processes_that_need_them() {
         assert!(found.is_empty(), "{needle} found in {found:?}");
     }
     assert!(run_dir.join("cases.jsonl").is_file());
+}
+
+/// A tmpfs mounted for the test, lazily unmounted at the end.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_pauses_a_daemon_job_without_using_up_its_attempts() {
+    let bench = Bench::new();
+    let root = bench.path().join("small-disk");
+    std::fs::create_dir(&root).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"]).arg(&root).status();
+    assert!(mounted.is_ok_and(|s| s.success()), "mounting a tmpfs needs root (CI runs as root)");
+    let _mount = Tmpfs(root.clone());
+    for sub in ["versions", "profiles"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy(bench.path().join("pruefstand.toml"), root.join("pruefstand.toml")).unwrap();
+    std::fs::write(root.join("profiles/tiny.toml"), TINY_PLAN).unwrap();
+    std::fs::write(root.join("versions/slow.toml"), sim(0.5, 500, "")).unwrap();
+    let pf = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--root").arg(&root).args(args).current_dir(repo()).stdin(Stdio::null());
+        cmd
+    };
+    // The daemon's log lives off the small disk, so it can tell what happened.
+    let log = bench.path().join("daemon.log");
+    let mut daemon =
+        pf(&["daemon"]).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let job_file = root.join(".pruefstand/jobs/1/job.json");
+    let started = Run::from(pf(&["start", "slow", "--plan", "tiny"]).output().unwrap()).ok();
+    assert_eq!(started.stdout.lines().next(), Some("1"));
+    wait_until("the job's first case", 120, || {
+        std::fs::read_to_string(&job_file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|job| {
+                job["run_dir"].as_str().is_some_and(|d| {
+                    std::fs::read_to_string(Path::new(d).join("cases.jsonl")).is_ok_and(|t| !t.is_empty())
+                })
+            })
+    });
+
+    let filler = root.join("filler");
+    let mut file = std::fs::File::create(&filler).unwrap();
+    while file.write_all(&[0u8; 1 << 20]).is_ok() {}
+    drop(file);
+    wait_until("the daemon to notice the full disk", 60, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("the disk is full"))
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        daemon.try_wait().unwrap().is_none(),
+        "the daemon is still there:\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    wait_until("the job done", 180, || {
+        std::fs::read_to_string(&job_file).is_ok_and(|t| t.contains("\"state\": \"done\""))
+    });
+    let job = json(&job_file);
+    assert_eq!(job["attempt"], 1, "no attempt used up: {job}");
+    let run_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
+    let ids: std::collections::BTreeSet<String> =
+        cases(&run_dir).iter().map(|c| c["case_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!((ids.len(), cases(&run_dir).len()), (4, 4), "every case once");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
 }

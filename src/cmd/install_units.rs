@@ -40,7 +40,8 @@ pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> anyh
 }
 
 fn path_text(path: &std::path::Path) -> anyhow::Result<String> {
-    let text = path.to_str().with_context(|| format!("{} is not UTF-8: systemd units cannot name it", path.display()))?;
+    let text =
+        path.to_str().with_context(|| format!("{} is not UTF-8: systemd units cannot name it", path.display()))?;
     anyhow::ensure!(!text.contains(['\n', '\r']), "{text:?} holds a line break: systemd units cannot name it");
     Ok(text.to_string())
 }
@@ -78,22 +79,6 @@ fn url_path(text: &str) -> String {
     url
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_are_quoted_and_escaped_for_systemd() {
-        assert_eq!(exec_word("/srv/my root %h/$X\\\"", false), "\"/srv/my root %%h/$$X\\\\\\\"\"");
-        assert_eq!(exec_word("/srv/$X/bin", true), "\"/srv/$X/bin\"");
-        assert_eq!(url_path("/srv/my root%"), "/srv/my%%20root%%25");
-        let text = "Documentation=file://@PRUEFSTAND_ROOT@/README.md\nExecStart=@PRUEFSTAND_BIN@ --root @PRUEFSTAND_ROOT@ daemon\n";
-        let unit = render(text, std::path::Path::new("/b in/p"), std::path::Path::new("/r %h")).unwrap();
-        assert_eq!(unit, "Documentation=file:///r%%20%%25h/README.md\nExecStart=\"/b in/p\" --root \"/r %%h\" daemon\n");
-        assert!(render(text, std::path::Path::new("/b"), std::path::Path::new("/r\nx")).is_err());
-    }
-}
-
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let bin = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding this binary")?;
@@ -111,4 +96,23 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         "next:\n  systemctl --user daemon-reload\n  systemctl --user enable --now pruefstand.service\n  systemctl --user enable --now pruefstand-voll@kandidat.timer   # nightly voll of a version\n  loginctl enable-linger $USER   # run without a login session"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_quoted_and_escaped_for_systemd() {
+        assert_eq!(exec_word("/srv/my root %h/$X\\\"", false), "\"/srv/my root %%h/$$X\\\\\\\"\"");
+        assert_eq!(exec_word("/srv/$X/bin", true), "\"/srv/$X/bin\"");
+        assert_eq!(url_path("/srv/my root%"), "/srv/my%%20root%%25");
+        let text = "Documentation=file://@PRUEFSTAND_ROOT@/README.md\nExecStart=@PRUEFSTAND_BIN@ --root @PRUEFSTAND_ROOT@ daemon\n";
+        let unit = render(text, std::path::Path::new("/b in/p"), std::path::Path::new("/r %h")).unwrap();
+        assert_eq!(
+            unit,
+            "Documentation=file:///r%%20%%25h/README.md\nExecStart=\"/b in/p\" --root \"/r %%h\" daemon\n"
+        );
+        assert!(render(text, std::path::Path::new("/b"), std::path::Path::new("/r\nx")).is_err());
+    }
 }

@@ -395,7 +395,8 @@ impl<G: Gate> Daemon<G> {
                 tracing::info!("job {id}: cancelled");
                 Ok(Flow::Continue)
             }
-            (Err(error), None) if error.disk_full => {
+            // The gym's own write failing shows only as its exit: look at the disk too.
+            (Err(error), None) if error.disk_full || !self.has_space() => {
                 tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
                 self.wait_for_space().await?;
                 let reason = "the disk was full".to_string();
@@ -429,15 +430,20 @@ impl<G: Gate> Daemon<G> {
         }
     }
 
-    /// Returns once a small file can be written under the queue again, checking with a
-    /// back-off up to a minute; a signal ends the wait (and the daemon).
-    async fn wait_for_space(&mut self) -> anyhow::Result<()> {
+    /// Whether a small file can be written under the queue.
+    fn has_space(&self) -> bool {
         let probe = self.queue.daemon_state_file().with_file_name("space-probe");
+        let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+        let _ = std::fs::remove_file(&probe);
+        written.is_ok()
+    }
+
+    /// Returns once there is space again, checking with a back-off up to a minute; a
+    /// signal ends the wait (and the daemon).
+    async fn wait_for_space(&mut self) -> anyhow::Result<()> {
         let mut wait = Duration::from_secs(1);
         loop {
-            let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
-            let _ = std::fs::remove_file(&probe);
-            if written.is_ok() {
+            if self.has_space() {
                 tracing::info!("there is disk space again");
                 return Ok(());
             }
