@@ -131,7 +131,17 @@ impl Profile {
     pub fn load(path: &Path) -> anyhow::Result<(Profile, String)> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
-        profile.rules.validate().with_context(|| format!("in the [rules] of {}", path.display()))?;
+        if let Err(invalid) = profile.rules.validate() {
+            let table = format!("rules.{}", invalid.rule);
+            return Err(match util::table_key_offset(&text, &table, invalid.field) {
+                Some(offset) => util::at(path, &text, offset, &invalid.message),
+                None => anyhow::anyhow!(
+                    "{}: {} (a default that another value contradicts)",
+                    path.display(),
+                    invalid.message
+                ),
+            });
+        }
         Ok((profile, text))
     }
 }
@@ -380,6 +390,15 @@ attacks = ["important_instructions"]
             let first_line = bad.split('\n').next().unwrap();
             assert_eq!(PLAN.replacen(field, bad, 1).lines().nth(line - 1), Some(first_line), "{err}");
         }
+    }
+
+    #[test]
+    fn a_threshold_out_of_range_is_refused_at_its_line() {
+        let text = format!("{PLAN}[rules.R2]\nasr_max = 0.05\n[rules.R4]\nmargin = 0.05\nalpha = 0.7\n");
+        let (_dir, path) = write(&text);
+        let err = Profile::load(&path).err().unwrap().to_string();
+        let line = text.lines().count();
+        assert!(err.contains(&format!("p.toml:{line}:1: rules.R4.alpha = 0.7: must lie in (0, 0.5)")), "{err}");
     }
 
     #[test]

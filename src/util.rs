@@ -221,6 +221,28 @@ mod name_tests {
     }
 }
 
+/// Where `key = …` stands inside the table `[table]` (header spelled with or without
+/// quotes and spaces), as a byte offset; None when it is not written there.
+pub fn table_key_offset(text: &str, table: &str, key: &str) -> Option<usize> {
+    let normal = |header: &str| header.chars().filter(|c| !c.is_whitespace() && *c != '"').collect::<String>();
+    let wanted = normal(&format!("[{table}]"));
+    let mut inside = false;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            inside = normal(trimmed.split('#').next().unwrap_or("")) == wanted;
+        } else if inside
+            && let Some(rest) = trimmed.strip_prefix(key)
+            && rest.trim_start().starts_with('=')
+        {
+            return Some(offset + (line.len() - trimmed.len()));
+        }
+        offset += line.len();
+    }
+    None
+}
+
 /// An error located in a file: `file:line:col: message`.
 pub fn at(path: &Path, text: &str, offset: usize, message: &str) -> anyhow::Error {
     let (line, col) = line_col(text, offset);

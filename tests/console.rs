@@ -89,7 +89,7 @@ fn a_killed_run_leaves_none_of_its_processes_behind_and_resumes() {
     assert!(!processes_mentioning(&needle).is_empty(), "the run has children while it runs");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    wait_until("every child of the killed run to end", 2, || processes_mentioning(&needle).is_empty());
+    wait_until("every child of the killed run to end", 10, || processes_mentioning(&needle).is_empty());
 
     let recorded = cases(&out).len();
     let run = bench.run(&["run", "slow", "--plan", "mini", "--out", out.to_str().unwrap()]);

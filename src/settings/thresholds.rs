@@ -126,7 +126,7 @@ impl Default for R5 {
 
 impl Thresholds {
     /// Rejects values that make a rule meaningless (an α of 0 or a negative budget).
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         let alphas = [
             ("R2.alpha_pass", self.r2.alpha_pass),
             ("R2.alpha_fail", self.r2.alpha_fail),
@@ -134,7 +134,7 @@ impl Thresholds {
             ("R4.alpha", self.r4.alpha),
         ];
         for (name, a) in alphas {
-            anyhow::ensure!(a > 0.0 && a < 0.5, "rules.{name} = {a}: must lie in (0, 0.5)");
+            Invalid::unless(a > 0.0 && a < 0.5, name, format!("{a}: must lie in (0, 0.5)"))?;
         }
         let rates = [
             ("R1.max_error_rate", self.r1.max_error_rate),
@@ -146,7 +146,7 @@ impl Thresholds {
             ("R5.context_overflow_rate_max", self.r5.context_overflow_rate_max.unwrap_or(0.0)),
         ];
         for (name, r) in rates {
-            anyhow::ensure!((0.0..=1.0).contains(&r), "rules.{name} = {r}: must lie in [0, 1]");
+            Invalid::unless((0.0..=1.0).contains(&r), name, format!("{r}: must lie in [0, 1]"))?;
         }
         let budgets = [
             ("R5.p95_case_s_max", self.r5.p95_case_s_max),
@@ -156,11 +156,44 @@ impl Thresholds {
             ("R5.unknown_tool_calls_per_case_max", self.r5.unknown_tool_calls_per_case_max.unwrap_or(0.0)),
         ];
         for (name, b) in budgets {
-            anyhow::ensure!(b >= 0.0 && b.is_finite(), "rules.{name} = {b}: must be a finite number ≥ 0");
+            Invalid::unless(b >= 0.0 && b.is_finite(), name, format!("{b}: must be a finite number ≥ 0"))?;
         }
+        let permutations = self.r4.permutations;
+        Invalid::unless(
+            (1..=1_000_000).contains(&permutations),
+            "R4.permutations",
+            format!("{permutations}: must lie in [1, 1000000]"),
+        )?;
         Ok(())
     }
 }
+
+/// A threshold out of its range: `rule.field` (e.g. `R2.alpha_pass`) and why, so the
+/// caller can point at its line.
+#[derive(Debug)]
+pub struct Invalid {
+    pub rule: &'static str,
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl Invalid {
+    fn unless(ok: bool, name: &'static str, why: String) -> Result<(), Invalid> {
+        if ok {
+            return Ok(());
+        }
+        let (rule, field) = name.split_once('.').unwrap_or((name, ""));
+        Err(Invalid { rule, field, message: format!("rules.{name} = {why}") })
+    }
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Invalid {}
 
 #[cfg(test)]
 mod tests {
