@@ -10,19 +10,6 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-const PLAN: &str = r#"
-name = "faults"
-benchmark_version = "v1.2.2"
-attacks = ["important_instructions"]
-jobs = 4
-case_timeout_s = 120
-injection_goals = false
-[[suites]]
-name = "banking"
-user_tasks = ["user_task_3", "user_task_4"]
-injection_tasks = ["injection_task_1"]
-"#;
-
 /// A simulated version that solves everything and follows every injection, with
 /// `faults` as its `[…faults]` table.
 fn version(mode: &str, faults: &str) -> String {
@@ -78,7 +65,7 @@ fn assert_scored(name: &str, s: &Scored, outcome: &str) {
 #[test]
 fn every_fault_class_is_scored_as_its_class_says() {
     let bench = Bench::new();
-    bench.write("faults.toml", PLAN);
+    bench.write("faults.toml", TINY_PLAN);
 
     // Faults that change nothing a scorer sees: identical outcomes, nothing malformed.
     for mode in ["native", "prompted"] {
@@ -135,7 +122,7 @@ fn every_fault_class_is_scored_as_its_class_says() {
 #[test]
 fn a_failing_server_is_still_an_error_after_the_retries() {
     let bench = Bench::new();
-    bench.write("faults.toml", PLAN);
+    bench.write("faults.toml", TINY_PLAN);
     let failing = run(&bench, "failing", "native", "http_500 = 1.0");
     for r in &failing.records {
         assert_eq!(r["outcome"], "error", "{r}");

@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
@@ -29,23 +29,9 @@ fn serve() -> (u16, Arc<Mutex<Vec<Request>>>) {
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
+            let Some((line, headers, body)) = read_request(&mut reader) else { continue };
             let mut parts = line.split_whitespace();
             let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
-            let mut headers = BTreeMap::new();
-            loop {
-                let mut header = String::new();
-                reader.read_line(&mut header).unwrap();
-                if header.trim().is_empty() {
-                    break;
-                }
-                let (k, v) = header.split_once(':').unwrap();
-                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-            }
-            let len: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
             let request =
                 Request { method, path: path.clone(), headers, body: String::from_utf8_lossy(&body).into_owned() };
             let first_of_path = {

@@ -6,26 +6,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-
-/// Two banking cases clean, two attacked: enough to tell versions apart, quick to run.
-const TINY_PLAN: &str = r#"
-name = "tiny"
-benchmark_version = "v1.2.2"
-attacks = ["important_instructions"]
-jobs = 2
-case_timeout_s = 60
-injection_goals = false
-[[suites]]
-name = "banking"
-user_tasks = ["user_task_3", "user_task_4"]
-injection_tasks = ["injection_task_1"]
-"#;
 
 fn sim(susceptibility: f64, latency_ms: u32, extra: &str) -> String {
     format!(
@@ -224,21 +210,8 @@ fn webhook_sink() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     std::thread::spawn(move || {
         for mut stream in listener.incoming().flatten() {
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            let mut length = 0;
-            loop {
-                let mut header = String::new();
-                reader.read_line(&mut header).unwrap();
-                if header.trim().is_empty() {
-                    break;
-                }
-                if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-            }
-            std::io::Read::read_exact(&mut reader, &mut vec![0; length]).unwrap();
-            record.lock().unwrap().push(line.split_whitespace().nth(1).unwrap_or("").to_string());
+            let Some((request_line, _, _)) = read_request(&mut reader) else { continue };
+            record.lock().unwrap().push(request_line.split_whitespace().nth(1).unwrap_or("").to_string());
             let _ = write!(stream, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
         }
     });

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 
@@ -200,24 +200,7 @@ fn fake_model_server(respond: fn(&str) -> Option<String>) -> String {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut stream = stream;
-                loop {
-                    let mut request_line = String::new();
-                    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0;
-                    loop {
-                        let mut header = String::new();
-                        reader.read_line(&mut header).unwrap();
-                        if header.trim().is_empty() {
-                            break;
-                        }
-                        if let Some(v) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap();
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
+                while let Some((request_line, _, _)) = read_request(&mut reader) {
                     match respond(&request_line) {
                         Some(response) => stream.write_all(response.as_bytes()).unwrap(),
                         None => std::thread::sleep(std::time::Duration::from_secs(3600)),

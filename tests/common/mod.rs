@@ -184,6 +184,46 @@ injection_tasks = ["injection_task_1", "injection_task_4"]
 "#;
 pub const MINI_CASES: usize = 11;
 
+/// Two banking user tasks clean and attacked with one injection task (4 cases, no
+/// injection goals): enough to tell versions apart, quick to run.
+pub const TINY_PLAN: &str = r#"
+name = "tiny"
+benchmark_version = "v1.2.2"
+attacks = ["important_instructions"]
+jobs = 4
+case_timeout_s = 120
+injection_goals = false
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_3", "user_task_4"]
+injection_tasks = ["injection_task_1"]
+"#;
+
+/// One HTTP/1.1 request from a connection: the request line, the headers (names in
+/// lower case) and the body; None when the peer closed the connection.
+pub fn read_request(
+    reader: &mut impl std::io::BufRead,
+) -> Option<(String, std::collections::BTreeMap<String, String>, Vec<u8>)> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+        return None;
+    }
+    let mut headers = std::collections::BTreeMap::new();
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).unwrap();
+        if header.trim().is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').unwrap();
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+    }
+    let length: usize = headers.get("content-length").map_or(0, |v| v.parse().unwrap());
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    Some((request_line.trim_end().to_string(), headers, body))
+}
+
 pub fn slow_version(latency_ms: u32) -> String {
     format!(
         r#"description = "test: the simulated model, {latency_ms} ms a call"
