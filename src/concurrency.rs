@@ -112,9 +112,13 @@ fn tolerated_waiting(running: f64) -> f64 {
     (running / 8.0).max(2.0)
 }
 
-/// Growth while nothing has queued yet (×1.5), and after (+1/16, at least 1).
+/// Mean waiting requests below which the server has room.
+const ROOM: f64 = 1.0;
+
+/// Growth while nothing has queued yet (×2, as TCP's slow start), and after (+1/16, at
+/// least 1).
 fn grow(target: usize, slow_start: bool) -> usize {
-    if slow_start { target + target.div_ceil(2) } else { target + (target / 16).max(1) }
+    if slow_start { target * 2 } else { target + (target / 16).max(1) }
 }
 
 /// The next target from the server's gauges (mean over the last second). Grows while
@@ -137,12 +141,12 @@ pub fn step_by_load(
         let occupied = load.running + load.waiting;
         let scaled = (target as f64 * (load.running + tolerated) / occupied).floor() as usize;
         return (scaled.max(target / 2).clamp(1, ceiling), false);
-    } else if load.waiting < 0.5 && in_flight + 1 >= target {
+    } else if load.waiting < ROOM && in_flight + 1 >= target {
         grow(target, slow_start)
     } else {
         target
     };
-    (next.clamp(1, ceiling), slow_start && load.waiting < 0.5)
+    (next.clamp(1, ceiling), slow_start && load.waiting < ROOM)
 }
 
 /// The next target from the time per model call of recently finished cases, against the
@@ -196,7 +200,7 @@ impl Live {
     }
 }
 
-/// The thread that reads the server's gauges every quarter second, decides once a
+/// The thread that reads the server's gauges every quarter second, decides every half
 /// second, and sends `{"command":"concurrency","target":N}` to the gym.
 pub struct Observer {
     live: Arc<Mutex<Live>>,
@@ -204,7 +208,7 @@ pub struct Observer {
 }
 
 const TICK: Duration = Duration::from_millis(250);
-const TICKS_PER_DECISION: usize = 4;
+const TICKS_PER_DECISION: usize = 2;
 /// Cases per latency decision (fewer make it noise).
 const LATENCY_WINDOW: usize = 4;
 
@@ -450,7 +454,8 @@ mod tests {
 
     #[test]
     fn an_idle_server_gets_more_cases_fast_then_slowly() {
-        assert_eq!(step_by_load(8, 256, true, load(8.0, 0.0), 8), (12, true));
+        assert_eq!(step_by_load(8, 256, true, load(8.0, 0.0), 8), (16, true));
+        assert_eq!(step_by_load(8, 256, true, load(8.0, 0.9), 8), (16, true), "less than one waiting: room");
         assert_eq!(step_by_load(32, 256, false, load(20.0, 0.0), 32), (34, false));
         assert_eq!(step_by_load(250, 256, true, load(20.0, 0.0), 250), (256, true), "the ceiling holds");
     }
@@ -471,11 +476,12 @@ mod tests {
     #[test]
     fn a_small_queue_is_held() {
         assert_eq!(step_by_load(60, 256, false, load(32.0, 3.0), 60), (60, false));
+        assert_eq!(step_by_load(60, 256, true, load(32.0, 1.5), 60), (60, false), "a queue ends the slow start");
     }
 
     #[test]
     fn latency_grows_near_the_baseline_and_backs_off_past_twice_it() {
-        assert_eq!(step_by_latency(8, 64, true, 0.12, 0.1, 8), (12, true));
+        assert_eq!(step_by_latency(8, 64, true, 0.12, 0.1, 8), (16, true));
         assert_eq!(step_by_latency(40, 64, false, 0.25, 0.1, 40), (30, false));
         assert_eq!(step_by_latency(40, 64, false, 0.18, 0.1, 40), (40, false));
         assert_eq!(step_by_latency(30, 64, false, 0.25, 0.1, 40), (30, false), "cases still draining");
@@ -529,7 +535,7 @@ mod tests {
         observer.live().set_in_flight(4);
         let mut lines = std::io::BufReader::new(reader).lines();
         let first = lines.next().unwrap().unwrap();
-        assert_eq!(first, r#"{"command":"concurrency","target":6}"#);
+        assert_eq!(first, r#"{"command":"concurrency","target":8}"#);
         let facts = observer.finish();
         assert_eq!(
             (facts.mode, facts.peak_running, facts.peak_waiting),
