@@ -17,7 +17,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from custom_suites import generator, payload_bank  # noqa: E402
-from pruefstand_gym import protocol, records  # noqa: E402
+from pruefstand_gym import protocol, records, runner  # noqa: E402
 
 CHECKS = []
 
@@ -338,6 +338,66 @@ def trace_status_detects_missing_and_corrupt():
         records.write_json_atomic(p, {"utility": True})
         assert records.read_trace_status(p) is None
         assert not [f for f in os.listdir(d) if ".tmp" in f]
+
+
+# --- dispatch ---------------------------------------------------------------------------
+
+
+def _request(**extra):
+    req = {"run_dir": "/tmp/x", "benchmark_version": "v1.2.2", "agent_cmd": ["agent"], "cases": []}
+    req.update(extra)
+    return runner.validate_request(req)
+
+
+@check
+def concurrency_is_bounded_by_the_ceiling_cores_and_cases():
+    req = _request(jobs=4, max_in_flight=64)
+    plan = runner.concurrency_plan(req, 1000)
+    assert (plan["target"], plan["ceiling"]) == (4, 64), plan
+    assert 1 <= plan["processes"] <= min(runner.MAX_PROCESSES, os.cpu_count() or 1), plan
+    assert runner.concurrency_plan(req, 10)["ceiling"] == 10, "no more in flight than cases"
+    fixed = runner.concurrency_plan(_request(jobs=1), 44)
+    assert (fixed["target"], fixed["ceiling"], fixed["processes"]) == (1, 1, 1), fixed
+    assert runner.concurrency_plan(_request(jobs=8, max_in_flight=8, processes=3), 50)["processes"] == 3
+    for bad in ({"jobs": 0}, {"max_in_flight": 5000}, {"processes": True}, {"jobs": "4"}):
+        try:
+            _request(**bad)
+        except records.RequestError as e:
+            assert next(iter(bad)) in str(e), str(e)
+        else:
+            raise AssertionError(f"accepted {bad}")
+
+
+class _FakeQueue(list):
+    put = list.append
+
+
+@check
+def dispatcher_starts_cases_in_order_up_to_the_target_on_the_least_loaded_worker():
+    import queue
+
+    workers = [runner._Worker(i, None, _FakeQueue()) for i in range(2)]
+    order = [{"id": f"c{i}"} for i in range(8)]
+    d = runner.Dispatcher(workers, queue.Queue(), order, {"target": 3, "ceiling": 6}, {})
+    d.fill()
+    assert d.in_flight() == 3
+    assert [c["id"] for c in workers[0].task_q] == ["c0", "c2"] and [c["id"] for c in workers[1].task_q] == ["c1"]
+    d.on_command({"command": "concurrency", "target": 100})
+    assert d.target == 6, "capped at the ceiling"
+    d.fill()
+    assert d.in_flight() == 6 and (len(workers[0].cases), len(workers[1].cases)) == (3, 3)
+    d.on_command({"command": "concurrency", "target": 2})
+    workers[0].cases.discard("c0")  # a case finished: still above the target, nothing starts
+    d.fill()
+    assert d.in_flight() == 5 and len(d.queue) == 2
+    d.on_command({"command": "concurrency", "target": 0})
+    d.on_command({"command": "stop-the-world"})
+    assert d.target == 2, "malformed and unknown commands change nothing"
+    workers[1].alive = False
+    workers[0].cases.clear()
+    workers[1].cases.clear()
+    d.fill()
+    assert [c["id"] for c in workers[0].task_q][-2:] == ["c6", "c7"], "a lost worker gets nothing"
 
 
 def main() -> int:

@@ -166,6 +166,7 @@ pub struct Progress {
     total: usize,
     done: usize,
     errors: usize,
+    in_flight: usize,
     started: Instant,
     run_this_time: usize,
     last_line: usize,
@@ -186,7 +187,16 @@ impl Progress {
             *BAR.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
             bar
         });
-        Progress { bar, total, done: 0, errors: 0, started: Instant::now(), run_this_time: 0, last_line: 0 }
+        Progress {
+            bar,
+            total,
+            done: 0,
+            errors: 0,
+            in_flight: 0,
+            started: Instant::now(),
+            run_this_time: 0,
+            last_line: 0,
+        }
     }
 
     pub fn done(&self) -> usize {
@@ -198,7 +208,8 @@ impl Progress {
     }
 
     /// The plan's size and what is already recorded (a resumed run).
-    pub fn start(&mut self, total: usize, to_run: usize, jobs: usize) {
+    /// `jobs`: cases in flight to begin with, on `processes` gym workers.
+    pub fn start(&mut self, total: usize, to_run: usize, jobs: usize, processes: usize) {
         self.total = total;
         self.done = total - to_run;
         self.last_line = self.done;
@@ -207,7 +218,22 @@ impl Progress {
             bar.set_position(self.done as u64);
         }
         let resumed = if self.done > 0 { format!(", {} already recorded", self.done) } else { String::new() };
-        tracing::info!("{to_run} of {total} cases to run on {jobs} workers{resumed}");
+        tracing::info!(
+            "{to_run} of {total} cases to run, {jobs} in flight at first on {processes} gym processes{resumed}"
+        );
+    }
+
+    /// Cases running now (shown on the bar; in the plain progress lines).
+    pub fn in_flight(&mut self, n: usize) {
+        self.in_flight = n;
+        self.show_message();
+    }
+
+    fn show_message(&self) {
+        if let Some(bar) = &self.bar {
+            let errors = if self.errors > 0 { format!(", {} errors", self.errors) } else { String::new() };
+            bar.set_message(format!("{} in flight{errors}", self.in_flight));
+        }
     }
 
     pub fn case_done(&mut self, errored: bool) {
@@ -219,9 +245,7 @@ impl Progress {
         match &self.bar {
             Some(bar) => {
                 bar.set_position(self.done as u64);
-                if self.errors > 0 {
-                    bar.set_message(format!("{} errors", self.errors));
-                }
+                self.show_message();
             }
             None => {
                 let step = (self.total / 10).max(1);
@@ -230,9 +254,10 @@ impl Progress {
                     let rate = self.run_this_time as f64 / self.started.elapsed().as_secs_f64().max(1e-6);
                     let eta = (self.total - self.done) as f64 / rate.max(1e-6);
                     tracing::info!(
-                        "progress: {}/{} cases, {} errors, ETA {eta:.0} s",
+                        "progress: {}/{} cases, {} in flight, {} errors, ETA {eta:.0} s",
                         self.done,
                         self.total,
+                        self.in_flight,
                         self.errors
                     );
                 }
@@ -265,7 +290,7 @@ mod tests {
     #[test]
     fn plain_progress_counts_a_resumed_run_from_what_is_recorded() {
         let mut progress = Progress::new(0); // cargo test: stderr is no terminal
-        progress.start(20, 5, 4);
+        progress.start(20, 5, 4, 2);
         assert_eq!((progress.done(), progress.total()), (15, 20));
         progress.case_done(true);
         progress.case_done(false);

@@ -14,16 +14,19 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
+use crate::concurrency::{Concurrency, Observer};
 use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
-use crate::record::EnvCheck;
+use crate::record::{ConcurrencyFacts, EnvCheck};
 use crate::rundir::RunDir;
 use crate::{console, telemetry, util};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
     pub agent_cmd: Vec<String>,
-    pub jobs: usize,
+    pub concurrency: Concurrency,
+    /// The model server's `/metrics` (None: no gauges to read; steered by latency).
+    pub metrics_url: Option<String>,
     pub display_name: String,
     pub case_timeout_s: f64,
     pub seed: u64,
@@ -60,7 +63,8 @@ pub fn execute(
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
         benchmark_version: plan.benchmark_version.clone(),
-        jobs: settings.jobs.max(1),
+        jobs: settings.concurrency.start().max(1),
+        max_in_flight: settings.concurrency.ceiling().max(1),
         agent_cmd: settings.agent_cmd,
         model_display_name: settings.display_name,
         case_timeout_s: settings.case_timeout_s,
@@ -69,7 +73,8 @@ pub fn execute(
         cases: plan.cases.clone(),
         done: Vec::new(),
     };
-    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref())?;
+    let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
+    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref(), &steer)?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
@@ -85,7 +90,11 @@ pub fn execute(
 pub struct GymRequest {
     pub run_dir: PathBuf,
     pub benchmark_version: String,
+    /// Cases in flight to begin with.
     pub jobs: usize,
+    /// The most cases in flight; between the two, pruefstand's `concurrency` commands
+    /// on the gym's stdin decide.
+    pub max_in_flight: usize,
     pub agent_cmd: Vec<String>,
     pub model_display_name: String,
     pub case_timeout_s: f64,
@@ -99,7 +108,7 @@ pub struct GymRequest {
 #[derive(Deserialize, Debug)]
 #[serde(tag = "event", rename_all = "snake_case")]
 enum Event {
-    Start { total: usize, to_run: usize, jobs: usize },
+    Start { total: usize, to_run: usize, jobs: usize, processes: Option<usize> },
     Skip {},
     Rerun { case_id: String, reason: String },
     CaseStart { case_id: String },
@@ -118,6 +127,14 @@ pub struct GymOutcome {
     pub skipped: usize,
     /// Cases run again because their record or trace was damaged.
     pub rerun: Vec<String>,
+    /// How many cases were in flight (None when none ran).
+    pub concurrency: Option<ConcurrencyFacts>,
+}
+
+/// How the gym's in-flight count is steered during a run.
+pub struct Steering {
+    pub concurrency: Concurrency,
+    pub metrics_url: Option<String>,
 }
 
 /// `progress(run_dir, cases done, cases planned)`.
@@ -208,6 +225,7 @@ pub fn run(
     mut request: GymRequest,
     agent_env: &[(String, String)],
     control: Option<&Control>,
+    steer: &Steering,
 ) -> anyhow::Result<GymOutcome> {
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
@@ -245,10 +263,10 @@ pub fn run(
         .spawn()
         .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
     let stdout = child.stdout.take().expect("piped stdout");
+    let mut stdin = child.stdin.take().expect("piped stdin");
     {
         let agent_env: std::collections::BTreeMap<&str, &str> =
             agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let mut stdin = child.stdin.take().expect("piped stdin");
         let mut line = serde_json::to_vec(&serde_json::json!({ "agent_env": agent_env }))?;
         line.push(b'\n');
         // A gym that died at once shows in its status below; this write must not hide it.
@@ -256,6 +274,14 @@ pub fn run(
             tracing::debug!("handing the agent environment to the gym: {err}");
         }
     }
+    // Then the gym reads commands from its stdin; a fixed count needs none (closed: EOF).
+    let commands: Option<Box<dyn Write + Send>> = match steer.concurrency {
+        Concurrency::Auto { .. } => Some(Box::new(stdin)),
+        Concurrency::Fixed(_) => None,
+    };
+    let mut observer =
+        Some(Observer::spawn(&steer.concurrency, steer.metrics_url.clone(), commands, request.cases.len()));
+    let mut started = std::collections::HashSet::new();
     if let Some(control) = control {
         control.attach(child.id());
     }
@@ -263,7 +289,13 @@ pub fn run(
     let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
     let mut writer = run_dir.open_cases_for_append()?;
     let mut progress = console::Progress::new(request.cases.len());
-    let mut outcome = GymOutcome { records: Vec::new(), environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+    let mut outcome = GymOutcome {
+        records: Vec::new(),
+        environment_checks: Vec::new(),
+        skipped: 0,
+        rerun: Vec::new(),
+        concurrency: None,
+    };
     let mut finished = false;
     let result: anyhow::Result<()> = (|| {
         for line in BufReader::new(stdout).lines() {
@@ -280,8 +312,11 @@ pub fn run(
                 }
             };
             match event {
-                Event::Start { total, to_run, jobs } => {
-                    progress.start(total, to_run, jobs);
+                Event::Start { total, to_run, jobs, processes } => {
+                    progress.start(total, to_run, jobs, processes.unwrap_or(jobs));
+                    if let Some(observer) = &observer {
+                        observer.live().to_start = to_run;
+                    }
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
                     }
@@ -291,9 +326,27 @@ pub fn run(
                     tracing::info!("re-running {case_id}: {reason}");
                     outcome.rerun.push(case_id);
                 }
-                Event::CaseStart { case_id } => tracing::debug!("case {case_id} started"),
+                Event::CaseStart { case_id } => {
+                    tracing::debug!("case {case_id} started");
+                    started.insert(case_id);
+                    if let Some(observer) = &observer {
+                        let mut live = observer.live();
+                        live.set_in_flight(started.len());
+                        live.to_start = live.to_start.saturating_sub(1);
+                    }
+                    progress.in_flight(started.len());
+                }
                 Event::Case { record } => {
                     writer.append(&record)?;
+                    started.remove(&record.case_id);
+                    if let Some(observer) = &observer {
+                        let mut live = observer.live();
+                        live.set_in_flight(started.len());
+                        if let Some(per_call) = per_call_s(&record) {
+                            live.per_call_s.push(per_call);
+                        }
+                    }
+                    progress.in_flight(started.len());
                     progress.case_done(record.is_error());
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
@@ -317,6 +370,8 @@ pub fn run(
     }
     let status = child.wait()?;
     drop(progress);
+    let facts = observer.take().map(Observer::finish);
+    outcome.concurrency = facts.filter(|f| f.peak_in_flight > 0);
     if let Some(control) = control {
         control.detach();
         if control.is_stopped() {
@@ -361,6 +416,12 @@ fn resumable(
         recorded.iter().filter(|r| r.outcome() != crate::case::Outcome::Error).map(|r| r.case_id.clone()).collect();
     let errors = recorded.len() - done.len();
     (done, errors)
+}
+
+/// Seconds per model call of a scored case (what the latency rule steers by).
+fn per_call_s(record: &CaseRecord) -> Option<f64> {
+    let calls = record.llm_calls.filter(|&n| n > 0)?;
+    (!record.is_error()).then(|| record.duration_s / calls as f64)
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -31,6 +31,7 @@ mod model;
 // (AgentDojo, Python), the agent runtime.
 mod rundir;
 mod telemetry;
+mod concurrency;
 mod gym;
 mod agent;
 mod provenance;

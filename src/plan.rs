@@ -31,7 +31,8 @@ pub struct Profile {
     pub benchmark_version: Spanned<String>,
     /// Attacks every attacked pair runs under, unless a suite names its own.
     pub attacks: Vec<Spanned<String>>,
-    /// Parallel gym workers (vLLM batches concurrent requests).
+    /// Cases in flight for `pruefstand gym`, and where a run of a model never run
+    /// before starts (the model server steers it from there; `--jobs` holds it).
     #[serde(default = "default_jobs", deserialize_with = "jobs")]
     pub jobs: usize,
     /// Wall-time limit of one case; past it the case is an error.

@@ -82,6 +82,37 @@ pub struct RunMeta {
     /// Written by the container backend; absent for in-process models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_server: Option<ModelServerFacts>,
+    /// How many cases the gym kept in flight, and what the server's gauges showed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencyFacts>,
+}
+
+/// What steered the number of cases in flight.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ConcurrencyMode {
+    /// `--jobs N`: held at N.
+    #[default]
+    Fixed,
+    /// The model server's own queue gauges on `/metrics`.
+    ServerGauges,
+    /// No `/metrics`: the time per model call, additive increase, multiplicative decrease.
+    Latency,
+}
+
+/// The run's concurrency: where it started, where it settled, the ceiling, and the
+/// server's peak running / waiting counts (None where `/metrics` was not readable).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ConcurrencyFacts {
+    pub mode: ConcurrencyMode,
+    pub start: usize,
+    pub settled: usize,
+    pub max_in_flight: usize,
+    pub peak_in_flight: usize,
+    #[serde(default)]
+    pub peak_running: Option<u64>,
+    #[serde(default)]
+    pub peak_waiting: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -51,6 +51,11 @@ impl Root {
         self.path.join(&self.config.paths.reports)
     }
 
+    /// What runs learn about this machine (`state/capacity/`: per served model).
+    pub fn state(&self) -> PathBuf {
+        self.path.join("state")
+    }
+
     pub fn versions(&self) -> PathBuf {
         self.path.join("versions")
     }

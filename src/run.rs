@@ -14,11 +14,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
+use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::{self, Pool};
 use crate::gym::{self, Executed, GymSettings};
 use crate::judge::Judgement;
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
+use crate::record::ConcurrencyFacts;
 use crate::record::{GpuExclusivity, ModelServerFacts, RunMeta};
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir, RunLock};
@@ -202,6 +204,7 @@ impl<'a> RunContext<'a> {
             reference_run_dir,
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
+            concurrency: served.concurrency,
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
@@ -252,7 +255,8 @@ impl<'a> RunContext<'a> {
                 };
                 self.write_provenance(run_dir, version, None);
                 let executed = self.executed_from_run_dir(run_dir)?;
-                return Ok((executed, Served { image_digest: None, model_server: Some(facts), started_at }));
+                let served = Served { image_digest: None, model_server: Some(facts), started_at, concurrency: None };
+                return Ok((executed, served));
             }
         };
         self.write_provenance(run_dir, version, Some(&endpoint));
@@ -286,7 +290,13 @@ impl<'a> RunContext<'a> {
             }
             Err(err) => return Err(err),
         };
-        Ok((executed, Served { image_digest, model_server, started_at }))
+        let concurrency = executed.gym.concurrency.clone();
+        if let Some(facts) = &concurrency
+            && !failed
+        {
+            self.remember_capacity(run_dir, version, facts);
+        }
+        Ok((executed, Served { image_digest, model_server, started_at, concurrency }))
     }
 
     /// One gym pass on the blocking pool (it reads the gym's events line by line), in
@@ -318,7 +328,13 @@ impl<'a> RunContext<'a> {
         let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
         let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
         util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
-        let gym = gym::GymOutcome { records, environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+        let gym = gym::GymOutcome {
+            records,
+            environment_checks: Vec::new(),
+            skipped: 0,
+            rerun: Vec::new(),
+            concurrency: None,
+        };
         Ok(Executed { gym, telemetry })
     }
 
@@ -384,7 +400,8 @@ impl<'a> RunContext<'a> {
         };
         Ok(GymSettings {
             agent_cmd,
-            jobs: self.jobs.unwrap_or(plan.jobs),
+            concurrency: self.concurrency(version),
+            metrics_url: concurrency::metrics_url(&endpoint.base_url),
             display_name: spec.model.display_name.clone(),
             case_timeout_s: plan.case_timeout_s,
             seed: claimed.seed,
@@ -392,6 +409,39 @@ impl<'a> RunContext<'a> {
             agent_env,
             control: Some(self.control.gym.clone()),
         })
+    }
+
+    /// `--jobs N` holds N cases in flight; without it the server steers, starting where
+    /// the last run of the same served model settled (else at the plan's `jobs`).
+    fn concurrency(&self, version: &Version) -> Concurrency {
+        if let Some(jobs) = self.jobs {
+            return Concurrency::Fixed(jobs);
+        }
+        let ceiling = self.root.config.run.max_in_flight;
+        let stored = concurrency::load_capacity(&self.root.state(), version.request_model());
+        let start = stored.as_ref().map_or(self.plan.jobs, |c| c.settled).clamp(1, ceiling);
+        if let Some(stored) = stored {
+            tracing::info!("{}: starting at {start} cases in flight (run {})", version.request_model(), stored.run_id);
+        }
+        Concurrency::Auto { start, ceiling }
+    }
+
+    /// Remembers where a server-steered run settled, for the next run of that model.
+    fn remember_capacity(&self, run_dir: &RunDir, version: &Version, facts: &ConcurrencyFacts) {
+        if facts.mode == crate::record::ConcurrencyMode::Fixed {
+            return;
+        }
+        let observed = ObservedCapacity {
+            served_model: version.request_model().to_string(),
+            settled: facts.settled,
+            peak_running: facts.peak_running,
+            peak_waiting: facts.peak_waiting,
+            run_id: root::run_id(&run_dir.path),
+            updated_at: chrono::Utc::now().to_rfc3339(),
+        };
+        if let Err(err) = concurrency::store_capacity(&self.root.state(), &observed) {
+            tracing::warn!("observed capacity not stored: {err:#}");
+        }
     }
 
     /// The reference's run on this plan: reused when one exists for the same spec hash,
@@ -460,6 +510,7 @@ struct Served {
     model_server: Option<ModelServerFacts>,
     /// When the run began (a resumed run keeps its first start).
     started_at: String,
+    concurrency: Option<ConcurrencyFacts>,
 }
 
 /// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec

@@ -155,10 +155,15 @@ fn banking_matches_agentdojo_sequential_runner_and_parallel_equals_serial() {
             .ok();
         dir
     };
-    let parallel = gym("4", "parallel");
+    // 16 in flight: threads inside each worker process, several cases per process.
+    let parallel = gym("16", "parallel");
     let serial = gym("1", "serial");
     assert_eq!(cases(&parallel).len(), 16 + 144 + 9);
-    assert_eq!(outcomes(&parallel), outcomes(&serial), "--jobs 4 and --jobs 1 agree case by case");
+    assert_eq!(outcomes(&parallel), outcomes(&serial), "--jobs 16 and --jobs 1 agree case by case");
+    let events = std::fs::read_to_string(parallel.join("events.jsonl")).unwrap();
+    let start: serde_json::Value = serde_json::from_str(events.lines().next().unwrap()).unwrap();
+    assert_eq!(start["jobs"], 16, "{start}");
+    assert!(start["processes"].as_u64().unwrap() < 16, "fewer processes than cases in flight: {start}");
 
     let (pairs, goals) = agentdojo_sequential(&bench);
     assert_eq!(pairs.len(), 144);

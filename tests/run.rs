@@ -283,3 +283,46 @@ fn every_shipped_version_and_profile_is_valid() {
         assert!(run.stderr.contains("reading plan /nonexistent.toml"), "{name}: {}", run.stderr);
     }
 }
+
+#[test]
+fn the_server_steers_the_cases_in_flight_under_the_ceiling_and_the_next_run_starts_where_it_settled() {
+    let bench = Bench::new();
+    let config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    assert!(config.contains("max_in_flight = 256"), "the shipped ceiling");
+    bench.write("pruefstand.toml", &config.replace("max_in_flight = 256", "max_in_flight = 3"));
+    let latency = "[sim.latency]\nbase_ms = 20.0\ncapacity = 8\n";
+    bench.write(
+        "versions/steered.toml",
+        &sim_version("susceptibility = 0.3\nskill = 0.9", "")
+            .replace("[sim.models.", &format!("{latency}[sim.models.")),
+    );
+    let plan = bench.write("profiles/one-start.toml", &BANKING.replace("jobs = 4", "jobs = 1"));
+    let (_, first) = run_plan(&bench, "steered", &plan);
+
+    let facts = json(&first.join("run.json"))["concurrency"].clone();
+    assert_eq!(facts["mode"], "server_gauges", "the sim serves vLLM's gauges: {facts}");
+    assert_eq!((facts["start"].as_u64(), facts["max_in_flight"].as_u64()), (Some(1), Some(3)), "{facts}");
+    let peak = facts["peak_in_flight"].as_u64().unwrap();
+    assert!((1..=3).contains(&peak), "the ceiling holds: {facts}");
+    assert!(facts["peak_running"].as_u64().is_some_and(|r| r <= 3), "the gauges were read: {facts}");
+    let settled = facts["settled"].as_u64().unwrap();
+    assert!((1..=3).contains(&settled), "{facts}");
+    let start = std::fs::read_to_string(first.join("events.jsonl")).unwrap();
+    assert!(start.contains(r#""max_in_flight":3"#), "the gym is told the ceiling: {start}");
+
+    let stored: Vec<_> = std::fs::read_dir(bench.path().join("state/capacity")).unwrap().flatten().collect();
+    assert_eq!(stored.len(), 1, "one file per served model");
+    let memory = json(&stored[0].path());
+    assert_eq!((memory["served_model"].as_str(), memory["settled"].as_u64()), (Some("sim/m"), Some(settled)));
+
+    let (second, dir) = run_plan(&bench, "steered", &plan);
+    let facts = json(&dir.join("run.json"))["concurrency"].clone();
+    assert_eq!(facts["start"].as_u64(), Some(settled), "starts where the last run settled: {facts}");
+    assert!(second.stderr.contains(&format!("starting at {settled} cases in flight")), "{}", second.stderr);
+
+    // --jobs holds the count: no steering, still observed.
+    let fixed = bench.run(&["run", "steered", "--plan", plan.to_str().unwrap(), "--jobs", "2"]);
+    let facts = json(&fixed.run_dir().join("run.json"))["concurrency"].clone();
+    assert_eq!((facts["mode"].as_str(), facts["settled"].as_u64()), (Some("fixed"), Some(2)), "{facts}");
+    assert!(facts["peak_in_flight"].as_u64().unwrap() <= 2, "{facts}");
+}

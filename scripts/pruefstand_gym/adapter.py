@@ -28,16 +28,29 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:g}"
 
 
-def set_parent_death_signal(sig: int) -> None:
-    """Linux: have the kernel send `sig` to this process when its parent dies (so no
-    agent or worker outlives a killed gym). No-op elsewhere."""
+def _load_prctl():
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except Exception:  # noqa: BLE001
-        pass
+        return None
+
+
+# Bound once at import: the agent's preexec runs between fork and exec in a process with
+# several threads, where an import (and its lock) could deadlock.
+_PRCTL = _load_prctl()
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Linux: have the kernel send `sig` to this process when its parent dies (so no
+    agent or worker outlives a killed gym). No-op elsewhere. For a child started from a
+    thread, "parent" is that thread: the gym's slots live as long as their worker."""
+    if _PRCTL is not None:
+        try:
+            _PRCTL(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _agent_preexec() -> None:

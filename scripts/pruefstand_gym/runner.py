@@ -10,12 +10,14 @@ process-wide list (so each worker enters its own OutputLogger on a fresh stack).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
 import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -33,6 +35,9 @@ def log(msg: str) -> None:
     sys.stderr.write(f"[gym] {msg}\n")
     sys.stderr.flush()
 
+
+# The most cases in flight one gym accepts (each holds an agent process and a thread).
+MAX_IN_FLIGHT = 4096
 
 # --- request validation -----------------------------------------------------------------
 
@@ -67,9 +72,17 @@ def validate_request(req: dict) -> dict:
     if not os.path.isabs(run_dir):
         raise RequestError(f"request: `run_dir` must be absolute, got {run_dir!r}")
     bv = need("benchmark_version", str, "a benchmark version string")
-    jobs = req.get("jobs", 1)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1 or jobs > 512:
-        raise RequestError(f"request: `jobs` must be an integer 1..512, got {jobs!r}")
+    def count(key, default, low):
+        value = req.get(key, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or value > MAX_IN_FLIGHT:
+            raise RequestError(f"request: `{key}` must be an integer {low}..{MAX_IN_FLIGHT}, got {value!r}")
+        return value
+
+    jobs = count("jobs", 1, 1)
+    max_in_flight = count("max_in_flight", None, 1)
+    processes = count("processes", None, 1)
     argv = need("agent_cmd", list, "a non-empty argv list of strings")
     if not argv or not all(isinstance(a, str) and a for a in argv):
         raise RequestError("request: `agent_cmd` must be a non-empty list of non-empty strings (argv, no shell)")
@@ -105,6 +118,8 @@ def validate_request(req: dict) -> dict:
         "run_dir": run_dir,
         "benchmark_version": bv,
         "jobs": jobs,
+        "max_in_flight": max_in_flight,
+        "processes": processes,
         "agent_cmd": argv,
         "model_display_name": display,
         "case_timeout_s": float(timeout),
@@ -153,21 +168,107 @@ def validate_names(req: dict, suites: dict) -> None:
 
 
 # --- worker -----------------------------------------------------------------------------
+#
+# A worker process runs several cases at once, one thread each ("slot"): a thread costs
+# a few MiB where a process costs ~80 MiB, and threads overlap exactly where a case
+# waits — on the model, through its agent. The framework's own work holds the GIL, so
+# the CPU-bound part scales with processes, not threads.
+
+
+class _Shared:
+    """What a worker's slots share: the suites, the attacks (their injection-candidate
+    cache is the expensive part, so one per worker, built once under a lock) and the
+    idle slots."""
+
+    def __init__(self, index, req, suites, result_q):
+        self.index = index
+        self.req = req
+        self.suites = suites
+        self.result_q = result_q
+        self.lock = threading.Lock()
+        self.attacks: dict = {}
+        self.warm: dict = {}
+        self.idle: list = []
+        self.slots: list = []
+        self.failed = threading.Event()
+
+    def attack_for(self, case, pipeline, task):
+        """The (suite, attack) attack object, its injection candidates for the user task
+        computed once per worker: threads would otherwise each run the ground truth with
+        canaries for the same task at once (lru_cache does not serialise)."""
+        from . import dojo
+
+        key = (case["suite"], case["attack"])
+        with self.lock:
+            attack = self.attacks.get(key)
+            if attack is None:
+                attack = self.attacks[key] = dojo.make_attack(case["attack"], self.suites[case["suite"]], pipeline)
+            warm = self.warm.setdefault((key, case["user_task"]), threading.Lock())
+        with warm:
+            try:
+                attack.get_injection_candidates(task)
+            except Exception:  # noqa: BLE001 - not cached: the case's own call raises it again
+                pass
+        return attack
+
+
+class _Slot(threading.Thread):
+    """One in-flight case at a time: its own agent, pipeline and logger stack."""
+
+    def __init__(self, shared: _Shared):
+        super().__init__(daemon=True)
+        self.shared = shared
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.element = None
+
+    def run(self) -> None:
+        from importlib.metadata import version
+
+        from agentdojo.logging import LOGGER_STACK, OutputLogger
+
+        from . import dojo
+        from .adapter import ExternalAgentElement
+
+        sh, req = self.shared, self.shared.req
+        try:
+            self.element = ExternalAgentElement(
+                req["agent_cmd"], req["benchmark_version"], version("agentdojo"), req["case_timeout_s"]
+            )
+            pipeline = dojo.build_pipeline(self.element, req["defence"], req["model_display_name"])
+            # The logger stack is a ContextVar never .set(): every thread would share its
+            # default list. A fresh one per thread, then this thread's own OutputLogger.
+            LOGGER_STACK.set([])
+            with OutputLogger(str(Path(req["run_dir"]) / "traces")):
+                while True:
+                    case = self.inbox.get()
+                    if case is None:
+                        return
+                    record = _run_case(case, self.element, pipeline, sh)
+                    with sh.lock:
+                        sh.idle.append(self)  # idle before the parent hears of the record
+                    sh.result_q.put(("record", sh.index, record))
+        except BaseException as e:  # noqa: BLE001
+            sh.result_q.put(("fatal", sh.index, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            sh.failed.set()
+        finally:
+            if self.element is not None:
+                self.element.shutdown()
 
 
 def _worker_main(index: int, req: dict, task_q, result_q) -> None:
-    """One worker process: its own agent, pipeline, attack cache and logger."""
+    """One worker process: takes cases from its own queue and runs each on a slot."""
     parent = os.getppid()
-    element_holder = {}
+    holder: dict = {}
     # only the parent writes events: anything a worker (or a library) prints goes to stderr
     sys.stdout.flush()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
     def on_term(signum, frame):
-        el = element_holder.get("el")
-        if el is not None:
-            el.agent.kill()
+        shared = holder.get("shared")
+        for slot in list(shared.slots) if shared else []:
+            if slot.element is not None:
+                slot.element.agent.kill()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -178,26 +279,22 @@ def _worker_main(index: int, req: dict, task_q, result_q) -> None:
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
     try:
-        _worker_loop(index, req, task_q, result_q, parent, element_holder)
+        _worker_loop(index, req, task_q, result_q, parent, holder)
     except BaseException as e:  # noqa: BLE001
         result_q.put(("fatal", index, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
-        el = element_holder.get("el")
-        if el is not None:
-            el.shutdown()
+        shared = holder.get("shared")
+        for slot in list(shared.slots) if shared else []:
+            slot.inbox.put(None)
+        for slot in list(shared.slots) if shared else []:
+            slot.join(timeout=5)
         result_q.put(("exit", index, None))
 
 
 def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
-    from importlib.metadata import version
-
-    from agentdojo.benchmark import run_task_with_injection_tasks, run_task_without_injection_tasks
-    from agentdojo.logging import LOGGER_STACK, OutputLogger
-
     from custom_suites import payload_bank
 
     from . import dojo
-    from .adapter import AgentError, ExternalAgentElement
 
     dojo.prepare()
     if req["fast_yaml"]:
@@ -205,100 +302,101 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
     else:
         dojo.disable_fast_yaml()
     payload_bank.set_run_seed(req["seed"])
-    suites = dojo.get_suites_checked(req["benchmark_version"])
-    element = ExternalAgentElement(
-        req["agent_cmd"], req["benchmark_version"], version("agentdojo"), req["case_timeout_s"]
-    )
-    holder["el"] = element
-    pipeline = dojo.build_pipeline(element, req["defence"], req["model_display_name"])
+    shared = holder["shared"] = _Shared(index, req, dojo.get_suites_checked(req["benchmark_version"]), result_q)
+    while not shared.failed.is_set():
+        try:
+            case = task_q.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return  # the parent is gone
+            continue
+        if case is None:
+            return
+        with shared.lock:
+            slot = shared.idle.pop() if shared.idle else None
+        if slot is None:
+            slot = _Slot(shared)
+            shared.slots.append(slot)
+            slot.start()
+        result_q.put(("case_start", index, case["id"]))
+        slot.inbox.put(case)
+
+
+def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
+    """One case on one slot: AgentDojo's own per-task runner, the outcome as a record."""
+    from agentdojo.benchmark import run_task_with_injection_tasks, run_task_without_injection_tasks
+
+    from .adapter import AgentError
+
+    req = shared.req
     run_dir = Path(req["run_dir"])
     logdir = run_dir / "traces"
-    attacks: dict = {}
     bv = req["benchmark_version"]
-
-    LOGGER_STACK.set([])
-    with OutputLogger(str(logdir)):
-        while True:
-            try:
-                case = task_q.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    return  # the parent is gone
-                continue
-            if case is None:
-                return
-            result_q.put(("case_start", index, case["id"]))
-            rel = trace_relpath(case, req["defence"])
-            trace_path = run_dir / rel
-            suite = suites[case["suite"]]
-            t0 = time.monotonic()
-            utility = security = None
-            error = None
-            ok = False
-            try:
-                # AgentDojo reads an existing trace even with force_rerun (and crashes on a
-                # truncated one, e.g. from a case killed mid-write): start from none.
-                try:
-                    trace_path.unlink()
-                except FileNotFoundError:
-                    pass
-                element.begin_case(case)
-                if case["kind"] == "clean":
-                    task = suite.get_user_task_by_id(case["user_task"])
-                    utility, _ = run_task_without_injection_tasks(suite, pipeline, task, logdir, True, bv)
-                elif case["kind"] == "injection_goal":
-                    # as benchmark_suite_with_injections computes injection_tasks_utility_results
-                    task = suite.get_injection_task_by_id(case["injection_task"])
-                    utility, _ = run_task_without_injection_tasks(suite, pipeline, task, logdir, True, bv)
-                else:
-                    key = (case["suite"], case["attack"])
-                    attack = attacks.get(key)
-                    if attack is None:
-                        attack = attacks[key] = dojo.make_attack(case["attack"], suite, pipeline)
-                    task = suite.get_user_task_by_id(case["user_task"])
-                    u, s = run_task_with_injection_tasks(
-                        suite, pipeline, task, attack, logdir, True, [case["injection_task"]], bv
-                    )
-                    pair = (case["user_task"], case["injection_task"])
-                    if pair not in u:
-                        pair = next(iter(u))
-                    utility, security = u[pair], s[pair]
-                ok = True
-            except AgentError as e:
-                error = str(e)
-            except Exception as e:  # noqa: BLE001 - anything else: recorded, run goes on
-                error = f"{type(e).__name__}: {e}"
-                log(f"worker {index}: case {case['id']} raised:\n{traceback.format_exc()}")
-            duration = time.monotonic() - t0
-            element.end_case(ok)
-            trace = rel if trace_path.exists() else None
-            if trace is not None:
-                try:
-                    with open(trace_path, encoding="utf-8") as f:
-                        data = json.load(f)
-                    # AgentDojo logs the context overflow it scored as the trace's error.
-                    if error is None and data.get("error") and not element.context_overflow:
-                        error = f"agentdojo: {data['error']}"
-                    if error is not None and data.get("error") != error:
-                        # make the trace self-describing (atomic rewrite)
-                        data["error"] = error
-                        write_json_atomic(trace_path, data)
-                except (OSError, json.JSONDecodeError) as e:
-                    if error is None:
-                        error = f"trace unreadable after the case: {e}"
-            counters = element.counters if element.counters is not None else empty_counters()
-            record = make_record(
-                case,
-                utility=bool(utility) if utility is not None else None,
-                security=bool(security) if security is not None else None,
-                error=error,
-                duration_s=duration,
-                counters=counters,
-                trace=trace,
-                context_overflow=element.context_overflow,
-                restarts=element.restarts,
-            )
-            result_q.put(("record", index, record))
+    rel = trace_relpath(case, req["defence"])
+    trace_path = run_dir / rel
+    suite = shared.suites[case["suite"]]
+    t0 = time.monotonic()
+    utility = security = None
+    error = None
+    ok = False
+    try:
+        # AgentDojo reads an existing trace even with force_rerun (and crashes on a
+        # truncated one, e.g. from a case killed mid-write): start from none.
+        try:
+            trace_path.unlink()
+        except FileNotFoundError:
+            pass
+        element.begin_case(case)
+        if case["kind"] == "clean":
+            task = suite.get_user_task_by_id(case["user_task"])
+            utility, _ = run_task_without_injection_tasks(suite, pipeline, task, logdir, True, bv)
+        elif case["kind"] == "injection_goal":
+            # as benchmark_suite_with_injections computes injection_tasks_utility_results
+            task = suite.get_injection_task_by_id(case["injection_task"])
+            utility, _ = run_task_without_injection_tasks(suite, pipeline, task, logdir, True, bv)
+        else:
+            task = suite.get_user_task_by_id(case["user_task"])
+            attack = shared.attack_for(case, pipeline, task)
+            u, s = run_task_with_injection_tasks(suite, pipeline, task, attack, logdir, True, [case["injection_task"]], bv)
+            pair = (case["user_task"], case["injection_task"])
+            if pair not in u:
+                pair = next(iter(u))
+            utility, security = u[pair], s[pair]
+        ok = True
+    except AgentError as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001 - anything else: recorded, run goes on
+        error = f"{type(e).__name__}: {e}"
+        log(f"worker {shared.index}: case {case['id']} raised:\n{traceback.format_exc()}")
+    duration = time.monotonic() - t0
+    element.end_case(ok)
+    trace = rel if trace_path.exists() else None
+    if trace is not None:
+        try:
+            with open(trace_path, encoding="utf-8") as f:
+                data = json.load(f)
+            # AgentDojo logs the context overflow it scored as the trace's error.
+            if error is None and data.get("error") and not element.context_overflow:
+                error = f"agentdojo: {data['error']}"
+            if error is not None and data.get("error") != error:
+                # make the trace self-describing (atomic rewrite)
+                data["error"] = error
+                write_json_atomic(trace_path, data)
+        except (OSError, json.JSONDecodeError) as e:
+            if error is None:
+                error = f"trace unreadable after the case: {e}"
+    counters = element.counters if element.counters is not None else empty_counters()
+    return make_record(
+        case,
+        utility=bool(utility) if utility is not None else None,
+        security=bool(security) if security is not None else None,
+        error=error,
+        duration_s=duration,
+        counters=counters,
+        trace=trace,
+        context_overflow=element.context_overflow,
+        restarts=element.restarts,
+    )
 
 
 # --- parent -----------------------------------------------------------------------------
@@ -405,9 +503,10 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
             reruns.append((cid, reason))
     skip_set = set(skipped)
     to_run = [c for c in req["cases"] if c["id"] not in skip_set]
-    jobs = max(1, min(req["jobs"], len(to_run))) if to_run else 0
+    plan = concurrency_plan(req, len(to_run))
 
-    emit({"event": "start", "total": len(req["cases"]), "to_run": len(to_run), "done": len(skipped), "jobs": jobs})
+    emit({"event": "start", "total": len(req["cases"]), "to_run": len(to_run), "done": len(skipped),
+          "jobs": plan["target"], "processes": plan["processes"], "max_in_flight": plan["ceiling"]})
     for w in warnings_out:
         emit({"event": "warning", "message": w})
     for cid in skipped:
@@ -420,28 +519,30 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
         key=lambda p: (p[0], dojo.natural_key(p[1])),
     )
 
-    procs = []
+    dispatcher = None
     if to_run:
         ctx = mp.get_context("fork")
-        task_q = ctx.Queue()
         result_q = ctx.Queue()
         sys.stdout.flush()
         sys.stderr.flush()
-        # fork first, then fill the queue (no feeder thread alive at fork time)
-        for i in range(jobs):
+        # What the parent imported (agentdojo, the suites) stays shared with the workers:
+        # out of the collector's reach, its pages are not dirtied by it after the fork.
+        gc.freeze()
+        workers = []
+        # fork first, then start threads and fill queues (none alive at fork time)
+        for i in range(plan["processes"]):
+            task_q = ctx.Queue()
             p = ctx.Process(target=_worker_main, args=(i, req, task_q, result_q), daemon=True)
             p.start()
-            procs.append(p)
-        for c in longest_first(to_run, suites):
-            task_q.put(c)
-        for _ in range(jobs):
-            task_q.put(None)
+            workers.append(_Worker(i, p, task_q))
+        dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, suites), plan, req)
+        threading.Thread(target=_read_commands, args=(result_q,), daemon=True).start()
 
     def stop_workers(signum=None, frame=None):
-        for p in procs:
-            if p.is_alive():
+        for w in dispatcher.workers if dispatcher else []:
+            if w.proc.is_alive():
                 try:
-                    os.kill(p.pid, signal.SIGTERM)
+                    os.kill(w.proc.pid, signal.SIGTERM)
                 except OSError:
                     pass
         if signum is not None:
@@ -450,18 +551,18 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
     signal.signal(signal.SIGTERM, stop_workers)
 
     try:
-        # the environment check runs here while the workers start their cases
+        if dispatcher:
+            dispatcher.fill()  # the first cases start while the environment check runs
         checks = dojo.environment_check(suites, planned_inj)
         emit({"event": "environment_check", "checks": checks})
-
-        if to_run:
-            _collect(procs, result_q, {c["id"]: c for c in to_run}, req)
+        if dispatcher:
+            dispatcher.collect()
     except KeyboardInterrupt:
         stop_workers()
         raise
     finally:
-        for p in procs:
-            p.join(timeout=5)
+        for w in dispatcher.workers if dispatcher else []:
+            w.proc.join(timeout=5)
         stop_workers()
 
     emit({"event": "done"})
@@ -469,44 +570,142 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
     return 0
 
 
-def _collect(procs, result_q, pending: dict, req: dict) -> None:
-    in_flight: dict[int, str] = {}
-    exited: set[int] = set()
-    started_at: dict[int, float] = {}
-    while pending and len(exited) < len(procs):
-        try:
-            kind, index, payload = result_q.get(timeout=1.0)
-        except queue.Empty:
-            # a worker that died without saying so (killed, crashed interpreter)
-            for i, p in enumerate(procs):
-                if i not in exited and not p.is_alive():
-                    exited.add(i)
-                    cid = in_flight.pop(i, None)
-                    emit({"event": "warning", "message": f"worker {i} died (exit code {p.exitcode})"})
-                    if cid is not None and cid in pending:
-                        _emit_error(pending.pop(cid), f"gym worker died (exit code {p.exitcode})",
-                                    time.monotonic() - started_at.get(i, time.monotonic()), req)
+# --- concurrency --------------------------------------------------------------------------
+
+MAX_PROCESSES = 8
+
+
+def concurrency_plan(req: dict, to_run: int) -> dict:
+    """How many worker processes, and how many cases in flight to begin with and at most.
+
+    Processes carry the CPU-bound framework work, so there are as many as cores this
+    process may use, but no more than MAX_PROCESSES (each costs ~80 MiB; past 8 the
+    framework is no longer the bottleneck for one model server) and never more than
+    cases may be in flight. The in-flight count itself (`target`) changes during the run
+    on pruefstand's `concurrency` commands; `max_in_flight` bounds it."""
+    if to_run == 0:
+        return {"processes": 0, "target": 0, "ceiling": 0}
+    ceiling = max(1, min(req["max_in_flight"] or req["jobs"], to_run))
+    target = max(1, min(req["jobs"], ceiling))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    processes = req["processes"] or min(cores, MAX_PROCESSES)
+    return {"processes": max(1, min(processes, ceiling)), "target": target, "ceiling": ceiling}
+
+
+def _read_commands(result_q) -> None:
+    """pruefstand's commands on stdin, one JSON object per line, handed to the collector's
+    queue. End of input (or no pipe at all) only ends this reader."""
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
             continue
-        if kind == "case_start":
-            in_flight[index] = payload
-            started_at[index] = time.monotonic()
-            emit({"event": "case_start", "case_id": payload, "worker": index})
-        elif kind == "record":
-            in_flight.pop(index, None)
-            pending.pop(payload["case_id"], None)
-            emit({"event": "case", "record": payload})
-        elif kind == "fatal":
-            emit({"event": "warning", "message": f"worker {index} failed: {payload.splitlines()[0]}"})
-            log(f"worker {index} failed:\n{payload}")
-            cid = in_flight.pop(index, None)
-            if cid is not None and cid in pending:
-                _emit_error(pending.pop(cid), "gym worker failed: " + payload.splitlines()[0], 0.0, req)
-        elif kind == "exit":
-            exited.add(index)
-    # workers gone with cases left (all workers failed): record them as errors
-    for cid, case in list(pending.items()):
-        _emit_error(case, "not run: every gym worker failed", 0.0, req)
-        pending.pop(cid)
+        try:
+            command = json.loads(line)
+        except json.JSONDecodeError:
+            log(f"ignoring a command that is not JSON: {line[:200]!r}")
+            continue
+        result_q.put(("command", -1, command))
+
+
+class _Worker:
+    __slots__ = ("index", "proc", "task_q", "cases", "alive")
+
+    def __init__(self, index, proc, task_q):
+        self.index = index
+        self.proc = proc
+        self.task_q = task_q
+        self.cases: set[str] = set()  # in flight on this worker
+        self.alive = True
+
+
+def dispatch_order(cases: list[dict], suites: dict) -> list[dict]:
+    """The order cases start in — the one place that decides it."""
+    return longest_first(cases, suites)
+
+
+class Dispatcher:
+    """Starts cases while fewer than `target` are in flight, on the worker with the fewest,
+    and collects their records. `target` moves on pruefstand's commands; `stopping` ends
+    the starting of new cases (what has started finishes)."""
+
+    def __init__(self, workers, result_q, order: list[dict], plan: dict, req: dict):
+        self.workers = workers
+        self.result_q = result_q
+        self.queue = list(reversed(order))  # pop() takes the next
+        self.pending = {c["id"]: c for c in order}
+        self.target = plan["target"]
+        self.ceiling = plan["ceiling"]
+        self.stopping = False
+        self.req = req
+        self.started_at: dict[str, float] = {}
+
+    def in_flight(self) -> int:
+        return sum(len(w.cases) for w in self.workers)
+
+    def fill(self) -> None:
+        while self.queue and not self.stopping and self.in_flight() < self.target:
+            live = [w for w in self.workers if w.alive]
+            if not live:
+                return
+            worker = min(live, key=lambda w: (len(w.cases), w.index))
+            case = self.queue.pop()
+            worker.cases.add(case["id"])
+            self.started_at[case["id"]] = time.monotonic()
+            worker.task_q.put(case)
+
+    def on_command(self, command) -> None:
+        kind = command.get("command") if isinstance(command, dict) else None
+        if kind == "concurrency":
+            target = command.get("target")
+            if isinstance(target, int) and not isinstance(target, bool) and target >= 1:
+                self.target = min(target, self.ceiling)
+                return
+        log(f"ignoring an unknown or malformed command: {command!r}")
+
+    def collect(self) -> None:
+        while self.pending and any(w.alive for w in self.workers):
+            self.fill()
+            try:
+                kind, index, payload = self.result_q.get(timeout=1.0)
+            except queue.Empty:
+                # a worker that died without saying so (killed, crashed interpreter)
+                for w in self.workers:
+                    if w.alive and not w.proc.is_alive():
+                        self.worker_lost(w, f"gym worker died (exit code {w.proc.exitcode})")
+                continue
+            if kind == "command":
+                self.on_command(payload)
+            elif kind == "case_start":
+                emit({"event": "case_start", "case_id": payload, "worker": index})
+            elif kind == "record":
+                self.workers[index].cases.discard(payload["case_id"])
+                self.pending.pop(payload["case_id"], None)
+                emit({"event": "case", "record": payload})
+            elif kind == "fatal":
+                emit({"event": "warning", "message": f"worker {index} failed: {payload.splitlines()[0]}"})
+                log(f"worker {index} failed:\n{payload}")
+                self.worker_lost(self.workers[index], "gym worker failed: " + payload.splitlines()[0])
+            elif kind == "exit":
+                if self.workers[index].alive:
+                    self.worker_lost(self.workers[index], "gym worker exited")
+        for w in self.workers:
+            if w.alive:
+                w.task_q.put(None)
+        # workers gone with cases left (all workers failed): record them as errors
+        for case in list(self.pending.values()):
+            _emit_error(case, "not run: every gym worker failed", 0.0, self.req)
+        self.pending.clear()
+
+    def worker_lost(self, worker: _Worker, error: str) -> None:
+        """Its in-flight cases are errors; the others go to the remaining workers."""
+        worker.alive = False
+        if worker.cases:
+            emit({"event": "warning", "message": f"worker {worker.index}: {error}"})
+        for cid in sorted(worker.cases):
+            case = self.pending.pop(cid, None)
+            if case is not None:
+                _emit_error(case, error, time.monotonic() - self.started_at.get(cid, time.monotonic()), self.req)
+        worker.cases.clear()
 
 
 def _emit_error(case: dict, error: str, duration: float, req: dict) -> None:

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use crate::concurrency::Concurrency;
 use crate::gym::{GymSettings, execute};
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{Inventory, PyEnv};
@@ -35,7 +36,7 @@ pub struct Args {
     /// Only these attacks (repeatable; `none` selects clean cases).
     #[arg(long = "attack")]
     pub attacks: Vec<String>,
-    /// Parallel workers (default: the plan's).
+    /// Cases in flight at once (default: the plan's `jobs`).
     #[arg(long, value_parser = crate::cmd::jobs_parser())]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one with the same cases is resumed.
@@ -86,7 +87,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         &inventory,
         GymSettings {
             agent_cmd,
-            jobs: args.jobs.unwrap_or(plan.jobs),
+            // No model server to ask: the plan's (or --jobs) cases in flight.
+            concurrency: Concurrency::Fixed(args.jobs.unwrap_or(plan.jobs)),
+            metrics_url: None,
             display_name: args.display_name,
             case_timeout_s: args.case_timeout.unwrap_or(plan.case_timeout_s),
             seed: claimed.seed,

@@ -18,7 +18,8 @@ pub struct Args {
     /// `schnell`, `voll` or a plan file.
     #[arg(long, default_value = "schnell")]
     pub plan: String,
-    /// Parallel gym workers (default: the plan's).
+    /// Hold this many cases in flight (default: as many as the model server has room
+    /// for, up to `[run] max_in_flight`).
     #[arg(long, value_parser = crate::cmd::jobs_parser())]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one of the same plan is resumed.

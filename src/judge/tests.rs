@@ -65,6 +65,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         reference_run_dir: None,
         started_at: Some("2025-01-01T00:00:00Z".into()),
         model_server: None,
+        concurrency: None,
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),

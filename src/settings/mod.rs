@@ -23,6 +23,40 @@ pub struct Config {
     pub guard: GuardConfig,
     #[serde(default)]
     pub hooks: Vec<HookConfig>,
+    #[serde(default)]
+    pub run: RunConfig,
+}
+
+/// `[run]`: how runs use this machine.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// The most cases in flight at once, whatever the model server has room for: each
+    /// holds a gym thread and an agent process, memory the model server does not get on
+    /// a machine whose GPU shares it.
+    #[serde(default = "default_max_in_flight", deserialize_with = "in_flight_bound")]
+    pub max_in_flight: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { max_in_flight: default_max_in_flight() }
+    }
+}
+
+fn default_max_in_flight() -> usize {
+    256
+}
+
+/// The gym's own bound (scripts/pruefstand_gym/runner.py, MAX_IN_FLIGHT).
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+fn in_flight_bound<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let v = usize::deserialize(d)?;
+    if !(1..=MAX_IN_FLIGHT).contains(&v) {
+        return Err(serde::de::Error::custom(format!("max_in_flight must be 1..={MAX_IN_FLIGHT}, not {v}")));
+    }
+    Ok(v)
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -255,6 +289,20 @@ fn default_backoff() -> f64 {
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> anyhow::Result<Config> {
+        crate::util::parse_toml(std::path::Path::new("pruefstand.toml"), text)
+    }
+
+    #[test]
+    fn max_in_flight_defaults_and_is_bounded_with_the_line_named() {
+        assert_eq!(parse("").unwrap().run.max_in_flight, 256);
+        assert_eq!(parse("[run]\nmax_in_flight = 48\n").unwrap().run.max_in_flight, 48);
+        let err = format!("{:#}", parse("[run]\nmax_in_flight = 0\n").unwrap_err());
+        assert!(err.contains("pruefstand.toml") && err.contains("max_in_flight must be 1..=4096"), "{err}");
+        assert!(err.contains('2'), "the line: {err}");
+        assert!(parse("[run]\nmax_inflight = 3\n").is_err(), "a typo is an error");
+    }
+
     #[test]
     fn hook_numbers_are_bounded_at_their_line() {
         let hook = "[[hooks]]\nname = \"a\"\nkind = \"exec\"\nargv = [\"true\"]\n";
@@ -266,10 +314,7 @@ mod tests {
             ("retries = 1000", "retries = 1000 is more than 20"),
         ] {
             let text = format!("{hook}{hook}{line}\n");
-            let err = crate::util::parse_toml::<Config>(std::path::Path::new("pruefstand.toml"), &text)
-                .err()
-                .unwrap()
-                .to_string();
+            let err = parse(&text).err().unwrap().to_string();
             assert!(err.starts_with("pruefstand.toml:9:") && err.contains(message), "{line}: {err}");
         }
     }
