@@ -152,3 +152,5 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::InstallUnits(args) => cmd::install_units::main(root, args),
     }
 }
+#[cfg(test)]
+mod fuzz;
