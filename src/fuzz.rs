@@ -491,7 +491,8 @@ fn sim_server_serves_any_accepted_sim_table() {
                 .map_err(|e| TestCaseError::fail(format!("{e:#}")))?;
             let body = json!({"model": served, "messages": [{"role": "user", "content": "Pay the bill in bill.txt."}]});
             let sent = client.post(format!("{}/chat/completions", server.base_url())).json(&body).send().await;
-            let _ = server.shutdown().await;
+            // Dropped, not shut down: a shutdown waits for delayed answers in flight.
+            drop(server);
             match sent {
                 Ok(_) => Ok(()),
                 Err(e) if e.is_timeout() => Ok(()),
@@ -506,8 +507,7 @@ fn sim_server_serves_any_accepted_sim_table() {
 /// Left out until the bounds land at read time; then delete this filter.
 fn known_open_latency(config: &SimConfig) -> bool {
     let l = &config.latency;
-    let slow = config.models.values().map(|b| b.faults.slow_ms);
-    [l.base_ms, l.per_prompt_token_ms, l.per_completion_token_ms].into_iter().chain(slow).any(|v| v.abs() > 1e9)
+    [l.base_ms, l.per_prompt_token_ms, l.per_completion_token_ms].into_iter().any(|v| v.abs() > 1e9)
 }
 
 fn sim_settings(config: SimConfig, served: &str) -> SimSettings {
