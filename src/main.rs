@@ -153,3 +153,5 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::InstallUnits(args) => cmd::install_units::main(root, args),
     }
 }
+#[cfg(test)]
+mod fuzz;

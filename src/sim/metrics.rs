@@ -41,9 +41,11 @@ impl Drop for Pass<'_> {
 }
 
 impl Gate {
-    /// A capacity of 0 would block forever; it means 1.
+    /// A capacity of 0 would block forever; it means 1. One beyond tokio's limit
+    /// (`usize::MAX >> 3`) panics it; that many slots mean "no queue" anyway.
     pub fn new(capacity: usize) -> Gate {
-        Gate { slots: Semaphore::new(capacity.max(1)), waiting: AtomicUsize::new(0), running: AtomicUsize::new(0) }
+        let slots = Semaphore::new(capacity.clamp(1, Semaphore::MAX_PERMITS));
+        Gate { slots, waiting: AtomicUsize::new(0), running: AtomicUsize::new(0) }
     }
 
     pub async fn enter(&self) -> Pass<'_> {
@@ -213,6 +215,13 @@ mod tests {
             tokio::task::yield_now().await;
         }
         panic!("condition never held");
+    }
+
+    #[tokio::test]
+    async fn a_capacity_beyond_tokio_limit_means_no_queue() {
+        let gate = Gate::new(usize::MAX);
+        let _a = gate.enter().await;
+        assert_eq!(gate.running.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
