@@ -5,6 +5,7 @@
 //! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
 
 mod checks;
+pub mod early;
 mod load;
 mod rules;
 pub mod study;
