@@ -114,6 +114,19 @@ impl Adjusted {
         let n = self.n_eff_at(alpha);
         cp_upper(self.rate() * n, n, alpha)
     }
+    /// One-sided normal margin for the spread of the second grouping's clusters
+    /// (crossed clustering: the injection tasks), z₁₋α·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N):
+    /// the part of the estimate's variance that more first-grouping clusters (user
+    /// tasks) do not shrink. 0 without a second grouping.
+    pub fn margin_b(&self, alpha: f64) -> f64 {
+        let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
+        if self.n == 0 || rho <= 0.0 {
+            return 0.0;
+        }
+        let p = self.rate();
+        let z = Normal::standard().inverse_cdf(1.0 - alpha);
+        z * (p * (1.0 - p) * rho * (m_w - 1.0).max(0.0) / self.n as f64).sqrt()
+    }
     pub fn lower(&self, alpha: f64) -> f64 {
         let n = self.n_eff_at(alpha);
         cp_lower(self.rate() * n, n, alpha)

@@ -36,13 +36,13 @@ fn pct(p: f64) -> String {
     format!("{:.1} %", 100.0 * p)
 }
 
-fn user_cluster(r: &CaseRecord) -> String {
+pub(super) fn user_cluster(r: &CaseRecord) -> String {
     format!("{}/{}", r.suite, r.user_task.as_deref().unwrap_or("-"))
 }
 
 /// The injection-task cluster of a case; a case without injection task (clean) is a
 /// cluster of its own.
-fn injection_key(r: &CaseRecord) -> String {
+pub(super) fn injection_key(r: &CaseRecord) -> String {
     match &r.injection_task {
         Some(task) => format!("{}/{task}", r.suite),
         None => r.case_id.clone(),
@@ -101,7 +101,7 @@ fn clusters_of(obs: &[(String, String, bool)]) -> Vec<Cluster> {
     by.into_values().collect()
 }
 
-fn adjust(obs: &[(String, String, bool)], clustering: Clustering) -> Adjusted {
+pub(super) fn adjust(obs: &[(String, String, bool)], clustering: Clustering) -> Adjusted {
     match clustering {
         Clustering::UserTask => stats::adjust_one_way(&clusters_of(obs)),
         Clustering::TwoWay => stats::adjust_two_way(obs),
