@@ -31,6 +31,20 @@ pub struct GymSettings {
     pub agent_env: Vec<(String, String)>,
     /// The daemon's stop switch and progress sink.
     pub control: Option<std::sync::Arc<Control>>,
+    /// Early stopping: the dispatch order and the look that may end the run.
+    pub early: Option<EarlyWatch>,
+}
+
+/// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
+/// true when the verdict is decided. The gym then starts no new case, lets the cases in
+/// flight finish and ends (its `drained` event).
+pub type Watch = Box<dyn FnMut(Option<&CaseRecord>) -> bool + Send>;
+
+/// How an early-stopping run dispatches and when it stops starting cases.
+pub struct EarlyWatch {
+    /// Case ids in dispatch order (the gym keeps it instead of longest-first).
+    pub order: Vec<String>,
+    pub watch: Watch,
 }
 
 pub struct Executed {
@@ -69,8 +83,10 @@ pub fn execute(
         defence: settings.defence,
         cases: plan.cases.clone(),
         done: Vec::new(),
+        order: settings.early.as_ref().map(|e| e.order.clone()),
     };
-    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref())?;
+    let watch = settings.early.map(|e| e.watch);
+    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref(), watch)?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
@@ -94,6 +110,9 @@ pub struct GymRequest {
     pub defence: Option<String>,
     pub cases: Vec<Case>,
     pub done: Vec<String>,
+    /// Case ids in the order to dispatch them (early stopping); absent: longest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<String>>,
 }
 
 /// The gym's stdout events.
@@ -107,6 +126,7 @@ enum Event {
     Case { record: Box<CaseRecord> },
     EnvironmentCheck { checks: Vec<EnvCheck> },
     Warning { message: String },
+    Drained { not_started: usize },
     Done,
 }
 
@@ -119,6 +139,8 @@ pub struct GymOutcome {
     pub skipped: usize,
     /// Cases run again because their record or trace was damaged.
     pub rerun: Vec<String>,
+    /// Cases never started because the watch said the verdict was decided.
+    pub not_started: Option<usize>,
 }
 
 /// `progress(run_dir, cases done, cases planned)`.
@@ -208,6 +230,7 @@ pub fn run(
     mut request: GymRequest,
     agent_env: &[(String, String)],
     control: Option<&Control>,
+    mut watch: Option<Watch>,
 ) -> anyhow::Result<GymOutcome> {
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
@@ -249,8 +272,24 @@ pub fn run(
     let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
     let mut writer = run_dir.open_cases_for_append()?;
     let mut progress = console::Progress::new(request.cases.len());
-    let mut outcome = GymOutcome { records: Vec::new(), environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+    let mut outcome = GymOutcome {
+        records: Vec::new(),
+        environment_checks: Vec::new(),
+        skipped: 0,
+        rerun: Vec::new(),
+        not_started: None,
+    };
     let mut finished = false;
+    // Asks the gym (SIGUSR1 to its main process) to start no new case, once.
+    let gym_pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut drain_asked = false;
+    let mut look = |record: Option<&CaseRecord>| {
+        if !drain_asked && watch.as_mut().is_some_and(|w| w(record)) {
+            drain_asked = true;
+            tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
+            let _ = nix::sys::signal::kill(gym_pid, nix::sys::signal::Signal::SIGUSR1);
+        }
+    };
     let result: anyhow::Result<()> = (|| {
         for line in BufReader::new(stdout).lines() {
             let line = line.context("reading the gym's events")?;
@@ -268,6 +307,7 @@ pub fn run(
             match event {
                 Event::Start { total, to_run, jobs } => {
                     progress.start(total, to_run, jobs);
+                    look(None);
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
                     }
@@ -281,6 +321,7 @@ pub fn run(
                 Event::Case { record } => {
                     writer.append(&record)?;
                     progress.case_done(record.is_error());
+                    look(Some(&record));
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
                     }
@@ -293,6 +334,7 @@ pub fn run(
                     outcome.environment_checks = checks;
                 }
                 Event::Warning { message } => tracing::warn!("{message}"),
+                Event::Drained { not_started } => outcome.not_started = Some(not_started),
                 Event::Done => finished = true,
             }
         }
@@ -318,7 +360,7 @@ pub fn run(
     }
     let stored = run_dir.read_cases_lenient()?;
     outcome.records = run_dir.compact_cases(&request.cases, &stored)?;
-    if outcome.records.len() != request.cases.len() {
+    if outcome.records.len() != request.cases.len() && outcome.not_started.is_none() {
         bail!(
             "the gym finished but {} of {} planned cases have no record (see {})",
             request.cases.len() - outcome.records.len(),

@@ -9,17 +9,20 @@
 //! `provenance.json` is written for every backend. Parsing arguments and printing
 //! results are `cmd::run`'s.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
+use crate::case::CaseRecord;
 use crate::container::{self, Pool};
 use crate::gym::{self, Executed, GymSettings};
 use crate::judge::Judgement;
+use crate::judge::early;
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
-use crate::record::{GpuExclusivity, ModelServerFacts, RunMeta};
+use crate::record::{EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta};
 use crate::root::{self, Root};
 use crate::rundir::RunDir;
 use crate::settings::defence::GuardrailSpec;
@@ -88,9 +91,22 @@ pub struct RunContext<'a> {
     pub inventory: Inventory,
     /// Gym workers (default: the plan's).
     pub jobs: Option<usize>,
+    /// `run --full`: run the whole plan even when it stops early (continues a run that
+    /// stopped).
+    pub full: bool,
+}
+
+/// How much of the plan a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Extent {
+    /// The plan as it says: stopped early once decided when it opts in.
+    Plan,
+    /// Every case (reference runs, `run --full`).
+    Full,
 }
 
 /// `pruefstand run`: a fresh container pool, shut down at the end whatever happened.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     root: &Root,
     pyenv: &PyEnv,
@@ -99,10 +115,11 @@ pub async fn run(
     plan: &str,
     jobs: Option<usize>,
     out: Option<PathBuf>,
+    full: bool,
 ) -> anyhow::Result<Finished> {
     let pool = Pool::new(pyenv.cache.join("container"));
     let result = async {
-        let ctx = RunContext::new(root, pyenv, &pool, control, plan, jobs)?;
+        let ctx = RunContext { full, ..RunContext::new(root, pyenv, &pool, control, plan, jobs)? };
         preflight(&ctx, version).await?;
         ctx.run(version, out).await
     }
@@ -148,7 +165,7 @@ impl<'a> RunContext<'a> {
         let (profile, _) = Profile::load(&plan_path)?;
         let inventory = Inventory::load(pyenv, profile.benchmark_version.get_ref())?;
         let plan = Plan::resolve(&plan_path, &inventory, &Filters::default())?;
-        Ok(RunContext { root, pyenv, pool, control, plan, inventory, jobs })
+        Ok(RunContext { root, pyenv, pool, control, plan, inventory, jobs, full: false })
     }
 
     /// Runs `version` into `out` (or a new run directory), its reference first when R4
@@ -160,7 +177,8 @@ impl<'a> RunContext<'a> {
             None => None,
         };
         let run_dir = RunDir::new(out.unwrap_or_else(|| self.root.new_run_dir(&version.name, &self.plan.name)));
-        let (executed, served) = self.execute_version(&run_dir, version).await?;
+        let extent = if self.full { Extent::Full } else { Extent::Plan };
+        let (executed, served) = self.execute_version(&run_dir, version, extent).await?;
         let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
         let judgement = self.record_and_judge(&run_dir, version, reference_dir, served)?;
         Ok(Finished { run_dir, executed, judgement, reference })
@@ -190,6 +208,7 @@ impl<'a> RunContext<'a> {
             reference_run_dir,
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
+            early_stop: read_early_stop(run_dir)?,
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
@@ -200,7 +219,12 @@ impl<'a> RunContext<'a> {
     /// and provenance. A docker server that dies is restarted once and the gym resumed;
     /// a server that fails for good (never ready, or a second death) is not an error
     /// here: the run is recorded with what it has and `failed` facts, which R1 fails.
-    async fn execute_version(&self, run_dir: &RunDir, version: &Version) -> anyhow::Result<(Executed, Served)> {
+    async fn execute_version(
+        &self,
+        run_dir: &RunDir,
+        version: &Version,
+        extent: Extent,
+    ) -> anyhow::Result<(Executed, Served)> {
         let plan = &self.plan;
         run_dir.create()?;
         let started_at = judge::read_run_meta(&run_dir.path)
@@ -246,10 +270,10 @@ impl<'a> RunContext<'a> {
         };
         self.write_provenance(run_dir, version, Some(&endpoint));
         let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = self.run_gym(run_dir, version, &endpoint).await;
+        let mut result = self.run_gym(run_dir, version, &endpoint, extent).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = self.run_gym(run_dir, version, &endpoint).await,
+                Ok(true) => result = self.run_gym(run_dir, version, &endpoint, extent).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -275,6 +299,13 @@ impl<'a> RunContext<'a> {
             }
             Err(err) => return Err(err),
         };
+        if let Some(mut early) = read_early_stop(run_dir)? {
+            // Stopped early when the gym left cases unstarted on the watch's word; a full
+            // pass that recorded every case clears it.
+            early.stopped_early = executed.gym.not_started.is_some_and(|n| n > 0)
+                || (early.stopped_early && executed.gym.records.len() < plan.cases.len());
+            util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+        }
         Ok((executed, Served { image_digest, model_server, started_at }))
     }
 
@@ -285,8 +316,12 @@ impl<'a> RunContext<'a> {
         run_dir: &RunDir,
         version: &Version,
         endpoint: &model::Endpoint,
+        extent: Extent,
     ) -> anyhow::Result<Executed> {
-        let settings = self.gym_settings(run_dir, version, endpoint)?;
+        let mut settings = self.gym_settings(run_dir, version, endpoint)?;
+        if extent == Extent::Plan && self.plan.profile.early_stop {
+            settings.early = Some(self.early_watch(run_dir, version, settings.seed)?);
+        }
         let (pyenv, run_dir, plan, inventory) =
             (self.pyenv.clone(), RunDir::new(run_dir.path.clone()), self.plan.clone(), self.inventory.clone());
         let span = tracing::Span::current();
@@ -307,7 +342,13 @@ impl<'a> RunContext<'a> {
         let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
         let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
         util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
-        let gym = gym::GymOutcome { records, environment_checks: Vec::new(), skipped: 0, rerun: Vec::new() };
+        let gym = gym::GymOutcome {
+            records,
+            environment_checks: Vec::new(),
+            skipped: 0,
+            rerun: Vec::new(),
+            not_started: None,
+        };
         Ok(Executed { gym, telemetry })
     }
 
@@ -383,7 +424,62 @@ impl<'a> RunContext<'a> {
             defence,
             agent_env,
             control: Some(self.control.gym.clone()),
+            early: None,
         })
+    }
+
+    /// Early stopping for one gym pass: the user-task order (drawn once from the run's
+    /// seed and kept in `early_stop.json`, so a resumed run keeps it) and a watch that
+    /// asks `judge::early` again each time a user task's last case is recorded.
+    fn early_watch(&self, run_dir: &RunDir, version: &Version, seed: u64) -> anyhow::Result<gym::EarlyWatch> {
+        let plan = &self.plan;
+        let early = match read_early_stop(run_dir)? {
+            Some(early) => {
+                let mut drawn = early.order.clone();
+                let mut planned = early::user_task_order(&plan.cases, 0);
+                drawn.sort();
+                planned.sort();
+                if drawn != planned {
+                    bail!("{}: its order is not this plan's user tasks", run_dir.file(EARLY_STOP_FILE).display());
+                }
+                early
+            }
+            None => {
+                let early = EarlyStop { seed, order: early::user_task_order(&plan.cases, seed), stopped_early: false };
+                util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+                early
+            }
+        };
+        let mut records: Vec<CaseRecord> = run_dir.read_cases_lenient()?.records.into_values().collect();
+        let mut remaining: HashMap<String, usize> = HashMap::new();
+        for case in &plan.cases {
+            if let Some(u) = &case.user_task
+                && !records.iter().any(|r| r.case_id == case.id)
+            {
+                *remaining.entry(early::user_task_key(&case.suite, u)).or_default() += 1;
+            }
+        }
+        let (cases, order, t, has_reference) =
+            (plan.cases.clone(), early.order.clone(), plan.profile.rules.clone(), version.reference().is_some());
+        let watch = move |record: Option<&CaseRecord>| {
+            if let Some(r) = record {
+                records.push(r.clone());
+                let key = r.user_task.as_deref().map(|u| early::user_task_key(&r.suite, u));
+                let left = key.and_then(|k| remaining.get_mut(&k));
+                // Only a user task's last case can move the complete prefix.
+                match left {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        if *n > 0 {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+            early::decide(&cases, &order, &records, &t, has_reference).stop_at.is_some()
+        };
+        Ok(gym::EarlyWatch { order: early::dispatch_order(&plan.cases, &early.order), watch: Box::new(watch) })
     }
 
     /// The reference's run on this plan: reused when one exists for the same spec hash,
@@ -403,7 +499,8 @@ impl<'a> RunContext<'a> {
         // of its finished cases runs twice.
         let unfinished = newest_run(&reports, reference, plan, |run| !complete(run, plan));
         let run_dir = RunDir::new(unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name)));
-        let (executed, served) = self.execute_version(&run_dir, reference).await?;
+        // A reference always runs whole: R4 compares with every case of it.
+        let (executed, served) = self.execute_version(&run_dir, reference, Extent::Full).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
@@ -413,6 +510,20 @@ impl<'a> RunContext<'a> {
             bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
         }
         Ok((run_dir.path, true))
+    }
+}
+
+/// The run directory's early-stop record (`early_stop.json`).
+const EARLY_STOP_FILE: &str = "early_stop.json";
+
+fn read_early_stop(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
+    let path = run_dir.file(EARLY_STOP_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(
+            serde_json::from_str(&text).with_context(|| format!("{}: not an early-stop record", path.display()))?,
+        )),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
     }
 }
 

@@ -101,6 +101,10 @@ def validate_request(req: dict) -> dict:
     done = req.get("done", []) or []
     if not isinstance(done, list) or not all(isinstance(d, str) for d in done):
         raise RequestError("request: `done` must be a list of case ids")
+    order = req.get("order")
+    if order is not None:
+        if not isinstance(order, list) or sorted(order) != sorted(seen_ids):
+            raise RequestError("request: `order` must list every case id exactly once")
     return {
         "run_dir": run_dir,
         "benchmark_version": bv,
@@ -112,6 +116,7 @@ def validate_request(req: dict) -> dict:
         "defence": defence,
         "cases": cases,
         "done": done,
+        "order": order,
     }
 
 
@@ -333,8 +338,27 @@ def longest_first(cases: list[dict], suites: dict) -> list[dict]:
     return sorted(cases, key=estimate, reverse=True)
 
 
+# Early stopping: SIGUSR1 asks the parent to start no new case (docs/protocol.md §2).
+_DRAIN = {"asked": False}
+
+
+def _ask_drain(signum, frame) -> None:
+    _DRAIN["asked"] = True
+
+
+def dispatch_order(to_run: list[dict], order: list[str] | None, suites: dict) -> list[dict]:
+    """The request's order when it gives one (early stopping: whole user tasks in a
+    seeded order), else longest first."""
+    if order is None:
+        return longest_first(to_run, suites)
+    rank = {cid: i for i, cid in enumerate(order)}
+    return sorted(to_run, key=lambda c: rank[c["id"]])
+
+
 def run(request_path: str) -> int:
     t_start = time.monotonic()
+    # before anything can send it: the default action of SIGUSR1 is to die
+    signal.signal(signal.SIGUSR1, _ask_drain)
     # pruefstand may run us in a process group of our own (so it can stop us with the
     # workers and agents): then a Ctrl-C or kill of pruefstand would not reach us. End
     # with our parent; the workers end with us.
@@ -416,7 +440,7 @@ def run(request_path: str) -> int:
             p = ctx.Process(target=_worker_main, args=(i, req, task_q, result_q), daemon=True)
             p.start()
             procs.append(p)
-        for c in longest_first(to_run, suites):
+        for c in dispatch_order(to_run, req["order"], suites):
             task_q.put(c)
         for _ in range(jobs):
             task_q.put(None)
@@ -439,7 +463,7 @@ def run(request_path: str) -> int:
         emit({"event": "environment_check", "checks": checks})
 
         if to_run:
-            _collect(procs, result_q, {c["id"]: c for c in to_run}, req)
+            _collect(procs, result_q, {c["id"]: c for c in to_run}, req, task_q)
     except KeyboardInterrupt:
         stop_workers()
         raise
@@ -453,11 +477,35 @@ def run(request_path: str) -> int:
     return 0
 
 
-def _collect(procs, result_q, pending: dict, req: dict) -> None:
+def _drain(task_q, pending: dict, workers: int) -> int:
+    """Takes every case no worker has taken yet off the queue (they are not run), then
+    tells each worker to end after its case in flight. Returns how many were taken."""
+    taken = 0
+    while True:
+        try:
+            case = task_q.get(timeout=0.2)
+        except queue.Empty:
+            break
+        if case is not None and pending.pop(case["id"], None) is not None:
+            taken += 1
+    for _ in range(workers):
+        task_q.put(None)
+    return taken
+
+
+def _collect(procs, result_q, pending: dict, req: dict, task_q) -> None:
     in_flight: dict[int, str] = {}
     exited: set[int] = set()
     started_at: dict[int, float] = {}
+    drained = False
     while pending and len(exited) < len(procs):
+        if _DRAIN["asked"] and not drained:
+            drained = True
+            not_started = _drain(task_q, pending, len(procs))
+            emit({"event": "drained", "not_started": not_started})
+            log(f"drained: {not_started} cases not started, {len(pending)} in flight finish")
+            if not pending:
+                break
         try:
             kind, index, payload = result_q.get(timeout=1.0)
         except queue.Empty:

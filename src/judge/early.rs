@@ -86,6 +86,18 @@ pub struct Decision {
     pub bound: f64,
     /// The injection-task margin added to it.
     pub margin: f64,
+    /// The bound's side: `below` for an upper bound (it shows the mean is below).
+    pub side: Side,
+}
+
+impl Decision {
+    /// The bound widened by the margin: what cleared the threshold.
+    pub fn widened(&self) -> f64 {
+        match self.side {
+            Side::Below => self.bound + self.margin,
+            Side::Above => self.bound - self.margin,
+        }
+    }
 }
 
 /// The first look at which one side's betting test (at `BETTING_SHARE` of its α, on the
@@ -125,7 +137,7 @@ pub fn first_decision(
                 Side::Above => bound - margin >= threshold,
             };
             if clears {
-                return Some(Decision { at: k, status, bound, margin });
+                return Some(Decision { at: k, status, bound, margin, side });
             }
         }
     }
@@ -155,6 +167,20 @@ impl Track {
 
     pub fn status(&self) -> RuleStatus {
         self.status_at(usize::MAX)
+    }
+
+    /// "ASR upper bound 0.0712 ≤ 0.1 after 43 user tasks (α 0.03)", once decided.
+    pub fn describe(&self) -> Option<String> {
+        let d = self.decision?;
+        let (side, sign) = if d.side == Side::Below { ("upper", "≤") } else { ("lower", "≥") };
+        Some(format!(
+            "{} {side} bound {:.4} {sign} {} after {} user tasks (α {})",
+            self.figure,
+            d.widened(),
+            self.threshold,
+            d.at,
+            self.alpha
+        ))
     }
 }
 
