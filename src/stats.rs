@@ -673,4 +673,27 @@ mod tests {
         assert!(betting_rejects_at(&xs, hi + 0.01, Side::Below, 0.05).is_some());
         assert!(betting_rejects_at(&xs, hi - 0.01, Side::Below, 0.05).is_none());
     }
+
+    /// The injection-task margin: z·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N) by hand; none without
+    /// a second grouping or without its correlation.
+    #[test]
+    fn margin_b_by_hand() {
+        let base = Adjusted {
+            x: 100,
+            n: 1000,
+            clusters: 50,
+            rho: 0.1,
+            m_w: 20.0,
+            deff: 3.0,
+            n_eff: 333.3,
+            x_eff: 33.3,
+            df: Some(30.0),
+            rho_b: Some(0.05),
+            m_w_b: Some(41.0),
+        };
+        let z = Normal::standard().inverse_cdf(0.99);
+        close(base.margin_b(0.01), z * (0.1f64 * 0.9 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
+        assert_eq!(Adjusted { rho_b: None, m_w_b: None, ..base }.margin_b(0.01), 0.0);
+        assert_eq!(Adjusted { rho_b: Some(0.0), ..base }.margin_b(0.01), 0.0);
+    }
 }
