@@ -614,17 +614,20 @@ mod tests {
         assert!(f64::from(broken.passes) / 300.0 > 0.10, "user_task at sd_V 1: {broken:?}");
     }
 
-    /// Early stopping keeps R2's error at the boundary (150 replicates per setting: a
-    /// broken sequential test — case-level looks, or fixed-sample bounds looked at after
-    /// every user task — errs in 10–90 % there) and stops clear cases early.
+    /// Early stopping keeps R2's error at the boundary (300 replicates per setting, Monte
+    /// Carlo error about 1.3 points near 5 %: a broken sequential test — case-level
+    /// looks, or fixed-sample bounds looked at after every user task — errs in 10–90 %
+    /// there, the betting test without the injection-task margin 6–7 % more at sd_V 1)
+    /// and stops clear cases early.
     #[test]
     fn early_stop_keeps_the_error_and_saves_cases() {
         let t = Thresholds::default();
         let p = t.r2.asr_max;
         let boundary = [Setting { sd_u: 1.0, sd_v: 0.0, true_asr: p }, Setting { sd_u: 1.0, sd_v: 1.0, true_asr: p }];
-        for row in early_stop(&profile_shape("voll"), &boundary, 150, 13, &t.r2) {
+        for row in early_stop(&profile_shape("voll"), &boundary, 300, 13, &t.r2) {
             let share = |c: u32| f64::from(c) / f64::from(row.replicates);
-            assert!(share(row.passes) <= 0.09 && share(row.fails) <= 0.09, "{row:?}");
+            assert!(share(row.passes) <= 0.085 && share(row.fails) <= 0.085, "{row:?}");
+            assert!(share(row.stopped_early) <= 0.03, "{row:?}");
         }
         let clear =
             [Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.01 }, Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.30 }];
