@@ -81,10 +81,10 @@ pub struct Decision {
     /// Observations (user tasks with cases of the figure) seen when it was decided.
     pub at: usize,
     pub status: RuleStatus,
-    /// The betting confidence sequence's bound on the deciding side (upper for a
-    /// figure that must stay below, lower for one that must stay above).
+    /// The betting confidence sequence's bound on the deciding side: an upper bound
+    /// when `side` is below (it shows the mean is below the threshold), else a lower.
     pub bound: f64,
-    /// The injection-task margin added to it.
+    /// The injection-task margin that widens it.
     pub margin: f64,
     /// The bound's side: `below` for an upper bound (it shows the mean is below).
     pub side: Side,
@@ -104,7 +104,6 @@ impl Decision {
 /// user-task means in order) has rejected and its confidence bound, widened by the
 /// margin `margin(look, status, α)` gives for the rest of α, clears the threshold.
 /// `pass` and `fail` are the means with errors counted against and for the version.
-#[allow(clippy::too_many_arguments)]
 pub fn first_decision(
     pass: &[f64],
     fail: &[f64],
