@@ -333,6 +333,7 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     let judgement = json(&dir.join("judgement.json"));
     let early = &judgement["early_stop"];
     let ran = cases(&dir);
+    assert_eq!(early["stopped_early"], true);
     assert_eq!(early["cases_planned"], planned);
     assert_eq!(early["cases_run"], ran.len());
     assert!(ran.len() < planned / 2, "stopped early: {} of {planned} cases", ran.len());

@@ -161,6 +161,9 @@ pub struct Judgement {
 /// early").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EarlyStopSummary {
+    /// Always true: present only for a run that stopped early (a plain flag for readers
+    /// of `judgement.json`).
+    pub stopped_early: bool,
     pub cases_run: usize,
     pub cases_planned: usize,
     /// User tasks of the dispatch order seen at the decision, of all (None: the records
@@ -265,6 +268,7 @@ fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStop
         .collect::<Vec<_>>()
         .join("; ");
     Some(EarlyStopSummary {
+        stopped_early: true,
         cases_run: records.iter().filter(|r| planned.contains(r.case_id.as_str())).count(),
         cases_planned: planned.len(),
         user_tasks_decided: seq.stop_at,
