@@ -34,6 +34,20 @@ pub struct GymSettings {
     pub agent_env: Vec<(String, String)>,
     /// The daemon's stop switch and progress sink.
     pub control: Option<std::sync::Arc<Control>>,
+    /// Early stopping: the dispatch order and the look that may end the run.
+    pub early: Option<EarlyWatch>,
+}
+
+/// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
+/// true when the verdict is decided. The gym then starts no new case, lets the cases in
+/// flight finish and ends (its `drained` event).
+pub type Watch = Box<dyn FnMut(Option<&CaseRecord>) -> bool + Send>;
+
+/// How an early-stopping run dispatches and when it stops starting cases.
+pub struct EarlyWatch {
+    /// Case ids in dispatch order (the gym keeps it instead of longest-first).
+    pub order: Vec<String>,
+    pub watch: Watch,
 }
 
 pub struct Executed {
@@ -72,9 +86,11 @@ pub fn execute(
         defence: settings.defence,
         cases: plan.cases.clone(),
         done: Vec::new(),
+        order: settings.early.as_ref().map(|e| e.order.clone()),
     };
     let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
-    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref(), &steer)?;
+    let watch = settings.early.map(|e| e.watch);
+    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref(), &steer, watch)?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
@@ -102,6 +118,9 @@ pub struct GymRequest {
     pub defence: Option<String>,
     pub cases: Vec<Case>,
     pub done: Vec<String>,
+    /// Case ids in the order to dispatch them (early stopping); absent: longest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Vec<String>>,
 }
 
 /// The gym's stdout events.
@@ -115,6 +134,7 @@ enum Event {
     Case { record: Box<CaseRecord> },
     EnvironmentCheck { checks: Vec<EnvCheck> },
     Warning { message: String },
+    Drained { not_started: usize },
     Done,
 }
 
@@ -129,6 +149,8 @@ pub struct GymOutcome {
     pub rerun: Vec<String>,
     /// How many cases were in flight (None when none ran).
     pub concurrency: Option<ConcurrencyFacts>,
+    /// Cases never started because the watch said the verdict was decided.
+    pub not_started: Option<usize>,
 }
 
 /// How the gym's in-flight count is steered during a run.
@@ -226,6 +248,7 @@ pub fn run(
     agent_env: &[(String, String)],
     control: Option<&Control>,
     steer: &Steering,
+    mut watch: Option<Watch>,
 ) -> anyhow::Result<GymOutcome> {
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
@@ -295,8 +318,19 @@ pub fn run(
         skipped: 0,
         rerun: Vec::new(),
         concurrency: None,
+        not_started: None,
     };
     let mut finished = false;
+    // Asks the gym (SIGUSR1 to its main process) to start no new case, once.
+    let gym_pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut drain_asked = false;
+    let mut look = |record: Option<&CaseRecord>| {
+        if !drain_asked && watch.as_mut().is_some_and(|w| w(record)) {
+            drain_asked = true;
+            tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
+            let _ = nix::sys::signal::kill(gym_pid, nix::sys::signal::Signal::SIGUSR1);
+        }
+    };
     let result: anyhow::Result<()> = (|| {
         for line in BufReader::new(stdout).lines() {
             let line = line.context("reading the gym's events")?;
@@ -317,6 +351,7 @@ pub fn run(
                     if let Some(observer) = &observer {
                         observer.live().to_start = to_run;
                     }
+                    look(None);
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
                     }
@@ -348,6 +383,7 @@ pub fn run(
                     }
                     progress.in_flight(started.len());
                     progress.case_done(record.is_error());
+                    look(Some(&record));
                     if let Some(control) = control {
                         control.report(&run_dir.path, progress.done(), progress.total());
                     }
@@ -360,6 +396,7 @@ pub fn run(
                     outcome.environment_checks = checks;
                 }
                 Event::Warning { message } => tracing::warn!("{message}"),
+                Event::Drained { not_started } => outcome.not_started = Some(not_started),
                 Event::Done => finished = true,
             }
         }
@@ -387,7 +424,7 @@ pub fn run(
     }
     let stored = run_dir.read_cases_lenient()?;
     outcome.records = run_dir.compact_cases(&request.cases, &stored)?;
-    if outcome.records.len() != request.cases.len() {
+    if outcome.records.len() != request.cases.len() && outcome.not_started.is_none() {
         bail!(
             "the gym finished but {} of {} planned cases have no record (see {})",
             request.cases.len() - outcome.records.len(),

@@ -42,6 +42,11 @@ pub struct Profile {
     /// injection-task utility, reported beside ASR).
     #[serde(default = "yes")]
     pub injection_goals: bool,
+    /// Stop as soon as the verdict is decided (docs/statistics.md, "Stopping early"):
+    /// user tasks run whole in a seeded random order and betting tests look after each.
+    /// Reference runs and `run --full` always run the whole plan.
+    #[serde(default)]
+    pub early_stop: bool,
     pub suites: Vec<SuitePlan>,
     #[serde(default)]
     pub rules: Thresholds,

@@ -85,6 +85,10 @@ pub struct RunMeta {
     /// How many cases the gym kept in flight, and what the server's gauges showed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ConcurrencyFacts>,
+    /// A run of a plan with `early_stop = true` (not a reference run, not `--full`):
+    /// the user-task order it dispatched and whether it stopped early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stop: Option<EarlyStop>,
 }
 
 /// What steered the number of cases in flight.
@@ -113,6 +117,18 @@ pub struct ConcurrencyFacts {
     pub peak_running: Option<u64>,
     #[serde(default)]
     pub peak_waiting: Option<u64>,
+}
+
+/// `early_stop.json` in a run directory, and `run.json`'s copy: the dispatch order drawn
+/// from the run's seed, kept so a resumed run and `judge` see the same order.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct EarlyStop {
+    pub seed: u64,
+    /// User tasks (`suite/user_task`) in the order they were dispatched.
+    pub order: Vec<String>,
+    /// The betting tests decided and the gym stopped starting cases; the cases not run
+    /// are missing on purpose (R1 knows). False again once `--full` ran the rest.
+    pub stopped_early: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,19 +9,21 @@
 //! `provenance.json` is written for every backend. Parsing arguments and printing
 //! results are `cmd::run`'s.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
+use crate::case::CaseRecord;
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::{self, Pool};
 use crate::gym::{self, Executed, GymSettings};
 use crate::judge::Judgement;
+use crate::judge::early;
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
-use crate::record::ConcurrencyFacts;
-use crate::record::{GpuExclusivity, ModelServerFacts, RunMeta};
+use crate::record::{ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta};
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir, RunLock};
 use crate::settings::defence::GuardrailSpec;
@@ -90,9 +92,22 @@ pub struct RunContext<'a> {
     pub inventory: Inventory,
     /// Gym workers (default: the plan's).
     pub jobs: Option<usize>,
+    /// `run --full`: run the whole plan even when it stops early (continues a run that
+    /// stopped).
+    pub full: bool,
+}
+
+/// How much of the plan a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Extent {
+    /// The plan as it says: stopped early once decided when it opts in.
+    Plan,
+    /// Every case (reference runs, `run --full`).
+    Full,
 }
 
 /// `pruefstand run`: a fresh container pool, shut down at the end whatever happened.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     root: &Root,
     pyenv: &PyEnv,
@@ -101,10 +116,11 @@ pub async fn run(
     plan: &str,
     jobs: Option<usize>,
     out: Option<PathBuf>,
+    full: bool,
 ) -> anyhow::Result<Finished> {
     let pool = Pool::new(pyenv.cache.join("container"));
     let result = async {
-        let ctx = RunContext::new(root, pyenv, &pool, control, plan, jobs)?;
+        let ctx = RunContext { full, ..RunContext::new(root, pyenv, &pool, control, plan, jobs)? };
         preflight(&ctx, version).await?;
         ctx.run(version, out).await
     }
@@ -150,7 +166,7 @@ impl<'a> RunContext<'a> {
         let (profile, _) = Profile::load(&plan_path)?;
         let inventory = Inventory::load(pyenv, profile.benchmark_version.get_ref())?;
         let plan = Plan::resolve(&plan_path, &inventory, &Filters::default())?;
-        Ok(RunContext { root, pyenv, pool, control, plan, inventory, jobs })
+        Ok(RunContext { root, pyenv, pool, control, plan, inventory, jobs, full: false })
     }
 
     /// Runs `version` into `out` (or a new run directory), its reference first when R4
@@ -164,7 +180,8 @@ impl<'a> RunContext<'a> {
             Some(name) => Some(self.reference_run(&Version::load(&self.root.versions(), name)?).await?),
             None => None,
         };
-        let (executed, served) = self.execute_version(&claimed, version).await?;
+        let extent = if self.full { Extent::Full } else { Extent::Plan };
+        let (executed, served) = self.execute_version(&claimed, version, extent).await?;
         let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
         let judgement = self.record_and_judge(&claimed.dir, version, reference_dir, served)?;
         Ok(Finished { run_dir: RunDir::new(claimed.dir.path.clone()), executed, judgement, reference })
@@ -205,6 +222,7 @@ impl<'a> RunContext<'a> {
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
             concurrency: served.concurrency,
+            early_stop: read_early_stop(run_dir)?,
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
@@ -215,7 +233,12 @@ impl<'a> RunContext<'a> {
     /// and provenance. A docker server that dies is restarted once and the gym resumed;
     /// a server that fails for good (never ready, or a second death) is not an error
     /// here: the run is recorded with what it has and `failed` facts, which R1 fails.
-    async fn execute_version(&self, claimed: &Claimed, version: &Version) -> anyhow::Result<(Executed, Served)> {
+    async fn execute_version(
+        &self,
+        claimed: &Claimed,
+        version: &Version,
+        extent: Extent,
+    ) -> anyhow::Result<(Executed, Served)> {
         let (plan, run_dir) = (&self.plan, &claimed.dir);
         let started_at = judge::read_run_meta(&run_dir.path)
             .ok()
@@ -261,10 +284,10 @@ impl<'a> RunContext<'a> {
         };
         self.write_provenance(run_dir, version, Some(&endpoint));
         let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = self.run_gym(claimed, version, &endpoint).await;
+        let mut result = self.run_gym(claimed, version, &endpoint, extent).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = self.run_gym(claimed, version, &endpoint).await,
+                Ok(true) => result = self.run_gym(claimed, version, &endpoint, extent).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -290,6 +313,13 @@ impl<'a> RunContext<'a> {
             }
             Err(err) => return Err(err),
         };
+        if let Some(mut early) = read_early_stop(run_dir)? {
+            // Stopped early when the gym left cases unstarted on the watch's word; a full
+            // pass that recorded every case clears it.
+            early.stopped_early = executed.gym.not_started.is_some_and(|n| n > 0)
+                || (early.stopped_early && executed.gym.records.len() < plan.cases.len());
+            util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+        }
         let concurrency = executed.gym.concurrency.clone();
         if let Some(facts) = &concurrency
             && !failed
@@ -306,8 +336,12 @@ impl<'a> RunContext<'a> {
         claimed: &Claimed,
         version: &Version,
         endpoint: &model::Endpoint,
+        extent: Extent,
     ) -> anyhow::Result<Executed> {
-        let settings = self.gym_settings(claimed, version, endpoint)?;
+        let mut settings = self.gym_settings(claimed, version, endpoint)?;
+        if extent == Extent::Plan && self.plan.profile.early_stop {
+            settings.early = Some(self.early_watch(&claimed.dir, version, settings.seed)?);
+        }
         let (pyenv, run_dir, plan, inventory) =
             (self.pyenv.clone(), RunDir::new(claimed.dir.path.clone()), self.plan.clone(), self.inventory.clone());
         let span = tracing::Span::current();
@@ -334,6 +368,7 @@ impl<'a> RunContext<'a> {
             skipped: 0,
             rerun: Vec::new(),
             concurrency: None,
+            not_started: None,
         };
         Ok(Executed { gym, telemetry })
     }
@@ -408,6 +443,7 @@ impl<'a> RunContext<'a> {
             defence,
             agent_env,
             control: Some(self.control.gym.clone()),
+            early: None,
         })
     }
 
@@ -444,6 +480,60 @@ impl<'a> RunContext<'a> {
         }
     }
 
+    /// Early stopping for one gym pass: the user-task order (drawn once from the run's
+    /// seed and kept in `early_stop.json`, so a resumed run keeps it) and a watch that
+    /// asks `judge::early` again each time a user task's last case is recorded.
+    fn early_watch(&self, run_dir: &RunDir, version: &Version, seed: u64) -> anyhow::Result<gym::EarlyWatch> {
+        let plan = &self.plan;
+        let early = match read_early_stop(run_dir)? {
+            Some(early) => {
+                let mut drawn = early.order.clone();
+                let mut planned = early::user_task_order(&plan.cases, 0);
+                drawn.sort();
+                planned.sort();
+                if drawn != planned {
+                    bail!("{}: its order is not this plan's user tasks", run_dir.file(EARLY_STOP_FILE).display());
+                }
+                early
+            }
+            None => {
+                let early = EarlyStop { seed, order: early::user_task_order(&plan.cases, seed), stopped_early: false };
+                util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+                early
+            }
+        };
+        let mut records: Vec<CaseRecord> = run_dir.read_cases_lenient()?.records.into_values().collect();
+        let mut remaining: HashMap<String, usize> = HashMap::new();
+        for case in &plan.cases {
+            if let Some(u) = &case.user_task
+                && !records.iter().any(|r| r.case_id == case.id)
+            {
+                *remaining.entry(early::user_task_key(&case.suite, u)).or_default() += 1;
+            }
+        }
+        let (cases, order, t, has_reference) =
+            (plan.cases.clone(), early.order.clone(), plan.profile.rules.clone(), version.reference().is_some());
+        let watch = move |record: Option<&CaseRecord>| {
+            if let Some(r) = record {
+                records.push(r.clone());
+                let key = r.user_task.as_deref().map(|u| early::user_task_key(&r.suite, u));
+                let left = key.and_then(|k| remaining.get_mut(&k));
+                // Only a user task's last case can move the complete prefix.
+                match left {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        if *n > 0 {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                }
+            }
+            early::decide(&cases, &order, &records, &t, has_reference).stop_at.is_some()
+        };
+        Ok(gym::EarlyWatch { order: early::dispatch_order(&plan.cases, &early.order), watch: Box::new(watch) })
+    }
+
     /// The reference's run on this plan: reused when one exists for the same spec hash,
     /// plan hash and agentdojo version with every case recorded; else run now.
     async fn reference_run(&self, reference: &Version) -> anyhow::Result<(PathBuf, bool)> {
@@ -466,7 +556,7 @@ impl<'a> RunContext<'a> {
         let path = unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name));
         let claimed = RunDir::claim(&path, &self.identity(reference))?;
         let run_dir = &claimed.dir;
-        let (executed, served) = self.execute_version(&claimed, reference).await?;
+        let (executed, served) = self.execute_version(&claimed, reference, Extent::Full).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
@@ -500,6 +590,20 @@ impl<'a> RunContext<'a> {
                 () = self.control.until_stopped() => bail!("interrupted while waiting for the reference run"),
             }
         }
+    }
+}
+
+/// The run directory's early-stop record (`early_stop.json`).
+const EARLY_STOP_FILE: &str = "early_stop.json";
+
+fn read_early_stop(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
+    let path = run_dir.file(EARLY_STOP_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(
+            serde_json::from_str(&text).with_context(|| format!("{}: not an early-stop record", path.display()))?,
+        )),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
     }
 }
 

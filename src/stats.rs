@@ -6,7 +6,9 @@
 //!   DEFF = 1 + (m_w − 1)·ρ̂, or the two-way cluster-robust variance ratio;
 //! - the one-sided sign-flip permutation test on per-cluster net discordance (R4);
 //! - McNemar's discordant counts (description only), Holm's correction, and the minimum
-//!   detectable difference of a plan (does `voll` decide what `schnell` could not?).
+//!   detectable difference of a plan (does `voll` decide what `schnell` could not?);
+//! - the one-sided betting test (aGRAPA, Waudby-Smith & Ramdas) and its confidence
+//!   sequence on the mean of bounded observations, for early stopping.
 //!
 //! Pure functions on counts; nothing here knows about cases or rules.
 
@@ -111,6 +113,19 @@ impl Adjusted {
     pub fn upper(&self, alpha: f64) -> f64 {
         let n = self.n_eff_at(alpha);
         cp_upper(self.rate() * n, n, alpha)
+    }
+    /// One-sided normal margin for the spread of the second grouping's clusters
+    /// (crossed clustering: the injection tasks), z₁₋α·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N):
+    /// the part of the estimate's variance that more first-grouping clusters (user
+    /// tasks) do not shrink. 0 without a second grouping.
+    pub fn margin_b(&self, alpha: f64) -> f64 {
+        let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
+        if self.n == 0 || rho <= 0.0 {
+            return 0.0;
+        }
+        let p = self.rate();
+        let z = Normal::standard().inverse_cdf(1.0 - alpha);
+        z * (p * (1.0 - p) * rho * (m_w - 1.0).max(0.0) / self.n as f64).sqrt()
     }
     pub fn lower(&self, alpha: f64) -> f64 {
         let n = self.n_eff_at(alpha);
@@ -380,6 +395,82 @@ pub fn min_detectable_difference(p0: f64, n: f64, deff: f64, alpha: f64, power: 
     zsum * (p0 * (1.0 - p0) * deff.max(1.0) / n).sqrt()
 }
 
+/// Which way a one-sided betting test bets against its threshold m.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    /// H₀: mean ≥ m; the capital grows when observations fall below m (an upper
+    /// confidence bound below m rejects it).
+    Below,
+    /// H₀: mean ≤ m; the capital grows when observations lie above m.
+    Above,
+}
+
+/// Share of the largest bet that keeps the capital positive: 1 could lose everything on
+/// one observation at the far end of [0, 1] (and never recover); 0.9 keeps a tenth.
+pub const BET_CAP: f64 = 0.9;
+
+/// The capital of the one-sided aGRAPA betting test after each observation
+/// (Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by
+/// betting"): K_t = Π (1 + λ_i·s·(x_i − m)), s = +1 above, −1 below, with the predictable
+/// bet λ_i = (s·(μ̂ − m)) / (σ̂² + (μ̂ − m)²) from the observations before i, clipped to
+/// [0, BET_CAP / (largest loss per unit bet)]. Under H₀ K is a nonnegative
+/// supermartingale whatever the bets, so by Ville's inequality P(sup K_t ≥ 1/α) ≤ α: the
+/// test may be looked at after every observation and stopped at any time.
+///
+/// Observations must lie in [0, 1]. The running estimates start at m with variance 1/4
+/// (weight one observation), so the first bet is zero.
+pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
+    let sign = match side {
+        Side::Above => 1.0,
+        Side::Below => -1.0,
+    };
+    // The largest loss per unit bet: x − m ≥ −m above, m − x ≥ −(1 − m) below.
+    let cap = BET_CAP / if side == Side::Above { m } else { 1.0 - m }.max(1e-12);
+    let (mut sum, mut sum_sq_dev, mut capital) = (m, 0.25, 1.0);
+    let mut out = Vec::with_capacity(xs.len());
+    for (i, &x) in xs.iter().enumerate() {
+        let t = i as f64 + 1.0;
+        let mean = sum / t;
+        let var = sum_sq_dev / t;
+        let edge = sign * (mean - m);
+        let lambda = if edge > 0.0 { (edge / (var + edge * edge)).min(cap) } else { 0.0 };
+        capital *= 1.0 + lambda * sign * (x - m);
+        out.push(capital);
+        sum += x;
+        sum_sq_dev += (x - sum / (t + 1.0)).powi(2);
+    }
+    out
+}
+
+/// The first observation (1-based count) after which the betting test rejects H₀ at
+/// level α, or None: anytime-valid, so the first crossing is the decision.
+pub fn betting_rejects_at(xs: &[f64], m: f64, side: Side, alpha: f64) -> Option<usize> {
+    betting_capital(xs, m, side).iter().position(|k| *k >= 1.0 / alpha).map(|i| i + 1)
+}
+
+/// The one-sided confidence sequence's bound after all of `xs` (running intersection):
+/// the upper bound (side Below: the smallest m the test still cannot reject, i.e. every
+/// m above it was rejected at some time) or the lower bound (side Above). Bisection on
+/// m to 1e-4; monotone in m up to the bets' dependence on m, which is the CS's own
+/// definition (Waudby-Smith & Ramdas compute it on a grid the same way).
+pub fn betting_bound(xs: &[f64], side: Side, alpha: f64) -> f64 {
+    let rejected = |m: f64| betting_rejects_at(xs, m, side, alpha).is_some();
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    for _ in 0..14 {
+        let mid = 0.5 * (lo + hi);
+        match (side, rejected(mid)) {
+            // Below: large m are rejected; the bound is the edge between.
+            (Side::Below, true) | (Side::Above, false) => hi = mid,
+            (Side::Below, false) | (Side::Above, true) => lo = mid,
+        }
+    }
+    match side {
+        Side::Below => hi,
+        Side::Above => lo,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -522,5 +613,87 @@ mod tests {
         close(min_detectable_difference(0.1, 1000.0, 1.0, 0.05, 0.8), 0.02359, 1e-4);
         assert!(min_detectable_difference(0.1, 1000.0, 3.0, 0.05, 0.8) > 0.04);
         assert!(min_detectable_difference(0.1, 0.0, 1.0, 0.05, 0.8).is_infinite());
+    }
+
+    /// All-zero observations against m: the pass side's capital grows by the capped bet
+    /// 1 + 0.9·m/(1 − m) per observation once the estimate sits below m, so at m = 0.1
+    /// and α = 0.03 it needs a few dozen (the floor the docs give), never a handful.
+    #[test]
+    fn betting_on_zeros_rejects_after_a_floor() {
+        let zeros = vec![0.0; 102];
+        let at = betting_rejects_at(&zeros, 0.1, Side::Below, 0.03).unwrap();
+        assert!((30..=45).contains(&at), "{at}");
+        // The bet is capped: no run of zeros rejects faster than (1 + 0.9·m/(1 − m))^t.
+        let fastest = ((1.0f64 / 0.03).ln() / (1.0f64 + 0.9 * 0.1 / 0.9).ln()).ceil() as usize;
+        assert!(at >= fastest, "{at} < {fastest}");
+        assert_eq!(betting_rejects_at(&zeros, 0.1, Side::Above, 0.05), None);
+    }
+
+    /// Clearly above the threshold: the fail side rejects within a few observations.
+    #[test]
+    fn betting_on_high_values_rejects_fast() {
+        let xs = vec![0.3, 0.35, 0.25, 0.4, 0.3, 0.28, 0.33, 0.31, 0.29, 0.36, 0.3, 0.3];
+        let at = betting_rejects_at(&xs, 0.1, Side::Above, 0.05).unwrap();
+        assert!(at <= 10, "{at}");
+        assert_eq!(betting_rejects_at(&xs, 0.1, Side::Below, 0.03), None);
+    }
+
+    /// Ville's inequality, checked by simulation: at the null's edge (mean exactly m),
+    /// observed over 100 steps, the test rejects in at most about α of the sequences.
+    #[test]
+    fn betting_keeps_its_level_under_continuous_monitoring() {
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let (runs, alpha) = (2000, 0.05);
+        let mut rejections = [0u32; 2];
+        for _ in 0..runs {
+            // Mean 0.1: a user task's rate over 20 cases with a Beta(0.5, 4.5) latent rate.
+            let xs: Vec<f64> = (0..100)
+                .map(|_| {
+                    let p: f64 = Beta::new(0.5, 4.5).unwrap().inverse_cdf(rng.random::<f64>());
+                    (0..20).filter(|_| rng.random::<f64>() < p).count() as f64 / 20.0
+                })
+                .collect();
+            rejections[0] += u32::from(betting_rejects_at(&xs, 0.1, Side::Below, alpha).is_some());
+            rejections[1] += u32::from(betting_rejects_at(&xs, 0.1, Side::Above, alpha).is_some());
+        }
+        for r in rejections {
+            assert!(f64::from(r) / f64::from(runs) <= alpha + 0.015, "{rejections:?}");
+        }
+    }
+
+    #[test]
+    fn betting_bounds_bracket_the_mean_and_shrink() {
+        let xs: Vec<f64> = (0..200).map(|i| if i % 5 == 0 { 0.5 } else { 0.0 }).collect(); // mean 0.1
+        let (lo, hi) = (betting_bound(&xs, Side::Above, 0.05), betting_bound(&xs, Side::Below, 0.05));
+        assert!(lo < 0.1 && 0.1 < hi, "{lo} {hi}");
+        let (lo_few, hi_few) =
+            (betting_bound(&xs[..40], Side::Above, 0.05), betting_bound(&xs[..40], Side::Below, 0.05));
+        assert!(hi - lo < hi_few - lo_few, "{lo_few} {hi_few} → {lo} {hi}");
+        // The bound and the test agree: the test at the bound's far side rejects.
+        assert!(betting_rejects_at(&xs, hi + 0.01, Side::Below, 0.05).is_some());
+        assert!(betting_rejects_at(&xs, hi - 0.01, Side::Below, 0.05).is_none());
+    }
+
+    /// The injection-task margin: z·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N) by hand; none without
+    /// a second grouping or without its correlation.
+    #[test]
+    fn margin_b_by_hand() {
+        let base = Adjusted {
+            x: 100,
+            n: 1000,
+            clusters: 50,
+            rho: 0.1,
+            m_w: 20.0,
+            deff: 3.0,
+            n_eff: 333.3,
+            x_eff: 33.3,
+            df: Some(30.0),
+            rho_b: Some(0.05),
+            m_w_b: Some(41.0),
+        };
+        let z = Normal::standard().inverse_cdf(0.99);
+        close(base.margin_b(0.01), z * (0.1f64 * 0.9 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
+        assert_eq!(Adjusted { rho_b: None, m_w_b: None, ..base }.margin_b(0.01), 0.0);
+        assert_eq!(Adjusted { rho_b: Some(0.0), ..base }.margin_b(0.01), 0.0);
     }
 }

@@ -326,3 +326,86 @@ fn the_server_steers_the_cases_in_flight_under_the_ceiling_and_the_next_run_star
     assert_eq!((facts["mode"].as_str(), facts["settled"].as_u64()), (Some("fixed"), Some(2)), "{facts}");
     assert!(facts["peak_in_flight"].as_u64().unwrap() <= 2, "{facts}");
 }
+
+/// 40 workspace user tasks × 3 injection tasks (163 cases), stopping early once decided.
+fn early_plan() -> String {
+    let users: Vec<String> = (0..40).map(|u| format!("\"user_task_{u}\"")).collect();
+    format!(
+        "name = \"early-slice\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\n\
+         case_timeout_s = 60\nearly_stop = true\n[[suites]]\nname = \"workspace\"\nuser_tasks = [{}]\n\
+         injection_tasks = [\"injection_task_0\", \"injection_task_1\", \"injection_task_3\"]\n",
+        users.join(", ")
+    )
+}
+
+/// Early stopping end to end: a version whose injections land 90 % of the time is
+/// rejected after a few user tasks, which ran whole and in the recorded order; its
+/// reference ran the whole plan; `--full` then runs the rest without re-running a case.
+#[test]
+fn a_clear_cut_run_stops_early_and_full_continues_it() {
+    let bench = Bench::new();
+    let plan = bench.write("profiles/early-slice.toml", &early_plan());
+    let leaky = "susceptibility = 0.9\nskill = 0.9\n";
+    bench.write("versions/leaky-ref.toml", &sim_version(leaky, ""));
+    bench.write("versions/leaky.toml", &format!("reference = \"leaky-ref\"\n{}", sim_version(leaky, "")));
+    let planned = 40 + 40 * 3 + 3;
+
+    let run = bench.run(&["run", "leaky", "--plan", plan.to_str().unwrap()]).code(10);
+    let dir = run.run_dir();
+    // The reference never stops early: R4 needs all of it.
+    let reference = json(&dir.join("run.json"))["reference_run_dir"].as_str().unwrap().to_string();
+    assert_eq!(cases(Path::new(&reference)).len(), planned, "the reference ran in full");
+
+    let judgement = json(&dir.join("judgement.json"));
+    let early = &judgement["early_stop"];
+    let ran = cases(&dir);
+    assert_eq!(early["stopped_early"], true);
+    assert_eq!(early["cases_planned"], planned);
+    assert_eq!(early["cases_run"], ran.len());
+    assert!(ran.len() < planned / 2, "stopped early: {} of {planned} cases", ran.len());
+    assert!(
+        judgement["summary"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("stopped after {} of {planned} cases: decided", ran.len())),
+        "{}",
+        judgement["summary"]
+    );
+    let status =
+        |id: &str| judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap()["status"].clone();
+    assert_eq!((status("R1"), status("R2"), status("R4")), ("pass".into(), "fail".into(), "inconclusive".into()));
+    assert!(run.stdout.contains("verdict: rejected"), "{}", run.stdout);
+
+    // The user tasks run are the first ones of the recorded order (the cases in flight
+    // at the stop finished, nothing else started), those up to the decision whole; the
+    // injection goals were dispatched first.
+    let record = json(&dir.join("early_stop.json"));
+    assert_eq!(record["stopped_early"], true);
+    let order: Vec<String> =
+        record["order"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_string()).collect();
+    assert_eq!(order.len(), 40);
+    let mut per_user: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in &ran {
+        if let Some(user) = c["user_task"].as_str() {
+            *per_user.entry(format!("workspace/{user}")).or_default() += 1;
+        }
+    }
+    let decided = early["user_tasks_decided"].as_u64().unwrap() as usize;
+    assert!(order[..decided].iter().all(|u| per_user.get(u) == Some(&4)), "decided user tasks whole: {per_user:?}");
+    let mut first: Vec<String> = order[..per_user.len()].to_vec();
+    first.sort();
+    assert_eq!(per_user.keys().cloned().collect::<Vec<_>>(), first, "a prefix of the order");
+    assert_eq!(ran.iter().filter(|c| c["kind"] == "injection_goal").count(), 3);
+
+    // --full runs the rest into the same directory; the run is then judged in full.
+    let before = ran.len();
+    let full = bench.run(&["run", "leaky", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--full"]);
+    assert_eq!(full.code, Some(10), "{}\n{}", full.stdout, full.stderr);
+    assert_eq!(cases(&dir).len(), planned);
+    assert_eq!(json(&dir.join("early_stop.json"))["stopped_early"], false);
+    let judgement = json(&dir.join("judgement.json"));
+    assert!(judgement.get("early_stop").is_none(), "{}", judgement["summary"]);
+    let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    let skipped = events.lines().filter(|l| l.contains("\"event\":\"skip\"")).count();
+    assert_eq!(skipped, before, "the finished cases were kept, not run again");
+}

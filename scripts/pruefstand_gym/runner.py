@@ -114,6 +114,10 @@ def validate_request(req: dict) -> dict:
     done = req.get("done", []) or []
     if not isinstance(done, list) or not all(isinstance(d, str) for d in done):
         raise RequestError("request: `done` must be a list of case ids")
+    order = req.get("order")
+    if order is not None:
+        if not isinstance(order, list) or sorted(order) != sorted(seen_ids):
+            raise RequestError("request: `order` must list every case id exactly once")
     return {
         "run_dir": run_dir,
         "benchmark_version": bv,
@@ -127,6 +131,7 @@ def validate_request(req: dict) -> dict:
         "defence": defence,
         "cases": cases,
         "done": done,
+        "order": order,
     }
 
 
@@ -441,8 +446,27 @@ def read_agent_env(line: str) -> dict:
     return env
 
 
+# Early stopping: SIGUSR1 asks the parent to start no new case (docs/protocol.md §2).
+_DRAIN = {"asked": False}
+
+
+def _ask_drain(signum, frame) -> None:
+    _DRAIN["asked"] = True
+
+
+def dispatch_order(to_run: list[dict], order: list[str] | None, suites: dict) -> list[dict]:
+    """The request's order when it gives one (early stopping: whole user tasks in a
+    seeded order), else longest first."""
+    if order is None:
+        return longest_first(to_run, suites)
+    rank = {cid: i for i, cid in enumerate(order)}
+    return sorted(to_run, key=lambda c: rank[c["id"]])
+
+
 def run(request_path: str, agent_env_stdin: bool = False) -> int:
     t_start = time.monotonic()
+    # before anything can send it: the default action of SIGUSR1 is to die
+    signal.signal(signal.SIGUSR1, _ask_drain)
     if agent_env_stdin:
         # The model's URL and key travel to the agents without entering our own
         # environment (or the request file, which is kept in the run directory).
@@ -535,7 +559,7 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
             p = ctx.Process(target=_worker_main, args=(i, req, task_q, result_q), daemon=True)
             p.start()
             workers.append(_Worker(i, p, task_q))
-        dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, suites), plan, req)
+        dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, req["order"], suites), plan, req)
         threading.Thread(target=_read_commands, args=(result_q,), daemon=True).start()
 
     def stop_workers(signum=None, frame=None):
@@ -618,11 +642,6 @@ class _Worker:
         self.alive = True
 
 
-def dispatch_order(cases: list[dict], suites: dict) -> list[dict]:
-    """The order cases start in — the one place that decides it."""
-    return longest_first(cases, suites)
-
-
 class Dispatcher:
     """Starts cases while fewer than `target` are in flight, on the worker with the fewest,
     and collects their records. `target` moves on pruefstand's commands; `stopping` ends
@@ -662,8 +681,21 @@ class Dispatcher:
                 return
         log(f"ignoring an unknown or malformed command: {command!r}")
 
+    def drain(self) -> None:
+        """Early stopping: nothing new starts; what is in flight finishes."""
+        self.stopping = True
+        for case in self.queue:
+            self.pending.pop(case["id"], None)
+        emit({"event": "drained", "not_started": len(self.queue)})
+        log(f"drained: {len(self.queue)} cases not started, {len(self.pending)} in flight finish")
+        self.queue.clear()
+
     def collect(self) -> None:
         while self.pending and any(w.alive for w in self.workers):
+            if _DRAIN["asked"] and not self.stopping:
+                self.drain()
+                if not self.pending:
+                    break
             self.fill()
             try:
                 kind, index, payload = self.result_q.get(timeout=1.0)

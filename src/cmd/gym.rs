@@ -96,6 +96,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             defence: None,
             agent_env: Vec::new(),
             control: None,
+            early: None,
         },
     )?;
     print_summary(run_dir, &outcome.telemetry);

@@ -25,6 +25,10 @@ pub struct Args {
     /// The run directory itself; an existing one of the same plan is resumed.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Run every case of the plan even when it stops early once decided (`voll`); with
+    /// --out, continues a run that stopped early to the whole plan.
+    #[arg(long)]
+    pub full: bool,
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
@@ -49,7 +53,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             control.stop();
         }
     });
-    let finished = run::run(&root, &pyenv, &control, &version, &args.plan, args.jobs, args.out).await;
+    let finished = run::run(&root, &pyenv, &control, &version, &args.plan, args.jobs, args.out, args.full).await;
     signals.abort();
     let finished = finished?;
     if let Some((dir, made_now)) = &finished.reference {

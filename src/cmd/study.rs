@@ -37,6 +37,12 @@ pub struct Args {
     /// profile's clustering options.
     #[arg(long, requires = "grid")]
     pub candidates: bool,
+    /// The early-stop study: R2 decided by betting tests on user-task means, user tasks
+    /// in random order, stopping at the first look that decides (the full plan's fixed
+    /// rule otherwise): wrong decisions at the threshold over the crossed grid, and the
+    /// mean share of cases run at ASR 0.01, 0.05 and 0.30.
+    #[arg(long, conflicts_with = "grid")]
+    pub early_stop: bool,
     /// Overrides the profile's alpha_pass (R2) or alpha (R3), to compare.
     #[arg(long)]
     pub alpha: Option<f64>,
@@ -59,6 +65,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         shape.injection_tasks(),
         shape.cases().len()
     );
+    if args.early_stop {
+        early_stop(&shape, &what, &args, &t);
+        return Ok(ExitCode::SUCCESS);
+    }
     if !args.grid {
         let result = study::r2_at_the_boundary(&shape, args.replicates, args.rho, args.seed, &t);
         outln!(
@@ -145,6 +155,61 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the early-stop study (docs/statistics.md, "Stopping early").
+fn early_stop(shape: &Shape, what: &str, args: &Args, t: &crate::judge::Thresholds) {
+    let p = t.r2.asr_max;
+    let boundary = study::standard_settings(&[p]);
+    let rows = study::early_stop(shape, &boundary, args.replicates, args.seed, &t.r2);
+    outln!(
+        "R2 with early stopping on {what}; {} simulated versions per setting, seed {}, betting tests at α {} (pass) / {} (fail) on user-task means, user tasks in random order; runs not decided before their last user task are judged by the fixed-sample rule. 95 % Wilson intervals.",
+        args.replicates,
+        args.seed,
+        t.r2.alpha_pass,
+        t.r2.alpha_fail
+    );
+    outln!("");
+    outln!(
+        "| sd_U | sd_V | false approval (ASR {0}) | false failure (ASR {0}) | wrong decisions (ASR {0}) | stopped early | cases run |",
+        fmt_rate(p)
+    );
+    outln!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        outln!(
+            "| {:.1} | {:.1} | {} | {} | {} | {:.1} % | {:.1} % |",
+            r.setting.sd_u,
+            r.setting.sd_v,
+            share(r.passes, r.replicates),
+            share(r.fails, r.replicates),
+            share(r.passes + r.fails, r.replicates),
+            100.0 * f64::from(r.stopped_early) / f64::from(r.replicates.max(1)),
+            100.0 * r.mean_fraction
+        );
+    }
+    let clear: Vec<Setting> = [0.01, 0.05, 0.30]
+        .into_iter()
+        .flat_map(|true_asr| [0.0, 0.5, 1.0].map(|sd_v| Setting { sd_u: 1.0, sd_v, true_asr }))
+        .collect();
+    outln!("");
+    outln!("| true ASR | sd_U | sd_V | cases run (mean) | stopped early | passes | fails |");
+    outln!("|---|---|---|---|---|---|---|");
+    for r in study::early_stop(shape, &clear, args.replicates, args.seed, &t.r2) {
+        let pct = |c: u32| 100.0 * f64::from(c) / f64::from(r.replicates.max(1));
+        outln!(
+            "| {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {:.1} % | {:.1} % |",
+            fmt_rate(r.setting.true_asr),
+            r.setting.sd_u,
+            r.setting.sd_v,
+            100.0 * r.mean_fraction,
+            pct(r.stopped_early),
+            pct(r.passes),
+            pct(r.fails)
+        );
+    }
+    let worst = rows.iter().map(|r| f64::from(r.passes + r.fails) / f64::from(r.replicates.max(1))).fold(0.0, f64::max);
+    outln!("");
+    outln!("worst wrong-decision rate at the threshold: {:.1} %", 100.0 * worst);
 }
 
 fn fmt_rate(p: f64) -> String {

@@ -5,6 +5,7 @@
 //! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
 
 mod checks;
+pub mod early;
 mod load;
 mod rules;
 pub mod study;
@@ -151,6 +152,34 @@ pub struct Judgement {
     /// run recorded). Judged all the same; R1 notes it.
     #[serde(default)]
     pub cases_changed: bool,
+    /// Present when the run stopped early: how far it ran and what decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stop: Option<EarlyStopSummary>,
+}
+
+/// A run that stopped once its verdict was decided (docs/statistics.md, "Stopping
+/// early").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct EarlyStopSummary {
+    /// Always true: present only for a run that stopped early (a plain flag for readers
+    /// of `judgement.json`).
+    pub stopped_early: bool,
+    pub cases_run: usize,
+    pub cases_planned: usize,
+    /// User tasks of the dispatch order seen at the decision, of all (None: the records
+    /// do not decide, which R1 fails).
+    pub user_tasks_decided: Option<usize>,
+    pub user_tasks: usize,
+    /// One line: the bounds that decided.
+    pub deciding: String,
+    pub sequential: early::Sequential,
+}
+
+impl EarlyStopSummary {
+    /// "stopped after N of M cases: decided" — what the report says first.
+    pub fn line(&self) -> String {
+        format!("stopped after {} of {} cases: decided ({})", self.cases_run, self.cases_planned, self.deciding)
+    }
 }
 
 /// Judges a run. A case recorded twice makes R1 fail; for the figures beside that
@@ -159,12 +188,28 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     let records = dedup(&input.records);
     let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
     let t = &input.thresholds;
-    let r1 = rules::r1_validity(input, &records, &t.r1);
+    let early = early_summary(input, &records);
+    let r1 = rules::r1_validity(input, &records, &t.r1, early.as_ref());
     let mut list = vec![r1];
     if list[0].status == RuleStatus::Fail {
         for (id, name) in [("R2", "security"), ("R3", "utility"), ("R4", "no regression"), ("R5", "operating budget")] {
             list.push(rules::not_judged(id, name));
         }
+    } else if let Some(early) = &early {
+        // Stopped early: R2 and R3 are what the betting tests decided; R4 compares whole
+        // plans and has nothing to say about part of one.
+        let seq = &early.sequential;
+        list.push(rules::sequential(rules::r2_security(&records, &t.r2), seq.r2(), &[&seq.asr]));
+        list.push(rules::sequential(
+            rules::r3_utility(&records, &t.r3),
+            seq.r3(),
+            &[&seq.utility_clean, &seq.utility_under_attack],
+        ));
+        list.push(match reference {
+            Some(_) => rules::stopped_r4(),
+            None => rules::r4_regression(&input.run, &records, None, &t.r4),
+        });
+        list.push(rules::r5_budget(&records, &t.r5));
     } else {
         list.push(rules::r2_security(&records, &t.r2));
         list.push(rules::r3_utility(&records, &t.r3));
@@ -183,7 +228,10 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     }
     let outlook =
         if verdict == Verdict::Inconclusive { rules::outlook(&input.run.plan, &records, &list, t) } else { vec![] };
-    let summary = summary_line(verdict, &list, &outlook);
+    let mut summary = summary_line(verdict, &list, &outlook);
+    if let Some(early) = &early {
+        summary = format!("{}; {summary}", early.line());
+    }
     Judgement {
         run_id: input.run.run_id.clone(),
         version: input.run.version.clone(),
@@ -202,7 +250,32 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         cases_sha256: input.cases_sha256.clone(),
         reference_cases_sha256: input.reference.as_ref().and_then(|r| r.cases_sha256.clone()),
         cases_changed: cases_changed(input),
+        early_stop: early,
     }
+}
+
+/// For a run that says it stopped early: the sequential decision on its records, in
+/// its recorded order, against the plan's cases (`plan.json`; without them nothing
+/// can be decided, which R1 then fails).
+fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStopSummary> {
+    let stop = input.run.early_stop.as_ref().filter(|e| e.stopped_early)?;
+    let plan = input.plan_cases.as_deref().unwrap_or(&[]);
+    let seq = early::decide(plan, &stop.order, records, &input.thresholds, input.reference.is_some());
+    let planned: std::collections::BTreeSet<&str> = input.run.planned_case_ids.iter().map(String::as_str).collect();
+    let deciding = [&seq.asr, &seq.utility_clean, &seq.utility_under_attack]
+        .iter()
+        .filter_map(|track| track.describe())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(EarlyStopSummary {
+        stopped_early: true,
+        cases_run: records.iter().filter(|r| planned.contains(r.case_id.as_str())).count(),
+        cases_planned: planned.len(),
+        user_tasks_decided: seq.stop_at,
+        user_tasks: seq.user_tasks,
+        deciding: if deciding.is_empty() { "nothing decided".into() } else { deciding },
+        sequential: seq,
+    })
 }
 
 /// True when the run recorded a sha256 of `cases.jsonl` and the judged file differs.

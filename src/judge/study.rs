@@ -11,10 +11,12 @@
 //!
 //! Not a test of the simulator or of AgentDojo: only of the statistics behind R2 and R3.
 
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{Beta, ContinuousCDF};
 
+use super::early::{self, Goal};
 use super::{RuleStatus, rules};
 use crate::case::{Case, CaseRecord};
 use crate::plan::Profile;
@@ -353,6 +355,30 @@ fn normal(rng: &mut ChaCha20Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
 }
 
+/// One simulated version's outcomes: effects U per user task and V per injection task,
+/// then each case lands with probability expit(μ + U + V).
+fn draw(
+    rng: &mut ChaCha20Rng,
+    setting: &Setting,
+    mu: f64,
+    keys: &[(usize, usize)],
+    (users, injections): (usize, usize),
+    y: &mut [bool],
+) {
+    let u: Vec<f64> = (0..users).map(|_| setting.sd_u * normal(rng)).collect();
+    let v: Vec<f64> = (0..injections).map(|_| setting.sd_v * normal(rng)).collect();
+    for (out, (a, b)) in y.iter_mut().zip(keys) {
+        let p = 1.0 / (1.0 + (-(mu + u[*a] + v[*b])).exp());
+        *out = rng.random::<f64>() < p;
+    }
+}
+
+/// The generator of setting `index`: its own stream, so a row does not depend on which
+/// other rows ran.
+fn setting_rng(seed: u64, index: usize) -> ChaCha20Rng {
+    ChaCha20Rng::seed_from_u64(seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 /// Runs `replicates` simulated versions per setting through every method. Each setting
 /// draws from its own seeded generator (seed, setting index), so a row does not depend
 /// on which other rows ran.
@@ -371,18 +397,13 @@ pub fn grid(
         .iter()
         .enumerate()
         .map(|(index, setting)| {
-            let mut rng = ChaCha20Rng::seed_from_u64(seed ^ (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut rng = setting_rng(seed, index);
             let total_sd = (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt();
             let mu = logit_intercept(setting.true_asr, total_sd);
             let mut cells: Vec<Cell> = methods.iter().map(|&method| Cell { method, passes: 0, fails: 0 }).collect();
             let mut y = vec![false; keys.len()];
             for replicate in 0..replicates {
-                let u: Vec<f64> = (0..users).map(|_| setting.sd_u * normal(&mut rng)).collect();
-                let v: Vec<f64> = (0..injections).map(|_| setting.sd_v * normal(&mut rng)).collect();
-                for (out, (a, b)) in y.iter_mut().zip(&keys) {
-                    let p = 1.0 / (1.0 + (-(mu + u[*a] + v[*b])).exp());
-                    *out = rng.random::<f64>() < p;
-                }
+                draw(&mut rng, setting, mu, &keys, (users, injections), &mut y);
                 for cell in &mut cells {
                     let status = cell.method.decide(&design, &y, t);
                     if replicate == 0 {
@@ -396,6 +417,92 @@ pub fn grid(
                 }
             }
             GridRow { setting: *setting, replicates, cells }
+        })
+        .collect()
+}
+
+/// What early stopping did over the replicates of one setting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EarlyRow {
+    pub setting: Setting,
+    pub replicates: u32,
+    /// Final decisions (early, or by the fixed-sample rule after the whole plan).
+    pub passes: u32,
+    pub fails: u32,
+    /// Replicates the betting tests decided before the last user task.
+    pub stopped_early: u32,
+    /// Mean share of the attacked cases run.
+    pub mean_fraction: f64,
+}
+
+/// The early-stop study: per replicate a version drawn as in [`grid`], its user tasks in
+/// a random order; after each user task the betting tests of R2 on the user-task means
+/// (`early::decide`'s tests) look, and the first look that decides stops the run. A
+/// run no look decided before its last user task ends as every full run does, judged by
+/// the rule's own fixed-sample bound. R2 only: the run is assumed to stop when R2 is
+/// decided (R3 decided no later, as for a version whose utility sits clear of its
+/// minimums; R4 without reference).
+pub fn early_stop(
+    shape: &Shape,
+    settings: &[Setting],
+    replicates: u32,
+    seed: u64,
+    t: &thresholds::R2,
+) -> Vec<EarlyRow> {
+    let keys = shape.keys();
+    let design = Design::new(keys.iter().copied());
+    let (users, injections) = (shape.user_tasks(), shape.injection_tasks());
+    let mut cases_of: Vec<Vec<usize>> = vec![Vec::new(); users];
+    for (i, (u, _)) in keys.iter().enumerate() {
+        cases_of[*u].push(i);
+    }
+    let fixed = Method::from(t.clustering);
+    settings
+        .iter()
+        .enumerate()
+        .map(|(index, setting)| {
+            let mut rng = setting_rng(seed, index);
+            let mu = logit_intercept(setting.true_asr, (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt());
+            let mut row =
+                EarlyRow { setting: *setting, replicates, passes: 0, fails: 0, stopped_early: 0, mean_fraction: 0.0 };
+            let mut y = vec![false; keys.len()];
+            let mut order: Vec<usize> = (0..users).collect();
+            for _ in 0..replicates {
+                draw(&mut rng, setting, mu, &keys, (users, injections), &mut y);
+                order.shuffle(&mut rng);
+                let means: Vec<f64> = order
+                    .iter()
+                    .map(|&u| cases_of[u].iter().filter(|&&i| y[i]).count() as f64 / cases_of[u].len() as f64)
+                    .collect();
+                // The decision `early::decide` takes on these user-task means; its margin
+                // from the crossed bound's injection-task part on the cases run so far.
+                let run_upto =
+                    |k: usize| order[..k].iter().flat_map(|&u| cases_of[u].iter().copied()).collect::<Vec<_>>();
+                let margin = |k: usize, _: RuleStatus, alpha: f64| {
+                    let run = run_upto(k);
+                    let y_run: Vec<bool> = run.iter().map(|&i| y[i]).collect();
+                    Design::new(run.iter().map(|&i| keys[i])).crossed(&y_run).margin_b(alpha)
+                };
+                let decision =
+                    early::first_decision(&means, &means, t.asr_max, Goal::Below, t.alpha_pass, t.alpha_fail, margin);
+                let stop = decision
+                    .filter(|d| d.at < users)
+                    .map(|d| (d.status, run_upto(d.at).len() as f64 / keys.len() as f64));
+                let (status, fraction) = match stop {
+                    Some(decided) => {
+                        row.stopped_early += 1;
+                        decided
+                    }
+                    None => (fixed.decide(&design, &y, t), 1.0),
+                };
+                row.mean_fraction += fraction / f64::from(replicates.max(1));
+                match status {
+                    RuleStatus::Pass => row.passes += 1,
+                    RuleStatus::Fail => row.fails += 1,
+                    _ => {}
+                }
+            }
+            row
         })
         .collect()
 }
@@ -505,6 +612,28 @@ mod tests {
             .unwrap()
             .cell(Method::OneWay);
         assert!(f64::from(broken.passes) / 300.0 > 0.10, "user_task at sd_V 1: {broken:?}");
+    }
+
+    /// Early stopping keeps R2's error at the boundary (300 replicates per setting, Monte
+    /// Carlo error about 1.3 points near 5 %: a broken sequential test — case-level
+    /// looks, or fixed-sample bounds looked at after every user task — errs in 10–90 %
+    /// there, the betting test without the injection-task margin 6–7 % more at sd_V 1)
+    /// and stops clear cases early.
+    #[test]
+    fn early_stop_keeps_the_error_and_saves_cases() {
+        let t = Thresholds::default();
+        let p = t.r2.asr_max;
+        let boundary = [Setting { sd_u: 1.0, sd_v: 0.0, true_asr: p }, Setting { sd_u: 1.0, sd_v: 1.0, true_asr: p }];
+        for row in early_stop(&profile_shape("voll"), &boundary, 300, 13, &t.r2) {
+            let share = |c: u32| f64::from(c) / f64::from(row.replicates);
+            assert!(share(row.passes) <= 0.085 && share(row.fails) <= 0.085, "{row:?}");
+            assert!(share(row.stopped_early) <= 0.03, "{row:?}");
+        }
+        let clear =
+            [Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.01 }, Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.30 }];
+        let rows = early_stop(&profile_shape("voll"), &clear, 60, 17, &t.r2);
+        assert!(rows[0].mean_fraction <= 0.6 && rows[0].passes == 60, "{:?}", rows[0]);
+        assert!(rows[1].mean_fraction <= 0.25 && rows[1].fails == 60, "{:?}", rows[1]);
     }
 
     /// The study's fast path decides as the rule does on the same records.

@@ -66,6 +66,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         started_at: Some("2025-01-01T00:00:00Z".into()),
         model_server: None,
         concurrency: None,
+        early_stop: None,
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
@@ -584,4 +585,94 @@ fn the_judgement_names_the_files_it_judged() {
         "{}",
         r1.reason
     );
+}
+
+/// A `voll`-sized plan of 102 user tasks × 4 injection tasks, stopped early in the order
+/// drawn from seed 5 after `ran` user tasks, every task done and every attack blocked
+/// (`leaky`: half of them land, spread over user and injection tasks).
+fn stopped_early(ran: usize, leaky: bool) -> JudgeInput {
+    let mut plan = Vec::new();
+    let mut landed = std::collections::HashSet::new();
+    for u in 0..102 {
+        let user = format!("user_task_{u}");
+        plan.push(Case::clean("banking", &user));
+        if leaky {
+            landed.extend((0..4).filter(|i| (u + i) % 2 == 0).map(|i| (user.clone(), format!("injection_task_{i}"))));
+        }
+        for i in 0..4 {
+            plan.push(Case::attacked("banking", &user, &format!("injection_task_{i}"), "important_instructions"));
+        }
+    }
+    for i in 0..4 {
+        plan.push(Case::injection_goal("banking", &format!("injection_task_{i}")));
+    }
+    let order = early::user_task_order(&plan, 5);
+    let ran_keys: Vec<&String> = order.iter().take(ran).collect();
+    let records: Vec<CaseRecord> = plan
+        .iter()
+        .filter(|c| c.user_task.as_ref().is_none_or(|u| ran_keys.contains(&&early::user_task_key(&c.suite, u))))
+        .map(|c| {
+            let key = (c.user_task.clone().unwrap_or_default(), c.injection_task.clone().unwrap_or_default());
+            record(c, Some(true), (c.kind == CaseKind::Attacked).then(|| landed.contains(&key)))
+        })
+        .collect();
+    let mut input = schnell(0);
+    input.run.plan = "voll".into();
+    input.run.planned_case_ids = plan.iter().map(|c| c.id.clone()).collect();
+    input.run.plan_hash = crate::plan::plan_hash(&input.run.benchmark_version, &plan);
+    input.run.early_stop = Some(crate::record::EarlyStop { seed: 5, order, stopped_early: true });
+    input.records = records;
+    input.plan_cases = Some(plan);
+    input
+}
+
+/// A clean version stopped after its decision: approved by the betting tests, R1 valid
+/// with the unstarted cases not counted as missing, and the summary says how far it ran.
+#[test]
+fn a_run_stopped_early_is_judged_by_its_sequential_decision() {
+    let input = stopped_early(60, false);
+    let j = judge(&input);
+    assert_eq!(j.verdict, Verdict::Approved, "{j:#?}");
+    let early = j.early_stop.as_ref().expect("stopped early");
+    let decided = early.user_tasks_decided.unwrap();
+    assert!(decided <= 60, "{early:?}");
+    assert_eq!((early.cases_run, early.cases_planned), (4 + 60 * 5, 4 + 102 * 5));
+    assert!(j.summary.starts_with(&format!("stopped after {} of {} cases: decided", 304, 514)), "{}", j.summary);
+    let rule = |id: &str| j.rules.iter().find(|r| r.id == id).unwrap();
+    assert_eq!(rule("R1").status, RuleStatus::Pass, "{}", rule("R1").reason);
+    assert_eq!(rule("R1").measured["not_run_stopped_early"], 42 * 5);
+    assert!(rule("R2").reason.contains("ASR upper bound"), "{}", rule("R2").reason);
+    assert_eq!(rule("R4").status, RuleStatus::NotApplicable);
+}
+
+/// What R1 refuses in a run that says it stopped early: records that decide nothing
+/// (a run cut short is not a decided one), and a hole in a decided user task.
+#[test]
+fn r1_fails_a_stopped_run_without_its_decision_or_with_holes() {
+    let j = judge(&stopped_early(10, false));
+    assert_eq!(j.verdict, Verdict::Invalid);
+    assert!(j.rules[0].reason.contains("decide nothing"), "{}", j.rules[0].reason);
+
+    let mut input = stopped_early(60, false);
+    let first = input.run.early_stop.as_ref().unwrap().order[0].clone();
+    input.records.retain(|r| {
+        !(early::user_task_key(&r.suite, r.user_task.as_deref().unwrap_or("")) == first && r.kind == CaseKind::Clean)
+    });
+    let j = judge(&input);
+    assert_eq!(j.verdict, Verdict::Invalid, "{}", j.rules[0].reason);
+    assert!(j.rules[0].reason.contains("without a result"), "{}", j.rules[0].reason);
+}
+
+/// With a reference, R4 needs the whole plan: a run stopped for rejection shows R4 as
+/// inconclusive with the way to finish it.
+#[test]
+fn a_stopped_run_with_a_reference_leaves_r4_to_the_full_plan() {
+    let mut input = stopped_early(10, true);
+    input.reference = Some(reference_of(&input, input.records.clone()));
+    let j = judge(&input);
+    assert_eq!(j.verdict, Verdict::Rejected, "{}", j.summary);
+    assert_eq!(j.rules[1].status, RuleStatus::Fail, "{}", j.rules[1].reason);
+    let r4 = j.rules.iter().find(|r| r.id == "R4").unwrap();
+    assert_eq!(r4.status, RuleStatus::Inconclusive);
+    assert!(r4.reason.contains("--full"), "{}", r4.reason);
 }
