@@ -124,7 +124,7 @@ h1{font-size:1.4rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;bo
 .s{font-weight:700;border-radius:.25rem;padding:0 .4rem;color:#fff}.s-pass{background:#2e7d32}.s-fail{background:#c62828}.s-inconclusive{background:#ef8f00}.s-not_applicable{background:#9e9e9e}
 pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;overflow:auto;margin:0;white-space:pre-wrap;overflow-wrap:anywhere} svg.chart{display:block;margin:1rem 0 .2rem;max-width:100%;height:auto}
 .note{color:#555;font-size:.85rem} code{overflow-wrap:anywhere}
-.scroll{overflow-x:auto;max-width:100%} td{overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%} td{overflow-wrap:break-word} .s{white-space:nowrap}
 ul.legend{list-style:none;padding:0;margin:0 0 1rem;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem} ul.legend li{overflow-wrap:anywhere}
 .sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle;border-radius:2px}
 dl.kv{margin:0;font-size:.8rem;display:grid;grid-template-columns:auto auto;gap:0 .6rem} dl.kv dt{color:#555} dl.kv dd{margin:0}
@@ -336,7 +336,7 @@ fn figures(b: &mut String, j: &Judgement) {
 }
 
 /// Colours of the candidate and the reference in every chart.
-const CANDIDATE: &str = "#c62828";
+const CANDIDATE: &str = "#1565c0";
 const REFERENCE: &str = "#757575";
 
 /// A bar of `x` of `n` with its one-sided 95 % bounds (not adjusted for clustering:
