@@ -164,16 +164,25 @@ fn time_axis(whens: &[&str]) -> (Vec<f64>, Vec<(f64, String)>) {
         (Some(lo), Some(hi)) if hi > lo && known.len() == whens.len() => {
             let span = (hi - lo) as f64;
             let xs = secs.iter().map(|s| (s.unwrap_or(lo) - lo) as f64 / span).collect();
-            // Within two days the hour matters; beyond, the day.
-            let format = if hi - lo < 2 * 86_400 { "%m-%d %H:%M" } else { "%Y-%m-%d" };
-            let ticks = (0..=4)
-                .map(|k| {
-                    let x = k as f64 / 4.0;
-                    let t = lo + (span * x).round() as i64;
-                    let label = chrono::DateTime::from_timestamp(t, 0).map(|d| d.format(format).to_string());
-                    (x, label.unwrap_or_default())
-                })
-                .collect();
+            // The finest unit the span needs: seconds within an hour, the hour within
+            // two days, else the day.
+            let format = match hi - lo {
+                s if s < 3_600 => "%H:%M:%S",
+                s if s < 2 * 86_400 => "%m-%d %H:%M",
+                _ => "%Y-%m-%d",
+            };
+            let mut ticks: Vec<(f64, String)> = Vec::new();
+            for k in 0..=4 {
+                // Placed at the whole second it names.
+                let t = lo + (span * k as f64 / 4.0).round() as i64;
+                let x = (t - lo) as f64 / span;
+                let label = chrono::DateTime::from_timestamp(t, 0).map(|d| d.format(format).to_string());
+                let label = label.unwrap_or_default();
+                // A label that repeats its neighbour says nothing.
+                if ticks.last().is_none_or(|(_, last)| *last != label) {
+                    ticks.push((x, label));
+                }
+            }
             (xs, ticks)
         }
         _ => {
@@ -363,6 +372,11 @@ mod tests {
         assert_eq!(xs, vec![0.0, 1.0], "an unreadable time spreads the runs evenly");
         assert_eq!(ticks[1].1, "2025-01-01 00:00 UTC");
         assert_eq!(time_axis(&["2025-01-01T00:00:00Z"]).0, vec![0.5]);
+        let (_, ticks) = time_axis(&["2025-01-01T00:00:00Z", "2025-01-01T00:00:02Z"]);
+        let labels: Vec<&str> = ticks.iter().map(|t| t.1.as_str()).collect();
+        assert_eq!(labels, ["00:00:00", "00:00:01", "00:00:02"], "seconds within an hour, no label twice");
+        let (_, ticks) = time_axis(&["2025-01-01T00:00:00Z", "2025-01-09T00:00:00Z"]);
+        assert_eq!(ticks[4].1, "2025-01-09");
     }
 
     #[test]
