@@ -7,7 +7,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 
@@ -412,30 +411,8 @@ fn the_judgement_names_what_it_judged_and_notices_edits() {
 fn the_report_renders_in_headless_chromium_without_console_errors() {
     let bench = Bench::new();
     let dir = bench.run(&["run", "demo-kandidat", "--plan", "schnell", "--jobs", "4"]).code(0).run_dir();
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
-    let chromium = chromium.expect("chromium is not installed: scripts/test installs Debian's `chromium`");
-    let profile = tempfile::tempdir().unwrap();
-    let base = |extra: &[&str]| {
-        let mut cmd = Command::new(chromium);
-        cmd.args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--enable-logging=stderr",
-            "--v=0",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(extra)
-        .arg(format!("file://{}", dir.join("report.html").display()));
-        cmd.output().unwrap()
-    };
+    let chromium = common::chromium::Chromium::find();
+    let base = |extra: &[&str]| chromium.open(&dir.join("report.html"), extra);
     let screenshot = dir.join("report.png");
     let shot = base(&[&format!("--screenshot={}", screenshot.display()), "--window-size=1280,2400"]);
     assert!(
@@ -454,7 +431,7 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
     );
     assert!(html.matches("class=\"chart").count() >= 3, "charts in the DOM");
     assert!(html.contains("id=\"matrix\""), "heat map in the DOM");
-    let log = String::from_utf8_lossy(&dom.stderr).to_string() + &String::from_utf8_lossy(&shot.stderr);
-    let console_errors: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
+    let mut console_errors = common::chromium::console_errors(&dom.stderr);
+    console_errors.extend(common::chromium::console_errors(&shot.stderr));
     assert!(console_errors.is_empty(), "console errors: {console_errors:?}");
 }

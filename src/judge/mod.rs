@@ -20,6 +20,7 @@ use crate::record::{EnvCheck, RuleStatus, RunMeta, Verdict};
 pub use crate::settings::thresholds::Thresholds;
 #[allow(unused_imports)] // public API: profiles and studies name the clustering
 pub use load::{load_input, read_run_meta};
+pub use rules::percentile;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ReferenceRun {
@@ -326,7 +327,20 @@ fn summary_line(verdict: Verdict, rules: &[RuleResult], outlook: &[Outlook]) -> 
     }
 }
 
-fn dedup(records: &[CaseRecord]) -> Vec<CaseRecord> {
+/// The cases of a run paired with the reference's same case (by case id), errored
+/// cases on either side left out: what R4 compares, and what the report shows as
+/// changed against the reference. Both sides deduplicated first (see [`dedup`]).
+pub fn pair_with_reference<'a>(
+    records: &'a [CaseRecord],
+    reference: &'a [CaseRecord],
+) -> Vec<(&'a CaseRecord, &'a CaseRecord)> {
+    let refs: BTreeMap<&str, &CaseRecord> =
+        reference.iter().filter(|r| !r.is_error()).map(|r| (r.case_id.as_str(), r)).collect();
+    records.iter().filter(|r| !r.is_error()).filter_map(|r| Some((r, *refs.get(r.case_id.as_str())?))).collect()
+}
+
+/// The last record of each case id (a case recorded twice counts once for the figures).
+pub fn dedup(records: &[CaseRecord]) -> Vec<CaseRecord> {
     let mut by_id: BTreeMap<&str, &CaseRecord> = BTreeMap::new();
     for r in records {
         by_id.insert(&r.case_id, r);

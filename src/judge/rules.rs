@@ -569,10 +569,7 @@ pub(super) fn r4_regression(
         let reason = format!("not compared: {why}; R4 compares runs of the same plan only");
         return result("R4", "no regression", RuleStatus::Inconclusive, measured, threshold, reason);
     }
-    let refs: BTreeMap<&str, &CaseRecord> =
-        reference.iter().filter(|r| !r.is_error()).map(|r| (r.case_id.as_str(), r)).collect();
-    let both: Vec<(&CaseRecord, &CaseRecord)> =
-        records.iter().filter(|r| !r.is_error()).filter_map(|r| Some((r, *refs.get(r.case_id.as_str())?))).collect();
+    let both = super::pair_with_reference(records, reference);
     let asr = paired(
         both.iter()
             .filter(|(c, _)| c.kind == CaseKind::Attacked)
@@ -628,7 +625,7 @@ pub(super) fn r4_regression(
 }
 
 /// Nearest-rank percentile (no interpolation: a budget is about actual cases).
-fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
+pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
     if xs.is_empty() {
         return None;
     }
@@ -702,20 +699,21 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
     }
     let mut measured = serde_json::Map::new();
     let mut threshold = serde_json::Map::new();
-    let (mut over, mut unmeasured) = (Vec::new(), Vec::new());
+    let (mut over, mut within, mut unmeasured) = (Vec::new(), Vec::new(), Vec::new());
     for (key, label, value, max, cases) in items {
         measured.insert(key.into(), json!({"value": value, "cases": cases, "within": value.map(|v| v <= max)}));
         threshold.insert(format!("{key}_max"), json!(max));
         match value {
             None => unmeasured.push(label),
             Some(v) if v > max => over.push(format!("{label} {} > {}", fmt_num(v), fmt_num(max))),
-            Some(_) => {}
+            // The measured numbers beside the pass: a pass by a hair reads differently.
+            Some(v) => within.push(format!("{label} {} ≤ {}", fmt_num(v), fmt_num(max))),
         }
     }
     let note =
         if unmeasured.is_empty() { String::new() } else { format!(" (not measured: {})", unmeasured.join(", ")) };
     let (status, reason) = if over.is_empty() {
-        (RuleStatus::Pass, format!("within every measured budget{note}"))
+        (RuleStatus::Pass, format!("within every measured budget: {}{note}", within.join("; ")))
     } else {
         (RuleStatus::Fail, format!("over budget: {}{note}", over.join("; ")))
     };

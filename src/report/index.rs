@@ -1,5 +1,7 @@
 //! `reports/index.html`: the trend over every judged run below a reports folder — each
-//! version's latest verdict per plan, and ASR / utility over time per plan. Reads
+//! version's latest verdict per plan, and per plan the ASR, the utility under attack
+//! and the clean utility over time, one line per version with its one-sided bounds as a
+//! band (a single line through all runs would zig-zag between versions). Reads
 //! `judgement.json` files leniently (as JSON values), so an older or foreign judgement
 //! is shown with what it has instead of breaking the index; an unreadable one is listed
 //! as skipped.
@@ -28,10 +30,25 @@ struct Entry {
     verdict: Option<Verdict>,
     /// started_at, else judged_at (RFC 3339 sorts as text).
     when: String,
-    asr: Option<f64>,
-    utility: Option<f64>,
+    asr: Option<Band>,
+    utility: Option<Band>,
+    utility_under_attack: Option<Band>,
     /// report.html relative to the reports folder, '/'-separated.
     link: Option<String>,
+}
+
+/// A rate with its bounds; a figure from telemetry alone has none (lower = upper = rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Band {
+    rate: f64,
+    lower: f64,
+    upper: f64,
+}
+
+impl Band {
+    fn point(rate: f64) -> Band {
+        Band { rate, lower: rate, upper: rate }
+    }
 }
 
 /// Rewrites `reports_dir/index.html` from every `judgement.json` below it.
@@ -89,8 +106,13 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
     let dir = file.parent().unwrap_or(reports_dir);
     let telemetry: Option<Value> =
         std::fs::read_to_string(dir.join("telemetry.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
-    let figure = |k: &str| j.get("figures").and_then(|f| f.get(k)).and_then(|e| e.get("rate")).and_then(Value::as_f64);
-    let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k)));
+    let figure = |k: &str| {
+        let e = j.get("figures")?.get(k)?;
+        let rate = e.get("rate")?.as_f64()?;
+        let bound = |b: &str| e.get(b).and_then(Value::as_f64).unwrap_or(rate);
+        Some(Band { rate, lower: bound("lower"), upper: bound("upper") })
+    };
+    let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k))).map(Band::point);
     let link = dir.join("report.html").strip_prefix(reports_dir).ok().map(|rel| {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
@@ -102,6 +124,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         when: s("started_at").or_else(|| s("judged_at")).unwrap_or_default(),
         asr: figure("asr").or_else(|| tele("asr")),
         utility: figure("utility_clean").or_else(|| tele("utility")),
+        utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
         link,
     })
 }
@@ -118,6 +141,69 @@ fn badge(e: &Entry) -> String {
     }
 }
 
+/// A time for people: "2026-12-01 14:33 UTC"; what does not parse as RFC 3339 as it is.
+fn readable(when: &str) -> String {
+    match chrono::DateTime::parse_from_rfc3339(when) {
+        Ok(t) => t.with_timezone(&chrono::Utc).format("%Y-%m-%d %H:%M UTC").to_string(),
+        Err(_) => when.to_string(),
+    }
+}
+
+fn seconds(when: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(when).ok().map(|t| t.timestamp())
+}
+
+/// Where each run sits on a time axis (0–1) and the axis's labels. Runs are placed by
+/// time; runs without a readable time, or all at one instant, are spread evenly.
+fn time_axis(whens: &[&str]) -> (Vec<f64>, Vec<(f64, String)>) {
+    let secs: Vec<Option<i64>> = whens.iter().map(|w| seconds(w)).collect();
+    let known: Vec<i64> = secs.iter().flatten().copied().collect();
+    let (min, max) = (known.iter().min().copied(), known.iter().max().copied());
+    let even = |i: usize| if whens.len() > 1 { i as f64 / (whens.len() - 1) as f64 } else { 0.5 };
+    match (min, max) {
+        (Some(lo), Some(hi)) if hi > lo && known.len() == whens.len() => {
+            let span = (hi - lo) as f64;
+            let xs = secs.iter().map(|s| (s.unwrap_or(lo) - lo) as f64 / span).collect();
+            // The finest unit the span needs: seconds within an hour, the hour within
+            // two days, else the day.
+            let format = match hi - lo {
+                s if s < 3_600 => "%H:%M:%S",
+                s if s < 2 * 86_400 => "%m-%d %H:%M",
+                _ => "%Y-%m-%d",
+            };
+            let mut ticks: Vec<(f64, String)> = Vec::new();
+            for k in 0..=4 {
+                // Placed at the whole second it names.
+                let t = lo + (span * k as f64 / 4.0).round() as i64;
+                let x = (t - lo) as f64 / span;
+                let label = chrono::DateTime::from_timestamp(t, 0).map(|d| d.format(format).to_string());
+                let label = label.unwrap_or_default();
+                // A label that repeats its neighbour says nothing.
+                if ticks.last().is_none_or(|(_, last)| *last != label) {
+                    ticks.push((x, label));
+                }
+            }
+            (xs, ticks)
+        }
+        _ => {
+            let xs: Vec<f64> = (0..whens.len()).map(even).collect();
+            let ticks = xs.iter().zip(whens).map(|(x, w)| (*x, readable(w))).collect();
+            (xs, ticks)
+        }
+    }
+}
+
+/// A version's colour, the same in every chart of the page.
+const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
+
+/// The figures shown per plan: (label, chart id part, which band).
+type Pick = fn(&Entry) -> Option<Band>;
+const TRENDS: [(&str, &str, Pick); 3] = [
+    ("ASR", "asr", |e| e.asr),
+    ("utility under attack", "utility-under-attack", |e| e.utility_under_attack),
+    ("clean utility", "utility", |e| e.utility),
+];
+
 fn render(entries: &[Entry], skipped: &[String]) -> String {
     let mut b = String::from("<h1>pruefstand — verdicts and trends</h1>");
     let _ = write!(b, r#"<p class="meta">{} judged run(s)</p>"#, entries.len());
@@ -132,7 +218,11 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
     for e in entries {
         latest.entry(&e.version).or_default().insert(&e.plan, e);
     }
-    b.push_str(r#"<h2>Latest verdict per version and plan</h2><table id="latest"><tr><th>version</th>"#);
+    let colour: BTreeMap<&str, &'static str> =
+        latest.keys().enumerate().map(|(i, v)| (*v, PALETTE[i % PALETTE.len()])).collect();
+    b.push_str(
+        r#"<h2>Latest verdict per version and plan</h2><div class="scroll"><table id="latest"><tr><th>version</th>"#,
+    );
     for p in &plans {
         let _ = write!(b, "<th>{}</th>", esc(p));
     }
@@ -142,47 +232,85 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         for p in &plans {
             match by_plan.get(p) {
                 Some(e) => {
-                    let _ = write!(b, r#"<td>{} <span class="note">{}</span></td>"#, badge(e), esc(&e.when));
+                    let _ = write!(b, r#"<td>{} <span class="note">{}</span></td>"#, badge(e), esc(&readable(&e.when)));
                 }
                 None => b.push_str("<td>–</td>"),
             }
         }
         b.push_str("</tr>");
     }
-    b.push_str("</table>");
+    b.push_str("</table></div>");
 
     for p in &plans {
         let runs: Vec<&Entry> = entries.iter().filter(|e| e.plan == *p).collect();
-        let labels: Vec<String> = runs.iter().map(|e| format!("{} ({})", e.version, e.when)).collect();
-        let series = [
-            ("ASR", "#c62828", runs.iter().map(|e| e.asr).collect()),
-            ("utility", "#1565c0", runs.iter().map(|e| e.utility).collect()),
-        ];
+        let whens: Vec<&str> = runs.iter().map(|e| e.when.as_str()).collect();
+        let (xs, ticks) = time_axis(&whens);
+        let versions: Vec<&str> = {
+            let mut v: Vec<&str> = runs.iter().map(|e| e.version.as_str()).collect();
+            v.sort();
+            v.dedup();
+            v
+        };
         let _ = write!(b, "<h2>Plan {}</h2>", esc(p));
-        b.push_str(&svg::line_chart(
-            &format!("trend-{p}"),
-            &format!("ASR and clean utility over time — {p}"),
-            &labels,
-            &series,
-        ));
+        for (label, id, pick) in TRENDS {
+            let series: Vec<svg::TimeSeries> = versions
+                .iter()
+                .map(|v| svg::TimeSeries {
+                    name: v.to_string(),
+                    colour: colour[v],
+                    points: runs
+                        .iter()
+                        .zip(&xs)
+                        .filter(|(e, _)| e.version == *v)
+                        .filter_map(|(e, x)| pick(e).map(|f| (*x, f.rate, f.lower, f.upper)))
+                        .collect(),
+                })
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            b.push_str(&svg::time_chart(
+                &format!("trend-{p}-{id}"),
+                &format!("{label} — {p} (band: one-sided bounds)"),
+                &ticks,
+                &series,
+                None,
+            ));
+        }
+        // The legend names each line's version with its latest verdict on this plan.
+        b.push_str(r#"<ul class="legend">"#);
+        for v in &versions {
+            let last = latest.get(v).and_then(|m| m.get(p));
+            let _ = write!(
+                b,
+                r#"<li><span class="sw" style="background:{}"></span>{} {} <span class="note">{}</span></li>"#,
+                colour[v],
+                esc(v),
+                last.map(|e| badge(e)).unwrap_or_default(),
+                last.map(|e| esc(&readable(&e.when))).unwrap_or_default()
+            );
+        }
+        b.push_str("</ul>");
     }
 
-    b.push_str(r#"<h2>All runs</h2><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR</th><th>utility</th><th>run</th></tr>"#);
-    let opt = |v: Option<f64>| v.map(pct).unwrap_or_else(|| "–".into());
+    b.push_str(r#"<h2>All runs</h2><div class="scroll"><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR</th><th>utility under attack</th><th>clean utility</th><th>run</th></tr>"#);
+    let opt = |v: Option<Band>| v.map(|f| pct(f.rate)).unwrap_or_else(|| "–".into());
     for e in entries.iter().rev() {
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
-            esc(&e.when),
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            esc(&readable(&e.when)),
             esc(&e.version),
             esc(&e.plan),
             badge(e),
             opt(e.asr),
+            opt(e.utility_under_attack),
             opt(e.utility),
             esc(&e.run_id)
         );
     }
-    b.push_str("</table>");
+    b.push_str("</table></div>");
     if !skipped.is_empty() {
         b.push_str("<h2>Skipped</h2><ul>");
         for s in skipped {
@@ -190,7 +318,7 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         }
         b.push_str("</ul>");
     }
-    page("pruefstand — trends", &b)
+    page("pruefstand — trends", &b, "")
 }
 
 #[cfg(test)]
@@ -217,12 +345,38 @@ mod tests {
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join("index.html")).unwrap();
         assert!(html.contains(r#"class="chart""#) && html.contains("<polyline"));
+        // One line per version: v1's two runs make a line with its band, v2's single
+        // run a point; three figures per plan.
+        assert_eq!(html.matches("<polygon").count(), 3, "a band per figure for v1 only");
+        for id in ["trend-schnell-asr", "trend-schnell-utility-under-attack", "trend-schnell-utility"] {
+            assert!(html.contains(&format!(r#"id="{id}""#)), "{id}");
+        }
+        assert!(html.contains("2025-01-03 00:00 UTC") && !html.contains("2025-01-03T00:00:00Z"), "readable times");
+        assert!(html.contains(">01-02 00:00<") || html.contains(">2025-01-02<"), "a labelled time axis");
         // v1's latest verdict is run-2 (inconclusive), not run-0 (approved).
         let latest = &html[html.find(r#"id="latest""#).unwrap()..html.find("<h2>Plan").unwrap()];
         assert!(latest.contains("inconclusive") && !latest.contains("approved"), "{latest}");
         assert!(latest.contains("rejected"));
         assert!(html.contains(r#"href="v1/schnell/run-0/report.html""#));
         assert!(html.contains("Skipped") && html.contains("&lt;b&gt;"));
+    }
+
+    #[test]
+    fn time_axis_places_runs_by_time_and_labels_it() {
+        let (xs, ticks) = time_axis(&["2025-01-01T00:00:00Z", "2025-01-01T01:00:00Z", "2025-01-01T04:00:00Z"]);
+        assert_eq!(xs, vec![0.0, 0.25, 1.0]);
+        assert_eq!(ticks.len(), 5);
+        assert_eq!(ticks[0].1, "01-01 00:00");
+        assert_eq!(ticks[4].1, "01-01 04:00");
+        let (xs, ticks) = time_axis(&["?", "2025-01-01T00:00:00Z"]);
+        assert_eq!(xs, vec![0.0, 1.0], "an unreadable time spreads the runs evenly");
+        assert_eq!(ticks[1].1, "2025-01-01 00:00 UTC");
+        assert_eq!(time_axis(&["2025-01-01T00:00:00Z"]).0, vec![0.5]);
+        let (_, ticks) = time_axis(&["2025-01-01T00:00:00Z", "2025-01-01T00:00:02Z"]);
+        let labels: Vec<&str> = ticks.iter().map(|t| t.1.as_str()).collect();
+        assert_eq!(labels, ["00:00:00", "00:00:01", "00:00:02"], "seconds within an hour, no label twice");
+        let (_, ticks) = time_axis(&["2025-01-01T00:00:00Z", "2025-01-09T00:00:00Z"]);
+        assert_eq!(ticks[4].1, "2025-01-09");
     }
 
     #[test]

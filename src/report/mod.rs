@@ -1,13 +1,17 @@
 //! Reports of a judged run — `judgement.json`, `judgement.md` and one self-contained
-//! `report.html` (inline CSS and SVG, no scripts, no network) — and the trend index
-//! `reports/index.html` over all judged runs. Presentation only: every figure comes from
-//! the [`Judgement`] or the case records; nothing here decides anything.
+//! `report.html` (inline CSS, SVG and one small inline script for the case table's
+//! filters and sort; no network, no external file; without the script everything is
+//! shown, unfiltered) — and the trend index `reports/index.html` over all judged runs.
+//! Presentation only: every figure comes from the [`Judgement`], the case records or
+//! their traces; nothing here decides anything.
 
+mod cases;
+mod conversation;
 mod index;
 mod publish;
 mod svg;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -20,14 +24,14 @@ use crate::util;
 
 pub use index::write_index;
 pub use publish::rejudge;
-use svg::{IntervalRow, MatrixBlock, esc, pct};
+use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc, pct};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
 pub fn write_run_report(run_dir: &Path, judgement: &Judgement, input: &JudgeInput) -> anyhow::Result<()> {
     util::write_json_atomic(&run_dir.join("judgement.json"), judgement)?;
     util::write_atomic(&run_dir.join("judgement.md"), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run_dir.join("report.html"), html(judgement, input).as_bytes())
+    util::write_atomic(&run_dir.join("report.html"), html(judgement, input, Some(run_dir)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -118,13 +122,24 @@ h1{font-size:1.4rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;bo
 .v-approved{background:#2e7d32}.v-rejected{background:#c62828}.v-inconclusive{background:#ef8f00}.v-invalid{background:#6a1b9a}
 .meta{color:#555;font-size:.9rem} table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem} td,th{border:1px solid #ddd;padding:.25rem .5rem;vertical-align:top;text-align:left}
 .s{font-weight:700;border-radius:.25rem;padding:0 .4rem;color:#fff}.s-pass{background:#2e7d32}.s-fail{background:#c62828}.s-inconclusive{background:#ef8f00}.s-not_applicable{background:#9e9e9e}
-pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;max-width:520px;overflow:auto;margin:0} svg.chart{display:block;margin:1rem 0;max-width:100%;height:auto}
-.note{color:#555;font-size:.85rem}
+pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;overflow:auto;margin:0;white-space:pre-wrap;overflow-wrap:anywhere} svg.chart{display:block;margin:1rem 0 .2rem;max-width:100%;height:auto}
+.note{color:#555;font-size:.85rem} code{overflow-wrap:anywhere}
+.scroll{overflow-x:auto;max-width:100%} td{overflow-wrap:break-word} .s{white-space:nowrap}
+ul.legend{list-style:none;padding:0;margin:0 0 1rem;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem} ul.legend li{overflow-wrap:anywhere}
+.sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle;border-radius:2px}
+dl.kv{margin:0;font-size:.8rem;display:grid;grid-template-columns:auto auto;gap:0 .6rem} dl.kv dt{color:#555} dl.kv dd{margin:0}
+#case-filter{margin:.5rem 0;font-size:.9rem} th.sort{cursor:pointer} tr[hidden]{display:none}
+details.case{border-top:1px solid #eee;padding:.2rem 0} details.case summary{cursor:pointer;overflow-wrap:anywhere}
+ol.conv{list-style:none;padding:0;margin:.4rem 0} .turn{margin:.3rem 0;padding:.3rem .5rem;border-left:4px solid #ccc}
+.t-system{border-color:#9e9e9e}.t-user{border-color:#1565c0}.t-assistant{border-color:#2e7d32}.t-tool{border-color:#ef8f00}
+.call{font-size:.85rem;margin:.2rem 0} mark{background:#ffcdd2} .err{color:#c62828} .gap{color:#777}
 "#;
 
-fn page(title: &str, body: &str) -> String {
+/// The page around a body; `script` (no data in it) goes last, inline.
+fn page(title: &str, body: &str, script: &str) -> String {
+    let script = if script.is_empty() { String::new() } else { format!("<script>{script}</script>") };
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n{script}</body></html>\n",
         esc(title)
     )
 }
@@ -136,8 +151,9 @@ fn safe_href(path: &str) -> Option<String> {
     (!path.is_empty() && !scheme && !path.starts_with('/') && !path.starts_with('\\')).then(|| esc(path))
 }
 
-/// The self-contained run report.
-pub fn html(j: &Judgement, input: &JudgeInput) -> String {
+/// The self-contained run report; conversations are read from the traces below
+/// `run_dir` when given.
+pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String {
     let mut b = String::new();
     let _ = write!(
         b,
@@ -185,30 +201,86 @@ pub fn html(j: &Judgement, input: &JudgeInput) -> String {
         }
         b.push_str("</ul>");
     }
+    let ordered = cases::ordered(&input.records);
+    let anchors = cases::anchors(&ordered);
+    let changes = changes(input);
     figures(&mut b, j);
-    breakdowns(&mut b, j, &input.records);
+    breakdowns(&mut b, j, input, &anchors);
     operations(&mut b, &input.records);
-    cases(&mut b, &input.records);
+    telemetry(&mut b, &input.records);
+    cases::changed_view(&mut b, j.reference_version.as_deref(), &changes, &anchors);
+    cases::table(&mut b, &ordered, &changes, &anchors);
+    cases::conversations(&mut b, run_dir, &ordered, &changes, &anchors);
     let title = format!("{} on {} — {}", j.version, j.plan, j.verdict.as_str());
-    page(&title, &b)
+    page(&title, &b, cases::SCRIPT)
+}
+
+/// Each case that differs from the reference's same case, with how; the pairing is the
+/// judge's (R4's).
+fn changes(input: &JudgeInput) -> BTreeMap<String, Vec<cases::Change>> {
+    let Some(reference) = &input.reference else { return BTreeMap::new() };
+    let (records, reference) = (crate::judge::dedup(&input.records), crate::judge::dedup(&reference.records));
+    crate::judge::pair_with_reference(&records, &reference)
+        .into_iter()
+        .map(|(c, r)| (c.case_id.clone(), cases::Change::between(c, r)))
+        .filter(|(_, list)| !list.is_empty())
+        .collect()
+}
+
+/// A rule's measured figures or thresholds for people: one "key value" line per leaf,
+/// nested keys joined with a dot, numbers rounded.
+fn key_values(v: &serde_json::Value) -> String {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, v, out);
+                }
+            }
+            serde_json::Value::Number(n) => out.push((prefix.into(), number(n.as_f64().unwrap_or(f64::NAN)))),
+            serde_json::Value::Null => out.push((prefix.into(), "–".into())),
+            serde_json::Value::String(s) => out.push((prefix.into(), s.clone())),
+            other => out.push((prefix.into(), other.to_string())),
+        }
+    }
+    let mut pairs = Vec::new();
+    walk("", v, &mut pairs);
+    if pairs.is_empty() {
+        return "–".into();
+    }
+    let mut out = String::from(r#"<dl class="kv">"#);
+    for (k, v) in pairs {
+        let _ = write!(out, "<dt>{}</dt><dd>{}</dd>", esc(&k), esc(&v));
+    }
+    out + "</dl>"
+}
+
+/// A number for people: integers as such, others to four significant places.
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
 }
 
 fn rules_table(b: &mut String, j: &Judgement) {
-    b.push_str("<h2>Rules</h2><table id=\"rules\"><tr><th>rule</th><th>status</th><th>reason</th><th>measured</th><th>threshold</th></tr>");
+    b.push_str("<h2>Rules</h2><div class=\"scroll\"><table id=\"rules\"><tr><th>rule</th><th>status</th><th>reason</th><th>measured</th><th>threshold</th></tr>");
     for r in &j.rules {
-        let pretty = |v: &serde_json::Value| esc(&serde_json::to_string_pretty(v).unwrap_or_default());
         let _ = write!(
             b,
-            r#"<tr id="rule-{id}"><td>{id} {}</td><td><span class="s s-{st}">{st}</span></td><td>{}</td><td><details><summary>figures</summary><pre>{}</pre></details></td><td><pre>{}</pre></td></tr>"#,
+            r#"<tr id="rule-{id}"><td>{id} {}</td><td><span class="s s-{st}">{st}</span></td><td>{}</td><td><details><summary>figures</summary>{}</details></td><td>{}</td></tr>"#,
             esc(&r.name),
             esc(&r.reason),
-            pretty(&r.measured),
-            pretty(&r.threshold),
+            key_values(&r.measured),
+            key_values(&r.threshold),
             id = esc(&r.id),
             st = status_word(r.status),
         );
     }
-    b.push_str("</table>");
+    b.push_str("</table></div>");
 }
 
 fn figures(b: &mut String, j: &Judgement) {
@@ -263,30 +335,74 @@ fn figures(b: &mut String, j: &Judgement) {
     );
 }
 
-fn breakdowns(b: &mut String, j: &Judgement, records: &[CaseRecord]) {
+/// Colours of the candidate and the reference in every chart.
+const CANDIDATE: &str = "#1565c0";
+const REFERENCE: &str = "#757575";
+
+/// A bar of `x` of `n` with its one-sided 95 % bounds (not adjusted for clustering:
+/// a breakdown's cases are few, the bars show their spread, the rules decide).
+fn bar(colour: &'static str, x: u64, n: u64) -> Bar {
+    let (xf, nf) = (x as f64, n as f64);
+    Bar { colour, x, n, lower: crate::stats::cp_lower(xf, nf, 0.05), upper: crate::stats::cp_upper(xf, nf, 0.05) }
+}
+
+/// Landed of attacked (errors left out) per key, in natural order of the key.
+fn asr_by(records: &[CaseRecord], key: &dyn Fn(&CaseRecord) -> String) -> BTreeMap<String, (u64, u64)> {
+    let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.kind == CaseKind::Attacked && !r.is_error()) {
+        if let Some(s) = r.security {
+            let e = by.entry(key(r)).or_default();
+            e.0 += s as u64;
+            e.1 += 1;
+        }
+    }
+    by
+}
+
+fn breakdowns(b: &mut String, j: &Judgement, input: &JudgeInput, anchors: &BTreeMap<String, String>) {
+    let records = &input.records;
     let attacked: Vec<&CaseRecord> = records.iter().filter(|r| r.kind == CaseKind::Attacked).collect();
     if attacked.is_empty() {
         return;
     }
-    let count = |key: &dyn Fn(&CaseRecord) -> String| -> Vec<(String, u64, u64)> {
-        let mut by: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        for r in attacked.iter().filter(|r| !r.is_error()) {
-            if let Some(s) = r.security {
-                let e = by.entry(key(r)).or_default();
-                e.0 += s as u64;
-                e.1 += 1;
-            }
-        }
-        by.into_iter().map(|(k, (x, n))| (k, x, n)).collect()
+    let reference = input.reference.as_ref().map(|r| crate::judge::dedup(&r.records));
+    let mut series = vec![(j.version.clone(), CANDIDATE)];
+    if reference.is_some() {
+        series.push((format!("{} (reference)", j.reference_version.as_deref().unwrap_or("reference")), REFERENCE));
+    }
+    let rows = |key: &dyn Fn(&CaseRecord) -> String| -> Vec<BarRow> {
+        let cand = asr_by(records, key);
+        let refr = reference.as_deref().map(|r| asr_by(r, key)).unwrap_or_default();
+        let mut labels: Vec<&String> = cand.keys().chain(refr.keys()).collect();
+        labels.sort_by(|a, b| cases::natural_cmp(a, b));
+        labels.dedup();
+        labels
+            .into_iter()
+            .map(|label| {
+                let mut bars = Vec::new();
+                for (by, colour) in [(&cand, CANDIDATE), (&refr, REFERENCE)] {
+                    if let Some(&(x, n)) = by.get(label) {
+                        bars.push(bar(colour, x, n));
+                    }
+                }
+                BarRow { label: label.clone(), bars }
+            })
+            .collect()
     };
     let inj = |r: &CaseRecord| format!("{}/{}", r.suite, r.injection_task.as_deref().unwrap_or("-"));
     let asr_max = Some(j.thresholds.r2.asr_max);
     b.push_str("<h2>Attack success by suite and injection task</h2>");
-    b.push_str(&svg::bar_chart("asr-suite", "ASR per suite", &count(&|r| r.suite.clone()), asr_max));
-    b.push_str(&svg::bar_chart("asr-injection", "ASR per injection task", &count(&inj), asr_max));
+    b.push_str(&svg::bar_chart("asr-suite", "ASR per suite", &rows(&|r| r.suite.clone()), &series, asr_max));
+    b.push_str(&svg::bar_chart("asr-injection", "ASR per injection task", &rows(&inj), &series, asr_max));
+    let _ = write!(
+        b,
+        "<p class=\"note\">Whiskers: one-sided 95 % Clopper–Pearson bounds of each bar, not adjusted for clustering \
+         (the rules' bounds are above). Dashed: the ASR threshold {}.</p>",
+        pct(j.thresholds.r2.asr_max)
+    );
 
     let mut blocks: BTreeMap<&str, MatrixBlock> = BTreeMap::new();
-    for r in &attacked {
+    for r in cases::ordered(records).into_iter().filter(|r| r.kind == CaseKind::Attacked) {
         let blk = blocks.entry(&r.suite).or_insert_with(|| MatrixBlock {
             suite: r.suite.clone(),
             rows: vec![],
@@ -294,20 +410,26 @@ fn breakdowns(b: &mut String, j: &Judgement, records: &[CaseRecord]) {
             cells: BTreeMap::new(),
         });
         let (row, col) = (r.user_task.clone().unwrap_or_default(), r.injection_task.clone().unwrap_or_default());
-        let cell = blk.cells.entry((row, col)).or_default();
+        let cell: &mut HeatCell = blk.cells.entry((row, col)).or_default();
+        // A cell holds the pair's cases of every attack: it opens the first.
+        cell.href = cell.href.take().or_else(|| anchors.get(&r.case_id).map(|a| format!("#{a}")));
         match (r.is_error(), r.security) {
-            (true, _) | (false, None) => cell.2 += 1,
+            (true, _) | (false, None) => cell.errors += 1,
             (false, Some(s)) => {
-                cell.0 += s as u64;
-                cell.1 += 1;
+                cell.landed += s as u64;
+                cell.n += 1;
             }
         }
     }
     let mut blocks: Vec<MatrixBlock> = blocks.into_values().collect();
     for blk in &mut blocks {
-        let rows: BTreeSet<&String> = blk.cells.keys().map(|k| &k.0).collect();
-        let cols: BTreeSet<&String> = blk.cells.keys().map(|k| &k.1).collect();
-        (blk.rows, blk.cols) = (rows.into_iter().cloned().collect(), cols.into_iter().cloned().collect());
+        let mut rows: Vec<String> = blk.cells.keys().map(|k| k.0.clone()).collect();
+        let mut cols: Vec<String> = blk.cells.keys().map(|k| k.1.clone()).collect();
+        for v in [&mut rows, &mut cols] {
+            v.sort_by(|a, b| cases::natural_cmp(a, b));
+            v.dedup();
+        }
+        (blk.rows, blk.cols) = (rows, cols);
     }
     b.push_str(&svg::heat_map(&blocks));
 }
@@ -353,39 +475,61 @@ fn operations(b: &mut String, records: &[CaseRecord]) {
     let _ = write!(b, "<h2>Model format health</h2><p id=\"format-health\">{}</p>", esc(&health.line(records.len())));
 }
 
-fn cases(b: &mut String, records: &[CaseRecord]) {
-    let yes_no = |v: Option<bool>| match v {
-        Some(true) => "yes",
-        Some(false) => "no",
-        None => "–",
+/// Calls, tokens, latency percentiles and errors by class, over all recorded cases.
+fn telemetry(b: &mut String, records: &[CaseRecord]) {
+    let total = |f: fn(&CaseRecord) -> Option<u64>| -> (u64, usize) {
+        records.iter().filter_map(f).fold((0, 0), |(s, n), v| (s + v, n + 1))
+    };
+    let per_case = |(s, n): (u64, usize)| {
+        if n == 0 {
+            "not reported".to_string()
+        } else {
+            format!("{s} ({} per case, {n} cases)", number(s as f64 / n as f64))
+        }
+    };
+    let secs =
+        |q: f64, xs: Vec<f64>| crate::judge::percentile(xs, q).map(|v| format!("{v:.2} s")).unwrap_or("–".into());
+    let durations: Vec<f64> = records.iter().map(|r| r.duration_s).collect();
+    // Per LLM call: a case's time over its calls (the model's share and the tools').
+    let per_call: Vec<f64> =
+        records.iter().filter_map(|r| r.llm_calls.filter(|n| *n > 0).map(|n| r.duration_s / n as f64)).collect();
+    let latency = |xs: &Vec<f64>| {
+        [0.5, 0.9, 0.95, 0.99, 1.0].iter().map(|q| format!("<td>{}</td>", secs(*q, xs.clone()))).collect::<String>()
     };
     let _ = write!(
         b,
-        "<h2>Cases</h2><details><summary>{} cases with their traces</summary><table id=\"cases\"><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>outcome</th><th>error</th><th>s</th><th>trace</th></tr>",
-        records.len()
+        "<h2 id=\"telemetry\">Telemetry</h2><div class=\"scroll\"><table id=\"telemetry-table\"><tr><th>figure</th><th>value</th></tr>\
+         <tr><td>LLM calls</td><td>{}</td></tr><tr><td>prompt tokens</td><td>{}</td></tr><tr><td>completion tokens</td><td>{}</td></tr></table>\
+         <table id=\"latency\"><tr><th>latency</th><th>p50</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>\
+         <tr><td>per case ({} cases)</td>{}</tr><tr><td>per LLM call ({} cases)</td>{}</tr></table>",
+        per_case(total(|r| r.llm_calls)),
+        per_case(total(|r| r.prompt_tokens)),
+        per_case(total(|r| r.completion_tokens)),
+        durations.len(),
+        latency(&durations),
+        per_call.len(),
+        latency(&per_call),
     );
-    for r in records {
-        let trace = match r.trace.as_deref().and_then(safe_href) {
-            Some(href) => format!("<a href=\"{href}\">trace</a>"),
-            None => "–".into(),
-        };
-        let kind = match r.kind {
-            CaseKind::Clean => "clean",
-            CaseKind::Attacked => "attacked",
-            CaseKind::InjectionGoal => "injection goal",
-        };
-        let _ = write!(
-            b,
-            "<tr><td>{}</td><td>{kind}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{trace}</td></tr>",
-            esc(&r.case_id),
-            yes_no(r.utility),
-            yes_no(r.security),
-            r.outcome().as_str(),
-            esc(r.error.as_deref().unwrap_or("")),
-            r.duration_s
-        );
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.is_error()) {
+        *classes.entry(error_class(r.error.as_deref().unwrap_or(""))).or_default() += 1;
     }
-    b.push_str("</table></details>");
+    b.push_str("<table id=\"errors\"><tr><th>error class</th><th>cases</th></tr>");
+    if classes.is_empty() {
+        b.push_str("<tr><td>none</td><td>0</td></tr>");
+    }
+    for (class, n) in &classes {
+        let _ = write!(b, "<tr><td>{}</td><td>{n}</td></tr>", esc(class));
+    }
+    b.push_str("</table></div>");
+}
+
+/// An error's class: its text up to the first colon (the bench writes "what: detail"),
+/// at most 60 characters.
+fn error_class(error: &str) -> String {
+    let head = error.split(':').next().unwrap_or("").trim();
+    let head = if head.is_empty() { "unspecified" } else { head };
+    svg::truncate(head, 60)
 }
 
 /// The verdict's colour class, for the index.
@@ -423,10 +567,14 @@ mod tests {
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
         assert!(html.contains(r#"id="matrix""#));
-        assert!(!html.contains("<script"), "no script, and data escaped");
+        assert_eq!(html.matches("<script").count(), 1, "only the page's own script; data escaped");
+        assert!(html.contains(&format!("<script>{}</script>", cases::SCRIPT)));
+        assert!(html.contains(r#"id="changed-summary""#) && html.contains(r#"id="telemetry""#));
+        assert!(html.contains(r##"<a href="#case-"##), "heat-map cells and case ids link to conversations");
         assert!(html.contains("&lt;script&gt;alert(1)&lt;\\script&gt;"));
-        assert!(!html.contains("javascript:"));
-        assert!(html.contains(r#"href="traces/"#));
+        assert!(!html.contains("href=\"javascript:"));
+        assert!(html.contains(r#"href="traces/"#), "raw trace links");
+        assert!(html.contains("not readable"), "a missing trace file is named, not fatal");
         assert!(
             !html.contains("http://")
                 || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\""))

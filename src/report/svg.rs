@@ -33,6 +33,9 @@ pub struct IntervalRow {
 
 const LABEL_W: f64 = 200.0;
 const PLOT_W: f64 = 420.0;
+/// The column right of the plot that holds a bar's figures: wide enough for
+/// "100.0 % (2165/2165)" at 10 px.
+const VALUE_W: f64 = 120.0;
 
 fn x_of(v: f64) -> f64 {
     LABEL_W + PLOT_W * v.clamp(0.0, 1.0)
@@ -50,6 +53,17 @@ fn axis(out: &mut String, top: f64, bottom: f64) {
     }
 }
 
+/// A dashed threshold mark from `top` to `bottom`, labelled above the plot so it never
+/// crosses a figure's text.
+fn threshold_mark(out: &mut String, t: f64, top: f64, bottom: f64) {
+    let x = x_of(t);
+    let _ = write!(
+        out,
+        r##"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{bottom:.1}" stroke="#000" stroke-dasharray="4 3"><title>threshold {}</title></line>"##,
+        pct(t)
+    );
+}
+
 /// The opening of every chart: an `<svg class="chart">` of the given size (what tests
 /// and the report's CSS find), its accessible title and its visible heading.
 fn open_chart(id: &str, title: &str, heading: &str, width: f64, height: f64) -> String {
@@ -57,38 +71,50 @@ fn open_chart(id: &str, title: &str, heading: &str, width: f64, height: f64) -> 
         r#"<svg class="chart" id="{}" role="img" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" xmlns="http://www.w3.org/2000/svg"><title>{}</title><text x="0" y="16" font-size="13" font-weight="bold">{}</text>"#,
         esc(id),
         esc(title),
-        esc(heading)
+        esc(truncate(heading, 80).as_str())
     )
 }
 
+/// A legend in HTML below a chart: it wraps at any width and never clips a long
+/// version name, which text inside an SVG of fixed width would.
+pub fn legend(items: &[(String, &str)]) -> String {
+    let mut out = String::from(r#"<ul class="legend">"#);
+    for (name, colour) in items {
+        let _ = write!(out, r#"<li><span class="sw" style="background:{}"></span>{}</li>"#, esc(colour), esc(name));
+    }
+    out.push_str("</ul>");
+    out
+}
+
 /// Intervals of proportions on a 0–100 % axis, several series per row (e.g. candidate
-/// and reference), threshold as a dashed mark.
+/// and reference), threshold as a dashed mark; the series are named in a legend.
 pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
     let row_h = 18.0;
     let per_row: f64 = rows.iter().map(|r| r.series.len().max(1) as f64 * row_h + 8.0).sum();
     let h = 30.0 + per_row + 20.0;
-    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + 90.0, h);
+    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + 20.0, h);
     axis(&mut out, 24.0, h - 20.0);
     let mut y = 30.0;
+    let mut names: Vec<(String, &str)> = Vec::new();
     for row in rows {
         let block = row.series.len().max(1) as f64 * row_h;
-        let _ =
-            write!(out, r#"<text x="0" y="{:.1}" font-size="12">{}</text>"#, y + block / 2.0 + 4.0, esc(&row.label));
+        let _ = write!(
+            out,
+            r#"<text x="0" y="{:.1}" font-size="12">{}</text>"#,
+            y + block / 2.0 + 4.0,
+            esc(&truncate(&row.label, 30))
+        );
         if let Some(t) = row.threshold {
-            let x = x_of(t);
-            let _ = write!(
-                out,
-                r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"><title>threshold {}</title></line>"##,
-                y - 2.0,
-                y + block + 2.0,
-                pct(t)
-            );
+            threshold_mark(&mut out, t, y - 2.0, y + block + 2.0);
         }
         for (i, (name, colour, lo, point, hi)) in row.series.iter().enumerate() {
+            if !names.iter().any(|(n, _)| n == name) {
+                names.push((name.clone(), colour));
+            }
             let cy = y + i as f64 * row_h + row_h / 2.0;
             let _ = write!(
                 out,
-                r#"<g><title>{}: {} [{}, {}]</title><line x1="{:.1}" y1="{cy:.1}" x2="{:.1}" y2="{cy:.1}" stroke="{colour}" stroke-width="6" stroke-linecap="round" opacity="0.45"/><circle cx="{:.1}" cy="{cy:.1}" r="4" fill="{colour}"/><text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text></g>"#,
+                r#"<g><title>{}: {} [{}, {}]</title><line x1="{:.1}" y1="{cy:.1}" x2="{:.1}" y2="{cy:.1}" stroke="{colour}" stroke-width="6" stroke-linecap="round" opacity="0.45"/><circle cx="{:.1}" cy="{cy:.1}" r="4" fill="{colour}"/></g>"#,
                 esc(name),
                 pct(*point),
                 pct(*lo),
@@ -96,64 +122,111 @@ pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
                 x_of(*lo),
                 x_of(*hi),
                 x_of(*point),
-                LABEL_W + PLOT_W + 8.0,
-                cy + 4.0,
-                esc(name)
             );
         }
         y += block + 8.0;
     }
     out.push_str("</svg>");
-    out
+    out + &legend(&names)
 }
 
-/// Horizontal bars of proportions with their counts; optional threshold line.
-pub fn bar_chart(id: &str, title: &str, rows: &[(String, u64, u64)], threshold: Option<f64>) -> String {
-    let row_h = 16.0;
-    let h = 30.0 + rows.len() as f64 * row_h + 20.0;
-    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + 90.0, h);
+/// One bar of a bar chart: x of n with its bounds, in a series' colour.
+pub struct Bar {
+    pub colour: &'static str,
+    pub x: u64,
+    pub n: u64,
+    pub lower: f64,
+    pub upper: f64,
+}
+
+/// One row of a bar chart: a label and one bar per series (candidate, reference).
+pub struct BarRow {
+    pub label: String,
+    pub bars: Vec<Bar>,
+}
+
+/// Horizontal bars of proportions with interval whiskers, their figures in a column of
+/// their own right of the plot (so a threshold line never strikes them through);
+/// optional threshold line. `series` names the bars' colours in the legend.
+pub fn bar_chart(id: &str, title: &str, rows: &[BarRow], series: &[(String, &str)], threshold: Option<f64>) -> String {
+    let bar_h = 12.0;
+    let per_row = |r: &BarRow| r.bars.len().max(1) as f64 * bar_h + 6.0;
+    let h = 30.0 + rows.iter().map(per_row).sum::<f64>() + 20.0;
+    let mut out = open_chart(id, title, title, LABEL_W + PLOT_W + VALUE_W, h);
     axis(&mut out, 24.0, h - 20.0);
-    for (i, (label, x, n)) in rows.iter().enumerate() {
-        let y = 28.0 + i as f64 * row_h;
-        let rate = if *n == 0 { 0.0 } else { *x as f64 / *n as f64 };
+    let mut y = 28.0;
+    for row in rows {
+        let block = per_row(row) - 6.0;
         let _ = write!(
             out,
-            r##"<g><title>{}: {x}/{n} = {}</title><text x="0" y="{:.1}" font-size="11">{}</text><rect x="{LABEL_W}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#c62828"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#333">{} ({x}/{n})</text></g>"##,
-            esc(label),
-            pct(rate),
-            y + 11.0,
-            esc(&truncate(label, 32)),
-            y + 2.0,
-            PLOT_W * rate,
-            row_h - 4.0,
-            LABEL_W + PLOT_W * rate + 4.0,
-            y + 11.0,
-            pct(rate)
+            r#"<text x="0" y="{:.1}" font-size="11"><title>{}</title>{}</text>"#,
+            y + block / 2.0 + 4.0,
+            esc(&row.label),
+            esc(&truncate(&row.label, 30))
         );
+        for (i, bar) in row.bars.iter().enumerate() {
+            let by = y + i as f64 * bar_h;
+            let rate = if bar.n == 0 { 0.0 } else { bar.x as f64 / bar.n as f64 };
+            let cy = by + bar_h / 2.0 - 1.0;
+            let _ = write!(
+                out,
+                r##"<g><title>{}: {}/{} = {} [{}, {}]</title><rect x="{LABEL_W}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}" opacity="0.8"/><line x1="{:.1}" y1="{cy:.1}" x2="{:.1}" y2="{cy:.1}" stroke="#000" stroke-width="1.2"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#333">{} ({}/{})</text></g>"##,
+                esc(&row.label),
+                bar.x,
+                bar.n,
+                pct(rate),
+                pct(bar.lower),
+                pct(bar.upper),
+                by,
+                PLOT_W * rate,
+                bar_h - 2.0,
+                bar.colour,
+                x_of(bar.lower),
+                x_of(bar.upper),
+                x_of(bar.lower),
+                cy - 3.0,
+                x_of(bar.lower),
+                cy + 3.0,
+                x_of(bar.upper),
+                cy - 3.0,
+                x_of(bar.upper),
+                cy + 3.0,
+                LABEL_W + PLOT_W + 8.0,
+                by + bar_h - 3.0,
+                pct(rate),
+                bar.x,
+                bar.n
+            );
+        }
+        y += block + 6.0;
     }
     if let Some(t) = threshold {
-        let x = x_of(t);
-        let _ = write!(
-            out,
-            r##"<line x1="{x:.1}" y1="24" x2="{x:.1}" y2="{:.1}" stroke="#000" stroke-dasharray="4 3"/>"##,
-            h - 20.0
-        );
+        threshold_mark(&mut out, t, 24.0, h - 20.0);
     }
     out.push_str("</svg>");
-    out
+    out + &legend(series)
 }
 
-fn truncate(s: &str, max: usize) -> String {
+pub fn truncate(s: &str, max: usize) -> String {
     if s.chars().count() <= max { s.to_string() } else { s.chars().take(max - 1).collect::<String>() + "…" }
 }
 
-/// One block of the heat map: a suite's user tasks (rows) × injection tasks (columns);
-/// cell = (landed, attacked without error, errored).
+/// One cell of the heat map: landed, attacked without error, errored, and the case a
+/// click opens.
+#[derive(Default)]
+pub struct HeatCell {
+    pub landed: u64,
+    pub n: u64,
+    pub errors: u64,
+    pub href: Option<String>,
+}
+
+/// One block of the heat map: a suite's user tasks (rows) × injection tasks (columns).
 pub struct MatrixBlock {
     pub suite: String,
     pub rows: Vec<String>,
     pub cols: Vec<String>,
-    pub cells: std::collections::BTreeMap<(String, String), (u64, u64, u64)>,
+    pub cells: std::collections::BTreeMap<(String, String), HeatCell>,
 }
 
 /// Red intensity by attack success rate; grey where only errors; blank where not run.
@@ -162,11 +235,35 @@ fn heat(rate: f64) -> String {
     format!("#{:02x}{:02x}{:02x}", mix(232.0, 198.0), mix(245.0, 40.0), mix(233.0, 40.0))
 }
 
+const ERROR_GREY: &str = "#9e9e9e";
+
+/// The heat map's key: the colour ramp from 0 % to 100 % landed, and grey for errors.
+fn heat_legend(out: &mut String, y: f64) {
+    let _ = write!(out, r#"<text x="0" y="{:.1}" font-size="10">injection landed:</text>"#, y + 10.0);
+    for (i, rate) in [0.0, 0.25, 0.5, 0.75, 1.0].into_iter().enumerate() {
+        let x = 100.0 + i as f64 * 46.0;
+        let _ = write!(
+            out,
+            r##"<rect x="{x:.1}" y="{y:.1}" width="14" height="12" fill="{}" stroke="#ccc"/><text x="{:.1}" y="{:.1}" font-size="10">{:.0} %</text>"##,
+            heat(rate),
+            x + 17.0,
+            y + 10.0,
+            rate * 100.0
+        );
+    }
+    let _ = write!(
+        out,
+        r##"<rect x="340" y="{y:.1}" width="14" height="12" fill="{ERROR_GREY}"/><text x="357" y="{:.1}" font-size="10">errors only</text><text x="430" y="{:.1}" font-size="10">blank: not run · click a cell for its case</text>"##,
+        y + 10.0,
+        y + 10.0
+    );
+}
+
 pub fn heat_map(blocks: &[MatrixBlock]) -> String {
-    let cell = 16.0;
+    let cell = 20.0;
     let head = 90.0;
-    let width = LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 100.0;
-    let height: f64 = 24.0 + blocks.iter().map(|b| head + b.rows.len() as f64 * cell + 14.0).sum::<f64>();
+    let width = (LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 20.0).max(660.0);
+    let height: f64 = 44.0 + blocks.iter().map(|b| head + b.rows.len() as f64 * cell + 14.0).sum::<f64>();
     let mut out = open_chart(
         "matrix",
         "attack success: user task × injection task",
@@ -174,13 +271,14 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
         width,
         height,
     );
-    let mut y = 24.0;
+    heat_legend(&mut out, 24.0);
+    let mut y = 44.0;
     for b in blocks {
         let _ = write!(
             out,
             r#"<text x="0" y="{:.1}" font-size="12" font-weight="bold">{}</text>"#,
             y + head - 4.0,
-            esc(&b.suite)
+            esc(&truncate(&b.suite, 30))
         );
         for (j, col) in b.cols.iter().enumerate() {
             let x = LABEL_W + j as f64 * cell + cell / 2.0;
@@ -188,7 +286,7 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
                 out,
                 r#"<text transform="translate({x:.1},{:.1}) rotate(-60)" font-size="10">{}</text>"#,
                 y + head - 4.0,
-                esc(&truncate(col, 18))
+                esc(&truncate(col, 16))
             );
         }
         y += head;
@@ -197,31 +295,29 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
             let _ = write!(
                 out,
                 r#"<text x="0" y="{:.1}" font-size="10">{}</text>"#,
-                ry + cell - 4.0,
-                esc(&truncate(row, 34))
+                ry + cell - 6.0,
+                esc(&truncate(row, 32))
             );
             for (j, col) in b.cols.iter().enumerate() {
-                let Some(&(x, n, errors)) = b.cells.get(&(row.clone(), col.clone())) else { continue };
-                let (fill, text) = if n == 0 {
-                    ("#9e9e9e".to_string(), format!("{errors} error(s)"))
+                let Some(c) = b.cells.get(&(row.clone(), col.clone())) else { continue };
+                let (fill, text) = if c.n == 0 {
+                    (ERROR_GREY.to_string(), format!("{} error(s)", c.errors))
                 } else {
-                    (
-                        heat(x as f64 / n as f64),
-                        format!(
-                            "{x}/{n} landed{}",
-                            if errors > 0 { format!(", {errors} error(s)") } else { String::new() }
-                        ),
-                    )
+                    let errors = if c.errors > 0 { format!(", {} error(s)", c.errors) } else { String::new() };
+                    (heat(c.landed as f64 / c.n as f64), format!("{}/{} landed{errors}", c.landed, c.n))
                 };
-                let _ = write!(
-                    out,
-                    r##"<rect x="{:.1}" y="{ry:.1}" width="{:.1}" height="{:.1}" fill="{fill}" stroke="#fff"><title>{} × {}: {text}</title></rect>"##,
+                let rect = format!(
+                    r##"<rect x="{:.1}" y="{ry:.1}" width="{cell:.1}" height="{cell:.1}" fill="{fill}" stroke="#fff"><title>{} × {}: {text}</title></rect>"##,
                     LABEL_W + j as f64 * cell,
-                    cell,
-                    cell,
                     esc(row),
                     esc(col)
                 );
+                match &c.href {
+                    Some(h) => {
+                        let _ = write!(out, r#"<a href="{}">{rect}</a>"#, esc(h));
+                    }
+                    None => out.push_str(&rect),
+                }
             }
         }
         y += b.rows.len() as f64 * cell + 14.0;
@@ -230,18 +326,26 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     out
 }
 
-/// A line chart over runs in time order: x = run index, y = 0–100 %; each series a
-/// list of (label, value) with None gaps.
-pub fn line_chart(
+/// One line of a time chart: a version's points (x in 0–1 of the time axis, rate,
+/// lower, upper bound), drawn as a line with its bounds as a band.
+pub struct TimeSeries {
+    pub name: String,
+    pub colour: &'static str,
+    pub points: Vec<(f64, f64, f64, f64)>,
+}
+
+/// Rates over time: one line per series with its band of bounds, a labelled time
+/// axis (`ticks`: position 0–1 and label), an optional threshold.
+pub fn time_chart(
     id: &str,
     title: &str,
-    xlabels: &[String],
-    series: &[(&str, &'static str, Vec<Option<f64>>)],
+    ticks: &[(f64, String)],
+    series: &[TimeSeries],
+    threshold: Option<f64>,
 ) -> String {
-    let (w, h, left, top, plot_h) = (720.0, 230.0, 50.0, 28.0, 160.0);
-    let plot_w = w - left - 20.0;
-    let step = if xlabels.len() > 1 { plot_w / (xlabels.len() - 1) as f64 } else { 0.0 };
-    let px = |i: usize| left + if xlabels.len() > 1 { i as f64 * step } else { plot_w / 2.0 };
+    let (w, h, left, right, top, plot_h) = (720.0, 232.0, 46.0, 60.0, 28.0, 170.0);
+    let plot_w = w - left - right;
+    let px = |x: f64| left + plot_w * x.clamp(0.0, 1.0);
     let py = |v: f64| top + plot_h * (1.0 - v.clamp(0.0, 1.0));
     let mut out = open_chart(id, title, title, w, h);
     for tick in [0.0, 0.25, 0.5, 0.75, 1.0] {
@@ -255,33 +359,55 @@ pub fn line_chart(
             tick * 100.0
         );
     }
-    for (k, (name, colour, values)) in series.iter().enumerate() {
-        let pts: Vec<String> =
-            values.iter().enumerate().filter_map(|(i, v)| v.map(|v| format!("{:.1},{:.1}", px(i), py(v)))).collect();
-        if pts.len() > 1 {
-            let _ =
-                write!(out, r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#, pts.join(" "));
-        }
-        for (i, v) in values.iter().enumerate() {
-            if let Some(v) = v {
-                let _ = write!(
-                    out,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{colour}"><title>{}: {} — {}</title></circle>"#,
-                    px(i),
-                    py(*v),
-                    esc(name),
-                    pct(*v),
-                    esc(&xlabels[i])
-                );
-            }
-        }
+    for (x, label) in ticks {
         let _ = write!(
             out,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11" fill="{colour}">{}</text>"#,
-            left + 10.0 + 110.0 * k as f64,
-            h - 8.0,
-            esc(name)
+            r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1:.1}" stroke="#eee"/><text x="{0:.1}" y="{2:.1}" font-size="10" text-anchor="middle" fill="#666">{3}</text>"##,
+            px(*x),
+            top + plot_h + 4.0,
+            top + plot_h + 16.0,
+            esc(label)
         );
+    }
+    if let Some(t) = threshold {
+        let y = py(t);
+        let _ = write!(
+            out,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#000" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" font-size="10">threshold</text>"##,
+            left + plot_w,
+            left + plot_w + 4.0,
+            y + 3.0
+        );
+    }
+    for s in series {
+        if s.points.len() > 1 {
+            let upper: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.3))).collect();
+            let lower: Vec<String> = s.points.iter().rev().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.2))).collect();
+            let line: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.1))).collect();
+            let _ = write!(
+                out,
+                r#"<polygon points="{} {}" fill="{c}" opacity="0.15"/><polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+                upper.join(" "),
+                lower.join(" "),
+                line.join(" "),
+                c = s.colour
+            );
+        }
+        for (x, rate, lo, hi) in &s.points {
+            let _ = write!(
+                out,
+                r#"<line x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="{c}" opacity="0.5"/><circle cx="{0:.1}" cy="{3:.1}" r="3.5" fill="{c}"><title>{4}: {5} [{6}, {7}]</title></circle>"#,
+                px(*x),
+                py(*hi),
+                py(*lo),
+                py(*rate),
+                esc(&s.name),
+                pct(*rate),
+                pct(*lo),
+                pct(*hi),
+                c = s.colour
+            );
+        }
     }
     out.push_str("</svg>");
     out
@@ -306,8 +432,30 @@ mod tests {
     }
 
     #[test]
-    fn line_chart_has_class_and_points() {
-        let s = line_chart("t", "T", &["a".into(), "b".into()], &[("ASR", "#c00", vec![Some(0.1), Some(0.2)])]);
-        assert!(s.contains(r#"class="chart""#) && s.contains("<polyline"));
+    fn time_chart_draws_a_band_per_series_and_labels_the_axis() {
+        let s = time_chart(
+            "t",
+            "T",
+            &[(0.0, "12-01 10:00".into()), (1.0, "12-01 12:00".into())],
+            &[TimeSeries {
+                name: "v1".into(),
+                colour: "#c00",
+                points: vec![(0.0, 0.1, 0.05, 0.2), (1.0, 0.2, 0.1, 0.3)],
+            }],
+            Some(0.1),
+        );
+        assert!(s.contains(r#"class="chart""#) && s.contains("<polyline") && s.contains("<polygon"));
+        assert!(s.contains("12-01 12:00") && s.contains("threshold"));
+    }
+
+    #[test]
+    fn bar_figures_sit_right_of_the_plot_so_a_threshold_never_crosses_them() {
+        let row =
+            BarRow { label: "x".repeat(40), bars: vec![Bar { colour: "#c00", x: 0, n: 4, lower: 0.0, upper: 0.5 }] };
+        let s = bar_chart("b", "B", &[row], &[("v".into(), "#c00")], Some(0.1));
+        let text_x = LABEL_W + PLOT_W + 8.0;
+        assert!(s.contains(&format!(r#"<text x="{text_x:.1}""#)), "{s}");
+        assert!(s.contains("0.0 % (0/4)") && s.contains("class=\"legend\""));
+        assert!(s.contains(&format!("{}…", "x".repeat(29))), "long labels are shortened, the full one in the title");
     }
 }

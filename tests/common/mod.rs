@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod chromium;
 pub mod docker;
 pub mod runs;
 

@@ -1,0 +1,157 @@
+//! The report and the trend index as a person sees them: two real `schnell` runs of
+//! versions with 40-character names (the simulated model, the real gym), a reference
+//! and a candidate, then each page opened in headless Chromium at a wide and a narrow
+//! window. Checked: no console errors, the page no wider than the window, no text
+//! spilling out of its box, no chart text clipped by its chart or overlapping another,
+//! the case table's filters working, and the changed-against-the-reference view.
+//!
+//! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the wide screenshots there (how `docs/`'s
+//! pictures are made).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::chromium::{Chromium, console_errors};
+use common::*;
+
+const BASE: &str = "reference-version-with-a-forty-char-name";
+const CAND: &str = "candidate-version-with-a-forty-char-name";
+
+/// Measures the page after load and writes what is wrong into `<pre id="probe">`
+/// (one finding a line), with every `<details>` opened (the conversations too).
+/// Appended to a copy of the page only; the page itself is untouched. Text inside an SVG is checked against its chart's box, everything else
+/// against its own box where it does not scroll.
+const PROBE: &str = r#"<script>
+window.addEventListener('load',function(){
+var bad=[];
+document.querySelectorAll('details').forEach(function(d){d.open=true});
+function name(e){return e.tagName+(e.id?'#'+e.id:'')+' "'+(e.textContent||'').trim().slice(0,50)+'"'}
+var de=document.documentElement;
+if(de.scrollWidth>window.innerWidth+1)bad.push('page '+de.scrollWidth+'px wide in a '+window.innerWidth+'px window');
+document.querySelectorAll('body *').forEach(function(e){
+  if(e.closest('svg')||e.tagName==='SCRIPT')return;
+  var cs=getComputedStyle(e);
+  if(cs.display==='inline'||cs.display==='none'||e.closest('[hidden]'))return;
+  if(cs.overflowX==='visible'&&e.scrollWidth>e.clientWidth+1&&e.clientWidth>0)bad.push('overflows its box: '+name(e)+' '+e.scrollWidth+'>'+e.clientWidth);
+});
+document.querySelectorAll('svg.chart').forEach(function(svg){
+  var r=svg.getBoundingClientRect(),texts=[].slice.call(svg.querySelectorAll('text'));
+  var boxes=texts.map(function(t){return t.getBoundingClientRect()});
+  texts.forEach(function(t,i){var b=boxes[i];
+    if(b.left<r.left-1||b.right>r.right+1||b.top<r.top-1||b.bottom>r.bottom+1)bad.push('clipped in #'+svg.id+': '+name(t));
+    if(t.hasAttribute('transform'))return;
+    for(var j=i+1;j<texts.length;j++){var c=boxes[j];if(texts[j].hasAttribute('transform'))continue;
+      var w=Math.min(b.right,c.right)-Math.max(b.left,c.left),h=Math.min(b.bottom,c.bottom)-Math.max(b.top,c.top);
+      if(w>1&&h>1)bad.push('overlap in #'+svg.id+': '+name(t)+' / '+name(texts[j]));}
+  });
+});
+var p=document.createElement('pre');p.id='probe';p.textContent='PROBE\n'+bad.join('\n')+'\nEND';document.body.appendChild(p);
+});
+</script>"#;
+
+/// The probe's findings for `page` at `width` px, and the console errors.
+fn probe(chromium: &Chromium, page: &Path, width: u32) -> (Vec<String>, Vec<String>) {
+    let html = std::fs::read_to_string(page).unwrap();
+    // Beside the page, so its relative links resolve the same.
+    let copy = page.with_file_name(format!("probe-{width}.html"));
+    std::fs::write(&copy, html.replace("</body>", &format!("{PROBE}</body>"))).unwrap();
+    let out =
+        chromium.open(&copy, &["--dump-dom", "--virtual-time-budget=5000", &format!("--window-size={width},1400")]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let found = dom.split("PROBE\n").nth(1).and_then(|s| s.split("\nEND").next());
+    let found = found.unwrap_or_else(|| panic!("the probe did not run on {}: {dom:.500}", page.display()));
+    let findings = found.lines().filter(|l| !l.is_empty()).map(str::to_string).collect();
+    (findings, console_errors(&out.stderr))
+}
+
+fn screenshot(chromium: &Chromium, page: &Path, width: u32, to: &Path) {
+    let out = chromium.open(page, &[&format!("--screenshot={}", to.display()), &format!("--window-size={width},1600")]);
+    let size = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        size > 10_000,
+        "screenshot of {} at {width} px: {size} bytes; {}",
+        page.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(console_errors(&out.stderr).is_empty(), "{:?}", console_errors(&out.stderr));
+}
+
+/// Two runs: the reference (the susceptible demo) and the candidate against it.
+fn two_runs(bench: &Bench) -> (PathBuf, PathBuf) {
+    let base = std::fs::read_to_string(repo().join("versions/demo-baseline.toml")).unwrap();
+    bench.write(&format!("versions/{BASE}.toml"), &base);
+    let cand = std::fs::read_to_string(repo().join("versions/demo-kandidat.toml")).unwrap();
+    assert!(cand.contains("reference = \"demo-baseline\""));
+    bench.write(&format!("versions/{CAND}.toml"), &cand.replace("\"demo-baseline\"", &format!("\"{BASE}\"")));
+    // The susceptible reference is rejected (R2), the hardened candidate approved.
+    let base_dir = bench.run(&["run", BASE, "--plan", "schnell", "--jobs", "4"]).code(10).run_dir();
+    let cand_dir = bench.run(&["run", CAND, "--plan", "schnell", "--jobs", "4"]).code(0).run_dir();
+    (base_dir, cand_dir)
+}
+
+#[test]
+fn report_and_index_read_well_at_two_widths() {
+    let bench = Bench::new();
+    let (_, cand_dir) = two_runs(&bench);
+    let report = cand_dir.join("report.html");
+    let index = bench.path().join("reports/index.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+
+    // The way into cases: every case a row and a conversation; the candidate never
+    // lets an injection land where the reference did, so the changes are blocks.
+    let rows = html.matches("<tr data-tags=").count();
+    assert_eq!(rows, html.matches(r#"<details class="case""#).count());
+    assert!(rows >= 100, "{rows} case rows");
+    assert!(html.contains("<mark>"), "injected text highlighted in some tool result");
+    assert!(
+        html.contains(r#"<li class="turn t-assistant"><b>assistant</b>"#) && html.contains(r#"class="call">→ <code>"#)
+    );
+    let summary = html.split(r#"id="changed-summary">"#).nth(1).unwrap();
+    let summary = &summary[..summary.find("</p>").unwrap()];
+    assert!(summary.contains(BASE) && summary.contains("<b>0</b> newly landed"), "{summary}");
+    assert!(!summary.contains("<b>0</b> newly blocked"), "the hardened candidate blocks: {summary}");
+    assert!(html.contains(r#"<tr data-tags="blocked changed">"#));
+    // Numeric task order in the heat map and the table.
+    let (t2, t10) = (html.find("/user_task_2/").unwrap(), html.find("/user_task_10/").unwrap());
+    assert!(t2 < t10, "user_task_2 before user_task_10");
+    assert!(html.contains(r##"<a href="#case-"##) && html.contains("injection landed:"), "cells link; a legend");
+
+    let chromium = Chromium::find();
+    for width in [1280, 420] {
+        for page in [&report, &index] {
+            let (findings, errors) = probe(&chromium, page, width);
+            assert!(errors.is_empty(), "{} at {width} px: console errors {errors:?}", page.display());
+            assert!(findings.is_empty(), "{} at {width} px:\n{}", page.display(), findings.join("\n"));
+        }
+    }
+
+    // The filters work: the page's script hides all but the changed rows.
+    let filtered = cand_dir.join("filtered.html");
+    let click = "<script>window.addEventListener('load',function(){var i=document.querySelector('#case-filter input[value=changed]');i.checked=true;i.dispatchEvent(new Event('change',{bubbles:true}));document.title='SHOWN '+document.querySelectorAll('#cases tbody tr:not([hidden])').length+' '+document.getElementById('case-count').textContent})</script>";
+    std::fs::write(&filtered, html.replace("</body>", &format!("{click}</body>"))).unwrap();
+    let out = chromium.open(&filtered, &["--dump-dom", "--virtual-time-budget=5000"]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let changed = html
+        .split(r#"<tr data-tags=""#)
+        .skip(1)
+        .filter(|row| row[..row.find('"').unwrap()].split(' ').any(|t| t == "changed"))
+        .count();
+    assert!(changed > 0);
+    assert!(
+        dom.contains(&format!("<title>SHOWN {changed} {changed} of {rows} shown</title>")),
+        "{changed} changed of {rows}: {:?}",
+        dom.split("<title>").nth(1).map(|t| &t[..t.find("</title>").unwrap_or(0)])
+    );
+
+    let keep = std::env::var_os("PRUEFSTAND_SCREENSHOTS").map(PathBuf::from);
+    for (page, stem) in [(&report, "report"), (&index, "index")] {
+        for width in [1280, 420] {
+            let to = cand_dir.join(format!("{stem}-{width}.png"));
+            screenshot(&chromium, page, width, &to);
+            if let (Some(dir), 1280) = (&keep, width) {
+                std::fs::copy(&to, dir.join(format!("{stem}.png"))).unwrap();
+            }
+        }
+    }
+}
