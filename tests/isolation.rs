@@ -126,17 +126,25 @@ fn names_cannot_climb_out_of_the_reports_folder() {
         run.stderr
     );
 
-    let escaping = TINY_PLAN.replace("name = \"tiny\"", "name = \"../../../escaped\"");
+    // Unique names: the folder above the bench is shared with other tests.
+    let escaped = format!("escaped-{}", std::process::id());
+    let escaping = TINY_PLAN.replace("name = \"tiny\"", &format!("name = \"../../../{escaped}\""));
     let plan = bench.write("profiles/escape.toml", &escaping);
     let run = bench.run(&["run", "demo-baseline", "--plan", plan.to_str().unwrap()]).code(2);
-    assert!(run.stderr.contains("escape.toml:2:8: name: \"../../../escaped\" starts with '.'"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("escape.toml:2:8: name: \"../../../{escaped}\" starts with '.'")),
+        "{}",
+        run.stderr
+    );
 
-    let run = bench.run(&["gym", "--plan", "tiny", "--agent-cmd", "true", "--name", "../../x"]).code(2);
+    let climbed = format!("x-{}", std::process::id());
+    let run =
+        bench.run(&["gym", "--plan", "tiny", "--agent-cmd", "true", "--name", &format!("../../{climbed}")]).code(2);
     assert!(run.stderr.contains("--name") && run.stderr.contains("starts with '.'"), "{}", run.stderr);
     let run = bench.run(&["run", "demo-baseline", "--jobs", "0"]).code(2);
     assert!(run.stderr.contains("--jobs"), "{}", run.stderr);
     let outside = bench.path().parent().unwrap();
-    assert!(!outside.join("escaped").exists() && !outside.join("x").exists());
+    assert!(!outside.join(&escaped).exists() && !outside.join(&climbed).exists());
     assert!(!bench.path().join("reports").exists(), "nothing was created");
 }
 
