@@ -51,7 +51,7 @@ mod cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -113,6 +113,12 @@ enum Command {
     Agent(cmd::agent::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
+    /// Print shell completions (generated from this command line).
+    #[command(hide = true)]
+    Completions(cmd::completions::Args),
+    /// Print the man page, or write all pages with --dir.
+    #[command(hide = true)]
+    Man(cmd::completions::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -170,5 +176,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Status(args) => cmd::status::main(root, args),
         Command::Daemon(args) => cmd::daemon::main(root, args).await,
         Command::InstallUnits(args) => cmd::install_units::main(root, args),
+        Command::Completions(args) => cmd::completions::main(args, Cli::command()),
+        Command::Man(args) => cmd::completions::man(args, Cli::command()),
     }
 }
