@@ -53,6 +53,7 @@ pub fn init(audience: Audience) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let format = Lines { audience, journal: audience == Audience::Daemon && under_journald() };
     use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| Stderr)
@@ -60,7 +61,8 @@ pub fn init(audience: Audience) {
         .event_format(format)
         .finish()
         .with(JobLogs);
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    // try_init, not set_global_default: it also forwards the `log` crate's records.
+    let _ = subscriber.try_init();
 }
 
 /// The open log file of each job the daemon runs now.
