@@ -11,12 +11,17 @@
 //!   daemon opens per job). Under systemd (`JOURNAL_STREAM` set) each line starts with
 //!   its syslog priority (`<4>` for a warning), which journald turns into the entry's
 //!   priority: `journalctl --user -u pruefstand -p warning` filters.
+//! - While the daemon runs a job it registers the job's own log file ([`job_log`]):
+//!   every event inside that job's span is appended there too, so `pruefstand log <job>`
+//!   shows one job's lines without the daemon's others.
 //! - Results go to stdout through [`out`] (the `outln!` macro). A closed stdout
 //!   (`pruefstand queue | head -1`) ends the process quietly with status 0, as ripgrep
 //!   does, instead of a panic.
 //!
 //! Not here: what a message says (the caller's), the daemon's status file (`daemon`).
 
+use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -47,12 +52,109 @@ pub fn init(audience: Audience) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PRUEFSTAND_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let format = Lines { audience, journal: audience == Audience::Daemon && under_journald() };
-    let _ = tracing_subscriber::fmt()
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| Stderr)
         .with_ansi(false)
         .event_format(format)
-        .try_init();
+        .finish()
+        .with(JobLogs);
+    // try_init, not set_global_default: it also forwards the `log` crate's records.
+    let _ = subscriber.try_init();
+}
+
+/// The open log file of each job the daemon runs now.
+static JOB_LOGS: Mutex<BTreeMap<u64, File>> = Mutex::new(BTreeMap::new());
+
+/// A registered job log; unregistered (and closed) on drop.
+pub struct JobLog(u64);
+
+impl Drop for JobLog {
+    fn drop(&mut self) {
+        JOB_LOGS.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.0);
+    }
+}
+
+/// Appends every event inside the span `job` with `job = id` to `file` until the
+/// returned guard is dropped.
+pub fn job_log(id: u64, file: File) -> JobLog {
+    JOB_LOGS.lock().unwrap_or_else(|e| e.into_inner()).insert(id, file);
+    JobLog(id)
+}
+
+/// The job id a `job` span carries, kept in the span's extensions.
+struct JobId(u64);
+
+/// The layer behind [`job_log`].
+struct JobLogs;
+
+impl<S> tracing_subscriber::Layer<S> for JobLogs
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "job" {
+            return;
+        }
+        let mut found = FieldText::default();
+        attrs.record(&mut found);
+        if let (Some(job), Some(span)) = (found.job, ctx.span(id)) {
+            span.extensions_mut().insert(JobId(job));
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let mut logs = JOB_LOGS.lock().unwrap_or_else(|e| e.into_inner());
+        if logs.is_empty() {
+            return;
+        }
+        let Some(job) = ctx
+            .event_scope(event)
+            .and_then(|scope| scope.from_root().find_map(|span| span.extensions().get::<JobId>().map(|id| id.0)))
+        else {
+            return;
+        };
+        let Some(file) = logs.get_mut(&job) else { return };
+        let mut text = FieldText::default();
+        event.record(&mut text);
+        let time = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ");
+        // A full disk must not end the job over its log; the daemon's stderr has it too.
+        let _ = writeln!(file, "{time} {:>5} {}", event.metadata().level(), text.text);
+    }
+}
+
+/// An event's message and fields as one line (`message k=v …`), and a `job` field's value.
+#[derive(Default)]
+struct FieldText {
+    text: String,
+    job: Option<u64>,
+}
+
+impl tracing::field::Visit for FieldText {
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        if field.name() == "job" {
+            self.job = Some(value);
+        }
+        self.record_debug(field, &value);
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if !self.text.is_empty() {
+            self.text.push(' ');
+        }
+        let _ = match field.name() {
+            "message" => write!(self.text, "{value:?}"),
+            name => write!(self.text, "{name}={value:?}"),
+        };
+    }
 }
 
 /// systemd connects a service's stderr to the journal and says so in `JOURNAL_STREAM`.
@@ -285,6 +387,23 @@ mod tests {
         assert_eq!(priority(Level::WARN), 4);
         assert_eq!(priority(Level::INFO), 6);
         assert_eq!(priority(Level::DEBUG), 7);
+    }
+
+    #[test]
+    fn a_job_log_gets_the_events_of_its_job_span_only() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let subscriber = tracing_subscriber::registry().with(JobLogs);
+        tracing::subscriber::with_default(subscriber, || {
+            let _log = job_log(41, File::create(&path).unwrap());
+            tracing::info!("outside any job");
+            tracing::info_span!("job", job = 42u64).in_scope(|| tracing::info!("another job's line"));
+            tracing::info_span!("job", job = 41u64).in_scope(|| tracing::warn!(cases = 3, "the job's line"));
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains(" WARN the job's line cases=3"), "{text}");
     }
 
     #[test]

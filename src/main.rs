@@ -27,9 +27,10 @@ mod sim;
 mod container;
 mod model;
 
-// The run's parts: the run directory and the figures over its records, the gym
-// (AgentDojo, Python), the agent runtime.
+// The run's parts: the run directory (and the bench lock beside it) and the figures
+// over its records, the gym (AgentDojo, Python), the agent runtime.
 mod rundir;
+mod benchlock;
 mod telemetry;
 mod concurrency;
 mod gym;
@@ -50,7 +51,7 @@ mod cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +82,18 @@ enum Command {
     Status(cmd::status::Args),
     /// Cancel a pending job, or stop a running one.
     Cancel(cmd::cancel::Args),
+    /// Show a job's log (the daemon's lines about it); --follow until it ends.
+    Log(cmd::log::Args),
+    /// Put a done, failed or cancelled job back into the queue (resumes its run dir).
+    Restart(cmd::restart::Args),
+    /// Change a pending job's priority.
+    Priority(cmd::priority::Args),
+    /// Remove ended jobs from the queue (their run directories stay).
+    Clean(cmd::clean::Args),
+    /// Pause the queue: the daemon starts no new job (a running one finishes).
+    Pause(cmd::pause::Args),
+    /// Resume a paused queue.
+    Resume(cmd::pause::Args),
     /// Run the job queue (normally under systemd: units/pruefstand.service).
     Daemon(cmd::daemon::Args),
     /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
@@ -100,6 +113,12 @@ enum Command {
     Agent(cmd::agent::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
+    /// Print shell completions (generated from this command line).
+    #[command(hide = true)]
+    Completions(cmd::completions::Args),
+    /// Print the man page, or write all pages with --dir.
+    #[command(hide = true)]
+    Man(cmd::completions::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -148,9 +167,17 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Start(args) => cmd::start::main(root, args),
         Command::Queue(args) => cmd::queue::main(root, args),
         Command::Cancel(args) => cmd::cancel::main(root, args),
+        Command::Log(args) => cmd::log::main(root, args),
+        Command::Restart(args) => cmd::restart::main(root, args),
+        Command::Priority(args) => cmd::priority::main(root, args),
+        Command::Clean(args) => cmd::clean::main(root, args),
+        Command::Pause(_) => cmd::pause::main(root, true),
+        Command::Resume(_) => cmd::pause::main(root, false),
         Command::Status(args) => cmd::status::main(root, args),
         Command::Daemon(args) => cmd::daemon::main(root, args).await,
         Command::InstallUnits(args) => cmd::install_units::main(root, args),
+        Command::Completions(args) => cmd::completions::main(args, Cli::command()),
+        Command::Man(args) => cmd::completions::man(args, Cli::command()),
     }
 }
 #[cfg(test)]

@@ -135,6 +135,11 @@ impl Profile {
     }
 
     pub fn load(path: &Path) -> anyhow::Result<(Profile, String)> {
+        if let (false, Some(dir), Some(name)) = (path.exists(), path.parent(), path.file_stem())
+            && let Some(message) = util::unknown_name("plan", &name.to_string_lossy(), dir)
+        {
+            anyhow::bail!("{message}");
+        }
         let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
         if let Err(invalid) = profile.rules.validate() {

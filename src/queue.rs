@@ -8,7 +8,10 @@
 //!   daemon.json         the daemon's published state (`status` reads it)
 //!   next-id             the last job id handed out
 //!   tmp/                jobs being assembled (renamed into jobs/ when complete)
+//!   paused              present while the queue is paused (`pause`/`resume`)
+//!   locks/gpu.lock      the bench lock: held while a GPU-backed run runs (`benchlock`)
 //!   jobs/<id>/job.json  the job: state, attempts, run dir, verdict, history
+//!   jobs/<id>/log       the daemon's lines about the job (`pruefstand log`)
 //!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
 //!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
 //! ```
@@ -70,7 +73,7 @@ pub enum Transition {
     /// pending → running, into this run directory (kept across attempts).
     Start { run_dir: PathBuf },
     /// running → done.
-    Finish { verdict: Verdict, summary: String },
+    Finish { verdict: Verdict, summary: String, figures: Headline },
     /// pending | running → failed.
     Fail { error: String },
     /// `pruefstand cancel` on a pending or interrupted job: cancelled at once; on a
@@ -83,6 +86,19 @@ pub enum Transition {
     Interrupt { reason: String, crashed: bool },
     /// interrupted → pending.
     Requeue,
+    /// pending | interrupted: a new priority (`pruefstand priority`).
+    Prioritise { priority: i32 },
+    /// done | failed | cancelled → pending, with its attempts and result cleared; it
+    /// resumes into its run directory (`pruefstand restart`).
+    Restart,
+}
+
+/// The figures a finished job shows in `queue` (rates, 0–1).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct Headline {
+    pub asr: Option<f64>,
+    pub utility: Option<f64>,
+    pub utility_under_attack: Option<f64>,
 }
 
 /// The snapshot taken at `start`: later edits of the spec or profile never change a
@@ -125,6 +141,9 @@ pub struct Job {
     pub verdict: Option<Verdict>,
     /// The judgement's one-line summary.
     pub summary: Option<String>,
+    /// The headline figures of a finished job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figures: Option<Headline>,
     pub error: Option<String>,
     /// Set by `cancel` on a running job; the daemon acts on it.
     #[serde(default)]
@@ -147,9 +166,10 @@ impl Job {
                 self.run_dir = Some(run_dir.clone());
                 (Running, format!("attempt {} into {}", self.attempt, run_dir.display()))
             }
-            (Running, Transition::Finish { verdict, summary }) => {
+            (Running, Transition::Finish { verdict, summary, figures }) => {
                 self.verdict = Some(*verdict);
                 self.summary = Some(summary.clone());
+                self.figures = Some(*figures);
                 (Done, verdict.as_str().to_string())
             }
             (Pending | Running | Interrupted, Transition::Fail { error }) => {
@@ -169,7 +189,21 @@ impl Job {
                 (Interrupted, reason.clone())
             }
             (Interrupted, Transition::Requeue) => (Pending, "back in the queue".into()),
-            (state, transition) => bail!("job {} is {}: cannot apply {transition:?}", self.id, state.as_str()),
+            (Pending | Interrupted, Transition::Prioritise { priority }) => {
+                self.priority = *priority;
+                self.history.push(HistoryEntry { at: now(), state: self.state, note: format!("priority {priority}") });
+                return Ok(());
+            }
+            (Done | Failed | Cancelled, Transition::Restart) => {
+                self.attempt = 0;
+                self.verdict = None;
+                self.summary = None;
+                self.figures = None;
+                self.error = None;
+                self.cancel_requested = false;
+                (Pending, "restarted".into())
+            }
+            (state, transition) => bail!("{}", refusal(self.id, state, transition)),
         };
         self.state = to;
         self.history.push(HistoryEntry { at: now(), state: to, note });
@@ -182,6 +216,43 @@ impl Job {
             _ => util::EXIT_COULD_NOT_RUN,
         }
     }
+}
+
+/// Why `transition` does not apply to a job in `state`, in the words of the command
+/// that asked for it.
+fn refusal(id: u64, state: State, transition: &Transition) -> String {
+    let is = match state {
+        State::Done | State::Failed | State::Cancelled => format!("job {id} has ended ({})", state.as_str()),
+        state => format!("job {id} is {}", state.as_str()),
+    };
+    match transition {
+        Transition::Cancel => format!("{is}: there is nothing to cancel"),
+        Transition::Prioritise { .. } => {
+            format!("{is}: only a pending or interrupted job's priority can change")
+        }
+        Transition::Restart => format!("{is}: only a done, failed or cancelled job can be restarted"),
+        other => format!("{is}: cannot apply {other:?}"),
+    }
+}
+
+/// When the job's first attempt started and when it ended (RFC 3339), from its history.
+pub fn started_finished(job: &Job) -> (Option<&str>, Option<&str>) {
+    // A restart begins the job anew: only the history after it counts.
+    let since = job.history.iter().rposition(|h| h.note == "restarted").unwrap_or(0);
+    let history = &job.history[since..];
+    let started = history.iter().find(|h| h.state == State::Running).map(|h| h.at.as_str());
+    let finished = history.last().filter(|h| h.state.is_final()).map(|h| h.at.as_str());
+    (started, finished)
+}
+
+/// Which final jobs `clean --keep N` removes: all but the `keep` newest (by id) of the
+/// done, failed and cancelled ones. Pending, running and interrupted jobs stay.
+pub fn to_clean(jobs: &[Job], keep: usize) -> Vec<u64> {
+    let mut ended: Vec<u64> = jobs.iter().filter(|j| j.state.is_final()).map(|j| j.id).collect();
+    ended.sort_unstable();
+    let remove = ended.len().saturating_sub(keep);
+    ended.truncate(remove);
+    ended
 }
 
 fn now() -> String {
@@ -221,6 +292,49 @@ impl Queue {
 
     pub fn daemon_lock_file(&self) -> PathBuf {
         self.dir.join("daemon.lock")
+    }
+
+    /// The job's own log, written by the daemon while it runs the job.
+    pub fn log_file(&self, id: u64) -> PathBuf {
+        self.job_dir(id).join("log")
+    }
+
+    fn pause_file(&self) -> PathBuf {
+        self.dir.join("paused")
+    }
+
+    /// Whether the queue is paused: the daemon starts no job until `resume`.
+    pub fn is_paused(&self) -> bool {
+        self.pause_file().exists()
+    }
+
+    /// Pauses or resumes the queue. The marker is a file, so a paused daemon stays
+    /// paused across restarts; the daemon learns of the change through `jobs/.changed`.
+    pub fn set_paused(&self, paused: bool) -> anyhow::Result<()> {
+        let path = self.pause_file();
+        if paused {
+            write_private(&path, now().as_bytes())?;
+        } else if let Err(err) = std::fs::remove_file(&path)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(err).with_context(|| format!("removing {}", path.display()));
+        }
+        self.touch();
+        Ok(())
+    }
+
+    /// Removes the folders of ended jobs (`to_clean`) under the queue lock; their run
+    /// directories under `reports/` stay. Returns the ids removed.
+    pub fn clean(&self, keep: usize) -> anyhow::Result<Vec<u64>> {
+        let _lock = self.lock()?;
+        let ids = to_clean(&self.list()?, keep);
+        for id in &ids {
+            let dir = self.job_dir(*id);
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        sync_dir(&self.jobs_dir())?;
+        self.touch();
+        Ok(ids)
     }
 
     pub fn lock(&self) -> anyhow::Result<QueueLock> {
@@ -263,6 +377,7 @@ impl Queue {
             run_dir: None,
             verdict: None,
             summary: None,
+            figures: None,
             error: None,
             cancel_requested: false,
             snapshot: Snapshot {
@@ -311,7 +426,13 @@ impl Queue {
 
     pub fn load(&self, id: u64) -> anyhow::Result<Job> {
         let path = self.job_dir(id).join("job.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("no job {id} ({})", path.display()))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                bail!("there is no job {id} (`pruefstand queue` lists the jobs)")
+            }
+            Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+        };
         serde_json::from_str(&text).with_context(|| format!("{}: not a job", path.display()))
     }
 
@@ -454,6 +575,7 @@ mod tests {
             run_dir: None,
             verdict: None,
             summary: None,
+            figures: None,
             error: None,
             cancel_requested: false,
             snapshot: Snapshot {
@@ -477,7 +599,12 @@ mod tests {
         assert!(j.apply(Transition::Start { run_dir: "r".into() }).is_err(), "interrupted must be requeued first");
         j.apply(Transition::Requeue).unwrap();
         j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
-        j.apply(Transition::Finish { verdict: Verdict::Approved, summary: String::new() }).unwrap();
+        j.apply(Transition::Finish {
+            verdict: Verdict::Approved,
+            summary: String::new(),
+            figures: Headline::default(),
+        })
+        .unwrap();
         assert_eq!((j.state, j.attempt, j.exit_code()), (State::Done, 1, 0));
         assert!(j.apply(Transition::Cancel).is_err(), "a finished job stays finished");
     }
@@ -504,6 +631,55 @@ mod tests {
         assert_eq!(queue.next_id().unwrap(), 9);
         std::fs::write(dir.path().join("next-id"), "41").unwrap();
         assert_eq!(queue.next_id().unwrap(), 42);
+    }
+
+    #[test]
+    fn priority_changes_while_waiting_only() {
+        let mut j = job();
+        j.apply(Transition::Prioritise { priority: 5 }).unwrap();
+        assert_eq!((j.state, j.priority), (State::Pending, 5));
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        let err = j.apply(Transition::Prioritise { priority: 1 }).unwrap_err().to_string();
+        assert_eq!(j.priority, 5);
+        assert!(err.contains("job 1 is running") && err.contains("pending"), "{err}");
+    }
+
+    #[test]
+    fn a_restarted_job_is_pending_again_with_its_run_dir_and_no_result() {
+        let mut j = job();
+        assert!(j.apply(Transition::Restart).is_err(), "a pending job is not restarted");
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        j.apply(Transition::Fail { error: "boom".into() }).unwrap();
+        let before_restart = started_finished(&j);
+        assert!(before_restart.0.is_some() && before_restart.1.is_some());
+        j.apply(Transition::Restart).unwrap();
+        assert_eq!((j.state, j.attempt, j.error.as_deref()), (State::Pending, 0, None));
+        assert_eq!(j.run_dir.as_deref(), Some(Path::new("r")), "it resumes into its run directory");
+        assert_eq!(started_finished(&j), (None, None), "times begin anew");
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        let headline = Headline { asr: Some(0.1), utility: Some(0.9), utility_under_attack: None };
+        j.apply(Transition::Finish { verdict: Verdict::Rejected, summary: "s".into(), figures: headline }).unwrap();
+        assert_eq!(j.figures, Some(headline));
+        j.apply(Transition::Restart).unwrap();
+        assert_eq!((j.verdict, j.figures), (None, None));
+    }
+
+    #[test]
+    fn refusals_say_what_the_job_is_in_plain_words() {
+        let mut j = job();
+        j.apply(Transition::Cancel).unwrap();
+        let err = j.apply(Transition::Cancel).unwrap_err().to_string();
+        assert_eq!(err, "job 1 has ended (cancelled): there is nothing to cancel");
+    }
+
+    #[test]
+    fn clean_keeps_the_newest_ended_jobs_and_every_waiting_one() {
+        let states = [State::Done, State::Pending, State::Failed, State::Cancelled, State::Running, State::Done];
+        let jobs: Vec<Job> =
+            states.iter().enumerate().map(|(i, state)| Job { id: i as u64 + 1, state: *state, ..job() }).collect();
+        assert_eq!(to_clean(&jobs, 0), vec![1, 3, 4, 6]);
+        assert_eq!(to_clean(&jobs, 2), vec![1, 3]);
+        assert_eq!(to_clean(&jobs, 10), Vec::<u64>::new());
     }
 
     #[test]

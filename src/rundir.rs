@@ -61,6 +61,12 @@ pub struct RunLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
 impl RunLock {
     /// Takes the lock on `path` now, or says who holds it.
     pub fn try_take(path: &std::path::Path) -> anyhow::Result<Result<RunLock, String>> {
+        let holder = format!("pid {} ({})", std::process::id(), std::env::args().collect::<Vec<_>>().join(" "));
+        RunLock::try_take_as(path, &holder)
+    }
+
+    /// [`RunLock::try_take`], naming the holder as `holder` (and since when).
+    pub fn try_take_as(path: &std::path::Path, holder: &str) -> anyhow::Result<Result<RunLock, String>> {
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -70,12 +76,7 @@ impl RunLock {
             .with_context(|| format!("opening {}", path.display()))?;
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
-                let holder = format!(
-                    "pid {} ({}) since {}",
-                    std::process::id(),
-                    std::env::args().collect::<Vec<_>>().join(" "),
-                    chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC")
-                );
+                let holder = format!("{holder} since {}", chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC"));
                 lock.set_len(0)?;
                 lock.write_all(holder.as_bytes())?;
                 Ok(Ok(RunLock(lock)))

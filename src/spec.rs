@@ -157,6 +157,12 @@ impl Version {
 
     pub fn load(versions_dir: &Path, name_or_path: &str) -> anyhow::Result<Version> {
         let path = Version::locate(versions_dir, name_or_path);
+        if !path.exists()
+            && path.parent() == Some(versions_dir)
+            && let Some(message) = util::unknown_name("version", name_or_path, versions_dir)
+        {
+            anyhow::bail!("{message}");
+        }
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
                 "no version {name_or_path:?}: cannot read {} (versions live in {})",

@@ -271,3 +271,76 @@ mod position_tests {
         assert!(err.starts_with("x.toml:2:1: unknown field `b`"), "{err}");
     }
 }
+
+/// What to say when `name` names no `<name>.toml` in `dir`: the names there, and the
+/// closest one ("did you mean") when it is a likely typo. `None` when `dir` holds no
+/// `.toml` at all (then there is nothing to offer).
+pub fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.strip_suffix(".toml").map(str::to_string))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return None;
+    }
+    let guess = closest(name, &names).map_or(".".to_string(), |g| format!("; did you mean {g:?}?"));
+    Some(format!("no {kind} {name:?} in {}{guess} There are: {}", dir.display(), names.join(", ")))
+}
+
+/// The candidate nearest to `typed` by edit distance, if it is near enough to be a typo
+/// (at most a third of the longer name, and two edits allowed in any case).
+fn closest<'a>(typed: &str, candidates: &'a [String]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(typed, c), c))
+        .filter(|(d, c)| *d <= (typed.chars().count().max(c.chars().count()) / 3).max(2))
+        .min()
+        .map(|(_, c)| c.as_str())
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod typo_tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("schnel", "schnell"), 1);
+        assert_eq!(edit_distance("kandidat", "kandiadt"), 2);
+        assert_eq!(edit_distance("voll", "voll"), 0);
+    }
+
+    #[test]
+    fn a_typo_gets_the_closest_name_and_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["demo-kandidat.toml", "demo-baseline.toml", "notes.txt"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let message = unknown_name("version", "demo-kandidt", dir.path()).unwrap();
+        assert!(message.contains("did you mean \"demo-kandidat\"?"), "{message}");
+        assert!(message.ends_with("There are: demo-baseline, demo-kandidat"), "{message}");
+        let far = unknown_name("version", "xyz", dir.path()).unwrap();
+        assert!(far.contains("\"xyz\" in ") && far.contains(". There are: "), "{far}");
+        assert!(!far.contains("did you mean"), "{far}");
+        assert_eq!(unknown_name("plan", "x", &dir.path().join("nowhere")), None);
+    }
+}

@@ -27,9 +27,13 @@ const NVML_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Args {
     /// Also check what this version needs (image, model and adapter paths).
     pub version: Option<String>,
+    /// The lines as JSON on stdout (`[{"level", "what", "fix"}]`).
+    #[arg(long)]
+    pub json: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Level {
     Ok,
     Warn,
@@ -46,6 +50,7 @@ impl fmt::Display for Level {
     }
 }
 
+#[derive(serde::Serialize)]
 struct Line {
     level: Level,
     what: String,
@@ -122,15 +127,19 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     report.extend(gpu);
     report.extend(dbus);
 
-    for line in &report.0 {
-        match &line.fix {
-            Some(fix) => outln!("{:<4}  {} → {fix}", line.level, line.what),
-            None => outln!("{:<4}  {}", line.level, line.what),
-        }
-    }
     let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
     let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
-    outln!("{fails} FAIL, {warns} WARN");
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&report.0)?);
+    } else {
+        for line in &report.0 {
+            match &line.fix {
+                Some(fix) => outln!("{:<4}  {} → {fix}", line.level, line.what),
+                None => outln!("{:<4}  {}", line.level, line.what),
+            }
+        }
+        outln!("{fails} FAIL, {warns} WARN");
+    }
     Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
 }
 

@@ -25,12 +25,21 @@ pub struct Args {
     /// directory's three parents that is named `reports` or holds an index.html.
     #[arg(long)]
     pub reports_dir: Option<PathBuf>,
+    /// The judgement as JSON on stdout (judgement.json's content and the report's path).
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
     let (judgement, _) =
         rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
+    let report = args.run_dir.join("report.html");
+    if args.json {
+        let value = serde_json::json!({ "report": report, "judgement": judgement });
+        outln!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(ExitCode::from(judgement.verdict.exit_code()));
+    }
     if judgement.cases_changed {
         outln!(
             "note: {} changed since the run wrote it (its sha256 differs from cases.sha256); judged as it is now",
@@ -44,7 +53,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if let Some(sha) = &judgement.cases_sha256 {
         outln!("judged cases.jsonl sha256 {sha}");
     }
-    outln!("report: {}", args.run_dir.join("report.html").display());
+    outln!("report: {}", report.display());
     Ok(ExitCode::from(judgement.verdict.exit_code()))
 }
 

@@ -4,11 +4,17 @@
 pub mod agent;
 pub mod cancel;
 pub mod check;
+pub mod clean;
+pub mod completions;
 pub mod daemon;
 pub mod gym;
 pub mod install_units;
 pub mod judge;
+pub mod log;
+pub mod pause;
+pub mod priority;
 pub mod queue;
+pub mod restart;
 pub mod run;
 pub mod setup;
 pub mod sim_serve;

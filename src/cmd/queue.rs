@@ -1,9 +1,11 @@
-//! `pruefstand queue`: the jobs of this bench root, oldest first.
+//! `pruefstand queue`: the jobs of this bench root, oldest first, with when each started
+//! and ended, how long it took, and the headline figures of a finished one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::queue::Queue;
+use crate::daemon::state::human_secs;
+use crate::queue::{self, Headline, Job, Queue};
 use crate::root::Root;
 
 #[derive(clap::Args)]
@@ -15,17 +17,21 @@ pub struct Args {
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
-    let jobs = Queue::open(&root)?.list()?;
+    let queue = Queue::open(&root)?;
+    let jobs = queue.list()?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(ExitCode::SUCCESS);
+    }
+    if queue.is_paused() {
+        outln!("the queue is paused (`pruefstand resume` lets jobs start again)");
     }
     if jobs.is_empty() {
         outln!("no jobs");
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {}",
+        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<11}  {:<11}  {:>9}  {:<26}  {}",
         "id",
         "state",
         "prio",
@@ -33,16 +39,22 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         "plan",
         "try",
         "verdict",
-        "queued / run dir / error"
+        "started",
+        "finished",
+        "took",
+        "ASR  util@atk  util",
+        "run dir / error"
     );
+    let now = chrono::Utc::now();
     for job in jobs {
         let detail = match (&job.error, &job.run_dir) {
             (Some(error), _) => error.lines().next().unwrap_or("").to_string(),
             (None, Some(dir)) => dir.display().to_string(),
-            (None, None) => job.enqueued_at.clone(),
+            (None, None) => format!("queued {}", local_time(&job.enqueued_at)),
         };
+        let (started, finished) = queue::started_finished(&job);
         outln!(
-            "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {detail}",
+            "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<11}  {:<11}  {:>9}  {:<26}  {detail}",
             job.id,
             job.state.as_str(),
             job.priority,
@@ -50,7 +62,55 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             job.plan,
             job.attempt,
             job.verdict.map_or("", |v| v.as_str()),
+            started.map(local_time).unwrap_or_default(),
+            finished.map(local_time).unwrap_or_default(),
+            took(&job, now),
+            job.figures.as_ref().map(headline).unwrap_or_default(),
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `MM-DD HH:MM` in local time, from RFC 3339 (the text itself when it is not).
+fn local_time(at: &str) -> String {
+    match chrono::DateTime::parse_from_rfc3339(at) {
+        Ok(t) => t.with_timezone(&chrono::Local).format("%m-%d %H:%M").to_string(),
+        Err(_) => at.to_string(),
+    }
+}
+
+/// From the first start to the end, or to `now` while the job is still on.
+fn took(job: &Job, now: chrono::DateTime<chrono::Utc>) -> String {
+    let parse = |at: &str| chrono::DateTime::parse_from_rfc3339(at).ok().map(|t| t.with_timezone(&chrono::Utc));
+    let (started, finished) = queue::started_finished(job);
+    let Some(start) = started.and_then(parse) else { return String::new() };
+    let end = match finished {
+        Some(at) => parse(at).unwrap_or(now),
+        None if job.state == queue::State::Running => now,
+        None => return String::new(),
+    };
+    human_secs((end - start).num_milliseconds() as f64 / 1000.0)
+}
+
+/// `ASR  util@atk  util` as percentages, `–` for a figure not measured.
+fn headline(h: &Headline) -> String {
+    let pct = |rate: Option<f64>| rate.map_or("–".to_string(), |r| format!("{:.0} %", r * 100.0));
+    format!("{:<5} {:<8} {}", pct(h.asr), pct(h.utility_under_attack), pct(h.utility))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headline_figures_read_as_percentages() {
+        let h = Headline { asr: Some(0.391), utility: Some(1.0), utility_under_attack: None };
+        assert_eq!(headline(&h), "39 %  –        100 %");
+    }
+
+    #[test]
+    fn an_unreadable_time_is_shown_as_it_is() {
+        assert_eq!(local_time("yesterday"), "yesterday");
+        assert_eq!(local_time("2026-01-02T03:04:05Z").len(), "01-02 03:04".len());
+    }
 }

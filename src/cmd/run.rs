@@ -1,14 +1,19 @@
 //! `pruefstand run <version>`: benchmark a version on a plan and judge it — the main
-//! job. Prints the run directory, the headline figures and the verdict; the exit
-//! status is the verdict's (README: exit codes).
+//! job. Prints the run directory, the headline figures, the rules, the report's path
+//! and the verdict (or all of it as JSON); the exit status is the verdict's (README:
+//! exit codes). A version whose model runs on the GPU first takes the bench lock
+//! (`benchlock`), waiting for a daemon job or another run that holds it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::benchlock;
+use crate::judge::Judgement;
 use crate::pyenv::PyEnv;
 use crate::root::Root;
 use crate::run::{self, RunControl};
+use crate::rundir::RunLock;
 use crate::spec::Version;
 
 #[derive(clap::Args)]
@@ -29,11 +34,33 @@ pub struct Args {
     /// --out, continues a run that stopped early to the whole plan.
     #[arg(long)]
     pub full: bool,
+    /// When a GPU-backed version finds the GPU taken by another run or a daemon job,
+    /// exit 2 naming it instead of waiting.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// The result as JSON on stdout: run directory, report, reference and the judgement.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let version = Version::load(&root.versions(), &args.version)?;
+    // One model server on the GPU at a time: the daemon's job, or this run.
+    let _gpu = if benchlock::needs_gpu(&root, &version)? {
+        match bench_lock(&root, &version, args.no_wait).await? {
+            Ok(lock) => Some(lock),
+            Err(holder) => {
+                tracing::error!(
+                    "the GPU is taken: {}; without --no-wait this run waits for it",
+                    benchlock::held_by(&holder)
+                );
+                return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
+            }
+        }
+    } else {
+        None
+    };
     let pyenv = PyEnv::ensure()?;
     // Ctrl-C or SIGTERM stops the run cleanly: the gym is killed, the model server
     // stopped and removed, every finished case kept for `--out` to resume.
@@ -56,15 +83,53 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let finished = run::run(&root, &pyenv, &control, &version, &args.plan, args.jobs, args.out, args.full).await;
     signals.abort();
     let finished = finished?;
+    let report = finished.run_dir.path.join("report.html");
+    if args.json {
+        let value = serde_json::json!({
+            "run_dir": finished.run_dir.path,
+            "report": report,
+            "reference": finished.reference.as_ref().map(|(dir, made_now)| serde_json::json!({"run_dir": dir, "made_now": made_now})),
+            "judgement": finished.judgement,
+        });
+        outln!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(ExitCode::from(finished.judgement.verdict.exit_code()));
+    }
     if let Some((dir, made_now)) = &finished.reference {
         let how = if *made_now { "run now" } else { "reused" };
         outln!("reference: {} ({how})", dir.display());
     }
     crate::cmd::gym::print_summary(&finished.run_dir, &finished.executed.telemetry);
-    let judgement = &finished.judgement;
+    print_judgement(&finished.judgement, &report);
+    Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
+}
+
+/// The rules, the report's path and the verdict, as `run` ends (and `start --wait`).
+pub fn print_judgement(judgement: &Judgement, report: &Path) {
     for rule in &judgement.rules {
         outln!("  {} {:<16} {:<14} {}", rule.id, rule.name, rule.status.as_str(), rule.reason);
     }
+    outln!("report: {}", report.display());
     outln!("verdict: {}", judgement.verdict.as_str());
-    Ok(ExitCode::from(judgement.verdict.exit_code()))
+}
+
+/// The bench lock, waited for (saying for whom) unless `no_wait`; `Err(holder)` when
+/// `no_wait` finds it taken. Ctrl-C ends the wait.
+async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> anyhow::Result<Result<RunLock, String>> {
+    let holder = format!("`pruefstand run {}`, pid {}", version.name, std::process::id());
+    let mut said = false;
+    loop {
+        match benchlock::try_take(root, &holder)? {
+            Ok(lock) => return Ok(Ok(lock)),
+            Err(other) if no_wait => return Ok(Err(other)),
+            Err(other) if !said => {
+                tracing::info!("waiting for the GPU: {}", benchlock::held_by(&other));
+                said = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(benchlock::RETRY) => {}
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while waiting for the GPU"),
+        }
+    }
 }

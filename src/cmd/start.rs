@@ -1,6 +1,7 @@
 //! `pruefstand start <version>`: validate the spec and the plan, snapshot both into a
-//! queued job and print its id. With `--wait`, follow the job (inotify, no polling)
-//! and exit with `run`'s verdict codes.
+//! queued job and print its id. With `--wait`, follow the job (inotify, no polling),
+//! print what `run` prints at its end (summary, rules, report, verdict) and exit with
+//! `run`'s verdict codes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +9,9 @@ use std::sync::mpsc;
 
 use anyhow::Context;
 
+use crate::cmd::run::print_judgement;
 use crate::hooks;
+use crate::judge::Judgement;
 use crate::queue::{self, Job, Queue, State};
 use crate::root::Root;
 
@@ -35,12 +38,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let job = queue.enqueue(&root, &args.version, &args.plan, args.priority)?;
     outln!("{}", job.id);
     tracing::info!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
-    if !daemon_running(&queue)? {
-        tracing::info!(
-            "note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`",
-            root.path.display()
-        );
-    }
+    note_without_daemon(&root, &queue)?;
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
     }
@@ -48,11 +46,34 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if let Some(run_dir) = &job.run_dir {
         outln!("{}", run_dir.display());
     }
-    match &job.verdict {
-        Some(verdict) => outln!("verdict: {}", verdict.as_str()),
-        None => outln!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
+    // What `run` prints at its end, from the run's judgement.json.
+    let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
+        let text = std::fs::read_to_string(dir.join("judgement.json")).ok()?;
+        Some((serde_json::from_str::<Judgement>(&text).ok()?, dir.join("report.html")))
+    });
+    match (&judgement, &job.verdict) {
+        (Some((judgement, report)), _) => {
+            outln!("{}", judgement.summary);
+            print_judgement(judgement, report);
+        }
+        (None, Some(verdict)) => outln!("verdict: {}", verdict.as_str()),
+        (None, None) => outln!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
     }
     Ok(ExitCode::from(job.exit_code()))
+}
+
+/// Says so when no daemon will pick the queue up, or when the queue is paused.
+pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
+    if !daemon_running(queue)? {
+        tracing::info!(
+            "note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`",
+            root.path.display()
+        );
+    }
+    if queue.is_paused() {
+        tracing::info!("note: the queue is paused; `pruefstand resume` lets the daemon start jobs again");
+    }
+    Ok(())
 }
 
 pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {

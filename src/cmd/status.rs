@@ -35,6 +35,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         let value = serde_json::json!({
             "daemon": if running { "running" } else { "not_running" },
             "pending": pending,
+            "paused": queue.is_paused(),
             "state": if running { serde_json::to_value(&published)? } else { serde_json::Value::Null },
         });
         outln!("{}", serde_json::to_string_pretty(&value)?);
@@ -48,6 +49,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     outln!("pending jobs: {pending}");
+    if queue.is_paused() {
+        outln!("the queue is paused: no job starts until `pruefstand resume`");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -65,9 +69,11 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     .context("starting inotify")?;
     watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
     let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template"),
-    );
+    // The bar only while a job runs: otherwise a spinner and the line, never a bar at
+    // 0/0 or the last job's position.
+    let running_style =
+        indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template");
+    let other_style = indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("valid template");
     // Without a terminal (a log, a pipe) the bar stays hidden: print each change as a line.
     let plain = bar.is_hidden();
     let mut last_line = String::new();
@@ -85,16 +91,22 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
         }
         match (running, published.map(|s| s.activity)) {
             (true, Some(Activity::Running(p))) => {
+                bar.set_style(running_style.clone());
                 bar.set_length(p.total as u64);
                 bar.set_position(p.done as u64);
                 let eta = p.eta_s.map(|s| format!("ETA {}", state::human_secs(s))).unwrap_or_default();
                 bar.set_message(format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan));
             }
             (true, Some(activity)) => {
-                bar.set_length(0);
+                bar.set_style(other_style.clone());
+                bar.set_position(0);
                 bar.set_message(activity.line());
             }
-            _ => bar.set_message("daemon not running"),
+            _ => {
+                bar.set_style(other_style.clone());
+                bar.set_position(0);
+                bar.set_message("daemon not running");
+            }
         }
         bar.tick();
         // Wakes on the daemon's writes; the timeout only notices a daemon that died.

@@ -24,12 +24,15 @@ use tokio::time::Instant;
 use crate::gym;
 use crate::hooks::{self, Facts};
 use crate::pyenv::PyEnv;
-use crate::queue::{self, Job, Queue, State, Transition};
+use crate::queue::{self, Headline, Job, Queue, State, Transition};
 use crate::record::Verdict;
 use crate::root::Root;
 use crate::run::{self, RunContext, RunControl};
+use crate::rundir::RunLock;
+use crate::{benchlock, console};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
+use tracing::Instrument;
 
 /// How long a SIGTERM waits for the running job to stop before the daemon exits anyway
 /// (systemd's TimeoutStopSec must be longer).
@@ -61,9 +64,7 @@ struct Outcome {
     run_dir: PathBuf,
     verdict: Verdict,
     summary: String,
-    utility: Option<f64>,
-    utility_under_attack: Option<f64>,
-    asr: Option<f64>,
+    figures: Headline,
 }
 
 pub async fn main(root: Root) -> anyhow::Result<()> {
@@ -198,6 +199,13 @@ impl<G: Gate> Daemon<G> {
         tracing::info!("daemon ready for {} (pid {})", self.root.path.display(), std::process::id());
         loop {
             while self.hooks.try_join_next().is_some() {}
+            if self.queue.is_paused() {
+                self.state.set(Activity::Paused);
+                match self.inbox.next().await {
+                    Event::Signal(name) => return self.exit(name).await,
+                    _ => continue,
+                }
+            }
             let Some(next) = self.queue.next_pending()? else {
                 self.state.set(Activity::Idle);
                 match self.inbox.next().await {
@@ -212,7 +220,13 @@ impl<G: Gate> Daemon<G> {
             }
             // The gate may have waited a while: take whatever is first now.
             let Some(job) = self.queue.next_pending()? else { continue };
-            if let Flow::Exit = self.run_job(job).await? {
+            let _gpu = match self.bench_lock(&job).await? {
+                LockEnd::Held(lock) => lock,
+                LockEnd::Recheck => continue,
+                LockEnd::Signal(name) => return self.exit(name).await,
+            };
+            let span = tracing::info_span!("job", job = job.id);
+            if let Flow::Exit = self.run_job(job).instrument(span).await? {
                 return self.exit("SIGTERM").await;
             }
             // A warm model container is kept only for a job that is already waiting: an
@@ -260,15 +274,60 @@ impl<G: Gate> Daemon<G> {
                 event = inbox.next() => match event {
                     Event::Signal(name) => return Ok(GateEnd::Signal(name)),
                     // Cancelled meanwhile, or another job first: start over.
-                    Event::Queue if queue.next_pending()?.map(|j| j.id) != Some(next_job) => return Ok(GateEnd::Recheck),
+                    Event::Queue if queue.is_paused() || queue.next_pending()?.map(|j| j.id) != Some(next_job) => {
+                        return Ok(GateEnd::Recheck)
+                    }
                     _ => {}
                 },
             }
         }
     }
 
+    /// The bench lock for a job whose version runs its model on the GPU (`None` for one
+    /// that does not), waited for while a plain `run` holds it.
+    async fn bench_lock(&mut self, job: &Job) -> anyhow::Result<LockEnd> {
+        // A snapshot that does not load fails in `run_job`, with its reason.
+        let needs_gpu = self
+            .queue
+            .materialise(&self.root, job)
+            .and_then(|(version, _)| benchlock::needs_gpu(&self.root, &version))
+            .unwrap_or(false);
+        if !needs_gpu {
+            return Ok(LockEnd::Held(None));
+        }
+        let holder =
+            format!("job {} ({} on {}) of the daemon, pid {}", job.id, job.version, job.plan, std::process::id());
+        loop {
+            match benchlock::try_take(&self.root, &holder)? {
+                Ok(lock) => return Ok(LockEnd::Held(Some(lock))),
+                Err(other) => {
+                    self.state.set(Activity::Waiting { next_job: job.id, reason: benchlock::held_by(&other) })
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(benchlock::RETRY) => {}
+                event = self.inbox.next() => match event {
+                    Event::Signal(name) => return Ok(LockEnd::Signal(name)),
+                    Event::Queue if self.queue.is_paused() || self.queue.next_pending()?.map(|j| j.id) != Some(job.id) => {
+                        return Ok(LockEnd::Recheck)
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    /// Runs one job; called inside its span (`job = id`), so every line about it carries
+    /// the id and lands in the job's own log too.
     async fn run_job(&mut self, job: Job) -> anyhow::Result<Flow> {
         let id = job.id;
+        let _log = match open_log(&self.queue.log_file(id)) {
+            Ok(file) => Some(console::job_log(id, file)),
+            Err(err) => {
+                tracing::warn!("job {id}: no log of its own: {err:#}");
+                None
+            }
+        };
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
         if job.attempt >= queue::MAX_ATTEMPTS {
             let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
@@ -312,7 +371,7 @@ impl<G: Gate> Daemon<G> {
         // event stream synchronously between its awaits. Its messages carry the job id.
         let (root, tx, job_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
         let runtime = tokio::runtime::Handle::current();
-        let span = tracing::info_span!("job", job = id);
+        let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
             let _span = span.enter();
             let result = runtime.block_on(async {
@@ -325,9 +384,11 @@ impl<G: Gate> Daemon<G> {
                     run_dir: finished.run_dir.path.clone(),
                     verdict: finished.judgement.verdict,
                     summary: finished.judgement.summary.clone(),
-                    utility: figures.utility_clean.map(|e| e.rate),
-                    utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
-                    asr: figures.asr.map(|e| e.rate),
+                    figures: Headline {
+                        utility: figures.utility_clean.map(|e| e.rate),
+                        utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+                        asr: figures.asr.map(|e| e.rate),
+                    },
                 })
             });
             let result = result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
@@ -373,16 +434,15 @@ impl<G: Gate> Daemon<G> {
 
         match (result, stop) {
             (Ok(outcome), _) => {
-                let finish = Transition::Finish { verdict: outcome.verdict, summary: outcome.summary.clone() };
+                let finish = Transition::Finish {
+                    verdict: outcome.verdict,
+                    summary: outcome.summary.clone(),
+                    figures: outcome.figures,
+                };
                 let job = self.record(id, finish).await?;
                 tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
-                self.fire_hooks(Facts::finished(
-                    &job,
-                    &outcome.run_dir,
-                    outcome.utility,
-                    outcome.utility_under_attack,
-                    outcome.asr,
-                ));
+                let Headline { utility, utility_under_attack, asr } = outcome.figures;
+                self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
                 Ok(Flow::Continue)
             }
             (Err(_), Some(Stop::Signal(name))) => {
@@ -506,6 +566,23 @@ enum GateEnd {
     Clear,
     Recheck,
     Signal(&'static str),
+}
+
+enum LockEnd {
+    Held(Option<RunLock>),
+    Recheck,
+    Signal(&'static str),
+}
+
+/// A job's log, appended to across attempts (user-only, like the rest of the queue).
+fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
 }
 
 /// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps

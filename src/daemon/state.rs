@@ -23,6 +23,8 @@ pub struct DaemonState {
 pub enum Activity {
     Starting,
     Idle,
+    /// `pruefstand pause`: no job starts until `resume` (a running one finishes).
+    Paused,
     /// A job is pending but a guard holds it back.
     Waiting {
         next_job: u64,
@@ -56,6 +58,7 @@ impl Activity {
         match self {
             Activity::Starting => "starting".into(),
             Activity::Idle => "idle: the queue is empty".into(),
+            Activity::Paused => "paused: no job starts until `pruefstand resume`".into(),
             Activity::Waiting { next_job, reason } => format!("waiting for the GPU (job {next_job} next): {reason}"),
             Activity::Running(p) => {
                 let eta = p.eta_s.map(|s| format!(", ETA {}", human_secs(s))).unwrap_or_default();

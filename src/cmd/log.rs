@@ -1,0 +1,101 @@
+//! `pruefstand log <job> [--follow]`: the daemon's lines about one job (its own log,
+//! `.pruefstand/jobs/<id>/log`, across attempts). `--follow` keeps printing new lines
+//! (inotify on the job's folder) until the job has ended.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::queue::Queue;
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The job id (see `pruefstand queue`).
+    pub job: String,
+    /// Keep printing new lines until the job has ended.
+    #[arg(long, short)]
+    pub follow: bool,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let queue = Queue::open(&root)?;
+    let id = queue.find(&args.job)?.id;
+    let path = queue.log_file(id);
+    if !args.follow {
+        if !path.exists() {
+            tracing::info!("job {id} has no log yet: it has not started ({})", queue.load(id)?.state.as_str());
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut shown = 0;
+        print_new(&path, &mut shown, true)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .context("starting inotify")?;
+    // The job's folder: its log grows there and job.json is replaced there.
+    watcher.watch(&queue.job_dir(id), notify::RecursiveMode::NonRecursive)?;
+    let mut shown = 0;
+    loop {
+        // The state first: lines written before it ended are all printed below.
+        let ended = queue.load(id)?.state.is_final();
+        print_new(&path, &mut shown, ended)?;
+        if ended {
+            return Ok(ExitCode::SUCCESS);
+        }
+        // The timeout only guards against a missed event; new lines wake this at once.
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
+            Err(err) => return Err(err).context("inotify ended"),
+        }
+    }
+}
+
+/// Prints the whole lines of `path` after byte `shown` and moves `shown` past them; a
+/// line still being written waits for its end unless `all`.
+fn print_new(path: &Path, shown: &mut u64, all: bool) -> anyhow::Result<()> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+    };
+    file.seek(SeekFrom::Start(*shown))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).with_context(|| format!("reading {}", path.display()))?;
+    let end = complete_lines(&bytes, all);
+    if end > 0 {
+        let text = String::from_utf8_lossy(&bytes[..end]);
+        outln!("{}", text.strip_suffix('\n').unwrap_or(&text));
+    }
+    *shown += end as u64;
+    Ok(())
+}
+
+/// How many leading bytes of `bytes` are whole lines (all of them when `all`).
+fn complete_lines(bytes: &[u8], all: bool) -> usize {
+    if all {
+        return bytes.len();
+    }
+    bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_half_written_line_waits_for_its_end() {
+        assert_eq!(complete_lines(b"one\ntw", false), 4);
+        assert_eq!(complete_lines(b"one\ntw", true), 6);
+        assert_eq!(complete_lines(b"partial", false), 0);
+        assert_eq!(complete_lines(b"", false), 0);
+    }
+}

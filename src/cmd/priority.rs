@@ -1,0 +1,26 @@
+//! `pruefstand priority <job> <N>`: changes a pending (or interrupted) job's priority;
+//! higher runs first.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::queue::{Queue, Transition};
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The job id (see `pruefstand queue`).
+    pub job: String,
+    /// The new priority; higher runs first, equal ones in the order queued.
+    #[arg(allow_negative_numbers = true)]
+    pub priority: i32,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let queue = Queue::open(&root)?;
+    let id = queue.find(&args.job)?.id;
+    let job = queue.transition(id, Transition::Prioritise { priority: args.priority })?;
+    outln!("job {id}: priority {}", job.priority);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,28 @@
+//! `pruefstand restart <job>`: puts a done, failed or cancelled job back into the queue
+//! with its attempts cleared; it resumes into its run directory, so the cases it has
+//! recorded are not run again.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::queue::{Queue, Transition};
+use crate::root::Root;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The job id (see `pruefstand queue`).
+    pub job: String,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let queue = Queue::open(&root)?;
+    let id = queue.find(&args.job)?.id;
+    let job = queue.transition(id, Transition::Restart)?;
+    match &job.run_dir {
+        Some(dir) => outln!("job {id} back in the queue; it resumes into {}", dir.display()),
+        None => outln!("job {id} back in the queue"),
+    }
+    crate::cmd::start::note_without_daemon(&root, &queue)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,205 @@
+//! The queue verbs and the bench lock, driven through the real binary: `pause`/`resume`
+//! (persisted across a daemon restart), `log --follow`, the job id on the daemon's
+//! lines, `queue`'s times and figures, `priority`, `restart` into the same run
+//! directory, `clean`, plain-language refusals, typos with a "did you mean", and the
+//! bench lock shared by `run` and the daemon; completions and man pages.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+fn bench_with_tiny(latency_ms: u32) -> Bench {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    bench.write("versions/slow.toml", &slow_version(latency_ms));
+    bench
+}
+
+#[test]
+fn a_paused_queue_starts_nothing_until_resumed_and_the_job_log_follows_the_job() {
+    let bench = bench_with_tiny(50);
+    bench.run(&["pause"]).ok();
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    let daemon = bench.daemon();
+    // The pause outlived the daemon's absence: it starts paused.
+    let status = bench.run(&["status", "--json"]).ok().stdout;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!((status["paused"].as_bool(), status["state"]["state"].as_str()), (Some(true), Some("paused")));
+    assert!(bench.run(&["queue"]).ok().stdout.contains("the queue is paused"));
+    assert_eq!(bench.job(id)["state"], "pending");
+    let no_log = bench.run(&["log", &id.to_string()]).ok();
+    assert!(no_log.stderr.contains("has no log yet") && no_log.stdout.is_empty(), "{}", no_log.stderr);
+
+    let follow = bench.cmd(&["log", &id.to_string(), "--follow"]).stdout(Stdio::piped()).spawn().unwrap();
+    bench.run(&["resume"]).ok();
+    let job = bench.wait_job(id, "done", 120);
+    let followed = finished_within(follow, 30);
+    assert!(followed.contains("running job") && followed.contains("cases to run"), "{followed}");
+    assert!(!followed.contains("daemon ready"), "only the job's own lines: {followed}");
+    let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
+    assert!(shown.contains(&format!("job {id}: done")), "{shown}");
+    assert!(shown.starts_with(followed.trim_end()), "--follow printed the log as it grew");
+
+    // The daemon's own log: every line about the job carries its id.
+    let log = daemon.log();
+    let done_line = log.lines().find(|l| l.contains(&format!("job {id}: done"))).expect("a done line");
+    assert!(done_line.contains(&format!("[job={id}]")), "{done_line}");
+
+    let queue = bench.run(&["queue"]).ok().stdout;
+    let row = queue.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap();
+    let asr = job["figures"]["asr"].as_f64().expect("the job records its ASR");
+    assert!(row.contains(&format!("{:.0} %", asr * 100.0)), "headline figures in {row}");
+    assert!(row.contains(" s ") || row.contains(" min "), "a duration in {row}");
+    assert!(queue.lines().next().unwrap().contains("started") && queue.contains("finished"), "{queue}");
+}
+
+#[test]
+fn priority_restart_and_clean_and_refusals_in_plain_words() {
+    let bench = bench_with_tiny(20);
+    let first = bench.start(&["slow", "--plan", "tiny"]);
+    let second = bench.start(&["slow", "--plan", "tiny"]);
+    bench.run(&["priority", &second.to_string(), "5"]).ok();
+    assert_eq!(bench.job(second)["priority"], 5);
+    let _daemon = bench.daemon();
+    bench.wait_job(first, "done", 120);
+    bench.wait_job(second, "done", 120);
+    let started = |id: u64| -> String {
+        let job = bench.job(id);
+        job["history"].as_array().unwrap().iter().find(|h| h["state"] == "running").unwrap()["at"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(started(second) < started(first), "the higher priority ran first");
+
+    let refused = bench.run(&["priority", &first.to_string(), "1"]).code(2);
+    assert!(refused.stderr.contains(&format!("job {first} has ended (done)")), "{}", refused.stderr);
+    let missing = bench.run(&["cancel", "99"]).code(2);
+    assert!(missing.stderr.contains("there is no job 99"), "{}", missing.stderr);
+    assert!(!missing.stderr.contains(".pruefstand") && !missing.stderr.contains("os error"), "{}", missing.stderr);
+
+    // Restart: back into the same run directory; every case is recorded, none runs again.
+    let run_dir = bench.job(first)["run_dir"].as_str().unwrap().to_string();
+    let out = bench.run(&["restart", &first.to_string()]).ok();
+    assert!(out.stdout.contains(&run_dir), "{}", out.stdout);
+    let job = bench.wait_job(first, "done", 120);
+    assert_eq!((job["attempt"].as_u64(), job["run_dir"].as_str()), (Some(1), Some(run_dir.as_str())));
+    let (starts, skips) = case_starts(Path::new(&run_dir));
+    assert!(starts.values().all(|n| *n == 1) && skips >= starts.len(), "{starts:?}, {skips} skips");
+    let cleaned = bench.run(&["clean", "--keep", "1"]).ok();
+    assert!(cleaned.stdout.contains(&format!("removed 1 ended job: {first}")), "{}", cleaned.stdout);
+    assert!(!bench.path().join(format!(".pruefstand/jobs/{first}")).exists());
+    assert!(bench.path().join(format!(".pruefstand/jobs/{second}/job.json")).exists(), "the newest is kept");
+    assert!(Path::new(&run_dir).join("cases.jsonl").exists(), "run directories stay");
+}
+
+#[test]
+fn typos_in_version_and_plan_names_get_the_list_and_a_guess() {
+    let bench = Bench::new();
+    let out = bench.run(&["start", "demo-kandidt"]).code(2);
+    assert!(out.stderr.contains("did you mean \"demo-kandidat\"?") && out.stderr.contains("demo-baseline"));
+    let out = bench.run(&["run", "demo-kandidat", "--plan", "schnel"]).code(2);
+    assert!(out.stderr.contains("no plan \"schnel\"") && out.stderr.contains("did you mean \"schnell\"?"));
+    assert!(out.stderr.contains("There are: schnell, voll"), "{}", out.stderr);
+    assert!(bench.run(&["run", "demo-kandidat", "--jobs", "0"]).code(2).stderr.contains("0 is not in 1..="));
+}
+
+/// A Docker version on the GPU (the simulator's image with a device request): enough
+/// to need the bench lock; it never gets as far as a container here.
+fn bench_with_gpu_version() -> Bench {
+    let bench = bench_with_tiny(0);
+    let docker = std::fs::read_to_string(repo().join("versions/demo-docker.toml")).unwrap();
+    let gpu = docker.replace("gpu = \"none\"", "gpu = \"device-request\"").replace("reference = \"demo-baseline\"", "");
+    assert_ne!(gpu, docker);
+    bench.write("versions/gpu.toml", &gpu);
+    bench
+}
+
+/// Holds the bench lock (flock(1), as another process would) with `holder` written in it;
+/// `-o` keeps the lock out of `sleep`, so killing the child releases it.
+fn hold_bench_lock(bench: &Bench, holder: &str) -> Child {
+    let path = bench.write(".pruefstand/locks/gpu.lock", holder);
+    let child = Command::new("flock").args(["-x", "-o"]).arg(&path).args(["sleep", "600"]).spawn().unwrap();
+    wait_until("flock to hold the lock", 10, || {
+        let probe = Command::new("flock").args(["-n", "-x"]).arg(&path).arg("true").status().unwrap();
+        !probe.success()
+    });
+    child
+}
+
+fn lock_holder(bench: &Bench) -> String {
+    std::fs::read_to_string(bench.path().join(".pruefstand/locks/gpu.lock")).unwrap_or_default()
+}
+
+#[test]
+fn a_gpu_run_waits_for_the_bench_lock_or_names_its_holder_and_a_sim_run_is_not_blocked() {
+    let bench = bench_with_gpu_version();
+    let mut holder = hold_bench_lock(&bench, "job 7 (kandidat on voll) of the daemon, pid 1");
+
+    let refused = bench.run(&["run", "gpu", "--plan", "tiny", "--no-wait"]).code(2);
+    assert!(refused.stderr.contains("held by job 7 (kandidat on voll)"), "{}", refused.stderr);
+
+    let sim = bench.run(&["run", "slow", "--plan", "tiny", "--no-wait"]);
+    assert_ne!(sim.code, Some(2), "a sim run needs no GPU: {}", sim.stderr);
+    let report = sim.stdout.lines().find_map(|l| l.strip_prefix("report: ")).expect("the report's path");
+    assert!(Path::new(report).is_file(), "{report}");
+
+    let log = bench.path().join("waiting.log");
+    let mut waiting =
+        bench.cmd(&["run", "gpu", "--plan", "tiny"]).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    wait_until("the run to say what it waits for", 30, || {
+        std::fs::read_to_string(&log).unwrap().contains("waiting for the GPU: the bench lock is held by job 7")
+    });
+    assert!(waiting.try_wait().unwrap().is_none(), "it waits");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until("the run to take the lock", 30, || lock_holder(&bench).starts_with("`pruefstand run gpu`, pid "));
+    let _ = waiting.kill();
+    waiting.wait().unwrap();
+}
+
+#[test]
+fn the_daemon_waits_for_a_plain_gpu_run_and_names_it() {
+    let bench = bench_with_gpu_version();
+    let mut holder = hold_bench_lock(&bench, "`pruefstand run kandidat`, pid 1");
+    let _daemon = bench.daemon();
+    let id = bench.start(&["gpu", "--plan", "tiny"]);
+    wait_until("the daemon to say what it waits for", 30, || {
+        bench.run(&["status"]).ok().stdout.contains("the bench lock is held by `pruefstand run kandidat`")
+    });
+    assert_eq!(bench.job(id)["state"], "pending", "nothing starts on a GPU someone else holds");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until("the daemon to take the lock", 30, || {
+        lock_holder(&bench).starts_with(&format!("job {id} (gpu on tiny)"))
+    });
+    // Without a GPU (or the image) the job itself fails; the lock was what mattered.
+    wait_until("the job to end", 120, || bench.job(id)["state"] != "pending" && bench.job(id)["state"] != "running");
+}
+
+/// Waits for a child that ends by itself; its stdout.
+fn finished_within(mut child: Child, timeout_s: u64) -> String {
+    use std::io::Read;
+    wait_until("the command to end by itself", timeout_s, || child.try_wait().unwrap().is_some());
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line_and_know_the_queue_verbs() {
+    let bench = Bench::new();
+    let bash = bench.run(&["completions", "bash"]).ok().stdout;
+    for verb in ["restart", "priority", "clean", "pause", "resume", "--follow", "--no-wait"] {
+        assert!(bash.contains(verb), "bash completion lacks {verb}");
+    }
+    let man = bench.run(&["man"]).ok().stdout;
+    assert!(man.contains(".TH pruefstand 1"), "not a man page: {}", &man[..200.min(man.len())]);
+    assert!(man.contains("restart"), "the main page lists the commands");
+    let dir = bench.path().join("man");
+    bench.run(&["man", "--dir", dir.to_str().unwrap()]).ok();
+    assert!(dir.join("pruefstand.1").is_file() && dir.join("pruefstand-log.1").is_file());
+}
