@@ -30,7 +30,6 @@ use serde_json::{Value, json};
 use crate::agent::format::{self, Turn};
 use crate::agent::{Agent, AgentConfig};
 use crate::plan::{Filters, Plan, Profile};
-use crate::pyenv::{Inventory, SuiteInventory};
 use crate::root::{CONFIG_FILE, Root};
 use crate::settings::sim::SimConfig;
 use crate::settings::{HookConfig, Kind};
@@ -509,25 +508,6 @@ fn sim_settings(config: SimConfig, served: &str) -> SimSettings {
     }
 }
 
-fn inventory() -> Inventory {
-    let suite = |users: &[&str], injections: &[&str]| SuiteInventory {
-        user_tasks: users.iter().map(|s| s.to_string()).collect(),
-        injection_tasks: injections.iter().map(|s| s.to_string()).collect(),
-        injection_tasks_with_ground_truth: injections.iter().map(|s| s.to_string()).collect(),
-    };
-    Inventory {
-        agentdojo_version: "0.1.35".into(),
-        benchmark_version: "v1.2.2".into(),
-        benchmark_versions: vec!["v1.2.2".into()],
-        suites: [
-            ("banking".to_string(), suite(&["user_task_0", "user_task_1"], &["injection_task_0"])),
-            ("slack".to_string(), suite(&["user_task_0"], &["injection_task_1"])),
-        ]
-        .into(),
-        attacks: vec!["important_instructions".into(), "tool_knowledge".into()],
-    }
-}
-
 /// Writes the plan, loads and resolves it: accepted, or an error naming the file.
 fn plan_property(
     path: &Path,
@@ -536,7 +516,7 @@ fn plan_property(
 ) -> Result<(), TestCaseError> {
     std::fs::write(path, text).expect("writing the plan");
     let shown = String::from_utf8_lossy(text);
-    match Plan::resolve(path, &inventory(), &Filters::default()) {
+    match Plan::resolve(path, &crate::plan::tests::inventory(), &Filters::default()) {
         Ok(plan) => {
             let (profile, _) = Profile::load(path).expect("resolve loaded it");
             check(plan.jobs == profile.jobs && !plan.cases.is_empty(), || format!("{plan:?}"))

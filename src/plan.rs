@@ -82,11 +82,7 @@ fn plan_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error>
 pub const JOBS_MAX: usize = 1024;
 
 fn jobs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    let jobs = usize::deserialize(d)?;
-    if !(1..=JOBS_MAX).contains(&jobs) {
-        return Err(serde::de::Error::custom(format!("jobs = {jobs} is not in [1, {JOBS_MAX}]")));
-    }
-    Ok(jobs)
+    util::bounded_count(d, "jobs", (1, JOBS_MAX))
 }
 
 /// A day: anything longer is a typo (milliseconds?) that would stall a run.
@@ -321,11 +317,11 @@ fn join(names: &BTreeSet<&String>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::pyenv::SuiteInventory;
 
-    fn inventory() -> Inventory {
+    pub(crate) fn inventory() -> Inventory {
         let suite = |users: &[&str], injections: &[&str]| SuiteInventory {
             user_tasks: users.iter().map(|s| s.to_string()).collect(),
             injection_tasks: injections.iter().map(|s| s.to_string()).collect(),

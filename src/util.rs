@@ -187,6 +187,19 @@ pub fn bounded<'de, D: serde::Deserializer<'de>>(
     Err(serde::de::Error::custom(format!("{field} = {shown} is not {unit} in {open}{low}, {high}]")))
 }
 
+/// A count read from a file, refused unless within `[low, high]` (see [`bounded`]).
+pub fn bounded_count<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+    field: &str,
+    (low, high): (usize, usize),
+) -> Result<usize, D::Error> {
+    let value = <usize as serde::Deserialize>::deserialize(deserializer)?;
+    if (low..=high).contains(&value) {
+        return Ok(value);
+    }
+    Err(serde::de::Error::custom(format!("{field} = {value} is not in [{low}, {high}]")))
+}
+
 /// A name that becomes a path component (a version, a plan, a gym run): letters,
 /// digits, `.`, `_`, `-`, not starting with `.` — so it can never climb out of the
 /// folder it names. Err: why not.

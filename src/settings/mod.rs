@@ -52,11 +52,7 @@ fn default_max_in_flight() -> usize {
 pub const MAX_IN_FLIGHT: usize = 4096;
 
 fn in_flight_bound<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    let v = usize::deserialize(d)?;
-    if !(1..=MAX_IN_FLIGHT).contains(&v) {
-        return Err(serde::de::Error::custom(format!("max_in_flight must be 1..={MAX_IN_FLIGHT}, not {v}")));
-    }
-    Ok(v)
+    crate::util::bounded_count(d, "max_in_flight", (1, MAX_IN_FLIGHT))
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -298,7 +294,7 @@ mod tests {
         assert_eq!(parse("").unwrap().run.max_in_flight, 256);
         assert_eq!(parse("[run]\nmax_in_flight = 48\n").unwrap().run.max_in_flight, 48);
         let err = format!("{:#}", parse("[run]\nmax_in_flight = 0\n").unwrap_err());
-        assert!(err.contains("pruefstand.toml") && err.contains("max_in_flight must be 1..=4096"), "{err}");
+        assert!(err.contains("pruefstand.toml") && err.contains("max_in_flight = 0 is not in [1, 4096]"), "{err}");
         assert!(err.contains('2'), "the line: {err}");
         assert!(parse("[run]\nmax_inflight = 3\n").is_err(), "a typo is an error");
     }

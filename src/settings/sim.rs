@@ -169,9 +169,5 @@ bounded_fields! {
 
 /// Concurrent requests the simulated server serves at once.
 fn capacity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    let value = <usize as Deserialize>::deserialize(d)?;
-    if !(1..=100_000).contains(&value) {
-        return Err(serde::de::Error::custom(format!("capacity = {value} is not in [1, 100000]")));
-    }
-    Ok(value)
+    crate::util::bounded_count(d, "capacity", (1, 100_000))
 }
