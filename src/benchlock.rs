@@ -9,10 +9,7 @@
 //! `gpu = "none"` (the simulator's image) uses no GPU either. Not here: the guards'
 //! view of foreign GPU users (`guard`), the run directory's own lock (`rundir`).
 
-use std::path::PathBuf;
 use std::time::Duration;
-
-use anyhow::Context;
 
 use crate::root::Root;
 use crate::rundir::RunLock;
@@ -20,10 +17,6 @@ use crate::spec::{Backend, GpuMode, Version};
 
 /// How often a waiter looks at the lock again.
 pub const RETRY: Duration = Duration::from_millis(500);
-
-pub fn path(root: &Root) -> PathBuf {
-    root.path.join(".pruefstand/locks/gpu.lock")
-}
 
 /// Whether running `version` starts a model server on the GPU: its own or its
 /// reference's (made first when missing).
@@ -44,11 +37,7 @@ fn uses_gpu(version: &Version) -> bool {
 
 /// Takes the bench lock now as `holder`, or says who holds it.
 pub fn try_take(root: &Root, holder: &str) -> anyhow::Result<Result<RunLock, String>> {
-    let path = path(root);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    RunLock::try_take_as(&path, holder)
+    RunLock::try_take_as(&root.lock_file("gpu")?, holder)
 }
 
 /// Why a waiter waits, in words.

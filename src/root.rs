@@ -52,6 +52,15 @@ impl Root {
     }
 
     /// What runs learn about this machine (`state/capacity/`: per served model).
+    /// `.pruefstand/locks/<name>.lock`, its folder created: the bench lock and the
+    /// reference locks live there, beside the queue (`reports/` holds run directories
+    /// only).
+    pub fn lock_file(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.path.join(".pruefstand/locks");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir.join(format!("{name}.lock")))
+    }
+
     pub fn state(&self) -> PathBuf {
         self.path.join("state")
     }

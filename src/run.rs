@@ -571,10 +571,7 @@ impl<'a> RunContext<'a> {
     /// The lock on `reference`'s runs of this plan, waited for (saying for whom) while
     /// another run makes the reference; a stop ends the wait.
     async fn reference_lock(&self, reference: &Version) -> anyhow::Result<RunLock> {
-        // Beside the queue, not in reports/: that folder holds run directories only.
-        let dir = self.root.path.join(".pruefstand/locks");
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let path = dir.join(format!("reference-{}-{}.lock", reference.name, self.plan.name));
+        let path = self.root.lock_file(&format!("reference-{}-{}", reference.name, self.plan.name))?;
         let mut said = false;
         loop {
             match RunLock::try_take(&path)? {

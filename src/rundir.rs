@@ -160,23 +160,24 @@ impl RunDir {
             Ok(lock) => lock,
             Err(holder) => bail!("{shown} is in use by another run: {holder}"),
         };
-        let seed = match std::fs::read(&identity_path) {
-            Ok(bytes) => {
-                let stored: IdentityFile = serde_json::from_slice(&bytes)
-                    .with_context(|| format!("{}: not a run identity", identity_path.display()))?;
-                let differences = identity_differences(&stored.identity, identity);
-                if !differences.is_empty() {
-                    bail!("{shown} holds another run ({}); choose another --out", differences.join("; "));
-                }
-                stored.seed
+        let stored = match std::fs::read(&identity_path) {
+            Ok(bytes) => Some(
+                serde_json::from_slice::<IdentityFile>(&bytes)
+                    .with_context(|| format!("{}: not a run identity", identity_path.display()))?,
+            ),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+            Err(err) => return Err(err).with_context(|| format!("reading {}", identity_path.display())),
+        };
+        let claimed_by = stored.as_ref().map(|file| file.identity.clone()).or_else(|| dir.legacy_identity());
+        if let Some(claimed_by) = claimed_by {
+            let differences = identity_differences(&claimed_by, identity);
+            if !differences.is_empty() {
+                bail!("{shown} holds another run ({}); choose another --out", differences.join("; "));
             }
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(stored) = dir.legacy_identity() {
-                    let differences = identity_differences(&stored, identity);
-                    if !differences.is_empty() {
-                        bail!("{shown} holds another run ({}); choose another --out", differences.join("; "));
-                    }
-                }
+        }
+        let seed = match stored {
+            Some(file) => file.seed,
+            None => {
                 let run_id = crate::root::run_id(&dir.path);
                 let seed = u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0);
                 let file =
@@ -184,7 +185,6 @@ impl RunDir {
                 util::write_json_atomic(&identity_path, &file)?;
                 seed
             }
-            Err(err) => return Err(err).with_context(|| format!("reading {}", identity_path.display())),
         };
         Ok(Claimed { dir, seed, _lock: lock })
     }
