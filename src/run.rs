@@ -504,11 +504,13 @@ impl<'a> RunContext<'a> {
         };
         let mut records: Vec<CaseRecord> = run_dir.read_cases_lenient()?.records.into_values().collect();
         let mut remaining: HashMap<String, usize> = HashMap::new();
+        // Cases left per user task, and of the injection-goal block (key ""): only the
+        // last case of one can change what `decide` says.
+        let block =
+            |suite: &str, user_task: Option<&str>| user_task.map_or(String::new(), |u| early::user_task_key(suite, u));
         for case in &plan.cases {
-            if let Some(u) = &case.user_task
-                && !records.iter().any(|r| r.case_id == case.id)
-            {
-                *remaining.entry(early::user_task_key(&case.suite, u)).or_default() += 1;
+            if !records.iter().any(|r| r.case_id == case.id) {
+                *remaining.entry(block(&case.suite, case.user_task.as_deref())).or_default() += 1;
             }
         }
         let (cases, order, t, has_reference) =
@@ -516,10 +518,7 @@ impl<'a> RunContext<'a> {
         let watch = move |record: Option<&CaseRecord>| {
             if let Some(r) = record {
                 records.push(r.clone());
-                let key = r.user_task.as_deref().map(|u| early::user_task_key(&r.suite, u));
-                let left = key.and_then(|k| remaining.get_mut(&k));
-                // Only a user task's last case can move the complete prefix.
-                match left {
+                match remaining.get_mut(&block(&r.suite, r.user_task.as_deref())) {
                     Some(n) if *n > 0 => {
                         *n -= 1;
                         if *n > 0 {

@@ -407,8 +407,11 @@ pub enum Side {
 }
 
 /// Share of the largest bet that keeps the capital positive: 1 could lose everything on
-/// one observation at the far end of [0, 1] (and never recover); 0.9 keeps a tenth.
-pub const BET_CAP: f64 = 0.9;
+/// one observation at the far end of [0, 1] (and never recover); 0.95 keeps a twentieth.
+/// The cap sets how fast the capital can grow where observations sit at the near end (a
+/// clean user task multiplies it by at most 1 + 0.95·m/(1 − m) on the pass side): 0.9
+/// cost a clean version two points more of `voll` before it was approved.
+pub const BET_CAP: f64 = 0.95;
 
 /// The capital of the one-sided aGRAPA betting test after each observation
 /// (Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by
@@ -418,8 +421,10 @@ pub const BET_CAP: f64 = 0.9;
 /// supermartingale whatever the bets, so by Ville's inequality P(sup K_t ≥ 1/α) ≤ α: the
 /// test may be looked at after every observation and stopped at any time.
 ///
-/// Observations must lie in [0, 1]. The running estimates start at m with variance 1/4
-/// (weight one observation), so the first bet is zero.
+/// Observations must lie in [0, 1]. The running estimates start at [`betting_prior`]
+/// with variance 1/4, weighing as one observation, so the test bets from the first
+/// observation on; any predictable bet keeps the guarantee, the prior only decides how
+/// soon a clear alternative pays.
 pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
     let sign = match side {
         Side::Above => 1.0,
@@ -427,7 +432,7 @@ pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
     };
     // The largest loss per unit bet: x − m ≥ −m above, m − x ≥ −(1 − m) below.
     let cap = BET_CAP / if side == Side::Above { m } else { 1.0 - m }.max(1e-12);
-    let (mut sum, mut sum_sq_dev, mut capital) = (m, 0.25, 1.0);
+    let (mut sum, mut sum_sq_dev, mut capital) = (betting_prior(m, side), 0.25, 1.0);
     let mut out = Vec::with_capacity(xs.len());
     for (i, &x) in xs.iter().enumerate() {
         let t = i as f64 + 1.0;
@@ -441,6 +446,17 @@ pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
         sum_sq_dev += (x - sum / (t + 1.0)).powi(2);
     }
     out
+}
+
+/// Where the betting test's running mean starts: halfway between m and the end of [0, 1]
+/// the alternative points to. Starting at m (no edge, so no bet) wasted the first
+/// observations: on `voll`'s shape the study measured 2–3 points more of the plan run
+/// before a version at ASR 0.3 was rejected, and no change where the mean sits near m.
+pub fn betting_prior(m: f64, side: Side) -> f64 {
+    match side {
+        Side::Above => (m + 1.0) / 2.0,
+        Side::Below => m / 2.0,
+    }
 }
 
 /// The first observation (1-based count) after which the betting test rejects H₀ at

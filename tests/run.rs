@@ -379,8 +379,7 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     assert!(run.stdout.contains("verdict: rejected"), "{}", run.stdout);
 
     // The user tasks run are the first ones of the recorded order (the cases in flight
-    // at the stop finished, nothing else started), those up to the decision whole; the
-    // injection goals were dispatched first.
+    // at the stop finished, nothing else started), those up to the decision whole.
     let record = json(&dir.join("early_stop.json"));
     assert_eq!(record["stopped_early"], true);
     let order: Vec<String> =
@@ -397,7 +396,10 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     let mut first: Vec<String> = order[..per_user.len()].to_vec();
     first.sort();
     assert_eq!(per_user.keys().cloned().collect::<Vec<_>>(), first, "a prefix of the order");
-    assert_eq!(ran.iter().filter(|c| c["kind"] == "injection_goal").count(), 3);
+    // The injection goals follow the first quarter of the order (10 user tasks): a
+    // rejection this clear comes sooner and does not wait for them.
+    assert!(per_user.len() < 10, "rejected within a handful of user tasks: {per_user:?}");
+    assert_eq!(ran.iter().filter(|c| c["kind"] == "injection_goal").count(), 0);
 
     // --full runs the rest into the same directory; the run is then judged in full.
     let before = ran.len();

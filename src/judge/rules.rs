@@ -10,7 +10,7 @@ use super::{
     Estimate, Figures, JudgeInput, Outlook, ReferenceRun, RuleResult, RuleStatus, RunMeta, Thresholds, checks,
 };
 use crate::case::{CaseKind, CaseRecord};
-use crate::record::{EnvStatus, GpuExclusivity};
+use crate::record::{EnvStatus, GpuExclusivity, Verdict};
 use crate::settings::thresholds::{self, Clustering};
 use crate::stats::{self, Adjusted, Cluster};
 
@@ -330,8 +330,9 @@ pub(super) fn r1_validity(
 
 /// Splits the planned cases without a result into those missing (R1 fails) and, for a
 /// run that stopped early with a decision, those it never started on purpose: every
-/// case of a user task past the decided part of the order. The decided user tasks and
-/// the injection-goal cases (dispatched first) must be whole.
+/// case of a user task past the decided part of the order, and the injection-goal cases
+/// of a rejection (only an approval waits for them). The decided user tasks must be
+/// whole, and so must the injection-goal cases of an approval.
 fn split_not_run<'a>(
     without: Vec<&'a str>,
     input: &JudgeInput,
@@ -347,7 +348,11 @@ fn split_not_run<'a>(
         .filter_map(|c| Some((c.id.as_str(), super::early::user_task_key(&c.suite, c.user_task.as_deref()?))))
         .collect();
     let whole: BTreeSet<&str> = stop.order.iter().take(decided).map(String::as_str).collect();
-    without.into_iter().partition(|id| user_task.get(id).is_none_or(|key| whole.contains(key.as_str())))
+    let goals_needed = early.is_some_and(|e| e.sequential.verdict != Some(Verdict::Rejected));
+    without.into_iter().partition(|id| match user_task.get(id) {
+        Some(key) => whole.contains(key.as_str()),
+        None => goals_needed,
+    })
 }
 
 /// A rule as a stopped run's betting tests decided it: the fixed-sample figures stay

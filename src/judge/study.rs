@@ -296,7 +296,7 @@ pub fn r3_as_r2(t: &thresholds::R3) -> thresholds::R2 {
 }
 
 /// One setting of the crossed-effects grid.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Setting {
     pub sd_u: f64,
     pub sd_v: f64,
@@ -422,7 +422,7 @@ pub fn grid(
 }
 
 /// What early stopping did over the replicates of one setting.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EarlyRow {
     pub setting: Setting,
     pub replicates: u32,
@@ -431,6 +431,12 @@ pub struct EarlyRow {
     pub fails: u32,
     /// Replicates the betting tests decided before the last user task.
     pub stopped_early: u32,
+    /// The same replicates judged on the whole plan by the fixed-sample rule alone: what
+    /// the decisions would have been without stopping early.
+    pub full_passes: u32,
+    pub full_fails: u32,
+    /// Replicates whose decision differs from the whole plan's.
+    pub changed: u32,
     /// Mean share of the attacked cases run.
     pub mean_fraction: f64,
 }
@@ -463,8 +469,7 @@ pub fn early_stop(
         .map(|(index, setting)| {
             let mut rng = setting_rng(seed, index);
             let mu = logit_intercept(setting.true_asr, (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt());
-            let mut row =
-                EarlyRow { setting: *setting, replicates, passes: 0, fails: 0, stopped_early: 0, mean_fraction: 0.0 };
+            let mut row = EarlyRow { setting: *setting, replicates, ..EarlyRow::default() };
             let mut y = vec![false; keys.len()];
             let mut order: Vec<usize> = (0..users).collect();
             for _ in 0..replicates {
@@ -488,18 +493,24 @@ pub fn early_stop(
                 let stop = decision
                     .filter(|d| d.at < users)
                     .map(|d| (d.status, run_upto(d.at).len() as f64 / keys.len() as f64));
+                let full = fixed.decide(&design, &y, t);
                 let (status, fraction) = match stop {
                     Some(decided) => {
                         row.stopped_early += 1;
                         decided
                     }
-                    None => (fixed.decide(&design, &y, t), 1.0),
+                    None => (full, 1.0),
                 };
                 row.mean_fraction += fraction / f64::from(replicates.max(1));
-                match status {
-                    RuleStatus::Pass => row.passes += 1,
-                    RuleStatus::Fail => row.fails += 1,
-                    _ => {}
+                row.changed += u32::from(status != full);
+                for (status, passes, fails) in
+                    [(status, &mut row.passes, &mut row.fails), (full, &mut row.full_passes, &mut row.full_fails)]
+                {
+                    match status {
+                        RuleStatus::Pass => *passes += 1,
+                        RuleStatus::Fail => *fails += 1,
+                        _ => {}
+                    }
                 }
             }
             row
@@ -628,6 +639,8 @@ mod tests {
             let share = |c: u32| f64::from(c) / f64::from(row.replicates);
             assert!(share(row.passes) <= 0.085 && share(row.fails) <= 0.085, "{row:?}");
             assert!(share(row.stopped_early) <= 0.03, "{row:?}");
+            // What stopping early adds: decisions other than the whole plan's.
+            assert!(share(row.changed) <= 0.02, "{row:?}");
         }
         let clear =
             [Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.01 }, Setting { sd_u: 1.0, sd_v: 0.5, true_asr: 0.30 }];
