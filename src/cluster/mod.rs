@@ -221,6 +221,16 @@ pub async fn run(
     Ok(Finished { run_dir: RunDir::new(dir.clone()), executed, judgement, reference })
 }
 
+/// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
+pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
+    let Some(state) = ArrayState::load(run_dir)? else { return Ok(Vec::new()) };
+    let slurm = Slurm::default();
+    for array in state.arrays() {
+        slurm.cancel(array)?;
+    }
+    Ok(state.arrays())
+}
+
 /// Follows the array until every shard is done or one failed twice (its reason, for
 /// R1); a dead shard is submitted again once. A stop ends the wait: a cancelled job's
 /// arrays are cancelled, an interrupted daemon leaves them running for the next start.
@@ -236,9 +246,7 @@ async fn follow(
     loop {
         if ctx.control.is_stopped() {
             if queue.load(job).is_ok_and(|j| j.cancel_requested) {
-                for array in state.arrays() {
-                    slurm.cancel(array)?;
-                }
+                cancel_arrays(dir)?;
                 bail!("cancelled: array {:?} cancelled with scancel", state.arrays());
             }
             bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
@@ -283,8 +291,8 @@ async fn follow(
         }
         if !failed.is_empty() {
             // The others are of no use to a run that is invalid anyway.
-            for array in state.arrays() {
-                let _ = slurm.cancel(array);
+            if let Err(err) = cancel_arrays(dir) {
+                tracing::warn!("cancelling the rest of the array: {err:#}");
             }
             return Ok(failed);
         }

@@ -165,6 +165,106 @@ impl Slurm {
     }
 }
 
+/// One line of `check` about the cluster: what was found, and the fix when it fails.
+#[derive(Debug)]
+pub struct Probe {
+    pub ok: bool,
+    pub what: String,
+    pub fix: String,
+}
+
+impl Slurm {
+    /// `check`'s look at the cluster: the tools, the controller, the partition, and a
+    /// tiny job that writes a file under `probe_dir` (on the storage the nodes share).
+    /// Stops at the first failure: the later probes need the earlier ones.
+    pub fn check(&self, config: &ClusterConfig, probe_dir: &Path) -> Vec<Probe> {
+        let mut probes = Vec::new();
+        let mut step = |ok: bool, what: String, fix: &str| {
+            probes.push(Probe { ok, what, fix: fix.to_string() });
+            ok
+        };
+        for tool in ["sbatch", "squeue", "scancel"] {
+            let found = self.run(tool, &["--version".to_string()]);
+            let what = match &found {
+                Ok(version) => format!("{tool}: {}", version.trim()),
+                Err(err) => format!("{tool}: {err:#}"),
+            };
+            if !step(found.is_ok(), what, "install Slurm's client tools (Debian: slurm-client) and set SLURM_CONF") {
+                return probes;
+            }
+        }
+        let ping = self.run("scontrol", &["ping".to_string()]);
+        let up = ping.as_ref().is_ok_and(|out| out.contains("is UP"));
+        let what = match &ping {
+            Ok(out) => format!("Slurm controller: {}", out.trim()),
+            Err(err) => format!("Slurm controller: {err:#}"),
+        };
+        if !step(up, what, "start slurmctld, or point SLURM_CONF at the cluster's slurm.conf") {
+            return probes;
+        }
+        let partition = config.partition.clone();
+        let mut sinfo = vec!["-h".to_string(), "-o".into(), "%P %a %D %t".into()];
+        if let Some(p) = &partition {
+            sinfo.extend(["-p".to_string(), p.clone()]);
+        }
+        let listed = self.run("sinfo", &sinfo).unwrap_or_default();
+        let shown = partition.as_deref().unwrap_or("the default partition");
+        let what = format!("partition {shown}: {}", listed.lines().next().unwrap_or("not found").trim());
+        if !step(!listed.trim().is_empty(), what, "name an existing partition in [cluster] partition (see `sinfo`)") {
+            return probes;
+        }
+        let written = self.probe_write(config, probe_dir);
+        let what = match &written {
+            Ok(node) => format!("a test job on {node} wrote under {}", probe_dir.display()),
+            Err(err) => format!("a test job writing under {}: {err:#}", probe_dir.display()),
+        };
+        step(written.is_ok(), what, "the bench root must be on storage every node mounts at the same path, writable by this user");
+        probes
+    }
+
+    /// Submits a one-line job (`sbatch --wait`, at most [`PROBE_TIMEOUT`]) that writes
+    /// its node's name into a fresh file under `dir`; the node's name.
+    fn probe_write(&self, config: &ClusterConfig, dir: &Path) -> anyhow::Result<String> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let nonce = format!("probe-{}-{}", std::process::id(), chrono::Utc::now().timestamp_millis());
+        let (script, proof) = (dir.join(format!("{nonce}.sbatch")), dir.join(format!("{nonce}.node")));
+        let text = format!("#!/bin/sh
+hostname > {}
+", quote(&proof)?);
+        util::write_atomic(&script, text.as_bytes())?;
+        let mut argv = vec!["--parsable".to_string(), "--wait".into(), format!("--job-name=pruefstand-check")];
+        argv.push(format!("--output={}", dir.join(format!("{nonce}.out")).display()));
+        if let Some(partition) = &config.partition {
+            argv.push(format!("--partition={partition}"));
+        }
+        argv.extend(config.sbatch_args.iter().cloned());
+        argv.push(script.display().to_string());
+        let mut child = self.command("sbatch").args(&argv).stdout(std::process::Stdio::piped()).spawn().context("running sbatch")?;
+        let deadline = std::time::Instant::now() + PROBE_TIMEOUT;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("the test job did not end within {} s (a busy partition?)", PROBE_TIMEOUT.as_secs());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        let node = std::fs::read_to_string(&proof).map(|n| n.trim().to_string());
+        for file in [&script, &proof, &dir.join(format!("{nonce}.out"))] {
+            let _ = std::fs::remove_file(file);
+        }
+        match node {
+            Ok(node) => Ok(node),
+            Err(_) => bail!("the test job ended ({status}) but its file is not there"),
+        }
+    }
+}
+
+/// How long `check` waits for its test job.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 #[cfg(test)]
 mod tests {
     use super::*;
