@@ -185,8 +185,9 @@ impl RunDir {
             Some(file) => file.seed,
             None => {
                 let run_id = crate::root::run_id(&dir.path);
-                let seed = seed
-                    .unwrap_or_else(|| u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0));
+                let seed = seed.unwrap_or_else(|| {
+                    u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0)
+                });
                 let file =
                     IdentityFile { identity: identity.clone(), seed, created_at: chrono::Utc::now().to_rfc3339() };
                 util::write_json_atomic(&identity_path, &file)?;

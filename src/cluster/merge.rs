@@ -39,7 +39,8 @@ pub fn merge(
     let checks = merge_checks(shard_dirs.iter().map(|d| read_checks(d)).collect::<anyhow::Result<Vec<_>>>()?);
     util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
     if let Some(version) = shard_dirs.iter().map(|d| d.file("version.json")).find(|p| p.is_file()) {
-        std::fs::copy(&version, run_dir.file("version.json")).with_context(|| format!("copying {}", version.display()))?;
+        std::fs::copy(&version, run_dir.file("version.json"))
+            .with_context(|| format!("copying {}", version.display()))?;
     }
     let provenances: Vec<(usize, String, Value)> = exits
         .iter()
@@ -134,8 +135,7 @@ pub fn provenance_key(provenance: &Value) -> BTreeMap<&'static str, Value> {
 /// digests; mtimes left out, a copy to another node changes them).
 fn files_digest(fingerprint: &Value) -> Value {
     let Some(files) = fingerprint["files"].as_array() else { return Value::Null };
-    let listed: Vec<Value> =
-        files.iter().map(|f| serde_json::json!([f["path"], f["size"], f["sha256"]])).collect();
+    let listed: Vec<Value> = files.iter().map(|f| serde_json::json!([f["path"], f["size"], f["sha256"]])).collect();
     Value::from(util::sha256_hex(Value::Array(listed).to_string().as_bytes()))
 }
 
@@ -173,7 +173,8 @@ fn read_checks(dir: &RunDir) -> anyhow::Result<Vec<EnvCheck>> {
     let path = dir.file("environment_check.json");
     let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
     let value: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-    serde_json::from_value(value["checks"].clone()).with_context(|| format!("{}: not environment checks", path.display()))
+    serde_json::from_value(value["checks"].clone())
+        .with_context(|| format!("{}: not environment checks", path.display()))
 }
 
 fn read_json(path: &std::path::Path) -> Value {
@@ -220,7 +221,8 @@ mod tests {
 
     #[test]
     fn gpu_exclusivity_is_violated_anywhere_or_exclusive_everywhere() {
-        let all = BTreeMap::from([(0, exit("a", GpuExclusivity::Exclusive)), (1, exit("b", GpuExclusivity::Exclusive))]);
+        let all =
+            BTreeMap::from([(0, exit("a", GpuExclusivity::Exclusive)), (1, exit("b", GpuExclusivity::Exclusive))]);
         assert_eq!(merge_gpu(&all), GpuExclusivity::Exclusive);
         let one_unobserved =
             BTreeMap::from([(0, exit("a", GpuExclusivity::Exclusive)), (1, exit("b", GpuExclusivity::NotObserved))]);
@@ -229,7 +231,10 @@ mod tests {
             (0, exit("a", GpuExclusivity::Exclusive)),
             (1, exit("b", GpuExclusivity::Violated { events: vec!["pid 9 (python)".into()] })),
         ]);
-        assert_eq!(merge_gpu(&violated), GpuExclusivity::Violated { events: vec!["shard 1 on b: pid 9 (python)".into()] });
+        assert_eq!(
+            merge_gpu(&violated),
+            GpuExclusivity::Violated { events: vec!["shard 1 on b: pid 9 (python)".into()] }
+        );
     }
 
     #[test]

@@ -83,7 +83,9 @@ impl ArrayState {
     pub fn load(run_dir: &Path) -> anyhow::Result<Option<ArrayState>> {
         let path = ArrayState::path(run_dir);
         match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("{}: not an array", path.display()))?)),
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("{}: not an array", path.display()))?))
+            }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
         }
@@ -205,7 +207,8 @@ pub async fn run(
             let array = slurm.submit(&argv)?;
             let now = chrono::Utc::now().to_rfc3339();
             let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
-            let state = ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
+            let state =
+                ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
             state.store(dir)?;
             tracing::info!("submitted array {array}: {shards} shards of {} cases", ctx.plan.cases.len());
             state
@@ -273,9 +276,17 @@ async fn follow(
                     }
                     let _ = std::fs::remove_file(ExitRecord::path(&shard_dir(dir, index)));
                     let shards_dir = dir.join("shards");
-                    let argv = slurm::sbatch_argv(config, job, &index.to_string(), &shards_dir, &shards_dir.join("shard.sbatch"));
+                    let argv = slurm::sbatch_argv(
+                        config,
+                        job,
+                        &index.to_string(),
+                        &shards_dir,
+                        &shards_dir.join("shard.sbatch"),
+                    );
                     let array = slurm.submit(&argv)?;
-                    tracing::warn!("shard {index} died ({why}); requeued once as array {array}, it resumes into its directory");
+                    tracing::warn!(
+                        "shard {index} died ({why}); requeued once as array {array}, it resumes into its directory"
+                    );
                     let at = chrono::Utc::now().to_rfc3339();
                     state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
                     counts.pending += 1;
@@ -327,7 +338,11 @@ mod tests {
     #[test]
     fn the_latest_submission_of_a_shard_is_the_one_followed() {
         let sub = |array, indices: Vec<usize>| Submission { array, indices, at: String::new(), reason: String::new() };
-        let state = ArrayState { shards: 3, submissions: vec![sub(10, vec![0, 1, 2]), sub(14, vec![1])], ..ArrayState::default() };
+        let state = ArrayState {
+            shards: 3,
+            submissions: vec![sub(10, vec![0, 1, 2]), sub(14, vec![1])],
+            ..ArrayState::default()
+        };
         assert_eq!((state.latest(0), state.latest(1)), (Some(10), Some(14)));
         assert_eq!((state.submissions_of(1), state.submissions_of(2)), (2, 1));
         assert_eq!(state.arrays(), [10, 14]);

@@ -170,7 +170,8 @@ async fn execute(
     let result = async {
         let mut ctx = RunContext::new(root, &pyenv, &pool, &control, &plan_path.to_string_lossy(), None)?;
         let assigned = slice(&ctx.plan.cases, count);
-        ctx.plan.cases = ctx.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone()).collect();
+        ctx.plan.cases =
+            ctx.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone()).collect();
         // The identity is the job's (version, full plan hash): a shard directory holds
         // one slice of that run, and its seed is the run's.
         let seed = RunDir::new(run_dir.to_path_buf()).stored_seed();

@@ -127,7 +127,8 @@ impl Slurm {
 
     /// Runs `tool args…`; its stdout, or an error with its stderr.
     pub fn run(&self, tool: &str, args: &[String]) -> anyhow::Result<String> {
-        let output = self.command(tool).args(args).output().with_context(|| format!("running {tool} (is Slurm installed?)"))?;
+        let output =
+            self.command(tool).args(args).output().with_context(|| format!("running {tool} (is Slurm installed?)"))?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
@@ -143,7 +144,9 @@ impl Slurm {
 
     /// The pending and running tasks of `arrays` (this user's jobs only).
     pub fn tasks(&self, arrays: &[ArrayId]) -> anyhow::Result<BTreeMap<(ArrayId, usize), TaskState>> {
-        let user = std::env::var("USER").ok().or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok()?.map(|u| u.name));
+        let user = std::env::var("USER")
+            .ok()
+            .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok()?.map(|u| u.name));
         let mut args = vec!["-h".to_string(), "-r".into(), "-o".into(), "%F|%K|%T".into()];
         if let Some(user) = user {
             args.extend(["-u".to_string(), user]);
@@ -218,7 +221,11 @@ impl Slurm {
             Ok(node) => format!("a test job on {node} wrote under {}", probe_dir.display()),
             Err(err) => format!("a test job writing under {}: {err:#}", probe_dir.display()),
         };
-        step(written.is_ok(), what, "the bench root must be on storage every node mounts at the same path, writable by this user");
+        step(
+            written.is_ok(),
+            what,
+            "the bench root must be on storage every node mounts at the same path, writable by this user",
+        );
         probes
     }
 
@@ -228,9 +235,12 @@ impl Slurm {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let nonce = format!("probe-{}-{}", std::process::id(), chrono::Utc::now().timestamp_millis());
         let (script, proof) = (dir.join(format!("{nonce}.sbatch")), dir.join(format!("{nonce}.node")));
-        let text = format!("#!/bin/sh
+        let text = format!(
+            "#!/bin/sh
 hostname > {}
-", quote(&proof)?);
+",
+            quote(&proof)?
+        );
         util::write_atomic(&script, text.as_bytes())?;
         let mut argv = vec!["--parsable".to_string(), "--wait".into(), format!("--job-name=pruefstand-check")];
         argv.push(format!("--output={}", dir.join(format!("{nonce}.out")).display()));
@@ -239,7 +249,12 @@ hostname > {}
         }
         argv.extend(config.sbatch_args.iter().cloned());
         argv.push(script.display().to_string());
-        let mut child = self.command("sbatch").args(&argv).stdout(std::process::Stdio::piped()).spawn().context("running sbatch")?;
+        let mut child = self
+            .command("sbatch")
+            .args(&argv)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("running sbatch")?;
         let deadline = std::time::Instant::now() + PROBE_TIMEOUT;
         let status = loop {
             if let Some(status) = child.try_wait()? {

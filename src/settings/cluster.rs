@@ -109,7 +109,8 @@ fn check_sbatch_arg(arg: &str) -> Result<(), String> {
     }
     let name = arg.split_once('=').map_or(arg, |(name, _)| name);
     // Short options may carry their value glued on (`-pgpu`).
-    let reserved = RESERVED.iter().any(|r| name == *r || (r.len() == 2 && !arg.starts_with("--") && arg.starts_with(r)));
+    let reserved =
+        RESERVED.iter().any(|r| name == *r || (r.len() == 2 && !arg.starts_with("--") && arg.starts_with(r)));
     if reserved {
         return Err(format!("sbatch_args: {arg:?} is set by pruefstand itself (partition: use `partition`)"));
     }
@@ -127,8 +128,10 @@ mod tests {
     #[test]
     fn local_is_the_default_and_slurm_reads_its_fields() {
         assert_eq!(parse("").unwrap().kind, ClusterKind::Local);
-        let c = parse("kind = \"slurm\"\npartition = \"gpu\"\nshards = 8\nsbatch_args = [\"--gres=gpu:1\", \"--time=04:00:00\"]")
-            .unwrap();
+        let c = parse(
+            "kind = \"slurm\"\npartition = \"gpu\"\nshards = 8\nsbatch_args = [\"--gres=gpu:1\", \"--time=04:00:00\"]",
+        )
+        .unwrap();
         assert!(c.is_slurm());
         assert_eq!((c.partition.as_deref(), c.shards, c.sbatch_args.len()), (Some("gpu"), 8, 2));
     }
