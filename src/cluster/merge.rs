@@ -36,7 +36,7 @@ pub fn merge(
     run_dir.write_plan(&gym::plan_json(plan, inventory))?;
     let records = run_dir.compact_cases(&plan.cases, &stored)?;
     gym::write_telemetry(run_dir, plan, &records)?;
-    let checks = merge_checks(shard_dirs.iter().map(|d| read_checks(d)).collect::<anyhow::Result<Vec<_>>>()?);
+    let checks = merge_checks(shard_dirs.iter().map(read_checks).collect::<anyhow::Result<Vec<_>>>()?);
     util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
     if let Some(version) = shard_dirs.iter().map(|d| d.file("version.json")).find(|p| p.is_file()) {
         std::fs::copy(&version, run_dir.file("version.json"))
