@@ -91,6 +91,11 @@ fn cancel_ends_the_array() {
     let (_, state) = bench.wait_array(id);
     let array = array_of(&state, 0);
     wait_until("the array in squeue", 30, || !queued_tasks(array).is_empty());
+    // `status` shows the shards as the daemon's last look saw them.
+    wait_until("status to show a shard running", 60, || {
+        let status = bench.run(&["status"]).stdout;
+        status.contains("shards: ") && !status.contains("0 done, 0 running")
+    });
     bench.run_on_cluster(&["cancel", &id.to_string()]).ok();
     assert_eq!(bench.job(id)["state"], "cancelled");
     wait_until("the array to leave squeue", 30, || queued_tasks(array).is_empty());
@@ -117,4 +122,22 @@ fn a_daemon_restart_mid_array_picks_the_array_up_instead_of_submitting_again() {
     assert_eq!(state["submissions"].as_array().unwrap().len(), 1, "no second submission: {state}");
     assert!(restarted.log().contains("picking up array"), "{}", restarted.log());
     assert_eq!(cases(&run_dir).len(), MINI_CASES);
+}
+
+#[test]
+fn check_probes_the_cluster_with_a_test_job() {
+    let bench = Bench::clustered(2);
+    let out = bench.run_on_cluster(&["check"]).stdout;
+    for line in [
+        "OK    sbatch: slurm-wlm",
+        "OK    Slurm controller: ",
+        "is UP",
+        "OK    partition main: ",
+        "OK    a test job on ",
+    ] {
+        assert!(out.contains(line), "{line:?} not in\n{out}");
+    }
+    // Without the cluster's configuration the controller cannot be found: a FAIL with the fix.
+    let lost = Run::from(bench.cmd(&["check"]).env("SLURM_CONF", "/nonexistent/slurm.conf").output().unwrap());
+    assert!(lost.stdout.contains("FAIL"), "{}", lost.stdout);
 }
