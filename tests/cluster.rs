@@ -141,3 +141,30 @@ fn check_probes_the_cluster_with_a_test_job() {
     let lost = Run::from(bench.cmd(&["check"]).env("SLURM_CONF", "/nonexistent/slurm.conf").output().unwrap());
     assert!(lost.stdout.contains("FAIL"), "{}", lost.stdout);
 }
+
+#[test]
+fn a_shard_that_dies_twice_makes_the_run_invalid_naming_it() {
+    let bench = clustered_slow();
+    let _daemon = bench.cluster_daemon();
+    let id = bench.start(&["slow", "--plan", "mini"]);
+    let (run_dir, state) = bench.wait_array(id);
+    let first = array_of(&state, 0);
+    wait_until("task 0 in squeue", 60, || queued_tasks(first).contains(&format!("{first}_0")));
+    slurm("scancel", &[&format!("{first}_0")]);
+    let mut again = 0;
+    wait_until("shard 0's requeue", 120, || {
+        let state = json(&run_dir.join("cluster.json"));
+        again = state["submissions"].get(1).and_then(|s| s["array"].as_u64()).unwrap_or(0);
+        again != 0
+    });
+    wait_until("the requeued task in squeue", 60, || queued_tasks(again).contains(&format!("{again}_0")));
+    slurm("scancel", &[&format!("{again}_0")]);
+
+    let job = bench.wait_job(id, "done", 300);
+    assert_eq!(job["verdict"], "invalid", "{job}");
+    let judgement = json(&run_dir.join("judgement.json"));
+    let r1 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R1").unwrap().clone();
+    assert!(r1["reason"].as_str().unwrap().contains("shard 0 failed twice"), "{r1}");
+    // The rest of the array is of no use to an invalid run: cancelled.
+    wait_until("the arrays to leave squeue", 30, || queued_tasks(first).is_empty() && queued_tasks(again).is_empty());
+}

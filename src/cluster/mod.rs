@@ -255,6 +255,7 @@ async fn follow(
             bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
         }
         let tasks = slurm.tasks(&state.arrays())?;
+        let submissions_before = state.submissions.len();
         let mut counts = ShardCounts::default();
         let mut failed = Vec::new();
         for index in 0..state.shards {
@@ -293,12 +294,11 @@ async fn follow(
                 }
             }
         }
-        if state.counts != counts || !failed.is_empty() {
+        let submitted = state.submissions.len();
+        if state.counts != counts || submitted != submissions_before {
             state.counts = counts;
             state.store(dir)?;
             tracing::info!("{}", counts.line());
-        } else {
-            state.store(dir)?;
         }
         if !failed.is_empty() {
             // The others are of no use to a run that is invalid anyway.
