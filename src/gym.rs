@@ -240,7 +240,9 @@ impl Control {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).pgid = None;
     }
 
-    fn report(&self, run_dir: &Path, done: usize, total: usize) {
+    /// Reports progress to the caller's sink (also for cases run elsewhere: a cluster's
+    /// shards).
+    pub fn report(&self, run_dir: &Path, done: usize, total: usize) {
         if let Some(progress) = &self.progress {
             progress(run_dir, done, total);
         }

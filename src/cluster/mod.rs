@@ -294,6 +294,13 @@ async fn follow(
                 }
             }
         }
+        // Cases recorded so far over every shard: the daemon's progress and ETA.
+        let recorded: usize = (0..state.shards)
+            .map(|i| {
+                std::fs::read(shard_dir(dir, i).join("cases.jsonl")).map_or(0, |b| crate::rundir::lines(&b).count())
+            })
+            .sum();
+        ctx.control.gym.report(dir, recorded.min(ctx.plan.cases.len()), ctx.plan.cases.len());
         let submitted = state.submissions.len();
         if state.counts != counts || submitted != submissions_before {
             state.counts = counts;
