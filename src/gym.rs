@@ -64,15 +64,7 @@ pub fn execute(
     inventory: &Inventory,
     settings: GymSettings,
 ) -> anyhow::Result<Executed> {
-    let plan_json = serde_json::json!({
-        "name": plan.name,
-        "source": plan.source,
-        "hash": plan.hash,
-        "benchmark_version": plan.benchmark_version,
-        "agentdojo_version": inventory.agentdojo_version,
-        "cases": plan.cases,
-    });
-    run_dir.write_plan(&plan_json)?;
+    run_dir.write_plan(&plan_json(plan, inventory))?;
     tracing::info!("run directory: {}", run_dir.path.display());
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
@@ -94,11 +86,29 @@ pub fn execute(
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
-    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &outcome.records);
+    let telemetry = write_telemetry(run_dir, plan, &outcome.records)?;
+    Ok(Executed { gym: outcome, telemetry })
+}
+
+/// `plan.json`: the cases a run directory runs.
+pub fn plan_json(plan: &Plan, inventory: &Inventory) -> serde_json::Value {
+    serde_json::json!({
+        "name": plan.name,
+        "source": plan.source,
+        "hash": plan.hash,
+        "benchmark_version": plan.benchmark_version,
+        "agentdojo_version": inventory.agentdojo_version,
+        "cases": plan.cases,
+    })
+}
+
+/// `telemetry.json` and `telemetry.md` over a run's records.
+pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
+    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
     util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
     let title = format!("{} — plan {}", crate::root::run_id(&run_dir.path), plan.name);
     util::write_atomic(&run_dir.file("telemetry.md"), telemetry::markdown(&title, &telemetry).as_bytes())?;
-    Ok(Executed { gym: outcome, telemetry })
+    Ok(telemetry)
 }
 
 /// Everything `gym.py run` needs (docs/protocol.md §2).
@@ -230,7 +240,9 @@ impl Control {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).pgid = None;
     }
 
-    fn report(&self, run_dir: &Path, done: usize, total: usize) {
+    /// Reports progress to the caller's sink (also for cases run elsewhere: a cluster's
+    /// shards).
+    pub fn report(&self, run_dir: &Path, done: usize, total: usize) {
         if let Some(progress) = &self.progress {
             progress(run_dir, done, total);
         }

@@ -43,8 +43,10 @@ mod judge;
 mod report;
 mod hooks;
 
-// Orchestration: one run end to end, and the daemon that runs queued jobs.
+// Orchestration: one run end to end, a job's shards on a Slurm cluster, and the daemon
+// that runs queued jobs.
 mod run;
+mod cluster;
 mod daemon;
 
 mod cmd;
@@ -94,6 +96,8 @@ enum Command {
     Pause(cmd::pause::Args),
     /// Resume a paused queue.
     Resume(cmd::pause::Args),
+    /// Run one shard of a queued job on this node (a Slurm array task runs this).
+    Shard(cmd::shard::Args),
     /// Run the job queue (normally under systemd: units/pruefstand.service).
     Daemon(cmd::daemon::Args),
     /// Preflight: venv, Docker, image, model files, NVML, D-Bus, busy units, config
@@ -175,6 +179,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Resume(_) => cmd::pause::main(root, false),
         Command::Status(args) => cmd::status::main(root, args),
         Command::Daemon(args) => cmd::daemon::main(root, args).await,
+        Command::Shard(args) => cmd::shard::main(root, args).await,
         Command::InstallUnits(args) => cmd::install_units::main(root, args),
         Command::Completions(args) => cmd::completions::main(args, Cli::command()),
         Command::Man(args) => cmd::completions::man(args, Cli::command()),

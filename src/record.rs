@@ -89,6 +89,31 @@ pub struct RunMeta {
     /// the user-task order it dispatched and whether it stopped early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stop: Option<EarlyStop>,
+    /// A run made as shards on a cluster: where each ran, and what R1 must fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardFacts>,
+}
+
+/// The shards a clustered run was cut into, merged into one run directory.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ShardFacts {
+    /// One line per shard: index, node, cases, and its provenance in short.
+    pub nodes: Vec<ShardNode>,
+    /// Shards that failed for good (a second failure after one requeue), with why.
+    #[serde(default)]
+    pub failed: Vec<String>,
+    /// Provenance that differs between shards (image, driver, model files), in words.
+    #[serde(default)]
+    pub differing: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ShardNode {
+    pub index: usize,
+    pub node: String,
+    pub cases: usize,
+    /// Times the shard was submitted (2: requeued once).
+    pub submissions: usize,
 }
 
 /// What steered the number of cases in flight.

@@ -23,7 +23,7 @@ use crate::judge::Judgement;
 use crate::judge::early;
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
-use crate::record::{ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta};
+use crate::record::{ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts};
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir, RunLock};
 use crate::settings::defence::GuardrailSpec;
@@ -64,11 +64,11 @@ impl RunControl {
         *self.stopped.borrow()
     }
 
-    async fn until_stopped(&self) {
+    pub async fn until_stopped(&self) {
         let _ = self.stopped.subscribe().wait_for(|stopped| *stopped).await;
     }
 
-    fn gpu(&self) -> GpuExclusivity {
+    pub fn gpu(&self) -> GpuExclusivity {
         self.gpu.as_ref().map_or(GpuExclusivity::NotObserved, |observe| observe())
     }
 }
@@ -99,7 +99,7 @@ pub struct RunContext<'a> {
 
 /// How much of the plan a pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Extent {
+pub enum Extent {
     /// The plan as it says: stopped early once decided when it opts in.
     Plan,
     /// Every case (reference runs, `run --full`).
@@ -188,7 +188,7 @@ impl<'a> RunContext<'a> {
     }
 
     /// What a run directory of `version` on this plan must match to be resumed.
-    fn identity(&self, version: &Version) -> Identity {
+    pub fn identity(&self, version: &Version) -> Identity {
         Identity {
             version: version.name.clone(),
             spec_hash: version.hash.clone(),
@@ -199,7 +199,7 @@ impl<'a> RunContext<'a> {
 
     /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
     /// writes the reports — the same path `pruefstand judge` takes later.
-    fn record_and_judge(
+    pub fn record_and_judge(
         &self,
         run_dir: &RunDir,
         version: &Version,
@@ -217,12 +217,13 @@ impl<'a> RunContext<'a> {
             agentdojo_version: Some(self.inventory.agentdojo_version.clone()),
             image_digest: served.image_digest,
             // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
-            gpu: self.control.gpu(),
+            gpu: served.gpu.unwrap_or_else(|| self.control.gpu()),
             reference_run_dir,
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
             concurrency: served.concurrency,
             early_stop: read_early_stop(run_dir)?,
+            shards: served.shards,
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
@@ -233,7 +234,7 @@ impl<'a> RunContext<'a> {
     /// and provenance. A docker server that dies is restarted once and the gym resumed;
     /// a server that fails for good (never ready, or a second death) is not an error
     /// here: the run is recorded with what it has and `failed` facts, which R1 fails.
-    async fn execute_version(
+    pub async fn execute_version(
         &self,
         claimed: &Claimed,
         version: &Version,
@@ -278,7 +279,7 @@ impl<'a> RunContext<'a> {
                 };
                 self.write_provenance(run_dir, version, None);
                 let executed = self.executed_from_run_dir(run_dir)?;
-                let served = Served { image_digest: None, model_server: Some(facts), started_at, concurrency: None };
+                let served = Served { model_server: Some(facts), started_at, ..Served::default() };
                 return Ok((executed, served));
             }
         };
@@ -326,7 +327,7 @@ impl<'a> RunContext<'a> {
         {
             self.remember_capacity(run_dir, version, facts);
         }
-        Ok((executed, Served { image_digest, model_server, started_at, concurrency }))
+        Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
     }
 
     /// One gym pass on the blocking pool (it reads the gym's events line by line), in
@@ -353,7 +354,7 @@ impl<'a> RunContext<'a> {
     }
 
     /// The run's records as they stand (a run cut short): what `judge` needs to say why.
-    fn executed_from_run_dir(&self, run_dir: &RunDir) -> anyhow::Result<Executed> {
+    pub fn executed_from_run_dir(&self, run_dir: &RunDir) -> anyhow::Result<Executed> {
         let plan = &self.plan;
         if !run_dir.cases_file().exists() {
             util::write_atomic(&run_dir.cases_file(), b"")?;
@@ -535,7 +536,7 @@ impl<'a> RunContext<'a> {
 
     /// The reference's run on this plan: reused when one exists for the same spec hash,
     /// plan hash and agentdojo version with every case recorded; else run now.
-    async fn reference_run(&self, reference: &Version) -> anyhow::Result<(PathBuf, bool)> {
+    pub async fn reference_run(&self, reference: &Version) -> anyhow::Result<(PathBuf, bool)> {
         let (reports, plan) = (self.root.reports(), &self.plan);
         // Two candidates needing the same reference share one run of it: the second
         // waits here, then finds it complete.
@@ -605,12 +606,16 @@ fn read_early_stop(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
 
 /// What the model server contributes to the run's record.
 #[derive(Default)]
-struct Served {
-    image_digest: Option<String>,
-    model_server: Option<ModelServerFacts>,
+pub struct Served {
+    pub image_digest: Option<String>,
+    pub model_server: Option<ModelServerFacts>,
     /// When the run began (a resumed run keeps its first start).
-    started_at: String,
-    concurrency: Option<ConcurrencyFacts>,
+    pub started_at: String,
+    pub concurrency: Option<ConcurrencyFacts>,
+    /// Observed elsewhere (a cluster's nodes) rather than by this run's control.
+    pub gpu: Option<GpuExclusivity>,
+    /// A run merged from a cluster's shards (`cluster`).
+    pub shards: Option<ShardFacts>,
 }
 
 /// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec

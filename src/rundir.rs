@@ -123,6 +123,12 @@ impl RunDir {
     /// identity is resumed. Anything else is refused, naming what differs, and so is a
     /// directory another run holds.
     pub fn claim(path: &std::path::Path, identity: &Identity) -> anyhow::Result<Claimed> {
+        RunDir::claim_seeded(path, identity, None)
+    }
+
+    /// [`RunDir::claim`], with the seed a new directory gets given (a cluster's shard
+    /// takes its job's, so the counter suite's secrets are those of one run).
+    pub fn claim_seeded(path: &std::path::Path, identity: &Identity, seed: Option<u64>) -> anyhow::Result<Claimed> {
         let shown = path.display();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
@@ -179,7 +185,9 @@ impl RunDir {
             Some(file) => file.seed,
             None => {
                 let run_id = crate::root::run_id(&dir.path);
-                let seed = u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0);
+                let seed = seed.unwrap_or_else(|| {
+                    u64::from_str_radix(&util::sha256_hex(run_id.as_bytes())[..12], 16).unwrap_or(0)
+                });
                 let file =
                     IdentityFile { identity: identity.clone(), seed, created_at: chrono::Utc::now().to_rfc3339() };
                 util::write_json_atomic(&identity_path, &file)?;
@@ -187,6 +195,12 @@ impl RunDir {
             }
         };
         Ok(Claimed { dir, seed, _lock: lock })
+    }
+
+    /// The seed fixed when this directory was claimed (None: never claimed).
+    pub fn stored_seed(&self) -> Option<u64> {
+        let bytes = std::fs::read(self.file("identity.json")).ok()?;
+        serde_json::from_slice::<IdentityFile>(&bytes).ok().map(|file| file.seed)
     }
 
     /// A run directory written before `identity.json` existed.
@@ -428,6 +442,17 @@ mod tests {
         let relative = pathdiff(&absolute, &cwd);
         assert_eq!(RunDir::claim(&relative, &identity("v")).unwrap().seed, first);
         assert_eq!(RunDir::claim(&absolute.join("."), &identity("v")).unwrap().seed, first);
+    }
+
+    #[test]
+    fn a_given_seed_is_kept_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("shards/2");
+        assert_eq!(RunDir::new(shard.clone()).stored_seed(), None);
+        assert_eq!(RunDir::claim_seeded(&shard, &identity("v"), Some(42)).unwrap().seed, 42);
+        // A resume keeps the stored seed whatever it is given.
+        assert_eq!(RunDir::claim_seeded(&shard, &identity("v"), Some(7)).unwrap().seed, 42);
+        assert_eq!(RunDir::new(shard).stored_seed(), Some(42));
     }
 
     /// `target` relative to `base` (both absolute).

@@ -1,6 +1,6 @@
 //! `pruefstand cancel <job>`: a pending job is cancelled at once; for a running one the
 //! request is recorded and the daemon stops the run (gym and model) — this waits until
-//! it has.
+//! it has. A job on a cluster has its job array cancelled (`scancel`) too.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +25,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if !daemon_running(&queue)? {
+        // No daemon follows the job's array: end it here, or it runs on unwatched.
+        if let Some(run_dir) = &job.run_dir {
+            for array in crate::cluster::cancel_arrays(run_dir)? {
+                outln!("job {id}: array {array} cancelled (scancel)");
+            }
+        }
         outln!("job {id}: cancel recorded; no daemon runs, the job ends as cancelled when one starts");
         return Ok(ExitCode::SUCCESS);
     }

@@ -1,7 +1,10 @@
 //! `pruefstand check [<version>]`: one screen of preflight results, one line each —
 //! `OK`, `WARN` or `FAIL`, what was found, and the fix. Exit 0 without a FAIL, else 2.
+//! With `[cluster] kind = "slurm"` it also probes the cluster (tools, controller,
+//! partition, and a test job writing under the bench root).
 //!
-//! It only looks: it creates no venv, pulls no image, starts nothing. Every probe has
+//! It only looks: it creates no venv, pulls no image, starts nothing (but the cluster's
+//! one tiny test job). Every probe has
 //! a short timeout (a dead Docker socket or a wedged bus gives a line, not a hang), and
 //! the slow ones run side by side.
 
@@ -126,6 +129,17 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     }
     report.extend(gpu);
     report.extend(dbus);
+    if let Some(root) = root.as_ref().filter(|r| r.config.cluster.is_slurm()) {
+        let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
+        let slurm = crate::cluster::slurm::Slurm::default();
+        let probes = tokio::task::spawn_blocking(move || slurm.check(&config, &probe_dir)).await?;
+        for probe in probes {
+            match probe.ok {
+                true => report.ok(probe.what),
+                false => report.fail(probe.what, probe.fix),
+            }
+        }
+    }
 
     let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
     let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();

@@ -17,6 +17,7 @@ pub mod queue;
 pub mod restart;
 pub mod run;
 pub mod setup;
+pub mod shard;
 pub mod sim_serve;
 pub mod start;
 pub mod status;

@@ -1,5 +1,6 @@
 //! `pruefstand status`: what the daemon does — not running, idle, waiting for the GPU
-//! and why, or running a job with cases done/total and an ETA. Reads the state the
+//! and why, or running a job with cases done/total and an ETA (a job on a cluster: its
+//! shards done/running/pending). Reads the state the
 //! daemon publishes (`.pruefstand/daemon.json`); `--watch` follows it (inotify) with a
 //! progress bar until Ctrl-C.
 
@@ -31,12 +32,17 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     let (running, published) = current(&queue)?;
     let pending = queue.list()?.iter().filter(|j| j.state == State::Pending).count();
+    let shards = match (running, &published) {
+        (true, Some(DaemonState { activity: Activity::Running(p), .. })) => shard_counts(&queue, p.job),
+        _ => None,
+    };
     if args.json {
         let value = serde_json::json!({
             "daemon": if running { "running" } else { "not_running" },
             "pending": pending,
             "paused": queue.is_paused(),
             "state": if running { serde_json::to_value(&published)? } else { serde_json::Value::Null },
+            "shards": shards,
         });
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::SUCCESS);
@@ -48,11 +54,20 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
         }
     }
+    if let Some(counts) = shards {
+        outln!("{}", counts.line());
+    }
     outln!("pending jobs: {pending}");
     if queue.is_paused() {
         outln!("the queue is paused: no job starts until `pruefstand resume`");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A running job's shards on the cluster, as the daemon's last look saw them.
+fn shard_counts(queue: &Queue, job: u64) -> Option<crate::cluster::ShardCounts> {
+    let run_dir = queue.load(job).ok()?.run_dir?;
+    crate::cluster::ArrayState::load(&run_dir).ok().flatten().map(|state| state.counts)
 }
 
 /// Whether a daemon holds the lock, and its published state (stale when it does not).

@@ -7,6 +7,9 @@
 //! (the process has one), with the job's snapshot as spec and plan, into the run directory recorded in the job (so a
 //! crashed or stopped job resumes there and the gym skips its recorded cases).
 //!
+//! With `[cluster] kind = "slurm"` a job runs as a Slurm job array instead (`cluster`):
+//! no local guards or bench lock, the shards pass their nodes' own.
+//!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
 
 pub mod gate;
@@ -213,14 +216,19 @@ impl<G: Gate> Daemon<G> {
                     _ => continue,
                 }
             };
-            match self.wait_gate(next.id).await? {
-                GateEnd::Clear => {}
-                GateEnd::Recheck => continue,
-                GateEnd::Signal(name) => return self.exit(name).await,
+            // On a cluster the shards pass their nodes' guards; this machine's GPU is
+            // not the one they use.
+            let clustered = self.root.config.cluster.is_slurm();
+            if !clustered {
+                match self.wait_gate(next.id).await? {
+                    GateEnd::Clear => {}
+                    GateEnd::Recheck => continue,
+                    GateEnd::Signal(name) => return self.exit(name).await,
+                }
             }
             // The gate may have waited a while: take whatever is first now.
             let Some(job) = self.queue.next_pending()? else { continue };
-            let _gpu = match self.bench_lock(&job).await? {
+            let _gpu = match if clustered { LockEnd::Held(None) } else { self.bench_lock(&job).await? } {
                 LockEnd::Held(lock) => lock,
                 LockEnd::Recheck => continue,
                 LockEnd::Signal(name) => return self.exit(name).await,
@@ -370,6 +378,7 @@ impl<G: Gate> Daemon<G> {
         // there), driven from a blocking-pool thread: the run reads files and the gym's
         // event stream synchronously between its awaits. Its messages carry the job id.
         let (root, tx, job_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
+        let queue = Queue::open(&self.root)?;
         let runtime = tokio::runtime::Handle::current();
         let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {
@@ -377,8 +386,12 @@ impl<G: Gate> Daemon<G> {
             let result = runtime.block_on(async {
                 let pyenv = PyEnv::ensure()?;
                 let ctx = RunContext::new(&root, &pyenv, &pool, &job_control, &plan_path.to_string_lossy(), None)?;
-                run::preflight(&ctx, &version).await?;
-                let finished = ctx.run(&version, Some(run_dir)).await?;
+                let finished = if root.config.cluster.is_slurm() {
+                    crate::cluster::run(&ctx, &version, run_dir, id, &queue).await?
+                } else {
+                    run::preflight(&ctx, &version).await?;
+                    ctx.run(&version, Some(run_dir)).await?
+                };
                 let figures = &finished.judgement.figures;
                 anyhow::Ok(Outcome {
                     run_dir: finished.run_dir.path.clone(),

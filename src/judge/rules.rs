@@ -280,6 +280,14 @@ pub(super) fn r1_validity(
         };
         problems.push(format!("model server failed{history}: {what}{last}"));
     }
+    if let Some(shards) = &run.shards {
+        problems.extend(shards.failed.iter().cloned());
+        if !shards.differing.is_empty() {
+            problems.push(format!("shards ran with different provenance: {}", shards.differing.join("; ")));
+        }
+        let nodes: Vec<String> = shards.nodes.iter().map(|n| format!("{} on {}", n.index, n.node)).collect();
+        notes.push(format!("{} shard(s): {}", nodes.len(), nodes.join(", ")));
+    }
     if !unpinned.is_empty() {
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
     }
@@ -313,6 +321,7 @@ pub(super) fn r1_validity(
         "plan_hash": run.plan_hash,
         "image_digest": run.image_digest,
         "model_server": run.model_server,
+        "shards": run.shards,
     });
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {

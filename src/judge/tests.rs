@@ -67,6 +67,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         model_server: None,
         concurrency: None,
         early_stop: None,
+        shards: None,
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
@@ -404,6 +405,27 @@ fn r1_after(edit: impl Fn(&mut JudgeInput)) -> RuleResult {
     let mut input = schnell(3);
     edit(&mut input);
     rule(&judge(&input), "R1").clone()
+}
+
+#[test]
+fn r1_fails_a_clustered_run_with_a_failed_shard_or_differing_provenance_and_lists_the_nodes() {
+    use crate::record::{ShardFacts, ShardNode};
+    let node = |index: usize, node: &str| ShardNode { index, node: node.into(), cases: 25, submissions: 1 };
+    let shards = ShardFacts { nodes: vec![node(0, "thor1"), node(1, "thor2")], ..ShardFacts::default() };
+    let fine = r1_after(|input| input.run.shards = Some(shards.clone()));
+    assert_eq!(fine.status, RuleStatus::Pass, "{}", fine.reason);
+    assert!(fine.reason.contains("2 shard(s): 0 on thor1, 1 on thor2"), "{}", fine.reason);
+    let differing = ShardFacts {
+        differing: vec!["driver: shard 0 on thor1 has \"580\", shard 1 on thor2 has \"575\"".into()],
+        ..shards.clone()
+    };
+    let r = r1_after(|input| input.run.shards = Some(differing.clone()));
+    assert_eq!(r.status, RuleStatus::Fail);
+    assert!(r.reason.contains("shards ran with different provenance: driver"), "{}", r.reason);
+    let failed = ShardFacts { failed: vec!["shard 1 failed twice: ended without an exit record".into()], ..shards };
+    let r = r1_after(|input| input.run.shards = Some(failed.clone()));
+    assert_eq!(r.status, RuleStatus::Fail);
+    assert!(r.reason.contains("shard 1 failed twice"), "{}", r.reason);
 }
 
 fn first_attacked(input: &mut JudgeInput) -> &mut CaseRecord {

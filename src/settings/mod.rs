@@ -1,9 +1,10 @@
 //! Every configuration type, in one place: `pruefstand.toml` (paths, the guards, the
-//! hooks), a version's defence layers (`defence`), the simulated model's `[sim]` table
+//! hooks, `[cluster]`), a version's defence layers (`defence`), the simulated model's `[sim]` table
 //! (`sim`), and a profile's rule thresholds (`thresholds`). Types and their validation
 //! only: reading the files and acting on them belongs to `root`, `spec`, `plan`, the
 //! guards, the hooks and the judge.
 
+pub mod cluster;
 pub mod defence;
 pub mod sim;
 pub mod thresholds;
@@ -25,6 +26,8 @@ pub struct Config {
     pub hooks: Vec<HookConfig>,
     #[serde(default)]
     pub run: RunConfig,
+    #[serde(default)]
+    pub cluster: cluster::ClusterConfig,
 }
 
 /// `[run]`: how runs use this machine.

@@ -10,6 +10,7 @@
 pub mod chromium;
 pub mod docker;
 pub mod runs;
+pub mod slurm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

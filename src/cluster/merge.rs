@@ -1,0 +1,255 @@
+//! Merging a clustered run: the shards' records into one `cases.jsonl` in plan order
+//! (what a single-host run writes), with the files `judge` reads beside it, and the
+//! facts R1 checks — a shard that failed for good, shards whose provenance differs
+//! (image, driver, model files), the nodes. Not here: judging (`run`'s path).
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{ArrayState, ExitRecord};
+use crate::plan::Plan;
+use crate::pyenv::Inventory;
+use crate::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
+use crate::run::Served;
+use crate::rundir::{RunDir, StoredCases};
+use crate::{gym, util};
+
+/// Writes the merged run into `run_dir` from its shard directories; what the model
+/// servers contribute to `run.json`. `failed` names shards that failed for good.
+pub fn merge(
+    run_dir: &RunDir,
+    plan: &Plan,
+    inventory: &Inventory,
+    state: &ArrayState,
+    exits: &BTreeMap<usize, ExitRecord>,
+    failed: Vec<String>,
+) -> anyhow::Result<Served> {
+    let shard_dirs: Vec<RunDir> = (0..state.shards).map(|i| RunDir::new(super::shard_dir(&run_dir.path, i))).collect();
+    let mut stored = StoredCases { records: BTreeMap::new(), damaged: Vec::new() };
+    for shard in &shard_dirs {
+        let read = shard.read_cases_lenient()?;
+        stored.records.extend(read.records);
+        stored.damaged.extend(read.damaged);
+    }
+    run_dir.write_plan(&gym::plan_json(plan, inventory))?;
+    let records = run_dir.compact_cases(&plan.cases, &stored)?;
+    gym::write_telemetry(run_dir, plan, &records)?;
+    let checks = merge_checks(shard_dirs.iter().map(read_checks).collect::<anyhow::Result<Vec<_>>>()?);
+    util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
+    if let Some(version) = shard_dirs.iter().map(|d| d.file("version.json")).find(|p| p.is_file()) {
+        std::fs::copy(&version, run_dir.file("version.json"))
+            .with_context(|| format!("copying {}", version.display()))?;
+    }
+    let provenances: Vec<(usize, String, Value)> = exits
+        .iter()
+        .map(|(i, exit)| (*i, exit.node.clone(), read_json(&shard_dirs[*i].file("provenance.json"))))
+        .collect();
+    let mut provenance = provenances.first().map(|(_, _, p)| p.clone()).unwrap_or(Value::Null);
+    if let Some(object) = provenance.as_object_mut() {
+        let shards: Vec<Value> = provenances
+            .iter()
+            .map(|(i, node, p)| serde_json::json!({"index": i, "node": node, "provenance": provenance_key(p)}))
+            .collect();
+        object.insert("shards".into(), Value::Array(shards));
+    }
+    util::write_json_atomic(&run_dir.file("provenance.json"), &provenance)?;
+
+    let nodes = (0..state.shards)
+        .map(|i| ShardNode {
+            index: i,
+            node: exits.get(&i).map_or_else(|| "?".into(), |e| e.node.clone()),
+            cases: shard_dirs[i].read_cases_lenient().map(|s| s.records.len()).unwrap_or(0),
+            submissions: state.submissions_of(i),
+        })
+        .collect();
+    let keyed: Vec<(String, BTreeMap<&'static str, Value>)> =
+        provenances.iter().map(|(i, node, p)| (format!("shard {i} on {node}"), provenance_key(p))).collect();
+    let digests: Vec<Option<String>> = exits.values().map(|e| e.image_digest.clone()).collect();
+    Ok(Served {
+        image_digest: digests.first().cloned().flatten(),
+        model_server: merge_servers(exits),
+        started_at: state.submitted_at.clone(),
+        concurrency: None,
+        gpu: Some(merge_gpu(exits)),
+        shards: Some(ShardFacts { nodes, failed, differing: differing(&keyed) }),
+    })
+}
+
+/// GPU exclusivity over the shards: violated on any node (its events named by node),
+/// exclusive when every shard observed it, else not observed.
+pub fn merge_gpu(exits: &BTreeMap<usize, ExitRecord>) -> GpuExclusivity {
+    let mut events = Vec::new();
+    let mut all_exclusive = !exits.is_empty();
+    for (i, exit) in exits {
+        match &exit.gpu {
+            GpuExclusivity::Violated { events: seen } => {
+                events.extend(seen.iter().map(|e| format!("shard {i} on {}: {e}", exit.node)));
+            }
+            GpuExclusivity::Exclusive => {}
+            GpuExclusivity::NotObserved => all_exclusive = false,
+        }
+    }
+    if !events.is_empty() {
+        GpuExclusivity::Violated { events }
+    } else if all_exclusive {
+        GpuExclusivity::Exclusive
+    } else {
+        GpuExclusivity::NotObserved
+    }
+}
+
+/// The model servers' facts over the shards: None when no shard had a container; else
+/// deaths and restarts summed, failed when any failed, events named by shard.
+fn merge_servers(exits: &BTreeMap<usize, ExitRecord>) -> Option<ModelServerFacts> {
+    let mut merged: Option<ModelServerFacts> = None;
+    for (i, exit) in exits {
+        let Some(facts) = &exit.model_server else { continue };
+        let m = merged.get_or_insert_with(ModelServerFacts::default);
+        m.deaths += facts.deaths;
+        m.restarts += facts.restarts;
+        m.failed |= facts.failed;
+        m.events.extend(facts.events.iter().map(|e| format!("shard {i} on {}: {e}", exit.node)));
+        if facts.failed {
+            m.log_tail = facts.log_tail.clone();
+        }
+    }
+    merged
+}
+
+/// What must be the same on every node for the shards to be one run: the image, the
+/// driver and CUDA, the GPUs, the model and adapter files.
+pub fn provenance_key(provenance: &Value) -> BTreeMap<&'static str, Value> {
+    BTreeMap::from([
+        ("image", provenance["image"]["id"].clone()),
+        ("driver", provenance["gpu"]["driver_version"].clone()),
+        ("cuda", provenance["gpu"]["cuda_driver_version"].clone()),
+        ("gpus", provenance["gpu"]["gpus"].clone()),
+        ("model files", files_digest(&provenance["files"]["model"])),
+        ("adapter files", files_digest(&provenance["files"]["adapter"])),
+    ])
+}
+
+/// A folder's fingerprint in short: the sha256 of its file list (paths, sizes,
+/// digests; mtimes left out, a copy to another node changes them).
+fn files_digest(fingerprint: &Value) -> Value {
+    let Some(files) = fingerprint["files"].as_array() else { return Value::Null };
+    let listed: Vec<Value> = files.iter().map(|f| serde_json::json!([f["path"], f["size"], f["sha256"]])).collect();
+    Value::from(util::sha256_hex(Value::Array(listed).to_string().as_bytes()))
+}
+
+/// Each provenance field on which a shard differs from the first, in words.
+pub fn differing(keyed: &[(String, BTreeMap<&'static str, Value>)]) -> Vec<String> {
+    let Some((first_name, first)) = keyed.first() else { return Vec::new() };
+    let mut found = Vec::new();
+    for (name, key) in &keyed[1..] {
+        for (field, value) in key {
+            if first.get(field) != Some(value) {
+                found.push(format!("{field}: {first_name} has {}, {name} has {value}", first[field]));
+            }
+        }
+    }
+    found
+}
+
+/// Environment checks over the shards: one per (suite, injection task); a failure
+/// anywhere wins.
+fn merge_checks(per_shard: Vec<Vec<EnvCheck>>) -> Vec<EnvCheck> {
+    let mut merged: BTreeMap<(String, String), EnvCheck> = BTreeMap::new();
+    for check in per_shard.into_iter().flatten() {
+        let key = (check.suite.clone(), check.injection_task.clone());
+        match merged.get(&key) {
+            Some(kept) if kept.status == crate::record::EnvStatus::Failed => {}
+            _ => {
+                merged.insert(key, check);
+            }
+        }
+    }
+    merged.into_values().collect()
+}
+
+fn read_checks(dir: &RunDir) -> anyhow::Result<Vec<EnvCheck>> {
+    let path = dir.file("environment_check.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
+    let value: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    serde_json::from_value(value["checks"].clone())
+        .with_context(|| format!("{}: not environment checks", path.display()))
+}
+
+fn read_json(path: &std::path::Path) -> Value {
+    std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::EnvStatus;
+
+    fn provenance(image: &str, driver: &str) -> Value {
+        serde_json::json!({"image": {"id": image}, "gpu": {"driver_version": driver, "gpus": ["Thor"]},
+                           "files": {"model": {"files": [{"path": "w.safetensors", "size": 5, "sha256": null,
+                                                          "mtime": "2026-01-01"}]}}})
+    }
+
+    #[test]
+    fn the_same_provenance_everywhere_differs_nowhere() {
+        let a = provenance("sha256:1", "580.1");
+        let mut b = a.clone();
+        // A copy of the model files elsewhere has another mtime: still the same files.
+        b["files"]["model"]["files"][0]["mtime"] = "2026-02-02".into();
+        let keyed = vec![("shard 0 on a".into(), provenance_key(&a)), ("shard 1 on b".into(), provenance_key(&b))];
+        assert!(differing(&keyed).is_empty());
+    }
+
+    #[test]
+    fn another_image_or_driver_on_one_node_is_named() {
+        let keyed = vec![
+            ("shard 0 on a".into(), provenance_key(&provenance("sha256:1", "580.1"))),
+            ("shard 1 on b".into(), provenance_key(&provenance("sha256:1", "580.1"))),
+            ("shard 2 on c".into(), provenance_key(&provenance("sha256:2", "575.0"))),
+        ];
+        let found = differing(&keyed);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().any(|f| f.starts_with("driver: shard 0 on a has \"580.1\", shard 2 on c has \"575.0\"")));
+        assert!(found.iter().any(|f| f.starts_with("image:") && f.contains("shard 2 on c")));
+    }
+
+    fn exit(node: &str, gpu: GpuExclusivity) -> ExitRecord {
+        ExitRecord { node: node.into(), gpu, ..ExitRecord::default() }
+    }
+
+    #[test]
+    fn gpu_exclusivity_is_violated_anywhere_or_exclusive_everywhere() {
+        let all =
+            BTreeMap::from([(0, exit("a", GpuExclusivity::Exclusive)), (1, exit("b", GpuExclusivity::Exclusive))]);
+        assert_eq!(merge_gpu(&all), GpuExclusivity::Exclusive);
+        let one_unobserved =
+            BTreeMap::from([(0, exit("a", GpuExclusivity::Exclusive)), (1, exit("b", GpuExclusivity::NotObserved))]);
+        assert_eq!(merge_gpu(&one_unobserved), GpuExclusivity::NotObserved);
+        let violated = BTreeMap::from([
+            (0, exit("a", GpuExclusivity::Exclusive)),
+            (1, exit("b", GpuExclusivity::Violated { events: vec!["pid 9 (python)".into()] })),
+        ]);
+        assert_eq!(
+            merge_gpu(&violated),
+            GpuExclusivity::Violated { events: vec!["shard 1 on b: pid 9 (python)".into()] }
+        );
+    }
+
+    #[test]
+    fn environment_checks_merge_to_one_per_task_with_failures_kept() {
+        let check = |task: &str, status| EnvCheck {
+            suite: "banking".into(),
+            injection_task: task.into(),
+            status,
+            detail: None,
+        };
+        let merged = merge_checks(vec![
+            vec![check("injection_task_1", EnvStatus::Failed), check("injection_task_4", EnvStatus::Ok)],
+            vec![check("injection_task_1", EnvStatus::Ok), check("injection_task_4", EnvStatus::Ok)],
+        ]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].status, EnvStatus::Failed);
+    }
+}

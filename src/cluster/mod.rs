@@ -1,0 +1,360 @@
+//! A queued job as a Slurm job array (`[cluster] kind = "slurm"`): the daemon cuts the
+//! plan into shards (`shard::slice`), submits one `sbatch --array=0-(N-1)` whose tasks
+//! each run `pruefstand shard <job> <i>/<N>` on their node, follows the tasks with
+//! `squeue` and the exit records the shards leave, requeues a dead shard once, and
+//! merges the shards into the job's run directory, which is then judged as any run.
+//!
+//! Everything lives in the job's run directory, on storage every node sees:
+//!
+//! ```text
+//! <run dir>/cluster.json          the array: shard count, each submission's array id
+//! <run dir>/shards/shard.sbatch   the batch script (fixed text, quoted paths)
+//! <run dir>/shards/slurm-A_i.out  each task's output
+//! <run dir>/shards/<i>/           shard i's run directory; exit.json when it ended
+//! ```
+//!
+//! `cluster.json` is written before the daemon follows the array, so a restarted
+//! daemon picks the array up instead of submitting a second one. Not here: the shard's
+//! own run (`shard`), the Slurm tools (`slurm`), merging (`merge`).
+
+pub mod merge;
+pub mod shard;
+pub mod slurm;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::queue::Queue;
+use crate::record::{GpuExclusivity, ModelServerFacts};
+use crate::run::{Finished, RunContext};
+use crate::rundir::RunDir;
+use crate::spec::Version;
+use crate::util;
+use slurm::{ArrayId, Slurm, TaskState};
+
+/// How often the daemon looks at the array (a look is one `squeue` call).
+const FOLLOW_INTERVAL: Duration = Duration::from_secs(2);
+/// Submissions of one shard: the first and one requeue.
+const MAX_SUBMISSIONS: usize = 2;
+
+/// `<run dir>/cluster.json`: the array as submitted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ArrayState {
+    pub shards: usize,
+    pub submitted_at: String,
+    pub submissions: Vec<Submission>,
+    /// The last look: shards done, running, pending (what `status` shows).
+    #[serde(default)]
+    pub counts: ShardCounts,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Submission {
+    pub array: ArrayId,
+    pub indices: Vec<usize>,
+    pub at: String,
+    /// Why it was submitted (first submission, or the requeue's reason).
+    pub reason: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardCounts {
+    pub done: usize,
+    pub running: usize,
+    pub pending: usize,
+}
+
+impl ShardCounts {
+    pub fn line(&self) -> String {
+        format!("shards: {} done, {} running, {} pending", self.done, self.running, self.pending)
+    }
+}
+
+impl ArrayState {
+    fn path(run_dir: &Path) -> PathBuf {
+        run_dir.join("cluster.json")
+    }
+
+    /// The job's array, when it was submitted.
+    pub fn load(run_dir: &Path) -> anyhow::Result<Option<ArrayState>> {
+        let path = ArrayState::path(run_dir);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("{}: not an array", path.display()))?))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn store(&self, run_dir: &Path) -> anyhow::Result<()> {
+        util::write_json_atomic(&ArrayState::path(run_dir), self)
+    }
+
+    /// Every array id submitted for this job.
+    pub fn arrays(&self) -> Vec<ArrayId> {
+        self.submissions.iter().map(|s| s.array).collect()
+    }
+
+    /// The array that runs shard `index` now (its latest submission).
+    pub fn latest(&self, index: usize) -> Option<ArrayId> {
+        self.submissions.iter().rev().find(|s| s.indices.contains(&index)).map(|s| s.array)
+    }
+
+    pub fn submissions_of(&self, index: usize) -> usize {
+        self.submissions.iter().filter(|s| s.indices.contains(&index)).count()
+    }
+}
+
+/// `<run dir>/shards/<i>/exit.json`: how a shard's run ended, written by the shard.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ExitRecord {
+    pub index: usize,
+    /// 0: its cases ran; else `error` says why not.
+    pub code: i32,
+    pub node: String,
+    pub slurm_job: Option<String>,
+    pub started_at: String,
+    pub ended_at: String,
+    /// Cases recorded in the shard directory, and of those already there at its start.
+    pub cases: usize,
+    pub skipped: usize,
+    pub image_digest: Option<String>,
+    #[serde(default)]
+    pub gpu: GpuExclusivity,
+    pub model_server: Option<ModelServerFacts>,
+    pub error: Option<String>,
+}
+
+impl ExitRecord {
+    fn path(shard_dir: &Path) -> PathBuf {
+        shard_dir.join("exit.json")
+    }
+
+    pub fn load(shard_dir: &Path) -> Option<ExitRecord> {
+        serde_json::from_slice(&std::fs::read(ExitRecord::path(shard_dir)).ok()?).ok()
+    }
+
+    pub fn store(&self, shard_dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(shard_dir).with_context(|| format!("creating {}", shard_dir.display()))?;
+        util::write_json_atomic(&ExitRecord::path(shard_dir), self)
+    }
+}
+
+pub fn shard_dir(run_dir: &Path, index: usize) -> PathBuf {
+    run_dir.join("shards").join(index.to_string())
+}
+
+/// Where one shard stands at a look.
+#[derive(Debug, PartialEq)]
+enum Standing {
+    Done,
+    Pending,
+    Running,
+    /// Ended without success: its exit record's error, or no record at all.
+    Dead(String),
+}
+
+/// A shard's standing from its exit record and its latest task in `squeue` (read
+/// before the records, so a task that ends between the two reads is seen by its record).
+fn standing(exit: Option<&ExitRecord>, task: Option<TaskState>) -> Standing {
+    match (exit, task) {
+        (Some(exit), _) if exit.code == 0 => Standing::Done,
+        (Some(exit), _) => Standing::Dead(exit.error.clone().unwrap_or_else(|| format!("exit code {}", exit.code))),
+        (None, Some(TaskState::Pending)) => Standing::Pending,
+        (None, Some(TaskState::Running)) => Standing::Running,
+        (None, None) => Standing::Dead("ended without an exit record (killed, or its node failed)".into()),
+    }
+}
+
+/// Runs `version` as job `job` on the cluster into `run_dir`: the reference first when
+/// R4 needs one (here, on the daemon's machine), then the array (submitted, or picked
+/// up after a restart), then the merge and the judgement.
+pub async fn run(
+    ctx: &RunContext<'_>,
+    version: &Version,
+    run_dir: PathBuf,
+    job: u64,
+    queue: &Queue,
+) -> anyhow::Result<Finished> {
+    let config = &ctx.root.config.cluster;
+    let slurm = Slurm::default();
+    let claimed = RunDir::claim(&run_dir, &ctx.identity(version))?;
+    let dir = &claimed.dir.path;
+    let reference = match version.reference() {
+        Some(name) => Some(ctx.reference_run(&Version::load(&ctx.root.versions(), name)?).await?),
+        None => None,
+    };
+    let mut state = match ArrayState::load(dir)? {
+        Some(state) => {
+            tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
+            state
+        }
+        None => {
+            let shards = shard::usable_shards(&ctx.plan.cases, config.shards);
+            let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
+            let root = ctx.root.path.canonicalize().context("resolving the bench root")?;
+            let shards_dir = dir.join("shards");
+            crate::queue::private_dir(&shards_dir)?;
+            let script = shards_dir.join("shard.sbatch");
+            util::write_atomic(&script, slurm::batch_script(&binary, &root, job, shards)?.as_bytes())?;
+            let indices: Vec<usize> = (0..shards).collect();
+            let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &shards_dir, &script);
+            let array = slurm.submit(&argv)?;
+            let now = chrono::Utc::now().to_rfc3339();
+            let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
+            let state =
+                ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
+            state.store(dir)?;
+            tracing::info!("submitted array {array}: {shards} shards of {} cases", ctx.plan.cases.len());
+            state
+        }
+    };
+    let failed = follow(ctx, &slurm, config, dir, job, queue, &mut state).await?;
+    let exits: BTreeMap<usize, ExitRecord> =
+        (0..state.shards).filter_map(|i| ExitRecord::load(&shard_dir(dir, i)).map(|e| (i, e))).collect();
+    let served = merge::merge(&claimed.dir, &ctx.plan, &ctx.inventory, &state, &exits, failed)?;
+    let executed = ctx.executed_from_run_dir(&claimed.dir)?;
+    let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
+    let judgement = ctx.record_and_judge(&claimed.dir, version, reference_dir, served)?;
+    Ok(Finished { run_dir: RunDir::new(dir.clone()), executed, judgement, reference })
+}
+
+/// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
+pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
+    let Some(state) = ArrayState::load(run_dir)? else { return Ok(Vec::new()) };
+    let slurm = Slurm::default();
+    for array in state.arrays() {
+        slurm.cancel(array)?;
+    }
+    Ok(state.arrays())
+}
+
+/// Follows the array until every shard is done or one failed twice (its reason, for
+/// R1); a dead shard is submitted again once. A stop ends the wait: a cancelled job's
+/// arrays are cancelled, an interrupted daemon leaves them running for the next start.
+async fn follow(
+    ctx: &RunContext<'_>,
+    slurm: &Slurm,
+    config: &crate::settings::cluster::ClusterConfig,
+    dir: &Path,
+    job: u64,
+    queue: &Queue,
+    state: &mut ArrayState,
+) -> anyhow::Result<Vec<String>> {
+    loop {
+        if ctx.control.is_stopped() {
+            if queue.load(job).is_ok_and(|j| j.cancel_requested) {
+                cancel_arrays(dir)?;
+                bail!("cancelled: array {:?} cancelled with scancel", state.arrays());
+            }
+            bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
+        }
+        let tasks = slurm.tasks(&state.arrays())?;
+        let submissions_before = state.submissions.len();
+        let mut counts = ShardCounts::default();
+        let mut failed = Vec::new();
+        for index in 0..state.shards {
+            let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
+            let exit = ExitRecord::load(&shard_dir(dir, index));
+            match standing(exit.as_ref(), task) {
+                Standing::Done => counts.done += 1,
+                Standing::Pending => counts.pending += 1,
+                Standing::Running => counts.running += 1,
+                Standing::Dead(why) => {
+                    let facts = state.latest(index).and_then(|array| slurm.task_facts(array, index));
+                    let why = match facts {
+                        Some(facts) => format!("{why}; Slurm: {facts}"),
+                        None => why,
+                    };
+                    if state.submissions_of(index) >= MAX_SUBMISSIONS {
+                        failed.push(format!("shard {index} failed twice: {why}"));
+                        continue;
+                    }
+                    let _ = std::fs::remove_file(ExitRecord::path(&shard_dir(dir, index)));
+                    let shards_dir = dir.join("shards");
+                    let argv = slurm::sbatch_argv(
+                        config,
+                        job,
+                        &index.to_string(),
+                        &shards_dir,
+                        &shards_dir.join("shard.sbatch"),
+                    );
+                    let array = slurm.submit(&argv)?;
+                    tracing::warn!(
+                        "shard {index} died ({why}); requeued once as array {array}, it resumes into its directory"
+                    );
+                    let at = chrono::Utc::now().to_rfc3339();
+                    state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
+                    counts.pending += 1;
+                }
+            }
+        }
+        // Cases recorded so far over every shard: the daemon's progress and ETA.
+        let recorded: usize = (0..state.shards)
+            .map(|i| {
+                std::fs::read(shard_dir(dir, i).join("cases.jsonl")).map_or(0, |b| crate::rundir::lines(&b).count())
+            })
+            .sum();
+        ctx.control.gym.report(dir, recorded.min(ctx.plan.cases.len()), ctx.plan.cases.len());
+        let submitted = state.submissions.len();
+        if state.counts != counts || submitted != submissions_before {
+            state.counts = counts;
+            state.store(dir)?;
+            tracing::info!("{}", counts.line());
+        }
+        if !failed.is_empty() {
+            // The others are of no use to a run that is invalid anyway.
+            if let Err(err) = cancel_arrays(dir) {
+                tracing::warn!("cancelling the rest of the array: {err:#}");
+            }
+            return Ok(failed);
+        }
+        if counts.done == state.shards {
+            return Ok(Vec::new());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(FOLLOW_INTERVAL) => {}
+            () = ctx.control.until_stopped() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(code: i32) -> ExitRecord {
+        ExitRecord { code, error: (code != 0).then(|| "gym failed".into()), ..ExitRecord::default() }
+    }
+
+    #[test]
+    fn a_shard_stands_by_its_exit_record_first_then_by_squeue() {
+        assert_eq!(standing(Some(&exit(0)), None), Standing::Done);
+        assert_eq!(standing(Some(&exit(0)), Some(TaskState::Running)), Standing::Done, "ended between the reads");
+        assert_eq!(standing(Some(&exit(1)), None), Standing::Dead("gym failed".into()));
+        assert_eq!(standing(None, Some(TaskState::Pending)), Standing::Pending);
+        assert_eq!(standing(None, Some(TaskState::Running)), Standing::Running);
+        assert!(matches!(standing(None, None), Standing::Dead(why) if why.contains("without an exit record")));
+    }
+
+    #[test]
+    fn the_latest_submission_of_a_shard_is_the_one_followed() {
+        let sub = |array, indices: Vec<usize>| Submission { array, indices, at: String::new(), reason: String::new() };
+        let state = ArrayState {
+            shards: 3,
+            submissions: vec![sub(10, vec![0, 1, 2]), sub(14, vec![1])],
+            ..ArrayState::default()
+        };
+        assert_eq!((state.latest(0), state.latest(1)), (Some(10), Some(14)));
+        assert_eq!((state.submissions_of(1), state.submissions_of(2)), (2, 1));
+        assert_eq!(state.arrays(), [10, 14]);
+        let dir = tempfile::tempdir().unwrap();
+        state.store(dir.path()).unwrap();
+        assert_eq!(ArrayState::load(dir.path()).unwrap(), Some(state));
+    }
+}
