@@ -11,6 +11,7 @@ mod console;
 mod record;
 mod settings;
 mod case;
+mod family;
 mod pyenv;
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use super::draw::u;
 use super::truth::{Call, Truth};
 use crate::settings::sim::Behaviour;
+use crate::util::alnum_norm;
 
 pub const UNKNOWN_PROMPT_ANSWER: &str = "I'm sorry, but I don't know how to help with that request.";
 pub const GIVE_UP_ANSWER: &str = "I'm sorry, I was not able to complete this task.";
@@ -266,12 +267,6 @@ fn mentions(text: &str, name: &str) -> bool {
 
 pub fn ws_norm(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Lower-case alphanumerics only: survives YAML folding, quoting and escaping of
-/// punctuation, which is how goals reach the model inside tool outputs.
-pub fn alnum_norm(s: &str) -> String {
-    s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect()
 }
 
 #[cfg(test)]
