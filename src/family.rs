@@ -89,7 +89,12 @@ impl Family {
     pub fn template(&self, choices: &Choices) -> String {
         let [framing, authority, urgency, goal, formatting] = self.slots();
         let parts = [&authority[choices[1]], &urgency[choices[2]], &goal[choices[3]]];
-        let body = parts.iter().filter(|p| !p.is_empty()).map(|p| p.as_str()).collect::<Vec<_>>().join(&formatting[choices[4]]);
+        let body = parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(&formatting[choices[4]]);
         framing[choices[0]].replace("{body}", &body)
     }
 }
@@ -226,7 +231,9 @@ impl Classifier {
         let scores: Vec<(&'static str, usize)> = self
             .pieces
             .iter()
-            .map(|(name, pieces)| (*name, pieces.iter().filter(|p| normalised.contains(p.as_str())).map(|p| p.len()).sum()))
+            .map(|(name, pieces)| {
+                (*name, pieces.iter().filter(|p| normalised.contains(p.as_str())).map(|p| p.len()).sum())
+            })
             .collect();
         let best = scores.iter().map(|(_, s)| *s).max().filter(|s| *s > 0)?;
         let mut winners = scores.iter().filter(|(_, s)| *s == best);
@@ -293,7 +300,12 @@ mod tests {
                 total += 1;
                 assert_eq!(text.matches(GOAL).count(), 1, "{} {choices:?}: {text:?}", f.name);
                 assert!(!text.contains('{') && !text.contains('\''), "{} {choices:?}: {text:?}", f.name);
-                assert_eq!(classifier.classify(&alnum_norm(&text)), Some(f.name.as_str()), "{} {choices:?}: {text:?}", f.name);
+                assert_eq!(
+                    classifier.classify(&alnum_norm(&text)),
+                    Some(f.name.as_str()),
+                    "{} {choices:?}: {text:?}",
+                    f.name
+                );
             }
         }
         assert!(total > 500, "{total} expansions");

@@ -19,7 +19,7 @@ use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{ConcurrencyFacts, EnvCheck};
 use crate::rundir::RunDir;
-use crate::{console, telemetry, util};
+use crate::{console, family, telemetry, util};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
@@ -87,6 +87,7 @@ pub fn execute(
         cases: plan.cases.clone(),
         done: Vec::new(),
         order: settings.early.as_ref().map(|e| e.order.clone()),
+        wording: family::wordings(&plan.cases, settings.seed),
     };
     let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
     let watch = settings.early.map(|e| e.watch);
@@ -121,6 +122,9 @@ pub struct GymRequest {
     /// Case ids in the order to dispatch them (early stopping); absent: longest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order: Option<Vec<String>>,
+    /// The wording of every case whose attack is worded from a family grammar, by case
+    /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
+    pub wording: std::collections::BTreeMap<String, family::Wording>,
 }
 
 /// The gym's stdout events.

@@ -16,6 +16,7 @@ use toml::Spanned;
 use crate::case::Case;
 #[cfg(test)]
 use crate::case::CaseKind;
+use crate::family;
 use crate::pyenv::Inventory;
 use crate::settings::thresholds::Thresholds;
 use crate::util;
@@ -47,9 +48,28 @@ pub struct Profile {
     /// Reference runs and `run --full` always run the whole plan.
     #[serde(default)]
     pub early_stop: bool,
+    /// How attack families are worded: drawn per run from their grammars, or each
+    /// family's fixed text (AgentDojo's template, the payload bank's). docs/attacks.md.
+    #[serde(default)]
+    pub wording: WordingMode,
+    /// Families no version may train on: R2 judges these (docs/attacks.md).
+    #[serde(default)]
+    pub held_out: Vec<Spanned<String>>,
     pub suites: Vec<SuitePlan>,
     #[serde(default)]
     pub rules: Thresholds,
+}
+
+/// How a plan words its attacks.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WordingMode {
+    /// Each family's fixed text; `attacks` may also name any registered attack.
+    #[default]
+    Fixed,
+    /// Each attacked case's wording is drawn from its family's grammar with the run's
+    /// seed: attack `fresh_<family>`.
+    PerRun,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -105,6 +125,8 @@ pub struct Plan {
     pub jobs: usize,
     pub case_timeout_s: f64,
     pub cases: Vec<Case>,
+    /// Families marked held out (each attacks some case).
+    pub held_out: Vec<String>,
     /// sha256 of the benchmark version and the ordered case ids.
     pub hash: String,
     #[serde(skip)]
@@ -178,14 +200,12 @@ impl Plan {
             if !seen_suites.insert(suite_name.clone()) {
                 return Err(bad(suite.name.span().start, format!("suite {suite_name:?} is listed twice")));
             }
-            let attacks = suite.attacks.as_ref().unwrap_or(&profile.attacks);
-            for attack in attacks {
-                if !inventory.attacks.contains(attack.get_ref()) || attack.get_ref() == "none" {
-                    return Err(bad(
-                        attack.span().start,
-                        format!("unknown attack {:?}; valid: {}", attack.get_ref(), inventory.attacks.join(", ")),
-                    ));
-                }
+            let listed = suite.attacks.as_ref().unwrap_or(&profile.attacks);
+            let mut attacks = Vec::new();
+            for attack in listed {
+                let name = attack_name(attack.get_ref(), profile.wording, inventory)
+                    .map_err(|message| bad(attack.span().start, message))?;
+                attacks.push(name);
             }
             for task in &suite.user_tasks {
                 if !known.user_tasks.contains(task.get_ref()) {
@@ -216,13 +236,8 @@ impl Plan {
             }
             for user_task in &suite.user_tasks {
                 for injection_task in &suite.injection_tasks {
-                    for attack in attacks {
-                        cases.push(Case::attacked(
-                            suite_name,
-                            user_task.get_ref(),
-                            injection_task.get_ref(),
-                            attack.get_ref(),
-                        ));
+                    for attack in &attacks {
+                        cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack));
                     }
                 }
             }
@@ -235,6 +250,20 @@ impl Plan {
         let mut unique = BTreeSet::new();
         if let Some(dup) = cases.iter().find(|case| !unique.insert(case.id.clone())) {
             bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
+        }
+        let attacked: BTreeSet<&str> = cases.iter().filter_map(|c| family::of_attack(c.attack.as_deref()?)).collect();
+        let mut held_out = Vec::new();
+        for family in &profile.held_out {
+            let name = family.get_ref();
+            if family::family(name).is_none() {
+                let message = format!("held_out: unknown family {name:?}; valid: {}", family::names().join(", "));
+                return Err(bad(family.span().start, message));
+            }
+            if !attacked.contains(name.as_str()) {
+                let message = format!("held_out: family {name:?} attacks no case of the plan (add it to `attacks`)");
+                return Err(bad(family.span().start, message));
+            }
+            held_out.push(name.clone());
         }
         filters.check(inventory)?;
         let cases: Vec<Case> = cases.into_iter().filter(|case| filters.keeps(case)).collect();
@@ -249,6 +278,7 @@ impl Plan {
             case_timeout_s: profile.case_timeout_s,
             hash: plan_hash(version, &cases),
             cases,
+            held_out,
             profile,
         })
     }
@@ -256,6 +286,28 @@ impl Plan {
     #[cfg(test)]
     pub fn count(&self, kind: CaseKind) -> usize {
         self.cases.iter().filter(|case| case.kind == kind).count()
+    }
+}
+
+/// The attack a plan's `attacks` entry names: per run, a family's `fresh_` attack;
+/// fixed, a family's fixed attack or any registered attack.
+fn attack_name(listed: &str, wording: WordingMode, inventory: &Inventory) -> Result<String, String> {
+    let known = family::family(listed);
+    match (wording, known) {
+        (WordingMode::PerRun, Some(f)) => Ok(format!("{}{}", family::PER_RUN_PREFIX, f.name)),
+        (WordingMode::PerRun, None) => Err(format!(
+            "unknown attack family {listed:?} (wording = \"per_run\" draws from family grammars); valid: {}",
+            family::names().join(", ")
+        )),
+        (WordingMode::Fixed, Some(f)) => Ok(f.fixed_attack.clone()),
+        (WordingMode::Fixed, None) if inventory.attacks.iter().any(|a| a == listed) && listed != "none" => {
+            Ok(listed.to_string())
+        }
+        (WordingMode::Fixed, None) => Err(format!(
+            "unknown attack {listed:?}; valid: {} (or a family: {})",
+            inventory.attacks.join(", "),
+            family::names().join(", ")
+        )),
     }
 }
 
@@ -418,6 +470,52 @@ attacks = ["important_instructions"]
         assert!(some.cases.iter().all(|c| c.suite == "banking" && c.attack.as_deref() == Some("tool_knowledge")));
         assert_eq!(some.cases.len(), 4);
         assert_ne!(all.hash, some.hash);
+    }
+
+    #[test]
+    fn per_run_wording_names_families_marks_held_out_ones_and_hashes_no_seed() {
+        let text = PLAN.replace(
+            "attacks = [\"important_instructions\", \"tool_knowledge\"]",
+            "wording = \"per_run\"\nheld_out = [\"roleplay\"]\nattacks = [\"important_instructions\", \"roleplay\"]",
+        );
+        let (_dir, path) = write(&text);
+        let plan = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(plan.held_out, ["roleplay"]);
+        assert!(
+            plan.cases.iter().any(|c| c.id == "banking/user_task_0/fresh_roleplay/injection_task_1"),
+            "{:?}",
+            plan.cases
+        );
+        // The draw depends on the seed; the case list and its hash do not.
+        let (one, two) = (family::wordings(&plan.cases, 1), family::wordings(&plan.cases, 2));
+        assert_eq!(one.len(), plan.count(CaseKind::Attacked));
+        assert_ne!(one, two);
+        let again = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(again.hash, plan.hash);
+        // Fixed wording of the same families is another case list.
+        let (_dir, fixed) = write(&text.replace("wording = \"per_run\"\n", ""));
+        let fixed = Plan::resolve(&fixed, &inventory(), &Filters::default()).unwrap();
+        assert!(fixed.cases.iter().any(|c| c.attack.as_deref() == Some("payload_roleplay")));
+        assert_ne!(fixed.hash, plan.hash);
+
+        for (bad, message) in [
+            ("held_out = [\"roleplay\"]", "held_out = [\"urgency\"]"),
+            ("held_out = [\"roleplay\"]", "held_out = [\"rolepaly\"]"),
+            ("\"roleplay\"]\n[[suites]]", "\"direct\"]\n[[suites]]"),
+        ]
+        .map(|(from, to)| (text.replacen(from, to, 1), to))
+        {
+            let (_dir, path) = write(&bad);
+            let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();
+            let line = bad.lines().position(|l| l.contains(message.lines().next().unwrap())).unwrap() + 1;
+            assert!(err.contains(&format!("p.toml:{line}:")), "{err}");
+            assert!(
+                err.contains("attacks no case")
+                    || err.contains("unknown family")
+                    || err.contains("unknown attack family"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -189,7 +189,8 @@ _PREPARED = False
 
 
 def prepare() -> None:
-    """Register the custom suites and the payload-bank attacks (idempotent)."""
+    """Register the custom suites, the payload-bank attacks and the per-run family
+    attacks `fresh_<family>` (idempotent)."""
     global _PREPARED
     if _PREPARED:
         return
@@ -197,8 +198,11 @@ def prepare() -> None:
     from custom_suites.counter_suite import register_counter_suite
     from custom_suites.payload_bank import register_payload_attacks
 
+    from .families import register_wording_attacks
+
     register_counter_suite()
     register_payload_attacks()
+    register_wording_attacks()
     _PREPARED = True
 
 
