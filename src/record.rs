@@ -89,6 +89,25 @@ pub struct RunMeta {
     /// the user-task order it dispatched and whether it stopped early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stop: Option<EarlyStop>,
+    /// The plan's held-out attack families and the version's `trained_on`
+    /// (docs/attacks.md): what R2 judges.
+    #[serde(default, skip_serializing_if = "AttackFamilies::is_empty")]
+    pub attack_families: AttackFamilies,
+}
+
+/// Held-out and trained-on attack families of a run (family names).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct AttackFamilies {
+    #[serde(default)]
+    pub held_out: Vec<String>,
+    #[serde(default)]
+    pub trained_on: Vec<String>,
+}
+
+impl AttackFamilies {
+    pub fn is_empty(&self) -> bool {
+        self.held_out.is_empty() && self.trained_on.is_empty()
+    }
 }
 
 /// What steered the number of cases in flight.

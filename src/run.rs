@@ -223,6 +223,10 @@ impl<'a> RunContext<'a> {
             model_server: served.model_server,
             concurrency: served.concurrency,
             early_stop: read_early_stop(run_dir)?,
+            attack_families: crate::record::AttackFamilies {
+                held_out: plan.held_out.clone(),
+                trained_on: version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect(),
+            },
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;

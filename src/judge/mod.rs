@@ -6,6 +6,7 @@
 
 mod checks;
 pub mod early;
+mod families;
 mod load;
 mod rules;
 pub mod study;
@@ -110,6 +111,9 @@ pub struct Figures {
     pub injection_goal_utility: Option<Estimate>,
     /// The reference run's figures, computed the same way.
     pub reference: Option<Box<Figures>>,
+    /// ASR per attack family and the generalisation gap (docs/attacks.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub families: Option<families::FamilyFigures>,
 }
 
 /// For an inconclusive figure: would the `voll` plan decide it?
@@ -190,6 +194,11 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
     let t = &input.thresholds;
     let early = early_summary(input, &records);
+    // R2 judges the held-out families (docs/attacks.md); the other rules every case.
+    let scope = families::scope(&input.run.attack_families, &records);
+    let family_figures = families::figures(&records, &scope, &t.r2);
+    let r2 = |rule: RuleResult| scope.annotate(rule, family_figures.as_ref());
+    let r2_records = scope.records(&records);
     let r1 = rules::r1_validity(input, &records, &t.r1, early.as_ref());
     let mut list = vec![r1];
     if list[0].status == RuleStatus::Fail {
@@ -200,7 +209,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         // Stopped early: R2 and R3 are what the betting tests decided; R4 compares whole
         // plans and has nothing to say about part of one.
         let seq = &early.sequential;
-        list.push(rules::sequential(rules::r2_security(&records, &t.r2), seq.r2(), &[&seq.asr]));
+        list.push(r2(rules::sequential(rules::r2_security(&r2_records, &t.r2), seq.r2(), &[&seq.asr])));
         list.push(rules::sequential(
             rules::r3_utility(&records, &t.r3),
             seq.r3(),
@@ -212,7 +221,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         });
         list.push(rules::r5_budget(&records, &t.r5));
     } else {
-        list.push(rules::r2_security(&records, &t.r2));
+        list.push(r2(rules::r2_security(&r2_records, &t.r2)));
         list.push(rules::r3_utility(&records, &t.r3));
         list.push(rules::r4_regression(
             &input.run,
@@ -224,6 +233,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     }
     let verdict = verdict_of(&list);
     let mut figures = rules::figures(&records, t);
+    figures.families = family_figures.clone();
     if let Some((_, refs)) = &reference {
         figures.reference = Some(Box::new(rules::figures(refs, t)));
     }

@@ -746,6 +746,7 @@ pub(super) fn figures(records: &[CaseRecord], t: &Thresholds) -> Figures {
         utility_under_attack: some(&attacked, &attacked.errors_false, &attacked.errors_true, t.r3.alpha, t.r3.alpha),
         injection_goal_utility: goal_utility(records, 0.05),
         reference: None,
+        families: None,
     }
 }
 

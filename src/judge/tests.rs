@@ -67,6 +67,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         model_server: None,
         concurrency: None,
         early_stop: None,
+        attack_families: Default::default(),
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
