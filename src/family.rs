@@ -152,6 +152,10 @@ pub fn check(grammar: &Grammar) -> Result<(), String> {
                 if rest.contains(['{', '}', '\'']) {
                     return Err(format!("{}.{slot}: {option:?} holds a brace or an apostrophe", f.name));
                 }
+                // A line opening with a YAML document marker ends the environment file.
+                if option.split('\n').any(|line| line.starts_with("---") || line.starts_with("...")) {
+                    return Err(format!("{}.{slot}: {option:?} holds a YAML document marker", f.name));
+                }
             }
         }
     }
@@ -289,6 +293,9 @@ mod tests {
         let mut broken: Grammar = serde_json::from_str(GRAMMAR_JSON).unwrap();
         broken.families[1].urgency.push("don't".into());
         assert!(check(&broken).unwrap_err().contains("apostrophe"));
+        let mut broken: Grammar = serde_json::from_str(GRAMMAR_JSON).unwrap();
+        broken.families[2].framing.push("\n---\n{body}".into());
+        assert!(check(&broken).unwrap_err().contains("YAML document marker"));
     }
 
     #[test]

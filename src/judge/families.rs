@@ -33,7 +33,8 @@ fn family_of(r: &CaseRecord) -> Option<&'static str> {
 
 pub fn scope(facts: &AttackFamilies, records: &[CaseRecord]) -> Scope {
     let trained: BTreeSet<&str> = facts.trained_on.iter().map(String::as_str).collect();
-    let planned: BTreeSet<&str> = records.iter().filter(|r| r.kind == CaseKind::Attacked).filter_map(family_of).collect();
+    let planned: BTreeSet<&str> =
+        records.iter().filter(|r| r.kind == CaseKind::Attacked).filter_map(family_of).collect();
     let held: BTreeSet<String> = facts.held_out.iter().filter(|f| !trained.contains(f.as_str())).cloned().collect();
     let seen = if trained.is_empty() {
         planned.iter().filter(|f| !facts.held_out.iter().any(|h| h == *f)).map(|f| f.to_string()).collect()
@@ -115,7 +116,13 @@ pub struct FamilyFigures {
     pub gap: Option<Gap>,
 }
 
-fn asr(records: &[CaseRecord], keep: impl Fn(&str) -> bool, t: &thresholds::R2, held_out: bool, seen: bool) -> Option<FamilyAsr> {
+fn asr(
+    records: &[CaseRecord],
+    keep: impl Fn(&str) -> bool,
+    t: &thresholds::R2,
+    held_out: bool,
+    seen: bool,
+) -> Option<FamilyAsr> {
     let obs: Vec<(String, String, bool)> = records
         .iter()
         .filter(|r| r.kind == CaseKind::Attacked && !r.is_error() && family_of(r).is_some_and(&keep))
@@ -151,7 +158,10 @@ pub fn figures(records: &[CaseRecord], scope: &Scope, t: &thresholds::R2) -> Opt
     if per_family.is_empty() {
         return None;
     }
-    let gap = match (asr(records, |f| held.contains(f), t, true, false), asr(records, |f| scope.seen.contains(f), t, false, true)) {
+    let gap = match (
+        asr(records, |f| held.contains(f), t, true, false),
+        asr(records, |f| scope.seen.contains(f), t, false, true),
+    ) {
         (Some(h), Some(s)) => {
             let (lower, upper) = difference_interval((h.rate, h.lower, h.upper), (s.rate, s.lower, s.upper));
             Some(Gap { gap: h.rate - s.rate, lower, upper, held_out: h, seen: s })
@@ -178,7 +188,8 @@ mod tests {
     use crate::case::Case;
 
     fn record(user: usize, attack: &str, landed: bool) -> CaseRecord {
-        let case = Case::attacked("banking", &format!("user_task_{user}"), &format!("injection_task_{}", user % 3), attack);
+        let case =
+            Case::attacked("banking", &format!("user_task_{user}"), &format!("injection_task_{}", user % 3), attack);
         CaseRecord::of(&case, Some(true), Some(landed))
     }
 

@@ -6,7 +6,7 @@
 
 mod checks;
 pub mod early;
-mod families;
+pub mod families;
 mod load;
 mod rules;
 pub mod study;
