@@ -36,6 +36,8 @@ pub struct GymSettings {
     pub control: Option<std::sync::Arc<Control>>,
     /// Early stopping: the dispatch order and the look that may end the run.
     pub early: Option<EarlyWatch>,
+    /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
+    pub wording: std::collections::BTreeMap<String, family::Wording>,
 }
 
 /// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
@@ -87,7 +89,7 @@ pub fn execute(
         cases: plan.cases.clone(),
         done: Vec::new(),
         order: settings.early.as_ref().map(|e| e.order.clone()),
-        wording: family::wordings(&plan.cases, settings.seed),
+        wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
     };
     let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
     let watch = settings.early.map(|e| e.watch);

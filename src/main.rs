@@ -35,6 +35,7 @@ mod benchlock;
 mod telemetry;
 mod concurrency;
 mod gym;
+mod adaptive;
 mod agent;
 mod provenance;
 

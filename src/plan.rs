@@ -56,8 +56,43 @@ pub struct Profile {
     #[serde(default)]
     pub held_out: Vec<Spanned<String>>,
     pub suites: Vec<SuitePlan>,
+    /// The adaptive attacker (docs/attacks.md): opt in with this section.
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveSection>,
     #[serde(default)]
     pub rules: Thresholds,
+}
+
+/// `[adaptive]`: K attempts per planned (user task, injection task) pair, after the
+/// fixed cases.
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveSection {
+    /// Attempts per pair (K).
+    #[serde(deserialize_with = "attempts")]
+    pub attempts: usize,
+    /// Families the search words attempts in (default: every family).
+    #[serde(default)]
+    pub families: Vec<Spanned<String>>,
+    /// Suites whose planned pairs are searched (default: every suite of the plan).
+    #[serde(default)]
+    pub suites: Vec<Spanned<String>>,
+}
+
+/// A resolved `[adaptive]` section.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Adaptive {
+    pub attempts: usize,
+    pub families: Vec<String>,
+    /// (suite, user task, injection task), in plan order.
+    pub pairs: Vec<(String, String, String)>,
+}
+
+/// More attempts per pair than this are a typo (each is a case).
+pub const ATTEMPTS_MAX: usize = 50;
+
+fn attempts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    util::bounded_count(d, "attempts", (1, ATTEMPTS_MAX))
 }
 
 /// How a plan words its attacks.
@@ -127,6 +162,7 @@ pub struct Plan {
     pub cases: Vec<Case>,
     /// Families marked held out (each attacks some case).
     pub held_out: Vec<String>,
+    pub adaptive: Option<Adaptive>,
     /// sha256 of the benchmark version and the ordered case ids.
     pub hash: String,
     #[serde(skip)]
@@ -265,6 +301,10 @@ impl Plan {
             }
             held_out.push(name.clone());
         }
+        let adaptive = match &profile.adaptive {
+            Some(section) => Some(resolve_adaptive(section, &profile).map_err(|(at, message)| bad(at, message))?),
+            None => None,
+        };
         filters.check(inventory)?;
         let cases: Vec<Case> = cases.into_iter().filter(|case| filters.keeps(case)).collect();
         if cases.is_empty() {
@@ -276,9 +316,16 @@ impl Plan {
             benchmark_version: version.clone(),
             jobs: profile.jobs,
             case_timeout_s: profile.case_timeout_s,
-            hash: plan_hash(version, &cases),
+            hash: match &adaptive {
+                // The search's settings are part of what is measured; its draws are not.
+                Some(a) => {
+                    util::sha256_hex(format!("{}{}", plan_hash(version, &cases), serde_json::json!(a)).as_bytes())
+                }
+                None => plan_hash(version, &cases),
+            },
             cases,
             held_out,
+            adaptive,
             profile,
         })
     }
@@ -287,6 +334,41 @@ impl Plan {
     pub fn count(&self, kind: CaseKind) -> usize {
         self.cases.iter().filter(|case| case.kind == kind).count()
     }
+}
+
+/// The pairs and families of an `[adaptive]` section; errors carry their offset.
+fn resolve_adaptive(section: &AdaptiveSection, profile: &Profile) -> Result<Adaptive, (usize, String)> {
+    let mut families = Vec::new();
+    for f in &section.families {
+        if family::family(f.get_ref()).is_none() {
+            let message =
+                format!("adaptive.families: unknown family {:?}; valid: {}", f.get_ref(), family::names().join(", "));
+            return Err((f.span().start, message));
+        }
+        families.push(f.get_ref().clone());
+    }
+    if families.is_empty() {
+        families = family::names().into_iter().map(str::to_string).collect();
+    }
+    for s in &section.suites {
+        if !profile.suites.iter().any(|p| p.name.get_ref() == s.get_ref()) {
+            return Err((s.span().start, format!("adaptive.suites: suite {:?} is not in the plan", s.get_ref())));
+        }
+    }
+    let chosen = |name: &String| section.suites.is_empty() || section.suites.iter().any(|s| s.get_ref() == name);
+    let pairs = profile
+        .suites
+        .iter()
+        .filter(|s| chosen(s.name.get_ref()))
+        .flat_map(|s| {
+            s.user_tasks.iter().flat_map(move |u| {
+                s.injection_tasks
+                    .iter()
+                    .map(move |i| (s.name.get_ref().clone(), u.get_ref().clone(), i.get_ref().clone()))
+            })
+        })
+        .collect();
+    Ok(Adaptive { attempts: section.attempts, families, pairs })
 }
 
 /// The attack a plan's `attacks` entry names: per run, a family's `fresh_` attack;

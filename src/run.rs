@@ -28,7 +28,7 @@ use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir, RunLock};
 use crate::settings::defence::GuardrailSpec;
 use crate::spec::{Backend, Version};
-use crate::{agent, judge, model, provenance, report, telemetry, util};
+use crate::{adaptive, agent, judge, model, provenance, report, telemetry, util};
 
 /// What the caller hooks into a run: the gym's stop switch and progress sink, the GPU
 /// guard's observation of exclusivity (read when each run is recorded, for R1), and
@@ -299,6 +299,13 @@ impl<'a> RunContext<'a> {
                 }
             }
         }
+        // The adaptive attacker runs after the whole plan, against the same server.
+        let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
+        if whole && self.plan.adaptive.is_some() && !self.control.is_stopped() {
+            if let Err(err) = self.run_adaptive(claimed, version, &endpoint).await {
+                result = Err(err);
+            }
+        }
         let model_server = endpoint.down(self.pool).await?;
         if self.control.is_stopped() {
             bail!(
@@ -354,6 +361,30 @@ impl<'a> RunContext<'a> {
         })
         .await
         .context("the gym's thread")?
+    }
+
+    /// The adaptive attacker's rounds (`adaptive::search`) on the blocking pool.
+    async fn run_adaptive(
+        &self,
+        claimed: &Claimed,
+        version: &Version,
+        endpoint: &model::Endpoint,
+    ) -> anyhow::Result<()> {
+        let attempts = self.plan.adaptive.as_ref().map_or(0, |a| a.attempts);
+        let rounds =
+            (0..attempts).map(|_| self.gym_settings(claimed, version, endpoint)).collect::<anyhow::Result<Vec<_>>>()?;
+        let (pyenv, run_dir, plan, inventory) =
+            (self.pyenv.clone(), RunDir::new(claimed.dir.path.clone()), self.plan.clone(), self.inventory.clone());
+        let seed = claimed.seed;
+        let span = tracing::Span::current();
+        let log = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| adaptive::search(&pyenv, &run_dir, &plan, &inventory, seed, rounds))
+        })
+        .await
+        .context("the adaptive attacker's thread")??;
+        let (broken, pairs) = log.broken();
+        tracing::info!("adaptive attacker: {broken} of {pairs} pairs broken within {attempts} attempts");
+        Ok(())
     }
 
     /// The run's records as they stand (a run cut short): what `judge` needs to say why.
@@ -448,6 +479,7 @@ impl<'a> RunContext<'a> {
             agent_env,
             control: Some(self.control.gym.clone()),
             early: None,
+            wording: Default::default(),
         })
     }
 

@@ -107,7 +107,18 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         recorded_cases_sha256,
         reference,
         thresholds,
+        adaptive: read_adaptive(run_dir)?,
     })
+}
+
+/// `adaptive.json`, when the plan ran the adaptive attacker.
+fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<crate::adaptive::SearchLog>> {
+    let path = run_dir.join(crate::adaptive::LOG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {

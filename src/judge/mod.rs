@@ -66,6 +66,9 @@ pub struct JudgeInput {
     pub recorded_cases_sha256: Option<String>,
     pub reference: Option<ReferenceRun>,
     pub thresholds: Thresholds,
+    /// The adaptive attacker's search log (`adaptive.json`), when the plan ran one.
+    #[serde(default)]
+    pub adaptive: Option<crate::adaptive::SearchLog>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -197,7 +200,13 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     // R2 judges the held-out families (docs/attacks.md); the other rules every case.
     let scope = families::scope(&input.run.attack_families, &records);
     let family_figures = families::figures(&records, &scope, &t.r2);
-    let r2 = |rule: RuleResult| scope.annotate(rule, family_figures.as_ref());
+    let r2 = |rule: RuleResult| {
+        let rule = scope.annotate(rule, family_figures.as_ref());
+        match &input.adaptive {
+            Some(log) => families::with_adaptive(rule, log, &t.r2),
+            None => rule,
+        }
+    };
     let r2_records = scope.records(&records);
     let r1 = rules::r1_validity(input, &records, &t.r1, early.as_ref());
     let mut list = vec![r1];

@@ -292,6 +292,7 @@ pub fn r3_as_r2(t: &thresholds::R3) -> thresholds::R2 {
         alpha_pass: t.alpha,
         alpha_fail: t.alpha,
         clustering: t.clustering,
+        asr_adaptive_max: None,
     }
 }
 

@@ -86,6 +86,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         recorded_cases_sha256: None,
         reference: None,
         thresholds: Thresholds::default(),
+        adaptive: None,
     }
 }
 
