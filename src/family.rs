@@ -75,17 +75,29 @@ pub struct Wording {
     pub choices: Choices,
 }
 
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Agentdojo => "AgentDojo",
+            Origin::PayloadBank => "payload bank",
+        }
+    }
+}
+
 impl Family {
     pub fn slots(&self) -> [&[String]; 5] {
         [&self.framing, &self.authority, &self.urgency, &self.goal, &self.formatting]
     }
 
     /// How many different texts the grammar makes.
+    #[cfg(test)]
     pub fn expansions(&self) -> usize {
         self.slots().iter().map(|s| s.len()).product()
     }
 
-    /// The template of one expansion (placeholders not yet filled).
+    /// The template of one expansion (placeholders not yet filled); the gym renders the
+    /// real ones (`families.py`), this is for the grammar's tests.
+    #[cfg(test)]
     pub fn template(&self, choices: &Choices) -> String {
         let [framing, authority, urgency, goal, formatting] = self.slots();
         let parts = [&authority[choices[1]], &urgency[choices[2]], &goal[choices[3]]];

@@ -73,6 +73,7 @@ pub fn execute(
         "benchmark_version": plan.benchmark_version,
         "agentdojo_version": inventory.agentdojo_version,
         "cases": plan.cases,
+        "adaptive": plan.adaptive,
     });
     run_dir.write_plan(&plan_json)?;
     tracing::info!("run directory: {}", run_dir.path.display());

@@ -79,8 +79,8 @@ pub struct AdaptiveSection {
     pub suites: Vec<Spanned<String>>,
 }
 
-/// A resolved `[adaptive]` section.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+/// A resolved `[adaptive]` section (recorded in `plan.json`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Adaptive {
     pub attempts: usize,
     pub families: Vec<String>,
@@ -316,13 +316,7 @@ impl Plan {
             benchmark_version: version.clone(),
             jobs: profile.jobs,
             case_timeout_s: profile.case_timeout_s,
-            hash: match &adaptive {
-                // The search's settings are part of what is measured; its draws are not.
-                Some(a) => {
-                    util::sha256_hex(format!("{}{}", plan_hash(version, &cases), serde_json::json!(a)).as_bytes())
-                }
-                None => plan_hash(version, &cases),
-            },
+            hash: hash_of(version, &cases, adaptive.as_ref()),
             cases,
             held_out,
             adaptive,
@@ -390,6 +384,17 @@ fn attack_name(listed: &str, wording: WordingMode, inventory: &Inventory) -> Res
             inventory.attacks.join(", "),
             family::names().join(", ")
         )),
+    }
+}
+
+/// The plan's hash: [`plan_hash`], and with an `[adaptive]` section its settings too
+/// (what the search measures depends on them; its draws are the run's, not the plan's).
+pub fn hash_of(benchmark_version: &str, cases: &[Case], adaptive: Option<&Adaptive>) -> String {
+    match adaptive {
+        Some(a) => {
+            util::sha256_hex(format!("{}{}", plan_hash(benchmark_version, cases), serde_json::json!(a)).as_bytes())
+        }
+        None => plan_hash(benchmark_version, cases),
     }
 }
 

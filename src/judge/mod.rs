@@ -69,6 +69,9 @@ pub struct JudgeInput {
     /// The adaptive attacker's search log (`adaptive.json`), when the plan ran one.
     #[serde(default)]
     pub adaptive: Option<crate::adaptive::SearchLog>,
+    /// `plan.json`'s `[adaptive]` section (part of the plan hash).
+    #[serde(default)]
+    pub plan_adaptive: Option<crate::plan::Adaptive>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

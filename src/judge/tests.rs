@@ -87,6 +87,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         reference: None,
         thresholds: Thresholds::default(),
         adaptive: None,
+        plan_adaptive: None,
     }
 }
 

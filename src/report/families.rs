@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use super::svg::{esc, pct};
+use crate::family;
 use crate::judge::Judgement;
 use crate::judge::families::FamilyAsr;
 
@@ -19,12 +20,13 @@ fn role(f: &FamilyAsr) -> &'static str {
 /// The HTML section; nothing when no attacked case belongs to a family.
 pub fn html(b: &mut String, j: &Judgement) {
     let Some(families) = &j.figures.families else { return };
-    b.push_str("<h2 id=\"families\">Attack families</h2><div class=\"scroll\"><table id=\"family-asr\"><tr><th>family</th><th>role</th><th>ASR</th><th>landed</th><th>bounds</th></tr>");
+    b.push_str("<h2 id=\"families\">Attack families</h2><div class=\"scroll\"><table id=\"family-asr\"><tr><th>family</th><th>origin</th><th>role</th><th>ASR</th><th>landed</th><th>bounds</th></tr>");
     for (name, f) in &families.per_family {
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>[{}, {}]</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>[{}, {}]</td></tr>",
             esc(name),
+            family::family(name).map_or("", |f| f.origin.as_str()),
             role(f),
             pct(f.rate),
             f.x,
