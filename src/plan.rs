@@ -443,7 +443,9 @@ impl Filters {
             }
         }
         for attack in &self.attacks {
-            if !inventory.attacks.contains(attack) {
+            // `fresh_<family>` is the gym's own: an inventory cached before it knows none.
+            let per_run = attack.starts_with(family::PER_RUN_PREFIX) && family::of_attack(attack).is_some();
+            if !inventory.attacks.contains(attack) && !per_run {
                 bail!("unknown attack {attack:?} in --attack; valid: {}", inventory.attacks.join(", "));
             }
         }
