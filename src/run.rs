@@ -301,10 +301,12 @@ impl<'a> RunContext<'a> {
         }
         // The adaptive attacker runs after the whole plan, against the same server.
         let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
-        if whole && self.plan.adaptive.is_some() && !self.control.is_stopped() {
-            if let Err(err) = self.run_adaptive(claimed, version, &endpoint).await {
-                result = Err(err);
-            }
+        if whole
+            && self.plan.adaptive.is_some()
+            && !self.control.is_stopped()
+            && let Err(err) = self.run_adaptive(claimed, version, &endpoint).await
+        {
+            result = Err(err);
         }
         let model_server = endpoint.down(self.pool).await?;
         if self.control.is_stopped() {

@@ -240,7 +240,7 @@ mod tests {
         std::fs::write(dir.join("plan.json"), serde_json::json!({"hash": "abc", "cases": cases}).to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
-        assert_eq!((loaded.plan_cases, loaded.plan_adaptive), (Some(cases), None));
+        assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
         assert!(crate::judge::cases_changed(&loaded));
     }
 }
