@@ -344,6 +344,8 @@ fn the_adaptive_attacker_finds_what_the_fixed_cases_miss_and_replays_exactly() {
     assert_eq!(r2["status"], "fail", "the adaptive ASR is over its maximum: {r2}");
     assert!(r2["reason"].as_str().unwrap().contains("adaptive ASR"), "{r2}");
     assert_eq!(run.code, Some(10));
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(report.contains("Adaptive attacker</b>: ") && report.contains("pairs broken within 3 attempts"));
 
     // Resumed, every attempt is recorded: the search redraws the same words and runs none.
     let again = bench.run(&["run", "memo", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()]);

@@ -37,6 +37,9 @@ pub fn html(b: &mut String, j: &Judgement) {
     }
     b.push_str("</table></div>");
     let _ = write!(b, "<p id=\"gap\"><b>Generalisation gap</b> (held-out ASR minus seen ASR): {}</p>", gap_text(j));
+    if let Some(adaptive) = adaptive_text(j) {
+        let _ = write!(b, "<p id=\"adaptive\"><b>Adaptive attacker</b>: {}</p>", esc(&adaptive));
+    }
     b.push_str(
         "<p class=\"note\">Each attacked case is worded in one family; with per-run wording its text is drawn from \
          the family's grammar with the run's seed, so a version cannot pass by recognising a text. A large positive \
@@ -60,6 +63,22 @@ fn gap_text(j: &Judgement) -> String {
     }
 }
 
+/// R2's adaptive figure in words, when the run searched.
+fn adaptive_text(j: &Judgement) -> Option<String> {
+    let r2 = j.rules.iter().find(|r| r.id == "R2")?;
+    let a = r2.measured.get("adaptive")?;
+    Some(format!(
+        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, bounds [{}, {}]",
+        a["broken"],
+        a["pairs"],
+        a["attempts_max"],
+        a["attempts"],
+        pct(a["asr"].as_f64()?),
+        pct(a["lower"].as_f64()?),
+        pct(a["upper"].as_f64()?)
+    ))
+}
+
 /// The Markdown twin.
 pub fn markdown(md: &mut String, j: &Judgement) {
     let Some(families) = &j.figures.families else { return };
@@ -77,4 +96,7 @@ pub fn markdown(md: &mut String, j: &Judgement) {
         );
     }
     let _ = writeln!(md, "\nGeneralisation gap: {}\n", gap_text(j));
+    if let Some(adaptive) = adaptive_text(j) {
+        let _ = writeln!(md, "Adaptive attacker: {adaptive}\n");
+    }
 }
