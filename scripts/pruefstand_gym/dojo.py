@@ -125,6 +125,18 @@ def check_api() -> None:
                     problems.append(f"  agentdojo.types.{cls.__name__}: key `{k}` missing (has {sorted(have)})")
     except Exception as e:  # noqa: BLE001
         problems.append(f"  message types: {type(e).__name__}: {e}")
+    try:
+        # families.json records AgentDojo's templates: the simulated model tells the
+        # fixed-wording attacks apart by them.
+        from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack, ToolKnowledgeAttack
+
+        from .families import FAMILIES
+
+        for name, cls in (("important_instructions", ImportantInstructionsAttack), ("tool_knowledge", ToolKnowledgeAttack)):
+            if FAMILIES[name].get("agentdojo_text") != cls._JB_STRING:
+                problems.append(f"  families.json: {name}.agentdojo_text differs from {cls.__name__}._JB_STRING")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"  attack templates: {type(e).__name__}: {e}")
     if problems:
         raise ApiMismatch("the installed agentdojo does not match what the gym was built against:\n" + "\n".join(problems))
 

@@ -249,8 +249,11 @@ pub fn judge(input: &JudgeInput) -> Judgement {
     if let Some((_, refs)) = &reference {
         figures.reference = Some(Box::new(rules::figures(refs, t)));
     }
-    let outlook =
-        if verdict == Verdict::Inconclusive { rules::outlook(&input.run.plan, &records, &list, t) } else { vec![] };
+    let outlook = if verdict == Verdict::Inconclusive {
+        rules::outlook(&input.run.plan, &records, &r2_records, &list, t)
+    } else {
+        vec![]
+    };
     let mut summary = summary_line(verdict, &list, &outlook);
     if let Some(early) = &early {
         summary = format!("{}; {summary}", early.line());
