@@ -19,7 +19,7 @@ use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{ConcurrencyFacts, EnvCheck};
 use crate::rundir::RunDir;
-use crate::{console, telemetry, util};
+use crate::{console, family, telemetry, util};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
@@ -36,6 +36,8 @@ pub struct GymSettings {
     pub control: Option<std::sync::Arc<Control>>,
     /// Early stopping: the dispatch order and the look that may end the run.
     pub early: Option<EarlyWatch>,
+    /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
+    pub wording: std::collections::BTreeMap<String, family::Wording>,
 }
 
 /// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
@@ -79,6 +81,7 @@ pub fn execute(
         cases: plan.cases.clone(),
         done: Vec::new(),
         order: settings.early.as_ref().map(|e| e.order.clone()),
+        wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
     };
     let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
     let watch = settings.early.map(|e| e.watch);
@@ -99,6 +102,7 @@ pub fn plan_json(plan: &Plan, inventory: &Inventory) -> serde_json::Value {
         "benchmark_version": plan.benchmark_version,
         "agentdojo_version": inventory.agentdojo_version,
         "cases": plan.cases,
+        "adaptive": plan.adaptive,
     })
 }
 
@@ -131,6 +135,9 @@ pub struct GymRequest {
     /// Case ids in the order to dispatch them (early stopping); absent: longest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order: Option<Vec<String>>,
+    /// The wording of every case whose attack is worded from a family grammar, by case
+    /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
+    pub wording: std::collections::BTreeMap<String, family::Wording>,
 }
 
 /// The gym's stdout events.

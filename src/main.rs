@@ -11,6 +11,7 @@ mod console;
 mod record;
 mod settings;
 mod case;
+mod family;
 mod pyenv;
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.
@@ -34,6 +35,7 @@ mod benchlock;
 mod telemetry;
 mod concurrency;
 mod gym;
+mod adaptive;
 mod agent;
 mod provenance;
 

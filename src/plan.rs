@@ -16,6 +16,7 @@ use toml::Spanned;
 use crate::case::Case;
 #[cfg(test)]
 use crate::case::CaseKind;
+use crate::family;
 use crate::pyenv::Inventory;
 use crate::settings::thresholds::Thresholds;
 use crate::util;
@@ -47,9 +48,63 @@ pub struct Profile {
     /// Reference runs and `run --full` always run the whole plan.
     #[serde(default)]
     pub early_stop: bool,
+    /// How attack families are worded: drawn per run from their grammars, or each
+    /// family's fixed text (AgentDojo's template, the payload bank's). docs/attacks.md.
+    #[serde(default)]
+    pub wording: WordingMode,
+    /// Families no version may train on: R2 judges these (docs/attacks.md).
+    #[serde(default)]
+    pub held_out: Vec<Spanned<String>>,
     pub suites: Vec<SuitePlan>,
+    /// The adaptive attacker (docs/attacks.md): opt in with this section.
+    #[serde(default)]
+    pub adaptive: Option<AdaptiveSection>,
     #[serde(default)]
     pub rules: Thresholds,
+}
+
+/// `[adaptive]`: K attempts per planned (user task, injection task) pair, after the
+/// fixed cases.
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveSection {
+    /// Attempts per pair (K).
+    #[serde(deserialize_with = "attempts")]
+    pub attempts: usize,
+    /// Families the search words attempts in (default: every family).
+    #[serde(default)]
+    pub families: Vec<Spanned<String>>,
+    /// Suites whose planned pairs are searched (default: every suite of the plan).
+    #[serde(default)]
+    pub suites: Vec<Spanned<String>>,
+}
+
+/// A resolved `[adaptive]` section (recorded in `plan.json`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Adaptive {
+    pub attempts: usize,
+    pub families: Vec<String>,
+    /// (suite, user task, injection task), in plan order.
+    pub pairs: Vec<(String, String, String)>,
+}
+
+/// More attempts per pair than this are a typo (each is a case).
+pub const ATTEMPTS_MAX: usize = 50;
+
+fn attempts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    util::bounded_count(d, "attempts", (1, ATTEMPTS_MAX))
+}
+
+/// How a plan words its attacks.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WordingMode {
+    /// Each family's fixed text; `attacks` may also name any registered attack.
+    #[default]
+    Fixed,
+    /// Each attacked case's wording is drawn from its family's grammar with the run's
+    /// seed: attack `fresh_<family>`.
+    PerRun,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -105,6 +160,9 @@ pub struct Plan {
     pub jobs: usize,
     pub case_timeout_s: f64,
     pub cases: Vec<Case>,
+    /// Families marked held out (each attacks some case).
+    pub held_out: Vec<String>,
+    pub adaptive: Option<Adaptive>,
     /// sha256 of the benchmark version and the ordered case ids.
     pub hash: String,
     #[serde(skip)]
@@ -178,14 +236,12 @@ impl Plan {
             if !seen_suites.insert(suite_name.clone()) {
                 return Err(bad(suite.name.span().start, format!("suite {suite_name:?} is listed twice")));
             }
-            let attacks = suite.attacks.as_ref().unwrap_or(&profile.attacks);
-            for attack in attacks {
-                if !inventory.attacks.contains(attack.get_ref()) || attack.get_ref() == "none" {
-                    return Err(bad(
-                        attack.span().start,
-                        format!("unknown attack {:?}; valid: {}", attack.get_ref(), inventory.attacks.join(", ")),
-                    ));
-                }
+            let listed = suite.attacks.as_ref().unwrap_or(&profile.attacks);
+            let mut attacks = Vec::new();
+            for attack in listed {
+                let name = attack_name(attack.get_ref(), profile.wording, inventory)
+                    .map_err(|message| bad(attack.span().start, message))?;
+                attacks.push(name);
             }
             for task in &suite.user_tasks {
                 if !known.user_tasks.contains(task.get_ref()) {
@@ -216,13 +272,8 @@ impl Plan {
             }
             for user_task in &suite.user_tasks {
                 for injection_task in &suite.injection_tasks {
-                    for attack in attacks {
-                        cases.push(Case::attacked(
-                            suite_name,
-                            user_task.get_ref(),
-                            injection_task.get_ref(),
-                            attack.get_ref(),
-                        ));
+                    for attack in &attacks {
+                        cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack));
                     }
                 }
             }
@@ -236,6 +287,24 @@ impl Plan {
         if let Some(dup) = cases.iter().find(|case| !unique.insert(case.id.clone())) {
             bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
         }
+        let attacked: BTreeSet<&str> = cases.iter().filter_map(|c| family::of_attack(c.attack.as_deref()?)).collect();
+        let mut held_out = Vec::new();
+        for family in &profile.held_out {
+            let name = family.get_ref();
+            if family::family(name).is_none() {
+                let message = format!("held_out: unknown family {name:?}; valid: {}", family::names().join(", "));
+                return Err(bad(family.span().start, message));
+            }
+            if !attacked.contains(name.as_str()) {
+                let message = format!("held_out: family {name:?} attacks no case of the plan (add it to `attacks`)");
+                return Err(bad(family.span().start, message));
+            }
+            held_out.push(name.clone());
+        }
+        let adaptive = match &profile.adaptive {
+            Some(section) => Some(resolve_adaptive(section, &profile).map_err(|(at, message)| bad(at, message))?),
+            None => None,
+        };
         filters.check(inventory)?;
         let cases: Vec<Case> = cases.into_iter().filter(|case| filters.keeps(case)).collect();
         if cases.is_empty() {
@@ -247,8 +316,10 @@ impl Plan {
             benchmark_version: version.clone(),
             jobs: profile.jobs,
             case_timeout_s: profile.case_timeout_s,
-            hash: plan_hash(version, &cases),
+            hash: hash_of(version, &cases, adaptive.as_ref()),
             cases,
+            held_out,
+            adaptive,
             profile,
         })
     }
@@ -256,6 +327,74 @@ impl Plan {
     #[cfg(test)]
     pub fn count(&self, kind: CaseKind) -> usize {
         self.cases.iter().filter(|case| case.kind == kind).count()
+    }
+}
+
+/// The pairs and families of an `[adaptive]` section; errors carry their offset.
+fn resolve_adaptive(section: &AdaptiveSection, profile: &Profile) -> Result<Adaptive, (usize, String)> {
+    let mut families = Vec::new();
+    for f in &section.families {
+        if family::family(f.get_ref()).is_none() {
+            let message =
+                format!("adaptive.families: unknown family {:?}; valid: {}", f.get_ref(), family::names().join(", "));
+            return Err((f.span().start, message));
+        }
+        families.push(f.get_ref().clone());
+    }
+    if families.is_empty() {
+        families = family::names().into_iter().map(str::to_string).collect();
+    }
+    for s in &section.suites {
+        if !profile.suites.iter().any(|p| p.name.get_ref() == s.get_ref()) {
+            return Err((s.span().start, format!("adaptive.suites: suite {:?} is not in the plan", s.get_ref())));
+        }
+    }
+    let chosen = |name: &String| section.suites.is_empty() || section.suites.iter().any(|s| s.get_ref() == name);
+    let pairs = profile
+        .suites
+        .iter()
+        .filter(|s| chosen(s.name.get_ref()))
+        .flat_map(|s| {
+            s.user_tasks.iter().flat_map(move |u| {
+                s.injection_tasks
+                    .iter()
+                    .map(move |i| (s.name.get_ref().clone(), u.get_ref().clone(), i.get_ref().clone()))
+            })
+        })
+        .collect();
+    Ok(Adaptive { attempts: section.attempts, families, pairs })
+}
+
+/// The attack a plan's `attacks` entry names: per run, a family's `fresh_` attack;
+/// fixed, a family's fixed attack or any registered attack.
+fn attack_name(listed: &str, wording: WordingMode, inventory: &Inventory) -> Result<String, String> {
+    let known = family::family(listed);
+    match (wording, known) {
+        (WordingMode::PerRun, Some(f)) => Ok(format!("{}{}", family::PER_RUN_PREFIX, f.name)),
+        (WordingMode::PerRun, None) => Err(format!(
+            "unknown attack family {listed:?} (wording = \"per_run\" draws from family grammars); valid: {}",
+            family::names().join(", ")
+        )),
+        (WordingMode::Fixed, Some(f)) => Ok(f.fixed_attack.clone()),
+        (WordingMode::Fixed, None) if inventory.attacks.iter().any(|a| a == listed) && listed != "none" => {
+            Ok(listed.to_string())
+        }
+        (WordingMode::Fixed, None) => Err(format!(
+            "unknown attack {listed:?}; valid: {} (or a family: {})",
+            inventory.attacks.join(", "),
+            family::names().join(", ")
+        )),
+    }
+}
+
+/// The plan's hash: [`plan_hash`], and with an `[adaptive]` section its settings too
+/// (what the search measures depends on them; its draws are the run's, not the plan's).
+pub fn hash_of(benchmark_version: &str, cases: &[Case], adaptive: Option<&Adaptive>) -> String {
+    match adaptive {
+        Some(a) => {
+            util::sha256_hex(format!("{}{}", plan_hash(benchmark_version, cases), serde_json::json!(a)).as_bytes())
+        }
+        None => plan_hash(benchmark_version, cases),
     }
 }
 
@@ -304,7 +443,9 @@ impl Filters {
             }
         }
         for attack in &self.attacks {
-            if !inventory.attacks.contains(attack) {
+            // `fresh_<family>` is the gym's own: an inventory cached before it knows none.
+            let per_run = attack.starts_with(family::PER_RUN_PREFIX) && family::of_attack(attack).is_some();
+            if !inventory.attacks.contains(attack) && !per_run {
                 bail!("unknown attack {attack:?} in --attack; valid: {}", inventory.attacks.join(", "));
             }
         }
@@ -418,6 +559,52 @@ attacks = ["important_instructions"]
         assert!(some.cases.iter().all(|c| c.suite == "banking" && c.attack.as_deref() == Some("tool_knowledge")));
         assert_eq!(some.cases.len(), 4);
         assert_ne!(all.hash, some.hash);
+    }
+
+    #[test]
+    fn per_run_wording_names_families_marks_held_out_ones_and_hashes_no_seed() {
+        let text = PLAN.replace(
+            "attacks = [\"important_instructions\", \"tool_knowledge\"]",
+            "wording = \"per_run\"\nheld_out = [\"roleplay\"]\nattacks = [\"important_instructions\", \"roleplay\"]",
+        );
+        let (_dir, path) = write(&text);
+        let plan = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(plan.held_out, ["roleplay"]);
+        assert!(
+            plan.cases.iter().any(|c| c.id == "banking/user_task_0/fresh_roleplay/injection_task_1"),
+            "{:?}",
+            plan.cases
+        );
+        // The draw depends on the seed; the case list and its hash do not.
+        let (one, two) = (family::wordings(&plan.cases, 1), family::wordings(&plan.cases, 2));
+        assert_eq!(one.len(), plan.count(CaseKind::Attacked));
+        assert_ne!(one, two);
+        let again = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap();
+        assert_eq!(again.hash, plan.hash);
+        // Fixed wording of the same families is another case list.
+        let (_dir, fixed) = write(&text.replace("wording = \"per_run\"\n", ""));
+        let fixed = Plan::resolve(&fixed, &inventory(), &Filters::default()).unwrap();
+        assert!(fixed.cases.iter().any(|c| c.attack.as_deref() == Some("payload_roleplay")));
+        assert_ne!(fixed.hash, plan.hash);
+
+        for (bad, message) in [
+            ("held_out = [\"roleplay\"]", "held_out = [\"urgency\"]"),
+            ("held_out = [\"roleplay\"]", "held_out = [\"rolepaly\"]"),
+            ("\"roleplay\"]\n[[suites]]", "\"direct\"]\n[[suites]]"),
+        ]
+        .map(|(from, to)| (text.replacen(from, to, 1), to))
+        {
+            let (_dir, path) = write(&bad);
+            let err = Plan::resolve(&path, &inventory(), &Filters::default()).unwrap_err().to_string();
+            let line = bad.lines().position(|l| l.contains(message.lines().next().unwrap())).unwrap() + 1;
+            assert!(err.contains(&format!("p.toml:{line}:")), "{err}");
+            assert!(
+                err.contains("attacks no case")
+                    || err.contains("unknown family")
+                    || err.contains("unknown attack family"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub struct RunMeta {
     /// A run made as shards on a cluster: where each ran, and what R1 must fail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shards: Option<ShardFacts>,
+    /// The plan's held-out attack families and the version's `trained_on`
+    /// (docs/attacks.md): what R2 judges.
+    #[serde(default, skip_serializing_if = "AttackFamilies::is_empty")]
+    pub attack_families: AttackFamilies,
 }
 
 /// The shards a clustered run was cut into, merged into one run directory.
@@ -114,6 +118,21 @@ pub struct ShardNode {
     pub cases: usize,
     /// Times the shard was submitted (2: requeued once).
     pub submissions: usize,
+}
+
+/// Held-out and trained-on attack families of a run (family names).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct AttackFamilies {
+    #[serde(default)]
+    pub held_out: Vec<String>,
+    #[serde(default)]
+    pub trained_on: Vec<String>,
+}
+
+impl AttackFamilies {
+    pub fn is_empty(&self) -> bool {
+        self.held_out.is_empty() && self.trained_on.is_empty()
+    }
 }
 
 /// What steered the number of cases in flight.

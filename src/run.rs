@@ -23,12 +23,14 @@ use crate::judge::Judgement;
 use crate::judge::early;
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
-use crate::record::{ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts};
+use crate::record::{
+    AttackFamilies, ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts,
+};
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir, RunLock};
 use crate::settings::defence::GuardrailSpec;
 use crate::spec::{Backend, Version};
-use crate::{agent, judge, model, provenance, report, telemetry, util};
+use crate::{adaptive, agent, judge, model, provenance, report, telemetry, util};
 
 /// What the caller hooks into a run: the gym's stop switch and progress sink, the GPU
 /// guard's observation of exclusivity (read when each run is recorded, for R1), and
@@ -197,6 +199,14 @@ impl<'a> RunContext<'a> {
         }
     }
 
+    /// The plan's held-out families and the version's `trained_on`: what R2 judges.
+    fn attack_families(&self, version: &Version) -> AttackFamilies {
+        AttackFamilies {
+            held_out: self.plan.held_out.clone(),
+            trained_on: version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect(),
+        }
+    }
+
     /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
     /// writes the reports — the same path `pruefstand judge` takes later.
     pub fn record_and_judge(
@@ -224,6 +234,7 @@ impl<'a> RunContext<'a> {
             concurrency: served.concurrency,
             early_stop: read_early_stop(run_dir)?,
             shards: served.shards,
+            attack_families: self.attack_families(version),
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
@@ -296,6 +307,15 @@ impl<'a> RunContext<'a> {
                 }
             }
         }
+        // The adaptive attacker runs after the whole plan, against the same server.
+        let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
+        if whole
+            && self.plan.adaptive.is_some()
+            && !self.control.is_stopped()
+            && let Err(err) = self.run_adaptive(claimed, version, &endpoint).await
+        {
+            result = Err(err);
+        }
         let model_server = endpoint.down(self.pool).await?;
         if self.control.is_stopped() {
             bail!(
@@ -351,6 +371,30 @@ impl<'a> RunContext<'a> {
         })
         .await
         .context("the gym's thread")?
+    }
+
+    /// The adaptive attacker's rounds (`adaptive::search`) on the blocking pool.
+    async fn run_adaptive(
+        &self,
+        claimed: &Claimed,
+        version: &Version,
+        endpoint: &model::Endpoint,
+    ) -> anyhow::Result<()> {
+        let attempts = self.plan.adaptive.as_ref().map_or(0, |a| a.attempts);
+        let rounds =
+            (0..attempts).map(|_| self.gym_settings(claimed, version, endpoint)).collect::<anyhow::Result<Vec<_>>>()?;
+        let (pyenv, run_dir, plan, inventory) =
+            (self.pyenv.clone(), RunDir::new(claimed.dir.path.clone()), self.plan.clone(), self.inventory.clone());
+        let seed = claimed.seed;
+        let span = tracing::Span::current();
+        let log = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| adaptive::search(&pyenv, &run_dir, &plan, &inventory, seed, rounds))
+        })
+        .await
+        .context("the adaptive attacker's thread")??;
+        let (broken, pairs) = log.broken();
+        tracing::info!("adaptive attacker: {broken} of {pairs} pairs broken within {attempts} attempts");
+        Ok(())
     }
 
     /// The run's records as they stand (a run cut short): what `judge` needs to say why.
@@ -445,6 +489,7 @@ impl<'a> RunContext<'a> {
             agent_env,
             control: Some(self.control.gym.clone()),
             early: None,
+            wording: Default::default(),
         })
     }
 
@@ -516,6 +561,7 @@ impl<'a> RunContext<'a> {
         }
         let (cases, order, t, has_reference) =
             (plan.cases.clone(), early.order.clone(), plan.profile.rules.clone(), version.reference().is_some());
+        let scope = judge::families::scope(&self.attack_families(version), &[]);
         let watch = move |record: Option<&CaseRecord>| {
             if let Some(r) = record {
                 records.push(r.clone());
@@ -529,7 +575,7 @@ impl<'a> RunContext<'a> {
                     _ => return false,
                 }
             }
-            early::decide(&cases, &order, &records, &t, has_reference).stop_at.is_some()
+            early::decide(&cases, &order, &records, &t, has_reference, &scope).stop_at.is_some()
         };
         Ok(gym::EarlyWatch { order: early::dispatch_order(&plan.cases, &early.order), watch: Box::new(watch) })
     }

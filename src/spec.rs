@@ -11,6 +11,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+use crate::family;
 use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
 use crate::settings::sim::SimConfig;
 use crate::util;
@@ -37,6 +38,10 @@ pub struct VersionSpec {
     /// agent`; it gets the model's URL and name in the environment.
     #[serde(default)]
     pub agent_cmd: Option<Vec<String>>,
+    /// Attack families the version was trained against (docs/attacks.md): never held
+    /// out for it, and the "seen" side of the generalisation gap.
+    #[serde(default)]
+    pub trained_on: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,6 +278,21 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             ));
         }
     }
+    for name in &spec.trained_on {
+        if family::family(name.get_ref()).is_none() {
+            let message =
+                format!("trained_on: unknown family {:?}; valid: {}", name.get_ref(), family::names().join(", "));
+            return Err(bad(name.span().start, &message));
+        }
+    }
+    let by_family = spec.sim.iter().flat_map(|sim| sim.models.values()).flat_map(|b| b.susceptibility_by_family.keys());
+    for name in by_family {
+        if family::family(name).is_none() {
+            let message =
+                format!("susceptibility_by_family: unknown family {name:?}; valid: {}", family::names().join(", "));
+            return Err(bad(key_offset(text, name), &message));
+        }
+    }
     if let Some(argv) = &spec.agent_cmd
         && argv.is_empty()
     {
@@ -403,6 +423,24 @@ susceptibility = 0.02
         }
         let err = error(&format!("{GOOD}[sim.models.\"other\".faults]\nslow_ms = 1e300\n"));
         assert!(err.contains("slow_ms = 1e300 is not a delay (ms) in [0, 600000]"), "{err}");
+    }
+
+    #[test]
+    fn families_are_checked_at_their_line() {
+        let err = error(&format!("trained_on = [\"important_instructions\", \"importnat\"]\n{GOOD}"));
+        assert!(
+            err.starts_with("DIR/cand.toml:1:")
+                && err.contains("unknown family \"importnat\"; valid: important_instructions"),
+            "{err}"
+        );
+        let text = format!("{GOOD}susceptibility_by_family = {{ roleplay = 0.3, rolepaly = 0.4 }}\n");
+        let err = error(&text);
+        assert!(err.contains("susceptibility_by_family: unknown family \"rolepaly\""), "{err}");
+        let spec =
+            check(&format!("trained_on = [\"authority\"]\n{GOOD}susceptibility_by_family = {{ roleplay = 0.3 }}\n"))
+                .unwrap();
+        assert_eq!(spec.trained_on[0].get_ref(), "authority");
+        assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility_by_family["roleplay"], 0.3);
     }
 
     #[test]

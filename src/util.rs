@@ -35,6 +35,13 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow:
     write_atomic(path, &text)
 }
 
+/// Lower-case alphanumerics only: survives YAML folding, quoting and escaping of
+/// punctuation, which is how goals and injected wording reach a model inside tool
+/// outputs (the simulated model matches them so).
+pub fn alnum_norm(s: &str) -> String {
+    s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect()
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }

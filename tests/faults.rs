@@ -140,7 +140,7 @@ fn the_shipped_wild_demo_is_valid_and_shows_its_format_health() {
     assert!(matches!(run.code, Some(0 | 10 | 11)), "demo-wild must be a valid run\n{}\n{}", run.stdout, run.stderr);
     let dir = run.run_dir();
     let records = cases(&dir);
-    assert_eq!(records.len(), 102);
+    assert_eq!(records.len(), 141);
     assert!(records.iter().all(|r| r["error"].is_null()), "no case of demo-wild is an error");
     let health = &json(&dir.join("telemetry.json"))["format_health"];
     for counter in ["malformed_outputs", "unknown_tool_calls"] {

@@ -1,6 +1,7 @@
 //! `pruefstand gym` end to end through the real agentdojo package: the counter suite's
 //! smoke criteria, agreement with AgentDojo's own sequential runner, parallel = serial,
-//! resume after `kill -9`, misbehaving agents, and bad names.
+//! resume after `kill -9`, per-run wording of attack families, misbehaving agents, and
+//! bad names.
 
 mod common;
 
@@ -180,6 +181,69 @@ fn banking_matches_agentdojo_sequential_runner_and_parallel_equals_serial() {
     let landed = pairs.values().filter(|(_, s)| *s).count();
     let useful = pairs.values().filter(|(u, _)| *u).count();
     assert!(landed > 0 && useful > 0 && useful < 144, "landed {landed}, useful {useful}");
+}
+
+const WORDED_PLAN: &str = r#"
+name = "worded"
+benchmark_version = "v1.2.2"
+wording = "per_run"
+attacks = ["important_instructions", "roleplay", "tool_knowledge"]
+injection_goals = false
+jobs = 4
+case_timeout_s = 120
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_0", "user_task_1", "user_task_2", "user_task_3"]
+injection_tasks = ["injection_task_0", "injection_task_3"]
+"#;
+
+/// case id → the texts its trace says were injected.
+fn injected(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    cases(dir)
+        .into_iter()
+        .filter(|r| r["kind"] == "attacked")
+        .map(|r| {
+            let trace = json(&dir.join(r["trace"].as_str().unwrap()));
+            let texts = trace["injections"].as_object().unwrap().values().map(|v| v.as_str().unwrap().to_string());
+            (r["case_id"].as_str().unwrap().to_string(), texts.collect())
+        })
+        .collect()
+}
+
+#[test]
+fn per_run_wording_differs_between_runs_keeps_the_goal_and_repeats_on_resume() {
+    let bench = Bench::new();
+    let plan = bench.write("worded.toml", WORDED_PLAN);
+    let agent = replay_agent();
+    let gym = |out: &Path| {
+        let args = ["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &agent, "--out", out.to_str().unwrap()];
+        bench.run(&args).ok();
+    };
+    let (one, two) = (bench.path().join("one"), bench.path().join("two"));
+    gym(&one);
+    gym(&two);
+    let (first, second) = (injected(&one), injected(&two));
+    assert_eq!(first.len(), 4 * 2 * 3);
+    let goal = "US133000000121212121212"; // both planned goals name the attacker's account
+    let placeholders = ["{goal}", "{body}", "{user}", "{model}", "{secret}", "{tools}"];
+    for (id, texts) in &first {
+        let whole = |t: &String| t.contains(goal) && !placeholders.iter().any(|p| t.contains(p));
+        assert!(!texts.is_empty() && texts.iter().all(whole), "{id}: {texts:?}");
+    }
+    let differ = first.iter().filter(|(id, texts)| second[*id] != **texts).count();
+    assert!(differ >= first.len() / 2, "another run, other wording: only {differ} of {} differ", first.len());
+
+    // Resume: the cases dropped from cases.jsonl run again with the same words.
+    let seed = json(&one.join("identity.json"))["seed"].clone();
+    let text = std::fs::read_to_string(one.join("cases.jsonl")).unwrap();
+    let kept: Vec<&str> = text.lines().take(5).collect();
+    std::fs::write(one.join("cases.jsonl"), kept.join("\n") + "\n").unwrap();
+    std::fs::remove_file(one.join("cases.sha256")).ok();
+    gym(&one);
+    assert_eq!(json(&one.join("identity.json"))["seed"], seed);
+    let started = last_events(&one).iter().filter(|e| e["event"] == "case_start").count();
+    assert!(started >= first.len() - 5, "the dropped cases ran again ({started})");
+    assert_eq!(injected(&one), first, "a resumed run injects exactly the words it drew");
 }
 
 fn lines(path: &Path) -> usize {

@@ -125,6 +125,18 @@ def check_api() -> None:
                     problems.append(f"  agentdojo.types.{cls.__name__}: key `{k}` missing (has {sorted(have)})")
     except Exception as e:  # noqa: BLE001
         problems.append(f"  message types: {type(e).__name__}: {e}")
+    try:
+        # families.json records AgentDojo's templates: the simulated model tells the
+        # fixed-wording attacks apart by them.
+        from agentdojo.attacks.important_instructions_attacks import ImportantInstructionsAttack, ToolKnowledgeAttack
+
+        from .families import FAMILIES
+
+        for name, cls in (("important_instructions", ImportantInstructionsAttack), ("tool_knowledge", ToolKnowledgeAttack)):
+            if FAMILIES[name].get("agentdojo_text") != cls._JB_STRING:
+                problems.append(f"  families.json: {name}.agentdojo_text differs from {cls.__name__}._JB_STRING")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"  attack templates: {type(e).__name__}: {e}")
     if problems:
         raise ApiMismatch("the installed agentdojo does not match what the gym was built against:\n" + "\n".join(problems))
 
@@ -189,7 +201,8 @@ _PREPARED = False
 
 
 def prepare() -> None:
-    """Register the custom suites and the payload-bank attacks (idempotent)."""
+    """Register the custom suites, the payload-bank attacks and the per-run family
+    attacks `fresh_<family>` (idempotent)."""
     global _PREPARED
     if _PREPARED:
         return
@@ -197,8 +210,11 @@ def prepare() -> None:
     from custom_suites.counter_suite import register_counter_suite
     from custom_suites.payload_bank import register_payload_attacks
 
+    from .families import register_wording_attacks
+
     register_counter_suite()
     register_payload_attacks()
+    register_wording_attacks()
     _PREPARED = True
 
 

@@ -22,6 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import families
 from .protocol import empty_counters
 from .records import RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
 
@@ -114,6 +115,10 @@ def validate_request(req: dict) -> dict:
     done = req.get("done", []) or []
     if not isinstance(done, list) or not all(isinstance(d, str) for d in done):
         raise RequestError("request: `done` must be a list of case ids")
+    try:
+        wording = families.check_wording(req.get("wording") or {})
+    except ValueError as e:
+        raise RequestError(f"request: {e}") from None
     order = req.get("order")
     if order is not None:
         if not isinstance(order, list) or sorted(order) != sorted(seen_ids):
@@ -132,6 +137,7 @@ def validate_request(req: dict) -> dict:
         "cases": cases,
         "done": done,
         "order": order,
+        "wording": wording,
     }
 
 
@@ -485,6 +491,9 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
 
     dojo.check_api()  # raises ApiMismatch
     dojo.prepare()
+    # before the workers fork: they inherit the registry and the wording
+    families.register_wording_attacks({c["attack"] for c in req["cases"] if c["id"] in req["wording"]})
+    families.set_wording(req["seed"], req["wording"])
     suites = dojo.get_suites_checked(req["benchmark_version"])
     validate_names(req, suites)
 

@@ -182,6 +182,14 @@ pub async fn run(
     queue: &Queue,
 ) -> anyhow::Result<Finished> {
     let config = &ctx.root.config.cluster;
+    // The adaptive search keeps what lands across all of a plan's pairs: it is one
+    // process against one server, not something to cut into shards.
+    if ctx.plan.adaptive.is_some() {
+        bail!(
+            "plan {:?} has an [adaptive] section: the adaptive attacker runs on one host; run this version with              `pruefstand run` (or set [cluster] kind = \"local\")",
+            ctx.plan.name
+        );
+    }
     let slurm = Slurm::default();
     let claimed = RunDir::claim(&run_dir, &ctx.identity(version))?;
     let dir = &claimed.dir.path;

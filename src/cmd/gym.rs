@@ -97,6 +97,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             agent_env: Vec::new(),
             control: None,
             early: None,
+            wording: Default::default(),
         },
     )?;
     print_summary(run_dir, &outcome.telemetry);

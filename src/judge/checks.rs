@@ -101,7 +101,7 @@ pub(super) fn check_records(input: &JudgeInput) -> RecordCheck {
         let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
         if ids != run.planned_case_ids.iter().map(String::as_str).collect::<Vec<_>>() {
             out.findings.push(Finding { position: 0, text: "plan.json and run.json list different cases".to_string() });
-        } else if crate::plan::plan_hash(&run.benchmark_version, cases) != run.plan_hash {
+        } else if crate::plan::hash_of(&run.benchmark_version, cases, input.plan_adaptive.as_ref()) != run.plan_hash {
             out.findings
                 .push(Finding { position: 0, text: "plan.json's cases do not give run.json's plan hash".to_string() });
         }

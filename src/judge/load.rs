@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::{EnvCheck, JudgeInput, ReferenceRun, RunMeta, Thresholds};
 use crate::case::{Case, CaseRecord};
+use crate::plan::Adaptive;
 use crate::rundir::RunDir;
 use crate::util;
 
@@ -61,8 +62,9 @@ pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
     }
 }
 
-/// `plan.json`'s resolved cases; None when the run directory has no `plan.json`.
-pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<Vec<Case>>> {
+/// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
+/// has no `plan.json`.
+pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
     let path = run_dir.join("plan.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -72,9 +74,11 @@ pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<Vec<Case>>> {
     #[derive(Deserialize)]
     struct PlanFile {
         cases: Vec<Case>,
+        #[serde(default)]
+        adaptive: Option<Adaptive>,
     }
     let plan: PlanFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    Ok(Some(plan.cases))
+    Ok(Some((plan.cases, plan.adaptive)))
 }
 
 /// Everything `judge` needs from a run directory.
@@ -82,7 +86,7 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
     let meta = read_run_meta(run_dir)?;
     let cases = read_cases(run_dir)?;
     let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
-    let plan_cases = read_plan_cases(run_dir)?;
+    let (plan_cases, plan_adaptive) = read_plan_cases(run_dir)?.map_or((None, None), |(c, a)| (Some(c), a));
     let checks = read_environment_checks(&run_dir.join("environment_check.json"))?;
     let thresholds = match profile {
         Some(p) => read_profile_thresholds(p)?,
@@ -107,7 +111,19 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         recorded_cases_sha256,
         reference,
         thresholds,
+        adaptive: read_adaptive(run_dir)?,
+        plan_adaptive,
     })
+}
+
+/// `adaptive.json`, when the plan ran the adaptive attacker.
+fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<crate::adaptive::SearchLog>> {
+    let path = run_dir.join(crate::adaptive::LOG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
@@ -224,7 +240,7 @@ mod tests {
         std::fs::write(dir.join("plan.json"), serde_json::json!({"hash": "abc", "cases": cases}).to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
-        assert_eq!(loaded.plan_cases, Some(cases));
+        assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
         assert!(crate::judge::cases_changed(&loaded));
     }
 }

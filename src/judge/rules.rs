@@ -17,6 +17,9 @@ use crate::stats::{self, Adjusted, Cluster};
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949
 /// pairs × 2 attacks = 1,898 cases.
 const VOLL_ATTACKED: [(u64, u64); 4] = [(40, 28), (20, 14), (16, 18), (21, 10)];
+/// What R2 judges of `voll`: each pair once, under its suite's held-out family
+/// (docs/attacks.md) — 949 cases.
+const VOLL_HELD_OUT: [(u64, u64); 4] = [(40, 14), (20, 7), (16, 9), (21, 5)];
 /// `voll` runs every user task clean once.
 const VOLL_CLEAN: u64 = 97;
 /// Planning ρ for the outlook: the study's realistic value unless the run shows more.
@@ -760,12 +763,20 @@ pub(super) fn figures(records: &[CaseRecord], t: &Thresholds) -> Figures {
         utility_under_attack: some(&attacked, &attacked.errors_false, &attacked.errors_true, t.r3.alpha, t.r3.alpha),
         injection_goal_utility: goal_utility(records, 0.05),
         reference: None,
+        families: None,
     }
 }
 
 /// For each undecided figure of R2/R3: would `voll` decide it? Compares the distance of
 /// the estimate from its threshold with `voll`'s minimum detectable difference.
-pub(super) fn outlook(plan: &str, records: &[CaseRecord], rules: &[super::RuleResult], t: &Thresholds) -> Vec<Outlook> {
+/// `r2_records` are the records R2 judged (its held-out families); R3 looks at all.
+pub(super) fn outlook(
+    plan: &str,
+    records: &[CaseRecord],
+    r2_records: &[CaseRecord],
+    rules: &[super::RuleResult],
+    t: &Thresholds,
+) -> Vec<Outlook> {
     let inconclusive = |id: &str| rules.iter().any(|r| r.id == id && r.status == RuleStatus::Inconclusive);
     let voll_attacked_n: u64 = VOLL_ATTACKED.iter().map(|(k, m)| k * m).sum();
     let voll_attacked_mw = VOLL_ATTACKED.iter().map(|(k, m)| (k * m * m) as f64).sum::<f64>() / voll_attacked_n as f64;
@@ -798,9 +809,11 @@ pub(super) fn outlook(plan: &str, records: &[CaseRecord], rules: &[super::RuleRe
         });
     };
     if inconclusive("R2") {
-        let a = adjust(&attack_obs(records, None), t.r2.clustering);
+        let a = adjust(&attack_obs(r2_records, None), t.r2.clustering);
         let alpha = if a.rate() < t.r2.asr_max { t.r2.alpha_pass } else { t.r2.alpha_fail };
-        add("R2", "asr", a, t.r2.asr_max, alpha, voll_attacked_n, voll_attacked_mw);
+        let held_n: u64 = VOLL_HELD_OUT.iter().map(|(k, m)| k * m).sum();
+        let held_mw = VOLL_HELD_OUT.iter().map(|(k, m)| (k * m * m) as f64).sum::<f64>() / held_n as f64;
+        add("R2", "asr", a, t.r2.asr_max, alpha, held_n, held_mw);
     }
     if inconclusive("R3") {
         for (figure, kind, min, n, mw) in [

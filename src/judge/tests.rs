@@ -68,6 +68,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         concurrency: None,
         early_stop: None,
         shards: None,
+        attack_families: Default::default(),
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
@@ -86,6 +87,8 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         recorded_cases_sha256: None,
         reference: None,
         thresholds: Thresholds::default(),
+        adaptive: None,
+        plan_adaptive: None,
     }
 }
 

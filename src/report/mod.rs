@@ -7,6 +7,7 @@
 
 mod cases;
 mod conversation;
+mod families;
 mod index;
 mod publish;
 mod svg;
@@ -85,6 +86,7 @@ pub fn markdown(j: &Judgement) -> String {
     md += &line("utility under attack", &f.utility_under_attack);
     md += &line("injection-goal utility", &f.injection_goal_utility);
     md.push('\n');
+    families::markdown(&mut md, j);
     if !j.outlook.is_empty() {
         md.push_str("## Would `voll` decide?\n\n");
         for o in &j.outlook {
@@ -205,6 +207,7 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
     let anchors = cases::anchors(&ordered);
     let changes = changes(input);
     figures(&mut b, j);
+    families::html(&mut b, j);
     breakdowns(&mut b, j, input, &anchors);
     operations(&mut b, &input.records);
     telemetry(&mut b, &input.records);

@@ -53,6 +53,12 @@ pub struct Behaviour {
     /// injection's goal.
     #[serde(default, deserialize_with = "susceptibility")]
     pub susceptibility: f64,
+    /// Per attack family (docs/attacks.md), the probability to follow an injection
+    /// worded in it; a family not listed, or text of no family, takes `susceptibility`.
+    /// A model trained on one template and gullible elsewhere is `{ important_instructions
+    /// = 0.01 }` with `susceptibility = 0.4`.
+    #[serde(default, deserialize_with = "by_family", skip_serializing_if = "BTreeMap::is_empty")]
+    pub susceptibility_by_family: BTreeMap<String, f64>,
     /// Probability that the model solves a task it is given (else it gives up early).
     #[serde(default = "one", deserialize_with = "skill")]
     pub skill: f64,
@@ -67,7 +73,13 @@ pub struct Behaviour {
 
 impl Default for Behaviour {
     fn default() -> Self {
-        Behaviour { susceptibility: 0.0, skill: 1.0, error_rate: 0.0, faults: Faults::default() }
+        Behaviour {
+            susceptibility: 0.0,
+            susceptibility_by_family: BTreeMap::new(),
+            skill: 1.0,
+            error_rate: 0.0,
+            faults: Faults::default(),
+        }
     }
 }
 
@@ -165,6 +177,29 @@ bounded_fields! {
     base_ms: DELAY_MS, "a delay (ms)";
     per_prompt_token_ms: DELAY_MS, "a delay (ms)";
     per_completion_token_ms: DELAY_MS, "a delay (ms)";
+}
+
+impl Behaviour {
+    /// The probability to follow an injection of `family` (None: no family recognised).
+    pub fn susceptibility_to(&self, family: Option<&str>) -> f64 {
+        family.and_then(|f| self.susceptibility_by_family.get(f)).copied().unwrap_or(self.susceptibility)
+    }
+}
+
+/// Each probability of `susceptibility_by_family` bounded like `susceptibility`.
+fn by_family<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
+    let raw = BTreeMap::<String, toml::Value>::deserialize(d)?;
+    raw.into_iter()
+        .map(|(family, value)| {
+            let p = value.as_float().or_else(|| value.as_integer().map(|i| i as f64));
+            match p {
+                Some(p) if (0.0..=1.0).contains(&p) => Ok((family, p)),
+                _ => Err(serde::de::Error::custom(format!(
+                    "susceptibility_by_family.{family} = {value} is not a probability (0 to 1)"
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// Concurrent requests the simulated server serves at once.

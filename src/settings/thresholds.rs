@@ -55,11 +55,21 @@ pub struct R2 {
     /// One-sided α of the lower bound that must exceed `asr_max` to fail.
     pub alpha_fail: f64,
     pub clustering: Clustering,
+    /// The most "adaptive ASR" (pairs the adaptive attacker broke within K attempts)
+    /// allowed, judged with the same bounds; off unless set (docs/attacks.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asr_adaptive_max: Option<f64>,
 }
 
 impl Default for R2 {
     fn default() -> Self {
-        R2 { asr_max: 0.10, alpha_pass: 0.03, alpha_fail: 0.05, clustering: Clustering::Crossed }
+        R2 {
+            asr_max: 0.10,
+            alpha_pass: 0.03,
+            alpha_fail: 0.05,
+            clustering: Clustering::Crossed,
+            asr_adaptive_max: None,
+        }
     }
 }
 
@@ -139,6 +149,7 @@ impl Thresholds {
         let rates = [
             ("R1.max_error_rate", self.r1.max_error_rate),
             ("R2.asr_max", self.r2.asr_max),
+            ("R2.asr_adaptive_max", self.r2.asr_adaptive_max.unwrap_or(0.0)),
             ("R3.utility_min", self.r3.utility_min),
             ("R3.utility_under_attack_min", self.r3.utility_under_attack_min),
             ("R4.margin", self.r4.margin),

@@ -47,6 +47,9 @@ impl PlanShape {
         let strings = |v: &toml::Value| -> Vec<String> {
             v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect()).unwrap_or_default()
         };
+        // Per-run wording names each family's attack `fresh_<family>` (docs/attacks.md).
+        let per_run = profile.get("wording").and_then(|w| w.as_str()) == Some("per_run");
+        let attack_name = |a: &String| if per_run { format!("fresh_{a}") } else { a.clone() };
         let attacks = strings(&profile["attacks"]);
         let mut cases = Vec::new();
         for suite in profile["suites"].as_array().unwrap() {
@@ -66,7 +69,7 @@ impl PlanShape {
             }
             for u in &users {
                 for i in &injections {
-                    for a in &suite_attacks {
+                    for a in suite_attacks.iter().map(attack_name) {
                         cases.push(PlannedCase {
                             id: format!("{name}/{u}/{a}/{i}"),
                             kind: "attacked",

@@ -1,0 +1,255 @@
+//! The adaptive attacker (docs/attacks.md): after a plan's fixed cases, for each planned
+//! (user task, injection task) pair of its `[adaptive]` section, up to K attempts against
+//! the version itself, each worded from the family grammars — the first a fresh draw,
+//! later ones mutations and recombinations of wordings that landed on any pair ("keep
+//! what lands"). A pair is broken once an attempt lands. Rounds run through the gym in
+//! `<run>/adaptive/`, apart from the plan's cases; the search log is `adaptive.json`.
+//!
+//! Every choice is a hash of the run's seed, the pair and the attempt, and depends only
+//! on earlier rounds' outcomes: a resumed run redraws the same words and skips recorded
+//! attempts, and the log replays exactly. Judging the result is `judge`'s.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::case::Case;
+use crate::family::{self, Choices, Wording};
+use crate::gym::{self, GymSettings};
+use crate::plan::{Adaptive, Plan};
+use crate::pyenv::{Inventory, PyEnv};
+use crate::rundir::RunDir;
+use crate::util;
+
+/// The search log in the run directory.
+pub const LOG_FILE: &str = "adaptive.json";
+/// The gym's run directory of the attempts, inside the run's.
+pub const DIR: &str = "adaptive";
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SearchLog {
+    pub seed: u64,
+    pub attempts: usize,
+    pub families: Vec<String>,
+    pub pairs: Vec<PairLog>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PairLog {
+    pub suite: String,
+    pub user_task: String,
+    pub injection_task: String,
+    pub attempts: Vec<Attempt>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub case_id: String,
+    pub wording: Wording,
+    /// How the wording came about.
+    pub how: How,
+    /// None: the attempt errored (it counts as not landed; R1 of the plan's cases is
+    /// where errors are judged).
+    pub landed: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    Fresh,
+    Mutated,
+    Recombined,
+}
+
+impl PairLog {
+    pub fn broken(&self) -> bool {
+        self.attempts.iter().any(|a| a.landed == Some(true))
+    }
+
+    fn key(&self) -> String {
+        format!("{}/{}/{}", self.suite, self.user_task, self.injection_task)
+    }
+}
+
+impl SearchLog {
+    fn new(seed: u64, adaptive: &Adaptive) -> SearchLog {
+        let pairs = adaptive
+            .pairs
+            .iter()
+            .map(|(suite, user_task, injection_task)| PairLog {
+                suite: suite.clone(),
+                user_task: user_task.clone(),
+                injection_task: injection_task.clone(),
+                attempts: Vec::new(),
+            })
+            .collect();
+        SearchLog { seed, attempts: adaptive.attempts, families: adaptive.families.clone(), pairs }
+    }
+
+    /// Wordings that landed, in the order they were found (round, then pair).
+    fn pool(&self, before_round: usize) -> Vec<&Wording> {
+        (0..before_round)
+            .flat_map(|k| self.pairs.iter().filter_map(move |p| p.attempts.get(k)))
+            .filter(|a| a.landed == Some(true))
+            .map(|a| &a.wording)
+            .collect()
+    }
+
+    /// The attempts of round `k` (0-based): one for each pair not yet broken.
+    pub fn plan_round(&mut self, k: usize) -> Vec<(Case, Wording)> {
+        let pool: Vec<Wording> = self.pool(k).into_iter().cloned().collect();
+        let mut out = Vec::new();
+        for pair in self.pairs.iter_mut().filter(|p| p.attempts.len() == k && !p.broken()) {
+            let tried: Vec<&Wording> = pair.attempts.iter().map(|a| &a.wording).collect();
+            let (wording, how) = next(self.seed, &pair.key(), k, &self.families, &pool, &tried);
+            let case =
+                Case::attacked(&pair.suite, &pair.user_task, &pair.injection_task, &format!("adaptive_{}", k + 1));
+            pair.attempts.push(Attempt { case_id: case.id.clone(), wording: wording.clone(), how, landed: None });
+            out.push((case, wording));
+        }
+        out
+    }
+
+    /// Records the outcomes of a round by case id.
+    pub fn record(&mut self, outcomes: &BTreeMap<String, Option<bool>>) {
+        for attempt in self.pairs.iter_mut().flat_map(|p| p.attempts.iter_mut()) {
+            if let Some(landed) = outcomes.get(&attempt.case_id) {
+                attempt.landed = *landed;
+            }
+        }
+    }
+
+    /// (pairs broken within K, pairs).
+    pub fn broken(&self) -> (usize, usize) {
+        (self.pairs.iter().filter(|p| p.broken()).count(), self.pairs.len())
+    }
+}
+
+/// The wording of attempt `k` of a pair: mutate or recombine what landed, else a fresh
+/// draw from the next family in the pair's own rotation; never one the pair tried.
+fn next(seed: u64, pair: &str, k: usize, families: &[String], pool: &[Wording], tried: &[&Wording]) -> (Wording, How) {
+    let key = |purpose: &str| format!("pruefstand-adaptive/1:{seed}:{pair}:{k}:{purpose}");
+    let fresh = |salt: usize| {
+        let start = family::pick(&key("rotation"), families.len());
+        let name = &families[(start + k + salt) % families.len()];
+        let f = family::family(name).expect("plan checked the family");
+        let mut choices: Choices = [0; 5];
+        for (i, options) in f.slots().iter().enumerate() {
+            choices[i] = family::pick(&key(&format!("fresh:{salt}:{i}")), options.len());
+        }
+        Wording { family: name.clone(), choices }
+    };
+    let candidate = if pool.is_empty() {
+        (fresh(0), How::Fresh)
+    } else {
+        let parent = &pool[family::pick(&key("parent"), pool.len())];
+        let f = family::family(&parent.family).expect("pool holds grammar families");
+        let mates: Vec<&Wording> = pool.iter().filter(|w| w.family == parent.family && *w != parent).collect();
+        if !mates.is_empty() && family::pick(&key("mode"), 2) == 1 {
+            let mate = mates[family::pick(&key("mate"), mates.len())];
+            let mut choices = parent.choices;
+            for (i, choice) in choices.iter_mut().enumerate() {
+                if family::pick(&key(&format!("cross:{i}")), 2) == 1 {
+                    *choice = mate.choices[i];
+                }
+            }
+            (Wording { family: parent.family.clone(), choices }, How::Recombined)
+        } else {
+            let slot = family::pick(&key("slot"), 5);
+            let mut choices = parent.choices;
+            choices[slot] = family::pick(&key("option"), f.slots()[slot].len());
+            (Wording { family: parent.family.clone(), choices }, How::Mutated)
+        }
+    };
+    if !tried.contains(&&candidate.0) {
+        return candidate;
+    }
+    // Already tried here: the first fresh draw the pair has not seen.
+    (0..families.len() * 4).map(fresh).find(|w| !tried.contains(&w)).map_or(candidate, |w| (w, How::Fresh))
+}
+
+/// Runs the search round by round through the gym, one `settings` per round, and
+/// writes the log after each; a resumed run skips recorded attempts.
+pub fn search(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    plan: &Plan,
+    inventory: &Inventory,
+    seed: u64,
+    rounds: Vec<GymSettings>,
+) -> anyhow::Result<SearchLog> {
+    let adaptive = plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
+    let mut log = SearchLog::new(seed, adaptive);
+    let dir = RunDir::new(run_dir.path.join(DIR));
+    std::fs::create_dir_all(&dir.path)?;
+    let mut cases: Vec<Case> = Vec::new();
+    for (k, mut settings) in rounds.into_iter().enumerate().take(adaptive.attempts) {
+        let round = log.plan_round(k);
+        if round.is_empty() {
+            break;
+        }
+        tracing::info!("adaptive attacker: attempt {} on {} unbroken pairs", k + 1, round.len());
+        cases.extend(round.into_iter().map(|(case, _)| case));
+        // Every attempt so far: the gym skips the recorded ones but checks their names.
+        let attempts = log.pairs.iter().flat_map(|p| &p.attempts);
+        settings.wording.extend(attempts.map(|a| (a.case_id.clone(), a.wording.clone())));
+        let sub = Plan {
+            name: format!("{}-adaptive", plan.name),
+            cases: cases.clone(),
+            hash: plan.hash.clone(),
+            ..plan.clone()
+        };
+        let executed = gym::execute(pyenv, &dir, &sub, inventory, settings)?;
+        let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
+        log.record(&outcomes);
+        util::write_json_atomic(&run_dir.file(LOG_FILE), &log)?;
+    }
+    Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adaptive(attempts: usize) -> Adaptive {
+        let pairs = (0..6).map(|u| ("banking".to_string(), format!("user_task_{u}"), "injection_task_0".to_string()));
+        Adaptive { attempts, families: vec!["roleplay".into(), "authority".into()], pairs: pairs.collect() }
+    }
+
+    /// A model that falls for roleplay worded with its second framing only.
+    fn respond(w: &Wording) -> Option<bool> {
+        Some(w.family == "roleplay" && w.choices[0] == 1)
+    }
+
+    fn play(seed: u64, attempts: usize) -> SearchLog {
+        let mut log = SearchLog::new(seed, &adaptive(attempts));
+        for k in 0..attempts {
+            let outcomes = log.plan_round(k).into_iter().map(|(c, w)| (c.id, respond(&w))).collect();
+            log.record(&outcomes);
+        }
+        log
+    }
+
+    #[test]
+    fn the_search_is_seeded_keeps_what_lands_and_stops_on_broken_pairs() {
+        let log = play(3, 6);
+        assert_eq!(log, play(3, 6), "replays exactly");
+        assert_ne!(log, play(4, 6), "another seed, another search");
+        for pair in &log.pairs {
+            let first_landed = pair.attempts.iter().position(|a| a.landed == Some(true));
+            if let Some(i) = first_landed {
+                assert_eq!(i + 1, pair.attempts.len(), "no attempt after a pair broke");
+            }
+            assert!(pair.attempts.len() <= 6);
+            let mut seen: Vec<&Wording> = pair.attempts.iter().map(|a| &a.wording).collect();
+            seen.dedup();
+            assert_eq!(seen.len(), pair.attempts.len(), "never the same wording twice on a pair");
+        }
+        let (broken, pairs) = log.broken();
+        assert_eq!(pairs, 6);
+        assert!(broken >= 4, "the search finds the weak spot: {broken} of 6");
+        assert!(log.pairs.iter().flat_map(|p| &p.attempts).any(|a| a.how != How::Fresh), "it builds on what landed");
+        // One attempt: fresh draws only, fewer broken.
+        assert!(play(3, 1).broken().0 < broken);
+    }
+}
