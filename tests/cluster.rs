@@ -38,7 +38,10 @@ fn four_shards_give_the_cases_and_verdict_of_a_single_host_run() {
     let _daemon = bench.cluster_daemon();
     let clustered = bench.run(&["start", "demo-kandidat", "--plan", "schnell", "--wait"]).code(0);
     let merged = clustered.run_dir();
-    let single = bench.run(&["run", "demo-kandidat", "--plan", "schnell"]).code(0).run_dir();
+    // schnell words its attacks per run, from a seed the run id (the folder's name)
+    // fixes: the single-host run takes the same name, so the same wording.
+    let single = bench.path().join("single").join(merged.file_name().unwrap());
+    bench.run(&["run", "demo-kandidat", "--plan", "schnell", "--out", single.to_str().unwrap()]).code(0);
     assert_eq!(results(&merged), results(&single), "the merged cases.jsonl is the single-host one, case by case");
     let judgement = |dir: &Path| json(&dir.join("judgement.json"));
     assert_eq!(judgement(&merged)["verdict"], judgement(&single)["verdict"]);
