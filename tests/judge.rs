@@ -166,7 +166,9 @@ fn judge_rejudges_stored_cases_and_refuses_damaged_ones() {
 #[test]
 fn the_r2_study_prints_false_approval_rates_within_the_promise() {
     let bench = Bench::new();
-    let run = bench.run(&["study", "--replicates", "300"]).ok();
+    // ρ 0.3: on the 999 cases R2 judges of voll, clusters are small enough that the
+    // unadjusted bound errs only 6 % at ρ 0.1 (docs/statistics.md); at 0.3 it errs 18 %.
+    let run = bench.run(&["study", "--replicates", "300", "--rho", "0.3"]).ok();
     let rate = |label: &str| -> f64 {
         let line = run.stdout.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("{label}: {}", run.stdout));
         line.rsplit_once(':').unwrap().1.trim().trim_end_matches('%').trim().parse::<f64>().unwrap() / 100.0
