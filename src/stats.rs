@@ -115,15 +115,15 @@ impl Adjusted {
         cp_upper(self.rate() * n, n, alpha)
     }
     /// One-sided normal margin for the spread of the second grouping's clusters
-    /// (crossed clustering: the injection tasks), z₁₋α·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N):
+    /// (crossed clustering: the injection tasks), z₁₋α·√(p(1 − p)·ρ̂_B·(m_wB − 1)/N):
     /// the part of the estimate's variance that more first-grouping clusters (user
-    /// tasks) do not shrink. 0 without a second grouping.
-    pub fn margin_b(&self, alpha: f64) -> f64 {
+    /// tasks) do not shrink, its binomial part taken at `p` (a test passes the
+    /// threshold it tests). 0 without a second grouping.
+    pub fn margin_b(&self, alpha: f64, p: f64) -> f64 {
         let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
         if self.n == 0 || rho <= 0.0 {
             return 0.0;
         }
-        let p = self.rate();
         let z = Normal::standard().inverse_cdf(1.0 - alpha);
         z * (p * (1.0 - p) * rho * (m_w - 1.0).max(0.0) / self.n as f64).sqrt()
     }
@@ -690,7 +690,7 @@ mod tests {
         assert!(betting_rejects_at(&xs, hi - 0.01, Side::Below, 0.05).is_none());
     }
 
-    /// The injection-task margin: z·√(p̂(1 − p̂)·ρ̂_B·(m_wB − 1)/N) by hand; none without
+    /// The injection-task margin: z·√(p(1 − p)·ρ̂_B·(m_wB − 1)/N) by hand; none without
     /// a second grouping or without its correlation.
     #[test]
     fn margin_b_by_hand() {
@@ -708,8 +708,10 @@ mod tests {
             m_w_b: Some(41.0),
         };
         let z = Normal::standard().inverse_cdf(0.99);
-        close(base.margin_b(0.01), z * (0.1f64 * 0.9 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
-        assert_eq!(Adjusted { rho_b: None, m_w_b: None, ..base }.margin_b(0.01), 0.0);
-        assert_eq!(Adjusted { rho_b: Some(0.0), ..base }.margin_b(0.01), 0.0);
+        close(base.margin_b(0.01, 0.1), z * (0.1f64 * 0.9 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
+        // Taken at another proportion (the threshold), not at p̂ = 0.1.
+        close(base.margin_b(0.01, 0.3), z * (0.3f64 * 0.7 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
+        assert_eq!(Adjusted { rho_b: None, m_w_b: None, ..base }.margin_b(0.01, 0.1), 0.0);
+        assert_eq!(Adjusted { rho_b: Some(0.0), ..base }.margin_b(0.01, 0.1), 0.0);
     }
 }
