@@ -117,8 +117,8 @@ impl Adjusted {
     /// One-sided normal margin for the spread of the second grouping's clusters
     /// (crossed clustering: the injection tasks), z₁₋α·√(p(1 − p)·ρ̂_B·(m_wB − 1)/N):
     /// the part of the estimate's variance that more first-grouping clusters (user
-    /// tasks) do not shrink, its binomial part taken at `p` (a test passes the
-    /// threshold it tests). 0 without a second grouping.
+    /// tasks) do not shrink, its binomial part taken at `p` (`judge::early::spread_at`
+    /// says where). 0 without a second grouping.
     pub fn margin_b(&self, alpha: f64, p: f64) -> f64 {
         let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
         if self.n == 0 || rho <= 0.0 {

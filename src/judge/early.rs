@@ -79,8 +79,8 @@ pub fn goals_after(user_tasks: usize) -> usize {
 /// injection tasks' spread (`stats::Adjusted::margin_b`), which the betting test, valid
 /// given the plan's injection tasks, does not see. The margin grows with the injection
 /// tasks' correlation ρ̂_V, which a version that passes (few landed injections) rarely
-/// shows, so the pass side spends more on betting; on the fail side 0.7–0.9 ran the same
-/// share of `voll` within a point, and 0.8 of the old margin measured best.
+/// shows, so the pass side spends more on betting; on the fail side 0.7, 0.8 and 0.9 ran
+/// within a point of each other's share of `voll`.
 pub fn betting_share(status: RuleStatus) -> f64 {
     match status {
         RuleStatus::Pass => 0.9,
@@ -451,7 +451,7 @@ mod tests {
 
     #[test]
     fn the_margin_spread_is_the_smaller_of_the_estimates_and_the_thresholds() {
-        // ASR: beyond the threshold (away from ½) the threshold's; below it p̂'s.
+        // ASR: above the threshold (nearer ½) the threshold's; below it p̂'s.
         assert_eq!(spread_at(0.30, 0.10), 0.10);
         assert_eq!(spread_at(0.02, 0.10), 0.02);
         // Utility: whichever is further from ½.
