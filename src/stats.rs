@@ -117,13 +117,14 @@ impl Adjusted {
     /// One-sided normal margin for the spread of the second grouping's clusters
     /// (crossed clustering: the injection tasks), z₁₋α·√(p(1 − p)·ρ̂_B·(m_wB − 1)/N):
     /// the part of the estimate's variance that more first-grouping clusters (user
-    /// tasks) do not shrink, its binomial part taken at `p` (`judge::early::spread_at`
-    /// says where). 0 without a second grouping.
-    pub fn margin_b(&self, alpha: f64, p: f64) -> f64 {
+    /// tasks) do not shrink, for a test against `threshold`, its binomial part taken
+    /// where [`spread_at`] says. 0 without a second grouping.
+    pub fn margin_b(&self, alpha: f64, threshold: f64) -> f64 {
         let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
         if self.n == 0 || rho <= 0.0 {
             return 0.0;
         }
+        let p = spread_at(self.rate(), threshold);
         let z = Normal::standard().inverse_cdf(1.0 - alpha);
         z * (p * (1.0 - p) * rho * (m_w - 1.0).max(0.0) / self.n as f64).sqrt()
     }
@@ -131,6 +132,19 @@ impl Adjusted {
         let n = self.n_eff_at(alpha);
         cp_lower(self.rate() * n, n, alpha)
     }
+}
+
+/// The proportion at which [`Adjusted::margin_b`] takes its binomial part p(1 − p):
+/// of the estimate p̂ and the threshold, the one further from ½, whose spread is the
+/// smaller. A wrong decision needs the truth at the threshold: a version measured at ASR
+/// 0.30 against a threshold of 0.10, brought back to the threshold with the same
+/// correlation, would spread less than it shows, so it is not charged for more. A
+/// version measured further from ½ than the threshold (ASR 0.01) keeps its own spread:
+/// carried to the threshold it would be charged for landings it never showed (measured:
+/// up to 5 points more of `voll` at ASR 0.01; the errors at the threshold the same
+/// either way).
+pub fn spread_at(estimate: f64, threshold: f64) -> f64 {
+    if (estimate - 0.5).abs() >= (threshold - 0.5).abs() { estimate } else { threshold }
 }
 
 /// (z₁₋α / t₁₋α,df)²: how much a t quantile with `df` degrees of freedom shrinks an
@@ -690,6 +704,21 @@ mod tests {
         assert!(betting_rejects_at(&xs, hi - 0.01, Side::Below, 0.05).is_none());
     }
 
+    #[test]
+    fn the_margin_spread_is_the_smaller_of_the_estimates_and_the_thresholds() {
+        // ASR: above the threshold (nearer ½) the threshold's; below it p̂'s.
+        assert_eq!(spread_at(0.30, 0.10), 0.10);
+        assert_eq!(spread_at(0.02, 0.10), 0.02);
+        // Utility: whichever is further from ½.
+        assert_eq!(spread_at(0.80, 0.50), 0.80);
+        assert_eq!(spread_at(0.45, 0.40), 0.40);
+        assert_eq!(spread_at(0.30, 0.40), 0.30);
+        for (p, t) in [(0.3, 0.1), (0.02, 0.1), (0.8, 0.5), (0.45, 0.4)] {
+            let at = spread_at(p, t);
+            assert!(at * (1.0 - at) <= p * (1.0 - p) + 1e-12 && at * (1.0 - at) <= t * (1.0 - t) + 1e-12);
+        }
+    }
+
     /// The injection-task margin: z·√(p(1 − p)·ρ̂_B·(m_wB − 1)/N) by hand; none without
     /// a second grouping or without its correlation.
     #[test]
@@ -709,8 +738,10 @@ mod tests {
         };
         let z = Normal::standard().inverse_cdf(0.99);
         close(base.margin_b(0.01, 0.1), z * (0.1f64 * 0.9 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
-        // Taken at another proportion (the threshold), not at p̂ = 0.1.
-        close(base.margin_b(0.01, 0.3), z * (0.3f64 * 0.7 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
+        // Against a threshold nearer ½ than p̂ = 0.1 the spread stays p̂'s; against one
+        // further from ½ it is the threshold's.
+        close(base.margin_b(0.01, 0.3), base.margin_b(0.01, 0.1), 1e-12);
+        close(base.margin_b(0.01, 0.05), z * (0.05f64 * 0.95 * 0.05 * 40.0 / 1000.0).sqrt(), 1e-12);
         assert_eq!(Adjusted { rho_b: None, m_w_b: None, ..base }.margin_b(0.01, 0.1), 0.0);
         assert_eq!(Adjusted { rho_b: Some(0.0), ..base }.margin_b(0.01, 0.1), 0.0);
     }

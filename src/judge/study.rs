@@ -492,8 +492,7 @@ pub fn early_stop(
                 let margin = |k: usize, _: RuleStatus, alpha: f64| {
                     let run = run_upto(k);
                     let y_run: Vec<bool> = run.iter().map(|&i| y[i]).collect();
-                    let adjusted = Design::new(run.iter().map(|&i| keys[i])).crossed(&y_run);
-                    adjusted.margin_b(alpha, early::spread_at(adjusted.rate(), t.asr_max))
+                    Design::new(run.iter().map(|&i| keys[i])).crossed(&y_run).margin_b(alpha, t.asr_max)
                 };
                 let decision =
                     early::first_decision(&means, &means, t.asr_max, Goal::Below, t.alpha_pass, t.alpha_fail, margin);
