@@ -170,7 +170,7 @@ fn next(seed: u64, pair: &str, k: usize, families: &[String], pool: &[Wording], 
 
 /// Runs the search round by round through the gym, one `settings` per round, and
 /// writes the log after each; a resumed run skips recorded attempts.
-pub fn search(
+pub async fn search(
     pyenv: &PyEnv,
     run_dir: &RunDir,
     plan: &Plan,
@@ -199,7 +199,7 @@ pub fn search(
             hash: plan.hash.clone(),
             ..plan.clone()
         };
-        let executed = gym::execute(pyenv, &dir, &sub, inventory, settings)?;
+        let executed = gym::execute(pyenv, &dir, &sub, inventory, settings).await?;
         let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
         log.record(&outcomes);
         util::write_json_atomic(&run_dir.file(LOG_FILE), &log)?;

@@ -9,14 +9,9 @@
 //! `gpu = "none"` (the simulator's image) uses no GPU either. Not here: the guards'
 //! view of foreign GPU users (`guard`), the run directory's own lock (`rundir`).
 
-use std::time::Duration;
-
 use crate::root::Root;
-use crate::rundir::RunLock;
+use crate::rundir::{LockError, RunLock};
 use crate::spec::{Backend, GpuMode, Version};
-
-/// How often a waiter looks at the lock again.
-pub const RETRY: Duration = Duration::from_millis(500);
 
 /// Whether running `version` starts a model server on the GPU: its own or its
 /// reference's (made first when missing).
@@ -36,7 +31,7 @@ fn uses_gpu(version: &Version) -> bool {
 }
 
 /// Takes the bench lock now as `holder`, or says who holds it.
-pub fn try_take(root: &Root, holder: &str) -> anyhow::Result<Result<RunLock, String>> {
+pub fn try_take(root: &Root, holder: &str) -> Result<RunLock, LockError> {
     RunLock::try_take_as(&root.lock_file("gpu")?, holder)
 }
 
@@ -80,10 +75,10 @@ mod tests {
     #[test]
     fn the_second_taker_learns_the_first_ones_name() {
         let (_dir, root) = root_with(&[]);
-        let held = try_take(&root, "job 7 (kandidat on voll)").unwrap().unwrap();
-        let Err(holder) = try_take(&root, "someone else").unwrap() else { panic!("the lock is held") };
+        let held = try_take(&root, "job 7 (kandidat on voll)").unwrap();
+        let Err(LockError::Busy { holder }) = try_take(&root, "someone else") else { panic!("the lock is held") };
         assert!(holder.starts_with("job 7 (kandidat on voll) since "), "{holder}");
         drop(held);
-        assert!(try_take(&root, "someone else").unwrap().is_ok(), "released on drop");
+        assert!(try_take(&root, "someone else").is_ok(), "released on drop");
     }
 }

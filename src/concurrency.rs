@@ -8,15 +8,16 @@
 //! Also here: what a run observed, stored per served model under the bench root
 //! (`state/capacity/`), so the next run of that model starts near where the last one
 //! settled. Not here: running cases (`gym`) or recording the run (`run`). The decision
-//! rules are pure functions; the one thread that applies them is [`Observer`].
+//! rules are pure functions; the one task that applies them, on the runtime, is
+//! [`Observer`]: it reads `/metrics` with reqwest and writes commands to the gym's stdin.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::record::{ConcurrencyFacts, ConcurrencyMode};
 use crate::util;
@@ -83,25 +84,14 @@ pub fn metrics_url(base_url: &str) -> Option<String> {
     Some(format!("http://{authority}/metrics"))
 }
 
-/// A GET over plain HTTP/1.0 (the body), enough for a local `/metrics`.
-fn http_get(url: &str, timeout: Duration) -> anyhow::Result<String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| anyhow::anyhow!("not a plain http URL: {url}"))?;
-    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&authority)?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{authority} resolves to nothing"))?;
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: text/plain\r\n\r\n")?;
-    let mut response = String::new();
-    stream.take(16 << 20).read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).unwrap_or_default();
-    if status != "200" {
-        anyhow::bail!("{url} answered {}", head.lines().next().unwrap_or_default());
+/// `/metrics` as text; a status other than 200 is an error naming it.
+async fn http_get(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+    let response = http.get(url).header("accept", "text/plain").send().await?;
+    let status = response.status();
+    if !status.is_success() {
+        anyhow::bail!("{url} answered {status}");
     }
-    Ok(body.to_string())
+    Ok(response.text().await?)
 }
 
 // --- the decisions ------------------------------------------------------------------
@@ -200,12 +190,16 @@ impl Live {
     }
 }
 
-/// The thread that reads the server's gauges every quarter second, decides every half
+/// The task that reads the server's gauges every quarter second, decides every half
 /// second, and sends `{"command":"concurrency","target":N}` to the gym.
 pub struct Observer {
     live: Arc<Mutex<Live>>,
-    thread: std::thread::JoinHandle<ConcurrencyFacts>,
+    task: tokio::task::JoinHandle<ConcurrencyFacts>,
 }
+
+/// Where the observer's commands go: the gym's stdin (None: observe only, as with
+/// `--jobs`).
+pub type Commands = Option<Box<dyn AsyncWrite + Send + Unpin>>;
 
 const TICK: Duration = Duration::from_millis(250);
 const TICKS_PER_DECISION: usize = 2;
@@ -213,32 +207,27 @@ const TICKS_PER_DECISION: usize = 2;
 const LATENCY_WINDOW: usize = 4;
 
 impl Observer {
-    /// `commands` is the gym's stdin (None: observe only, as with `--jobs`).
-    pub fn spawn(
-        concurrency: &Concurrency,
-        metrics: Option<String>,
-        commands: Option<Box<dyn Write + Send>>,
-        to_start: usize,
-    ) -> Observer {
+    /// Starts the task on the current runtime.
+    pub fn spawn(concurrency: &Concurrency, metrics: Option<String>, commands: Commands, to_start: usize) -> Observer {
         let live = Arc::new(Mutex::new(Live { to_start, ..Live::default() }));
         let state = State::new(concurrency, metrics, commands);
         let shared = live.clone();
-        let thread = std::thread::spawn(move || state.run(&shared));
-        Observer { live, thread }
+        let task = tokio::spawn(async move { state.run(&shared).await });
+        Observer { live, task }
     }
 
     pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Ends the thread; what it saw.
-    pub fn finish(self) -> ConcurrencyFacts {
+    /// Ends the task; what it saw.
+    pub async fn finish(self) -> ConcurrencyFacts {
         let peak = {
             let mut live = self.live();
             live.finished = true;
             live.peak_in_flight
         };
-        let mut facts = self.thread.join().unwrap_or_default();
+        let mut facts = self.task.await.unwrap_or_default();
         facts.peak_in_flight = peak;
         facts
     }
@@ -247,7 +236,8 @@ impl Observer {
 struct State {
     auto: bool,
     metrics: Option<String>,
-    commands: Option<Box<dyn Write + Send>>,
+    http: reqwest::Client,
+    commands: Commands,
     facts: ConcurrencyFacts,
     target: usize,
     slow_start: bool,
@@ -259,7 +249,7 @@ struct State {
 }
 
 impl State {
-    fn new(concurrency: &Concurrency, metrics: Option<String>, commands: Option<Box<dyn Write + Send>>) -> State {
+    fn new(concurrency: &Concurrency, metrics: Option<String>, commands: Commands) -> State {
         let auto = matches!(concurrency, Concurrency::Auto { .. });
         let mode = match (auto, &metrics) {
             (false, _) => ConcurrencyMode::Fixed,
@@ -273,9 +263,12 @@ impl State {
             max_in_flight: concurrency.ceiling(),
             ..ConcurrencyFacts::default()
         };
+        // A local page: a reading that takes longer than this is a failed one.
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
         State {
             auto,
             metrics,
+            http,
             commands,
             facts,
             target: concurrency.start(),
@@ -288,10 +281,12 @@ impl State {
         }
     }
 
-    fn run(mut self, live: &Mutex<Live>) -> ConcurrencyFacts {
+    async fn run(mut self, live: &Mutex<Live>) -> ConcurrencyFacts {
         let mut ticks = 0usize;
+        let mut clock = tokio::time::interval(TICK);
+        clock.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let started = Instant::now();
+            clock.tick().await;
             let (in_flight, to_start, finished, per_call) = {
                 let mut live = live.lock().unwrap_or_else(|e| e.into_inner());
                 self.facts.peak_in_flight = live.peak_in_flight;
@@ -301,13 +296,12 @@ impl State {
                 break;
             }
             self.latencies.extend(per_call);
-            self.sample();
+            self.sample().await;
             ticks += 1;
             if self.auto && ticks.is_multiple_of(TICKS_PER_DECISION) && to_start > 0 {
-                self.decide(in_flight);
+                self.decide(in_flight).await;
                 self.history.push(self.target);
             }
-            std::thread::sleep(TICK.saturating_sub(started.elapsed()));
         }
         if self.auto {
             self.facts.settled = settled(&self.history).unwrap_or(self.target);
@@ -315,9 +309,9 @@ impl State {
         self.facts
     }
 
-    fn sample(&mut self) {
+    async fn sample(&mut self) {
         let Some(url) = &self.metrics else { return };
-        match http_get(url, Duration::from_secs(2)).map(|text| parse_metrics(&text)) {
+        match http_get(&self.http, url).await.map(|text| parse_metrics(&text)) {
             Ok(Some(load)) => {
                 self.metrics_failures = 0;
                 let peak = |old: Option<u64>, v: f64| Some(old.unwrap_or(0).max(v.round() as u64));
@@ -343,7 +337,7 @@ impl State {
         }
     }
 
-    fn decide(&mut self, in_flight: usize) {
+    async fn decide(&mut self, in_flight: usize) {
         let ceiling = self.facts.max_in_flight;
         let (next, slow_start) = if self.metrics.is_some() {
             if self.samples.is_empty() {
@@ -370,14 +364,19 @@ impl State {
         if next != self.target {
             tracing::debug!("cases in flight: {} → {next}", self.target);
             self.target = next;
-            self.send(next);
+            self.send(next).await;
         }
     }
 
-    fn send(&mut self, target: usize) {
+    async fn send(&mut self, target: usize) {
         let Some(commands) = &mut self.commands else { return };
-        let line = serde_json::json!({ "command": "concurrency", "target": target }).to_string();
-        if writeln!(commands, "{line}").and_then(|()| commands.flush()).is_err() {
+        let mut line = serde_json::json!({ "command": "concurrency", "target": target }).to_string();
+        line.push('\n');
+        let sent = async {
+            commands.write_all(line.as_bytes()).await?;
+            commands.flush().await
+        };
+        if sent.await.is_err() {
             self.commands = None; // the gym has ended
         }
     }
@@ -513,9 +512,10 @@ mod tests {
         assert_eq!(load_capacity(dir.path(), "org/model-8b"), None);
     }
 
-    #[test]
-    fn the_observer_reads_a_served_metrics_page_and_steers_the_gym() {
-        use std::io::BufRead;
+    #[tokio::test]
+    async fn the_observer_reads_a_served_metrics_page_and_steers_the_gym() {
+        use std::io::{BufRead, Write};
+        use tokio::io::AsyncBufReadExt;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/metrics", listener.local_addr().unwrap());
         std::thread::spawn(move || {
@@ -529,14 +529,14 @@ mod tests {
                 let _ = write!(&stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
             }
         });
-        let (reader, writer) = std::io::pipe().unwrap();
+        let (reader, writer) = tokio::io::duplex(4096);
         let observer =
             Observer::spawn(&Concurrency::Auto { start: 4, ceiling: 64 }, Some(url), Some(Box::new(writer)), 100);
         observer.live().set_in_flight(4);
-        let mut lines = std::io::BufReader::new(reader).lines();
-        let first = lines.next().unwrap().unwrap();
+        let mut lines = tokio::io::BufReader::new(reader).lines();
+        let first = lines.next_line().await.unwrap().unwrap();
         assert_eq!(first, r#"{"command":"concurrency","target":8}"#);
-        let facts = observer.finish();
+        let facts = observer.finish().await;
         assert_eq!(
             (facts.mode, facts.peak_running, facts.peak_waiting),
             (ConcurrencyMode::ServerGauges, Some(4), Some(0))

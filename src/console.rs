@@ -301,14 +301,6 @@ impl Progress {
         }
     }
 
-    pub fn done(&self) -> usize {
-        self.done
-    }
-
-    pub fn total(&self) -> usize {
-        self.total
-    }
-
     /// The plan's size and what is already recorded (a resumed run).
     /// `jobs`: cases in flight to begin with, on `processes` gym workers.
     pub fn start(&mut self, total: usize, to_run: usize, jobs: usize, processes: usize) {
@@ -410,9 +402,9 @@ mod tests {
     fn plain_progress_counts_a_resumed_run_from_what_is_recorded() {
         let mut progress = Progress::new(0); // cargo test: stderr is no terminal
         progress.start(20, 5, 4, 2);
-        assert_eq!((progress.done(), progress.total()), (15, 20));
+        assert_eq!((progress.done, progress.total), (15, 20));
         progress.case_done(true);
         progress.case_done(false);
-        assert_eq!((progress.done(), progress.errors), (17, 1));
+        assert_eq!((progress.done, progress.errors), (17, 1));
     }
 }

@@ -163,7 +163,7 @@ fn main() -> ExitCode {
 async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Run(args) => cmd::run::main(root, args).await,
-        Command::Gym(args) => cmd::gym::main(root, args),
+        Command::Gym(args) => cmd::gym::main(root, args).await,
         Command::Judge(args) => cmd::judge::main(root, args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,

@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::case::{Case, CaseRecord};
 use crate::util;
 
+/// The gym's environment check (`GymEvent::EnvironmentCheck`).
+const ENVIRONMENT_CHECK_FILE: &str = "environment_check.json";
+
+#[derive(Clone, Debug)]
 pub struct RunDir {
     pub path: PathBuf,
 }
@@ -58,15 +62,35 @@ pub struct Claimed {
 /// runs on a plan), with who holds it written inside for the next one to name.
 pub struct RunLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
 
+/// Why a lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another process holds it (as written inside the lock file).
+    #[error("held by {holder}")]
+    Busy { holder: String },
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
+
+/// How a wait for a lock ended.
+pub enum Waited<S> {
+    Taken(RunLock),
+    /// The caller's stop came first, with its value.
+    Stopped(S),
+}
+
+/// How often a waiter looks at a lock again.
+pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl RunLock {
     /// Takes the lock on `path` now, or says who holds it.
-    pub fn try_take(path: &std::path::Path) -> anyhow::Result<Result<RunLock, String>> {
+    pub fn try_take(path: &std::path::Path) -> Result<RunLock, LockError> {
         let holder = format!("pid {} ({})", std::process::id(), std::env::args().collect::<Vec<_>>().join(" "));
         RunLock::try_take_as(path, &holder)
     }
 
     /// [`RunLock::try_take`], naming the holder as `holder` (and since when).
-    pub fn try_take_as(path: &std::path::Path, holder: &str) -> anyhow::Result<Result<RunLock, String>> {
+    pub fn try_take_as(path: &std::path::Path, holder: &str) -> Result<RunLock, LockError> {
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -77,15 +101,38 @@ impl RunLock {
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
                 let holder = format!("{holder} since {}", chrono::Utc::now().format("%Y-%m-%d %H:%M:%S UTC"));
-                lock.set_len(0)?;
-                lock.write_all(holder.as_bytes())?;
-                Ok(Ok(RunLock(lock)))
+                let written = lock.set_len(0).and_then(|()| lock.write_all(holder.as_bytes()));
+                written.with_context(|| format!("writing {}", path.display()))?;
+                Ok(RunLock(lock))
             }
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
                 let holder = std::fs::read_to_string(path).unwrap_or_default();
-                Ok(Err(if holder.trim().is_empty() { "another process".to_string() } else { holder }))
+                let holder = if holder.trim().is_empty() { "another process".to_string() } else { holder };
+                Err(LockError::Busy { holder })
             }
-            Err((_, errno)) => Err(errno).with_context(|| format!("locking {}", path.display())),
+            Err((_, errno)) => Err(anyhow::Error::from(errno).context(format!("locking {}", path.display())).into()),
+        }
+    }
+
+    /// Takes a lock, waiting while another process holds it: `take` now and every
+    /// [`LOCK_RETRY`], `waiting(holder)` each time it is busy, until taken or `stop`
+    /// resolves. The one waiter of the bench lock and the reference locks.
+    pub async fn wait<S>(
+        mut take: impl FnMut() -> Result<RunLock, LockError>,
+        mut waiting: impl FnMut(&str),
+        stop: impl std::future::Future<Output = S>,
+    ) -> anyhow::Result<Waited<S>> {
+        tokio::pin!(stop);
+        loop {
+            match take() {
+                Ok(lock) => return Ok(Waited::Taken(lock)),
+                Err(LockError::Busy { holder }) => waiting(&holder),
+                Err(LockError::Failed(err)) => return Err(err),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(LOCK_RETRY) => {}
+                stopped = &mut stop => return Ok(Waited::Stopped(stopped)),
+            }
         }
     }
 }
@@ -162,9 +209,10 @@ impl RunDir {
                 );
             }
         }
-        let lock = match RunLock::try_take(&dir.file("run.lock"))? {
+        let lock = match RunLock::try_take(&dir.file("run.lock")) {
             Ok(lock) => lock,
-            Err(holder) => bail!("{shown} is in use by another run: {holder}"),
+            Err(LockError::Busy { holder }) => bail!("{shown} is in use by another run: {holder}"),
+            Err(LockError::Failed(err)) => return Err(err),
         };
         let stored = match std::fs::read(&identity_path) {
             Ok(bytes) => Some(
@@ -295,6 +343,29 @@ impl RunDir {
         let digest = format!("{}  cases.jsonl\n", util::sha256_hex(&text));
         util::write_atomic(&self.cases_digest_file(), digest.as_bytes())?;
         Ok(records)
+    }
+
+    /// `environment_check.json`: the gym's check that each injection task reaches its
+    /// goal in its environment.
+    pub fn write_environment_checks(&self, checks: &[crate::record::EnvCheck]) -> anyhow::Result<()> {
+        util::write_json_atomic(&self.file(ENVIRONMENT_CHECK_FILE), &serde_json::json!({ "checks": checks }))
+    }
+
+    /// The environment check a pass left (None: none written).
+    pub fn read_environment_checks(&self) -> anyhow::Result<Option<Vec<crate::record::EnvCheck>>> {
+        let path = self.file(ENVIRONMENT_CHECK_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+        };
+        #[derive(Deserialize)]
+        struct File {
+            checks: Vec<crate::record::EnvCheck>,
+        }
+        let file: File =
+            serde_json::from_str(&text).with_context(|| format!("{}: not an environment check", path.display()))?;
+        Ok(Some(file.checks))
     }
 
     /// `plan.json`: the cases this directory runs (its hash is checked by [`RunDir::claim`]).

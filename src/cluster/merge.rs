@@ -36,8 +36,9 @@ pub fn merge(
     run_dir.write_plan(&gym::plan_json(plan, inventory))?;
     let records = run_dir.compact_cases(&plan.cases, &stored)?;
     gym::write_telemetry(run_dir, plan, &records)?;
-    let checks = merge_checks(shard_dirs.iter().map(read_checks).collect::<anyhow::Result<Vec<_>>>()?);
-    util::write_json_atomic(&run_dir.file("environment_check.json"), &serde_json::json!({ "checks": checks }))?;
+    let per_shard = shard_dirs.iter().map(|dir| dir.read_environment_checks().map(Option::unwrap_or_default));
+    let checks = merge_checks(per_shard.collect::<anyhow::Result<Vec<_>>>()?);
+    run_dir.write_environment_checks(&checks)?;
     if let Some(version) = shard_dirs.iter().map(|d| d.file("version.json")).find(|p| p.is_file()) {
         std::fs::copy(&version, run_dir.file("version.json"))
             .with_context(|| format!("copying {}", version.display()))?;
@@ -167,14 +168,6 @@ fn merge_checks(per_shard: Vec<Vec<EnvCheck>>) -> Vec<EnvCheck> {
         }
     }
     merged.into_values().collect()
-}
-
-fn read_checks(dir: &RunDir) -> anyhow::Result<Vec<EnvCheck>> {
-    let path = dir.file("environment_check.json");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(Vec::new()) };
-    let value: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
-    serde_json::from_value(value["checks"].clone())
-        .with_context(|| format!("{}: not environment checks", path.display()))
 }
 
 fn read_json(path: &std::path::Path) -> Value {

@@ -28,11 +28,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
+use futures_util::future::BoxFuture;
+
+use crate::gym::Executed;
 use crate::queue::Queue;
 use crate::record::{GpuExclusivity, ModelServerFacts};
-use crate::run::{Finished, RunContext};
-use crate::rundir::RunDir;
-use crate::spec::Version;
+use crate::root::Root;
+use crate::run::{Executor, LocalGym, RunControl, RunRequest, Served, Session};
+use crate::rundir::Claimed;
 use crate::util;
 use slurm::{ArrayId, Slurm, TaskState};
 
@@ -171,65 +174,96 @@ fn standing(exit: Option<&ExitRecord>, task: Option<TaskState>) -> Standing {
     }
 }
 
-/// Runs `version` as job `job` on the cluster into `run_dir`: the reference first when
-/// R4 needs one (here, on the daemon's machine), then the array (submitted, or picked
-/// up after a restart), then the merge and the judgement.
-pub async fn run(
-    ctx: &RunContext<'_>,
-    version: &Version,
-    run_dir: PathBuf,
-    job: u64,
-    queue: &Queue,
-) -> anyhow::Result<Finished> {
-    let config = &ctx.root.config.cluster;
-    // The adaptive search keeps what lands across all of a plan's pairs: it is one
-    // process against one server, not something to cut into shards.
-    if ctx.plan.adaptive.is_some() {
-        bail!(
-            "plan {:?} has an [adaptive] section: the adaptive attacker runs on one host; run this version with              `pruefstand run` (or set [cluster] kind = \"local\")",
-            ctx.plan.name
-        );
+/// The executor a daemon job runs on: the local gym, or with `[cluster] kind =
+/// "slurm"` the job's Slurm array. The daemon does not branch on it.
+pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
+    if root.config.cluster.is_slurm() {
+        Ok(Box::new(SlurmArray { job, queue: Queue::open(root)? }))
+    } else {
+        Ok(Box::new(LocalGym))
     }
-    let slurm = Slurm::default();
-    let claimed = RunDir::claim(&run_dir, &ctx.identity(version))?;
-    let dir = &claimed.dir.path;
-    let reference = match version.reference() {
-        Some(name) => Some(ctx.reference_run(&Version::load(&ctx.root.versions(), name)?).await?),
-        None => None,
-    };
-    let mut state = match ArrayState::load(dir)? {
-        Some(state) => {
-            tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
-            state
+}
+
+/// Runs queued job `job` as a Slurm job array: submitted (or picked up after a
+/// restart), followed, merged into the claimed run directory. The reference, when R4
+/// needs one, was made on the daemon's machine before (`run`).
+pub struct SlurmArray {
+    pub job: u64,
+    pub queue: Queue,
+}
+
+impl Executor for SlurmArray {
+    fn check(&self, request: &RunRequest) -> anyhow::Result<()> {
+        // The adaptive search keeps what lands across all of a plan's pairs: it is one
+        // process against one server, not something to cut into shards.
+        if request.plan.adaptive.is_some() {
+            bail!(
+                "plan {:?} has an [adaptive] section: the adaptive attacker runs on one host; run this version with \
+                 `pruefstand run` (or set [cluster] kind = \"local\")",
+                request.plan.name
+            );
         }
-        None => {
-            let shards = shard::usable_shards(&ctx.plan.cases, config.shards);
-            let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
-            let root = ctx.root.path.canonicalize().context("resolving the bench root")?;
-            let shards_dir = dir.join("shards");
-            crate::queue::private_dir(&shards_dir)?;
-            let script = shards_dir.join("shard.sbatch");
-            util::write_atomic(&script, slurm::batch_script(&binary, &root, job, shards)?.as_bytes())?;
-            let indices: Vec<usize> = (0..shards).collect();
-            let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &shards_dir, &script);
-            let array = slurm.submit(&argv)?;
-            let now = chrono::Utc::now().to_rfc3339();
-            let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
-            let state =
-                ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
-            state.store(dir)?;
-            tracing::info!("submitted array {array}: {shards} shards of {} cases", ctx.plan.cases.len());
-            state
-        }
-    };
-    let failed = follow(ctx, &slurm, config, dir, job, queue, &mut state).await?;
-    let exits: BTreeMap<usize, ExitRecord> =
-        (0..state.shards).filter_map(|i| ExitRecord::load(&shard_dir(dir, i)).map(|e| (i, e))).collect();
-    let served = merge::merge(&claimed.dir, &ctx.plan, &ctx.inventory, &state, &exits, failed)?;
-    let executed = ctx.executed_from_run_dir(&claimed.dir)?;
-    let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-    let judgement = ctx.record_and_judge(&claimed.dir, version, reference_dir, served)?;
-    Ok(Finished { run_dir: RunDir::new(dir.clone()), executed, judgement, reference })
+        Ok(())
+    }
+
+    /// The model servers run on the shards' nodes; each shard checks its own.
+    fn runs_here(&self) -> bool {
+        false
+    }
+
+    fn execute<'a>(
+        &'a self,
+        session: &'a Session,
+        request: &'a RunRequest,
+        claimed: &'a Claimed,
+    ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>> {
+        Box::pin(self.run(session, request, claimed))
+    }
+}
+
+impl SlurmArray {
+    async fn run(
+        &self,
+        session: &Session,
+        request: &RunRequest,
+        claimed: &Claimed,
+    ) -> anyhow::Result<(Executed, Served)> {
+        let (config, job) = (&session.root.config.cluster, self.job);
+        let slurm = Slurm::default();
+        let dir = &claimed.dir.path;
+        let mut state = match ArrayState::load(dir)? {
+            Some(state) => {
+                tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
+                state
+            }
+            None => {
+                let shards = shard::usable_shards(&request.plan.cases, config.shards);
+                let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
+                let root = session.root.path.canonicalize().context("resolving the bench root")?;
+                let shards_dir = dir.join("shards");
+                crate::queue::private_dir(&shards_dir)?;
+                let script = shards_dir.join("shard.sbatch");
+                util::write_atomic(&script, slurm::batch_script(&binary, &root, job, shards)?.as_bytes())?;
+                let indices: Vec<usize> = (0..shards).collect();
+                let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &shards_dir, &script);
+                let array = slurm.submit(&argv)?;
+                let now = chrono::Utc::now().to_rfc3339();
+                let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
+                let state =
+                    ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
+                state.store(dir)?;
+                tracing::info!("submitted array {array}: {shards} shards of {} cases", request.plan.cases.len());
+                state
+            }
+        };
+        let follow = Follow { control: &session.control, slurm: &slurm, config, dir, job, queue: &self.queue };
+        let failed = follow.until_done(&mut state, request.plan.cases.len()).await?;
+        let exits: BTreeMap<usize, ExitRecord> =
+            (0..state.shards).filter_map(|i| ExitRecord::load(&shard_dir(dir, i)).map(|e| (i, e))).collect();
+        let served = merge::merge(&claimed.dir, &request.plan, &request.inventory, &state, &exits, failed)?;
+        let executed = crate::run::executed_from_run_dir(&claimed.dir, request)?;
+        Ok((executed, served))
+    }
 }
 
 /// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
@@ -245,89 +279,93 @@ pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
 /// Follows the array until every shard is done or one failed twice (its reason, for
 /// R1); a dead shard is submitted again once. A stop ends the wait: a cancelled job's
 /// arrays are cancelled, an interrupted daemon leaves them running for the next start.
-async fn follow(
-    ctx: &RunContext<'_>,
-    slurm: &Slurm,
-    config: &crate::settings::cluster::ClusterConfig,
-    dir: &Path,
+struct Follow<'a> {
+    control: &'a RunControl,
+    slurm: &'a Slurm,
+    config: &'a crate::settings::cluster::ClusterConfig,
+    dir: &'a Path,
     job: u64,
-    queue: &Queue,
-    state: &mut ArrayState,
-) -> anyhow::Result<Vec<String>> {
-    loop {
-        if ctx.control.is_stopped() {
-            if queue.load(job).is_ok_and(|j| j.cancel_requested) {
-                cancel_arrays(dir)?;
-                bail!("cancelled: array {:?} cancelled with scancel", state.arrays());
+    queue: &'a Queue,
+}
+
+impl Follow<'_> {
+    async fn until_done(&self, state: &mut ArrayState, planned: usize) -> anyhow::Result<Vec<String>> {
+        let Follow { control, slurm, config, dir, job, queue } = *self;
+        loop {
+            if control.is_stopped() {
+                if queue.load(job).is_ok_and(|j| j.cancel_requested) {
+                    cancel_arrays(dir)?;
+                    bail!("cancelled: array {:?} cancelled with scancel", state.arrays());
+                }
+                bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
             }
-            bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
-        }
-        let tasks = slurm.tasks(&state.arrays())?;
-        let submissions_before = state.submissions.len();
-        let mut counts = ShardCounts::default();
-        let mut failed = Vec::new();
-        for index in 0..state.shards {
-            let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
-            let exit = ExitRecord::load(&shard_dir(dir, index));
-            match standing(exit.as_ref(), task) {
-                Standing::Done => counts.done += 1,
-                Standing::Pending => counts.pending += 1,
-                Standing::Running => counts.running += 1,
-                Standing::Dead(why) => {
-                    let facts = state.latest(index).and_then(|array| slurm.task_facts(array, index));
-                    let why = match facts {
-                        Some(facts) => format!("{why}; Slurm: {facts}"),
-                        None => why,
-                    };
-                    if state.submissions_of(index) >= MAX_SUBMISSIONS {
-                        failed.push(format!("shard {index} failed twice: {why}"));
-                        continue;
+            let tasks = slurm.tasks(&state.arrays())?;
+            let submissions_before = state.submissions.len();
+            let mut counts = ShardCounts::default();
+            let mut failed = Vec::new();
+            for index in 0..state.shards {
+                let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
+                let exit = ExitRecord::load(&shard_dir(dir, index));
+                match standing(exit.as_ref(), task) {
+                    Standing::Done => counts.done += 1,
+                    Standing::Pending => counts.pending += 1,
+                    Standing::Running => counts.running += 1,
+                    Standing::Dead(why) => {
+                        let facts = state.latest(index).and_then(|array| slurm.task_facts(array, index));
+                        let why = match facts {
+                            Some(facts) => format!("{why}; Slurm: {facts}"),
+                            None => why,
+                        };
+                        if state.submissions_of(index) >= MAX_SUBMISSIONS {
+                            failed.push(format!("shard {index} failed twice: {why}"));
+                            continue;
+                        }
+                        let _ = std::fs::remove_file(ExitRecord::path(&shard_dir(dir, index)));
+                        let shards_dir = dir.join("shards");
+                        let argv = slurm::sbatch_argv(
+                            config,
+                            job,
+                            &index.to_string(),
+                            &shards_dir,
+                            &shards_dir.join("shard.sbatch"),
+                        );
+                        let array = slurm.submit(&argv)?;
+                        tracing::warn!(
+                            "shard {index} died ({why}); requeued once as array {array}, it resumes into its directory"
+                        );
+                        let at = chrono::Utc::now().to_rfc3339();
+                        state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
+                        counts.pending += 1;
                     }
-                    let _ = std::fs::remove_file(ExitRecord::path(&shard_dir(dir, index)));
-                    let shards_dir = dir.join("shards");
-                    let argv = slurm::sbatch_argv(
-                        config,
-                        job,
-                        &index.to_string(),
-                        &shards_dir,
-                        &shards_dir.join("shard.sbatch"),
-                    );
-                    let array = slurm.submit(&argv)?;
-                    tracing::warn!(
-                        "shard {index} died ({why}); requeued once as array {array}, it resumes into its directory"
-                    );
-                    let at = chrono::Utc::now().to_rfc3339();
-                    state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
-                    counts.pending += 1;
                 }
             }
-        }
-        // Cases recorded so far over every shard: the daemon's progress and ETA.
-        let recorded: usize = (0..state.shards)
-            .map(|i| {
-                std::fs::read(shard_dir(dir, i).join("cases.jsonl")).map_or(0, |b| crate::rundir::lines(&b).count())
-            })
-            .sum();
-        ctx.control.gym.report(dir, recorded.min(ctx.plan.cases.len()), ctx.plan.cases.len());
-        let submitted = state.submissions.len();
-        if state.counts != counts || submitted != submissions_before {
-            state.counts = counts;
-            state.store(dir)?;
-            tracing::info!("{}", counts.line());
-        }
-        if !failed.is_empty() {
-            // The others are of no use to a run that is invalid anyway.
-            if let Err(err) = cancel_arrays(dir) {
-                tracing::warn!("cancelling the rest of the array: {err:#}");
+            // Cases recorded so far over every shard: the daemon's progress and ETA.
+            let recorded: usize = (0..state.shards)
+                .map(|i| {
+                    std::fs::read(shard_dir(dir, i).join("cases.jsonl")).map_or(0, |b| crate::rundir::lines(&b).count())
+                })
+                .sum();
+            control.gym.report(dir, recorded.min(planned), planned);
+            let submitted = state.submissions.len();
+            if state.counts != counts || submitted != submissions_before {
+                state.counts = counts;
+                state.store(dir)?;
+                tracing::info!("{}", counts.line());
             }
-            return Ok(failed);
-        }
-        if counts.done == state.shards {
-            return Ok(Vec::new());
-        }
-        tokio::select! {
-            () = tokio::time::sleep(FOLLOW_INTERVAL) => {}
-            () = ctx.control.until_stopped() => {}
+            if !failed.is_empty() {
+                // The others are of no use to a run that is invalid anyway.
+                if let Err(err) = cancel_arrays(dir) {
+                    tracing::warn!("cancelling the rest of the array: {err:#}");
+                }
+                return Ok(failed);
+            }
+            if counts.done == state.shards {
+                return Ok(Vec::new());
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FOLLOW_INTERVAL) => {}
+                () = control.until_stopped() => {}
+            }
         }
     }
 }

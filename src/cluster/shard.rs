@@ -15,12 +15,10 @@ use anyhow::{Context, bail};
 
 use super::{ArrayState, ExitRecord};
 use crate::case::Case;
-use crate::container::Pool;
 use crate::guard::{Guards, OwnProcesses};
-use crate::pyenv::PyEnv;
 use crate::queue::Queue;
 use crate::root::Root;
-use crate::run::{self, Extent, RunContext, RunControl};
+use crate::run::{Extent, ReferencePolicy, RunControl, RunRequest, Session};
 use crate::rundir::RunDir;
 use crate::{benchlock, gym};
 
@@ -134,7 +132,6 @@ async fn execute(
     count: usize,
 ) -> anyhow::Result<Ran> {
     let (version, plan_path) = queue.materialise(root, job)?;
-    let pyenv = PyEnv::ensure()?;
     // The node's own guards: a foreign GPU user or a busy unit here delays this shard
     // only. (Slurm's GRES allocation keeps other jobs off the GPU; the bench lock is
     // per machine and stays the daemon's.)
@@ -158,26 +155,27 @@ async fn execute(
     };
     let watch = Arc::new(watch);
     let observed = watch.clone();
-    let control = RunControl::new(
+    let control = Arc::new(RunControl::new(
         Arc::new(gym::Control::new()),
         Some(Box::new(move || {
             observed.as_ref().as_ref().map_or(crate::record::GpuExclusivity::NotObserved, |w| {
                 w.lock().unwrap_or_else(|p| p.into_inner()).exclusivity()
             })
         })),
-    );
-    let pool = Pool::new(pyenv.cache.join("container"));
+    ));
+    let session = Session::open(root.clone(), control.clone())?;
     let result = async {
-        let mut ctx = RunContext::new(root, &pyenv, &pool, &control, &plan_path.to_string_lossy(), None)?;
-        let assigned = slice(&ctx.plan.cases, count);
-        ctx.plan.cases =
-            ctx.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone()).collect();
+        let mut request = RunRequest::new(&session, version, &plan_path.to_string_lossy())?;
+        let assigned = slice(&request.plan.cases, count);
+        let cases = request.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone());
+        request.plan.cases = cases.collect();
         // The identity is the job's (version, full plan hash): a shard directory holds
         // one slice of that run, and its seed is the run's.
-        let seed = RunDir::new(run_dir.to_path_buf()).stored_seed();
-        let claimed = RunDir::claim_seeded(shard_dir, &ctx.identity(&version), seed)?;
-        run::preflight(&ctx, &version).await?;
-        let (executed, served) = ctx.execute_version(&claimed, &version, Extent::Full).await?;
+        request.seed = RunDir::new(run_dir.to_path_buf()).stored_seed();
+        request.out = Some(shard_dir.to_path_buf());
+        request.reference = ReferencePolicy::Skip;
+        request.extent = Extent::Full;
+        let (executed, served) = session.execute(&request).await?;
         anyhow::Ok(Ran {
             cases: executed.gym.records.len(),
             skipped: executed.gym.skipped,
@@ -187,7 +185,7 @@ async fn execute(
         })
     }
     .await;
-    let shutdown = pool.shutdown().await;
+    let shutdown = session.shutdown().await;
     let ran = result?;
     shutdown?;
     Ok(ran)

@@ -53,7 +53,7 @@ pub struct Args {
     pub case_timeout: Option<f64>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let agent_cmd = shlex::split(&args.agent_cmd)
         .filter(|argv| !argv.is_empty())
@@ -96,10 +96,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             defence: None,
             agent_env: Vec::new(),
             control: None,
-            early: None,
+            order: None,
+            sinks: Vec::new(),
             wording: Default::default(),
         },
-    )?;
+    )
+    .await?;
     print_summary(run_dir, &outcome.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
 }

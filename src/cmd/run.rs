@@ -10,10 +10,9 @@ use std::sync::Arc;
 
 use crate::benchlock;
 use crate::judge::Judgement;
-use crate::pyenv::PyEnv;
 use crate::root::Root;
-use crate::run::{self, RunControl};
-use crate::rundir::RunLock;
+use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
+use crate::rundir::{LockError, RunLock, Waited};
 use crate::spec::Version;
 
 #[derive(clap::Args)]
@@ -48,20 +47,20 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let version = Version::load(&root.versions(), &args.version)?;
     // One model server on the GPU at a time: the daemon's job, or this run.
     let _gpu = if benchlock::needs_gpu(&root, &version)? {
-        match bench_lock(&root, &version, args.no_wait).await? {
+        match bench_lock(&root, &version, args.no_wait).await {
             Ok(lock) => Some(lock),
-            Err(holder) => {
+            Err(LockError::Busy { holder }) => {
                 tracing::error!(
                     "the GPU is taken: {}; without --no-wait this run waits for it",
                     benchlock::held_by(&holder)
                 );
                 return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
             }
+            Err(LockError::Failed(err)) => return Err(err),
         }
     } else {
         None
     };
-    let pyenv = PyEnv::ensure()?;
     // Ctrl-C or SIGTERM stops the run cleanly: the gym is killed, the model server
     // stopped and removed, every finished case kept for `--out` to resume.
     let mut control = RunControl::default();
@@ -80,9 +79,20 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             control.stop();
         }
     });
-    let finished = run::run(&root, &pyenv, &control, &version, &args.plan, args.jobs, args.out, args.full).await;
+    let session = Session::open(root, control)?;
+    let finished = async {
+        let mut request = RunRequest::new(&session, version, &args.plan)?;
+        request.jobs = args.jobs;
+        request.out = args.out;
+        request.extent = if args.full { Extent::Full } else { Extent::Plan };
+        session.run(&request, &LocalGym).await
+    }
+    .await;
     signals.abort();
+    // A fresh pool, shut down at the end whatever happened.
+    let shutdown = session.shutdown().await;
     let finished = finished?;
+    shutdown?;
     let report = finished.run_dir.path.join("report.html");
     if args.json {
         let value = serde_json::json!({
@@ -112,24 +122,22 @@ pub fn print_judgement(judgement: &Judgement, report: &Path) {
     outln!("verdict: {}", judgement.verdict.as_str());
 }
 
-/// The bench lock, waited for (saying for whom) unless `no_wait`; `Err(holder)` when
-/// `no_wait` finds it taken. Ctrl-C ends the wait.
-async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> anyhow::Result<Result<RunLock, String>> {
+/// The bench lock, waited for (saying for whom) unless `no_wait`; busy when `no_wait`
+/// finds it taken. Ctrl-C ends the wait.
+async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<RunLock, LockError> {
     let holder = format!("`pruefstand run {}`, pid {}", version.name, std::process::id());
+    if no_wait {
+        return benchlock::try_take(root, &holder);
+    }
     let mut said = false;
-    loop {
-        match benchlock::try_take(root, &holder)? {
-            Ok(lock) => return Ok(Ok(lock)),
-            Err(other) if no_wait => return Ok(Err(other)),
-            Err(other) if !said => {
-                tracing::info!("waiting for the GPU: {}", benchlock::held_by(&other));
-                said = true;
-            }
-            Err(_) => {}
+    let waiting = |other: &str| {
+        if !said {
+            tracing::info!("waiting for the GPU: {}", benchlock::held_by(other));
+            said = true;
         }
-        tokio::select! {
-            () = tokio::time::sleep(benchlock::RETRY) => {}
-            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while waiting for the GPU"),
-        }
+    };
+    match RunLock::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
+        Waited::Taken(lock) => Ok(lock),
+        Waited::Stopped(_) => Err(anyhow::anyhow!("interrupted while waiting for the GPU").into()),
     }
 }

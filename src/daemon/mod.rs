@@ -30,8 +30,8 @@ use crate::pyenv::PyEnv;
 use crate::queue::{self, Headline, Job, Queue, State, Transition};
 use crate::record::Verdict;
 use crate::root::Root;
-use crate::run::{self, RunContext, RunControl};
-use crate::rundir::RunLock;
+use crate::run::{RunControl, RunRequest, Session};
+use crate::rundir::{RunLock, Waited};
 use crate::{benchlock, console};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
@@ -305,28 +305,27 @@ impl<G: Gate> Daemon<G> {
         }
         let holder =
             format!("job {} ({} on {}) of the daemon, pid {}", job.id, job.version, job.plan, std::process::id());
-        loop {
-            match benchlock::try_take(&self.root, &holder)? {
-                Ok(lock) => return Ok(LockEnd::Held(Some(lock))),
-                Err(other) => {
-                    self.state.set(Activity::Waiting { next_job: job.id, reason: benchlock::held_by(&other) })
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(benchlock::RETRY) => {}
-                event = self.inbox.next() => match event {
-                    Event::Signal(name) => return Ok(LockEnd::Signal(name)),
-                    Event::Queue if self.queue.is_paused() || self.queue.next_pending()?.map(|j| j.id) != Some(job.id) => {
-                        return Ok(LockEnd::Recheck)
+        let (root, queue, state, inbox) = (&self.root, &self.queue, &mut self.state, &mut self.inbox);
+        let waiting =
+            |other: &str| state.set(Activity::Waiting { next_job: job.id, reason: benchlock::held_by(other) });
+        // A signal, or a queue change that makes another job next, ends the wait.
+        let stop = async {
+            loop {
+                match inbox.next().await {
+                    Event::Signal(name) => return anyhow::Ok(LockEnd::Signal(name)),
+                    Event::Queue if queue.is_paused() || queue.next_pending()?.map(|j| j.id) != Some(job.id) => {
+                        return Ok(LockEnd::Recheck);
                     }
                     _ => {}
-                },
+                }
             }
+        };
+        match RunLock::wait(|| benchlock::try_take(root, &holder), waiting, stop).await? {
+            Waited::Taken(lock) => Ok(LockEnd::Held(Some(lock))),
+            Waited::Stopped(end) => end,
         }
     }
 
-    /// Runs one job; called inside its span (`job = id`), so every line about it carries
-    /// the id and lands in the job's own log too.
     async fn run_job(&mut self, job: Job) -> anyhow::Result<Flow> {
         let id = job.id;
         let _log = match open_log(&self.queue.log_file(id)) {
@@ -374,39 +373,37 @@ impl<G: Gate> Daemon<G> {
             })),
             Some(Box::new(move || observation.exclusivity())),
         ));
-        // The job runs on the daemon's own runtime (its Docker client and the pool live
-        // there), driven from a blocking-pool thread: the run reads files and the gym's
-        // event stream synchronously between its awaits. Its messages carry the job id.
-        let (root, tx, job_control, pool) = (self.root.clone(), self.tx.clone(), control.clone(), self.pool.clone());
-        let queue = Queue::open(&self.root)?;
-        let runtime = tokio::runtime::Handle::current();
-        let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let _span = span.enter();
-            let result = runtime.block_on(async {
-                let pyenv = PyEnv::ensure()?;
-                let ctx = RunContext::new(&root, &pyenv, &pool, &job_control, &plan_path.to_string_lossy(), None)?;
-                let finished = if root.config.cluster.is_slurm() {
-                    crate::cluster::run(&ctx, &version, run_dir, id, &queue).await?
-                } else {
-                    run::preflight(&ctx, &version).await?;
-                    ctx.run(&version, Some(run_dir)).await?
-                };
-                let figures = &finished.judgement.figures;
-                anyhow::Ok(Outcome {
-                    run_dir: finished.run_dir.path.clone(),
-                    verdict: finished.judgement.verdict,
-                    summary: finished.judgement.summary.clone(),
-                    figures: Headline {
-                        utility: figures.utility_clean.map(|e| e.rate),
-                        utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
-                        asr: figures.asr.map(|e| e.rate),
-                    },
-                })
-            });
-            let result = result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
-            let _ = tx.send(Event::Ended(result));
-        });
+        // The job runs as a task on the daemon's own runtime (its Docker client and the
+        // warm pool live there), in the job's span so its messages carry the job id.
+        let (root, tx, pool) = (self.root.clone(), self.tx.clone(), self.pool.clone());
+        let session_control = control.clone();
+        let job_run = async move {
+            let session = Session { pyenv: PyEnv::ensure()?, root, pool, control: session_control };
+            let executor = crate::cluster::executor(&session.root, id)?;
+            let mut request = RunRequest::new(&session, version, &plan_path.to_string_lossy())?;
+            request.out = Some(run_dir);
+            let finished = session.run(&request, executor.as_ref()).await?;
+            let figures = &finished.judgement.figures;
+            anyhow::Ok(Outcome {
+                run_dir: finished.run_dir.path.clone(),
+                verdict: finished.judgement.verdict,
+                summary: finished.judgement.summary.clone(),
+                figures: Headline {
+                    utility: figures.utility_clean.map(|e| e.rate),
+                    utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+                    asr: figures.asr.map(|e| e.rate),
+                },
+            })
+        };
+        tokio::spawn(
+            async move {
+                let result = job_run.await;
+                let result =
+                    result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
+                let _ = tx.send(Event::Ended(result));
+            }
+            .instrument(tracing::Span::current()),
+        );
 
         enum Stop {
             Cancel,

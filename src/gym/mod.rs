@@ -1,25 +1,30 @@
-//! Drives the Python gym (`scripts/gym.py`, docs/protocol.md §2): asks it for the
-//! inventory of suites, tasks and attacks and for the ground truth the simulator
-//! follows, and runs a plan's cases through it — reading its event stream, appending
-//! each finished case to `cases.jsonl` the moment it arrives, and showing progress.
+//! Drives the Python gym (`scripts/gym.py`, docs/protocol.md §2): runs a plan's cases
+//! through it as a child process on the runtime (`tokio::process`), reads its event
+//! stream line by line as typed [`GymEvent`]s and fans each out to the pass's sinks —
+//! the records, the progress, the concurrency steering, and whatever the caller adds
+//! (early stop, the daemon's status). A sink that asks to drain gets the gym told once.
 //!
 //! It never reads AgentDojo's log folders: results arrive as events. Judging them is
-//! `telemetry`'s and `judge`'s job.
+//! `telemetry`'s and `judge`'s job; deciding when to stop early is the run's.
 
-use std::io::{BufRead, BufReader, Write};
+pub mod events;
+pub mod sinks;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, bail};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::case::{Case, CaseRecord};
 use crate::concurrency::{Concurrency, Observer};
 use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
-use crate::record::{ConcurrencyFacts, EnvCheck};
+use crate::record::ConcurrencyFacts;
 use crate::rundir::RunDir;
-use crate::{console, family, telemetry, util};
+use crate::{family, telemetry, util};
+pub use events::{Ask, GymEvent, Seen, Sink};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
@@ -32,24 +37,14 @@ pub struct GymSettings {
     pub seed: u64,
     pub defence: Option<String>,
     pub agent_env: Vec<(String, String)>,
-    /// The daemon's stop switch and progress sink.
+    /// The caller's stop switch and progress handle.
     pub control: Option<std::sync::Arc<Control>>,
-    /// Early stopping: the dispatch order and the look that may end the run.
-    pub early: Option<EarlyWatch>,
+    /// Case ids in the order to dispatch them (early stopping); None: longest first.
+    pub order: Option<Vec<String>>,
+    /// The caller's own sinks (early stop), after the pass's standard ones.
+    pub sinks: Vec<Box<dyn Sink>>,
     /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
     pub wording: std::collections::BTreeMap<String, family::Wording>,
-}
-
-/// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
-/// true when the verdict is decided. The gym then starts no new case, lets the cases in
-/// flight finish and ends (its `drained` event).
-pub type Watch = Box<dyn FnMut(Option<&CaseRecord>) -> bool + Send>;
-
-/// How an early-stopping run dispatches and when it stops starting cases.
-pub struct EarlyWatch {
-    /// Case ids in dispatch order (the gym keeps it instead of longest-first).
-    pub order: Vec<String>,
-    pub watch: Watch,
 }
 
 pub struct Executed {
@@ -59,7 +54,7 @@ pub struct Executed {
 
 /// Runs (or resumes) the plan's cases in a claimed run directory, and writes the
 /// telemetry.
-pub fn execute(
+pub async fn execute(
     pyenv: &PyEnv,
     run_dir: &RunDir,
     plan: &Plan,
@@ -80,12 +75,17 @@ pub fn execute(
         defence: settings.defence,
         cases: plan.cases.clone(),
         done: Vec::new(),
-        order: settings.early.as_ref().map(|e| e.order.clone()),
+        order: settings.order,
         wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
     };
-    let steer = Steering { concurrency: settings.concurrency, metrics_url: settings.metrics_url };
-    let watch = settings.early.map(|e| e.watch);
-    let outcome = run(pyenv, run_dir, request, &settings.agent_env, settings.control.as_deref(), &steer, watch)?;
+    let pass = Pass {
+        agent_env: settings.agent_env,
+        control: settings.control,
+        concurrency: settings.concurrency,
+        metrics_url: settings.metrics_url,
+        sinks: settings.sinks,
+    };
+    let outcome = run(pyenv, run_dir, request, pass).await?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
@@ -140,26 +140,10 @@ pub struct GymRequest {
     pub wording: std::collections::BTreeMap<String, family::Wording>,
 }
 
-/// The gym's stdout events.
-#[derive(Deserialize, Debug)]
-#[serde(tag = "event", rename_all = "snake_case")]
-enum Event {
-    Start { total: usize, to_run: usize, jobs: usize, processes: Option<usize> },
-    Skip {},
-    Rerun { case_id: String, reason: String },
-    CaseStart { case_id: String },
-    Case { record: Box<CaseRecord> },
-    EnvironmentCheck { checks: Vec<EnvCheck> },
-    Warning { message: String },
-    Drained { not_started: usize },
-    Done,
-}
-
 /// What a finished gym run leaves behind.
 pub struct GymOutcome {
     /// One record per planned case, in plan order.
     pub records: Vec<CaseRecord>,
-    pub environment_checks: Vec<EnvCheck>,
     /// Cases already in `cases.jsonl` that were not run again.
     pub skipped: usize,
     /// Cases run again because their record or trace was damaged.
@@ -170,10 +154,15 @@ pub struct GymOutcome {
     pub not_started: Option<usize>,
 }
 
-/// How the gym's in-flight count is steered during a run.
-pub struct Steering {
+/// One pass's connections: what the agents get by environment, the caller's handle,
+/// how the in-flight count is steered, the caller's sinks.
+pub struct Pass {
+    pub agent_env: Vec<(String, String)>,
+    pub control: Option<std::sync::Arc<Control>>,
     pub concurrency: Concurrency,
+    /// The model server's `/metrics` (None: steered by latency).
     pub metrics_url: Option<String>,
+    pub sinks: Vec<Box<dyn Sink>>,
 }
 
 /// `progress(run_dir, cases done, cases planned)`.
@@ -260,15 +249,8 @@ impl Control {
 /// `agent_env` (the model's URL and key) reaches the agents only: the gym reads it from
 /// its stdin and adds it to their environments, never to its own.
 /// With a `control`, the gym runs in its own process group so it can be stopped.
-pub fn run(
-    pyenv: &PyEnv,
-    run_dir: &RunDir,
-    mut request: GymRequest,
-    agent_env: &[(String, String)],
-    control: Option<&Control>,
-    steer: &Steering,
-    mut watch: Option<Watch>,
-) -> anyhow::Result<GymOutcome> {
+pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass: Pass) -> anyhow::Result<GymOutcome> {
+    let control = pass.control.as_deref();
     if control.is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
     }
@@ -287,11 +269,10 @@ pub fn run(
 
     let log_path = run_dir.file("gym.log");
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-    let mut command = pyenv.gym_command();
+    let mut command = tokio::process::Command::from(pyenv.gym_command());
     if control.is_some() {
         // Its own group: a stop kills workers and agents too, and a terminal's Ctrl-C
         // reaches the daemon only, which then stops the gym itself.
-        use std::os::unix::process::CommandExt;
         command.process_group(0);
     }
     let mut child = command
@@ -302,132 +283,89 @@ pub fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
+        .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
     let stdout = child.stdout.take().expect("piped stdout");
     let mut stdin = child.stdin.take().expect("piped stdin");
     {
         let agent_env: std::collections::BTreeMap<&str, &str> =
-            agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            pass.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut line = serde_json::to_vec(&serde_json::json!({ "agent_env": agent_env }))?;
         line.push(b'\n');
         // A gym that died at once shows in its status below; this write must not hide it.
-        if let Err(err) = stdin.write_all(&line) {
+        if let Err(err) = stdin.write_all(&line).await {
             tracing::debug!("handing the agent environment to the gym: {err}");
         }
     }
     // Then the gym reads commands from its stdin; a fixed count needs none (closed: EOF).
-    let commands: Option<Box<dyn Write + Send>> = match steer.concurrency {
+    let commands: crate::concurrency::Commands = match pass.concurrency {
         Concurrency::Auto { .. } => Some(Box::new(stdin)),
         Concurrency::Fixed(_) => None,
     };
-    let mut observer =
-        Some(Observer::spawn(&steer.concurrency, steer.metrics_url.clone(), commands, request.cases.len()));
-    let mut started = std::collections::HashSet::new();
-    if let Some(control) = control {
-        control.attach(child.id());
+    let mut steering = sinks::Steering::new(Observer::spawn(
+        &pass.concurrency,
+        pass.metrics_url.clone(),
+        commands,
+        request.cases.len(),
+    ));
+    let gym_pid = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
+    if let (Some(control), Some(pid)) = (control, child.id()) {
+        control.attach(pid);
     }
 
+    let mut standard: Vec<Box<dyn Sink>> =
+        vec![Box::new(sinks::Records::open(run_dir)?), Box::new(sinks::Progress::new(request.cases.len()))];
+    if let Some(control) = &pass.control {
+        standard.push(Box::new(sinks::Report::new(control.clone(), run_dir)));
+    }
+    let mut others = pass.sinks;
     let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
-    let mut writer = run_dir.open_cases_for_append()?;
-    let mut progress = console::Progress::new(request.cases.len());
-    let mut outcome = GymOutcome {
-        records: Vec::new(),
-        environment_checks: Vec::new(),
-        skipped: 0,
-        rerun: Vec::new(),
-        concurrency: None,
-        not_started: None,
-    };
-    let mut finished = false;
-    // Asks the gym (SIGUSR1 to its main process) to start no new case, once.
-    let gym_pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut tally = Tally::default();
+    let mut seen = Seen::new(request.cases.len());
+    let mut started = std::collections::HashSet::new();
     let mut drain_asked = false;
-    let mut look = |record: Option<&CaseRecord>| {
-        if !drain_asked && watch.as_mut().is_some_and(|w| w(record)) {
-            drain_asked = true;
-            tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
-            let _ = nix::sys::signal::kill(gym_pid, nix::sys::signal::Signal::SIGUSR1);
-        }
-    };
-    let result: anyhow::Result<()> = (|| {
-        for line in BufReader::new(stdout).lines() {
-            let line = line.context("reading the gym's events")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let result: anyhow::Result<()> = async {
+        while let Some(line) = lines.next_line().await.context("reading the gym's events")? {
             if line.trim().is_empty() {
                 continue;
             }
-            writeln!(events_log, "{line}")?;
-            let event: Event = match serde_json::from_str(&line) {
+            std::io::Write::write_all(&mut events_log, format!("{line}\n").as_bytes())?;
+            let event: GymEvent = match serde_json::from_str(&line) {
                 Ok(event) => event,
                 Err(err) => {
                     tracing::warn!("ignoring a gym output line that is not an event ({err}): {line}");
                     continue;
                 }
             };
-            match event {
-                Event::Start { total, to_run, jobs, processes } => {
-                    progress.start(total, to_run, jobs, processes.unwrap_or(jobs));
-                    if let Some(observer) = &observer {
-                        observer.live().to_start = to_run;
-                    }
-                    look(None);
-                    if let Some(control) = control {
-                        control.report(&run_dir.path, progress.done(), progress.total());
-                    }
+            seen.take(&event, &mut started);
+            tally.take(&event);
+            let mut ask = Ask::Continue;
+            let all = standard.iter_mut().chain(others.iter_mut()).map(|s| s.as_mut() as &mut dyn Sink);
+            for sink in all.chain(std::iter::once(&mut steering as &mut dyn Sink)) {
+                if sink.on(&event, &seen)? == Ask::Drain {
+                    ask = Ask::Drain;
                 }
-                Event::Skip { .. } => outcome.skipped += 1,
-                Event::Rerun { case_id, reason } => {
-                    tracing::info!("re-running {case_id}: {reason}");
-                    outcome.rerun.push(case_id);
+            }
+            if ask == Ask::Drain && !drain_asked {
+                drain_asked = true;
+                tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
+                if let Some(pid) = gym_pid {
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1);
                 }
-                Event::CaseStart { case_id } => {
-                    tracing::debug!("case {case_id} started");
-                    started.insert(case_id);
-                    if let Some(observer) = &observer {
-                        let mut live = observer.live();
-                        live.set_in_flight(started.len());
-                        live.to_start = live.to_start.saturating_sub(1);
-                    }
-                    progress.in_flight(started.len());
-                }
-                Event::Case { record } => {
-                    writer.append(&record)?;
-                    started.remove(&record.case_id);
-                    if let Some(observer) = &observer {
-                        let mut live = observer.live();
-                        live.set_in_flight(started.len());
-                        if let Some(per_call) = per_call_s(&record) {
-                            live.per_call_s.push(per_call);
-                        }
-                    }
-                    progress.in_flight(started.len());
-                    progress.case_done(record.is_error());
-                    look(Some(&record));
-                    if let Some(control) = control {
-                        control.report(&run_dir.path, progress.done(), progress.total());
-                    }
-                }
-                Event::EnvironmentCheck { checks } => {
-                    util::write_json_atomic(
-                        &run_dir.file("environment_check.json"),
-                        &serde_json::json!({ "checks": checks }),
-                    )?;
-                    outcome.environment_checks = checks;
-                }
-                Event::Warning { message } => tracing::warn!("{message}"),
-                Event::Drained { not_started } => outcome.not_started = Some(not_started),
-                Event::Done => finished = true,
             }
         }
         Ok(())
-    })();
-    if result.is_err() {
-        let _ = child.kill();
     }
-    let status = child.wait()?;
-    drop(progress);
-    let facts = observer.take().map(Observer::finish);
-    outcome.concurrency = facts.filter(|f| f.peak_in_flight > 0);
+    .await;
+    if result.is_err() {
+        let _ = child.start_kill();
+    }
+    let status = child.wait().await?;
+    drop(standard);
+    drop(others);
+    let concurrency = steering.finish().await;
     if let Some(control) = control {
         control.detach();
         if control.is_stopped() {
@@ -438,26 +376,45 @@ pub fn run(
         }
     }
     result?;
-    if !status.success() || !finished {
+    if !status.success() || !tally.finished {
         bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
     }
     let stored = run_dir.read_cases_lenient()?;
-    outcome.records = run_dir.compact_cases(&request.cases, &stored)?;
-    if outcome.records.len() != request.cases.len() && outcome.not_started.is_none() {
+    let records = run_dir.compact_cases(&request.cases, &stored)?;
+    if records.len() != request.cases.len() && tally.not_started.is_none() {
         bail!(
             "the gym finished but {} of {} planned cases have no record (see {})",
-            request.cases.len() - outcome.records.len(),
+            request.cases.len() - records.len(),
             request.cases.len(),
             log_path.display()
         );
     }
-    if outcome.environment_checks.is_empty()
-        && let Ok(text) = std::fs::read_to_string(run_dir.file("environment_check.json"))
-    {
-        let value: serde_json::Value = serde_json::from_str(&text)?;
-        outcome.environment_checks = serde_json::from_value(value["checks"].clone())?;
+    Ok(GymOutcome { records, skipped: tally.skipped, rerun: tally.rerun, concurrency, not_started: tally.not_started })
+}
+
+/// What the driver itself keeps of a pass's events for its outcome.
+#[derive(Default)]
+struct Tally {
+    skipped: usize,
+    rerun: Vec<String>,
+    not_started: Option<usize>,
+    finished: bool,
+}
+
+impl Tally {
+    fn take(&mut self, event: &GymEvent) {
+        match event {
+            GymEvent::Skip {} => self.skipped += 1,
+            GymEvent::Rerun { case_id, reason } => {
+                tracing::info!("re-running {case_id}: {reason}");
+                self.rerun.push(case_id.clone());
+            }
+            GymEvent::Warning { message } => tracing::warn!("{message}"),
+            GymEvent::Drained { not_started } => self.not_started = Some(*not_started),
+            GymEvent::Done => self.finished = true,
+            _ => {}
+        }
     }
-    Ok(outcome)
 }
 
 /// The recorded cases a resume keeps — every planned one except those that ended in
@@ -472,12 +429,6 @@ fn resumable(
         recorded.iter().filter(|r| r.outcome() != crate::case::Outcome::Error).map(|r| r.case_id.clone()).collect();
     let errors = recorded.len() - done.len();
     (done, errors)
-}
-
-/// Seconds per model call of a scored case (what the latency rule steers by).
-fn per_call_s(record: &CaseRecord) -> Option<f64> {
-    let calls = record.llm_calls.filter(|&n| n > 0)?;
-    (!record.is_error()).then(|| record.duration_s / calls as f64)
 }
 
 fn tail(path: &Path, lines: usize) -> String {

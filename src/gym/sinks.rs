@@ -1,0 +1,133 @@
+//! The sinks every gym pass has: the run directory's records (`cases.jsonl`, the
+//! environment check), the console's progress, the caller's progress handle (the
+//! daemon's status) and the concurrency steering. Each takes the typed events on its
+//! own; none knows the others. Early stop, the one sink that may end a pass, is the
+//! run's (`run::early`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::Control;
+use super::events::{Ask, GymEvent, Seen, Sink};
+use crate::case::CaseRecord;
+use crate::concurrency::Observer;
+use crate::console;
+use crate::record::ConcurrencyFacts;
+use crate::rundir::{CasesWriter, RunDir};
+
+/// Appends each finished case to `cases.jsonl` the moment it arrives (fsync'd), and
+/// keeps the gym's environment check.
+pub struct Records {
+    run_dir: RunDir,
+    writer: CasesWriter,
+}
+
+impl Records {
+    pub fn open(run_dir: &RunDir) -> anyhow::Result<Records> {
+        Ok(Records { run_dir: run_dir.clone(), writer: run_dir.open_cases_for_append()? })
+    }
+}
+
+impl Sink for Records {
+    fn on(&mut self, event: &GymEvent, _: &Seen) -> anyhow::Result<Ask> {
+        match event {
+            GymEvent::Case { record } => self.writer.append(record)?,
+            GymEvent::EnvironmentCheck { checks } => self.run_dir.write_environment_checks(checks)?,
+            _ => {}
+        }
+        Ok(Ask::Continue)
+    }
+}
+
+/// The console's progress: a bar on a terminal, else a line every tenth of the plan.
+pub struct Progress(console::Progress);
+
+impl Progress {
+    pub fn new(total: usize) -> Progress {
+        Progress(console::Progress::new(total))
+    }
+}
+
+impl Sink for Progress {
+    fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask> {
+        match event {
+            GymEvent::Start { total, to_run, jobs, processes } => {
+                self.0.start(*total, *to_run, *jobs, processes.unwrap_or(*jobs))
+            }
+            GymEvent::CaseStart { case_id } => {
+                tracing::debug!("case {case_id} started");
+                self.0.in_flight(seen.in_flight);
+            }
+            GymEvent::Case { record } => {
+                self.0.in_flight(seen.in_flight);
+                self.0.case_done(record.is_error());
+            }
+            _ => {}
+        }
+        Ok(Ask::Continue)
+    }
+}
+
+/// The caller's progress handle (the daemon's status and ETA): cases done of planned.
+pub struct Report {
+    control: Arc<Control>,
+    run_dir: PathBuf,
+}
+
+impl Report {
+    pub fn new(control: Arc<Control>, run_dir: &RunDir) -> Report {
+        Report { control, run_dir: run_dir.path.clone() }
+    }
+}
+
+impl Sink for Report {
+    fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask> {
+        if matches!(event, GymEvent::Start { .. } | GymEvent::Case { .. }) {
+            self.control.report(&self.run_dir, seen.done, seen.total);
+        }
+        Ok(Ask::Continue)
+    }
+}
+
+/// Feeds the concurrency observer (a task on the runtime that reads the server's
+/// gauges and sends the gym its target) what only the events show: cases in flight,
+/// cases left to start, time per model call.
+pub struct Steering(Observer);
+
+impl Steering {
+    pub fn new(observer: Observer) -> Steering {
+        Steering(observer)
+    }
+
+    /// Ends the observer; how many cases were in flight (None when none ran).
+    pub async fn finish(self) -> Option<ConcurrencyFacts> {
+        Some(self.0.finish().await).filter(|f| f.peak_in_flight > 0)
+    }
+}
+
+impl Sink for Steering {
+    fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask> {
+        let mut live = self.0.live();
+        match event {
+            GymEvent::Start { to_run, .. } => live.to_start = *to_run,
+            GymEvent::CaseStart { .. } => {
+                live.set_in_flight(seen.in_flight);
+                live.to_start = live.to_start.saturating_sub(1);
+            }
+            GymEvent::Case { record } => {
+                live.set_in_flight(seen.in_flight);
+                if let Some(per_call) = per_call_s(record) {
+                    live.per_call_s.push(per_call);
+                }
+            }
+            _ => {}
+        }
+        Ok(Ask::Continue)
+    }
+}
+
+/// Seconds per model call of a scored case (what the latency rule steers by).
+fn per_call_s(record: &CaseRecord) -> Option<f64> {
+    let calls = record.llm_calls.filter(|&n| n > 0)?;
+    (!record.is_error()).then(|| record.duration_s / calls as f64)
+}

@@ -1,0 +1,292 @@
+//! The local executor: the version's model server up on this machine (simulated,
+//! external or a Docker container), the gym with the agent runtime against it, the
+//! adaptive attacker after the plan, the server down. Records the spec and provenance;
+//! a Docker server that dies is restarted once and the gym resumed; a server that fails
+//! for good is not an error here — the run is recorded with `failed` facts, which R1
+//! fails. Not here: the pipeline around it (`run`), the cluster's executor (`cluster`).
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use futures_util::future::BoxFuture;
+
+use super::{Executor, Extent, RunRequest, Served, Session, early};
+use crate::concurrency::{self, Concurrency, ObservedCapacity};
+use crate::gym::{self, Executed, GymSettings};
+use crate::record::{ConcurrencyFacts, ModelServerFacts};
+use crate::rundir::{Claimed, RunDir};
+use crate::settings::defence::GuardrailSpec;
+use crate::{adaptive, agent, container, judge, model, provenance, pyenv, root, telemetry, util};
+
+/// Runs the cases here, against a model server this machine starts.
+pub struct LocalGym;
+
+impl Executor for LocalGym {
+    fn execute<'a>(
+        &'a self,
+        session: &'a Session,
+        request: &'a RunRequest,
+        claimed: &'a Claimed,
+    ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>> {
+        Box::pin(Local { session, request, claimed }.execute())
+    }
+}
+
+/// One local execution's borrowed context.
+struct Local<'a> {
+    session: &'a Session,
+    request: &'a RunRequest,
+    claimed: &'a Claimed,
+}
+
+impl Local<'_> {
+    async fn execute(self) -> anyhow::Result<(Executed, Served)> {
+        let (session, request, run_dir) = (self.session, self.request, &self.claimed.dir);
+        let (version, plan, control) = (&request.version, &request.plan, &session.control);
+        let started_at = judge::read_run_meta(&run_dir.path)
+            .ok()
+            .and_then(|meta| meta.started_at)
+            .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
+        util::write_json_atomic(
+            &run_dir.file("version.json"),
+            &serde_json::json!({ "name": version.name, "source": version.path, "hash": version.hash, "spec": version.spec }),
+        )?;
+        let truth = pyenv::truth_file(&session.pyenv, &plan.benchmark_version)?;
+        let run_id = root::run_id(&run_dir.path);
+        let job = format!("run-{}", std::process::id());
+        let gym = control.gym.clone();
+        let ctx = model::UpContext {
+            pool: &session.pool,
+            run_dir: &run_dir.path,
+            job: &job,
+            run_id: &run_id,
+            interrupt_clients: Arc::new(move || gym.interrupt()),
+        };
+        let up = tokio::select! {
+            up = model::up(version, &truth, &ctx) => up,
+            () = control.until_stopped(), if control.stop_abandons_start => {
+                bail!("interrupted while the model server started (a container left behind is removed at the next start)")
+            }
+        };
+        let endpoint = match up {
+            Ok(endpoint) => endpoint,
+            Err(err) => {
+                let Some(failure) = err.downcast_ref::<container::ServerFailure>() else { return Err(err) };
+                tracing::error!("{}: {failure}", version.name);
+                let facts = ModelServerFacts {
+                    failed: true,
+                    events: vec![failure.message.clone()],
+                    log_tail: failure.log_tail.clone(),
+                    ..ModelServerFacts::default()
+                };
+                self.write_provenance(None);
+                let executed = executed_from_run_dir(run_dir, request)?;
+                let served = Served { model_server: Some(facts), started_at, ..Served::default() };
+                return Ok((executed, served));
+            }
+        };
+        self.write_provenance(Some(&endpoint));
+        let image_digest = endpoint.container().map(|c| c.image.digest());
+        let mut result = self.run_gym(&endpoint).await;
+        loop {
+            match endpoint.after_gym().await {
+                Ok(true) => result = self.run_gym(&endpoint).await,
+                Ok(false) => break,
+                Err(err) => {
+                    result = Err(err);
+                    break;
+                }
+            }
+        }
+        // The adaptive attacker runs after the whole plan, against the same server.
+        let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
+        if whole
+            && plan.adaptive.is_some()
+            && !control.is_stopped()
+            && let Err(err) = self.run_adaptive(&endpoint).await
+        {
+            result = Err(err);
+        }
+        let model_server = endpoint.down(&session.pool).await?;
+        if control.is_stopped() {
+            bail!(
+                "interrupted: the gym and the model server are stopped; finished cases are kept in {} (resume with \
+                 --out)",
+                run_dir.path.display()
+            );
+        }
+        let failed = model_server.as_ref().is_some_and(|f| f.failed);
+        let executed = match result {
+            Ok(executed) => executed,
+            // The gym was stopped because the server died for good: judge what exists.
+            Err(err) if failed => {
+                tracing::info!("gym ended with the model server: {err:#}");
+                executed_from_run_dir(run_dir, request)?
+            }
+            Err(err) => return Err(err),
+        };
+        early::settle(run_dir, plan, &executed)?;
+        let concurrency = executed.gym.concurrency.clone();
+        if let Some(facts) = &concurrency
+            && !failed
+        {
+            self.remember_capacity(facts);
+        }
+        Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
+    }
+
+    /// One gym pass, with early stop's order and sink when the plan and extent ask for it.
+    async fn run_gym(&self, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
+        let request = self.request;
+        let mut settings = self.gym_settings(endpoint)?;
+        if request.extent == Extent::Plan && request.plan.profile.early_stop {
+            let (order, sink) = early::watch(&self.claimed.dir, request, settings.seed)?;
+            settings.order = Some(order);
+            settings.sinks.push(sink);
+        }
+        gym::execute(&self.session.pyenv, &self.claimed.dir, &request.plan, &request.inventory, settings).await
+    }
+
+    /// The adaptive attacker's rounds (`adaptive::search`).
+    async fn run_adaptive(&self, endpoint: &model::Endpoint) -> anyhow::Result<()> {
+        let request = self.request;
+        let attempts = request.plan.adaptive.as_ref().map_or(0, |a| a.attempts);
+        let rounds = (0..attempts).map(|_| self.gym_settings(endpoint)).collect::<anyhow::Result<Vec<_>>>()?;
+        let log = adaptive::search(
+            &self.session.pyenv,
+            &self.claimed.dir,
+            &request.plan,
+            &request.inventory,
+            self.claimed.seed,
+            rounds,
+        )
+        .await?;
+        let (broken, pairs) = log.broken();
+        tracing::info!("adaptive attacker: {broken} of {pairs} pairs broken within {attempts} attempts");
+        Ok(())
+    }
+
+    /// `provenance.json`; failing to collect it is a warning, never a failed run.
+    fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {
+        let (request, run_dir) = (self.request, &self.claimed.dir);
+        let version = &request.version;
+        let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
+            Some((model, adapter)) => (Some(model), adapter),
+            None => (version.spec.model.path.clone(), version.spec.adapter.as_ref().and_then(|a| a.path.clone())),
+        };
+        let inputs = provenance::Inputs {
+            version,
+            plan_name: &request.plan.name,
+            plan_hash: &request.plan.hash,
+            benchmark_version: &request.plan.benchmark_version,
+            agentdojo_version: &request.inventory.agentdojo_version,
+            container: endpoint.and_then(|e| e.container()),
+            model_dir,
+            adapter_dir,
+        };
+        if let Err(err) = provenance::write(&run_dir.path, &inputs) {
+            tracing::warn!("provenance.json not written: {err:#}");
+        }
+    }
+
+    /// How the gym runs this version's cases. The agent it spawns: the version's own
+    /// `agent_cmd`, or `pruefstand agent` configured from the spec. The API key travels
+    /// by environment only.
+    fn gym_settings(&self, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
+        let (request, run_dir) = (self.request, &self.claimed.dir);
+        let (version, plan) = (&request.version, &request.plan);
+        let spec = &version.spec;
+        let mut agent_env = vec![
+            ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.clone()),
+            ("PRUEFSTAND_MODEL_NAME".to_string(), version.request_model().to_string()),
+        ];
+        if let Some(key) = &endpoint.api_key {
+            agent_env.push(("PRUEFSTAND_API_KEY".to_string(), key.clone()));
+        }
+        let agent_cmd = match &spec.agent_cmd {
+            Some(argv) => argv.clone(),
+            None => {
+                let config = agent::AgentConfig {
+                    base_url: endpoint.base_url.clone(),
+                    model: version.request_model().to_string(),
+                    tool_calling: spec.model.tool_calling,
+                    guardrail: spec.guardrail.clone(),
+                    human: spec.human.clone(),
+                    ..agent::AgentConfig::default()
+                };
+                let path = run_dir.file("agent.json");
+                util::write_json_atomic(&path, &config)?;
+                let exe = std::env::current_exe().context("finding the pruefstand binary for the agent")?;
+                vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
+            }
+        };
+        let defence = match &spec.guardrail {
+            GuardrailSpec::Agentdojo { defence } => Some(defence.as_str().to_string()),
+            _ => None,
+        };
+        Ok(GymSettings {
+            agent_cmd,
+            concurrency: self.concurrency(),
+            metrics_url: concurrency::metrics_url(&endpoint.base_url),
+            display_name: spec.model.display_name.clone(),
+            case_timeout_s: plan.case_timeout_s,
+            seed: self.claimed.seed,
+            defence,
+            agent_env,
+            control: Some(self.session.control.gym.clone()),
+            order: None,
+            sinks: Vec::new(),
+            wording: Default::default(),
+        })
+    }
+
+    /// `--jobs N` holds N cases in flight; without it the server steers, starting where
+    /// the last run of the same served model settled (else at the plan's `jobs`).
+    fn concurrency(&self) -> Concurrency {
+        let (root, request) = (&self.session.root, self.request);
+        if let Some(jobs) = request.jobs {
+            return Concurrency::Fixed(jobs);
+        }
+        let ceiling = root.config.run.max_in_flight;
+        let served = request.version.request_model();
+        let stored = concurrency::load_capacity(&root.state(), served);
+        let start = stored.as_ref().map_or(request.plan.jobs, |c| c.settled).clamp(1, ceiling);
+        if let Some(stored) = stored {
+            tracing::info!("{served}: starting at {start} cases in flight (run {})", stored.run_id);
+        }
+        Concurrency::Auto { start, ceiling }
+    }
+
+    /// Remembers where a server-steered run settled, for the next run of that model.
+    fn remember_capacity(&self, facts: &ConcurrencyFacts) {
+        if facts.mode == crate::record::ConcurrencyMode::Fixed {
+            return;
+        }
+        let observed = ObservedCapacity {
+            served_model: self.request.version.request_model().to_string(),
+            settled: facts.settled,
+            peak_running: facts.peak_running,
+            peak_waiting: facts.peak_waiting,
+            run_id: root::run_id(&self.claimed.dir.path),
+            updated_at: chrono::Utc::now().to_rfc3339(),
+        };
+        if let Err(err) = concurrency::store_capacity(&self.session.root.state(), &observed) {
+            tracing::warn!("observed capacity not stored: {err:#}");
+        }
+    }
+}
+
+/// The run's records as they stand (a run cut short, or merged from shards): what
+/// `judge` needs to say why.
+pub fn executed_from_run_dir(run_dir: &RunDir, request: &RunRequest) -> anyhow::Result<Executed> {
+    let plan = &request.plan;
+    if !run_dir.cases_file().exists() {
+        util::write_atomic(&run_dir.cases_file(), b"")?;
+    }
+    let stored = run_dir.read_cases_lenient()?;
+    let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
+    let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
+    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
+    let gym = gym::GymOutcome { records, skipped: 0, rerun: Vec::new(), concurrency: None, not_started: None };
+    Ok(Executed { gym, telemetry })
+}

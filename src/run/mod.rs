@@ -1,0 +1,329 @@
+//! One run of a version on a plan, end to end — the one place that does it. Whoever
+//! asks for a run (`pruefstand run`, a daemon job, a cluster shard) builds a
+//! [`RunRequest`] and hands it to a [`Session`], which carries what every step needs
+//! (root, venv, container pool, the caller's stop control). The pipeline is always the
+//! same: the executor's own check, the Docker preflight where the model runs here, the
+//! run directory claimed, the reference first when R4 needs one, the cases executed,
+//! the run's records written and judged.
+//!
+//! How the cases are executed is an [`Executor`]'s business: [`LocalGym`] (the model up
+//! here, the gym with the agent runtime, the model down) or a Slurm job array
+//! (`cluster`). Early stop is a sink on the gym's events (`early`); the reference's run
+//! is found or made by `reference`. Parsing arguments and printing results are
+//! `cmd::run`'s.
+
+mod early;
+mod local;
+mod reference;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::container::{self, Pool};
+use crate::gym::{self, Executed};
+use crate::judge::Judgement;
+use crate::plan::{Filters, Plan, Profile};
+use crate::pyenv::{Inventory, PyEnv};
+use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts};
+use crate::root::{self, Root};
+use crate::rundir::{Claimed, Identity, RunDir};
+use crate::spec::{Backend, Version};
+use crate::{report, util};
+pub use local::{LocalGym, executed_from_run_dir};
+
+/// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
+/// guard's observation of exclusivity (read when each run is recorded, for R1), and
+/// how a stop treats a model server that is still starting.
+pub struct RunControl {
+    pub gym: Arc<gym::Control>,
+    pub gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
+    /// A plain `run` stopped by Ctrl-C abandons a cold start (the container left
+    /// behind is an orphan for the next start to remove); the daemon lets the start
+    /// finish, so its pool stops the container it owns.
+    pub stop_abandons_start: bool,
+    stopped: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for RunControl {
+    fn default() -> Self {
+        RunControl::new(Arc::new(gym::Control::new()), None)
+    }
+}
+
+impl RunControl {
+    pub fn new(gym: Arc<gym::Control>, gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>) -> RunControl {
+        RunControl { gym, gpu, stop_abandons_start: false, stopped: tokio::sync::watch::Sender::new(false) }
+    }
+
+    /// Stops the run: the gym now (finished cases are kept), the model server after it.
+    pub fn stop(&self) {
+        self.gym.stop();
+        self.stopped.send_replace(true);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+
+    pub async fn until_stopped(&self) {
+        let _ = self.stopped.subscribe().wait_for(|stopped| *stopped).await;
+    }
+
+    pub fn gpu(&self) -> GpuExclusivity {
+        self.gpu.as_ref().map_or(GpuExclusivity::NotObserved, |observe| observe())
+    }
+}
+
+/// How much of the plan a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extent {
+    /// The plan as it says: stopped early once decided when it opts in.
+    Plan,
+    /// Every case (reference runs, shards, `run --full`).
+    Full,
+}
+
+/// Whether the version's reference is run (or found) first, for R4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReferencePolicy {
+    /// When the version names one (a candidate's run).
+    FirstWhenNamed,
+    /// Never (the reference's own run, a shard: its daemon made the reference).
+    Skip,
+}
+
+/// One run as asked for: the version, the plan it runs (resolved against the installed
+/// AgentDojo; a shard's is a slice of it), the reference policy, how many cases are in
+/// flight, how much of the plan, and where it lands.
+pub struct RunRequest {
+    pub version: Version,
+    pub plan: Plan,
+    pub inventory: Inventory,
+    pub reference: ReferencePolicy,
+    /// `--jobs N` holds N cases in flight; None: the model server steers.
+    pub jobs: Option<usize>,
+    pub extent: Extent,
+    /// The run directory (an existing one of the same identity is resumed); None: a new
+    /// one under `reports/<version>/<plan>/`.
+    pub out: Option<PathBuf>,
+    /// The run's seed when the directory is made now (a shard takes its run's).
+    pub seed: Option<u64>,
+}
+
+impl RunRequest {
+    /// A candidate's run of `version` on `plan` (`schnell`, `voll` or a plan file),
+    /// checked against the installed AgentDojo.
+    pub fn new(session: &Session, version: Version, plan: &str) -> anyhow::Result<RunRequest> {
+        let plan_path = Profile::locate(&session.root.path, plan);
+        let (profile, _) = Profile::load(&plan_path)?;
+        let inventory = Inventory::load(&session.pyenv, profile.benchmark_version.get_ref())?;
+        let plan = Plan::resolve(&plan_path, &inventory, &Filters::default())?;
+        Ok(RunRequest {
+            version,
+            plan,
+            inventory,
+            reference: ReferencePolicy::FirstWhenNamed,
+            jobs: None,
+            extent: Extent::Plan,
+            out: None,
+            seed: None,
+        })
+    }
+
+    /// The same plan for another version (the reference's own run: every case, no
+    /// reference of its own).
+    fn for_reference(&self, reference: Version) -> RunRequest {
+        RunRequest {
+            version: reference,
+            plan: self.plan.clone(),
+            inventory: self.inventory.clone(),
+            reference: ReferencePolicy::Skip,
+            jobs: self.jobs,
+            extent: Extent::Full,
+            out: None,
+            seed: None,
+        }
+    }
+
+    /// What a run directory of this request must match to be resumed.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            version: self.version.name.clone(),
+            spec_hash: self.version.hash.clone(),
+            plan_hash: self.plan.hash.clone(),
+            benchmark_version: self.plan.benchmark_version.clone(),
+        }
+    }
+
+    /// The plan's held-out families and the version's `trained_on`: what R2 judges.
+    fn attack_families(&self) -> AttackFamilies {
+        AttackFamilies {
+            held_out: self.plan.held_out.clone(),
+            trained_on: self.version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect(),
+        }
+    }
+
+    /// The version's reference, loaded, when this request runs it first.
+    fn reference_version(&self, root: &Root) -> anyhow::Result<Option<Version>> {
+        match (self.reference, self.version.reference()) {
+            (ReferencePolicy::FirstWhenNamed, Some(name)) => Ok(Some(Version::load(&root.versions(), name)?)),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// How a run's cases are executed once its directory is claimed: the local gym, or a
+/// cluster's job array. Either records the cases in the claimed directory and says
+/// what the model server contributes to the run's record.
+pub trait Executor: Send + Sync {
+    /// Refuses a request this executor cannot run, before anything starts.
+    fn check(&self, _request: &RunRequest) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Whether the model server runs on this machine (then its inputs are checked here
+    /// before the run directory is claimed).
+    fn runs_here(&self) -> bool {
+        true
+    }
+
+    fn execute<'a>(
+        &'a self,
+        session: &'a Session,
+        request: &'a RunRequest,
+        claimed: &'a Claimed,
+    ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>>;
+}
+
+/// What the model server contributes to the run's record.
+#[derive(Default)]
+pub struct Served {
+    pub image_digest: Option<String>,
+    pub model_server: Option<ModelServerFacts>,
+    /// When the run began (a resumed run keeps its first start).
+    pub started_at: String,
+    pub concurrency: Option<ConcurrencyFacts>,
+    /// Observed elsewhere (a cluster's nodes) rather than by this run's control.
+    pub gpu: Option<GpuExclusivity>,
+    /// A run merged from a cluster's shards (`cluster`).
+    pub shards: Option<ShardFacts>,
+}
+
+pub struct Finished {
+    pub run_dir: RunDir,
+    pub executed: Executed,
+    pub judgement: Judgement,
+    /// The reference run compared with, and whether it was made for this run.
+    pub reference: Option<(PathBuf, bool)>,
+}
+
+/// What every run of one caller shares: the bench root, the venv, the container pool
+/// (warm across a daemon's jobs) and the caller's control.
+pub struct Session {
+    pub root: Root,
+    pub pyenv: PyEnv,
+    pub pool: Arc<Pool>,
+    pub control: Arc<RunControl>,
+}
+
+impl Session {
+    /// A session with a pool of its own, for one command (`run`, a shard): end it with
+    /// [`Session::shutdown`].
+    pub fn open(root: Root, control: Arc<RunControl>) -> anyhow::Result<Session> {
+        let pyenv = PyEnv::ensure()?;
+        let pool = Arc::new(Pool::new(pyenv.cache.join("container")));
+        Ok(Session { root, pyenv, pool, control })
+    }
+
+    /// Stops and removes whatever the pool still holds.
+    pub async fn shutdown(&self) -> anyhow::Result<()> {
+        self.pool.shutdown().await
+    }
+
+    /// Runs `request` to its judgement: the executor's check, the preflight, the run
+    /// directory, the reference first when R4 needs one, the cases, the records and
+    /// the judgement.
+    pub async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> anyhow::Result<Finished> {
+        executor.check(request)?;
+        if executor.runs_here() {
+            self.preflight(request).await?;
+        }
+        // The run directory first: a wrong --out is refused before anything runs.
+        let path =
+            request.out.clone().unwrap_or_else(|| self.root.new_run_dir(&request.version.name, &request.plan.name));
+        let claimed = RunDir::claim_seeded(&path, &request.identity(), request.seed)?;
+        // R4 compares with the reference on the same plan: make sure its run exists first.
+        let reference = match request.reference_version(&self.root)? {
+            Some(version) => Some(self.reference_run(&request.for_reference(version)).await?),
+            None => None,
+        };
+        let (executed, served) = executor.execute(self, request, &claimed).await?;
+        let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
+        let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served)?;
+        Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
+    }
+
+    /// Runs `request`'s cases into their directory with no reference and no judgement:
+    /// a shard's part of a run judged where the shards are merged.
+    pub async fn execute(&self, request: &RunRequest) -> anyhow::Result<(Executed, Served)> {
+        self.preflight(request).await?;
+        let path =
+            request.out.clone().unwrap_or_else(|| self.root.new_run_dir(&request.version.name, &request.plan.name));
+        let claimed = RunDir::claim_seeded(&path, &request.identity(), request.seed)?;
+        LocalGym.execute(self, request, &claimed).await
+    }
+
+    /// Before anything starts, for Docker versions (this one and its reference):
+    /// containers of dead owners (a `kill -9`'d run) are removed and reported, and the
+    /// inputs checked (image present, model and adapter folders).
+    async fn preflight(&self, request: &RunRequest) -> anyhow::Result<()> {
+        let mut versions = vec![request.version.clone()];
+        versions.extend(request.reference_version(&self.root)?);
+        if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
+            let docker = self.pool.docker().await?;
+            for orphan in container::remove_orphans(docker).await? {
+                tracing::warn!("{orphan}");
+            }
+            for v in &versions {
+                container::preflight_with(docker, v).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
+    /// writes the reports — the same path `pruefstand judge` takes later.
+    pub fn record_and_judge(
+        &self,
+        run_dir: &RunDir,
+        request: &RunRequest,
+        reference_run_dir: Option<PathBuf>,
+        served: Served,
+    ) -> anyhow::Result<Judgement> {
+        let plan = &request.plan;
+        let meta = RunMeta {
+            run_id: root::run_id(&run_dir.path),
+            version: request.version.name.clone(),
+            plan: plan.name.clone(),
+            plan_hash: plan.hash.clone(),
+            planned_case_ids: plan.cases.iter().map(|c| c.id.clone()).collect(),
+            benchmark_version: plan.benchmark_version.clone(),
+            agentdojo_version: Some(request.inventory.agentdojo_version.clone()),
+            image_digest: served.image_digest,
+            // The GPU guard (daemon) observes exclusivity; a plain `run` does not.
+            gpu: served.gpu.unwrap_or_else(|| self.control.gpu()),
+            reference_run_dir,
+            started_at: Some(served.started_at.clone()),
+            model_server: served.model_server,
+            concurrency: served.concurrency,
+            early_stop: early::read(run_dir)?,
+            shards: served.shards,
+            attack_families: request.attack_families(),
+        };
+        util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
+        util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
+        Ok(report::rejudge(&run_dir.path, None, None, Some(&self.root.reports()))?.0)
+    }
+}

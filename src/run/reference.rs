@@ -1,0 +1,104 @@
+//! The reference's run on a candidate's plan, for R4: reused when one exists for the
+//! same spec hash, plan hash and AgentDojo with every case recorded, else made now
+//! (resuming one cut short), always on this machine and always in full. Two
+//! candidates needing the same reference share one run of it: the second waits on the
+//! reference lock, then finds it complete.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+
+use super::{LocalGym, RunRequest, Session};
+use crate::plan::Plan;
+use crate::pyenv::Inventory;
+use crate::rundir::{RunDir, RunLock, Waited};
+use crate::spec::Version;
+
+use super::Executor;
+
+impl Session {
+    /// The reference's run for `request` (the reference's own request): its directory,
+    /// and whether it was made now.
+    pub(super) async fn reference_run(&self, request: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
+        let (reports, plan, reference) = (self.root.reports(), &request.plan, &request.version);
+        let _shared = self.reference_lock(request).await?;
+        if let Some(dir) = find_reference_run(&reports, reference, plan, &request.inventory) {
+            tracing::info!(
+                "reference: reusing {}'s run {} (same spec, plan and agentdojo)",
+                reference.name,
+                dir.display()
+            );
+            return Ok((dir, false));
+        }
+        tracing::info!("reference: no current run of {} on plan {} — running it first", reference.name, plan.name);
+        // A reference run cut short (daemon killed, job interrupted) is resumed, so none
+        // of its finished cases runs twice.
+        let unfinished = newest_run(&reports, reference, plan, |run| !complete(run, plan));
+        let path = unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name));
+        let claimed = RunDir::claim(&path, &request.identity())?;
+        let run_dir = &claimed.dir;
+        let (executed, served) = LocalGym.execute(self, request, &claimed).await?;
+        let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
+        if !failed && executed.gym.records.len() != plan.cases.len() {
+            bail!("the reference run {} is incomplete", run_dir.path.display());
+        }
+        self.record_and_judge(run_dir, request, None, served)?;
+        if failed {
+            bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
+        }
+        Ok((run_dir.path.clone(), true))
+    }
+
+    /// The lock on the reference's runs of this plan, waited for (saying for whom) while
+    /// another run makes the reference; a stop ends the wait.
+    async fn reference_lock(&self, request: &RunRequest) -> anyhow::Result<RunLock> {
+        let (reference, plan) = (&request.version, &request.plan);
+        let path = self.root.lock_file(&format!("reference-{}-{}", reference.name, plan.name))?;
+        let mut said = false;
+        let waiting = |holder: &str| {
+            if !said {
+                tracing::info!("reference: waiting for the run of {} that {holder} is making", reference.name);
+                said = true;
+            }
+        };
+        match RunLock::wait(|| RunLock::try_take(&path), waiting, self.control.until_stopped()).await? {
+            Waited::Taken(lock) => Ok(lock),
+            Waited::Stopped(()) => bail!("interrupted while waiting for the reference run"),
+        }
+    }
+}
+
+/// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec
+/// hash, plan hash and agentdojo version match.
+fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
+    newest_run(reports, reference, plan, |run| {
+        let read = |name: &str| -> Option<serde_json::Value> {
+            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
+        };
+        complete(run, plan)
+            && read("run.json").is_some_and(|meta| {
+                meta["plan_hash"] == plan.hash.as_str()
+                    && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+            })
+    })
+}
+
+fn complete(run: &Path, plan: &Plan) -> bool {
+    RunDir::new(run.to_path_buf()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false)
+}
+
+/// The newest run of `reference` on `plan` (same spec hash, same plan hash in its
+/// `plan.json`) that `accept` takes.
+fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let dir = reports.join(&reference.name).join(&plan.name);
+    let mut runs: Vec<PathBuf> =
+        std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+    runs.sort();
+    runs.into_iter().rev().find(|run| {
+        let read = |name: &str| -> Option<serde_json::Value> {
+            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
+        };
+        let (Some(version), Some(claimed)) = (read("version.json"), read("plan.json")) else { return false };
+        version["hash"] == reference.hash.as_str() && claimed["hash"] == plan.hash.as_str() && accept(run)
+    })
+}
