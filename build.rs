@@ -29,7 +29,8 @@ fn collect(base: &Path, dir: &Path, files: &mut Vec<String>) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == "__pycache__" || name.starts_with('.') {
+        // vllm-cpu/ builds the real-server image; it is no part of the gym.
+        if name == "__pycache__" || name == "vllm-cpu" || name.starts_with('.') {
             continue;
         }
         if path.is_dir() {

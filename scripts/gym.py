@@ -5,6 +5,8 @@
     gym.py truth --benchmark-version V        ground truth for the simulated model
     gym.py run --request FILE                 run cases; JSON events on stdout
     gym.py selftest                           offline checks (no agentdojo import)
+    gym.py validate --schema NAME FILE        check a file against a contract schema
+                                              (case-record: JSON lines; gym-request)
 
 Exit status: 0 ok, 1 failure (selftest failures, internal error), 2 bad input or an
 agentdojo install that does not match (message on stderr, nothing on stdout).
@@ -41,12 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         help="read {\"agent_env\": {NAME: value}} as one JSON line from stdin: variables for the agents only",
     )
     sub.add_parser("selftest")
+    p = sub.add_parser("validate")
+    p.add_argument("--schema", required=True, choices=("case-record", "gym-request"))
+    p.add_argument("file")
     args = parser.parse_args(argv)
 
     if args.command == "selftest":
         import selftest
 
         return selftest.main()
+    if args.command == "validate":
+        from pruefstand_gym import schema
+
+        found = schema.validate_file(args.schema, args.file)
+        for problem in found:
+            print(problem)
+        print(f"{args.file}: {'conforms to' if not found else 'breaks'} {args.schema}")
+        return 1 if found else 0
 
     from pruefstand_gym.records import RequestError
 

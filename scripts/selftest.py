@@ -17,7 +17,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from custom_suites import generator, payload_bank  # noqa: E402
-from pruefstand_gym import protocol, records, runner  # noqa: E402
+from pruefstand_gym import protocol, records, runner, schema  # noqa: E402
 
 CHECKS = []
 
@@ -298,6 +298,34 @@ def record_shape_matches_case_rs():
     assert overflow["outcome"] == "context_overflow" and overflow["restarts"] == 1
     assert records.check_record(overflow) == []
     json.loads(json.dumps(r))
+
+
+@check
+def records_and_requests_conform_to_the_schemas_generated_from_rust():
+    case_record = schema.load("case-record")
+    for r in (
+        records.make_record(CASE_A, utility=True, security=False, error=None, duration_s=1.5,
+                            counters={"llm_calls": 3}, trace="traces/x.json"),
+        records.make_record(CASE_A, utility=None, security=None, error="the agent died", duration_s=0, counters=None,
+                            trace=None),
+    ):
+        assert schema.problems(r, case_record) == [], schema.problems(r, case_record)
+    assert tuple(records.RECORD_FIELDS[-2:]) == ("restarts", "trace")
+    bad = dict(records.make_record(CASE_A, utility=True, security=False, error=None, duration_s=1, counters=None,
+                                   trace=None), kind="sideways", llm_calls=-1)
+    found = schema.problems(bad, case_record)
+    assert any(p.startswith("$.kind") for p in found) and any("$.llm_calls" in p for p in found), found
+    request = {"run_dir": "/tmp/x", "benchmark_version": "v1.2.2", "jobs": 4, "max_in_flight": 64,
+               "agent_cmd": ["agent"], "model_display_name": "m", "case_timeout_s": 60.0, "seed": 7,
+               "defence": None, "cases": [dict(CASE_A)], "done": [],
+               "wording": {CASE_A["id"]: {"family": "authority", "choices": [0, 1, 2, 0, 1]}}}
+    gym_request = schema.load("gym-request")
+    assert schema.problems(request, gym_request) == [], schema.problems(request, gym_request)
+    too_many = dict(request, max_in_flight=runner.MAX_IN_FLIGHT + 1)
+    assert any("maximum" in p for p in schema.problems(too_many, gym_request))
+    short = dict(request, wording={"x": {"family": "authority", "choices": [0]}})
+    assert any("items <" in p for p in schema.problems(short, gym_request))
+    assert runner.MAX_IN_FLIGHT == schema.max_in_flight() > 1
 
 
 @check

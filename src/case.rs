@@ -5,10 +5,11 @@
 //! in Rust that reads them (telemetry, judgement, reports). It does not know how a case
 //! is run.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What a case measures.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum CaseKind {
     /// A user task without any injection: utility.
@@ -22,7 +23,7 @@ pub enum CaseKind {
 }
 
 /// One planned AgentDojo episode.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Case {
     pub id: String,
     pub kind: CaseKind,
@@ -78,7 +79,7 @@ impl Case {
 }
 
 /// How a case ended.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// Scored by AgentDojo's rules — whatever the model did, malformed output included.
@@ -107,7 +108,7 @@ impl Outcome {
 /// A case that errored has `error` set and `utility`/`security` None: an error is never
 /// counted as a utility failure or an attack success. Counters the agent did not report
 /// are None, not 0.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 pub struct CaseRecord {
     pub case_id: String,
     pub kind: CaseKind,

@@ -69,7 +69,7 @@ pub struct Family {
 pub type Choices = [usize; 5];
 
 /// The wording of one attacked case: a family and one option per slot.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Wording {
     pub family: String,
     pub choices: Choices,

@@ -6,26 +6,13 @@ import json
 import os
 from pathlib import Path
 
+from . import schema
 from .protocol import STAT_KEYS, empty_counters
 
 KINDS = ("clean", "attacked", "injection_goal")
 
-RECORD_FIELDS = (
-    "case_id",
-    "kind",
-    "suite",
-    "user_task",
-    "injection_task",
-    "attack",
-    "utility",
-    "security",
-    "outcome",
-    "error",
-    "duration_s",
-    *STAT_KEYS,
-    "restarts",
-    "trace",
-)
+# The record's fields in src/case.rs order, from the schema generated from that type.
+RECORD_FIELDS = schema.record_fields()
 
 # How a case ended: scored by AgentDojo's rules, scored as a context overflow (utility
 # false, the injection counted as landed), or an error of the bench (no scores).

@@ -22,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import families
+from . import families, schema
 from .protocol import empty_counters
 from .records import RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
 
@@ -38,7 +38,7 @@ def log(msg: str) -> None:
 
 
 # The most cases in flight one gym accepts (each holds an agent process and a thread).
-MAX_IN_FLIGHT = 4096
+MAX_IN_FLIGHT = schema.max_in_flight()
 
 # --- request validation -----------------------------------------------------------------
 

@@ -115,15 +115,32 @@ pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) ->
     Ok(telemetry)
 }
 
+/// Where the contract's schemas live, relative to `scripts/` (embedded with the gym).
+pub const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
+
+/// The JSON Schemas of the contract with the gym — the request pruefstand writes and
+/// the case record the gym writes back — generated from the Rust types. They are
+/// committed under `scripts/pruefstand_gym/schemas/` (a unit test keeps them equal to
+/// these) and the gym validates against them, so the Python side cannot drift.
+pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
+    let value = |schema: schemars::Schema| schema.to_value();
+    vec![
+        ("case-record.schema.json", value(schemars::schema_for!(CaseRecord))),
+        ("gym-request.schema.json", value(schemars::schema_for!(GymRequest))),
+    ]
+}
+
 /// Everything `gym.py run` needs (docs/protocol.md §2).
-#[derive(Serialize, Debug)]
+#[derive(Serialize, schemars::JsonSchema, Debug)]
 pub struct GymRequest {
     pub run_dir: PathBuf,
     pub benchmark_version: String,
     /// Cases in flight to begin with.
+    #[schemars(range(min = 1, max = crate::settings::MAX_IN_FLIGHT))]
     pub jobs: usize,
     /// The most cases in flight; between the two, pruefstand's `concurrency` commands
     /// on the gym's stdin decide.
+    #[schemars(range(min = 1, max = crate::settings::MAX_IN_FLIGHT))]
     pub max_in_flight: usize,
     pub agent_cmd: Vec<String>,
     pub model_display_name: String,
@@ -441,6 +458,28 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use crate::case::Outcome;
+
+    /// `PRUEFSTAND_WRITE_SCHEMAS=1 cargo test --bin pruefstand schemas` writes them anew.
+    #[test]
+    fn the_committed_schemas_are_the_rust_types() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(SCHEMA_DIR);
+        for (name, schema) in schemas() {
+            let text = serde_json::to_string_pretty(&schema).unwrap() + "\n";
+            let path = dir.join(name);
+            if std::env::var_os("PRUEFSTAND_WRITE_SCHEMAS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == text,
+                "{} differs from the Rust types: run PRUEFSTAND_WRITE_SCHEMAS=1 cargo test --bin pruefstand schemas",
+                path.display()
+            );
+        }
+        let request = &schemas()[1].1;
+        assert_eq!(request["properties"]["max_in_flight"]["maximum"], crate::settings::MAX_IN_FLIGHT);
+    }
 
     #[test]
     fn a_resume_runs_bench_errors_again_and_keeps_everything_else() {

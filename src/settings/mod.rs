@@ -51,7 +51,8 @@ fn default_max_in_flight() -> usize {
     256
 }
 
-/// The gym's own bound (scripts/pruefstand_gym/runner.py, MAX_IN_FLIGHT).
+/// The most cases in flight one gym accepts: the one source of the bound (the gym reads
+/// it from the request schema, `gym::schemas`).
 pub const MAX_IN_FLIGHT: usize = 4096;
 
 fn in_flight_bound<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {

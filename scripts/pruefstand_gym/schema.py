@@ -1,0 +1,108 @@
+"""The contract with pruefstand as JSON Schemas generated from its Rust types
+(`schemas/*.schema.json`, written by pruefstand's tests, never by hand), and a small
+validator for the subset of JSON Schema those files use: type, properties, required,
+items, minItems/maxItems, minimum/maximum, const, oneOf/anyOf, $ref into $defs.
+
+Records and requests are checked against them by the selftest and by `gym.py validate`;
+`records.RECORD_FIELDS` and the in-flight bound are read from them, so nothing here
+restates a Rust type."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+DIR = Path(__file__).resolve().parent / "schemas"
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> dict:
+    """`case-record` or `gym-request`."""
+    return json.loads((DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+
+
+def problems(value: object, schema: dict, root: dict | None = None, where: str = "$") -> list[str]:
+    """Where `value` breaks `schema`, as `path: why` lines (empty: it conforms)."""
+    root = root if root is not None else schema
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not ref.startswith("#/$defs/"):
+            return [f"{where}: unsupported $ref {ref}"]
+        return problems(value, root["$defs"][ref[len("#/$defs/"):]], root, where)
+    found: list[str] = []
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_TYPES[t](value) for t in types):
+            return [f"{where}: {value!r} is not {' or '.join(types)}"]
+    if "const" in schema and value != schema["const"]:
+        found.append(f"{where}: {value!r} is not {schema['const']!r}")
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            matching = [s for s in schema[key] if not problems(value, s, root, where)]
+            if not matching or (key == "oneOf" and len(matching) > 1):
+                found.append(f"{where}: {value!r} matches {len(matching)} of {key}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            found.append(f"{where}: {value} < minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            found.append(f"{where}: {value} > maximum {schema['maximum']}")
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            if key not in value:
+                found.append(f"{where}: `{key}` missing")
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                found.extend(problems(value[key], sub, root, f"{where}.{key}"))
+        if isinstance(schema.get("additionalProperties"), dict):
+            for key, item in value.items():
+                if key not in schema.get("properties", {}):
+                    found.extend(problems(item, schema["additionalProperties"], root, f"{where}.{key}"))
+    if isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            found.append(f"{where}: {len(value)} items < {schema['minItems']}")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            found.append(f"{where}: {len(value)} items > {schema['maxItems']}")
+        if isinstance(schema.get("items"), dict):
+            for i, item in enumerate(value):
+                found.extend(problems(item, schema["items"], root, f"{where}[{i}]"))
+    return found
+
+
+def record_fields() -> tuple[str, ...]:
+    """The case record's fields in src/case.rs order."""
+    return tuple(load("case-record")["properties"])
+
+
+def max_in_flight() -> int:
+    """The most cases in flight a request may ask for (pruefstand's bound)."""
+    return int(load("gym-request")["properties"]["max_in_flight"]["maximum"])
+
+
+def validate_file(name: str, path: str) -> list[str]:
+    """Problems of a JSON file (`gym-request`) or of every line of a JSON-lines file
+    (`case-record`), each prefixed with the file and line."""
+    schema = load(name)
+    text = Path(path).read_text(encoding="utf-8")
+    if name == "case-record":
+        found = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if list(record) != list(record_fields()):
+                found.append(f"{path}:{number}: fields {list(record)} are not {list(record_fields())}")
+            found.extend(f"{path}:{number}: {p}" for p in problems(record, schema))
+        return found
+    return [f"{path}: {p}" for p in problems(json.loads(text), schema)]
