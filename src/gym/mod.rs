@@ -115,21 +115,6 @@ pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) ->
     Ok(telemetry)
 }
 
-/// Where the contract's schemas live, relative to `scripts/` (embedded with the gym).
-pub const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
-
-/// The JSON Schemas of the contract with the gym — the request pruefstand writes and
-/// the case record the gym writes back — generated from the Rust types. They are
-/// committed under `scripts/pruefstand_gym/schemas/` (a unit test keeps them equal to
-/// these) and the gym validates against them, so the Python side cannot drift.
-pub fn schemas() -> Vec<(&'static str, serde_json::Value)> {
-    let value = |schema: schemars::Schema| schema.to_value();
-    vec![
-        ("case-record.schema.json", value(schemars::schema_for!(CaseRecord))),
-        ("gym-request.schema.json", value(schemars::schema_for!(GymRequest))),
-    ]
-}
-
 /// Everything `gym.py run` needs (docs/protocol.md §2).
 #[derive(Serialize, schemars::JsonSchema, Debug)]
 pub struct GymRequest {
@@ -458,6 +443,21 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use crate::case::Outcome;
+
+    /// Where the contract's schemas live, relative to `scripts/` (embedded with the gym).
+    const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
+
+    /// The JSON Schemas of the contract with the gym — the request pruefstand writes and
+    /// the case record the gym writes back — generated from the Rust types. They are
+    /// committed under `scripts/pruefstand_gym/schemas/` (a unit test keeps them equal to
+    /// these) and the gym validates against them, so the Python side cannot drift.
+    fn schemas() -> Vec<(&'static str, serde_json::Value)> {
+        let value = |schema: schemars::Schema| schema.to_value();
+        vec![
+            ("case-record.schema.json", value(schemars::schema_for!(CaseRecord))),
+            ("gym-request.schema.json", value(schemars::schema_for!(GymRequest))),
+        ]
+    }
 
     /// `PRUEFSTAND_WRITE_SCHEMAS=1 cargo test --bin pruefstand schemas` writes them anew.
     #[test]
