@@ -117,6 +117,11 @@ pub struct ModelSpec {
     /// (vLLM's runtime LoRA updating) instead of being restarted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub runtime_lora: bool,
+    /// `max_tokens` of every agent request: a model that does not stop ends its turn
+    /// there (`finish_reason: "length"`, a scored malformed output) instead of
+    /// generating to the end of its context. The server's own limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
     /// Seconds the server may take to serve after start (cold start); default 900.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_timeout_s: Option<f64>,
@@ -264,6 +269,9 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         }
         Backend::Sim => {}
     }
+    if model.max_tokens == Some(0) {
+        return Err(bad(key_offset(text, "max_tokens"), "model.max_tokens must be at least 1"));
+    }
     if let Some(reference) = &spec.reference {
         let name = reference.get_ref();
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -362,6 +370,14 @@ susceptibility = 0.02
         assert_eq!(spec.human, HumanSpec::TaskScoped);
         assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility, 0.02);
         assert_eq!(spec.model.display_name, "Local model");
+    }
+
+    #[test]
+    fn max_tokens_bounds_every_agent_request_and_zero_is_refused_at_its_line() {
+        let spec = check(&GOOD.replace("served_name", "max_tokens = 512\nserved_name")).unwrap();
+        assert_eq!(spec.model.max_tokens, Some(512));
+        let err = error(&GOOD.replace("served_name", "max_tokens = 0\nserved_name"));
+        assert!(err.starts_with("DIR/cand.toml:6:1: model.max_tokens must be at least 1"), "{err}");
     }
 
     #[test]

@@ -210,6 +210,7 @@ impl Local<'_> {
                     base_url: endpoint.base_url.clone(),
                     model: version.request_model().to_string(),
                     tool_calling: spec.model.tool_calling,
+                    max_tokens: spec.model.max_tokens,
                     guardrail: spec.guardrail.clone(),
                     human: spec.human.clone(),
                     ..agent::AgentConfig::default()
