@@ -3,12 +3,10 @@
 //! the cases and verdict of a single-host run; a killed array task is requeued once and
 //! resumes; `cancel` ends the array; a daemon restart picks the array up.
 
-mod common;
-
 use std::path::Path;
 
-use common::slurm::{queued_tasks, slurm};
-use common::*;
+use crate::common::slurm::{queued_tasks, slurm};
+use crate::common::*;
 
 /// The sim's results per case in file order: everything but the wall-clock time.
 fn results(run_dir: &Path) -> Vec<serde_json::Value> {

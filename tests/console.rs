@@ -2,12 +2,10 @@
 //! quietly, the daemon's journal lines carry their priority and their job, and a
 //! `kill -9`'d run leaves no child of its own behind.
 
-mod common;
-
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 
 /// A stdout whose reader is already gone: every write gets EPIPE.
 fn closed_pipe() -> OwnedFd {

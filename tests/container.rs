@@ -4,13 +4,11 @@
 //! timeout, deaths mid-run, orphans of a killed run, warm reuse, Docker unreachable.
 //! Most tests use a small plan (one suite); `schnell` runs once.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use common::docker::{self, wait_for};
-use common::{Bench, outcomes};
+use crate::common::docker::{self, wait_for};
+use crate::common::{self, Bench, outcomes};
 
 const MINI: &str = r#"name = "mini"
 description = "container tests: one suite, few cases"

@@ -2,12 +2,10 @@
 //! `run`'s verdict, `kill -9` and SIGTERM mid-run resume without re-running a finished
 //! case, cancel, bad specs, sd_notify, single instance, rest, and the systemd units.
 
-mod common;
-
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn bench_with_slow(latency_ms: u32) -> Bench {
     let bench = Bench::new();

@@ -4,17 +4,11 @@
 //! going clear starts it; a foreign process appearing mid-run ends up in R1 and the
 //! report.
 
-mod common;
-#[path = "common/dbus.rs"]
-mod dbus;
-#[path = "common/nvml.rs"]
-mod nvml;
-
 use std::time::{Duration, Instant};
 
-use common::*;
-use dbus::{DbusDaemon, FakeSystemd};
-use nvml::{FakeNvml, NvmlState};
+use crate::common::dbus::{DbusDaemon, FakeSystemd};
+use crate::common::nvml::{FakeNvml, NvmlState};
+use crate::common::*;
 
 fn config(nvml: Option<&FakeNvml>, units: &str) -> String {
     let gpu = match nvml {

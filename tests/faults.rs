@@ -4,11 +4,9 @@
 //! scored with their counters, context overflows scored by AgentDojo's rule — while R1
 //! stays unaffected. Only the bench's own failure (HTTP 500 after retries) is an error.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 /// A simulated version that solves everything and follows every injection, with
 /// `faults` as its `[…faults]` table.

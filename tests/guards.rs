@@ -4,19 +4,14 @@
 //! pointed at a socket that does not exist, so its line is deterministic everywhere.
 //! The guards' API (wait, watch, reconnect) is tested beside the code, src/guard/tests.rs.
 
-mod common;
-#[path = "common/dbus.rs"]
-mod dbus;
-#[path = "common/nvml.rs"]
-mod nvml;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{Bench, Run};
-use dbus::{DbusDaemon, FakeSystemd};
-use nvml::{FakeNvml, NvmlState};
 use sha2::Digest;
+
+use crate::common::dbus::{DbusDaemon, FakeSystemd};
+use crate::common::nvml::{FakeNvml, NvmlState};
+use crate::common::{self, Bench, Run};
 
 /// A bench whose guards use the fakes, and the environment pointing the binary at them.
 struct Stand {

@@ -3,15 +3,13 @@
 //! resume after `kill -9`, per-run wording of attack families, misbehaving agents, and
 //! bad names.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const COUNTER_PLAN: &str = r#"
 name = "counter-smoke"

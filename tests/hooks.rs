@@ -2,14 +2,12 @@
 //! format, a 500 retried, a dead endpoint that delays nothing, an exec hook's
 //! variables, and no webhook secret in logs, reports or the queue.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 
 #[derive(Clone, Debug)]
 struct Request {

@@ -3,15 +3,13 @@
 //! reference run; names cannot climb out of `reports/`; a resume runs bench errors
 //! again; units survive odd paths; and secrets reach only the processes that need them.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 fn sim(susceptibility: f64, latency_ms: u32, extra: &str) -> String {
     format!(

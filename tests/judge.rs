@@ -4,11 +4,9 @@
 //! edited the ways a run could fool the judge (records against the plan, errors that
 //! hide attacks, references of another plan, edited cases), and the error-rate studies.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::{self, *};
 
 fn status(dir: &Path, rule: &str) -> String {
     let judgement = json(&dir.join("judgement.json"));
@@ -203,7 +201,7 @@ fn the_r2_study_prints_false_approval_rates_within_the_promise() {
 
 // ---- generated run directories: can the judge be fooled? ------------------------------
 
-use common::runs::{self, PlanShape};
+use crate::common::runs::{self, PlanShape};
 
 /// `pruefstand judge DIR --profile PLAN`: (exit code, stdout, judgement.json).
 fn judge_dir(bench: &Bench, dir: &Path, plan: &str, extra: &[&str]) -> (i32, String, serde_json::Value) {

@@ -4,12 +4,10 @@
 //! directory, `clean`, plain-language refusals, typos with a "did you mean", and the
 //! bench lock shared by `run` and the daemon; completions and man pages.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 fn bench_with_tiny(latency_ms: u32) -> Bench {
     let bench = Bench::new();

@@ -8,12 +8,10 @@
 //! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the wide screenshots there (how `docs/`'s
 //! pictures are made).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::chromium::{Chromium, console_errors};
-use common::*;
+use crate::common::chromium::{Chromium, console_errors};
+use crate::common::*;
 
 const BASE: &str = "reference-version-with-a-forty-char-name";
 const CAND: &str = "candidate-version-with-a-forty-char-name";

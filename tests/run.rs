@@ -2,13 +2,11 @@
 //! honesty of the simulation, guardrail and human, both tool-calling modes, protocol
 //! robustness, and spec errors.
 
-mod common;
-
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// A sim version: `behaviour` is the `[sim.models."sim/m"]` body; `extra` more tables.
 fn sim_version(behaviour: &str, extra: &str) -> String {

@@ -8,7 +8,9 @@
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod dbus;
 pub mod docker;
+pub mod nvml;
 pub mod runs;
 pub mod slurm;
 
@@ -150,7 +152,7 @@ pub fn pyenv() -> &'static PyEnv {
     })
 }
 
-/// The ground-truth export of v1.2.2 (for scripted agents), written once per test binary.
+/// The ground-truth export of v1.2.2 (for scripted agents), written once per test process.
 pub fn truth_file() -> &'static Path {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {

@@ -85,7 +85,7 @@ impl FakeNvml {
     }
 }
 
-/// The compiled library, shared read-only by all tests of all test binaries: built
+/// The compiled library, shared read-only by all tests of all test processes: built
 /// into a folder named by the source's hash, published by rename.
 fn built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();

@@ -1,7 +1,7 @@
 //! A real one-node Slurm cluster for the tests: `scripts/slurm-up` starts munged,
 //! slurmctld and slurmd under /tmp/pruefstand-slurm (or reuses the cluster that
 //! already answers there; the daemons' ports are fixed, so one per machine), once per
-//! test binary. A cluster that cannot start fails the test, loudly.
+//! test process. A cluster that cannot start fails the test, loudly.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
