@@ -491,3 +491,65 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     let skipped = events.lines().filter(|l| l.contains("\"event\":\"skip\"")).count();
     assert_eq!(skipped, before, "the finished cases were kept, not run again");
 }
+
+/// The run's records and judgement with what varies between two runs of the same seed
+/// taken out: timings, clocks and the hashes over timed records; fractions to 12
+/// digits (a `cargo test` build takes some maths from another library than a
+/// `cargo build` one, which moves the 15th digit).
+fn comparable(run_dir: &Path) -> (String, String) {
+    let records: Vec<serde_json::Value> = cases(run_dir)
+        .into_iter()
+        .map(|mut record| {
+            record.as_object_mut().unwrap().remove("duration_s");
+            record
+        })
+        .collect();
+    fn strip(value: &mut serde_json::Value, timing: &regex::Regex) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.retain(|key, _| !(key.ends_with("_at") || key.contains("sha256") || key == "p95_case_s"));
+                map.values_mut().for_each(|v| strip(v, timing));
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|v| strip(v, timing)),
+            serde_json::Value::String(text) => *text = timing.replace_all(text, "p95 case time _").into_owned(),
+            serde_json::Value::Number(n) if n.is_f64() => *value = format!("{:.11e}", n.as_f64().unwrap()).into(),
+            _ => {}
+        }
+    }
+    let mut judgement = json(&run_dir.join("judgement.json"));
+    strip(&mut judgement, &regex::Regex::new(r"p95 case time [0-9.]+").unwrap());
+    let lines: Vec<String> = records.iter().map(|r| serde_json::to_string(r).unwrap()).collect();
+    (lines.join("\n") + "\n", serde_json::to_string_pretty(&judgement).unwrap() + "\n")
+}
+
+/// The records and the judgement of a fixed-seed schnell run are those the pipeline
+/// gave before it was redrawn (d923547), byte for byte once timings are taken out.
+/// `PRUEFSTAND_GOLDEN_FROM=<run dir>` writes the fixture from a run of another build.
+#[test]
+fn a_fixed_seed_schnell_run_records_and_judges_as_before_the_pipeline_was_redrawn() {
+    let golden = repo().join("tests/fixtures/golden/baseline-schnell");
+    if let Some(from) = std::env::var_os("PRUEFSTAND_GOLDEN_FROM") {
+        let (records, judgement) = comparable(Path::new(&from));
+        std::fs::create_dir_all(&golden).unwrap();
+        std::fs::write(golden.join("cases.jsonl"), records).unwrap();
+        std::fs::write(golden.join("judgement.json"), judgement).unwrap();
+    }
+    let bench = Bench::new();
+    // The run's seed (the wording of its attacks) follows its folder's name.
+    let out = bench.path().join("reports/demo-baseline/schnell/baseline-schnell");
+    // demo-baseline falls for held-out families: rejected.
+    bench.run(&["run", "demo-baseline", "--plan", "schnell", "--jobs", "4", "--out", out.to_str().unwrap()]).code(10);
+    let (records, judgement) = comparable(&out);
+    for (name, actual) in [("cases.jsonl", records), ("judgement.json", judgement)] {
+        let expected = std::fs::read_to_string(golden.join(name)).unwrap();
+        let first = expected.lines().zip(actual.lines()).position(|(e, a)| e != a);
+        assert!(
+            expected == actual,
+            "{name} differs from {} at line {}:\nexpected {:?}\nactual   {:?}",
+            golden.display(),
+            first.map_or(0, |i| i + 1),
+            first.and_then(|i| expected.lines().nth(i)),
+            first.and_then(|i| actual.lines().nth(i)),
+        );
+    }
+}
