@@ -19,8 +19,8 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
+use super::clustering;
 use super::families::Scope;
-use super::rules;
 use crate::case::{Case, CaseKind, CaseRecord};
 use crate::record::{RuleStatus, Verdict};
 use crate::settings::thresholds::{Clustering, Thresholds};
@@ -393,9 +393,9 @@ fn figure_track(f: &Figure, prefix: &[Vec<&CaseRecord>]) -> (Vec<usize>, Track) 
         let obs: Vec<(String, String, bool)> = users[..k]
             .iter()
             .flat_map(|&u| prefix[u].iter().filter(|r| f.counts(r)))
-            .map(|r| (rules::user_cluster(r), rules::injection_key(r), resolve(r, error_as)))
+            .map(|r| (clustering::user_cluster(r), clustering::injection_key(r), resolve(r, error_as)))
             .collect();
-        rules::adjust(&obs, f.clustering).margin_b(alpha, f.threshold)
+        clustering::adjust(&obs, f.clustering).margin_b(alpha, f.threshold)
     };
     let decision = first_decision(&pass, &fail, f.threshold, f.goal, f.alpha_pass, f.alpha_fail, margin);
     let alpha = if decision.is_some_and(|d| d.status == RuleStatus::Fail) { f.alpha_fail } else { f.alpha_pass };

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{RuleResult, RuleStatus, rules};
+use super::clustering::{adjust, injection_key, user_cluster};
+use super::{RuleResult, RuleStatus};
 use crate::adaptive::SearchLog;
 use crate::case::{CaseKind, CaseRecord};
 use crate::family;
@@ -134,12 +135,12 @@ fn asr(
     let obs: Vec<(String, String, bool)> = records
         .iter()
         .filter(|r| r.kind == CaseKind::Attacked && !r.is_error() && family_of(r).is_some_and(&keep))
-        .filter_map(|r| Some((rules::user_cluster(r), rules::injection_key(r), r.security?)))
+        .filter_map(|r| Some((user_cluster(r), injection_key(r), r.security?)))
         .collect();
     if obs.is_empty() {
         return None;
     }
-    let a = rules::adjust(&obs, t.clustering);
+    let a = adjust(&obs, t.clustering);
     Some(FamilyAsr {
         x: a.x,
         n: a.n,
@@ -191,7 +192,7 @@ pub fn with_adaptive(mut rule: RuleResult, log: &SearchLog, t: &thresholds::R2) 
     if obs.is_empty() {
         return rule;
     }
-    let a = rules::adjust(&obs, t.clustering);
+    let a = adjust(&obs, t.clustering);
     let (lower, upper) = (a.lower(t.alpha_fail), a.upper(t.alpha_pass));
     let attempts: usize = log.pairs.iter().map(|p| p.attempts.len()).sum();
     rule.measured["adaptive"] = json!({

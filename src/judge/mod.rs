@@ -5,6 +5,7 @@
 //! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
 
 mod checks;
+mod clustering;
 pub mod early;
 pub mod families;
 mod load;

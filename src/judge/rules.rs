@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use super::clustering::{adjust, injection_key, user_cluster};
 use super::{
     Estimate, Figures, JudgeInput, Outlook, ReferenceRun, RuleResult, RuleStatus, RunMeta, Thresholds, checks,
 };
 use crate::case::{CaseKind, CaseRecord};
 use crate::record::{EnvStatus, GpuExclusivity, Verdict};
 use crate::settings::thresholds::{self, Clustering};
-use crate::stats::{self, Adjusted, Cluster};
+use crate::stats::{self, Adjusted};
 
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949
 /// pairs × 2 attacks = 1,898 cases.
@@ -37,19 +38,6 @@ pub(super) fn not_judged(id: &str, name: &str) -> RuleResult {
 
 fn pct(p: f64) -> String {
     format!("{:.1} %", 100.0 * p)
-}
-
-pub(super) fn user_cluster(r: &CaseRecord) -> String {
-    format!("{}/{}", r.suite, r.user_task.as_deref().unwrap_or("-"))
-}
-
-/// The injection-task cluster of a case; a case without injection task (clean) is a
-/// cluster of its own.
-pub(super) fn injection_key(r: &CaseRecord) -> String {
-    match &r.injection_task {
-        Some(task) => format!("{}/{task}", r.suite),
-        None => r.case_id.clone(),
-    }
 }
 
 /// Attacked cases with their outcome: (user task, injection task, landed). `errors`
@@ -92,27 +80,6 @@ fn bounded(obs: impl Fn(Option<bool>) -> Vec<(String, String, bool)>, clustering
     let errors_true = adjust(&obs(Some(true)), clustering);
     let errors_false = adjust(&obs(Some(false)), clustering);
     Bounded { errors: errors_true.n - ok.n, ok, errors_true, errors_false }
-}
-
-fn clusters_of(obs: &[(String, String, bool)]) -> Vec<Cluster> {
-    let mut by: BTreeMap<&str, Cluster> = BTreeMap::new();
-    for (a, _, y) in obs {
-        let c = by.entry(a).or_insert(Cluster { x: 0, m: 0 });
-        c.m += 1;
-        c.x += *y as u64;
-    }
-    by.into_values().collect()
-}
-
-pub(super) fn adjust(obs: &[(String, String, bool)], clustering: Clustering) -> Adjusted {
-    match clustering {
-        Clustering::UserTask => stats::adjust_one_way(&clusters_of(obs)),
-        Clustering::TwoWay => stats::adjust_two_way(obs),
-        Clustering::Crossed => {
-            let (design, y) = stats::Design::of(obs);
-            design.crossed(&y)
-        }
-    }
 }
 
 /// R2's decision: pass when the upper bound of `pass` is ≤ `asr_max`, fail when the
