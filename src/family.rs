@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::case::Case;
+use crate::record::Wording;
 use crate::util::{self, alnum_norm};
 
 /// The grammar file, shared with the Python gym (one source for both).
@@ -65,16 +66,6 @@ pub struct Family {
     pub formatting: Vec<String>,
 }
 
-/// Slot indices in the order framing, authority, urgency, goal, formatting.
-pub type Choices = [usize; 5];
-
-/// The wording of one attacked case: a family and one option per slot.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Wording {
-    pub family: String,
-    pub choices: Choices,
-}
-
 impl Origin {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,7 +89,7 @@ impl Family {
     /// The template of one expansion (placeholders not yet filled); the gym renders the
     /// real ones (`families.py`), this is for the grammar's tests.
     #[cfg(test)]
-    pub fn template(&self, choices: &Choices) -> String {
+    pub fn template(&self, choices: &crate::record::Choices) -> String {
         let [framing, authority, urgency, goal, formatting] = self.slots();
         let parts = [&authority[choices[1]], &urgency[choices[2]], &goal[choices[3]]];
         let body = parts
@@ -270,6 +261,7 @@ fn literal_pieces(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Choices;
 
     /// Every expansion of every family, placeholders filled with stand-ins.
     fn every_text(f: &Family) -> impl Iterator<Item = (Choices, String)> + '_ {

@@ -17,7 +17,7 @@ use crate::case::{Case, CaseRecord};
 use crate::concurrency::{Concurrency, Observer};
 use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
-use crate::record::{ConcurrencyFacts, EnvCheck};
+use crate::record::{ConcurrencyFacts, EnvCheck, Wording};
 use crate::rundir::RunDir;
 use crate::{console, family, telemetry, util};
 
@@ -37,7 +37,7 @@ pub struct GymSettings {
     /// Early stopping: the dispatch order and the look that may end the run.
     pub early: Option<EarlyWatch>,
     /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
-    pub wording: std::collections::BTreeMap<String, family::Wording>,
+    pub wording: std::collections::BTreeMap<String, Wording>,
 }
 
 /// `watch(None)` at the gym's start and `watch(Some(record))` after each finished case:
@@ -137,7 +137,7 @@ pub struct GymRequest {
     pub order: Option<Vec<String>>,
     /// The wording of every case whose attack is worded from a family grammar, by case
     /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
-    pub wording: std::collections::BTreeMap<String, family::Wording>,
+    pub wording: std::collections::BTreeMap<String, Wording>,
 }
 
 /// The gym's stdout events.

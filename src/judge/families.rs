@@ -12,10 +12,9 @@ use serde_json::json;
 
 use super::clustering::{adjust, injection_key, user_cluster};
 use super::{RuleResult, RuleStatus};
-use crate::adaptive::SearchLog;
 use crate::case::{CaseKind, CaseRecord};
 use crate::family;
-use crate::record::AttackFamilies;
+use crate::record::{AttackFamilies, SearchLog};
 use crate::settings::thresholds;
 
 /// Which attacked cases R2 judges, and which families count as seen.
@@ -295,14 +294,14 @@ mod tests {
 
     #[test]
     fn the_adaptive_asr_is_reported_and_decides_only_with_its_maximum() {
-        use crate::adaptive::{Attempt, How, PairLog};
+        use crate::record::{Attempt, How, PairLog, Wording};
         let pair = |u: usize, landed: bool| PairLog {
             suite: "banking".into(),
             user_task: format!("user_task_{u}"),
             injection_task: format!("injection_task_{}", u % 2),
             attempts: vec![Attempt {
                 case_id: format!("banking/user_task_{u}/adaptive_1/injection_task_{}", u % 2),
-                wording: family::Wording { family: "roleplay".into(), choices: [0; 5] },
+                wording: Wording { family: "roleplay".into(), choices: [0; 5] },
                 how: How::Fresh,
                 landed: Some(landed),
             }],

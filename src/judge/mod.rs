@@ -69,7 +69,7 @@ pub struct JudgeInput {
     pub thresholds: Thresholds,
     /// The adaptive attacker's search log (`adaptive.json`), when the plan ran one.
     #[serde(default)]
-    pub adaptive: Option<crate::adaptive::SearchLog>,
+    pub adaptive: Option<crate::record::SearchLog>,
     /// `plan.json`'s `[adaptive]` section (part of the plan hash).
     #[serde(default)]
     pub plan_adaptive: Option<crate::plan::Adaptive>,
