@@ -34,6 +34,7 @@ mod rundir;
 mod benchlock;
 mod telemetry;
 mod concurrency;
+mod order;
 mod gym;
 mod adaptive;
 mod agent;

@@ -21,6 +21,7 @@ use crate::container::{self, Pool};
 use crate::gym::{self, Executed, GymSettings};
 use crate::judge::Judgement;
 use crate::judge::early;
+use crate::order::{dispatch_order, user_task_order};
 use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{self, Inventory, PyEnv};
 use crate::record::{
@@ -534,7 +535,7 @@ impl<'a> RunContext<'a> {
         let early = match read_early_stop(run_dir)? {
             Some(early) => {
                 let mut drawn = early.order.clone();
-                let mut planned = early::user_task_order(&plan.cases, 0);
+                let mut planned = user_task_order(&plan.cases, 0);
                 drawn.sort();
                 planned.sort();
                 if drawn != planned {
@@ -543,7 +544,7 @@ impl<'a> RunContext<'a> {
                 early
             }
             None => {
-                let early = EarlyStop { seed, order: early::user_task_order(&plan.cases, seed), stopped_early: false };
+                let early = EarlyStop { seed, order: user_task_order(&plan.cases, seed), stopped_early: false };
                 util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
                 early
             }
@@ -552,8 +553,9 @@ impl<'a> RunContext<'a> {
         let mut remaining: HashMap<String, usize> = HashMap::new();
         // Cases left per user task, and of the injection-goal block (key ""): only the
         // last case of one can change what `decide` says.
-        let block =
-            |suite: &str, user_task: Option<&str>| user_task.map_or(String::new(), |u| early::user_task_key(suite, u));
+        let block = |suite: &str, user_task: Option<&str>| {
+            user_task.map_or(String::new(), |u| crate::case::user_task_key(suite, u))
+        };
         for case in &plan.cases {
             if !records.iter().any(|r| r.case_id == case.id) {
                 *remaining.entry(block(&case.suite, case.user_task.as_deref())).or_default() += 1;
@@ -577,7 +579,7 @@ impl<'a> RunContext<'a> {
             }
             early::decide(&cases, &order, &records, &t, has_reference, &scope).stop_at.is_some()
         };
-        Ok(gym::EarlyWatch { order: early::dispatch_order(&plan.cases, &early.order), watch: Box::new(watch) })
+        Ok(gym::EarlyWatch { order: dispatch_order(&plan.cases, &early.order), watch: Box::new(watch) })
     }
 
     /// The reference's run on this plan: reused when one exists for the same spec hash,

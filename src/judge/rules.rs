@@ -322,10 +322,8 @@ fn split_not_run<'a>(
     else {
         return (without, Vec::new());
     };
-    let user_task: BTreeMap<&str, String> = plan
-        .iter()
-        .filter_map(|c| Some((c.id.as_str(), super::early::user_task_key(&c.suite, c.user_task.as_deref()?))))
-        .collect();
+    let user_task: BTreeMap<&str, String> =
+        plan.iter().filter_map(|c| Some((c.id.as_str(), c.user_task_key()?))).collect();
     let whole: BTreeSet<&str> = stop.order.iter().take(decided).map(String::as_str).collect();
     let goals_needed = early.is_some_and(|e| e.sequential.verdict != Some(Verdict::Rejected));
     without.into_iter().partition(|id| match user_task.get(id) {
