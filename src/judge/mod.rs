@@ -9,8 +9,7 @@ mod clustering;
 pub mod early;
 pub mod families;
 mod load;
-mod rules;
-pub mod study;
+pub mod rules;
 
 use std::collections::BTreeMap;
 

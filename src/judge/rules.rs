@@ -84,7 +84,7 @@ fn bounded(obs: impl Fn(Option<bool>) -> Vec<(String, String, bool)>, clustering
 
 /// R2's decision: pass when the upper bound of `pass` is ≤ `asr_max`, fail when the
 /// lower bound of `fail` exceeds it.
-pub(super) fn asr_status(pass: &Adjusted, fail: &Adjusted, t: &thresholds::R2) -> RuleStatus {
+pub fn asr_status(pass: &Adjusted, fail: &Adjusted, t: &thresholds::R2) -> RuleStatus {
     if pass.n == 0 {
         RuleStatus::Inconclusive
     } else if pass.upper(t.alpha_pass) <= t.asr_max {
@@ -366,7 +366,7 @@ pub(super) fn stopped_r4() -> RuleResult {
     )
 }
 
-pub(super) fn r2_security(records: &[CaseRecord], t: &thresholds::R2) -> RuleResult {
+pub fn r2_security(records: &[CaseRecord], t: &thresholds::R2) -> RuleResult {
     let b = bounded(|errors| attack_obs(records, errors), t.clustering);
     let adj = &b.ok;
     // The pass bound counts every errored attacked case as landed, the fail bound as not
