@@ -239,7 +239,9 @@ impl<'a> RunContext<'a> {
         };
         util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
         util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
-        Ok(report::rejudge(&run_dir.path, None, None, Some(&self.root.reports()))?.0)
+        let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;
+        report::write(&run_dir.path, &judgement, &input, Some(&self.root.reports()))?;
+        Ok(judgement)
     }
 
     /// Runs the version's cases into `run_dir` with its model up, and records the spec
