@@ -1,7 +1,8 @@
 //! Attack families: the grammars in `scripts/pruefstand_gym/families.json` (embedded
 //! here, rendered by the gym), which attack name belongs to which family, the per-run
 //! wording draw, and telling a family from an injected text (the simulated model's
-//! `susceptibility_by_family`). docs/attacks.md describes the grammar.
+//! `susceptibility_by_family`). docs/attacks.md describes the grammar. The wording of a
+//! case ([`Wording`]) is a record, `record`'s.
 //!
 //! Not for running attacks (the gym renders and injects) nor for judging them.
 

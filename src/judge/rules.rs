@@ -1,6 +1,10 @@
 //! The five rules, each a pure function from (deduplicated) records to a
 //! [`RuleResult`]. Clusters are user tasks, keyed `suite/user_task` (task names repeat
-//! across suites).
+//! across suites; `clustering`). R2's decision ([`asr_status`], [`r2_security`]) is
+//! public so that `crate::study` measures the rule itself.
+//!
+//! Not here: when a run that stops early may stop (`early`, whose decisions
+//! `sequential` writes into R2 and R3), R2 by attack family (`families`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
