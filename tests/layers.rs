@@ -16,6 +16,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 
+/// Paths found in a text, each with where it is (a byte offset, or once resolved a line)
+/// and its segments.
+type Paths = Vec<(usize, Vec<String>)>;
+
 /// A file under `src/`: its path as shown, the module it is, and its text.
 struct Source {
     name: String,
@@ -95,7 +99,7 @@ fn use_tree(code: &str, mut at: usize, prefix: &[String], out: &mut Vec<Vec<Stri
 
 /// Every path in `code` that starts with `crate::` (`$crate::` in macros too),
 /// `super::` or `self::`, expanded, with the byte offset where it starts.
-fn rooted_paths(code: &str) -> Vec<(usize, Vec<String>)> {
+fn rooted_paths(code: &str) -> Paths {
     let mut found = Vec::new();
     let mut at = 0;
     while at < code.len() {
@@ -114,7 +118,7 @@ fn rooted_paths(code: &str) -> Vec<(usize, Vec<String>)> {
 
 /// The use trees of `use` declarations in `code` as written (`use rules::percentile`
 /// stays `rules::percentile`), with the byte offset of each.
-fn use_declarations(code: &str) -> Vec<(usize, Vec<String>)> {
+fn use_declarations(code: &str) -> Paths {
     let mut found = Vec::new();
     for (at, _) in code.match_indices("use ") {
         if code[..at].chars().next_back().is_some_and(is_ident) {
@@ -178,7 +182,7 @@ fn inline_modules(code: &str) -> Vec<Vec<String>> {
 /// The paths a file names, resolved below the crate root: (line, module path and item).
 /// `uses` takes the paths to read from the comment-free code (rooted paths, or `use`
 /// declarations); each resolves in the module its line sits in.
-fn resolved(file: &Source, uses: fn(&str) -> Vec<(usize, Vec<String>)>) -> Vec<(usize, Vec<String>)> {
+fn resolved(file: &Source, uses: fn(&str) -> Paths) -> Paths {
     let code = strip_comments(&file.text);
     let inline = inline_modules(&code);
     let line_starts: Vec<usize> = std::iter::once(0).chain(code.match_indices('\n').map(|(at, _)| at + 1)).collect();
@@ -269,10 +273,12 @@ fn folder_edges(folder: &[String], files: &[Source]) -> BTreeMap<(String, String
     let mut through: BTreeMap<String, String> = BTreeMap::new();
     for parent in files.iter().filter(|f| f.module == folder) {
         for (_, path) in resolved(parent, use_declarations) {
-            if let (Some(child), Some(name)) = (child_of(folder, &path), path.last()) {
-                if children.contains(child) && path.len() > depth + 1 && name != "*" {
-                    through.insert(name.clone(), child.clone());
-                }
+            if let (Some(child), Some(name)) = (child_of(folder, &path), path.last())
+                && children.contains(child)
+                && path.len() > depth + 1
+                && name != "*"
+            {
+                through.insert(name.clone(), child.clone());
             }
         }
     }
@@ -395,7 +401,7 @@ fn source(name: &str, text: &str) -> Source {
     Source { name: format!("src/{name}"), module: module_of(Path::new(name)), text: text.to_string() }
 }
 
-fn joined(paths: Vec<(usize, Vec<String>)>) -> Vec<String> {
+fn joined(paths: Paths) -> Vec<String> {
     paths.into_iter().map(|(_, path)| path.join("::")).collect()
 }
 
