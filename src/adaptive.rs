@@ -7,65 +7,24 @@
 //!
 //! Every choice is a hash of the run's seed, the pair and the attempt, and depends only
 //! on earlier rounds' outcomes: a resumed run redraws the same words and skips recorded
-//! attempts, and the log replays exactly. Judging the result is `judge`'s.
+//! attempts, and the log replays exactly. The log's records are `record`'s
+//! ([`SearchLog`]); judging the result is `judge`'s.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::case::Case;
-use crate::family::{self, Choices, Wording};
+use crate::family;
 use crate::gym::{self, GymSettings};
 use crate::plan::{Adaptive, Plan};
 use crate::pyenv::{Inventory, PyEnv};
+use crate::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
 use crate::rundir::RunDir;
 use crate::util;
 
-/// The search log in the run directory.
-pub const LOG_FILE: &str = "adaptive.json";
 /// The gym's run directory of the attempts, inside the run's.
 pub const DIR: &str = "adaptive";
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct SearchLog {
-    pub seed: u64,
-    pub attempts: usize,
-    pub families: Vec<String>,
-    pub pairs: Vec<PairLog>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct PairLog {
-    pub suite: String,
-    pub user_task: String,
-    pub injection_task: String,
-    pub attempts: Vec<Attempt>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Attempt {
-    pub case_id: String,
-    pub wording: Wording,
-    /// How the wording came about.
-    pub how: How,
-    /// None: the attempt errored (it counts as not landed; R1 of the plan's cases is
-    /// where errors are judged).
-    pub landed: Option<bool>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum How {
-    Fresh,
-    Mutated,
-    Recombined,
-}
-
 impl PairLog {
-    pub fn broken(&self) -> bool {
-        self.attempts.iter().any(|a| a.landed == Some(true))
-    }
-
     fn key(&self) -> String {
         format!("{}/{}/{}", self.suite, self.user_task, self.injection_task)
     }
@@ -117,11 +76,6 @@ impl SearchLog {
                 attempt.landed = *landed;
             }
         }
-    }
-
-    /// (pairs broken within K, pairs).
-    pub fn broken(&self) -> (usize, usize) {
-        (self.pairs.iter().filter(|p| p.broken()).count(), self.pairs.len())
     }
 }
 
@@ -202,7 +156,7 @@ pub async fn search(
         let executed = gym::execute(pyenv, &dir, &sub, inventory, settings).await?;
         let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
         log.record(&outcomes);
-        util::write_json_atomic(&run_dir.file(LOG_FILE), &log)?;
+        util::write_json_atomic(&run_dir.file(SearchLog::FILE), &log)?;
     }
     Ok(log)
 }

@@ -36,7 +36,19 @@ pub struct Case {
     pub attack: Option<String>,
 }
 
+/// A user task's key: `suite/user_task`, as its cluster is named everywhere (the
+/// dispatch order, early stopping, R1).
+pub fn user_task_key(suite: &str, user_task: &str) -> String {
+    format!("{suite}/{user_task}")
+}
+
 impl Case {
+    /// The key of the case's user task ([`user_task_key`]); None for an injection-goal
+    /// case.
+    pub fn user_task_key(&self) -> Option<String> {
+        self.user_task.as_deref().map(|u| user_task_key(&self.suite, u))
+    }
+
     pub fn clean(suite: &str, user_task: &str) -> Case {
         Case::new(CaseKind::Clean, suite, Some(user_task), None, None)
     }

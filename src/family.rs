@@ -1,7 +1,8 @@
 //! Attack families: the grammars in `scripts/pruefstand_gym/families.json` (embedded
 //! here, rendered by the gym), which attack name belongs to which family, the per-run
 //! wording draw, and telling a family from an injected text (the simulated model's
-//! `susceptibility_by_family`). docs/attacks.md describes the grammar.
+//! `susceptibility_by_family`). docs/attacks.md describes the grammar. The wording of a
+//! case ([`Wording`]) is a record, `record`'s.
 //!
 //! Not for running attacks (the gym renders and injects) nor for judging them.
 
@@ -11,6 +12,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::case::Case;
+use crate::record::Wording;
 use crate::util::{self, alnum_norm};
 
 /// The grammar file, shared with the Python gym (one source for both).
@@ -65,16 +67,6 @@ pub struct Family {
     pub formatting: Vec<String>,
 }
 
-/// Slot indices in the order framing, authority, urgency, goal, formatting.
-pub type Choices = [usize; 5];
-
-/// The wording of one attacked case: a family and one option per slot.
-#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Wording {
-    pub family: String,
-    pub choices: Choices,
-}
-
 impl Origin {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -98,7 +90,7 @@ impl Family {
     /// The template of one expansion (placeholders not yet filled); the gym renders the
     /// real ones (`families.py`), this is for the grammar's tests.
     #[cfg(test)]
-    pub fn template(&self, choices: &Choices) -> String {
+    pub fn template(&self, choices: &crate::record::Choices) -> String {
         let [framing, authority, urgency, goal, formatting] = self.slots();
         let parts = [&authority[choices[1]], &urgency[choices[2]], &goal[choices[3]]];
         let body = parts
@@ -270,6 +262,7 @@ fn literal_pieces(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Choices;
 
     /// Every expansion of every family, placeholders filled with stand-ins.
     fn every_text(f: &Family) -> impl Iterator<Item = (Choices, String)> + '_ {

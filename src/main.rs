@@ -34,14 +34,17 @@ mod rundir;
 mod benchlock;
 mod telemetry;
 mod concurrency;
+mod order;
 mod gym;
 mod adaptive;
 mod agent;
 mod provenance;
 
-// The verdict: statistics, rules R1–R5, reports — then the hooks.
+// The verdict: statistics, rules R1–R5 (and the studies of their error rates),
+// reports — then the hooks.
 mod stats;
 mod judge;
+mod study;
 mod report;
 mod hooks;
 

@@ -1,7 +1,9 @@
 //! Records that travel along the flow and that several stages share: the verdict and a
 //! rule's status, whether the GPU stayed ours, how the model server fared, the
-//! environment checks, and `run.json`'s facts about a run. Plain data with its
-//! serialisation; deciding anything from them is `judge`'s job.
+//! environment checks, `run.json`'s facts about a run, and the adaptive attacker's
+//! search log (`adaptive.json`) with the wording of an attack. Plain data with its
+//! serialisation; deciding anything from them is `judge`'s job, searching `adaptive`'s,
+//! wording attacks `family`'s.
 //!
 //! A leaf: it uses nothing of the crate but `util`, so the guard, the container pool,
 //! the queue and the gym can all name these records without depending on the judge.
@@ -173,6 +175,71 @@ pub struct EarlyStop {
     /// The betting tests decided and the gym stopped starting cases; the cases not run
     /// are missing on purpose (R1 knows). False again once `--full` ran the rest.
     pub stopped_early: bool,
+}
+
+/// Slot indices of a family's grammar in the order framing, authority, urgency, goal,
+/// formatting.
+pub type Choices = [usize; 5];
+
+/// The wording of one attacked case: a family and one option per slot.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Wording {
+    pub family: String,
+    pub choices: Choices,
+}
+
+/// The adaptive attacker's search log, `adaptive.json` in the run directory: per
+/// searched (user task, injection task) pair, its attempts and whether they landed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SearchLog {
+    pub seed: u64,
+    pub attempts: usize,
+    pub families: Vec<String>,
+    pub pairs: Vec<PairLog>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PairLog {
+    pub suite: String,
+    pub user_task: String,
+    pub injection_task: String,
+    pub attempts: Vec<Attempt>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub case_id: String,
+    pub wording: Wording,
+    /// How the wording came about.
+    pub how: How,
+    /// None: the attempt errored (it counts as not landed; R1 of the plan's cases is
+    /// where errors are judged).
+    pub landed: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    Fresh,
+    Mutated,
+    Recombined,
+}
+
+impl SearchLog {
+    /// The search log's file in the run directory.
+    pub const FILE: &str = "adaptive.json";
+
+    /// (pairs broken within K, pairs).
+    pub fn broken(&self) -> (usize, usize) {
+        (self.pairs.iter().filter(|p| p.broken()).count(), self.pairs.len())
+    }
+}
+
+impl PairLog {
+    /// Broken: an attempt landed.
+    pub fn broken(&self) -> bool {
+        self.attempts.iter().any(|a| a.landed == Some(true))
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,11 +1,31 @@
-//! The crate's layering, checked from the source: `src/main.rs` declares the top-level
-//! modules in the order of the flow, leaves first, and a module may use only modules
-//! declared above it. So there is no cycle between top-level modules, and the core never
-//! reaches up into `cmd` or the orchestration. Reads the `crate::…` paths of every file
-//! (grouped `use crate::{a, b::c}` included); no parser, no dependency.
+//! The crate's layering, checked from the source. Two rules:
+//!
+//! - `src/main.rs` declares the top-level modules in the order of the flow, leaves first,
+//!   and a module may use only modules declared above it. So there is no cycle between
+//!   top-level modules, and the core never reaches up into `cmd` or the orchestration.
+//! - Inside a module's folder (`src/judge/`, `src/report/`, …) the files — sibling
+//!   modules — form no import cycle: no two import each other, directly or through a
+//!   third.
+//!
+//! Reads every path that starts with `crate::`, `super::` or `self::` (grouped
+//! `use a::{b, c::{d}}` included, also over several lines), resolved against the module
+//! it is written in, inline `mod tests { … }` included; and a folder's own `use child::…`
+//! imports, so a sibling reaching another through the parent's re-export counts. Not
+//! followed: names a glob import (`use super::*`) brings in. No parser, no dependency.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
+
+/// Paths found in a text, each with where it is (a byte offset, or once resolved a line)
+/// and its segments.
+type Paths = Vec<(usize, Vec<String>)>;
+
+/// A file under `src/`: its path as shown, the module it is, and its text.
+struct Source {
+    name: String,
+    module: Vec<String>,
+    text: String,
+}
 
 /// Top-level modules in declaration order.
 fn declared_modules(main_rs: &str) -> Vec<String> {
@@ -23,58 +43,169 @@ fn test_only_modules(main_rs: &str) -> Vec<String> {
         .collect()
 }
 
-/// Code without `//` comments (doc comments cite modules freely) and string literals
-/// left as they are (paths in strings are not imports, but none spells `crate::`).
-fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.lines().enumerate().map(|(i, line)| {
-        let code = match line.find("//") {
-            Some(at) => &line[..at],
-            None => line,
-        };
-        (i + 1, code)
-    })
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
 }
 
-/// The top-level modules a piece of code names through `crate::`.
-fn referenced_modules(code: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        let after = &rest[at + "crate::".len()..];
-        if let Some(group) = after.strip_prefix('{') {
-            // `crate::{a, b::c, d::{e, f}}`: the first segment of each top-level item.
-            let mut depth = 0;
-            let mut item_start = true;
-            let mut word = String::new();
-            for ch in group.chars() {
-                if item_start && (ch.is_alphanumeric() || ch == '_') {
-                    word.push(ch);
-                    continue;
+/// The text without `//` comments (doc comments cite modules freely), line for line.
+/// String literals are left as they are (paths in strings are not imports, but none
+/// spells one).
+fn strip_comments(text: &str) -> String {
+    let code: Vec<&str> = text.lines().map(|line| line.find("//").map_or(line, |at| &line[..at])).collect();
+    code.join("\n")
+}
+
+/// The path or use tree at byte `at` of `code`, each of its expansions appended to `out`
+/// after `prefix` (`a::{b, c::{d, e}}` → a::b, a::c::d, a::c::e; `self` and `*` kept as
+/// segments, `as` renames skipped). Returns where it ends.
+fn use_tree(code: &str, mut at: usize, prefix: &[String], out: &mut Vec<Vec<String>>) -> usize {
+    let mut path = prefix.to_vec();
+    loop {
+        let rest = &code[at..];
+        let word: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+        if !word.is_empty() {
+            at += word.len();
+            path.push(word);
+        } else if rest.starts_with('*') {
+            at += 1;
+            path.push("*".into());
+        } else if rest.starts_with('{') {
+            at += 1;
+            loop {
+                at += code[at..].len() - code[at..].trim_start().len();
+                if at >= code.len() || code[at..].starts_with('}') {
+                    return (at + 1).min(code.len());
                 }
-                if item_start && !word.is_empty() {
-                    found.push(std::mem::take(&mut word));
-                    item_start = false;
+                at = use_tree(code, at, &path, out);
+                // Past an `as` rename, to the next item.
+                while let Some(c) = code[at..].chars().next().filter(|&c| c != ',' && c != '}') {
+                    at += c.len_utf8();
                 }
-                match ch {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    _ => {}
+                if code[at..].starts_with(',') {
+                    at += 1;
                 }
-            }
-            if item_start && !word.is_empty() {
-                found.push(word);
-            }
-        } else {
-            let word: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            if !word.is_empty() {
-                found.push(word);
             }
         }
-        rest = after;
+        if !code[at..].starts_with("::") {
+            break;
+        }
+        at += 2;
+    }
+    if path.len() > prefix.len() {
+        out.push(path);
+    }
+    at
+}
+
+/// Every path in `code` that starts with `crate::` (`$crate::` in macros too),
+/// `super::` or `self::`, expanded, with the byte offset where it starts.
+fn rooted_paths(code: &str) -> Paths {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < code.len() {
+        let rest = &code[at..];
+        let after_word = code[..at].chars().next_back().is_some_and(|c| is_ident(c) || c == ':');
+        if !after_word && ["crate::", "super::", "self::"].iter().any(|root| rest.starts_with(root)) {
+            let (start, mut paths) = (at, Vec::new());
+            at = use_tree(code, at, &[], &mut paths);
+            found.extend(paths.into_iter().map(|p| (start, p)));
+        } else {
+            at += rest.chars().next().map_or(1, char::len_utf8);
+        }
     }
     found
+}
+
+/// The use trees of `use` declarations in `code` as written (`use rules::percentile`
+/// stays `rules::percentile`), with the byte offset of each.
+fn use_declarations(code: &str) -> Paths {
+    let mut found = Vec::new();
+    for (at, _) in code.match_indices("use ") {
+        if code[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        let start = at + "use ".len();
+        let mut paths = Vec::new();
+        use_tree(code, start, &[], &mut paths);
+        found.extend(paths.into_iter().map(|p| (start, p)));
+    }
+    found
+}
+
+/// A path written in module `at`, below the crate root: `crate::` from the root,
+/// `self::` and `super::` from `at`, anything else relative to `at` (a `use` of a child);
+/// a trailing `self` (`{self, …}`) names the module itself.
+fn resolve(at: &[String], path: &[String]) -> Vec<String> {
+    let mut out = at.to_vec();
+    let mut segments = path.iter().peekable();
+    match path.first().map(String::as_str) {
+        Some("crate") => {
+            out.clear();
+            segments.next();
+        }
+        Some("self") => {
+            segments.next();
+        }
+        _ => {}
+    }
+    while segments.next_if(|s| *s == "super").is_some() {
+        out.pop();
+    }
+    out.extend(segments.cloned());
+    if out.last().is_some_and(|s| s == "self") {
+        out.pop();
+    }
+    out
+}
+
+/// For each line of `code`, the inline modules (`mod tests {`) it sits in, read from
+/// rustfmt's layout: a block closes at the indentation it opened at.
+fn inline_modules(code: &str) -> Vec<Vec<String>> {
+    let mut open: Vec<(String, usize)> = Vec::new();
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let indent = line.len() - line.trim_start().len();
+        out.push(open.iter().map(|(name, _)| name.clone()).collect());
+        if line.trim() == "}" && open.last().is_some_and(|(_, at)| *at == indent) {
+            open.pop();
+            continue;
+        }
+        let item = ["pub(crate) ", "pub(super) ", "pub "].iter().find_map(|p| line.trim().strip_prefix(p));
+        let name = item.unwrap_or(line.trim()).strip_prefix("mod ").and_then(|rest| rest.strip_suffix(" {"));
+        if let Some(name) = name.filter(|n| n.chars().all(is_ident)) {
+            open.push((name.to_string(), indent));
+        }
+    }
+    out
+}
+
+/// The paths a file names, resolved below the crate root: (line, module path and item).
+/// `uses` takes the paths to read from the comment-free code (rooted paths, or `use`
+/// declarations); each resolves in the module its line sits in.
+fn resolved(file: &Source, uses: fn(&str) -> Paths) -> Paths {
+    let code = strip_comments(&file.text);
+    let inline = inline_modules(&code);
+    let line_starts: Vec<usize> = std::iter::once(0).chain(code.match_indices('\n').map(|(at, _)| at + 1)).collect();
+    uses(&code)
+        .into_iter()
+        .map(|(offset, path)| {
+            let line = line_starts.partition_point(|&start| start <= offset);
+            let mut module = file.module.clone();
+            module.extend(inline.get(line - 1).into_iter().flatten().cloned());
+            (line, resolve(&module, &path))
+        })
+        .collect()
+}
+
+/// The module a file under `src/` is: `judge/rules.rs` → judge::rules, `judge/mod.rs`
+/// → judge, `main.rs` → the crate root (no segment).
+fn module_of(relative: &Path) -> Vec<String> {
+    let mut module: Vec<String> =
+        relative.with_extension("").iter().map(|c| c.to_string_lossy().into_owned()).collect();
+    if module.last().is_some_and(|m| m == "mod") || module == ["main"] {
+        module.pop();
+    }
+    module
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -88,43 +219,120 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file under `src/` belongs to (`None` for `main.rs`).
-fn owner(src: &Path, file: &Path) -> Option<String> {
-    let relative = file.strip_prefix(src).unwrap();
-    let first = relative.components().next()?.as_os_str().to_str()?.to_string();
-    match first.strip_suffix(".rs") {
-        Some("main") => None,
-        Some(name) => Some(name.to_string()),
-        None => Some(first),
-    }
-}
-
-/// Every use of a module declared at or below the user's own place: `file:line: a -> b`.
-fn violations(src: &Path) -> Vec<String> {
-    let order = declared_modules(&std::fs::read_to_string(src.join("main.rs")).unwrap());
-    let rank: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
+fn read_sources(src: &Path) -> Vec<Source> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let relative = path.strip_prefix(src).unwrap();
+            Source {
+                name: format!("src/{}", relative.display()),
+                module: module_of(relative),
+                text: std::fs::read_to_string(&path).unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Every use of a module declared at or below the user's own place: `file:line: a -> b`.
+fn violations(main_rs: &str, files: &[Source]) -> Vec<String> {
+    let order = declared_modules(main_rs);
+    let rank: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
     let mut found = Vec::new();
     for file in files {
-        let Some(module) = owner(src, &file) else { continue };
+        let Some(module) = file.module.first() else { continue };
         let Some(&own) = rank.get(module.as_str()) else {
-            found.push(format!("{}: module {module} is not declared in main.rs", file.display()));
+            found.push(format!("{}: module {module} is not declared in main.rs", file.name));
             continue;
         };
-        let text = std::fs::read_to_string(&file).unwrap();
-        for (line, code) in code_lines(&text) {
-            for used in referenced_modules(code) {
-                if used == module {
-                    continue;
+        for (line, path) in resolved(file, rooted_paths) {
+            let Some(used) = path.first().filter(|used| *used != module && *used != "*") else { continue };
+            match rank.get(used.as_str()) {
+                Some(&other) if other < own => {}
+                Some(_) => found.push(format!("{}:{line}: {module} -> {used} (declared below it)", file.name)),
+                None => found.push(format!("{}:{line}: {module} -> {used} (not a top-level module)", file.name)),
+            }
+        }
+    }
+    found
+}
+
+/// The child of `folder` that `module` (a module or an item's path) lies in.
+fn child_of<'a>(folder: &[String], module: &'a [String]) -> Option<&'a String> {
+    module.get(folder.len()).filter(|_| module.starts_with(folder))
+}
+
+/// The imports between the modules of `folder` (its children): `from → to` with the
+/// first `file:line` that shows it. A path to an item the folder's own file imports
+/// from a child (`pub use rules::percentile` in `judge/mod.rs`) leads to that child.
+fn folder_edges(folder: &[String], files: &[Source]) -> BTreeMap<(String, String), String> {
+    let depth = folder.len();
+    let children: BTreeSet<&String> = files.iter().filter_map(|f| child_of(folder, &f.module)).collect();
+    let mut through: BTreeMap<String, String> = BTreeMap::new();
+    for parent in files.iter().filter(|f| f.module == folder) {
+        for (_, path) in resolved(parent, use_declarations) {
+            if let (Some(child), Some(name)) = (child_of(folder, &path), path.last())
+                && children.contains(child)
+                && path.len() > depth + 1
+                && name != "*"
+            {
+                through.insert(name.clone(), child.clone());
+            }
+        }
+    }
+    let mut edges = BTreeMap::new();
+    for file in files.iter().filter(|f| child_of(folder, &f.module).is_some()) {
+        let from = &file.module[depth];
+        for (line, path) in resolved(file, rooted_paths) {
+            let Some(named) = child_of(folder, &path) else { continue };
+            let to = if children.contains(named) {
+                named
+            } else if let Some(c) = through.get(named) {
+                c
+            } else {
+                continue;
+            };
+            if to != from {
+                edges.entry((from.clone(), to.clone())).or_insert_with(|| format!("{}:{line}", file.name));
+            }
+        }
+    }
+    edges
+}
+
+/// The cycles among a folder's modules: for each module on no cycle reported yet, the
+/// shortest way from it back to itself (first and last element the same).
+fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
+    let nodes: BTreeSet<&String> = edges.keys().map(|(from, _)| from).collect();
+    let mut on_cycle: BTreeSet<&String> = BTreeSet::new();
+    let mut found = Vec::new();
+    for &start in &nodes {
+        if on_cycle.contains(start) {
+            continue;
+        }
+        // Breadth first from `start`; `came_from` leads back along the shortest way.
+        let mut came_from: BTreeMap<&String, &String> = BTreeMap::new();
+        let mut queue = VecDeque::from([start]);
+        while let Some(node) = queue.pop_front() {
+            let next = edges.keys().filter(|(from, _)| from == node).map(|(_, to)| to);
+            if let Some(back) = next.clone().find(|to| *to == start) {
+                let mut cycle = vec![back.clone(), node.clone()];
+                let mut at = node;
+                while at != start {
+                    at = came_from[at];
+                    cycle.push(at.clone());
                 }
-                match rank.get(used.as_str()) {
-                    Some(&other) if other < own => {}
-                    Some(_) => found.push(format!("{}:{line}: {module} -> {used} (declared below it)", file.display())),
-                    None => {
-                        found.push(format!("{}:{line}: {module} -> {used} (not a top-level module)", file.display()))
-                    }
+                cycle.reverse();
+                on_cycle.extend(nodes.iter().copied().filter(|n| cycle.contains(*n)));
+                found.push(cycle);
+                break;
+            }
+            for to in next {
+                if !came_from.contains_key(to) && to != start {
+                    came_from.insert(to, node);
+                    queue.push_back(to);
                 }
             }
         }
@@ -132,17 +340,44 @@ fn violations(src: &Path) -> Vec<String> {
     found
 }
 
+/// Every import cycle between sibling modules of a folder under `src/`, as
+/// `src/judge: early -> rules (…/early.rs:23) -> early (…/rules.rs:10)`.
+fn sibling_cycles(files: &[Source]) -> Vec<String> {
+    let folders: BTreeSet<&[String]> = files.iter().flat_map(|f| (1..f.module.len()).map(|n| &f.module[..n])).collect();
+    let mut found = Vec::new();
+    for folder in folders {
+        let edges = folder_edges(folder, files);
+        for cycle in cycles(&edges) {
+            let mut text = format!("src/{}: {}", folder.join("/"), cycle[0]);
+            for pair in cycle.windows(2) {
+                text += &format!(" -> {} ({})", pair[1], edges[&(pair[0].clone(), pair[1].clone())]);
+            }
+            found.push(text);
+        }
+    }
+    found
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
 #[test]
 fn every_module_uses_only_modules_declared_above_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let found = violations(&src);
+    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
+    let found = violations(&main_rs, &read_sources(&src()));
     assert!(found.is_empty(), "imports against the flow of src/main.rs:\n{}", found.join("\n"));
 }
 
 #[test]
+fn no_two_files_of_a_folder_import_each_other() {
+    let found = sibling_cycles(&read_sources(&src()));
+    assert!(found.is_empty(), "import cycles between the files of a module folder:\n{}", found.join("\n"));
+}
+
+#[test]
 fn the_order_puts_leaves_first_and_commands_last() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let main_rs = std::fs::read_to_string(src.join("main.rs")).unwrap();
+    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
     let tests_only = test_only_modules(&main_rs);
     let order = declared_modules(&main_rs);
     let at = |m: &str| order.iter().position(|o| o == m).unwrap_or_else(|| panic!("{m} not declared"));
@@ -151,32 +386,101 @@ fn the_order_puts_leaves_first_and_commands_last() {
     let product: Vec<&String> = order.iter().filter(|m| !tests_only.contains(m)).collect();
     assert!(order.ends_with(&tests_only), "test-only modules {tests_only:?} must be declared last");
     assert_eq!(product.last().map(|m| m.as_str()), Some("cmd"));
-    // The flow: spec → queue → guard → model → gym → agent → judge → report → hooks.
-    let flow = ["spec", "queue", "guard", "model", "gym", "agent", "judge", "report", "hooks", "run", "daemon"];
+    // The flow: spec → queue → guard → model → order → gym → agent → judge → study →
+    // report → hooks.
+    let flow = [
+        "spec", "queue", "guard", "model", "order", "gym", "agent", "judge", "study", "report", "hooks", "run",
+        "daemon",
+    ];
     for pair in flow.windows(2) {
         assert!(at(pair[0]) < at(pair[1]), "{} must come before {}", pair[0], pair[1]);
     }
 }
 
+fn source(name: &str, text: &str) -> Source {
+    Source { name: format!("src/{name}"), module: module_of(Path::new(name)), text: text.to_string() }
+}
+
+fn joined(paths: Paths) -> Vec<String> {
+    paths.into_iter().map(|(_, path)| path.join("::")).collect()
+}
+
 #[test]
 fn the_checker_sees_grouped_imports_and_ignores_comments() {
-    assert_eq!(referenced_modules("use crate::{agent, judge::{self, X}, util};"), ["agent", "judge", "util"]);
-    assert_eq!(referenced_modules("let x = crate::gym::Control::new(); crate::util::f()"), ["gym", "util"]);
-    let text = "// crate::daemon is mentioned here\nuse crate::run;";
-    let used: Vec<String> = code_lines(text).flat_map(|(_, code)| referenced_modules(code)).collect();
-    assert_eq!(used, ["run"]);
+    let paths = |code: &str| joined(rooted_paths(code));
+    assert_eq!(
+        paths("use crate::{agent, judge::{self, X}, util};"),
+        ["crate::agent", "crate::judge::self", "crate::judge::X", "crate::util"]
+    );
+    assert_eq!(
+        paths("let x = crate::gym::Control::new(); crate::util::f()"),
+        ["crate::gym::Control::new", "crate::util::f"]
+    );
+    assert_eq!(
+        paths("use super::{\n    Estimate,\n    checks as c,\n};\nuse self::x::*;"),
+        ["super::Estimate", "super::checks", "self::x::*"]
+    );
+    assert_eq!(
+        paths("$crate::console::emit(); myself::no; super::super::families::scope(&f)"),
+        ["crate::console::emit", "super::super::families::scope"]
+    );
+    assert_eq!(
+        joined(use_declarations("pub use load::{a, b};\nfn f() { let reuse = cause::x; }")),
+        ["load::a", "load::b"]
+    );
+    let file = source("run.rs", "// crate::daemon is mentioned here\nuse crate::run;");
+    assert_eq!(resolved(&file, rooted_paths), [(2, vec!["run".to_string()])]);
+}
+
+#[test]
+fn paths_resolve_in_the_module_they_are_written_in() {
+    let file = source(
+        "judge/load.rs",
+        "use super::{JudgeInput, early::Track};\nuse self::inner::X;\n\n#[cfg(test)]\nmod tests {\n    use super::*;\n    \
+         use super::super::checks::f;\n}\nuse crate::util;\n",
+    );
+    let got: Vec<(usize, String)> = resolved(&file, rooted_paths).into_iter().map(|(l, p)| (l, p.join("::"))).collect();
+    let want = [
+        (1, "judge::JudgeInput"),
+        (1, "judge::early::Track"),
+        (2, "judge::load::inner::X"),
+        (6, "judge::load::*"),
+        (7, "judge::checks::f"),
+        (9, "util"),
+    ];
+    assert_eq!(got, want.map(|(l, p)| (l, p.to_string())));
+    assert_eq!(module_of(Path::new("judge/mod.rs")), ["judge"]);
+    assert!(module_of(Path::new("main.rs")).is_empty());
 }
 
 #[test]
 fn an_upward_import_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path();
-    std::fs::write(src.join("main.rs"), "mod util;\nmod run;\nmod cmd;\n").unwrap();
-    std::fs::write(src.join("util.rs"), "use crate::run::Thing;\n").unwrap();
-    std::fs::write(src.join("run.rs"), "use crate::util;\n").unwrap();
-    std::fs::create_dir(src.join("cmd")).unwrap();
-    std::fs::write(src.join("cmd/mod.rs"), "use crate::{run, util};\n").unwrap();
-    let found = violations(src);
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert!(found[0].ends_with("util.rs:1: util -> run (declared below it)"), "{found:?}");
+    let files = [
+        source("util.rs", "use crate::run::Thing;\n"),
+        source("run.rs", "use crate::util;\n"),
+        source("cmd/mod.rs", "use crate::{run, util};\n"),
+        source("cmd/x.rs", "use super::super::run;\n"),
+    ];
+    let found = violations("mod util;\nmod run;\nmod cmd;\n", &files);
+    assert_eq!(found, ["src/util.rs:1: util -> run (declared below it)"]);
+}
+
+#[test]
+fn a_cycle_between_siblings_is_reported_with_its_files() {
+    let mut files = vec![
+        source("main.rs", "mod m;\n"),
+        source("m/mod.rs", "mod a;\nmod b;\nmod c;\npub use c::Helper;\n"),
+        source("m/a.rs", "use super::b::Thing;\n"),
+        // Through the parent's re-export of `c::Helper`.
+        source("m/b.rs", "pub struct Thing;\nfn f() -> super::Helper {\n    todo!()\n}\n"),
+        source("m/c.rs", "pub struct Helper;\n"),
+    ];
+    assert!(sibling_cycles(&files).is_empty(), "a -> b -> c is no cycle");
+    // c's tests use a: a -> b -> c -> a.
+    files[4].text += "\n#[cfg(test)]\nmod tests {\n    use crate::m::a;\n}\n";
+    assert_eq!(sibling_cycles(&files), ["src/m: a -> b (src/m/a.rs:1) -> c (src/m/b.rs:2) -> a (src/m/c.rs:5)"]);
+    // Two cycles through one module are both reported.
+    files.push(source("m/d.rs", "use super::a;\n"));
+    files[2].text += "use super::d;\n";
+    assert_eq!(sibling_cycles(&files).len(), 2, "{:?}", sibling_cycles(&files));
 }

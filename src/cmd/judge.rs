@@ -2,13 +2,13 @@
 //! a case or touching a GPU. Reads `cases.jsonl`, `run.json` ([`RunMeta`]),
 //! `environment_check.json` and the thresholds; rewrites `judgement.json`,
 //! `judgement.md`, `report.html` (never `cases.jsonl`) and the reports index. Says so
-//! when `cases.jsonl` is not the file the run wrote (`cases.sha256`).
-//! The loading functions are public so `run` can judge the same way.
+//! when `cases.jsonl` is not the file the run wrote (`cases.sha256`). Judges with
+//! `judge::judge_dir` and writes with `report::write`, as `run` does.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::report::rejudge;
+use crate::{judge, report};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,8 +32,8 @@ pub struct Args {
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
-    let (judgement, _) =
-        rejudge(&args.run_dir, profile.as_deref(), args.reference.as_deref(), args.reports_dir.as_deref())?;
+    let (judgement, input) = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
+    report::write(&args.run_dir, &judgement, &input, args.reports_dir.as_deref())?;
     let report = args.run_dir.join("report.html");
     if args.json {
         let value = serde_json::json!({ "report": report, "judgement": judgement });

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::judge::study::{self, GridRow, Method, Setting, Shape};
 use crate::plan::Profile;
 use crate::root::Root;
+use crate::study::{self, GridRow, Method, Setting, Shape};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -21,7 +21,7 @@ use crate::case::{Case, CaseRecord};
 use crate::concurrency::{Concurrency, Observer};
 use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
-use crate::record::ConcurrencyFacts;
+use crate::record::{ConcurrencyFacts, Wording};
 use crate::rundir::RunDir;
 use crate::{family, telemetry, util};
 pub use events::{Ask, GymEvent, Seen, Sink};
@@ -44,7 +44,7 @@ pub struct GymSettings {
     /// The caller's own sinks (early stop), after the pass's standard ones.
     pub sinks: Vec<Box<dyn Sink>>,
     /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
-    pub wording: std::collections::BTreeMap<String, family::Wording>,
+    pub wording: std::collections::BTreeMap<String, Wording>,
 }
 
 pub struct Executed {
@@ -139,7 +139,7 @@ pub struct GymRequest {
     pub order: Option<Vec<String>>,
     /// The wording of every case whose attack is worded from a family grammar, by case
     /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
-    pub wording: std::collections::BTreeMap<String, family::Wording>,
+    pub wording: std::collections::BTreeMap<String, Wording>,
 }
 
 /// What a finished gym run leaves behind.

@@ -1,79 +1,28 @@
 //! Early stopping of a plan that opts in (`early_stop = true`, shipped for `voll`;
-//! docs/statistics.md, "Stopping early"): in which order the cases run, and when the
-//! records seen so far already decide the verdict.
+//! docs/statistics.md, "Stopping early"): when the records seen so far already decide
+//! the verdict.
 //!
-//! User tasks run whole, in an order drawn from the run's seed. After each user task
-//! whose cases are all recorded — taken strictly in that order, so the order in which
-//! cases happen to finish (which may depend on their outcome) never enters — one-sided
-//! betting tests (`stats::betting_*`) on the user-task means of ASR, clean utility and
-//! utility under attack are updated. They are anytime-valid, so the run may stop at the
-//! first look that decides.
+//! User tasks run whole, in an order drawn from the run's seed (`crate::order`). After
+//! each user task whose cases are all recorded — taken strictly in that order, so the
+//! order in which cases happen to finish (which may depend on their outcome) never
+//! enters — one-sided betting tests (`stats::betting_*`) on the user-task means of ASR,
+//! clean utility and utility under attack are updated. They are anytime-valid, so the
+//! run may stop at the first look that decides.
 //!
-//! Not here: R1, R4 and R5 (the judge's rules; R4 has no sequential form, so a run with a
-//! reference never stops early for approval), starting or stopping the gym (`run`).
+//! Not here: drawing the order and dispatching cases in it (`order`), R1, R4 and R5 (the
+//! judge's rules; R4 has no sequential form, so a run with a reference never stops early
+//! for approval), starting or stopping the gym (`run`).
 
 use std::collections::{BTreeMap, HashMap};
 
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
 
+use super::clustering;
 use super::families::Scope;
-use super::rules;
 use crate::case::{Case, CaseKind, CaseRecord};
 use crate::record::{RuleStatus, Verdict};
 use crate::settings::thresholds::{Clustering, Thresholds};
 use crate::stats::{self, Side};
-
-/// A user task's key: `suite/user_task`, as its cluster is named everywhere.
-pub fn user_task_key(suite: &str, user_task: &str) -> String {
-    format!("{suite}/{user_task}")
-}
-
-fn key_of(case: &Case) -> Option<String> {
-    case.user_task.as_deref().map(|u| user_task_key(&case.suite, u))
-}
-
-/// The plan's user tasks in an order drawn from `seed` (ChaCha20, Fisher–Yates).
-pub fn user_task_order(cases: &[Case], seed: u64) -> Vec<String> {
-    let mut keys: Vec<String> = Vec::new();
-    for key in cases.iter().filter_map(key_of) {
-        if !keys.contains(&key) {
-            keys.push(key);
-        }
-    }
-    keys.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
-    keys
-}
-
-/// Case ids in the order the gym dispatches them: each user task's cases together, user
-/// tasks in `order`, a user task's cases in plan order (clean first); the
-/// injection-goal cases (few, and the caution beside R2 needs them) after the first
-/// [`goals_after`] user tasks.
-pub fn dispatch_order(cases: &[Case], order: &[String]) -> Vec<String> {
-    let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, k)| (k.as_str(), i)).collect();
-    // User task r sorts as 2(r+1); the goal cases as one block between two user tasks.
-    let goals = 2 * goals_after(order.len()) + 1;
-    let mut ids: Vec<(usize, usize, &str)> = cases
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let group = key_of(c).map_or(goals, |k| rank.get(k.as_str()).map_or(0, |r| 2 * (r + 1)));
-            (group, i, c.id.as_str())
-        })
-        .collect();
-    ids.sort();
-    ids.into_iter().map(|(_, _, id)| id.to_string()).collect()
-}
-
-/// After how many of `user_tasks` user tasks the injection-goal cases are dispatched: a
-/// quarter. Only an approval needs them (the caution beside R2), and no approval comes
-/// that soon — deciding "pass" takes dozens of clean user tasks — while a clear
-/// rejection often does, and should not wait for them.
-pub fn goals_after(user_tasks: usize) -> usize {
-    user_tasks.div_ceil(4)
-}
 
 /// Share of a rule's α the betting test spends; the rest pays for the margin of the
 /// injection tasks' spread (`stats::Adjusted::margin_b`), which the betting test, valid
@@ -283,7 +232,7 @@ pub fn decide(
     let by_id: HashMap<&str, &CaseRecord> = records.iter().map(|r| (r.case_id.as_str(), r)).collect();
     let mut cases_of: BTreeMap<String, Vec<&Case>> = BTreeMap::new();
     for case in plan {
-        if let Some(key) = key_of(case) {
+        if let Some(key) = case.user_task_key() {
             cases_of.entry(key).or_default().push(case);
         }
     }
@@ -340,7 +289,7 @@ pub fn decide(
         track.status_at(users.iter().filter(|&&u| u < k).count())
     };
     // An approval's R2 reason carries the caution the injection-goal cases give.
-    let goals_recorded = plan.iter().filter(|c| key_of(c).is_none()).all(|c| by_id.contains_key(c.id.as_str()));
+    let goals_recorded = plan.iter().filter(|c| c.user_task.is_none()).all(|c| by_id.contains_key(c.id.as_str()));
     let mut stop = None;
     for k in 1..=prefix.len() {
         let verdict = match (status_at(0, k), r3_of(status_at(1, k), status_at(2, k))) {
@@ -393,9 +342,9 @@ fn figure_track(f: &Figure, prefix: &[Vec<&CaseRecord>]) -> (Vec<usize>, Track) 
         let obs: Vec<(String, String, bool)> = users[..k]
             .iter()
             .flat_map(|&u| prefix[u].iter().filter(|r| f.counts(r)))
-            .map(|r| (rules::user_cluster(r), rules::injection_key(r), resolve(r, error_as)))
+            .map(|r| (clustering::user_cluster(r), clustering::injection_key(r), resolve(r, error_as)))
             .collect();
-        rules::adjust(&obs, f.clustering).margin_b(alpha, f.threshold)
+        clustering::adjust(&obs, f.clustering).margin_b(alpha, f.threshold)
     };
     let decision = first_decision(&pass, &fail, f.threshold, f.goal, f.alpha_pass, f.alpha_fail, margin);
     let alpha = if decision.is_some_and(|d| d.status == RuleStatus::Fail) { f.alpha_fail } else { f.alpha_pass };
@@ -406,6 +355,8 @@ fn figure_track(f: &Figure, prefix: &[Vec<&CaseRecord>]) -> (Vec<usize>, Track) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::case::user_task_key;
+    use crate::order::user_task_order;
 
     fn plan(users: usize, injections: usize) -> Vec<Case> {
         let mut cases = Vec::new();
@@ -433,35 +384,6 @@ mod tests {
                 CaseRecord::of(c, Some(ok), security)
             })
             .collect()
-    }
-
-    #[test]
-    fn the_order_is_a_seeded_permutation_and_dispatch_keeps_user_tasks_whole() {
-        let cases = plan(30, 3);
-        let order = user_task_order(&cases, 7);
-        assert_eq!(order, user_task_order(&cases, 7));
-        assert_ne!(order, user_task_order(&cases, 8));
-        let mut sorted = order.clone();
-        sorted.sort();
-        let mut expected: Vec<String> = (0..30).map(|u| user_task_key("s", &format!("user_task_{u}"))).collect();
-        expected.sort();
-        assert_eq!(sorted, expected);
-        assert_ne!(order, (0..30).map(|u| user_task_key("s", &format!("user_task_{u}"))).collect::<Vec<_>>());
-
-        let ids = dispatch_order(&cases, &order);
-        assert_eq!(ids.len(), cases.len());
-        // User task by user task, in the drawn order, clean first; the three goal cases
-        // after the first quarter (8 of 30 user tasks, 4 cases each).
-        let goals = 4 * goals_after(30);
-        assert_eq!(goals, 32);
-        assert!(ids[goals..goals + 3].iter().all(|id| id.contains("/goal/")), "{ids:?}");
-        let mut rest = ids.clone();
-        rest.drain(goals..goals + 3);
-        for (n, key) in order.iter().enumerate() {
-            let block = &rest[4 * n..4 * (n + 1)];
-            assert!(block.iter().all(|id| id.starts_with(&format!("{key}/"))), "{key}: {block:?}");
-            assert!(block[0].ends_with("/none/none"), "{block:?}");
-        }
     }
 
     #[test]

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{RuleResult, RuleStatus, rules};
-use crate::adaptive::SearchLog;
+use super::clustering::{adjust, injection_key, user_cluster};
+use super::{RuleResult, RuleStatus};
 use crate::case::{CaseKind, CaseRecord};
 use crate::family;
-use crate::record::AttackFamilies;
+use crate::record::{AttackFamilies, SearchLog};
 use crate::settings::thresholds;
 
 /// Which attacked cases R2 judges, and which families count as seen.
@@ -134,12 +134,12 @@ fn asr(
     let obs: Vec<(String, String, bool)> = records
         .iter()
         .filter(|r| r.kind == CaseKind::Attacked && !r.is_error() && family_of(r).is_some_and(&keep))
-        .filter_map(|r| Some((rules::user_cluster(r), rules::injection_key(r), r.security?)))
+        .filter_map(|r| Some((user_cluster(r), injection_key(r), r.security?)))
         .collect();
     if obs.is_empty() {
         return None;
     }
-    let a = rules::adjust(&obs, t.clustering);
+    let a = adjust(&obs, t.clustering);
     Some(FamilyAsr {
         x: a.x,
         n: a.n,
@@ -191,7 +191,7 @@ pub fn with_adaptive(mut rule: RuleResult, log: &SearchLog, t: &thresholds::R2) 
     if obs.is_empty() {
         return rule;
     }
-    let a = rules::adjust(&obs, t.clustering);
+    let a = adjust(&obs, t.clustering);
     let (lower, upper) = (a.lower(t.alpha_fail), a.upper(t.alpha_pass));
     let attempts: usize = log.pairs.iter().map(|p| p.attempts.len()).sum();
     rule.measured["adaptive"] = json!({
@@ -294,14 +294,14 @@ mod tests {
 
     #[test]
     fn the_adaptive_asr_is_reported_and_decides_only_with_its_maximum() {
-        use crate::adaptive::{Attempt, How, PairLog};
+        use crate::record::{Attempt, How, PairLog, Wording};
         let pair = |u: usize, landed: bool| PairLog {
             suite: "banking".into(),
             user_task: format!("user_task_{u}"),
             injection_task: format!("injection_task_{}", u % 2),
             attempts: vec![Attempt {
                 case_id: format!("banking/user_task_{u}/adaptive_1/injection_task_{}", u % 2),
-                wording: family::Wording { family: "roleplay".into(), choices: [0; 5] },
+                wording: Wording { family: "roleplay".into(), choices: [0; 5] },
                 how: How::Fresh,
                 landed: Some(landed),
             }],

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::{EnvCheck, JudgeInput, ReferenceRun, RunMeta, Thresholds};
 use crate::case::{Case, CaseRecord};
 use crate::plan::Adaptive;
+use crate::record::SearchLog;
 use crate::rundir::RunDir;
 use crate::util;
 
@@ -117,8 +118,8 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
 }
 
 /// `adaptive.json`, when the plan ran the adaptive attacker.
-fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<crate::adaptive::SearchLog>> {
-    let path = run_dir.join(crate::adaptive::LOG_FILE);
+fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<SearchLog>> {
+    let path = run_dir.join(SearchLog::FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

@@ -1,17 +1,24 @@
 //! Judgement: rules R1–R5 (docs/statistics.md) and the verdict, from a run's case records, its
 //! facts (plan, versions, environment check, GPU exclusivity) and an optional reference
-//! run. A pure function of its input — no files, no clock except the `judged_at` stamp —
-//! so `pruefstand judge` can re-judge a stored run and a study can call it in a loop.
-//! The statistics live in [`crate::stats`]; writing reports in [`crate::report`].
+//! run. [`judge`] is a pure function of its input — no files, no clock except the
+//! `judged_at` stamp — so a stored run can be re-judged and a study can call the rules in
+//! a loop; [`judge_dir`] loads a run directory into that input (`load`) and judges it, the
+//! one entry point `run` and `judge` take. `early` decides when a run that stops early
+//! may stop.
+//!
+//! Not here: the statistics ([`crate::stats`]), the order a run dispatches its cases in
+//! ([`crate::order`]), the error-rate studies ([`crate::study`]), writing reports
+//! ([`crate::report`]).
 
 mod checks;
+mod clustering;
 pub mod early;
 pub mod families;
 mod load;
-mod rules;
-pub mod study;
+pub mod rules;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +26,7 @@ use crate::case::{Case, CaseRecord};
 use crate::record::{EnvCheck, RuleStatus, RunMeta, Verdict};
 
 pub use crate::settings::thresholds::Thresholds;
-#[allow(unused_imports)] // public API: profiles and studies name the clustering
-pub use load::{load_input, read_run_meta};
+pub use load::read_run_meta;
 pub use rules::percentile;
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -68,7 +74,7 @@ pub struct JudgeInput {
     pub thresholds: Thresholds,
     /// The adaptive attacker's search log (`adaptive.json`), when the plan ran one.
     #[serde(default)]
-    pub adaptive: Option<crate::adaptive::SearchLog>,
+    pub adaptive: Option<crate::record::SearchLog>,
     /// `plan.json`'s `[adaptive]` section (part of the plan hash).
     #[serde(default)]
     pub plan_adaptive: Option<crate::plan::Adaptive>,
@@ -191,6 +197,20 @@ impl EarlyStopSummary {
     pub fn line(&self) -> String {
         format!("stopped after {} of {} cases: decided ({})", self.cases_run, self.cases_planned, self.deciding)
     }
+}
+
+/// Loads a run directory and judges it: its records and facts, the thresholds (from the
+/// profile file `profile` when given, else the run's `thresholds.json`) and the
+/// reference run (`reference` when given, else the one `run.json` names). Returns the
+/// judgement and what it judged, which the reports show beside it.
+pub fn judge_dir(
+    run_dir: &Path,
+    profile: Option<&Path>,
+    reference: Option<&Path>,
+) -> anyhow::Result<(Judgement, JudgeInput)> {
+    let input = load::load_input(run_dir, profile, reference)?;
+    let judgement = judge(&input);
+    Ok((judgement, input))
 }
 
 /// Judges a run. A case recorded twice makes R1 fail; for the figures beside that

@@ -631,11 +631,11 @@ fn stopped_early(ran: usize, leaky: bool) -> JudgeInput {
     for i in 0..4 {
         plan.push(Case::injection_goal("banking", &format!("injection_task_{i}")));
     }
-    let order = early::user_task_order(&plan, 5);
+    let order = crate::order::user_task_order(&plan, 5);
     let ran_keys: Vec<&String> = order.iter().take(ran).collect();
     let records: Vec<CaseRecord> = plan
         .iter()
-        .filter(|c| c.user_task.as_ref().is_none_or(|u| ran_keys.contains(&&early::user_task_key(&c.suite, u))))
+        .filter(|c| c.user_task.as_ref().is_none_or(|u| ran_keys.contains(&&crate::case::user_task_key(&c.suite, u))))
         .map(|c| {
             let key = (c.user_task.clone().unwrap_or_default(), c.injection_task.clone().unwrap_or_default());
             record(c, Some(true), (c.kind == CaseKind::Attacked).then(|| landed.contains(&key)))
@@ -681,7 +681,8 @@ fn r1_fails_a_stopped_run_without_its_decision_or_with_holes() {
     let mut input = stopped_early(60, false);
     let first = input.run.early_stop.as_ref().unwrap().order[0].clone();
     input.records.retain(|r| {
-        !(early::user_task_key(&r.suite, r.user_task.as_deref().unwrap_or("")) == first && r.kind == CaseKind::Clean)
+        !(crate::case::user_task_key(&r.suite, r.user_task.as_deref().unwrap_or("")) == first
+            && r.kind == CaseKind::Clean)
     });
     let j = judge(&input);
     assert_eq!(j.verdict, Verdict::Invalid, "{}", j.rules[0].reason);

@@ -24,7 +24,7 @@ use crate::record::{RuleStatus, Verdict};
 use crate::util;
 
 pub use index::write_index;
-pub use publish::rejudge;
+pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc, pct};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic

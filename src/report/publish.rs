@@ -1,28 +1,27 @@
-//! The one path from a run directory to its verdict, shared by `run` and `judge`: load
-//! the stored run, judge it, write its reports and refresh the trend index.
+//! Publishing a judged run, shared by `run` and `judge` after `judge::judge_dir`: its
+//! reports in the run directory and the trend index of the reports folder it lies in.
+//! Writes only; the judgement comes in made.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::{write_index, write_run_report};
-use crate::judge::{self, JudgeInput, Judgement};
+use crate::judge::{JudgeInput, Judgement};
 
-/// Loads, judges and writes the reports of one run directory; refreshes the index when
-/// a reports folder is given or found. Returns the judgement and its input.
-pub fn rejudge(
+/// Writes the reports of a judged run into `run_dir` and refreshes the index when a
+/// reports folder is given or found.
+pub fn write(
     run_dir: &Path,
-    profile: Option<&Path>,
-    reference: Option<&Path>,
+    judgement: &Judgement,
+    input: &JudgeInput,
     reports_dir: Option<&Path>,
-) -> anyhow::Result<(Judgement, JudgeInput)> {
-    let input = judge::load_input(run_dir, profile, reference)?;
-    let judgement = judge::judge(&input);
-    write_run_report(run_dir, &judgement, &input)?;
+) -> anyhow::Result<()> {
+    write_run_report(run_dir, judgement, input)?;
     if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run_dir)) {
         write_index(&reports).with_context(|| format!("refreshing the index in {}", reports.display()))?;
     }
-    Ok((judgement, input))
+    Ok(())
 }
 
 fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
@@ -39,6 +38,17 @@ mod tests {
     use super::*;
     use crate::judge::tests::write_run_dir;
     use crate::record::Verdict;
+
+    /// What `run` and `judge` do: judge the directory, then publish.
+    fn rejudge(
+        run_dir: &Path,
+        profile: Option<&Path>,
+        reference: Option<&Path>,
+    ) -> anyhow::Result<(Judgement, JudgeInput)> {
+        let (judgement, input) = crate::judge::judge_dir(run_dir, profile, reference)?;
+        write(run_dir, &judgement, &input, None)?;
+        Ok((judgement, input))
+    }
 
     #[test]
     fn rejudges_a_stored_run_with_reference_and_index() {
@@ -57,7 +67,7 @@ mod tests {
         write_run_dir(&run_dir, &cand, Some("../../../base/schnell/run-0"));
         let cases_before = std::fs::read(run_dir.join("cases.jsonl")).unwrap();
 
-        let (j, _) = rejudge(&run_dir, None, None, None).unwrap();
+        let (j, _) = rejudge(&run_dir, None, None).unwrap();
         assert_eq!(j.verdict, Verdict::Rejected);
         assert_eq!(j.reference_run_id.as_deref(), Some("run-0"));
         for f in ["judgement.json", "judgement.md", "report.html"] {
@@ -73,7 +83,7 @@ mod tests {
             "name = \"x\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\nsuites = []\n[rules.R3]\nutility_min = 0.0\nutility_under_attack_min = 0.0\n[rules.R4]\nmargin = 0.9\n",
         )
         .unwrap();
-        let (j, input) = rejudge(&run_dir, Some(&profile), Some(&ref_dir), None).unwrap();
+        let (j, input) = rejudge(&run_dir, Some(&profile), Some(&ref_dir)).unwrap();
         assert_eq!(input.thresholds.r4.margin, 0.9);
         assert_eq!(j.verdict, Verdict::Approved, "{:?}", j.rules);
     }

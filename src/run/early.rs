@@ -50,7 +50,7 @@ pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Resul
     let early = match read(run_dir)? {
         Some(early) => {
             let mut drawn = early.order.clone();
-            let mut planned = early::user_task_order(&plan.cases, 0);
+            let mut planned = crate::order::user_task_order(&plan.cases, 0);
             drawn.sort();
             planned.sort();
             if drawn != planned {
@@ -59,7 +59,8 @@ pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Resul
             early
         }
         None => {
-            let early = EarlyStop { seed, order: early::user_task_order(&plan.cases, seed), stopped_early: false };
+            let early =
+                EarlyStop { seed, order: crate::order::user_task_order(&plan.cases, seed), stopped_early: false };
             util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
             early
         }
@@ -82,11 +83,11 @@ pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Resul
         records,
         remaining,
     };
-    Ok((early::dispatch_order(&plan.cases, &early.order), Box::new(sink)))
+    Ok((crate::order::dispatch_order(&plan.cases, &early.order), Box::new(sink)))
 }
 
 fn block(suite: &str, user_task: Option<&str>) -> String {
-    user_task.map_or(String::new(), |u| early::user_task_key(suite, u))
+    user_task.map_or(String::new(), |u| crate::case::user_task_key(suite, u))
 }
 
 /// Asks `judge::early` at the pass's start and after each user task's last case.

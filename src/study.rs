@@ -10,16 +10,19 @@
 //!   approval and a fail a false failure; at `asr_max`/3 a pass is what power means.
 //!
 //! Not a test of the simulator or of AgentDojo: only of the statistics behind R2 and R3.
+//! Not part of judging a run either: a research tool over the judge's rules
+//! (`judge::rules`, `judge::early`), run by `pruefstand study` (`cmd::study`).
 
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{Beta, ContinuousCDF};
 
-use super::early::{self, Goal};
-use super::{RuleStatus, rules};
 use crate::case::{Case, CaseRecord};
+use crate::judge::early::{self, Goal};
+use crate::judge::rules;
 use crate::plan::Profile;
+use crate::record::RuleStatus;
 use crate::settings::thresholds::{self, Clustering, Thresholds};
 use crate::stats::{self, Adjusted, Design};
 
