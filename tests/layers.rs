@@ -397,6 +397,31 @@ fn the_order_puts_leaves_first_and_commands_last() {
     }
 }
 
+/// The modules docs/architecture.md's module tables name (`| \`name\` | … |` rows of
+/// its "Modules" section), in the page's order.
+fn documented_modules(page: &str) -> Vec<String> {
+    let section = page.split("\n## Modules").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `")?.split_once('`').map(|(name, _)| name.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_architecture_page_lists_every_module_in_the_declared_order() {
+    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
+    let tests_only = test_only_modules(&main_rs);
+    let declared: Vec<String> = declared_modules(&main_rs).into_iter().filter(|m| !tests_only.contains(m)).collect();
+    let page = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md")).unwrap();
+    assert_eq!(
+        documented_modules(&page),
+        declared,
+        "docs/architecture.md's module tables must name src/main.rs's modules, in its order"
+    );
+    assert_eq!(documented_modules("## Modules\n| `a` | x |\n| b | y |\n## Next\n| `c` | z |\n"), ["a"]);
+}
+
 fn source(name: &str, text: &str) -> Source {
     Source { name: format!("src/{name}"), module: module_of(Path::new(name)), text: text.to_string() }
 }
