@@ -419,7 +419,7 @@ fn the_architecture_page_lists_every_module_in_the_declared_order() {
         declared,
         "docs/architecture.md's module tables must name src/main.rs's modules, in its order"
     );
-    assert_eq!(documented_modules("## Modules\n| `a` | x |\n| b | y |\n## Next\n| `c` | z |\n"), ["a"]);
+    assert_eq!(documented_modules("# p\n## Modules\n| `a` | x |\n| b | y |\n## Next\n| `c` | z |\n"), ["a"]);
 }
 
 fn source(name: &str, text: &str) -> Source {
