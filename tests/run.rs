@@ -539,6 +539,27 @@ fn a_fixed_seed_schnell_run_records_and_judges_as_before_the_pipeline_was_redraw
     let out = bench.path().join("reports/demo-baseline/schnell/baseline-schnell");
     // demo-baseline falls for held-out families: rejected.
     bench.run(&["run", "demo-baseline", "--plan", "schnell", "--jobs", "4", "--out", out.to_str().unwrap()]).code(10);
+    // Both sides of the contract conform to the schemas generated from the Rust types:
+    // the request pruefstand wrote, the records the gym wrote.
+    let validate = |schema: &str, file: &Path| {
+        let env = pyenv();
+        let mut gym = std::process::Command::new(&env.python);
+        Run::from(
+            gym.arg(env.scripts.join("gym.py")).args(["validate", "--schema", schema]).arg(file).output().unwrap(),
+        )
+    };
+    validate("gym-request", &out.join("gym-request.json")).ok();
+    validate("case-record", &out.join("cases.jsonl")).ok();
+    let tampered = bench.write(
+        "tampered.jsonl",
+        &std::fs::read_to_string(out.join("cases.jsonl")).unwrap().replacen(
+            "\"kind\":\"clean\"",
+            "\"kind\":\"sideways\"",
+            1,
+        ),
+    );
+    let refused = validate("case-record", &tampered).code(1);
+    assert!(refused.stdout.contains("tampered.jsonl:1: $.kind"), "{}", refused.stdout);
     let (records, judgement) = comparable(&out);
     for (name, actual) in [("cases.jsonl", records), ("judgement.json", judgement)] {
         let expected = std::fs::read_to_string(golden.join(name)).unwrap();
