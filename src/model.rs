@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::container;
+use crate::container::{self, AcquireError};
 use crate::record::ModelServerFacts;
 use crate::sim;
 use crate::spec::{Backend, Version};
@@ -68,7 +68,7 @@ impl Endpoint {
     }
 }
 
-pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> anyhow::Result<Endpoint> {
+pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Result<Endpoint, AcquireError> {
     let model = &version.spec.model;
     match model.backend.get_ref() {
         Backend::Sim => {

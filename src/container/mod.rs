@@ -189,6 +189,18 @@ impl std::fmt::Display for ServerFailure {
 
 impl std::error::Error for ServerFailure {}
 
+/// Why no model server was had. The caller branches on it: a server that failed is the
+/// run's record (R1 fails it, with the log tail); anything else stops the run.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    /// The server did not come up (never ready, died while starting).
+    #[error(transparent)]
+    Server(#[from] ServerFailure),
+    /// The bench could not try: Docker, the image, the folders, the spec.
+    #[error(transparent)]
+    Bench(#[from] anyhow::Error),
+}
+
 /// How a version's container is made: derived from the spec plus the host folders to
 /// mount (the spec's, or generated ones for the simulated model's image).
 #[derive(Clone, Debug)]

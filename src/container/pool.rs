@@ -25,8 +25,8 @@ use bollard::Docker;
 use bollard::models::ContainerCreateBody;
 
 use super::{
-    ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name, create,
-    ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, wait_ready,
+    AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name,
+    create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, wait_ready,
 };
 use crate::case::CaseRecord;
 use crate::record::ModelServerFacts;
@@ -94,8 +94,9 @@ impl Pool {
     }
 
     /// A ready server for the version (docker backend): warm or fresh. A server that
-    /// does not come up is removed, its log saved, and the error is a [`ServerFailure`].
-    pub async fn acquire(&self, req: &Request<'_>) -> anyhow::Result<Lease> {
+    /// does not come up is removed, its log saved, and the error is
+    /// [`AcquireError::Server`].
+    pub async fn acquire(&self, req: &Request<'_>) -> Result<Lease, AcquireError> {
         let docker = self.docker().await?.clone();
         let setup = self.setup_for(req)?;
         let image = ensure_image(&docker, &setup.image, setup.pull)

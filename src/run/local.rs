@@ -12,11 +12,12 @@ use futures_util::future::BoxFuture;
 
 use super::{Executor, Extent, RunRequest, Served, Session, early};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
+use crate::container::AcquireError;
 use crate::gym::{self, Executed, GymSettings};
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
 use crate::rundir::{Claimed, RunDir};
 use crate::settings::defence::GuardrailSpec;
-use crate::{adaptive, agent, container, judge, model, provenance, pyenv, root, telemetry, util};
+use crate::{adaptive, agent, judge, model, provenance, pyenv, root, telemetry, util};
 
 /// Runs the cases here, against a model server this machine starts.
 pub struct LocalGym;
@@ -70,8 +71,8 @@ impl Local<'_> {
         };
         let endpoint = match up {
             Ok(endpoint) => endpoint,
-            Err(err) => {
-                let Some(failure) = err.downcast_ref::<container::ServerFailure>() else { return Err(err) };
+            Err(AcquireError::Bench(err)) => return Err(err),
+            Err(AcquireError::Server(failure)) => {
                 tracing::error!("{}: {failure}", version.name);
                 let facts = ModelServerFacts {
                     failed: true,
