@@ -51,28 +51,36 @@ impl Concurrency {
     }
 }
 
-/// One reading of the server's queue gauges (summed over its models).
+/// One reading of the server's queue gauges (summed over its models), and of its
+/// prefix-cache counters where it exports them.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct ServerLoad {
     pub running: f64,
     pub waiting: f64,
+    /// Cumulative prompt tokens looked up in, and found in, the prefix cache.
+    pub prefix_cache: Option<(f64, f64)>,
 }
 
 /// The two gauges from Prometheus text; None when the server exports neither (not vLLM).
+/// A counter may carry Prometheus' `_total` suffix or not.
 pub fn parse_metrics(text: &str) -> Option<ServerLoad> {
     let mut load = ServerLoad::default();
     let mut seen = false;
+    let (mut queries, mut hits) = (None::<f64>, None::<f64>);
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else { continue };
         let name = series.split('{').next().unwrap_or_default();
         let Ok(value) = value.trim().parse::<f64>() else { continue };
-        match name {
+        match name.strip_suffix("_total").unwrap_or(name) {
             "vllm:num_requests_running" => load.running += value,
             "vllm:num_requests_waiting" => load.waiting += value,
+            "vllm:prefix_cache_queries" => *queries.get_or_insert(0.0) += value,
+            "vllm:prefix_cache_hits" => *hits.get_or_insert(0.0) += value,
             _ => continue,
         }
-        seen = true;
+        seen |= name.starts_with("vllm:num_requests_");
     }
+    load.prefix_cache = queries.zip(hits);
     seen.then_some(load)
 }
 
@@ -246,6 +254,8 @@ struct State {
     baseline_s: Option<f64>,
     latencies: VecDeque<f64>,
     history: Vec<usize>,
+    /// The prefix-cache counters at the first and the latest reading.
+    prefix_cache: Option<((f64, f64), (f64, f64))>,
 }
 
 impl State {
@@ -278,6 +288,7 @@ impl State {
             baseline_s: None,
             latencies: VecDeque::new(),
             history: Vec::new(),
+            prefix_cache: None,
         }
     }
 
@@ -306,6 +317,10 @@ impl State {
         if self.auto {
             self.facts.settled = settled(&self.history).unwrap_or(self.target);
         }
+        self.facts.prefix_cache = self.prefix_cache.map(|((q0, h0), (q1, h1))| crate::record::PrefixCache {
+            queries: (q1 - q0).max(0.0).round() as u64,
+            hits: (h1 - h0).max(0.0).round() as u64,
+        });
         self.facts
     }
 
@@ -317,6 +332,10 @@ impl State {
                 let peak = |old: Option<u64>, v: f64| Some(old.unwrap_or(0).max(v.round() as u64));
                 self.facts.peak_running = peak(self.facts.peak_running, load.running);
                 self.facts.peak_waiting = peak(self.facts.peak_waiting, load.waiting);
+                if let Some(counters) = load.prefix_cache {
+                    let first = self.prefix_cache.map_or(counters, |(first, _)| first);
+                    self.prefix_cache = Some((first, counters));
+                }
                 self.samples.push(load);
             }
             result => {
@@ -347,6 +366,7 @@ impl State {
             let mean = ServerLoad {
                 running: self.samples.iter().map(|s| s.running).sum::<f64>() / n,
                 waiting: self.samples.iter().map(|s| s.waiting).sum::<f64>() / n,
+                prefix_cache: None,
             };
             self.samples.clear();
             step_by_load(self.target, ceiling, self.slow_start, mean, in_flight)
@@ -432,7 +452,7 @@ mod tests {
     use super::*;
 
     fn load(running: f64, waiting: f64) -> ServerLoad {
-        ServerLoad { running, waiting }
+        ServerLoad { running, waiting, prefix_cache: None }
     }
 
     #[test]
@@ -442,6 +462,11 @@ mod tests {
                     vllm:num_requests_waiting{model_name=\"a\"} 1.0\nvllm:request_success_total 7\n";
         assert_eq!(parse_metrics(text), Some(load(5.0, 1.0)));
         assert_eq!(parse_metrics("process_cpu_seconds_total 3\n"), None);
+        // vLLM's prefix-cache counters, with or without Prometheus' `_total`.
+        let cached =
+            format!("{text}vllm:prefix_cache_queries_total{{engine=\"0\"}} 1200.0\nvllm:prefix_cache_hits 900\n");
+        assert_eq!(parse_metrics(&cached).unwrap().prefix_cache, Some((1200.0, 900.0)));
+        assert_eq!(parse_metrics("vllm:prefix_cache_hits 900\n"), None, "counters alone are no gauges");
     }
 
     #[test]

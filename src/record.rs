@@ -163,6 +163,24 @@ pub struct ConcurrencyFacts {
     pub peak_running: Option<u64>,
     #[serde(default)]
     pub peak_waiting: Option<u64>,
+    /// The server's prefix cache over the run (vLLM's `prefix_cache_queries` and
+    /// `prefix_cache_hits` counters, first reading to last); None where it exports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
+}
+
+/// Prompt tokens the server looked up in its prefix cache during a run, and found.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefixCache {
+    pub queries: u64,
+    pub hits: u64,
+}
+
+impl PrefixCache {
+    /// Hits per query (None before any query).
+    pub fn hit_rate(&self) -> Option<f64> {
+        (self.queries > 0).then(|| self.hits as f64 / self.queries as f64)
+    }
 }
 
 /// `early_stop.json` in a run directory, and `run.json`'s copy: the dispatch order drawn

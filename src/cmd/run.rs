@@ -109,6 +109,10 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         outln!("reference: {} ({how})", dir.display());
     }
     crate::cmd::gym::print_summary(&finished.run_dir, &finished.executed.telemetry);
+    let prefix_cache = finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache);
+    if let Some((cache, rate)) = prefix_cache.and_then(|c| Some((c, c.hit_rate()?))) {
+        outln!("prefix cache: {:.1} % of {} prompt tokens were cached", rate * 100.0, cache.queries);
+    }
     print_judgement(&finished.judgement, &report);
     Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
 }

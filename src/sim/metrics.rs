@@ -102,8 +102,40 @@ impl Histogram {
     }
 }
 
+/// Blocks the simulated server keeps cached: about as many prompt tokens as a 1 GiB KV
+/// cache of a small model holds.
+const PREFIX_CACHE_BLOCKS: usize = 16_384;
+
+/// The cached prefix blocks, oldest evicted first.
+#[derive(Default)]
+struct PrefixCache {
+    cached: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl PrefixCache {
+    /// How many leading blocks were cached; then caches every block.
+    fn take(&mut self, blocks: &[u64]) -> usize {
+        let hits = blocks.iter().take_while(|b| self.cached.contains(b)).count();
+        for &block in &blocks[hits..] {
+            if self.cached.insert(block) {
+                self.order.push_back(block);
+            }
+        }
+        while self.order.len() > PREFIX_CACHE_BLOCKS {
+            if let Some(old) = self.order.pop_front() {
+                self.cached.remove(&old);
+            }
+        }
+        hits
+    }
+}
+
 struct Counts {
     prompt_tokens: u64,
+    prefix_cache_queries: u64,
+    prefix_cache_hits: u64,
+    prefix_cache: PrefixCache,
     generation_tokens: u64,
     success: u64,
     e2e: Histogram,
@@ -119,6 +151,9 @@ impl Default for Metrics {
         Metrics {
             counts: Mutex::new(Counts {
                 prompt_tokens: 0,
+                prefix_cache_queries: 0,
+                prefix_cache_hits: 0,
+                prefix_cache: PrefixCache::default(),
                 generation_tokens: 0,
                 success: 0,
                 e2e: Histogram::new(E2E_BUCKETS),
@@ -136,6 +171,15 @@ impl Metrics {
         c.success += 1;
         c.e2e.observe(e2e_s);
         c.ttft.observe(ttft_s);
+    }
+
+    /// A prompt's lookup in the prefix cache (its leading blocks already cached are
+    /// hits), then its blocks cached: vLLM's `prefix_cache_queries`/`_hits` in tokens.
+    pub fn look_up_prefix(&self, prompt_tokens: u64, blocks: &[u64]) {
+        let mut c = self.counts.lock().expect("metrics lock poisoned");
+        let cached = c.prefix_cache.take(blocks) as u64;
+        c.prefix_cache_queries += prompt_tokens;
+        c.prefix_cache_hits += (cached * super::openai::PREFIX_BLOCK_CHARS as u64 / 4).min(prompt_tokens);
     }
 
     /// Prometheus text exposition format 0.0.4.
@@ -173,6 +217,20 @@ impl Metrics {
             "Number of generation tokens processed.",
             &label,
             c.generation_tokens.to_string(),
+        );
+        scalar(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            &label,
+            c.prefix_cache_queries.to_string(),
+        );
+        scalar(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            &label,
+            c.prefix_cache_hits.to_string(),
         );
         let success_labels = format!("finished_reason=\"stop\",{label}");
         scalar(
@@ -265,6 +323,27 @@ mod tests {
             })
         })
         .await
+    }
+
+    #[test]
+    fn a_prompt_sharing_a_cached_beginning_hits_its_blocks_only() {
+        let m = Metrics::default();
+        let parse = |text: &str| {
+            let body = serde_json::json!({"model": "m", "messages": [{"role": "system", "content": text}]});
+            crate::sim::openai::parse_request(body.to_string().as_bytes()).unwrap()
+        };
+        let system = "x".repeat(640);
+        let first = parse(&system);
+        m.look_up_prefix(first.prompt_tokens, &first.prefix_blocks);
+        let longer = parse(&format!("{system}{}", "y".repeat(128)));
+        m.look_up_prefix(longer.prompt_tokens, &longer.prefix_blocks);
+        let other = parse(&"z".repeat(640));
+        m.look_up_prefix(other.prompt_tokens, &other.prefix_blocks);
+        let c = m.counts.lock().unwrap();
+        assert_eq!(c.prefix_cache_queries, first.prompt_tokens + longer.prompt_tokens + other.prompt_tokens);
+        // The longer prompt found the first one's whole blocks (role and text: 641
+        // characters, 10 blocks of 16 tokens); the other prompt found nothing.
+        assert_eq!(c.prefix_cache_hits, 160);
     }
 
     #[test]

@@ -34,6 +34,29 @@ pub struct Request {
     pub stream: bool,
     pub conversation: Conversation,
     pub prompt_tokens: u64,
+    /// The prompt's prefix blocks for the prefix cache: a chained hash per
+    /// [`PREFIX_BLOCK_CHARS`] of the tools and messages in order, so two prompts share
+    /// the blocks of their common beginning (as vLLM's block hashes do).
+    pub prefix_blocks: Vec<u64>,
+}
+
+/// Characters per prefix-cache block: 16 tokens, vLLM's block size.
+pub const PREFIX_BLOCK_CHARS: usize = 64;
+
+/// Chained hashes of the whole blocks of `text`.
+fn prefix_blocks(text: &str) -> Vec<u64> {
+    use std::hash::{Hash, Hasher};
+    let chars: Vec<char> = text.chars().collect();
+    let mut chain = 0u64;
+    chars
+        .chunks_exact(PREFIX_BLOCK_CHARS)
+        .map(|block| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (chain, block).hash(&mut h);
+            chain = h.finish();
+            chain
+        })
+        .collect()
 }
 
 /// The assistant message and its finish reason, without envelope or usage.
@@ -58,7 +81,9 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
     let messages = v.get("messages").and_then(Value::as_array).ok_or("missing array field `messages`")?;
     let tools = v.get("tools").and_then(Value::as_array).filter(|t| !t.is_empty());
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let mut chars = tools.map_or(0, |t| Value::Array(t.clone()).to_string().chars().count());
+    let tools_text = tools.map_or(String::new(), |t| Value::Array(t.clone()).to_string());
+    let mut chars = tools_text.chars().count();
+    let mut prompt_text = tools_text;
     let mut conv = Conversation::default();
     if let Some(tools) = tools {
         conv.offered_tools = tools
@@ -70,6 +95,8 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         let text = content_text(m.get("content").unwrap_or(&Value::Null));
         chars += text.chars().count();
+        prompt_text.push_str(role);
+        prompt_text.push_str(&text);
         let tool_calls = m.get("tool_calls").and_then(Value::as_array).filter(|c| !c.is_empty());
         if let Some(calls) = tool_calls {
             chars += calls.iter().map(|c| c.to_string().chars().count()).sum::<usize>();
@@ -92,7 +119,8 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
         }
     }
     let mode = if tools.is_some() { Mode::Native } else { Mode::Prompted };
-    Ok(Request { model, mode, stream, conversation: conv, prompt_tokens: tokens(chars) })
+    let prefix_blocks = prefix_blocks(&prompt_text);
+    Ok(Request { model, mode, stream, conversation: conv, prompt_tokens: tokens(chars), prefix_blocks })
 }
 
 /// A message's text: a string, or the concatenated text parts of a content array

@@ -280,6 +280,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     if draws.slow {
         total_ms += behaviour.faults.slow_ms;
     }
+    state.metrics.look_up_prefix(req.prompt_tokens, &req.prefix_blocks);
     let pass = state.gate.enter().await;
     let queued = arrived.elapsed();
     // Zero latency must cost nothing: no timer at all. However long a prompt, one call
