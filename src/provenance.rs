@@ -58,6 +58,7 @@ pub fn collect(i: &Inputs) -> Value {
         "plan": {"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version},
         "agentdojo_version": i.agentdojo_version,
         "image": i.container.map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
+        "server_version": i.container.and_then(|c| c.server_version.clone()),
         "container": container,
         "gpu": nvml(),
         "jetson": jetson(),

@@ -59,6 +59,8 @@ pub struct Container {
     pub host_port: u16,
     pub api_key: String,
     pub key: String,
+    /// What the server says it is (`GET /version`: vLLM's version), once it served.
+    pub server_version: Option<String>,
     pub image: ImageInfo,
     /// The exact command (API key redacted; it is in the environment anyway).
     pub command: Vec<String>,
@@ -139,6 +141,7 @@ impl Pool {
             api_key,
             key,
             image,
+            server_version: None,
             command: redact(&setup.command()),
             served,
             loaded_paths: HashMap::new(),
@@ -157,6 +160,8 @@ impl Pool {
             stop_and_remove(&docker, &c.id).await?;
             return Err(failure.into());
         }
+        let mut c = c;
+        c.server_version = server_version(&http(), c.host_port, &c.api_key).await;
         Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.interrupt_clients.clone()))
     }
 
@@ -273,6 +278,14 @@ impl Pool {
         }
         Ok(dir)
     }
+}
+
+/// The server's own word on its version (vLLM: `GET /version`, `{"version": "0.32.0"}`);
+/// None from a server without the endpoint.
+async fn server_version(http: &reqwest::Client, port: u16, api_key: &str) -> Option<String> {
+    let response = http.get(format!("http://127.0.0.1:{port}/version")).bearer_auth(api_key).send().await.ok()?;
+    let body: serde_json::Value = response.error_for_status().ok()?.json().await.ok()?;
+    body.get("version").and_then(serde_json::Value::as_str).map(str::to_string)
 }
 
 fn http() -> reqwest::Client {

@@ -146,6 +146,11 @@ pub fn router(settings: SimSettings) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
+        // As vLLM's `GET /version`: the server's own version, recorded in provenance.
+        .route(
+            "/version",
+            get(|| async { axum::Json(json!({"version": concat!("pruefstand-sim ", env!("CARGO_PKG_VERSION"))})) }),
+        )
         .route("/metrics", get(metrics))
         // Long agent conversations exceed axum's 2 MB default.
         .layer(DefaultBodyLimit::max(64 << 20))
