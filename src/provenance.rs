@@ -45,6 +45,8 @@ pub fn collect(i: &Inputs) -> Value {
             "command": c.command,
             "env": ["VLLM_API_KEY=<redacted>"],
             "published": format!("127.0.0.1:{}", c.host_port),
+            // The base model and every adapter loaded so far (a warm server's too).
+            "served": c.served,
             "gpu": spec.model.gpu,
             // The context the server was given: a case that outgrows it is scored as a
             // context overflow, so the figure belongs with the results.

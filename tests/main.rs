@@ -23,5 +23,6 @@ mod isolation;
 mod judge;
 mod layers;
 mod queue;
+mod real_server;
 mod report;
 mod run;

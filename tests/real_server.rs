@@ -1,0 +1,128 @@
+//! The real vLLM — its CPU build, a real 135M instruct model, real LoRAs — in a
+//! container, met through pruefstand's own code path: the container's command line,
+//! readiness, the model list, the tool-call parser, token usage, the `/metrics` gauges
+//! that steer concurrency, prefix caching, runtime LoRA loading and a real context
+//! overflow. The image is `scripts/build-vllm-cpu-image`'s (scripts/test builds it
+//! first; a test process builds it when missing, which takes 10–15 minutes once).
+//! Where the simulator and these tests disagree, the real server is right.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::common::docker::ensure_dockerd;
+use crate::common::*;
+
+/// The image (tagged `pruefstand-vllm-cpu:current`) and the host folder holding the
+/// converted model and the adapters, built once per test process (the script does
+/// nothing when its inputs are unchanged).
+fn real_server() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        ensure_dockerd();
+        let out = std::process::Command::new(repo().join("scripts/build-vllm-cpu-image")).output().unwrap();
+        assert!(out.status.success(), "build-vllm-cpu-image failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let dir = PathBuf::from("/var/tmp/pruefstand-vllm-cpu/current");
+        assert!(dir.join("model").is_dir() && dir.join("adapters/smol-lora").is_dir(), "no model under {dir:?}");
+        dir
+    })
+}
+
+/// Two banking user tasks, clean (2 cases): quick on a CPU server.
+const TWO_CASES: &str = r#"
+name = "two"
+benchmark_version = "v1.2.2"
+attacks = ["important_instructions"]
+jobs = 2
+case_timeout_s = 900
+injection_goals = false
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_1", "user_task_2"]
+injection_tasks = []
+"#;
+
+fn records_of(dir: &Path) -> Vec<serde_json::Value> {
+    let records = cases(dir);
+    assert!(!records.is_empty(), "no records in {}", dir.display());
+    records
+}
+
+#[test]
+fn a_small_plan_runs_end_to_end_on_the_real_server_and_is_judged_valid() {
+    real_server();
+    let bench = Bench::new();
+    let run = bench.run(&["run", "real-smol", "--plan", "real-small"]);
+    // A 135M model is no agent: approved, rejected or inconclusive, but never invalid.
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    let dir = run.run_dir();
+    let judgement = json(&dir.join("judgement.json"));
+    assert_eq!(judgement["rules"][0]["status"], "pass", "R1: {}", judgement["rules"][0]["reason"]);
+    let records = records_of(&dir);
+    assert_eq!(records.len(), 12, "every planned case has a record");
+    for record in &records {
+        // Whatever the model wrote — prose, a broken call, a call to no tool — is scored.
+        assert_ne!(record["outcome"], "error", "a bench error: {record}");
+        assert!(record["prompt_tokens"].as_u64().unwrap() > 500, "the server's token usage: {record}");
+    }
+    assert_eq!(json(&dir.join("telemetry.json"))["counts"]["errors"], 0);
+    // Provenance names the image and the server's own version.
+    let provenance = json(&dir.join("provenance.json"));
+    assert!(provenance["image"]["id"].as_str().unwrap().starts_with("sha256:"), "{provenance}");
+    assert!(provenance["server_version"].as_str().unwrap().starts_with("0.32"), "{provenance}");
+    // The real /metrics steered the cases in flight, and its prefix cache was read.
+    let concurrency = &json(&dir.join("run.json"))["concurrency"];
+    assert_eq!(concurrency["mode"], "server_gauges", "{concurrency}");
+    assert!(concurrency["peak_running"].as_u64().unwrap() >= 1, "{concurrency}");
+    let prefix = &concurrency["prefix_cache"];
+    assert!(prefix["queries"].as_u64().unwrap() > 0, "{concurrency}");
+    assert!(prefix["hits"].as_u64().unwrap() > 0, "AgentDojo's prompts share their beginnings: {concurrency}");
+    assert!(run.stdout.contains("prefix cache: "), "{}", run.stdout);
+}
+
+#[test]
+fn a_warm_server_takes_the_next_adapter_at_run_time() {
+    let dir = real_server();
+    let bench = Bench::new();
+    // Two versions on one base, adapters side by side: the reference's run leaves the
+    // server warm, the candidate's adapter is loaded into it (POST /v1/load_lora_adapter).
+    let lora = std::fs::read_to_string(repo().join("versions/real-smol-lora.toml")).unwrap();
+    let first = lora
+        .replace("reference = \"real-smol\"\n", "")
+        .replace("name = \"smol-lora\"", "name = \"smol-lora-b\"")
+        .replace("adapters/smol-lora\"", "adapters/smol-lora-b\"");
+    bench.write("versions/lora-first.toml", &first);
+    bench.write("versions/lora-second.toml", &lora.replace("reference = \"real-smol\"", "reference = \"lora-first\""));
+    let plan = bench.write("two.toml", TWO_CASES);
+    let run = bench.run(&["run", "lora-second", "--plan", plan.to_str().unwrap()]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    assert!(run.stderr.contains("reused (warm)"), "the second version found the server warm:\n{}", run.stderr);
+    let run_dir = run.run_dir();
+    assert_eq!(json(&run_dir.join("judgement.json"))["rules"][0]["status"], "pass");
+    assert!(records_of(&run_dir).iter().all(|r| r["outcome"] != "error"));
+    let served = &json(&run_dir.join("provenance.json"))["container"]["served"];
+    assert_eq!(served, &serde_json::json!(["smollm2", "smol-lora-b", "smol-lora"]), "loaded at run time");
+    assert!(dir.join("adapters/smol-lora-b/adapter_config.json").is_file());
+}
+
+#[test]
+fn a_real_context_overflow_is_the_context_overflow_outcome_not_an_error() {
+    real_server();
+    let bench = Bench::new();
+    // AgentDojo's banking system prompt and tool schemas alone exceed 512 tokens: the
+    // real server refuses every first call with its 400 (which has no
+    // `context_length_exceeded` code) and each case is scored as AgentDojo scores it.
+    let spec = std::fs::read_to_string(repo().join("versions/real-smol.toml")).unwrap();
+    bench.write(
+        "versions/smol-512.toml",
+        &spec.replace("\"--max-model-len\", \"8192\"", "\"--max-model-len\", \"512\""),
+    );
+    let plan = bench.write("two.toml", TWO_CASES);
+    let run = bench.run(&["run", "smol-512", "--plan", plan.to_str().unwrap()]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    let dir = run.run_dir();
+    for record in records_of(&dir) {
+        assert_eq!(record["outcome"], "context_overflow", "{record}");
+        assert_eq!(record["utility"], false, "{record}");
+    }
+    assert_eq!(json(&dir.join("judgement.json"))["rules"][0]["status"], "pass");
+}
