@@ -38,6 +38,7 @@ use serde::Serialize;
 
 use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
+use crate::rundir::RunFile;
 use crate::settings::{HookConfig, Kind, Secret};
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
@@ -106,7 +107,8 @@ impl Facts {
         asr: Option<f64>,
     ) -> Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
-        let report = ["report.html", "judgement.md"].iter().map(|f| run_dir.join(f)).find(|p| p.is_file());
+        let report =
+            [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
         Facts {
             outcome: verdict.clone().unwrap_or_else(|| "failed".into()),
             job: job.id,
