@@ -40,6 +40,7 @@ use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
 use crate::rundir::RunFile;
 use crate::settings::{HookConfig, Kind, Secret};
+use crate::util;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
@@ -144,7 +145,7 @@ impl Facts {
 
     /// One chat line (Markdown-ish, fine for every chat kind).
     pub fn message(&self) -> String {
-        let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1} %", v * 100.0));
+        let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
         if self.verdict.is_some() {
             text += &format!(

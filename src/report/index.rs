@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use super::svg::{self, esc, pct};
+use super::svg::{self, esc};
 use super::{page, verdict_class};
 use crate::record::Verdict;
 use crate::rundir::RunFile;
-use crate::util;
+use crate::util::{self, pct};
 
 /// The trend index's file in a reports folder.
 pub const INDEX_FILE: &str = "index.html";

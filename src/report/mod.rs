@@ -22,11 +22,11 @@ use crate::case::{CaseKind, CaseRecord};
 use crate::judge::{Estimate, JudgeInput, Judgement};
 use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
-use crate::util;
+use crate::util::{self, pct};
 
 pub use index::write_index;
 pub use publish::write;
-use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc, pct};
+use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
