@@ -18,11 +18,7 @@ use crate::gym::{self, GymSettings};
 use crate::plan::{Adaptive, Plan};
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
-use crate::rundir::RunDir;
-use crate::util;
-
-/// The gym's run directory of the attempts, inside the run's.
-pub const DIR: &str = "adaptive";
+use crate::rundir::{RunDir, RunFile};
 
 impl PairLog {
     fn key(&self) -> String {
@@ -134,7 +130,7 @@ pub async fn search(
 ) -> anyhow::Result<SearchLog> {
     let adaptive = plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
     let mut log = SearchLog::new(seed, adaptive);
-    let dir = RunDir::new(run_dir.path.join(DIR));
+    let dir = RunDir::new(run_dir.path_of(RunFile::AdaptiveRuns));
     std::fs::create_dir_all(&dir.path)?;
     let mut cases: Vec<Case> = Vec::new();
     for (k, mut settings) in rounds.into_iter().enumerate().take(adaptive.attempts) {
@@ -156,7 +152,7 @@ pub async fn search(
         let executed = gym::execute(pyenv, &dir, &sub, inventory, settings).await?;
         let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
         log.record(&outcomes);
-        util::write_json_atomic(&run_dir.file(SearchLog::FILE), &log)?;
+        run_dir.write_search_log(&log)?;
     }
     Ok(log)
 }

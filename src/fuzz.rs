@@ -639,7 +639,8 @@ fn native_answers_are_calls_rejections_or_a_final_answer() {
 #[test]
 fn agent_config_parser_names_the_file() {
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let path = dir.path().join("agent.json");
+    // The file a run writes for the default agent.
+    let path = crate::rundir::RunFile::AgentConfig.path_in(dir.path());
     let shaped = (json_value(), json_value(), prop::sample::select(HOSTILE_TOML.to_vec())).prop_map(|(a, b, num)| {
         // NaN and infinities are not JSON; their TOML spelling makes the line unparsable.
         format!(r#"{{"model": {a}, "base_url": {b}, "request_timeout_s": {num}, "max_retries": 2}}"#)

@@ -38,7 +38,9 @@ use serde::Serialize;
 
 use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
+use crate::rundir::RunFile;
 use crate::settings::{HookConfig, Kind, Secret};
+use crate::util;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
@@ -106,7 +108,8 @@ impl Facts {
         asr: Option<f64>,
     ) -> Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
-        let report = ["report.html", "judgement.md"].iter().map(|f| run_dir.join(f)).find(|p| p.is_file());
+        let report =
+            [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
         Facts {
             outcome: verdict.clone().unwrap_or_else(|| "failed".into()),
             job: job.id,
@@ -142,7 +145,7 @@ impl Facts {
 
     /// One chat line (Markdown-ish, fine for every chat kind).
     pub fn message(&self) -> String {
-        let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1} %", v * 100.0));
+        let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
         if self.verdict.is_some() {
             text += &format!(

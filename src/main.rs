@@ -20,6 +20,10 @@ mod spec;
 mod plan;
 mod queue;
 
+// Where a run keeps what it writes: the run directory, the one module that names its
+// files (the model server's container log among them).
+mod rundir;
+
 // Before a job may use the GPU: the guards.
 mod guard;
 
@@ -28,9 +32,8 @@ mod sim;
 mod container;
 mod model;
 
-// The run's parts: the run directory (and the bench lock beside it) and the figures
-// over its records, the gym (AgentDojo, Python), the agent runtime.
-mod rundir;
+// The run's parts: the bench lock and the figures over a run's records, the gym
+// (AgentDojo, Python), the agent runtime.
 mod benchlock;
 mod telemetry;
 mod concurrency;

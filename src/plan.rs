@@ -132,8 +132,8 @@ fn plan_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error>
     Ok(name)
 }
 
-/// Workers beyond this gain nothing (a server batches a few hundred requests at most)
-/// and cost a process or thread each.
+/// Cases in flight beyond this gain nothing (a server batches a few hundred requests at
+/// most) and cost a gym thread and an agent process each.
 pub const JOBS_MAX: usize = 1024;
 
 fn jobs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {

@@ -12,6 +12,7 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::container::pool::Container;
+use crate::rundir::{RunDir, RunFile};
 use crate::spec::Version;
 use crate::util;
 
@@ -34,7 +35,7 @@ pub struct Inputs<'a> {
 }
 
 pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
-    util::write_json_atomic(&run_dir.join("provenance.json"), &collect(inputs))
+    RunDir::new(run_dir).write_json(RunFile::Provenance, &collect(inputs))
 }
 
 pub fn collect(i: &Inputs) -> Value {

@@ -244,9 +244,6 @@ pub enum How {
 }
 
 impl SearchLog {
-    /// The search log's file in the run directory.
-    pub const FILE: &str = "adaptive.json";
-
     /// (pairs broken within K, pairs).
     pub fn broken(&self) -> (usize, usize) {
         (self.pairs.iter().filter(|p| p.broken()).count(), self.pairs.len())

@@ -1,5 +1,10 @@
-//! A run directory and the files in it: `cases.jsonl` (the durable record of finished
-//! cases), `plan.json`, `events.jsonl`, and the paths of everything else a run writes.
+//! A run directory and the files in it. This module is the one place that names them:
+//! [`RunFile`] lists every file and folder a run writes, with what it holds and who
+//! writes it, and everywhere else a run's file is `run_dir.path_of(RunFile::…)` (or
+//! `RunFile::….path_in(dir)` where only a path is at hand). The JSON files whose types
+//! sit above this module are read and written typed here ([`PlanFile`],
+//! [`VersionFile`], `run.json`'s `RunMeta`, …); those of the modules below (the
+//! judgement, the telemetry) through [`RunDir::read_json`] and [`RunDir::write_json`].
 //!
 //! `cases.jsonl` is append-only while a run goes on, one fsync'd line per case, so a
 //! crash at any point loses at most the case in flight; reading it back tolerates a
@@ -13,16 +18,204 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
+use crate::plan::{Adaptive, Plan};
+use crate::pyenv::Inventory;
+use crate::record::{EarlyStop, EnvCheck, RunMeta, SearchLog};
+use crate::settings::thresholds::Thresholds;
+use crate::spec::Version;
 use crate::util;
 
-/// The gym's environment check (`GymEvent::EnvironmentCheck`).
-const ENVIRONMENT_CHECK_FILE: &str = "environment_check.json";
+/// Declares [`RunFile`] with its names and the list of all of them, so neither can
+/// miss a file.
+macro_rules! run_files {
+    ($($(#[doc = $doc:literal])* $file:ident => $name:literal,)*) => {
+        /// A file or folder of a run directory: what it holds, who writes it, who reads
+        /// it. Its name is [`RunFile::name`], relative to the run directory.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum RunFile {
+            $($(#[doc = $doc])* $file,)*
+        }
+
+        impl RunFile {
+            /// Every file and folder, in the order they are declared.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub const ALL: &[RunFile] = &[$(RunFile::$file,)*];
+
+            /// Its path relative to the run directory.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(RunFile::$file => $name,)*
+                }
+            }
+        }
+    };
+}
+
+run_files! {
+    /// Whose run the directory holds ([`Identity`]), its seed and when it was made;
+    /// written once by [`RunDir::claim`], which checks it on every later claim.
+    Identity => "identity.json",
+    /// The flock a run holds while it writes here, its holder written inside
+    /// ([`RunDir::claim`]).
+    Lock => "run.lock",
+    /// The cases the directory runs ([`PlanFile`]): written once by `gym` (a clustered
+    /// run's merge writes the job's); read by the judge, the reference search and
+    /// [`RunDir::claim`] of a directory older than `identity.json`.
+    Plan => "plan.json",
+    /// The version that ran ([`VersionFile`]): written by `run` (a clustered run's merge
+    /// copies a shard's); read by the reference search.
+    Version => "version.json",
+    /// One case record per finished case, one fsync'd line each: the gym's record sink
+    /// appends ([`CasesWriter`]), [`RunDir::compact_cases`] rewrites it in plan order,
+    /// the judge reads it.
+    Cases => "cases.jsonl",
+    /// `cases.jsonl`'s sha256 as the run last wrote it (`sha256sum` format), so the
+    /// judge can tell when the file changed afterwards ([`RunDir::compact_cases`]).
+    CasesDigest => "cases.sha256",
+    /// What `gym.py run` was asked (`gym::GymRequest`), written by `gym` before each pass.
+    GymRequest => "gym-request.json",
+    /// The gym's stderr, appended by every pass (`gym`).
+    GymLog => "gym.log",
+    /// The gym's event stream as it arrived, appended by `gym`.
+    Events => "events.jsonl",
+    /// AgentDojo's trace of each case, written by the gym's Python side; a case record
+    /// names its file relative to the run directory, and the report links it.
+    Traces => "traces",
+    /// The gym's check that each injection task reaches its goal in its environment
+    /// (`{"checks": [EnvCheck…]}`): written by `gym`'s sinks (merged over the shards of
+    /// a clustered run), read by R1.
+    EnvironmentCheck => "environment_check.json",
+    /// The config of the default agent runtime (`pruefstand agent --config`), written
+    /// by `run` for a version without its own `agent_cmd`.
+    AgentConfig => "agent.json",
+    /// The descriptive figures over the records (`telemetry::Telemetry`), written after
+    /// each pass (`gym`, `run`); the trend index reads it.
+    Telemetry => "telemetry.json",
+    /// The Markdown twin of `telemetry.json` (`gym`).
+    TelemetryMarkdown => "telemetry.md",
+    /// The model container's log, appended by `container` when the server stops or dies.
+    ContainerLog => "container.log",
+    /// Image digest, exact command, driver, Jetson facts, hashes: written by
+    /// `provenance` (merged over the shards by a clustered run's merge).
+    Provenance => "provenance.json",
+    /// An early-stopping run's user-task order and whether it stopped ([`EarlyStop`]),
+    /// written by `run` when the order is drawn and after each pass.
+    EarlyStop => "early_stop.json",
+    /// The adaptive attacker's own run directory of attempts (`adaptive`).
+    AdaptiveRuns => "adaptive",
+    /// The adaptive attacker's search log ([`SearchLog`]): written by `adaptive` after
+    /// each attempt, read by the judge.
+    AdaptiveLog => "adaptive.json",
+    /// The run's facts ([`RunMeta`]): written by `run` before it judges, read by the
+    /// judge and the reference search.
+    RunMeta => "run.json",
+    /// The rule thresholds of the run's plan ([`Thresholds`]): written by `run`, read by
+    /// the judge unless given a profile.
+    Thresholds => "thresholds.json",
+    /// The judgement (`judge::Judgement`): written by `report`, read by `start --wait`
+    /// and the trend index.
+    Judgement => "judgement.json",
+    /// The Markdown twin of the judgement (`report`); hooks link it without a report.
+    JudgementMarkdown => "judgement.md",
+    /// The self-contained report (`report`), which `run`, `judge`, the trend index and
+    /// the hooks point to.
+    Report => "report.html",
+    /// A clustered job's Slurm array (`cluster::ArrayState`), written by the daemon
+    /// before it follows the array.
+    Cluster => "cluster.json",
+    /// A clustered job's shards: the batch script, each task's output, and `<i>/`,
+    /// shard i's own run directory.
+    Shards => "shards",
+    /// The batch script of a clustered job's array (`cluster`).
+    ShardScript => "shards/shard.sbatch",
+    /// Each array task's output, as Slurm's `--output` pattern (array id, task index).
+    ShardOutput => "shards/slurm-%A_%a.out",
+    /// In a shard's run directory: how the shard's run ended (`cluster::ExitRecord`),
+    /// written by the shard, read by the daemon.
+    ShardExit => "exit.json",
+}
+
+impl RunFile {
+    /// Its path in the run directory `run_dir`.
+    pub fn path_in(self, run_dir: &Path) -> PathBuf {
+        run_dir.join(self.name())
+    }
+}
+
+/// `plan.json`: the cases a run directory runs, and what they were drawn from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PlanFile {
+    /// The plan's name (`schnell`, `voll`, …). Absent from hand-made plan files, as are
+    /// the other fields but `hash` and `cases`.
+    #[serde(default)]
+    pub name: String,
+    /// The profile file the plan came from.
+    #[serde(default)]
+    pub source: PathBuf,
+    pub hash: String,
+    #[serde(default)]
+    pub benchmark_version: String,
+    #[serde(default)]
+    pub agentdojo_version: String,
+    /// The resolved cases, in plan order: what each case id is.
+    pub cases: Vec<Case>,
+    /// The plan's `[adaptive]` section (part of its hash).
+    #[serde(default)]
+    pub adaptive: Option<Adaptive>,
+}
+
+impl PlanFile {
+    pub fn new(plan: &Plan, inventory: &Inventory) -> PlanFile {
+        PlanFile {
+            name: plan.name.clone(),
+            source: plan.source.clone(),
+            hash: plan.hash.clone(),
+            benchmark_version: plan.benchmark_version.clone(),
+            agentdojo_version: inventory.agentdojo_version.clone(),
+            cases: plan.cases.clone(),
+            adaptive: plan.adaptive.clone(),
+        }
+    }
+}
+
+/// `version.json`: the version a run directory ran.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct VersionFile {
+    pub name: String,
+    /// The spec file it was read from.
+    #[serde(default)]
+    pub source: PathBuf,
+    /// The spec hash (`Version::hash`).
+    pub hash: String,
+    /// The spec as it was parsed, for the record. Kept as JSON: nothing reads it back,
+    /// and a spec of an older layout must not make the file unreadable.
+    #[serde(default)]
+    pub spec: serde_json::Value,
+}
+
+impl VersionFile {
+    pub fn new(version: &Version) -> anyhow::Result<VersionFile> {
+        Ok(VersionFile {
+            name: version.name.clone(),
+            source: version.path.clone(),
+            hash: version.hash.clone(),
+            spec: serde_json::to_value(&version.spec).context("the version's spec as JSON")?,
+        })
+    }
+}
+
+/// `environment_check.json`.
+#[derive(Serialize, Deserialize)]
+struct EnvironmentCheckFile {
+    checks: Vec<EnvCheck>,
+}
 
 #[derive(Clone, Debug)]
 pub struct RunDir {
@@ -151,18 +344,39 @@ impl RunDir {
         RunDir { path: path.into() }
     }
 
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.path.join(name)
+    /// The path of one of its files.
+    pub fn path_of(&self, file: RunFile) -> PathBuf {
+        file.path_in(&self.path)
     }
 
     pub fn cases_file(&self) -> PathBuf {
-        self.file("cases.jsonl")
+        self.path_of(RunFile::Cases)
     }
 
-    /// `cases.sha256`: the sha256 of `cases.jsonl` as the run last wrote it
-    /// (`sha256sum` format), so `judge` can tell when the file changed afterwards.
-    pub fn cases_digest_file(&self) -> PathBuf {
-        self.file("cases.sha256")
+    /// A JSON file of the run directory; None when it is not there. One that cannot be
+    /// read or parsed is an error naming it.
+    pub fn read_json<T: DeserializeOwned>(&self, file: RunFile) -> anyhow::Result<Option<T>> {
+        let path = self.path_of(file);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?))
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Writes a JSON file of the run directory (pretty-printed, replaced atomically).
+    pub fn write_json<T: Serialize>(&self, file: RunFile, value: &T) -> anyhow::Result<()> {
+        util::write_json_atomic(&self.path_of(file), value)
+    }
+
+    /// [`RunDir::write_json`] through a `serde_json::Value`, whose objects keep their
+    /// keys sorted: the layout `plan.json`, `version.json` and `environment_check.json`
+    /// have always had (they were written as `json!` values), so their bytes stay those
+    /// of earlier runs.
+    fn write_json_sorted<T: Serialize>(&self, file: RunFile, value: &T) -> anyhow::Result<()> {
+        self.write_json(file, &serde_json::to_value(value)?)
     }
 
     /// Takes `path` for a run of `identity`: a new folder is made user-only (traces can
@@ -193,13 +407,13 @@ impl RunDir {
             Err(err) => return Err(err).with_context(|| format!("creating run directory {shown}")),
         }
         let dir = RunDir::new(path.canonicalize().with_context(|| format!("resolving {shown}"))?);
-        let identity_path = dir.file("identity.json");
+        let identity_path = dir.path_of(RunFile::Identity);
         if !identity_path.exists() && !dir.is_legacy_run() {
             let foreign: Vec<String> = std::fs::read_dir(&dir.path)?
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 // Ours: the lock, and the temporary file of an identity being written.
-                .filter(|name| name != "run.lock" && !name.starts_with(".tmp"))
+                .filter(|name| name != RunFile::Lock.name() && !name.starts_with(".tmp"))
                 .collect();
             if !foreign.is_empty() {
                 bail!(
@@ -209,7 +423,7 @@ impl RunDir {
                 );
             }
         }
-        let lock = match RunLock::try_take(&dir.file("run.lock")) {
+        let lock = match RunLock::try_take(&dir.path_of(RunFile::Lock)) {
             Ok(lock) => lock,
             Err(LockError::Busy { holder }) => bail!("{shown} is in use by another run: {holder}"),
             Err(LockError::Failed(err)) => return Err(err),
@@ -247,32 +461,23 @@ impl RunDir {
 
     /// The seed fixed when this directory was claimed (None: never claimed).
     pub fn stored_seed(&self) -> Option<u64> {
-        let bytes = std::fs::read(self.file("identity.json")).ok()?;
+        let bytes = std::fs::read(self.path_of(RunFile::Identity)).ok()?;
         serde_json::from_slice::<IdentityFile>(&bytes).ok().map(|file| file.seed)
     }
 
     /// A run directory written before `identity.json` existed.
     fn is_legacy_run(&self) -> bool {
-        self.file("plan.json").is_file() && self.cases_file().is_file()
+        self.path_of(RunFile::Plan).is_file() && self.cases_file().is_file()
     }
 
     /// What such a directory's `version.json` and `plan.json` say of its identity.
     fn legacy_identity(&self) -> Option<Identity> {
-        let read = |name: &str| -> Option<serde_json::Value> {
-            serde_json::from_str(&std::fs::read_to_string(self.file(name)).ok()?).ok()
-        };
-        let plan = read("plan.json")?;
-        let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_string();
-        let (version, spec_hash) = match read("version.json") {
-            Some(version) => (text(&version["name"]), text(&version["hash"])),
+        let plan = self.read_plan().ok()??;
+        let (version, spec_hash) = match self.read_version().ok().flatten() {
+            Some(version) => (version.name, version.hash),
             None => (String::new(), String::new()),
         };
-        Some(Identity {
-            version,
-            spec_hash,
-            plan_hash: text(&plan["hash"]),
-            benchmark_version: text(&plan["benchmark_version"]),
-        })
+        Some(Identity { version, spec_hash, plan_hash: plan.hash, benchmark_version: plan.benchmark_version })
     }
 
     /// Reads `cases.jsonl` leniently, for resuming: damaged lines are reported, and
@@ -330,7 +535,8 @@ impl RunDir {
     /// and records the new file's sha256 in `cases.sha256`.
     pub fn compact_cases(&self, plan: &[Case], stored: &StoredCases) -> anyhow::Result<Vec<CaseRecord>> {
         if !stored.damaged.is_empty() {
-            let backup = self.file(&format!("cases.jsonl.damaged-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ")));
+            let now = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+            let backup = self.path.join(format!("{}.damaged-{now}", RunFile::Cases.name()));
             std::fs::copy(self.cases_file(), &backup).with_context(|| format!("keeping {}", backup.display()))?;
         }
         let records: Vec<CaseRecord> = plan.iter().filter_map(|case| stored.records.get(&case.id).cloned()).collect();
@@ -340,40 +546,85 @@ impl RunDir {
             text.push(b'\n');
         }
         util::write_atomic(&self.cases_file(), &text)?;
-        let digest = format!("{}  cases.jsonl\n", util::sha256_hex(&text));
-        util::write_atomic(&self.cases_digest_file(), digest.as_bytes())?;
+        let digest = format!("{}  {}\n", util::sha256_hex(&text), RunFile::Cases.name());
+        util::write_atomic(&self.path_of(RunFile::CasesDigest), digest.as_bytes())?;
         Ok(records)
     }
 
     /// `environment_check.json`: the gym's check that each injection task reaches its
     /// goal in its environment.
-    pub fn write_environment_checks(&self, checks: &[crate::record::EnvCheck]) -> anyhow::Result<()> {
-        util::write_json_atomic(&self.file(ENVIRONMENT_CHECK_FILE), &serde_json::json!({ "checks": checks }))
+    pub fn write_environment_checks(&self, checks: &[EnvCheck]) -> anyhow::Result<()> {
+        self.write_json_sorted(RunFile::EnvironmentCheck, &EnvironmentCheckFile { checks: checks.to_vec() })
     }
 
     /// The environment check a pass left (None: none written).
-    pub fn read_environment_checks(&self) -> anyhow::Result<Option<Vec<crate::record::EnvCheck>>> {
-        let path = self.file(ENVIRONMENT_CHECK_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
-        };
-        #[derive(Deserialize)]
-        struct File {
-            checks: Vec<crate::record::EnvCheck>,
-        }
-        let file: File =
-            serde_json::from_str(&text).with_context(|| format!("{}: not an environment check", path.display()))?;
-        Ok(Some(file.checks))
+    pub fn read_environment_checks(&self) -> anyhow::Result<Option<Vec<EnvCheck>>> {
+        Ok(self.read_json::<EnvironmentCheckFile>(RunFile::EnvironmentCheck)?.map(|file| file.checks))
     }
 
-    /// `plan.json`: the cases this directory runs (its hash is checked by [`RunDir::claim`]).
-    pub fn write_plan(&self, plan_json: &serde_json::Value) -> anyhow::Result<()> {
-        if self.file("plan.json").exists() {
+    /// `plan.json`: the cases this directory runs (its hash is checked by
+    /// [`RunDir::claim`]); written once, a later pass keeps the first.
+    pub fn write_plan(&self, plan: &PlanFile) -> anyhow::Result<()> {
+        if self.path_of(RunFile::Plan).exists() {
             return Ok(());
         }
-        util::write_json_atomic(&self.file("plan.json"), plan_json)
+        self.write_json_sorted(RunFile::Plan, plan)
+    }
+
+    /// `plan.json` (None: the directory has none).
+    pub fn read_plan(&self) -> anyhow::Result<Option<PlanFile>> {
+        self.read_json(RunFile::Plan)
+    }
+
+    /// `version.json`: the version that runs here.
+    pub fn write_version(&self, version: &VersionFile) -> anyhow::Result<()> {
+        self.write_json_sorted(RunFile::Version, version)
+    }
+
+    /// `version.json` (None: the directory has none).
+    pub fn read_version(&self) -> anyhow::Result<Option<VersionFile>> {
+        self.read_json(RunFile::Version)
+    }
+
+    /// `run.json`: the run's facts.
+    pub fn write_run_meta(&self, meta: &RunMeta) -> anyhow::Result<()> {
+        self.write_json(RunFile::RunMeta, meta)
+    }
+
+    /// `run.json`, which every run that was judged has: missing is an error.
+    pub fn read_run_meta(&self) -> anyhow::Result<RunMeta> {
+        let path = self.path_of(RunFile::RunMeta);
+        self.read_json(RunFile::RunMeta)?.with_context(|| format!("reading {}: no such file", path.display()))
+    }
+
+    /// `thresholds.json`: the thresholds of the run's plan.
+    pub fn write_thresholds(&self, thresholds: &Thresholds) -> anyhow::Result<()> {
+        self.write_json(RunFile::Thresholds, thresholds)
+    }
+
+    /// `thresholds.json` as it was written (None: none written); not validated.
+    pub fn read_thresholds(&self) -> anyhow::Result<Option<Thresholds>> {
+        self.read_json(RunFile::Thresholds)
+    }
+
+    /// `early_stop.json`: an early-stopping run's order and whether it stopped.
+    pub fn write_early_stop(&self, early: &EarlyStop) -> anyhow::Result<()> {
+        self.write_json(RunFile::EarlyStop, early)
+    }
+
+    /// `early_stop.json` (None: the run does not stop early, or has not started).
+    pub fn read_early_stop(&self) -> anyhow::Result<Option<EarlyStop>> {
+        self.read_json(RunFile::EarlyStop)
+    }
+
+    /// `adaptive.json`: the adaptive attacker's search log.
+    pub fn write_search_log(&self, log: &SearchLog) -> anyhow::Result<()> {
+        self.write_json(RunFile::AdaptiveLog, log)
+    }
+
+    /// `adaptive.json` (None: the plan did not run the adaptive attacker).
+    pub fn read_search_log(&self) -> anyhow::Result<Option<SearchLog>> {
+        self.read_json(RunFile::AdaptiveLog)
     }
 }
 
@@ -459,19 +710,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = RunDir::new(dir.path());
         util::write_json_atomic(
-            &run.file("plan.json"),
-            &serde_json::json!({"hash": "plan-hash-000000", "benchmark_version": "v1.2.2"}),
+            &run.path_of(RunFile::Plan),
+            &serde_json::json!({"hash": "plan-hash-000000", "benchmark_version": "v1.2.2", "cases": []}),
         )
         .unwrap();
         util::write_json_atomic(
-            &run.file("version.json"),
+            &run.path_of(RunFile::Version),
             &serde_json::json!({"name": "demo-baseline", "hash": "demo-baseline-spec-hash-0000"}),
         )
         .unwrap();
         std::fs::write(run.cases_file(), "").unwrap();
         assert!(RunDir::claim(dir.path(), &identity("demo-kandidat")).is_err());
         let claimed = RunDir::claim(dir.path(), &identity("demo-baseline")).unwrap();
-        assert!(claimed.dir.file("identity.json").is_file());
+        assert!(claimed.dir.path_of(RunFile::Identity).is_file());
     }
 
     #[test]
@@ -594,7 +845,7 @@ mod tests {
         assert_eq!(records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(records[1].utility, Some(true));
         assert_eq!(run.read_cases_strict().unwrap().len(), 2);
-        let digest = std::fs::read_to_string(run.cases_digest_file()).unwrap();
+        let digest = std::fs::read_to_string(run.path_of(RunFile::CasesDigest)).unwrap();
         let bytes = std::fs::read(run.cases_file()).unwrap();
         assert_eq!(digest, format!("{}  cases.jsonl\n", util::sha256_hex(&bytes)));
         let backups = std::fs::read_dir(dir.path())
@@ -602,5 +853,125 @@ mod tests {
             .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("cases.jsonl.damaged"))
             .count();
         assert_eq!(backups, 1);
+    }
+
+    #[test]
+    fn every_run_file_has_a_name_of_its_own() {
+        let mut names: Vec<&str> = RunFile::ALL.iter().map(|file| file.name()).collect();
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "{names:?}");
+        assert!(names.iter().all(|name| !name.is_empty() && !name.starts_with('/') && !name.contains("..")));
+    }
+
+    /// This file is the only one that spells a run file's name as a string literal: a
+    /// name written anywhere else would be a second spelling to drift from its readers.
+    /// Folders (no dot in their names: `shards`, `traces`, `adaptive`) are common words
+    /// and are not looked for.
+    #[test]
+    fn no_other_source_file_names_a_run_file() {
+        fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let this = src.join("rundir.rs");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let named: Vec<&str> = RunFile::ALL.iter().map(|file| file.name()).filter(|name| name.contains('.')).collect();
+        let own = std::fs::read_to_string(&this).unwrap();
+        assert!(named.iter().all(|name| own.contains(&format!("\"{name}\""))), "the search finds them here");
+        // Each name, and the last part of a name in a folder (`shard.sbatch`).
+        let mut literals: Vec<String> = named
+            .iter()
+            .flat_map(|name| [*name, name.rsplit('/').next().unwrap_or_default()])
+            .map(|name| format!("\"{name}\""))
+            .collect();
+        literals.dedup();
+        let mut found = Vec::new();
+        for file in files.iter().filter(|file| **file != this) {
+            let text = std::fs::read_to_string(file).unwrap();
+            for (number, line) in text.lines().enumerate() {
+                for literal in literals.iter().filter(|literal| line.contains(literal.as_str())) {
+                    found.push(format!("{}:{}: {literal}", file.display(), number + 1));
+                }
+            }
+        }
+        assert!(files.len() > 50, "read {} files under {}", files.len(), src.display());
+        assert!(found.is_empty(), "name these through rundir::RunFile:\n{}", found.join("\n"));
+    }
+
+    /// `plan.json`, `version.json` and `environment_check.json` were written as `json!`
+    /// values before they had types; their bytes stay as they were.
+    #[test]
+    fn typed_files_keep_the_bytes_of_the_json_values_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (RunDir::new(dir.path().join("old")), RunDir::new(dir.path().join("new")));
+        std::fs::create_dir_all(&old.path).unwrap();
+        std::fs::create_dir_all(&new.path).unwrap();
+        let bytes = |run: &RunDir, file: RunFile| std::fs::read(run.path_of(file)).unwrap();
+
+        let profile = dir.path().join("mini.toml");
+        std::fs::write(
+            &profile,
+            "name = \"mini\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\n\
+             [[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_0\", \"user_task_1\"]\n\
+             injection_tasks = [\"injection_task_0\"]\n",
+        )
+        .unwrap();
+        let inventory = crate::plan::tests::inventory();
+        let mut plan = Plan::resolve(&profile, &inventory, &Default::default()).unwrap();
+        for adaptive in [None, Some(Adaptive { attempts: 2, families: vec!["roleplay".into()], pairs: vec![] })] {
+            plan.adaptive = adaptive;
+            let json = serde_json::json!({
+                "name": plan.name,
+                "source": plan.source,
+                "hash": plan.hash,
+                "benchmark_version": plan.benchmark_version,
+                "agentdojo_version": inventory.agentdojo_version,
+                "cases": plan.cases,
+                "adaptive": plan.adaptive,
+            });
+            util::write_json_atomic(&old.path_of(RunFile::Plan), &json).unwrap();
+            let _ = std::fs::remove_file(new.path_of(RunFile::Plan));
+            new.write_plan(&PlanFile::new(&plan, &inventory)).unwrap();
+            assert_eq!(
+                String::from_utf8(bytes(&new, RunFile::Plan)).unwrap(),
+                String::from_utf8(bytes(&old, RunFile::Plan)).unwrap()
+            );
+            let read = new.read_plan().unwrap().unwrap();
+            assert_eq!((read.cases, read.adaptive), (plan.cases.clone(), plan.adaptive.clone()));
+        }
+
+        let versions = Path::new(env!("CARGO_MANIFEST_DIR")).join("versions");
+        let version = Version::load(&versions, "demo-kandidat").unwrap();
+        let json = serde_json::json!({ "name": version.name, "source": version.path, "hash": version.hash, "spec": version.spec });
+        util::write_json_atomic(&old.path_of(RunFile::Version), &json).unwrap();
+        new.write_version(&VersionFile::new(&version).unwrap()).unwrap();
+        assert_eq!(bytes(&new, RunFile::Version), bytes(&old, RunFile::Version));
+        assert_eq!(new.read_version().unwrap().unwrap().hash, version.hash);
+
+        let check = |injection_task: &str, status| EnvCheck {
+            suite: "banking".into(),
+            injection_task: injection_task.into(),
+            status,
+            detail: Some("why".into()),
+        };
+        let checks = [
+            check("injection_task_0", crate::record::EnvStatus::Ok),
+            check("injection_task_1", crate::record::EnvStatus::Failed),
+        ];
+        util::write_json_atomic(&old.path_of(RunFile::EnvironmentCheck), &serde_json::json!({ "checks": checks }))
+            .unwrap();
+        new.write_environment_checks(&checks).unwrap();
+        assert_eq!(bytes(&new, RunFile::EnvironmentCheck), bytes(&old, RunFile::EnvironmentCheck));
+        assert_eq!(new.read_environment_checks().unwrap().unwrap(), checks);
     }
 }

@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::case::{CaseKind, CaseRecord};
+use crate::util;
 
 #[derive(Serialize, Debug, Default, Clone, PartialEq)]
 pub struct Rate {
@@ -212,9 +213,10 @@ pub fn compute(benchmark_version: &str, planned: usize, records: &[CaseRecord]) 
     }
 }
 
-fn pct(rate: &Rate) -> String {
+/// A rate with its counts, `12.3 % (4/33)`; `–` when it has no denominator.
+fn rate_text(rate: &Rate) -> String {
     match rate.value {
-        Some(value) => format!("{:.1} % ({}/{})", value * 100.0, rate.hits, rate.n),
+        Some(value) => format!("{} ({}/{})", util::pct(value), rate.hits, rate.n),
         None => "–".to_string(),
     }
 }
@@ -230,10 +232,10 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
         telemetry.benchmark_version
     );
     let _ = writeln!(md, "| figure | value |\n|---|---|");
-    let _ = writeln!(md, "| utility (clean) | {} |", pct(&d["utility"]));
-    let _ = writeln!(md, "| utility under attack | {} |", pct(&d["utility_under_attack"]));
-    let _ = writeln!(md, "| attack success rate | {} |", pct(&d["asr"]));
-    let _ = writeln!(md, "| injection-task utility | {} |", pct(&d["injection_task_utility"]));
+    let _ = writeln!(md, "| utility (clean) | {} |", rate_text(&d["utility"]));
+    let _ = writeln!(md, "| utility under attack | {} |", rate_text(&d["utility_under_attack"]));
+    let _ = writeln!(md, "| attack success rate | {} |", rate_text(&d["asr"]));
+    let _ = writeln!(md, "| injection-task utility | {} |", rate_text(&d["injection_task_utility"]));
     let c = &telemetry.counts;
     let _ = writeln!(
         md,
@@ -243,18 +245,24 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
     let _ = writeln!(md, "Model format health: {}.\n", telemetry.format_health.line(c.recorded));
     let _ = writeln!(md, "## By suite\n\n| suite | utility | utility under attack | ASR |\n|---|---|---|---|");
     for (suite, b) in &telemetry.by_suite {
-        let _ = writeln!(md, "| {suite} | {} | {} | {} |", pct(&b.utility), pct(&b.utility_under_attack), pct(&b.asr));
+        let _ = writeln!(
+            md,
+            "| {suite} | {} | {} | {} |",
+            rate_text(&b.utility),
+            rate_text(&b.utility_under_attack),
+            rate_text(&b.asr)
+        );
     }
     if !telemetry.by_attack.is_empty() {
         let _ = writeln!(md, "\n## By attack\n\n| attack | utility under attack | ASR |\n|---|---|---|");
         for (attack, b) in &telemetry.by_attack {
-            let _ = writeln!(md, "| {attack} | {} | {} |", pct(&b.utility_under_attack), pct(&b.asr));
+            let _ = writeln!(md, "| {attack} | {} | {} |", rate_text(&b.utility_under_attack), rate_text(&b.asr));
         }
     }
     if !telemetry.asr_by_injection_task.is_empty() {
         let _ = writeln!(md, "\n## ASR by injection task\n\n| injection task | ASR |\n|---|---|");
         for (task, rate) in &telemetry.asr_by_injection_task {
-            let _ = writeln!(md, "| {task} | {} |", pct(rate));
+            let _ = writeln!(md, "| {task} | {} |", rate_text(rate));
         }
     }
     md

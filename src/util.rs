@@ -35,6 +35,12 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow:
     write_atomic(path, &text)
 }
 
+/// A rate as a percentage with one decimal: `0.123` → `12.3 %` (reports, reasons,
+/// Markdown, chat).
+pub fn pct(p: f64) -> String {
+    format!("{:.1} %", 100.0 * p)
+}
+
 /// Lower-case alphanumerics only: survives YAML folding, quoting and escaping of
 /// punctuation, which is how goals and injected wording reach a model inside tool
 /// outputs (the simulated model matches them so).

@@ -91,8 +91,9 @@ pub const SIDE_EFFECTING: &[(&str, &[&str])] = &[
 /// The reply a denied call gets, as that tool's result.
 pub const DENIED: &str = "The user denied this action.";
 
+/// The simulated human's answer about one tool call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Decision {
     /// Not side-effecting, or no human in the loop: nobody was asked.
     NotAsked,
     Approved,
@@ -116,10 +117,10 @@ impl Human {
     }
 
     /// Asks the human about one call, if the policy and the tool call for it.
-    pub async fn review(&self, call: &ToolCall, prompt: &str, llm: &Llm, default_model: &str) -> Verdict {
-        let Some(targets) = self.tools.get(&call.function) else { return Verdict::NotAsked };
+    pub async fn review(&self, call: &ToolCall, prompt: &str, llm: &Llm, default_model: &str) -> Decision {
+        let Some(targets) = self.tools.get(&call.function) else { return Decision::NotAsked };
         let approved = match &self.spec {
-            HumanSpec::None => return Verdict::NotAsked,
+            HumanSpec::None => return Decision::NotAsked,
             HumanSpec::ApproveAll => true,
             HumanSpec::TaskScoped => match foreign_target(call, targets, prompt) {
                 Some(v) => {
@@ -147,7 +148,7 @@ impl Human {
                 }
             }
         };
-        if approved { Verdict::Approved } else { Verdict::Denied }
+        if approved { Decision::Approved } else { Decision::Denied }
     }
 }
 
@@ -210,7 +211,7 @@ mod tests {
         ToolCall { function: f.into(), args: args.as_object().unwrap().clone(), id: None }
     }
 
-    async fn review(spec: HumanSpec, c: &ToolCall, prompt: &str) -> Verdict {
+    async fn review(spec: HumanSpec, c: &ToolCall, prompt: &str) -> Decision {
         let llm = Llm::new(&crate::agent::AgentConfig::default()).unwrap();
         Human::new(&spec, &BTreeMap::new()).review(c, prompt, &llm, "m").await
     }
@@ -227,16 +228,16 @@ mod tests {
             "send_money",
             json!({"recipient": "US133000000121212121212", "amount": 0.01, "subject": "Spotify", "date": "2022-04-01"}),
         );
-        assert_eq!(review(HumanSpec::TaskScoped, &ok, PROMPT).await, Verdict::Approved);
-        assert_eq!(review(HumanSpec::TaskScoped, &evil, PROMPT).await, Verdict::Denied);
+        assert_eq!(review(HumanSpec::TaskScoped, &ok, PROMPT).await, Decision::Approved);
+        assert_eq!(review(HumanSpec::TaskScoped, &evil, PROMPT).await, Decision::Denied);
         // Not side-effecting: nobody is asked; no human: nobody is asked.
-        assert_eq!(review(HumanSpec::TaskScoped, &call("get_balance", json!({})), PROMPT).await, Verdict::NotAsked);
-        assert_eq!(review(HumanSpec::None, &evil, PROMPT).await, Verdict::NotAsked);
-        assert_eq!(review(HumanSpec::ApproveAll, &evil, PROMPT).await, Verdict::Approved);
+        assert_eq!(review(HumanSpec::TaskScoped, &call("get_balance", json!({})), PROMPT).await, Decision::NotAsked);
+        assert_eq!(review(HumanSpec::None, &evil, PROMPT).await, Decision::NotAsked);
+        assert_eq!(review(HumanSpec::ApproveAll, &evil, PROMPT).await, Decision::Approved);
         // No target arguments: approved.
         assert_eq!(
             review(HumanSpec::TaskScoped, &call("create_file", json!({"filename": "x", "content": "y"})), PROMPT).await,
-            Verdict::Approved
+            Decision::Approved
         );
     }
 

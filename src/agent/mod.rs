@@ -30,7 +30,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
 use format::{Message, ToolSpec, Turn};
 use guardrail::Guardrail;
-use human::{Human, Verdict};
+use human::{Decision, Human};
 use llm::{Llm, LlmError};
 
 /// `agent.json`, written by `run` and read by `pruefstand agent --config`.
@@ -296,23 +296,23 @@ impl Agent {
             }
             self.case.unknown_tool_calls +=
                 calls.iter().filter(|c| !q.tools.iter().any(|t| t.name == c.function)).count() as u64;
-            let mut verdicts = Vec::with_capacity(calls.len());
+            let mut decisions = Vec::with_capacity(calls.len());
             for call in &calls {
                 let v = self.human.review(call, &prompt, &self.llm, &self.cfg.model).await;
-                self.case.human_asks += u64::from(v != Verdict::NotAsked);
-                self.case.human_denials += u64::from(v == Verdict::Denied);
-                verdicts.push(v);
+                self.case.human_asks += u64::from(v != Decision::NotAsked);
+                self.case.human_denials += u64::from(v == Decision::Denied);
+                decisions.push(v);
             }
-            if !verdicts.contains(&Verdict::Denied) {
+            if !decisions.contains(&Decision::Denied) {
                 return Ok(Turn::Calls { calls, content });
             }
             // The step stays local: the denial goes back to the model as the tool's
             // result; calls approved beside it did not run, and the model is told so.
             let results = calls
                 .iter()
-                .zip(verdicts)
+                .zip(decisions)
                 .map(|(call, v)| {
-                    let content = if v == Verdict::Denied {
+                    let content = if v == Decision::Denied {
                         human::DENIED
                     } else {
                         "Not run: another action of the same step was denied by the user. Call it again if it is still needed."

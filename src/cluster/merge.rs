@@ -13,7 +13,7 @@ use crate::plan::Plan;
 use crate::pyenv::Inventory;
 use crate::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
 use crate::run::Served;
-use crate::rundir::{RunDir, StoredCases};
+use crate::rundir::{PlanFile, RunDir, RunFile, StoredCases};
 use crate::{gym, util};
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
@@ -33,19 +33,19 @@ pub fn merge(
         stored.records.extend(read.records);
         stored.damaged.extend(read.damaged);
     }
-    run_dir.write_plan(&gym::plan_json(plan, inventory))?;
+    run_dir.write_plan(&PlanFile::new(plan, inventory))?;
     let records = run_dir.compact_cases(&plan.cases, &stored)?;
     gym::write_telemetry(run_dir, plan, &records)?;
     let per_shard = shard_dirs.iter().map(|dir| dir.read_environment_checks().map(Option::unwrap_or_default));
     let checks = merge_checks(per_shard.collect::<anyhow::Result<Vec<_>>>()?);
     run_dir.write_environment_checks(&checks)?;
-    if let Some(version) = shard_dirs.iter().map(|d| d.file("version.json")).find(|p| p.is_file()) {
-        std::fs::copy(&version, run_dir.file("version.json"))
+    if let Some(version) = shard_dirs.iter().map(|d| d.path_of(RunFile::Version)).find(|p| p.is_file()) {
+        std::fs::copy(&version, run_dir.path_of(RunFile::Version))
             .with_context(|| format!("copying {}", version.display()))?;
     }
     let provenances: Vec<(usize, String, Value)> = exits
         .iter()
-        .map(|(i, exit)| (*i, exit.node.clone(), read_json(&shard_dirs[*i].file("provenance.json"))))
+        .map(|(i, exit)| (*i, exit.node.clone(), read_json(&shard_dirs[*i].path_of(RunFile::Provenance))))
         .collect();
     let mut provenance = provenances.first().map(|(_, _, p)| p.clone()).unwrap_or(Value::Null);
     if let Some(object) = provenance.as_object_mut() {
@@ -55,7 +55,7 @@ pub fn merge(
             .collect();
         object.insert("shards".into(), Value::Array(shards));
     }
-    util::write_json_atomic(&run_dir.file("provenance.json"), &provenance)?;
+    run_dir.write_json(RunFile::Provenance, &provenance)?;
 
     let nodes = (0..state.shards)
         .map(|i| ShardNode {

@@ -35,7 +35,7 @@ use crate::queue::Queue;
 use crate::record::{GpuExclusivity, ModelServerFacts};
 use crate::root::Root;
 use crate::run::{Executor, LocalGym, RunControl, RunRequest, Served, Session};
-use crate::rundir::Claimed;
+use crate::rundir::{Claimed, RunDir, RunFile};
 use crate::util;
 use slurm::{ArrayId, Slurm, TaskState};
 
@@ -78,24 +78,13 @@ impl ShardCounts {
 }
 
 impl ArrayState {
-    fn path(run_dir: &Path) -> PathBuf {
-        run_dir.join("cluster.json")
-    }
-
     /// The job's array, when it was submitted.
     pub fn load(run_dir: &Path) -> anyhow::Result<Option<ArrayState>> {
-        let path = ArrayState::path(run_dir);
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("{}: not an array", path.display()))?))
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
-        }
+        RunDir::new(run_dir).read_json(RunFile::Cluster)
     }
 
     fn store(&self, run_dir: &Path) -> anyhow::Result<()> {
-        util::write_json_atomic(&ArrayState::path(run_dir), self)
+        RunDir::new(run_dir).write_json(RunFile::Cluster, self)
     }
 
     /// Every array id submitted for this job.
@@ -134,22 +123,18 @@ pub struct ExitRecord {
 }
 
 impl ExitRecord {
-    fn path(shard_dir: &Path) -> PathBuf {
-        shard_dir.join("exit.json")
-    }
-
     pub fn load(shard_dir: &Path) -> Option<ExitRecord> {
-        serde_json::from_slice(&std::fs::read(ExitRecord::path(shard_dir)).ok()?).ok()
+        RunDir::new(shard_dir).read_json(RunFile::ShardExit).ok().flatten()
     }
 
     pub fn store(&self, shard_dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(shard_dir).with_context(|| format!("creating {}", shard_dir.display()))?;
-        util::write_json_atomic(&ExitRecord::path(shard_dir), self)
+        RunDir::new(shard_dir).write_json(RunFile::ShardExit, self)
     }
 }
 
 pub fn shard_dir(run_dir: &Path, index: usize) -> PathBuf {
-    run_dir.join("shards").join(index.to_string())
+    RunFile::Shards.path_in(run_dir).join(index.to_string())
 }
 
 /// Where one shard stands at a look.
@@ -240,12 +225,12 @@ impl SlurmArray {
                 let shards = shard::usable_shards(&request.plan.cases, config.shards);
                 let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
                 let root = session.root.path.canonicalize().context("resolving the bench root")?;
-                let shards_dir = dir.join("shards");
-                crate::queue::private_dir(&shards_dir)?;
-                let script = shards_dir.join("shard.sbatch");
+                crate::queue::private_dir(&RunFile::Shards.path_in(dir))?;
+                let script = RunFile::ShardScript.path_in(dir);
                 util::write_atomic(&script, slurm::batch_script(&binary, &root, job, shards)?.as_bytes())?;
                 let indices: Vec<usize> = (0..shards).collect();
-                let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &shards_dir, &script);
+                let output = RunFile::ShardOutput.path_in(dir);
+                let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &output, &script);
                 let array = slurm.submit(&argv)?;
                 let now = chrono::Utc::now().to_rfc3339();
                 let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
@@ -320,14 +305,13 @@ impl Follow<'_> {
                             failed.push(format!("shard {index} failed twice: {why}"));
                             continue;
                         }
-                        let _ = std::fs::remove_file(ExitRecord::path(&shard_dir(dir, index)));
-                        let shards_dir = dir.join("shards");
+                        let _ = std::fs::remove_file(RunFile::ShardExit.path_in(&shard_dir(dir, index)));
                         let argv = slurm::sbatch_argv(
                             config,
                             job,
                             &index.to_string(),
-                            &shards_dir,
-                            &shards_dir.join("shard.sbatch"),
+                            &RunFile::ShardOutput.path_in(dir),
+                            &RunFile::ShardScript.path_in(dir),
                         );
                         let array = slurm.submit(&argv)?;
                         tracing::warn!(
@@ -342,7 +326,8 @@ impl Follow<'_> {
             // Cases recorded so far over every shard: the daemon's progress and ETA.
             let recorded: usize = (0..state.shards)
                 .map(|i| {
-                    std::fs::read(shard_dir(dir, i).join("cases.jsonl")).map_or(0, |b| crate::rundir::lines(&b).count())
+                    std::fs::read(RunFile::Cases.path_in(&shard_dir(dir, i)))
+                        .map_or(0, |b| crate::rundir::lines(&b).count())
                 })
                 .sum();
             control.gym.report(dir, recorded.min(planned), planned);

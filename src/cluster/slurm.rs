@@ -49,13 +49,14 @@ fn quote(path: &Path) -> anyhow::Result<String> {
 }
 
 /// `sbatch`'s arguments for the tasks `indices` of a job's array: parsable output, the
-/// partition, each task's output next to its shard, the configured extras, the script.
-pub fn sbatch_argv(config: &ClusterConfig, job: u64, indices: &str, out_dir: &Path, script: &Path) -> Vec<String> {
+/// partition, each task's output (`output`, a Slurm file-name pattern: next to the
+/// shards), the configured extras, the script.
+pub fn sbatch_argv(config: &ClusterConfig, job: u64, indices: &str, output: &Path, script: &Path) -> Vec<String> {
     let mut argv = vec![
         "--parsable".to_string(),
         format!("--array={indices}"),
         format!("--job-name=pruefstand-{job}"),
-        format!("--output={}", out_dir.join("slurm-%A_%a.out").display()),
+        format!("--output={}", output.display()),
     ];
     if let Some(partition) = &config.partition {
         argv.push(format!("--partition={partition}"));
@@ -283,6 +284,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rundir::RunFile;
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {
@@ -302,7 +304,9 @@ mod tests {
             sbatch_args: vec!["--gres=gpu:1".into(), "--time=04:00:00".into()],
             ..ClusterConfig::default()
         };
-        let argv = sbatch_argv(&config, 7, "0-3", Path::new("/r/shards"), Path::new("/r/shards/shard.sbatch"));
+        let run = Path::new("/r");
+        let argv =
+            sbatch_argv(&config, 7, "0-3", &RunFile::ShardOutput.path_in(run), &RunFile::ShardScript.path_in(run));
         assert_eq!(
             argv,
             [

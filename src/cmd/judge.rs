@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::rundir::RunFile;
 use crate::{judge, report};
 
 #[derive(clap::Args)]
@@ -34,7 +35,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
     let (judgement, input) = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
     report::write(&args.run_dir, &judgement, &input, args.reports_dir.as_deref())?;
-    let report = args.run_dir.join("report.html");
+    let report = RunFile::Report.path_in(&args.run_dir);
     if args.json {
         let value = serde_json::json!({ "report": report, "judgement": judgement });
         outln!("{}", serde_json::to_string_pretty(&value)?);
@@ -43,7 +44,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if judgement.cases_changed {
         outln!(
             "note: {} changed since the run wrote it (its sha256 differs from cases.sha256); judged as it is now",
-            args.run_dir.join("cases.jsonl").display()
+            RunFile::Cases.path_in(&args.run_dir).display()
         );
     }
     outln!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);

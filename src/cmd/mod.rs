@@ -23,7 +23,7 @@ pub mod start;
 pub mod status;
 pub mod study;
 
-/// `--jobs`: at least one worker, and no more than a plan may ask for.
+/// `--jobs`: at least one case in flight, and no more than a plan may ask for.
 pub fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::plan::JOBS_MAX as u64)
 }

@@ -12,7 +12,7 @@ use crate::benchlock;
 use crate::judge::Judgement;
 use crate::root::Root;
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
-use crate::rundir::{LockError, RunLock, Waited};
+use crate::rundir::{LockError, RunFile, RunLock, Waited};
 use crate::spec::Version;
 
 #[derive(clap::Args)]
@@ -93,7 +93,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let shutdown = session.shutdown().await;
     let finished = finished?;
     shutdown?;
-    let report = finished.run_dir.path.join("report.html");
+    let report = finished.run_dir.path_of(RunFile::Report);
     if args.json {
         let value = serde_json::json!({
             "run_dir": finished.run_dir.path,

@@ -14,6 +14,7 @@ use crate::hooks;
 use crate::judge::Judgement;
 use crate::queue::{self, Job, Queue, State};
 use crate::root::Root;
+use crate::rundir::{RunDir, RunFile};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,8 +49,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     // What `run` prints at its end, from the run's judgement.json.
     let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
-        let text = std::fs::read_to_string(dir.join("judgement.json")).ok()?;
-        Some((serde_json::from_str::<Judgement>(&text).ok()?, dir.join("report.html")))
+        let run = RunDir::new(dir);
+        Some((run.read_json::<Judgement>(RunFile::Judgement).ok()??, run.path_of(RunFile::Report)))
     });
     match (&judgement, &job.verdict) {
         (Some((judgement, report)), _) => {

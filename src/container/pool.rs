@@ -30,6 +30,7 @@ use super::{
 };
 use crate::case::CaseRecord;
 use crate::record::ModelServerFacts;
+use crate::rundir::RunFile;
 use crate::spec::Version;
 use crate::util;
 
@@ -298,7 +299,7 @@ fn names(served: &[String]) -> Vec<&str> {
 
 /// Appends the container's log since `since` to `<run_dir>/container.log`.
 async fn save_log(docker: &Docker, id: &str, run_dir: &Path, since: i64) {
-    let path = run_dir.join("container.log");
+    let path = RunFile::ContainerLog.path_in(run_dir);
     let text = match logs(docker, id, since, None).await {
         Ok(text) => text,
         Err(e) => format!("(container log unavailable: {e:#})\n"),
@@ -404,7 +405,7 @@ async fn watch_loop(
     interrupt_clients: InterruptClients,
 ) {
     let http = http();
-    let cases = run_dir.join("cases.jsonl");
+    let cases = RunFile::Cases.path_in(&run_dir);
     let mut failures = 0;
     let mut id = c.id.clone();
     loop {
@@ -539,7 +540,7 @@ fn recorded_ids(cases: &Path, len: u64) -> BTreeSet<String> {
 /// Removes the error records of cases not recorded before the death (they failed
 /// because the server was gone), so the resumed gym runs them again.
 fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<usize> {
-    let path = run_dir.join("cases.jsonl");
+    let path = RunFile::Cases.path_in(run_dir);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),

@@ -52,7 +52,7 @@ enum Event {
         done: usize,
         total: usize,
     },
-    Ended(Result<Outcome, JobError>),
+    Ended(Result<Judged, JobError>),
 }
 
 /// Why a job's run ended without a verdict.
@@ -62,8 +62,8 @@ struct JobError {
     disk_full: bool,
 }
 
-/// What the job's thread hands back.
-struct Outcome {
+/// What the job's thread hands back: the judged run.
+struct Judged {
     run_dir: PathBuf,
     verdict: Verdict,
     summary: String,
@@ -384,7 +384,7 @@ impl<G: Gate> Daemon<G> {
             request.out = Some(run_dir);
             let finished = session.run(&request, executor.as_ref()).await?;
             let figures = &finished.judgement.figures;
-            anyhow::Ok(Outcome {
+            anyhow::Ok(Judged {
                 run_dir: finished.run_dir.path.clone(),
                 verdict: finished.judgement.verdict,
                 summary: finished.judgement.summary.clone(),

@@ -22,7 +22,7 @@ use crate::concurrency::{Concurrency, Observer};
 use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{ConcurrencyFacts, Wording};
-use crate::rundir::RunDir;
+use crate::rundir::{PlanFile, RunDir, RunFile};
 use crate::{family, telemetry, util};
 pub use events::{Ask, GymEvent, Seen, Sink};
 
@@ -61,7 +61,7 @@ pub async fn execute(
     inventory: &Inventory,
     settings: GymSettings,
 ) -> anyhow::Result<Executed> {
-    run_dir.write_plan(&plan_json(plan, inventory))?;
+    run_dir.write_plan(&PlanFile::new(plan, inventory))?;
     tracing::info!("run directory: {}", run_dir.path.display());
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
@@ -93,25 +93,15 @@ pub async fn execute(
     Ok(Executed { gym: outcome, telemetry })
 }
 
-/// `plan.json`: the cases a run directory runs.
-pub fn plan_json(plan: &Plan, inventory: &Inventory) -> serde_json::Value {
-    serde_json::json!({
-        "name": plan.name,
-        "source": plan.source,
-        "hash": plan.hash,
-        "benchmark_version": plan.benchmark_version,
-        "agentdojo_version": inventory.agentdojo_version,
-        "cases": plan.cases,
-        "adaptive": plan.adaptive,
-    })
-}
-
 /// `telemetry.json` and `telemetry.md` over a run's records.
 pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
-    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
+    run_dir.write_json(RunFile::Telemetry, &telemetry)?;
     let title = format!("{} — plan {}", crate::root::run_id(&run_dir.path), plan.name);
-    util::write_atomic(&run_dir.file("telemetry.md"), telemetry::markdown(&title, &telemetry).as_bytes())?;
+    util::write_atomic(
+        &run_dir.path_of(RunFile::TelemetryMarkdown),
+        telemetry::markdown(&title, &telemetry).as_bytes(),
+    )?;
     Ok(telemetry)
 }
 
@@ -266,10 +256,10 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
         tracing::info!("{bench_errors} recorded cases ended in a bench error (server, timeout, agent): they run again");
     }
     request.done = done;
-    let request_path = run_dir.file("gym-request.json");
+    let request_path = run_dir.path_of(RunFile::GymRequest);
     util::write_json_atomic(&request_path, &request)?;
 
-    let log_path = run_dir.file("gym.log");
+    let log_path = run_dir.path_of(RunFile::GymLog);
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
     let mut command = tokio::process::Command::from(pyenv.gym_command());
     if control.is_some() {
@@ -322,7 +312,8 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
         standard.push(Box::new(sinks::Report::new(control.clone(), run_dir)));
     }
     let mut others = pass.sinks;
-    let mut events_log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.file("events.jsonl"))?;
+    let mut events_log =
+        std::fs::OpenOptions::new().create(true).append(true).open(run_dir.path_of(RunFile::Events))?;
     let mut tally = Tally::default();
     let mut seen = Seen::new(request.cases.len());
     let mut started = std::collections::HashSet::new();

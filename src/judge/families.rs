@@ -16,6 +16,7 @@ use crate::case::{CaseKind, CaseRecord};
 use crate::family;
 use crate::record::{AttackFamilies, SearchLog};
 use crate::settings::thresholds;
+use crate::util::pct;
 
 /// Which attacked cases R2 judges, and which families count as seen.
 #[derive(Clone, Debug, PartialEq)]
@@ -227,10 +228,6 @@ pub fn with_adaptive(mut rule: RuleResult, log: &SearchLog, t: &thresholds::R2) 
     };
     rule.reason = format!("{}; {head} {word} {}", rule.reason, pct(max));
     rule
-}
-
-fn pct(p: f64) -> String {
-    format!("{:.1} %", 100.0 * p)
 }
 
 /// Newcombe's square-and-add interval for p₁ − p₂ from each side's own (here cluster-

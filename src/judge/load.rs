@@ -6,14 +6,13 @@
 use std::path::Path;
 
 use anyhow::Context;
-use serde::Deserialize;
 use serde_json::Value;
 
-use super::{EnvCheck, JudgeInput, ReferenceRun, RunMeta, Thresholds};
+use super::{JudgeInput, ReferenceRun, RunMeta, Thresholds};
 use crate::case::{Case, CaseRecord};
 use crate::plan::Adaptive;
 use crate::record::SearchLog;
-use crate::rundir::RunDir;
+use crate::rundir::{RunDir, RunFile};
 use crate::util;
 
 /// `cases.jsonl` as read for judging: every record in file order (duplicates kept),
@@ -55,7 +54,7 @@ pub fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
 /// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
 /// `sha256sum` format); None when the file is missing (a run cut short, an older run).
 pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
-    let path = RunDir::new(run_dir).cases_digest_file();
+    let path = RunDir::new(run_dir).path_of(RunFile::CasesDigest);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(text.split_whitespace().next().map(str::to_string)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -66,20 +65,7 @@ pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
 /// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
 /// has no `plan.json`.
 pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
-    let path = run_dir.join("plan.json");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    #[derive(Deserialize)]
-    struct PlanFile {
-        cases: Vec<Case>,
-        #[serde(default)]
-        adaptive: Option<Adaptive>,
-    }
-    let plan: PlanFile = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    Ok(Some((plan.cases, plan.adaptive)))
+    Ok(RunDir::new(run_dir).read_plan()?.map(|plan| (plan.cases, plan.adaptive)))
 }
 
 /// Everything `judge` needs from a run directory.
@@ -88,10 +74,11 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
     let cases = read_cases(run_dir)?;
     let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
     let (plan_cases, plan_adaptive) = read_plan_cases(run_dir)?.map_or((None, None), |(c, a)| (Some(c), a));
-    let checks = read_environment_checks(&run_dir.join("environment_check.json"))?;
+    // A missing environment check means "not checked" (R1 notes it).
+    let checks = RunDir::new(run_dir).read_environment_checks()?.unwrap_or_default();
     let thresholds = match profile {
         Some(p) => read_profile_thresholds(p)?,
-        None => read_thresholds_json(&run_dir.join("thresholds.json"))?,
+        None => read_thresholds_json(run_dir)?,
     };
     let reference_dir =
         reference.map(Path::to_path_buf).or_else(|| meta.reference_run_dir.as_ref().map(|r| run_dir.join(r)));
@@ -119,33 +106,11 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
 
 /// `adaptive.json`, when the plan ran the adaptive attacker.
 fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<SearchLog>> {
-    let path = run_dir.join(SearchLog::FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    RunDir::new(run_dir).read_search_log()
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
-    let path = run_dir.join("run.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-}
-
-/// `{"checks":[EnvCheck…]}`; a missing file means "not checked" (R1 notes it).
-pub fn read_environment_checks(path: &Path) -> anyhow::Result<Vec<EnvCheck>> {
-    #[derive(Deserialize)]
-    struct File {
-        checks: Vec<EnvCheck>,
-    }
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            Ok(serde_json::from_str::<File>(&text).with_context(|| format!("parsing {}", path.display()))?.checks)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    RunDir::new(run_dir).read_run_meta()
 }
 
 /// The `[rules]` of a profile file (the whole profile is checked).
@@ -154,15 +119,12 @@ pub fn read_profile_thresholds(path: &Path) -> anyhow::Result<Thresholds> {
 }
 
 /// `thresholds.json` as `run` writes it (the [`Thresholds`] JSON); missing → defaults.
-pub fn read_thresholds_json(path: &Path) -> anyhow::Result<Thresholds> {
-    let t: Thresholds = match std::fs::read_to_string(path) {
-        Ok(text) => serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::warn!("{} missing: judging with the default thresholds", path.display());
-            Thresholds::default()
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
+pub fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
+    let path = RunFile::Thresholds.path_in(run_dir);
+    let t = RunDir::new(run_dir).read_thresholds()?.unwrap_or_else(|| {
+        tracing::warn!("{} missing: judging with the default thresholds", path.display());
+        Thresholds::default()
+    });
     t.validate().with_context(|| format!("in {}", path.display()))?;
     Ok(t)
 }
@@ -191,7 +153,7 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
-        let path = dir.join("cases.jsonl");
+        let path = RunFile::Cases.path_in(&dir);
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"case_id\": truncated\n");
         std::fs::write(&path, text).unwrap();
@@ -200,7 +162,7 @@ mod tests {
 
         std::fs::remove_file(&path).unwrap();
         let err = format!("{:#}", load_input(&dir, None, None).unwrap_err());
-        assert!(err.contains("cases.jsonl"), "{err}");
+        assert!(err.contains(RunFile::Cases.name()), "{err}");
 
         let bad = tmp.path().join("bad.toml");
         std::fs::write(&bad, "[rules.R2]\nasr_maxx = 0.1\n").unwrap();
@@ -214,7 +176,7 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
-        let path = dir.join("cases.jsonl");
+        let path = RunFile::Cases.path_in(&dir);
         // A blank line first (line numbers count it), and one security that is not a bool.
         let text = std::fs::read_to_string(&path).unwrap();
         let edited = String::from("\n") + &text.replacen("\"security\":false", "\"security\":\"no\"", 1);
@@ -235,10 +197,12 @@ mod tests {
         );
 
         // cases.sha256 as the run writes it, and plan.json's cases.
-        std::fs::write(dir.join("cases.sha256"), format!("{}  cases.jsonl\n", util::sha256_hex(b"other"))).unwrap();
+        let digest = format!("{}  {}\n", util::sha256_hex(b"other"), RunFile::Cases.name());
+        std::fs::write(RunFile::CasesDigest.path_in(&dir), digest).unwrap();
         let cases: Vec<Case> =
             input.records.iter().map(|r| super::super::checks::case_from_id(&r.case_id).unwrap()).collect();
-        std::fs::write(dir.join("plan.json"), serde_json::json!({"hash": "abc", "cases": cases}).to_string()).unwrap();
+        let plan = serde_json::json!({"hash": "abc", "cases": cases});
+        std::fs::write(RunFile::Plan.path_in(&dir), plan.to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));

@@ -18,6 +18,7 @@ use crate::case::{CaseKind, CaseRecord};
 use crate::record::{EnvStatus, GpuExclusivity, Verdict};
 use crate::settings::thresholds::{self, Clustering};
 use crate::stats::{self, Adjusted};
+use crate::util::pct;
 
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949
 /// pairs × 2 attacks = 1,898 cases.
@@ -38,10 +39,6 @@ fn result(id: &str, name: &str, status: RuleStatus, measured: Value, threshold: 
 pub(super) fn not_judged(id: &str, name: &str) -> RuleResult {
     let reason = "not judged: the run is invalid (R1 failed)".to_string();
     result(id, name, RuleStatus::NotApplicable, json!({}), json!({}), reason)
-}
-
-fn pct(p: f64) -> String {
-    format!("{:.1} %", 100.0 * p)
 }
 
 /// Attacked cases with their outcome: (user task, injection task, landed). `errors`

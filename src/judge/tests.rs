@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::case::{Case, CaseKind, CaseRecord};
 use crate::record::{EnvStatus, GpuExclusivity};
+use crate::rundir::RunDir;
 use crate::settings::thresholds;
 
 pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
@@ -390,17 +391,13 @@ fn a_case_recorded_twice_makes_the_run_invalid() {
 /// Writes a run directory from a constructed input, as `run` would.
 pub(crate) fn write_run_dir(dir: &Path, input: &JudgeInput, reference_run_dir: Option<&str>) {
     std::fs::create_dir_all(dir).unwrap();
+    let run = RunDir::new(dir);
     let r = &input.run;
-    let meta = RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() };
-    std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
+    run.write_run_meta(&RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() }).unwrap();
     let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
-    std::fs::write(dir.join("cases.jsonl"), lines.join("\n") + "\n").unwrap();
-    std::fs::write(
-        dir.join("environment_check.json"),
-        serde_json::json!({"checks": input.environment_checks}).to_string(),
-    )
-    .unwrap();
-    std::fs::write(dir.join("thresholds.json"), serde_json::to_string(&input.thresholds).unwrap()).unwrap();
+    std::fs::write(run.cases_file(), lines.join("\n") + "\n").unwrap();
+    run.write_environment_checks(&input.environment_checks).unwrap();
+    run.write_thresholds(&input.thresholds).unwrap();
 }
 
 /// R1 on one edit of a valid run: its status and reason.

@@ -4,10 +4,11 @@
 
 use std::fmt::Write;
 
-use super::svg::{esc, pct};
+use super::svg::esc;
 use crate::family;
 use crate::judge::Judgement;
 use crate::judge::families::FamilyAsr;
+use crate::util::pct;
 
 fn role(f: &FamilyAsr) -> &'static str {
     match (f.held_out, f.seen) {

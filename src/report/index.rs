@@ -13,10 +13,14 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
-use super::svg::{self, esc, pct};
+use super::svg::{self, esc};
 use super::{page, verdict_class};
 use crate::record::Verdict;
-use crate::util;
+use crate::rundir::RunFile;
+use crate::util::{self, pct};
+
+/// The trend index's file in a reports folder.
+pub const INDEX_FILE: &str = "index.html";
 
 /// How deep below the reports folder judgements are looked for
 /// (reports/<version>/<plan>/<run>/judgement.json is 3).
@@ -69,7 +73,7 @@ pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
         }
     }
     entries.sort_by(|a, b| (&a.when, &a.run_id).cmp(&(&b.when, &b.run_id)));
-    util::write_atomic(&reports_dir.join("index.html"), render(&entries, &skipped).as_bytes())
+    util::write_atomic(&reports_dir.join(INDEX_FILE), render(&entries, &skipped).as_bytes())
 }
 
 fn find_judgements(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
@@ -85,7 +89,7 @@ fn find_judgements(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> anyhow::
         let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
         if meta.is_dir() {
             find_judgements(&path, depth + 1, out)?;
-        } else if meta.is_file() && child.file_name() == "judgement.json" {
+        } else if meta.is_file() && child.file_name() == RunFile::Judgement.name() {
             out.push(path);
         }
     }
@@ -105,7 +109,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
     let run_id = s("run_id").context("no run_id")?;
     let dir = file.parent().unwrap_or(reports_dir);
     let telemetry: Option<Value> =
-        std::fs::read_to_string(dir.join("telemetry.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+        std::fs::read_to_string(RunFile::Telemetry.path_in(dir)).ok().and_then(|t| serde_json::from_str(&t).ok());
     let figure = |k: &str| {
         let e = j.get("figures")?.get(k)?;
         let rate = e.get("rate")?.as_f64()?;
@@ -113,7 +117,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         Some(Band { rate, lower: bound("lower"), upper: bound("upper") })
     };
     let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k))).map(Band::point);
-    let link = dir.join("report.html").strip_prefix(reports_dir).ok().map(|rel| {
+    let link = RunFile::Report.path_in(dir).strip_prefix(reports_dir).ok().map(|rel| {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
     Ok(Entry {
@@ -341,9 +345,9 @@ mod tests {
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
-        std::fs::write(reports.join("x/<b>/r/judgement.json"), "{not json").unwrap();
+        std::fs::write(RunFile::Judgement.path_in(&reports.join("x/<b>/r")), "{not json").unwrap();
         write_index(reports).unwrap();
-        let html = std::fs::read_to_string(reports.join("index.html")).unwrap();
+        let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();
         assert!(html.contains(r#"class="chart""#) && html.contains("<polyline"));
         // One line per version: v1's two runs make a line with its band, v2's single
         // run a point; three figures per plan.

@@ -21,18 +21,20 @@ use anyhow::Context;
 use crate::case::{CaseKind, CaseRecord};
 use crate::judge::{Estimate, JudgeInput, Judgement};
 use crate::record::{RuleStatus, Verdict};
-use crate::util;
+use crate::rundir::{RunDir, RunFile};
+use crate::util::{self, pct};
 
 pub use index::write_index;
 pub use publish::write;
-use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc, pct};
+use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
 pub fn write_run_report(run_dir: &Path, judgement: &Judgement, input: &JudgeInput) -> anyhow::Result<()> {
-    util::write_json_atomic(&run_dir.join("judgement.json"), judgement)?;
-    util::write_atomic(&run_dir.join("judgement.md"), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run_dir.join("report.html"), html(judgement, input, Some(run_dir)).as_bytes())
+    let run = RunDir::new(run_dir);
+    run.write_json(RunFile::Judgement, judgement)?;
+    util::write_atomic(&run.path_of(RunFile::JudgementMarkdown), markdown(judgement).as_bytes())?;
+    util::write_atomic(&run.path_of(RunFile::Report), html(judgement, input, Some(run_dir)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -566,7 +568,7 @@ mod tests {
         let j = judge::judge(&input);
         let dir = tempfile::tempdir().unwrap();
         write_run_report(dir.path(), &j, &input).unwrap();
-        let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
         assert!(html.contains(r#"id="matrix""#));
@@ -584,9 +586,9 @@ mod tests {
         );
         assert!(!html.contains("<link") && !html.contains("@import") && !html.contains("url("));
         let back: Judgement =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("judgement.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(RunFile::Judgement.path_in(dir.path())).unwrap()).unwrap();
         assert_eq!(back.verdict, Verdict::Inconclusive);
-        let md = std::fs::read_to_string(dir.path().join("judgement.md")).unwrap();
+        let md = std::fs::read_to_string(RunFile::JudgementMarkdown.path_in(dir.path())).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
     }
 

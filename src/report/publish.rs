@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use super::index::INDEX_FILE;
 use super::{write_index, write_run_report};
 use crate::judge::{JudgeInput, Judgement};
 
@@ -29,7 +30,7 @@ fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
     abs.ancestors()
         .skip(1)
         .take(3)
-        .find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join("index.html").is_file())
+        .find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join(INDEX_FILE).is_file())
         .map(Path::to_path_buf)
 }
 
@@ -38,6 +39,7 @@ mod tests {
     use super::*;
     use crate::judge::tests::write_run_dir;
     use crate::record::Verdict;
+    use crate::rundir::RunFile;
 
     /// What `run` and `judge` do: judge the directory, then publish.
     fn rejudge(
@@ -65,16 +67,16 @@ mod tests {
         }
         let run_dir = reports.join("cand/schnell/run-1");
         write_run_dir(&run_dir, &cand, Some("../../../base/schnell/run-0"));
-        let cases_before = std::fs::read(run_dir.join("cases.jsonl")).unwrap();
+        let cases_before = std::fs::read(RunFile::Cases.path_in(&run_dir)).unwrap();
 
         let (j, _) = rejudge(&run_dir, None, None).unwrap();
         assert_eq!(j.verdict, Verdict::Rejected);
         assert_eq!(j.reference_run_id.as_deref(), Some("run-0"));
-        for f in ["judgement.json", "judgement.md", "report.html"] {
-            assert!(run_dir.join(f).is_file(), "{f}");
+        for f in [RunFile::Judgement, RunFile::JudgementMarkdown, RunFile::Report] {
+            assert!(f.path_in(&run_dir).is_file(), "{f:?}");
         }
-        assert!(reports.join("index.html").is_file(), "found the reports folder by name");
-        assert_eq!(std::fs::read(run_dir.join("cases.jsonl")).unwrap(), cases_before);
+        assert!(reports.join(INDEX_FILE).is_file(), "found the reports folder by name");
+        assert_eq!(std::fs::read(RunFile::Cases.path_in(&run_dir)).unwrap(), cases_before);
 
         // A profile overrides thresholds.json; an explicit reference overrides run.json.
         let profile = tmp.path().join("p.toml");

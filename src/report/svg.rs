@@ -3,6 +3,8 @@
 
 use std::fmt::Write;
 
+use crate::util::pct;
+
 /// HTML/XML escaping for text and attribute values.
 pub fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -17,10 +19,6 @@ pub fn esc(s: &str) -> String {
         }
     }
     out
-}
-
-pub fn pct(p: f64) -> String {
-    format!("{:.1} %", 100.0 * p)
 }
 
 /// One row of an interval chart: a label, then (series name, colour, lower, point,

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use super::RunRequest;
 use crate::case::{Case, CaseRecord};
@@ -15,22 +15,12 @@ use crate::judge::early;
 use crate::judge::families::Scope;
 use crate::plan::Plan;
 use crate::record::EarlyStop;
-use crate::rundir::RunDir;
+use crate::rundir::{RunDir, RunFile};
 use crate::settings::thresholds::Thresholds;
-use crate::util;
 
 /// The run directory's early-stop record (`early_stop.json`).
-const EARLY_STOP_FILE: &str = "early_stop.json";
-
 pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
-    let path = run_dir.file(EARLY_STOP_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some(
-            serde_json::from_str(&text).with_context(|| format!("{}: not an early-stop record", path.display()))?,
-        )),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(err).with_context(|| format!("reading {}", path.display())),
-    }
+    run_dir.read_early_stop()
 }
 
 /// After a pass: stopped early when the gym left cases unstarted on the sink's word; a
@@ -39,7 +29,7 @@ pub fn settle(run_dir: &RunDir, plan: &Plan, executed: &Executed) -> anyhow::Res
     if let Some(mut early) = read(run_dir)? {
         early.stopped_early = executed.gym.not_started.is_some_and(|n| n > 0)
             || (early.stopped_early && executed.gym.records.len() < plan.cases.len());
-        util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+        run_dir.write_early_stop(&early)?;
     }
     Ok(())
 }
@@ -54,14 +44,14 @@ pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Resul
             drawn.sort();
             planned.sort();
             if drawn != planned {
-                bail!("{}: its order is not this plan's user tasks", run_dir.file(EARLY_STOP_FILE).display());
+                bail!("{}: its order is not this plan's user tasks", run_dir.path_of(RunFile::EarlyStop).display());
             }
             early
         }
         None => {
             let early =
                 EarlyStop { seed, order: crate::order::user_task_order(&plan.cases, seed), stopped_early: false };
-            util::write_json_atomic(&run_dir.file(EARLY_STOP_FILE), &early)?;
+            run_dir.write_early_stop(&early)?;
             early
         }
     };

@@ -15,7 +15,7 @@ use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::AcquireError;
 use crate::gym::{self, Executed, GymSettings};
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
-use crate::rundir::{Claimed, RunDir};
+use crate::rundir::{Claimed, RunDir, RunFile, VersionFile};
 use crate::settings::defence::GuardrailSpec;
 use crate::{adaptive, agent, judge, model, provenance, pyenv, root, telemetry, util};
 
@@ -48,10 +48,7 @@ impl Local<'_> {
             .ok()
             .and_then(|meta| meta.started_at)
             .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
-        util::write_json_atomic(
-            &run_dir.file("version.json"),
-            &serde_json::json!({ "name": version.name, "source": version.path, "hash": version.hash, "spec": version.spec }),
-        )?;
+        run_dir.write_version(&VersionFile::new(version)?)?;
         let truth = pyenv::truth_file(&session.pyenv, &plan.benchmark_version)?;
         let run_id = root::run_id(&run_dir.path);
         let job = format!("run-{}", std::process::id());
@@ -216,7 +213,7 @@ impl Local<'_> {
                     human: spec.human.clone(),
                     ..agent::AgentConfig::default()
                 };
-                let path = run_dir.file("agent.json");
+                let path = run_dir.path_of(RunFile::AgentConfig);
                 util::write_json_atomic(&path, &config)?;
                 let exe = std::env::current_exe().context("finding the pruefstand binary for the agent")?;
                 vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
@@ -288,7 +285,7 @@ pub fn executed_from_run_dir(run_dir: &RunDir, request: &RunRequest) -> anyhow::
     let stored = run_dir.read_cases_lenient()?;
     let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
-    util::write_json_atomic(&run_dir.file("telemetry.json"), &telemetry)?;
+    run_dir.write_json(RunFile::Telemetry, &telemetry)?;
     let gym = gym::GymOutcome { records, skipped: 0, rerun: Vec::new(), concurrency: None, not_started: None };
     Ok(Executed { gym, telemetry })
 }

@@ -30,7 +30,7 @@ use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServe
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir};
 use crate::spec::{Backend, Version};
-use crate::{judge, report, util};
+use crate::{judge, report};
 pub use local::{LocalGym, executed_from_run_dir};
 
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
@@ -322,8 +322,8 @@ impl Session {
             shards: served.shards,
             attack_families: request.attack_families(),
         };
-        util::write_json_atomic(&run_dir.file("run.json"), &meta)?;
-        util::write_json_atomic(&run_dir.file("thresholds.json"), &plan.profile.rules)?;
+        run_dir.write_run_meta(&meta)?;
+        run_dir.write_thresholds(&plan.profile.rules)?;
         let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;
         report::write(&run_dir.path, &judgement, &input, Some(&self.root.reports()))?;
         Ok(judgement)

@@ -72,13 +72,9 @@ impl Session {
 /// hash, plan hash and agentdojo version match.
 fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
     newest_run(reports, reference, plan, |run| {
-        let read = |name: &str| -> Option<serde_json::Value> {
-            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
-        };
         complete(run, plan)
-            && read("run.json").is_some_and(|meta| {
-                meta["plan_hash"] == plan.hash.as_str()
-                    && meta["agentdojo_version"] == inventory.agentdojo_version.as_str()
+            && RunDir::new(run).read_run_meta().is_ok_and(|meta| {
+                meta.plan_hash == plan.hash && meta.agentdojo_version.as_ref() == Some(&inventory.agentdojo_version)
             })
     })
 }
@@ -95,10 +91,8 @@ fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(
         std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     runs.sort();
     runs.into_iter().rev().find(|run| {
-        let read = |name: &str| -> Option<serde_json::Value> {
-            serde_json::from_str(&std::fs::read_to_string(run.join(name)).ok()?).ok()
-        };
-        let (Some(version), Some(claimed)) = (read("version.json"), read("plan.json")) else { return false };
-        version["hash"] == reference.hash.as_str() && claimed["hash"] == plan.hash.as_str() && accept(run)
+        let dir = RunDir::new(run.as_path());
+        let (Ok(Some(version)), Ok(Some(claimed))) = (dir.read_version(), dir.read_plan()) else { return false };
+        version.hash == reference.hash && claimed.hash == plan.hash && accept(run)
     })
 }

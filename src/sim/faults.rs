@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::draw::u;
 use super::openai::{Mode, Reply, tokens};
-use super::policy::Plan;
+use super::policy::Script;
 use crate::settings::sim::Faults;
 
 /// The one output fault a call may carry.
@@ -32,12 +32,12 @@ pub struct Draws {
     pub slow: bool,
 }
 
-/// The draws of call number `call` (1-based) of the case `plan` describes.
-pub fn draw(seed: u64, faults: &Faults, plan: &Plan, call: usize) -> Draws {
-    let injection = plan.injection.as_ref().map_or("none", |(inj, _)| inj.as_str());
+/// The draws of call number `call` (1-based) of the case `script` describes.
+pub fn draw(seed: u64, faults: &Faults, script: &Script, call: usize) -> Draws {
+    let injection = script.injection.as_ref().map_or("none", |(inj, _)| inj.as_str());
     let call = call.to_string();
     let hit = |name: &str, rate: f64| {
-        rate > 0.0 && u(seed, &[&plan.suite, &plan.task, injection, "fault", name, &call]) < rate
+        rate > 0.0 && u(seed, &[&script.suite, &script.task, injection, "fault", name, &call]) < rate
     };
     let ordered = [
         (Fault::ContextOverflow, "context_overflow", faults.context_overflow),

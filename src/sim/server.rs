@@ -262,9 +262,9 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     }
     let behaviour = s.config.models.get(&req.model).cloned().unwrap_or_default();
     let conv = &req.conversation;
-    let (action, plan) = state.policy.respond(&behaviour, conv);
+    let (action, script) = state.policy.respond(&behaviour, conv);
     let mut reply = openai::render(&action, req.mode, conv.calls_made + 1);
-    let draws = plan
+    let draws = script
         .as_ref()
         .map(|p| faults::draw(s.config.seed, &behaviour.faults, p, conv.calls_made + 1))
         .unwrap_or_default();
@@ -279,7 +279,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         _ => faults::apply(&mut reply, req.mode, &draws),
     }
     tracing::debug!(model = %req.model, mode = ?req.mode, calls_made = conv.calls_made,
-        case = ?plan.as_ref().map(|p| (&p.suite, &p.task, &p.injection, p.solved, p.garbled)), ?action, "sim turn");
+        case = ?script.as_ref().map(|p| (&p.suite, &p.task, &p.injection, p.solved, p.garbled)), ?action, "sim turn");
 
     let (ttft_ms, mut total_ms) = latency_ms(&s.config.latency, req.prompt_tokens, reply.completion_tokens);
     if draws.slow {
