@@ -56,23 +56,30 @@ pub fn goals_after(user_tasks: usize) -> usize {
     user_tasks.div_ceil(4)
 }
 
+/// A plan of `users` user tasks in suite `s`, each clean and under `injections`
+/// injection tasks, and the injection goals: the shape tests of ordering and stopping use.
+#[cfg(test)]
+pub fn test_plan(users: usize, injections: usize) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for u in 0..users {
+        cases.push(Case::clean("s", &format!("user_task_{u}")));
+        for i in 0..injections {
+            cases.push(Case::attacked("s", &format!("user_task_{u}"), &format!("injection_task_{i}"), "a"));
+        }
+    }
+    for i in 0..injections {
+        cases.push(Case::injection_goal("s", &format!("injection_task_{i}")));
+    }
+    cases
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::case::user_task_key;
 
     fn plan(users: usize, injections: usize) -> Vec<Case> {
-        let mut cases = Vec::new();
-        for u in 0..users {
-            cases.push(Case::clean("s", &format!("user_task_{u}")));
-            for i in 0..injections {
-                cases.push(Case::attacked("s", &format!("user_task_{u}"), &format!("injection_task_{i}"), "a"));
-            }
-        }
-        for i in 0..injections {
-            cases.push(Case::injection_goal("s", &format!("injection_task_{i}")));
-        }
-        cases
+        test_plan(users, injections)
     }
 
     #[test]

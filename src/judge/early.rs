@@ -359,17 +359,7 @@ mod tests {
     use crate::order::user_task_order;
 
     fn plan(users: usize, injections: usize) -> Vec<Case> {
-        let mut cases = Vec::new();
-        for u in 0..users {
-            cases.push(Case::clean("s", &format!("user_task_{u}")));
-            for i in 0..injections {
-                cases.push(Case::attacked("s", &format!("user_task_{u}"), &format!("injection_task_{i}"), "a"));
-            }
-        }
-        for i in 0..injections {
-            cases.push(Case::injection_goal("s", &format!("injection_task_{i}")));
-        }
-        cases
+        crate::order::test_plan(users, injections)
     }
 
     /// Records with utility `ok` everywhere and the injection landing where `landed`
