@@ -260,4 +260,18 @@ mod tests {
         assert_eq!(yes_no("<think>hmm, yes or no</think>\nno"), Some(false));
         assert_eq!(yes_no("Maybe"), None);
     }
+
+    /// Bodies the real vLLM 0.32 sent (CPU build, measured): the overflow has no
+    /// `context_length_exceeded` code; a `max_tokens` above the context is the request's
+    /// fault too; an unknown model is not an overflow.
+    #[test]
+    fn the_real_servers_refusals_are_told_apart() {
+        let overflow = r#"{"error":{"message":"This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=2049)","type":"BadRequestError","param":"input_tokens","code":400}}"#;
+        assert!(context_overflow(400, overflow).unwrap().contains("maximum context length is 2048"));
+        let too_long = r#"{"error":{"message":"max_tokens=10000 cannot be greater than max_model_len=8192. Please request fewer output tokens. (parameter=max_tokens, value=10000)","type":"BadRequestError","param":"max_tokens","code":400}}"#;
+        assert!(context_overflow(400, too_long).is_some());
+        let unknown = r#"{"error":{"message":"The model `nope` does not exist. Valid aliases: smollm2.","type":"NotFoundError","param":"model","code":404}}"#;
+        assert_eq!(context_overflow(404, unknown), None);
+        assert_eq!(context_overflow(401, r#"{"error":"Unauthorized"}"#), None);
+    }
 }

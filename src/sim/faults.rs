@@ -58,10 +58,12 @@ pub fn draw(seed: u64, faults: &Faults, script: &Script, call: usize) -> Draws {
 
 /// vLLM's answer when the conversation outgrew the model (HTTP 400), in its wording.
 pub fn context_overflow_body(prompt_tokens: u64) -> Value {
+    // vLLM 0.32's words, measured on the real server: no `context_length_exceeded`
+    // code, the parameter is `input_tokens`.
     let limit = prompt_tokens.saturating_sub(1).max(1);
     json!({"error": {
-        "message": format!("This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_tokens} in the messages, 1024 in the completion). Please reduce the length of the messages or completion.", prompt_tokens + 1024),
-        "type": "BadRequestError", "param": null, "code": 400}})
+        "message": format!("This model's maximum context length is {limit} tokens. However, your prompt contains at least {prompt_tokens} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value={prompt_tokens})"),
+        "type": "BadRequestError", "param": "input_tokens", "code": 400}})
 }
 
 /// vLLM's body for a failure of its own (HTTP 500).
@@ -84,7 +86,9 @@ pub fn apply(reply: &mut Reply, mode: Mode, draws: &Draws) {
     match (draws.fault, mode) {
         (Some(Fault::Empty), _) => {
             message["content"] = json!("");
-            message["tool_calls"] = json!([]);
+            if let Some(message) = message.as_object_mut() {
+                message.remove("tool_calls");
+            }
             reply.finish_reason = "stop";
         }
         (Some(Fault::Truncated), Mode::Native) if is_call => {
@@ -205,7 +209,14 @@ mod tests {
 
     #[test]
     fn overflow_speaks_vllms_words() {
-        let body = context_overflow_body(9000).to_string();
-        assert!(body.contains("maximum context length") && body.contains("reduce the length of the messages"));
+        // The real server's body (vLLM 0.32 on CPU, a 2,049-token prompt at 2,048).
+        let body = context_overflow_body(2049);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("This model's maximum context length is 2048 tokens. However, your prompt contains at least 2049 input tokens"), "{message}");
+        assert_eq!(
+            (body["error"]["param"].as_str(), body["error"]["code"].as_u64()),
+            (Some("input_tokens"), Some(400))
+        );
+        assert!(!body.to_string().contains("context_length_exceeded"));
     }
 }

@@ -220,7 +220,8 @@ pub fn render(action: &Action, mode: Mode, call_number: usize) -> Reply {
     let (name, arguments) = match action {
         Action::Final(text) => {
             return Reply {
-                message: json!({"role": "assistant", "content": text, "tool_calls": []}),
+                // As vLLM: an answer without calls has no `tool_calls` key at all.
+                message: json!({"role": "assistant", "content": text}),
                 finish_reason: "stop",
                 completion_tokens: tokens(text.chars().count()).max(1),
             };
@@ -231,7 +232,8 @@ pub fn render(action: &Action, mode: Mode, call_number: usize) -> Reply {
     };
     match mode {
         Mode::Native => Reply {
-            message: json!({"role": "assistant", "content": null, "tool_calls": [
+            // As vLLM: beside its calls, the content is an empty string, not null.
+            message: json!({"role": "assistant", "content": "", "tool_calls": [
                 {"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}
             ]}),
             finish_reason: "tool_calls",
@@ -241,7 +243,7 @@ pub fn render(action: &Action, mode: Mode, call_number: usize) -> Reply {
             let text = format!("<function={name}>{arguments}</function>");
             Reply {
                 completion_tokens: tokens(text.chars().count()).max(1),
-                message: json!({"role": "assistant", "content": text, "tool_calls": []}),
+                message: json!({"role": "assistant", "content": text}),
                 finish_reason: "stop",
             }
         }

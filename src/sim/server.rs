@@ -179,7 +179,8 @@ fn denied(state: &AppState, headers: &HeaderMap) -> Option<Response> {
     let key = state.settings.api_key.as_ref()?;
     let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let ok = given == Some(format!("Bearer {key}").as_str());
-    (!ok).then(|| error(StatusCode::UNAUTHORIZED, "AuthenticationError", "Unauthorized".into()))
+    // vLLM's 401 carries its error as a plain string, not an object.
+    (!ok).then(|| (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "Unauthorized"}))).into_response())
 }
 
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -209,7 +210,8 @@ async fn load_lora_adapter(State(state): State<Arc<AppState>>, headers: HeaderMa
         return error(StatusCode::BAD_REQUEST, "BadRequestError", "expected {\"lora_name\", \"lora_path\"}".into());
     };
     if !std::path::Path::new(path).exists() {
-        return error(StatusCode::BAD_REQUEST, "BadRequestError", format!("No adapter found for {path}"));
+        let msg = format!("Loading lora {name} failed: No adapter found for {path}");
+        return error(StatusCode::NOT_FOUND, "NotFoundError", msg);
     }
     if state.serves(name) {
         let msg = format!("The lora adapter '{name}' has already been loaded.");
