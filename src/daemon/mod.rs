@@ -3,12 +3,14 @@
 //! One instance per root (flock on `.pruefstand/daemon.lock`). At rest it blocks on a
 //! channel fed by inotify (`jobs/` only), SIGTERM/SIGINT and — when systemd asked for
 //! one — the watchdog timer: no polling. Each job goes through the guards' [`Gate`],
-//! then the same [`RunContext`] path `pruefstand run` takes, on the daemon's runtime
-//! (the process has one), with the job's snapshot as spec and plan, into the run directory recorded in the job (so a
-//! crashed or stopped job resumes there and the gym skips its recorded cases).
+//! then becomes a `RunRequest` for the same `Session::run` that `pruefstand run` takes,
+//! as a task on the daemon's runtime (the process has one), with the job's snapshot as
+//! spec and plan, into the run directory recorded in the job (so a crashed or stopped
+//! job resumes there and the gym skips its recorded cases).
 //!
-//! With `[cluster] kind = "slurm"` a job runs as a Slurm job array instead (`cluster`):
-//! no local guards or bench lock, the shards pass their nodes' own.
+//! The executor is `cluster::executor`'s choice: with `[cluster] kind = "slurm"` a job
+//! runs as a Slurm job array (no local guards or bench lock; the shards pass their
+//! nodes' own), else on the local gym.
 //!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
 
