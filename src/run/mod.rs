@@ -251,9 +251,7 @@ impl Session {
             self.preflight(request).await?;
         }
         // The run directory first: a wrong --out is refused before anything runs.
-        let path =
-            request.out.clone().unwrap_or_else(|| self.root.new_run_dir(&request.version.name, &request.plan.name));
-        let claimed = RunDir::claim_seeded(&path, &request.identity(), request.seed)?;
+        let claimed = self.claim(request)?;
         // R4 compares with the reference on the same plan: make sure its run exists first.
         let reference = match request.reference_version(&self.root)? {
             Some(version) => Some(self.reference_run(&request.for_reference(version)).await?),
@@ -269,10 +267,16 @@ impl Session {
     /// a shard's part of a run judged where the shards are merged.
     pub async fn execute(&self, request: &RunRequest) -> anyhow::Result<(Executed, Served)> {
         self.preflight(request).await?;
+        let claimed = self.claim(request)?;
+        LocalGym.execute(self, request, &claimed).await
+    }
+
+    /// The request's run directory (`out`, or a new one under `reports/`), claimed with
+    /// its identity and seed.
+    fn claim(&self, request: &RunRequest) -> anyhow::Result<Claimed> {
         let path =
             request.out.clone().unwrap_or_else(|| self.root.new_run_dir(&request.version.name, &request.plan.name));
-        let claimed = RunDir::claim_seeded(&path, &request.identity(), request.seed)?;
-        LocalGym.execute(self, request, &claimed).await
+        RunDir::claim_seeded(&path, &request.identity(), request.seed)
     }
 
     /// Before anything starts, for Docker versions (this one and its reference):
