@@ -306,12 +306,14 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
         control.attach(pid);
     }
 
-    let mut standard: Vec<Box<dyn Sink>> =
+    // The pass's standard sinks, then the caller's (steering apart: its task is ended
+    // and read after the pass).
+    let mut fanout: Vec<Box<dyn Sink>> =
         vec![Box::new(sinks::Records::open(run_dir)?), Box::new(sinks::Progress::new(request.cases.len()))];
     if let Some(control) = &pass.control {
-        standard.push(Box::new(sinks::Report::new(control.clone(), run_dir)));
+        fanout.push(Box::new(sinks::Report::new(control.clone(), run_dir)));
     }
-    let mut others = pass.sinks;
+    fanout.extend(pass.sinks);
     let mut events_log =
         std::fs::OpenOptions::new().create(true).append(true).open(run_dir.path_of(RunFile::Events))?;
     let mut tally = Tally::default();
@@ -335,7 +337,7 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
             seen.take(&event, &mut started);
             tally.take(&event);
             let mut ask = Ask::Continue;
-            let all = standard.iter_mut().chain(others.iter_mut()).map(|s| s.as_mut() as &mut dyn Sink);
+            let all = fanout.iter_mut().map(|s| s.as_mut() as &mut dyn Sink);
             for sink in all.chain(std::iter::once(&mut steering as &mut dyn Sink)) {
                 if sink.on(&event, &seen)? == Ask::Drain {
                     ask = Ask::Drain;
@@ -356,8 +358,8 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
         let _ = child.start_kill();
     }
     let status = child.wait().await?;
-    drop(standard);
-    drop(others);
+    // The progress bar ends with its sink, before anything more is said.
+    drop(fanout);
     let concurrency = steering.finish().await;
     if let Some(control) = control {
         control.detach();
