@@ -135,7 +135,7 @@ impl Pool {
         self.created.fetch_add(1, Ordering::Relaxed);
         let mut served = vec![setup.served_name.clone()];
         served.extend(setup.adapter.iter().map(|a| a.name.clone()));
-        let c = Container {
+        let mut c = Container {
             id,
             name,
             host_port,
@@ -161,7 +161,6 @@ impl Pool {
             stop_and_remove(&docker, &c.id).await?;
             return Err(failure.into());
         }
-        let mut c = c;
         c.server_version = server_version(&http(), c.host_port, &c.api_key).await;
         Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.interrupt_clients.clone()))
     }
