@@ -451,6 +451,35 @@ def dispatcher_starts_cases_in_order_up_to_the_target_on_the_least_loaded_worker
     assert [c["id"] for c in workers[0].task_q][-2:] == ["c6", "c7"], "a lost worker gets nothing"
 
 
+@check
+def the_gym_dispatches_a_user_tasks_cases_together_longest_first():
+    from pruefstand_gym import dojo
+
+    suites = dojo.get_suites_checked("v1.2.2")
+
+    def case(suite, user, inj=None):
+        return {"id": f"{suite}/{user}/{inj}", "suite": suite, "user_task": user, "injection_task": inj}
+
+    cases = [
+        case("banking", "user_task_0"),
+        case("slack", "user_task_2"),
+        case("banking", "user_task_0", "injection_task_1"),
+        case("slack", "user_task_2", "injection_task_1"),
+        case("banking", "user_task_15"),
+        case("slack", "user_task_2", "injection_task_3"),
+        case("banking", "user_task_15", "injection_task_1"),
+        {"id": "banking/injection_task_1", "suite": "banking", "user_task": None, "injection_task": "injection_task_1"},
+    ]
+    order = runner.grouped_longest_first(cases, suites)
+    groups = [(c["suite"], c["user_task"]) for c in order]
+    runs = [g for i, g in enumerate(groups) if i == 0 or g != groups[i - 1]]
+    assert len(runs) == len(set(runs)), f"a user task's cases apart: {groups}"
+    # banking user_task_15 (3 ground-truth calls) before user_task_0 (1), attacked before clean
+    assert runs.index(("banking", "user_task_15")) < runs.index(("banking", "user_task_0")), groups
+    assert order[0]["injection_task"] is not None, order[0]
+    assert sorted(c["id"] for c in order) == sorted(c["id"] for c in cases)
+
+
 def main() -> int:
     passed = failed = 0
     for fn in CHECKS:

@@ -1,7 +1,9 @@
 //! The order a run dispatches cases in, for a plan that stops early (`early_stop = true`;
 //! docs/statistics.md, "Stopping early"): the plan's user tasks in an order drawn from
 //! the run's seed, and the case ids in the order the gym starts them — each user task's
-//! cases together, the few injection-goal cases after the first quarter.
+//! cases together, the few injection-goal cases after the first quarter. Also a plain
+//! shuffle, the baseline the gym's own order (a user task's cases together, for the
+//! server's prefix cache) is measured against.
 //!
 //! Not here: when the records seen so far decide the verdict (`judge::early`, which
 //! reads the order back from `run.json`), carrying the order to the gym and stopping it
@@ -26,6 +28,15 @@ pub fn user_task_order(cases: &[Case], seed: u64) -> Vec<String> {
     }
     keys.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
     keys
+}
+
+/// Case ids in an order drawn from `seed` (ChaCha20, Fisher–Yates): the baseline the
+/// gym's own order is measured against (`pruefstand gym --order shuffled`, the bench's
+/// prefix-cache figure).
+pub fn shuffled(cases: &[Case], seed: u64) -> Vec<String> {
+    let mut ids: Vec<String> = cases.iter().map(|c| c.id.clone()).collect();
+    ids.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
+    ids
 }
 
 /// Case ids in the order the gym dispatches them: each user task's cases together, user
@@ -109,5 +120,20 @@ mod tests {
             assert!(block.iter().all(|id| id.starts_with(&format!("{key}/"))), "{key}: {block:?}");
             assert!(block[0].ends_with("/none/none"), "{block:?}");
         }
+    }
+
+    #[test]
+    fn a_shuffle_is_a_seeded_permutation_of_every_case() {
+        let cases = plan(10, 2);
+        let ids = shuffled(&cases, 3);
+        assert_eq!(ids, shuffled(&cases, 3));
+        assert_ne!(ids, shuffled(&cases, 4));
+        let plan_order: Vec<String> = cases.iter().map(|c| c.id.clone()).collect();
+        assert_ne!(ids, plan_order);
+        let mut sorted = ids.clone();
+        sorted.sort();
+        let mut expected = plan_order;
+        expected.sort();
+        assert_eq!(sorted, expected);
     }
 }

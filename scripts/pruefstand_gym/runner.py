@@ -413,10 +413,17 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
 # --- parent -----------------------------------------------------------------------------
 
 
-def longest_first(cases: list[dict], suites: dict) -> list[dict]:
-    """The cases in the order workers should take them: most ground-truth tool calls
-    first (user task plus injection task), so the run does not end on a few long cases
-    while the model server idles. Order changes no outcome: every draw is per case."""
+def grouped_longest_first(cases: list[dict], suites: dict) -> list[dict]:
+    """The cases in the order workers should take them, when the request gives none.
+
+    Longest first (most ground-truth tool calls, user task plus injection task), so the
+    run does not end on a few long cases while the model server idles — but by user
+    task: a user task's cases (clean and under each injection) are dispatched together,
+    longest of them first, and user tasks by their longest case. Cases of one user task
+    share the suite's system prompt, its tool schemas and the user's prompt, and the
+    attacked ones their first turns up to the injection: run together, the server's
+    prefix cache still holds what they share. Order changes no outcome: every draw is
+    per case."""
     from . import dojo
 
     envs: dict = {}
@@ -439,7 +446,14 @@ def longest_first(cases: list[dict], suites: dict) -> list[dict]:
         n = count(case["suite"], case["user_task"], False) if case.get("user_task") else 0
         return n + (count(case["suite"], case["injection_task"], True) if case.get("injection_task") else 0)
 
-    return sorted(cases, key=estimate, reverse=True)
+    def group(case: dict) -> tuple:
+        return (case["suite"], case.get("user_task") or "")
+
+    longest: dict = {}
+    for case in cases:
+        longest[group(case)] = max(longest.get(group(case), 0), estimate(case))
+    # sorted() is stable: ties keep plan order
+    return sorted(cases, key=lambda c: (-longest[group(c)], group(c), -estimate(c)))
 
 
 def read_agent_env(line: str) -> dict:
@@ -464,7 +478,7 @@ def dispatch_order(to_run: list[dict], order: list[str] | None, suites: dict) ->
     """The request's order when it gives one (early stopping: whole user tasks in a
     seeded order), else longest first."""
     if order is None:
-        return longest_first(to_run, suites)
+        return grouped_longest_first(to_run, suites)
     rank = {cid: i for i, cid in enumerate(order)}
     return sorted(to_run, key=lambda c: rank[c["id"]])
 

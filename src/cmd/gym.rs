@@ -13,7 +13,7 @@ use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{Inventory, PyEnv};
 use crate::root::Root;
 use crate::rundir::{Identity, RunDir};
-use crate::{telemetry, util};
+use crate::{order, telemetry, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -51,6 +51,17 @@ pub struct Args {
     /// Per-case wall-time limit in seconds (default: the plan's; at most a day).
     #[arg(long, value_parser = case_timeout_parser)]
     pub case_timeout: Option<f64>,
+    /// The order cases start in: `grouped` (the gym's own: a user task's cases together,
+    /// longest first, so the model server's prefix cache holds what they share) or
+    /// `shuffled` (drawn from the run's seed: the baseline to measure that against).
+    #[arg(long, value_enum, default_value = "grouped")]
+    pub order: Order,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Grouped,
+    Shuffled,
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
@@ -96,7 +107,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             defence: None,
             agent_env: Vec::new(),
             control: None,
-            order: None,
+            order: (args.order == Order::Shuffled).then(|| order::shuffled(&plan.cases, claimed.seed)),
             sinks: Vec::new(),
             wording: Default::default(),
         },

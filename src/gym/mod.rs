@@ -39,7 +39,7 @@ pub struct GymSettings {
     pub agent_env: Vec<(String, String)>,
     /// The caller's stop switch and progress handle.
     pub control: Option<std::sync::Arc<Control>>,
-    /// Case ids in the order to dispatch them (early stopping); None: longest first.
+    /// Case ids in the order to dispatch them (early stopping); None: the gym's own (a user task's cases together, longest first).
     pub order: Option<Vec<String>>,
     /// The caller's own sinks (early stop), after the pass's standard ones.
     pub sinks: Vec<Box<dyn Sink>>,
@@ -124,7 +124,7 @@ pub struct GymRequest {
     pub defence: Option<String>,
     pub cases: Vec<Case>,
     pub done: Vec<String>,
-    /// Case ids in the order to dispatch them (early stopping); absent: longest first.
+    /// Case ids in the order to dispatch them (early stopping); absent: the gym's own (a user task's cases together, longest first).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order: Option<Vec<String>>,
     /// The wording of every case whose attack is worded from a family grammar, by case
