@@ -147,6 +147,18 @@ pub struct CaseRecord {
     /// Calls of tools the case does not offer (the agent's count).
     #[serde(default)]
     pub unknown_tool_calls: Option<u64>,
+    /// Generations the agent gave up on — silence, or still talking at the bound its
+    /// `max_tokens` sets — scored with the text so far (the agent's count).
+    #[serde(default)]
+    pub cut_generations: Option<u64>,
+    /// Streamed model calls that produced a first token; their summed time to it, and
+    /// from it to the last token (ms): time to first token and decode rate per case.
+    #[serde(default)]
+    pub streamed_calls: Option<u64>,
+    #[serde(default)]
+    pub ttft_ms: Option<u64>,
+    #[serde(default)]
+    pub decode_ms: Option<u64>,
     /// Times AgentDojo re-ran the task because the last turn had no model output.
     #[serde(default)]
     pub restarts: Option<u64>,
@@ -179,6 +191,10 @@ impl CaseRecord {
             human_denials: None,
             malformed_outputs: None,
             unknown_tool_calls: None,
+            cut_generations: None,
+            streamed_calls: None,
+            ttft_ms: None,
+            decode_ms: None,
             restarts: None,
             trace: None,
         }

@@ -798,8 +798,18 @@ fn sim_server_answers_every_request() {
             }
             let response = request.send().await.map_err(|e| TestCaseError::fail(format!("no answer: {e}")))?;
             let status = response.status().as_u16();
+            let streamed = response.headers().get("content-type").is_some_and(|t| t == "text/event-stream");
             let text = response.text().await.map_err(|e| TestCaseError::fail(format!("no body: {e}")))?;
             check([200, 400, 401, 404].contains(&status), || format!("HTTP {status}: {text}"))?;
+            if streamed {
+                // A stream the agent folds into one whole message with its finish reason.
+                let mut assembly = crate::agent::stream::Assembly::default();
+                let fed = assembly.feed(text.as_bytes());
+                return check(
+                    status == 200 && fed.is_ok() && assembly.done && assembly.finish_reason.is_some(),
+                    || format!("HTTP {status}: {text}"),
+                );
+            }
             let v: Value = serde_json::from_str(&text).map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
             check(
                 if status == 200 { v.pointer("/choices/0/message").is_some() } else { v.get("error").is_some() },

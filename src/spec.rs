@@ -119,9 +119,14 @@ pub struct ModelSpec {
     pub runtime_lora: bool,
     /// `max_tokens` of every agent request: a model that does not stop ends its turn
     /// there (`finish_reason: "length"`, a scored malformed output) instead of
-    /// generating to the end of its context. The server's own limit when absent.
+    /// generating to the end of its context. Absent: the agent's default
+    /// (`agent::llm::DEFAULT_MAX_TOKENS`, 2,048); `pruefstand check <version>` shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// Seconds without a token, once a model's answer has begun, that end its turn
+    /// (scored as cut off, never re-sent); the agent's default (60) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<f64>,
     /// Seconds the server may take to serve after start (cold start); default 900.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_timeout_s: Option<f64>,
@@ -272,6 +277,12 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
     if model.max_tokens == Some(0) {
         return Err(bad(key_offset(text, "max_tokens"), "model.max_tokens must be at least 1"));
     }
+    if model.idle_timeout_s.is_some_and(|t| !(t > 0.0 && t <= 86_400.0)) {
+        return Err(bad(
+            key_offset(text, "idle_timeout_s"),
+            "model.idle_timeout_s must be a number of seconds in (0, 86400]",
+        ));
+    }
     if let Some(reference) = &spec.reference {
         let name = reference.get_ref();
         let own = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -378,6 +389,8 @@ susceptibility = 0.02
         assert_eq!(spec.model.max_tokens, Some(512));
         let err = error(&GOOD.replace("served_name", "max_tokens = 0\nserved_name"));
         assert!(err.starts_with("DIR/cand.toml:6:1: model.max_tokens must be at least 1"), "{err}");
+        let err = error(&GOOD.replace("served_name", "idle_timeout_s = -1\nserved_name"));
+        assert!(err.starts_with("DIR/cand.toml:6:1: model.idle_timeout_s must be a number of seconds"), "{err}");
     }
 
     #[test]

@@ -54,6 +54,53 @@ pub struct Telemetry {
     pub by_attack: BTreeMap<String, Breakdown>,
     pub counts: Counts,
     pub format_health: FormatHealth,
+    pub model_timing: ModelTiming,
+}
+
+/// How fast the model answered, from the agent's streamed calls: time to first token
+/// (its mean per case, over cases) and the decode rate. Empty when nothing streamed.
+#[derive(Serialize, Debug, Default, Clone, PartialEq)]
+pub struct ModelTiming {
+    pub streamed_calls: u64,
+    pub ttft_s_mean: Option<f64>,
+    /// The 95th percentile of the cases' mean time to first token.
+    pub ttft_s_p95: Option<f64>,
+    /// Completion tokens per second of decoding, over the streamed cases.
+    pub decode_tokens_per_s: Option<f64>,
+}
+
+impl ModelTiming {
+    pub fn of(records: &[CaseRecord]) -> ModelTiming {
+        let mut t = ModelTiming::default();
+        let (mut ttft_ms, mut decode_ms, mut tokens) = (0u64, 0u64, 0u64);
+        let mut per_case = Vec::new();
+        for r in records {
+            let (Some(calls), Some(ttft)) = (r.streamed_calls.filter(|&n| n > 0), r.ttft_ms) else { continue };
+            t.streamed_calls += calls;
+            ttft_ms += ttft;
+            per_case.push(ttft as f64 / 1000.0 / calls as f64);
+            decode_ms += r.decode_ms.unwrap_or(0);
+            tokens += r.completion_tokens.unwrap_or(0);
+        }
+        if t.streamed_calls > 0 {
+            t.ttft_s_mean = Some(ttft_ms as f64 / 1000.0 / t.streamed_calls as f64);
+            t.ttft_s_p95 = crate::stats::percentile(per_case, 0.95);
+        }
+        t.decode_tokens_per_s = (decode_ms > 0).then(|| tokens as f64 / (decode_ms as f64 / 1000.0));
+        t
+    }
+
+    /// One line for people.
+    pub fn line(&self) -> String {
+        let s = |v: Option<f64>, unit: &str| v.map_or("–".into(), |v| format!("{v:.2} {unit}"));
+        format!(
+            "{} streamed calls, time to first token {} (p95 of cases {}), decode {}",
+            self.streamed_calls,
+            s(self.ttft_s_mean, "s"),
+            s(self.ttft_s_p95, "s"),
+            s(self.decode_tokens_per_s, "tokens/s")
+        )
+    }
 }
 
 /// How well the model kept to the tool-calling format: scored, never errors. Totals
@@ -62,6 +109,9 @@ pub struct Telemetry {
 pub struct FormatHealth {
     pub malformed_outputs: u64,
     pub unknown_tool_calls: u64,
+    /// Generations the agent gave up on (silence, or still talking at their bound),
+    /// scored with the text so far; also counted as malformed outputs.
+    pub cut_generations: u64,
     /// Cases that ended with the server refusing the conversation for its length.
     pub context_overflows: usize,
     /// AgentDojo's re-runs of a task whose last turn had no model output.
@@ -78,6 +128,7 @@ impl FormatHealth {
         for r in records {
             h.malformed_outputs += r.malformed_outputs.unwrap_or(0);
             h.unknown_tool_calls += r.unknown_tool_calls.unwrap_or(0);
+            h.cut_generations += r.cut_generations.unwrap_or(0);
             h.restarts += r.restarts.unwrap_or(0);
             h.context_overflows += usize::from(r.outcome() == crate::case::Outcome::ContextOverflow);
             h.cases_with_malformed += usize::from(r.malformed_outputs.is_some_and(|n| n > 0));
@@ -91,11 +142,12 @@ impl FormatHealth {
     pub fn line(&self, cases: usize) -> String {
         let per = |n: u64| if cases == 0 { 0.0 } else { n as f64 / cases as f64 };
         format!(
-            "{} malformed outputs ({:.2}/case, {} cases), {} unknown-tool calls ({:.2}/case, {} cases), {} context \
-             overflows, {} restarts",
+            "{} malformed outputs ({:.2}/case, {} cases, {} of them cut off), {} unknown-tool calls ({:.2}/case, {} \
+             cases), {} context overflows, {} restarts",
             self.malformed_outputs,
             per(self.malformed_outputs),
             self.cases_with_malformed,
+            self.cut_generations,
             self.unknown_tool_calls,
             per(self.unknown_tool_calls),
             self.cases_with_unknown_tools,
@@ -210,6 +262,7 @@ pub fn compute(benchmark_version: &str, planned: usize, records: &[CaseRecord]) 
             errors: records.iter().filter(|r| r.is_error()).count(),
         },
         format_health: FormatHealth::of(records),
+        model_timing: ModelTiming::of(records),
     }
 }
 
@@ -243,6 +296,7 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
         c.planned, c.recorded, c.clean, c.attacked, c.injection_goal, c.errors
     );
     let _ = writeln!(md, "Model format health: {}.\n", telemetry.format_health.line(c.recorded));
+    let _ = writeln!(md, "Model timing: {}.\n", telemetry.model_timing.line());
     let _ = writeln!(md, "## By suite\n\n| suite | utility | utility under attack | ASR |\n|---|---|---|---|");
     for (suite, b) in &telemetry.by_suite {
         let _ = writeln!(

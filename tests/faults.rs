@@ -24,7 +24,11 @@ struct Scored {
 }
 
 fn run(bench: &Bench, name: &str, mode: &str, faults: &str) -> Scored {
-    bench.write(&format!("versions/{name}.toml"), &version(mode, faults));
+    run_spec(bench, name, &version(mode, faults))
+}
+
+fn run_spec(bench: &Bench, name: &str, spec: &str) -> Scored {
+    bench.write(&format!("versions/{name}.toml"), spec);
     let plan = bench.path().join("faults.toml");
     let run = bench.run(&["run", name, "--plan", plan.to_str().unwrap()]);
     assert!(matches!(run.code, Some(0 | 10 | 11 | 12)), "{name}: run failed\n{}\n{}", run.stdout, run.stderr);
@@ -148,4 +152,54 @@ fn the_shipped_wild_demo_is_valid_and_shows_its_format_health() {
     let judgement = json(&dir.join("judgement.json"));
     assert_eq!(judgement["rules"][0]["status"], "pass", "R1: {}", judgement["rules"][0]);
     assert!(Path::new(&dir.join("report.html")).is_file());
+}
+
+/// A version whose model does not stop: every answer is filler, paced at `token_ms`
+/// per token, with the `[model]` lines given (a `max_tokens`, an idle timeout).
+fn rambling(model_lines: &str, faults: &str) -> String {
+    version("native", faults)
+        .replace("tool_calling = \"native\"\n", &format!("tool_calling = \"native\"\n{model_lines}"))
+}
+
+#[test]
+fn a_model_that_never_stops_talking_ends_its_turn_at_its_bound_and_is_scored() {
+    let bench = Bench::new();
+    bench.write("faults.toml", TINY_PLAN);
+    // Streamed, the turn runs to the version's max_tokens; the server says "length".
+    let bounded = run_spec(&bench, "ramble", &rambling("max_tokens = 40\n", "ramble = 1.0\nramble_token_ms = 5"));
+    // Without one, the agent's default bound (2,048 tokens), never the context's end.
+    let default = run_spec(&bench, "ramble-default", &rambling("", "ramble = 1.0\nramble_token_ms = 0.5"));
+    for (s, bound) in [(&bounded, 40), (&default, 2048)] {
+        assert_scored("ramble", s, "scored");
+        for r in &s.records {
+            assert_eq!(r["utility"], false, "filler does no task: {r}");
+            assert!(r["malformed_outputs"].as_u64() >= Some(1), "a turn cut by its length is malformed: {r}");
+            assert_eq!(r["cut_generations"], 0, "the server stopped it, not the agent: {r}");
+            let calls = r["llm_calls"].as_u64().unwrap();
+            assert_eq!(r["completion_tokens"].as_u64(), Some(bound * calls), "every turn ran to {bound}: {r}");
+            assert_eq!(r["streamed_calls"].as_u64(), Some(calls), "streamed: {r}");
+            assert!(r["ttft_ms"].is_u64() && r["decode_ms"].as_u64() > Some(0), "{r}");
+        }
+        let telemetry = json(&s.dir.join("telemetry.json"));
+        assert!(telemetry["model_timing"]["decode_tokens_per_s"].as_f64() > Some(0.0), "{telemetry}");
+    }
+}
+
+#[test]
+fn a_generation_that_falls_silent_is_given_up_once_and_scored_not_retried() {
+    let bench = Bench::new();
+    bench.write("faults.toml", TINY_PLAN);
+    // A few tokens, then nothing: the agent waits idle_timeout_s, closes the connection
+    // and ends the turn with what came — at temperature 0 a re-send would hang alike.
+    let stalled = run_spec(&bench, "stall", &rambling("idle_timeout_s = 1.5\n", "stall = 1.0"));
+    assert_scored("stall", &stalled, "scored");
+    for r in &stalled.records {
+        assert_eq!(r["cut_generations"], 1, "{r}");
+        assert_eq!(r["llm_calls"], 1, "given up once, not sent again: {r}");
+        assert!(r["malformed_outputs"].as_u64() >= Some(1), "{r}");
+        assert_eq!(r["completion_tokens"], 3, "the tokens before the silence: {r}");
+    }
+    let telemetry = json(&stalled.dir.join("telemetry.json"));
+    assert_eq!(telemetry["format_health"]["cut_generations"], 4, "{telemetry}");
+    assert_eq!(telemetry["counts"]["errors"], 0);
 }

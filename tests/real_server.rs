@@ -80,18 +80,24 @@ fn a_small_plan_runs_end_to_end_on_the_real_server_and_is_judged_valid() {
 }
 
 #[test]
-fn a_warm_server_takes_the_next_adapter_at_run_time() {
+fn a_warm_server_takes_the_next_adapter_at_run_time_and_prompted_tool_calling_is_scored() {
     let dir = real_server();
     let bench = Bench::new();
     // Two versions on one base, adapters side by side: the reference's run leaves the
     // server warm, the candidate's adapter is loaded into it (POST /v1/load_lora_adapter).
+    // The candidate calls its tools in the prompt (no `tools` in the request: the model
+    // writes the call as text and the agent parses it), the reference natively.
     let lora = std::fs::read_to_string(repo().join("versions/real-smol-lora.toml")).unwrap();
     let first = lora
         .replace("reference = \"real-smol\"\n", "")
         .replace("name = \"smol-lora\"", "name = \"smol-lora-b\"")
         .replace("adapters/smol-lora\"", "adapters/smol-lora-b\"");
     bench.write("versions/lora-first.toml", &first);
-    bench.write("versions/lora-second.toml", &lora.replace("reference = \"real-smol\"", "reference = \"lora-first\""));
+    let second = lora
+        .replace("reference = \"real-smol\"", "reference = \"lora-first\"")
+        .replace("tool_calling = \"native\"", "tool_calling = \"prompted\"");
+    assert!(second.contains("prompted"));
+    bench.write("versions/lora-second.toml", &second);
     let plan = bench.write("two.toml", TWO_CASES);
     let run = bench.run(&["run", "lora-second", "--plan", plan.to_str().unwrap()]);
     assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);

@@ -21,6 +21,10 @@ STAT_KEYS = (
     "human_denials",
     "malformed_outputs",
     "unknown_tool_calls",
+    "cut_generations",
+    "streamed_calls",
+    "ttft_ms",
+    "decode_ms",
 )
 
 MAX_LINE_BYTES = 64 * 1024 * 1024

@@ -1,14 +1,28 @@
-//! The OpenAI chat-completions client of the agent runtime: one POST per model call,
-//! retries with exponential backoff on transient failures, and token accounting for the
-//! case's `stats`. Every model call of the runtime — the agent's own turns, the `llm`
-//! guardrail, the `llm` human — goes through here, so all of them are counted.
+//! The OpenAI chat-completions client of the agent runtime: one request per model call,
+//! streamed, retries with exponential backoff on the server's transient failures, and
+//! token and timing accounting for the case's `stats`. Every model call of the runtime —
+//! the agent's own turns, the `llm` guardrail, the `llm` human — goes through here, so
+//! all of them are counted.
 //!
-//! Not here: what goes into the request or how the answer is read (`format`).
+//! Time is the model's: every request carries a `max_tokens`, and a generation is
+//! waited for while tokens keep coming — it is given up on *silence* (no token for
+//! `idle_timeout_s`) or at a last bound derived from `max_tokens` and the decode rate
+//! measured on earlier calls. Giving up closes the connection (vLLM then aborts the
+//! generation) and ends the turn as the model's output so far, cut off: a scored
+//! outcome, never re-sent unchanged (at temperature 0 it would ramble the same way),
+//! never a bench error. What is retried is the server's failure: connect errors, 429,
+//! 5xx, and a request that got no first token at all within `request_timeout_s`.
+//! A server that does not stream (a plain JSON answer) is read whole.
+//!
+//! Not here: what goes into the request or how the answer is read (`format`), putting a
+//! stream back together (`stream`).
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use super::stream::{Assembly, Fed};
 
 /// Why a model call produced no usable turn. The `Display` text is the protocol's
 /// `{"error": ...}` reason.
@@ -28,13 +42,32 @@ pub enum LlmError {
     Protocol(String),
 }
 
-/// Token and call counts since the last reset (a `case_start`).
+/// Token, call and timing counts since the last reset (a `case_start`).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Usage {
     pub calls: u64,
     /// `None` until a response reports `usage` (counters never reported stay null).
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// Generations given up on (silence or the time bound), scored as cut off.
+    pub cut_generations: u64,
+    /// Streamed calls that produced a first token, and their summed time to it and
+    /// from it to the last token: time to first token and decode rate per case.
+    pub streamed_calls: u64,
+    pub ttft_ms: u64,
+    pub decode_ms: u64,
+}
+
+/// `max_tokens` of an agent request when the version sets none: room for a tool call
+/// with some reasoning before it, far below a context's end (vLLM also lowers it to the
+/// context left). docs/real-server.md.
+pub const DEFAULT_MAX_TOKENS: u32 = 2048;
+
+/// How a call's answer arrived.
+struct Answered {
+    response: Value,
+    /// Given up on: the response holds what came before.
+    cut: Option<String>,
 }
 
 pub struct Llm {
@@ -43,30 +76,39 @@ pub struct Llm {
     api_key: Option<String>,
     max_retries: u32,
     backoff: Duration,
+    /// The wait for a first token, and the whole request when no decode rate is known.
+    first_token: Duration,
+    idle: Duration,
+    stream: bool,
     pub temperature: f64,
-    pub max_tokens: Option<u32>,
+    pub max_tokens: u32,
     usage: Mutex<Usage>,
+    /// Tokens per second of this agent's earlier streamed calls (smoothed): with
+    /// `max_tokens` it bounds a generation still producing tokens.
+    decode_rate: Mutex<Option<f64>>,
 }
 
 impl Llm {
     pub fn new(cfg: &super::AgentConfig) -> anyhow::Result<Self> {
-        let timeout = Duration::try_from_secs_f64(cfg.request_timeout_s)
-            .map_err(|e| anyhow::anyhow!("request_timeout_s {}: {e}", cfg.request_timeout_s))?;
-        let backoff = Duration::try_from_secs_f64(cfg.retry_backoff_s)
-            .map_err(|e| anyhow::anyhow!("retry_backoff_s {}: {e}", cfg.retry_backoff_s))?;
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(10)))
-            .build()?;
+        let seconds =
+            |name: &str, s: f64| Duration::try_from_secs_f64(s).map_err(|e| anyhow::anyhow!("{name} {s}: {e}"));
+        let first_token = seconds("request_timeout_s", cfg.request_timeout_s)?;
+        // No overall client timeout: each call bounds its own wait (first token,
+        // silence, the decode bound).
+        let http = reqwest::Client::builder().connect_timeout(first_token.min(Duration::from_secs(10))).build()?;
         Ok(Self {
             http,
             url: format!("{}/chat/completions", cfg.base_url.trim_end_matches('/')),
             api_key: std::env::var("PRUEFSTAND_API_KEY").ok().filter(|k| !k.is_empty()),
             max_retries: cfg.max_retries,
-            backoff,
+            backoff: seconds("retry_backoff_s", cfg.retry_backoff_s)?,
+            first_token,
+            idle: seconds("idle_timeout_s", cfg.idle_timeout_s)?,
+            stream: cfg.stream,
             temperature: cfg.temperature,
-            max_tokens: cfg.max_tokens,
+            max_tokens: cfg.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
             usage: Mutex::default(),
+            decode_rate: Mutex::default(),
         })
     }
 
@@ -93,7 +135,8 @@ impl Llm {
         Ok(self.complete(model, messages, tools, max_tokens).await?.0)
     }
 
-    /// One chat completion; returns `choices[0].message` and its `finish_reason`.
+    /// One chat completion; returns `choices[0].message` and its `finish_reason` —
+    /// `"length"` for a generation given up on, with the text received until then.
     pub async fn complete(
         &self,
         model: &str,
@@ -101,31 +144,43 @@ impl Llm {
         tools: Option<Vec<Value>>,
         max_tokens: Option<u32>,
     ) -> Result<(Value, Option<String>), LlmError> {
-        let mut body = json!({"model": model, "messages": messages, "temperature": self.temperature});
+        let max_tokens = max_tokens.unwrap_or(self.max_tokens);
+        let mut body = json!({"model": model, "messages": messages, "temperature": self.temperature,
+                              "max_tokens": max_tokens});
         if let Some(tools) = tools {
             body["tools"] = json!(tools);
         }
-        if let Some(n) = max_tokens.or(self.max_tokens) {
-            body["max_tokens"] = json!(n);
+        if self.stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
         }
-        let text = self.post_with_retries(&body).await?;
-        let response: Value = serde_json::from_str(&text)
-            .map_err(|e| LlmError::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
-        self.count(&response);
+        let answered = self.post_with_retries(&body, max_tokens).await?;
+        self.count(&answered.response);
+        let response = &answered.response;
+        if let Some(why) = &answered.cut {
+            tracing::warn!("model server: {why}; the turn ends with the output so far (scored as cut off)");
+            self.usage.lock().unwrap().cut_generations += 1;
+            let message = response.pointer("/choices/0/message").cloned().unwrap_or_else(|| json!({}));
+            return Ok((message, Some("length".into())));
+        }
         let finish_reason = response.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_owned);
         match response.pointer("/choices/0/message") {
             Some(m) if m.is_object() => Ok((m.clone(), finish_reason)),
-            _ => Err(LlmError::Unusable(format!("no choices[0].message in the response: {}", snippet(&text)))),
+            _ => Err(LlmError::Unusable(format!(
+                "no choices[0].message in the response: {}",
+                snippet(&response.to_string())
+            ))),
         }
     }
 
-    async fn post_with_retries(&self, body: &Value) -> Result<String, LlmError> {
+    async fn post_with_retries(&self, body: &Value, max_tokens: u32) -> Result<Answered, LlmError> {
         let mut attempt = 0;
         loop {
-            let last_error = match self.post(body).await {
-                Ok(text) => return Ok(text),
+            let last_error = match self.post(body, max_tokens).await {
+                Ok(answered) => return Ok(answered),
                 Err(Attempt::Fatal(e)) => return Err(LlmError::Server(e)),
                 Err(Attempt::Overflow(e)) => return Err(LlmError::ContextOverflow(e)),
+                Err(Attempt::Unusable(e)) => return Err(LlmError::Unusable(e)),
                 Err(Attempt::Transient(e)) => e,
             };
             if attempt >= self.max_retries {
@@ -143,28 +198,164 @@ impl Llm {
         }
     }
 
-    async fn post(&self, body: &Value) -> Result<String, Attempt> {
+    async fn post(&self, body: &Value, max_tokens: u32) -> Result<Answered, Attempt> {
+        let sent = Instant::now();
         let mut req = self.http.post(&self.url).json(body);
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
-        let resp = req.send().await.map_err(|e| {
-            let msg = error_chain(&e); // names the URL already
-            if e.is_builder() { Attempt::Fatal(msg) } else { Attempt::Transient(msg) }
-        })?;
+        let resp = match tokio::time::timeout(self.first_token, req.send()).await {
+            Ok(resp) => resp.map_err(|e| {
+                let msg = error_chain(&e); // names the URL already
+                if e.is_builder() { Attempt::Fatal(msg) } else { Attempt::Transient(msg) }
+            })?,
+            // A plain JSON answer comes with its headers, after the whole generation:
+            // running past the bound is the model's time. A stream's headers come first.
+            Err(_) if !self.stream => {
+                let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
+                return Ok(Answered {
+                    response: cut_response(json!({"role": "assistant", "content": ""})),
+                    cut: Some(why),
+                });
+            }
+            Err(_) => return Err(Attempt::Transient(self.no_first_token())),
+        };
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))))?;
-        if status.is_success() {
-            Ok(text)
-        } else if let Some(message) = context_overflow(status.as_u16(), &text) {
-            Err(Attempt::Overflow(message))
-        } else if status.as_u16() == 429 || status.is_server_error() {
-            Err(Attempt::Transient(format!("HTTP {status}: {}", snippet(&text))))
-        } else {
-            Err(Attempt::Fatal(format!("HTTP {status}: {}", snippet(&text))))
+        if !status.is_success() {
+            let text = tokio::time::timeout(self.idle, resp.text()).await.ok().and_then(Result::ok).unwrap_or_default();
+            return Err(if let Some(message) = context_overflow(status.as_u16(), &text) {
+                Attempt::Overflow(message)
+            } else if status.as_u16() == 429 || status.is_server_error() {
+                Attempt::Transient(format!("HTTP {status}: {}", snippet(&text)))
+            } else {
+                Attempt::Fatal(format!("HTTP {status}: {}", snippet(&text)))
+            });
+        }
+        let streamed = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        if streamed { self.read_stream(resp, sent, max_tokens).await } else { self.read_whole(resp, sent).await }
+    }
+
+    /// A plain JSON answer: the whole generation arrives at once, so its wait is the
+    /// first-token bound; running past it is the model's time, not the server's.
+    async fn read_whole(&self, resp: reqwest::Response, sent: Instant) -> Result<Answered, Attempt> {
+        let left = self.first_token.saturating_sub(sent.elapsed());
+        let text = match tokio::time::timeout(left, resp.text()).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => {
+                return Err(Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))));
+            }
+            Err(_) => {
+                let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
+                return Ok(Answered {
+                    response: cut_response(json!({"role": "assistant", "content": ""})),
+                    cut: Some(why),
+                });
+            }
+        };
+        let response: Value = serde_json::from_str(&text)
+            .map_err(|e| Attempt::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
+        Ok(Answered { response, cut: None })
+    }
+
+    /// Server-sent events: waited for while tokens keep coming.
+    async fn read_stream(
+        &self,
+        mut resp: reqwest::Response,
+        sent: Instant,
+        max_tokens: u32,
+    ) -> Result<Answered, Attempt> {
+        let mut assembly = Assembly::default();
+        let mut first: Option<Instant> = None;
+        let mut last = Instant::now();
+        let cut = loop {
+            // Before the first token: the server may still be queueing the request.
+            // After it: silence, or the bound on a generation that keeps talking.
+            let wait = match first {
+                None => self.first_token.saturating_sub(sent.elapsed()),
+                Some(t) => self.idle.min(self.decode_bound(max_tokens).saturating_sub(t.elapsed())),
+            };
+            let chunk = match tokio::time::timeout(wait, resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => chunk,
+                Ok(Ok(None)) => break None,
+                Ok(Err(e)) if first.is_none() => {
+                    return Err(Attempt::Transient(format!("reading the stream of {}: {}", self.url, error_chain(&e))));
+                }
+                Ok(Err(e)) => break Some(format!("the stream broke off ({})", error_chain(&e))),
+                Err(_) if first.is_none() => return Err(Attempt::Transient(self.no_first_token())),
+                Err(_) => {
+                    let t = first.expect("after the first token");
+                    break Some(if last.elapsed() >= self.idle {
+                        format!("no token for {:?} (idle_timeout_s)", self.idle)
+                    } else {
+                        format!("still generating after {:?}, the bound for {max_tokens} tokens", t.elapsed())
+                    });
+                }
+            };
+            match assembly.feed(&chunk) {
+                Ok(Fed::Tokens) => {
+                    first.get_or_insert_with(Instant::now);
+                    last = Instant::now();
+                }
+                Ok(Fed::Nothing) => {}
+                Err(message) if first.is_none() => return Err(Attempt::Transient(format!("in the stream: {message}"))),
+                Err(message) => break Some(format!("the server ended the stream: {}", snippet(&message))),
+            }
+            if assembly.done {
+                break None;
+            }
+        };
+        // Dropping the response closes the connection: vLLM aborts the generation.
+        drop(resp);
+        if let Some(t) = first {
+            self.timed(sent, t, last, &assembly, cut.is_none());
+        } else if cut.is_none() && assembly.finish_reason.is_none() {
+            return Err(Attempt::Transient(format!("the stream of {} ended before any answer", self.url)));
+        }
+        let mut response = cut_response(assembly.message());
+        response["choices"][0]["finish_reason"] = json!(assembly.finish_reason);
+        if let Some(usage) = &assembly.usage {
+            response["usage"] = usage.clone();
+        } else if cut.is_some() {
+            // Cut off before the server's count: about one token per chunk.
+            response["usage"] = json!({"completion_tokens": assembly.token_chunks});
+        }
+        Ok(Answered { response, cut })
+    }
+
+    /// How long a generation may run after its first token: four times what the
+    /// measured decode rate needs for `max_tokens` (a busy server slows every
+    /// request), at least the silence bound; the first-token bound until a rate is known.
+    fn decode_bound(&self, max_tokens: u32) -> Duration {
+        match *self.decode_rate.lock().unwrap() {
+            Some(rate) if rate > 0.0 => {
+                Duration::from_secs_f64((4.0 * f64::from(max_tokens) / rate).min(86_400.0)).max(self.idle)
+            }
+            _ => self.first_token,
+        }
+    }
+
+    fn no_first_token(&self) -> String {
+        format!("no first token from {} within {:?} (request_timeout_s)", self.url, self.first_token)
+    }
+
+    /// Time to first token and decode time into the case's counts; a finished
+    /// generation of some length updates the decode rate.
+    fn timed(&self, sent: Instant, first: Instant, last: Instant, assembly: &Assembly, finished: bool) {
+        let decode = last.saturating_duration_since(first);
+        let mut u = self.usage.lock().unwrap();
+        u.streamed_calls += 1;
+        u.ttft_ms += first.saturating_duration_since(sent).as_millis() as u64;
+        u.decode_ms += decode.as_millis() as u64;
+        let tokens =
+            assembly.usage.as_ref().and_then(|u| u["completion_tokens"].as_u64()).unwrap_or(assembly.token_chunks);
+        if finished && tokens >= 8 && decode.as_secs_f64() > 0.0 {
+            let rate = tokens as f64 / decode.as_secs_f64();
+            let mut known = self.decode_rate.lock().unwrap();
+            *known = Some(known.map_or(rate, |r| 0.7 * r + 0.3 * rate));
         }
     }
 
@@ -181,10 +372,16 @@ impl Llm {
     }
 }
 
+/// A response envelope around one message.
+fn cut_response(message: Value) -> Value {
+    json!({"choices": [{"index": 0, "message": message, "finish_reason": null}]})
+}
+
 enum Attempt {
     Transient(String),
     Fatal(String),
     Overflow(String),
+    Unusable(String),
 }
 
 /// The server's message when it refused a request for its length, by AgentDojo's rule

@@ -16,6 +16,7 @@ pub mod format;
 pub mod guardrail;
 pub mod human;
 pub mod llm;
+pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -49,8 +50,17 @@ pub struct AgentConfig {
     pub guardrail: GuardrailSpec,
     #[serde(default)]
     pub human: HumanSpec,
+    /// The wait for a model's first token (a plain JSON answer: for all of it); a
+    /// request that gets none is the server's failure and is retried.
     #[serde(default = "default_timeout")]
     pub request_timeout_s: f64,
+    /// Silence after the first token that ends a generation (scored as cut off).
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_s: f64,
+    /// Ask for a streamed answer (`stream: true`); a server that answers plain JSON
+    /// is read whole either way.
+    #[serde(default = "default_stream")]
+    pub stream: bool,
     /// Retries of a transient failure (connect error, timeout, 429, 5xx).
     #[serde(default = "default_retries")]
     pub max_retries: u32,
@@ -59,7 +69,7 @@ pub struct AgentConfig {
     pub retry_backoff_s: f64,
     #[serde(default)]
     pub temperature: f64,
-    /// `max_tokens` of the agent's requests; the server's default when absent.
+    /// `max_tokens` of the agent's requests; [`llm::DEFAULT_MAX_TOKENS`] when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     /// Side-effecting tools beyond `human::SIDE_EFFECTING`: name → target arguments.
@@ -71,7 +81,13 @@ fn default_base_url() -> String {
     "http://127.0.0.1:8000/v1".into()
 }
 fn default_timeout() -> f64 {
-    120.0
+    600.0
+}
+fn default_idle_timeout() -> f64 {
+    60.0
+}
+fn default_stream() -> bool {
+    true
 }
 fn default_retries() -> u32 {
     4
@@ -92,11 +108,14 @@ impl AgentConfig {
         let cfg: Self =
             serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
         anyhow::ensure!(!cfg.model.is_empty(), "agent config {}: `model` is empty", path.display());
-        anyhow::ensure!(
-            cfg.request_timeout_s > 0.0,
-            "agent config {}: request_timeout_s must be positive",
-            path.display()
-        );
+        for (name, seconds) in [("request_timeout_s", cfg.request_timeout_s), ("idle_timeout_s", cfg.idle_timeout_s)] {
+            anyhow::ensure!(
+                seconds > 0.0 && seconds.is_finite(),
+                "agent config {}: {name} must be a positive number of seconds, got {seconds}",
+                path.display()
+            );
+        }
+        anyhow::ensure!(cfg.max_tokens != Some(0), "agent config {}: max_tokens must be at least 1", path.display());
         Ok(cfg)
     }
 }
@@ -245,6 +264,10 @@ impl Agent {
             "human_denials": self.case.human_denials,
             "malformed_outputs": self.case.malformed_outputs,
             "unknown_tool_calls": self.case.unknown_tool_calls,
+            "cut_generations": u.cut_generations,
+            "streamed_calls": u.streamed_calls,
+            "ttft_ms": u.ttft_ms,
+            "decode_ms": u.decode_ms,
         })
     }
 

@@ -128,7 +128,7 @@ async fn protocol_loop_retries_survives_garbage_and_resets_per_case() {
     );
     assert_eq!(
         replies[0]["stats"],
-        json!({"llm_calls": 1, "prompt_tokens": 100, "completion_tokens": 10, "guardrail_flags": 0, "human_asks": 0, "human_denials": 0, "malformed_outputs": 0, "unknown_tool_calls": 0})
+        json!({"llm_calls": 1, "prompt_tokens": 100, "completion_tokens": 10, "guardrail_flags": 0, "human_asks": 0, "human_denials": 0, "malformed_outputs": 0, "unknown_tool_calls": 0, "cut_generations": 0, "streamed_calls": 0, "ttft_ms": 0, "decode_ms": 0})
     );
     // Garbage from the server: an error reply, and the loop goes on.
     assert!(
@@ -241,7 +241,7 @@ async fn llm_guardrail_and_llm_human_ask_the_server() {
     assert_eq!(replies[0]["final_answer"], "I will not send it.");
     assert_eq!(
         replies[0]["stats"],
-        json!({"llm_calls": 4, "prompt_tokens": 400, "completion_tokens": 40, "guardrail_flags": 1, "human_asks": 1, "human_denials": 1, "malformed_outputs": 0, "unknown_tool_calls": 0})
+        json!({"llm_calls": 4, "prompt_tokens": 400, "completion_tokens": 40, "guardrail_flags": 1, "human_asks": 1, "human_denials": 1, "malformed_outputs": 0, "unknown_tool_calls": 0, "cut_generations": 0, "streamed_calls": 0, "ttft_ms": 0, "decode_ms": 0})
     );
     let requests = mock.requests.lock().unwrap();
     let models: Vec<_> = requests.iter().map(|r| r["model"].as_str().unwrap()).collect();
@@ -370,8 +370,8 @@ fn config_defaults_and_typos() {
         serde_json::from_str(r#"{"model":"m","guardrail":{"kind":"heuristic"},"human":{"policy":"task_scoped"}}"#)
             .unwrap();
     assert_eq!(
-        (cfg.request_timeout_s, cfg.max_retries, cfg.temperature, cfg.tool_calling),
-        (120.0, 4, 0.0, ToolCalling::Native)
+        (cfg.request_timeout_s, cfg.idle_timeout_s, cfg.stream, cfg.max_retries, cfg.temperature, cfg.tool_calling),
+        (600.0, 60.0, true, 4, 0.0, ToolCalling::Native)
     );
     assert_eq!(cfg.guardrail, GuardrailSpec::Heuristic { extra_patterns: vec![] });
     assert!(serde_json::from_str::<AgentConfig>(r#"{"model":"m","temprature":1}"#).is_err());

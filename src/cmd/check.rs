@@ -103,6 +103,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         (Some(root), Some(name)) => match Version::load(&root.versions(), name) {
             Ok(version) => {
                 report.ok(format!("version {} ({})", version.name, version.path.display()));
+                report.ok(generation_bound(&version));
                 Some(version)
             }
             Err(err) => {
@@ -421,6 +422,18 @@ fn glob_match(pattern: &str, name: &str) -> bool {
         }
     }
     go(pattern.as_bytes(), name.as_bytes())
+}
+
+/// What bounds one model turn of the version: its `max_tokens` (or the default) — a
+/// model that does not stop ends its turn there, scored.
+fn generation_bound(version: &Version) -> String {
+    match version.spec.model.max_tokens {
+        Some(n) => format!("max_tokens {n} per model turn (model.max_tokens)"),
+        None => format!(
+            "max_tokens {} per model turn (the default; model.max_tokens sets it)",
+            crate::agent::llm::DEFAULT_MAX_TOKENS
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -607,15 +607,7 @@ pub(super) fn r4_regression(
     result("R4", "no regression", status, Value::Object(measured), threshold, reason)
 }
 
-/// Nearest-rank percentile (no interpolation: a budget is about actual cases).
-pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    xs.sort_by(f64::total_cmp);
-    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
-    Some(xs[rank - 1])
-}
+pub use crate::stats::percentile;
 
 fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));

@@ -208,7 +208,9 @@ impl Local<'_> {
                     base_url: endpoint.base_url.clone(),
                     model: version.request_model().to_string(),
                     tool_calling: spec.model.tool_calling,
-                    max_tokens: spec.model.max_tokens,
+                    // Written out, so agent.json shows the bound every turn had.
+                    max_tokens: Some(spec.model.max_tokens.unwrap_or(agent::llm::DEFAULT_MAX_TOKENS)),
+                    idle_timeout_s: spec.model.idle_timeout_s.unwrap_or(agent::AgentConfig::default().idle_timeout_s),
                     guardrail: spec.guardrail.clone(),
                     human: spec.human.clone(),
                     ..agent::AgentConfig::default()

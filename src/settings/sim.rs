@@ -122,6 +122,17 @@ pub struct Faults {
     pub slow: f64,
     #[serde(deserialize_with = "slow_ms")]
     pub slow_ms: f64,
+    /// A model that does not stop: filler text, one token per `ramble_token_ms`, until
+    /// the request's `max_tokens` (without one: the end of an 8,192-token context),
+    /// `finish_reason: "length"` — streamed or not.
+    #[serde(deserialize_with = "ramble")]
+    pub ramble: f64,
+    #[serde(deserialize_with = "ramble_token_ms")]
+    pub ramble_token_ms: f64,
+    /// A stream that falls silent after a few tokens (a hung generation): nothing more
+    /// until the client gives up (ten minutes at most).
+    #[serde(deserialize_with = "stall")]
+    pub stall: f64,
 }
 
 impl Default for Faults {
@@ -138,6 +149,9 @@ impl Default for Faults {
             think: 0.0,
             slow: 0.0,
             slow_ms: 2000.0,
+            ramble: 0.0,
+            ramble_token_ms: 50.0,
+            stall: 0.0,
         }
     }
 }
@@ -174,6 +188,9 @@ bounded_fields! {
     think: PROBABILITY, "a probability";
     slow: PROBABILITY, "a probability";
     slow_ms: DELAY_MS, "a delay (ms)";
+    ramble: PROBABILITY, "a probability";
+    ramble_token_ms: DELAY_MS, "a delay (ms)";
+    stall: PROBABILITY, "a probability";
     base_ms: DELAY_MS, "a delay (ms)";
     per_prompt_token_ms: DELAY_MS, "a delay (ms)";
     per_completion_token_ms: DELAY_MS, "a delay (ms)";

@@ -22,6 +22,10 @@ pub enum Fault {
     NonObjectArgs,
     UnknownTool,
     Prose,
+    /// Generates filler until its token limit (the server's pacing: `server`).
+    Ramble,
+    /// Falls silent after a few tokens.
+    Stall,
 }
 
 /// What this call draws.
@@ -48,6 +52,8 @@ pub fn draw(seed: u64, faults: &Faults, script: &Script, call: usize) -> Draws {
         (Fault::NonObjectArgs, "non_object_args", faults.non_object_args),
         (Fault::UnknownTool, "unknown_tool", faults.unknown_tool),
         (Fault::Prose, "prose", faults.prose),
+        (Fault::Ramble, "ramble", faults.ramble),
+        (Fault::Stall, "stall", faults.stall),
     ];
     Draws {
         fault: ordered.into_iter().find(|(_, name, rate)| hit(name, *rate)).map(|(fault, _, _)| fault),
@@ -69,6 +75,20 @@ pub fn context_overflow_body(prompt_tokens: u64) -> Value {
 /// vLLM's body for a failure of its own (HTTP 500).
 pub fn internal_error_body() -> Value {
     json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}})
+}
+
+/// The words a rambling model repeats, one token each.
+pub const RAMBLE_WORDS: [&str; 8] = ["Let", " me", " think", " about", " this", " once", " more", "."];
+
+/// The context a rambling model without `max_tokens` talks to the end of.
+pub const RAMBLE_CONTEXT: u64 = 8192;
+
+/// Tokens a stalled stream sends before it falls silent.
+pub const STALL_AFTER_TOKENS: u64 = 3;
+
+/// The text of `n` rambling tokens.
+pub fn ramble_text(n: u64) -> String {
+    (0..n as usize).map(|i| RAMBLE_WORDS[i % RAMBLE_WORDS.len()]).collect()
 }
 
 /// A `<think>` block as reasoning models write it, before their answer.
@@ -141,6 +161,41 @@ pub fn apply(reply: &mut Reply, mode: Mode, draws: &Draws) {
     let text = message["content"].as_str().unwrap_or("").chars().count();
     let calls = message["tool_calls"].as_array().map_or(0, |c| c.iter().map(|c| c.to_string().chars().count()).sum());
     reply.completion_tokens = tokens(text + calls).max(1);
+}
+
+/// A rambling model's reply of `n` tokens, cut by its limit.
+pub fn rambling(n: u64) -> Reply {
+    Reply {
+        message: json!({"role": "assistant", "content": ramble_text(n)}),
+        finish_reason: "length",
+        completion_tokens: n,
+    }
+}
+
+/// What a stalled stream sends before it falls silent.
+pub fn stalled() -> Reply {
+    Reply {
+        message: json!({"role": "assistant", "content": ramble_text(STALL_AFTER_TOKENS)}),
+        finish_reason: "length",
+        completion_tokens: STALL_AFTER_TOKENS,
+    }
+}
+
+/// A reply longer than the request's `max_tokens` ends there, as vLLM's does:
+/// `finish_reason: "length"`, the text (or the call's arguments) cut.
+pub fn cut_to(reply: &mut Reply, max_tokens: u64) {
+    if reply.completion_tokens <= max_tokens {
+        return;
+    }
+    let keep = |text: &str| -> String { text.chars().take(max_tokens as usize * 4).collect() };
+    let message = &mut reply.message;
+    if let Some(args) = message.pointer_mut("/tool_calls/0/function/arguments") {
+        *args = json!(keep(args.as_str().unwrap_or("")));
+    } else {
+        message["content"] = json!(keep(message["content"].as_str().unwrap_or("")));
+    }
+    reply.finish_reason = "length";
+    reply.completion_tokens = max_tokens;
 }
 
 /// The first half of a text (a generation cut short).

@@ -138,6 +138,8 @@ struct Counts {
     prefix_cache: PrefixCache,
     generation_tokens: u64,
     success: u64,
+    /// Streams whose client went away before the end (vLLM then aborts the request).
+    aborted: u64,
     e2e: Histogram,
     ttft: Histogram,
 }
@@ -156,6 +158,7 @@ impl Default for Metrics {
                 prefix_cache: PrefixCache::default(),
                 generation_tokens: 0,
                 success: 0,
+                aborted: 0,
                 e2e: Histogram::new(E2E_BUCKETS),
                 ttft: Histogram::new(TTFT_BUCKETS),
             }),
@@ -171,6 +174,11 @@ impl Metrics {
         c.success += 1;
         c.e2e.observe(e2e_s);
         c.ttft.observe(ttft_s);
+    }
+
+    /// A stream the client left before its end.
+    pub fn abort(&self) {
+        self.counts.lock().expect("metrics lock poisoned").aborted += 1;
     }
 
     /// A prompt's lookup in the prefix cache (its leading blocks already cached are
@@ -240,6 +248,7 @@ impl Metrics {
             &success_labels,
             c.success.to_string(),
         );
+        let _ = writeln!(out, "vllm:request_success_total{{finished_reason=\"abort\",{label}}} {}", c.aborted);
         c.e2e.write(
             &mut out,
             "vllm:e2e_request_latency_seconds",

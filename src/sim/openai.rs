@@ -32,6 +32,9 @@ pub struct Request {
     pub model: String,
     pub mode: Mode,
     pub stream: bool,
+    /// Usage in a last chunk of a stream (`stream_options.include_usage`).
+    pub stream_usage: bool,
+    pub max_tokens: Option<u64>,
     pub conversation: Conversation,
     pub prompt_tokens: u64,
     /// The prompt's prefix blocks for the prefix cache: a chained hash per
@@ -81,6 +84,13 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
     let messages = v.get("messages").and_then(Value::as_array).ok_or("missing array field `messages`")?;
     let tools = v.get("tools").and_then(Value::as_array).filter(|t| !t.is_empty());
     let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream_usage = v.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let max_tokens = match v.get("max_tokens") {
+        None | Some(Value::Null) => None,
+        Some(n) => {
+            Some(n.as_u64().filter(|&n| n > 0).ok_or(format!("max_tokens must be a positive integer, got {n}"))?)
+        }
+    };
     let tools_text = tools.map_or(String::new(), |t| Value::Array(t.clone()).to_string());
     let mut chars = tools_text.chars().count();
     let mut prompt_text = tools_text;
@@ -120,7 +130,16 @@ pub fn parse_request(body: &[u8]) -> Result<Request, String> {
     }
     let mode = if tools.is_some() { Mode::Native } else { Mode::Prompted };
     let prefix_blocks = prefix_blocks(&prompt_text);
-    Ok(Request { model, mode, stream, conversation: conv, prompt_tokens: tokens(chars), prefix_blocks })
+    Ok(Request {
+        model,
+        mode,
+        stream,
+        stream_usage,
+        max_tokens,
+        conversation: conv,
+        prompt_tokens: tokens(chars),
+        prefix_blocks,
+    })
 }
 
 /// A message's text: a string, or the concatenated text parts of a content array
@@ -248,6 +267,28 @@ pub fn render(action: &Action, mode: Mode, call_number: usize) -> Reply {
             }
         }
     }
+}
+
+/// Characters per streamed piece: about one token (the estimate [`tokens`] uses).
+const PIECE_CHARS: usize = 4;
+
+/// The deltas a message streams in, as vLLM streams them: the text a token at a time;
+/// each call's name with its id, then its arguments a token at a time.
+pub fn stream_pieces(message: &Value) -> Vec<Value> {
+    let pieces = |text: &str| -> Vec<String> {
+        let chars: Vec<char> = text.chars().collect();
+        chars.chunks(PIECE_CHARS).map(|c| c.iter().collect()).collect()
+    };
+    let mut out: Vec<Value> =
+        pieces(message["content"].as_str().unwrap_or("")).into_iter().map(|p| json!({"content": p})).collect();
+    for (index, call) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
+        out.push(json!({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                         "function": {"name": call["function"]["name"], "arguments": ""}}]}));
+        for p in pieces(call["function"]["arguments"].as_str().unwrap_or("")) {
+            out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": p}}]}));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

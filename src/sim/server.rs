@@ -258,10 +258,6 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         let msg = format!("The model `{}` does not exist.", req.model);
         return error(StatusCode::NOT_FOUND, "NotFoundError", msg);
     }
-    if req.stream {
-        let msg = "the simulated model does not stream; send stream=false".to_string();
-        return error(StatusCode::BAD_REQUEST, "BadRequestError", msg);
-    }
     let behaviour = s.config.models.get(&req.model).cloned().unwrap_or_default();
     let conv = &req.conversation;
     let (action, script) = state.policy.respond(&behaviour, conv);
@@ -278,7 +274,16 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         Some(faults::Fault::Http500) => {
             return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(faults::internal_error_body())).into_response();
         }
+        Some(faults::Fault::Ramble) => {
+            // Without a limit, to the end of the context, as vLLM lets it.
+            let n = req.max_tokens.unwrap_or(faults::RAMBLE_CONTEXT.saturating_sub(req.prompt_tokens));
+            reply = faults::rambling(n.max(1));
+        }
+        Some(faults::Fault::Stall) => reply = faults::stalled(),
         _ => faults::apply(&mut reply, req.mode, &draws),
+    }
+    if let Some(max) = req.max_tokens {
+        faults::cut_to(&mut reply, max);
     }
     tracing::debug!(model = %req.model, mode = ?req.mode, calls_made = conv.calls_made,
         case = ?script.as_ref().map(|p| (&p.suite, &p.task, &p.injection, p.solved, p.garbled)), ?action, "sim turn");
@@ -287,29 +292,137 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     if draws.slow {
         total_ms += behaviour.faults.slow_ms;
     }
+    if draws.fault == Some(faults::Fault::Ramble) {
+        total_ms = ttft_ms + reply.completion_tokens as f64 * behaviour.faults.ramble_token_ms;
+    }
     state.metrics.look_up_prefix(req.prompt_tokens, &req.prefix_blocks);
+    let turn = Turn {
+        id: format!("chatcmpl-sim-{}", state.next_id.fetch_add(1, Ordering::Relaxed)),
+        model: req.model.clone(),
+        prompt_tokens: req.prompt_tokens,
+        reply,
+        ttft_ms,
+        total_ms,
+        stall: draws.fault == Some(faults::Fault::Stall),
+        arrived,
+    };
+    if req.stream {
+        return stream(state.clone(), turn, req.stream_usage);
+    }
     let pass = state.gate.enter().await;
     let queued = arrived.elapsed();
     // Zero latency must cost nothing: no timer at all. However long a prompt, one call
-    // takes at most ten minutes (a case timeout ends it sooner).
-    if total_ms > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(total_ms.min(600_000.0) / 1000.0)).await;
+    // takes at most ten minutes (a case timeout ends it sooner); a stall all of them.
+    let wait_ms = if turn.stall { MAX_CALL_MS } else { turn.total_ms.min(MAX_CALL_MS) };
+    if wait_ms > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(wait_ms / 1000.0)).await;
     }
     drop(pass);
     let e2e = arrived.elapsed().as_secs_f64();
-    let ttft = queued.as_secs_f64() + ttft_ms / 1000.0;
-    state.metrics.record(req.prompt_tokens, reply.completion_tokens, e2e, ttft);
-
-    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let usage = json!({"prompt_tokens": req.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                       "total_tokens": req.prompt_tokens + reply.completion_tokens});
+    let ttft = queued.as_secs_f64() + turn.ttft_ms / 1000.0;
+    let reply = &turn.reply;
+    state.metrics.record(turn.prompt_tokens, reply.completion_tokens, e2e, ttft);
     let body: Value = json!({
-        "id": format!("chatcmpl-sim-{id}"), "object": "chat.completion", "created": unix_now(),
-        "model": req.model, "system_fingerprint": "pruefstand-sim",
+        "id": turn.id, "object": "chat.completion", "created": unix_now(),
+        "model": turn.model, "system_fingerprint": "pruefstand-sim",
         "choices": [{"index": 0, "message": reply.message, "logprobs": null, "finish_reason": reply.finish_reason}],
-        "usage": usage,
+        "usage": turn.usage(),
     });
     axum::Json(body).into_response()
+}
+
+/// The longest one call may take (a stalled one takes all of it).
+const MAX_CALL_MS: f64 = 600_000.0;
+
+/// One answered call, before it is sent.
+struct Turn {
+    id: String,
+    model: String,
+    prompt_tokens: u64,
+    reply: openai::Reply,
+    ttft_ms: f64,
+    total_ms: f64,
+    stall: bool,
+    arrived: Instant,
+}
+
+impl Turn {
+    fn usage(&self) -> Value {
+        let completion = self.reply.completion_tokens;
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+               "total_tokens": self.prompt_tokens + completion})
+    }
+
+    fn chunk(&self, created: u64, delta: Value, finish_reason: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": created, "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]})
+    }
+}
+
+/// Server-sent events as vLLM streams them: a role chunk after the time to first
+/// token, the pieces paced over the decode time, the finish reason, usage when asked
+/// for, `[DONE]`. A client that goes away ends the generation (counted as an abort).
+fn stream(state: Arc<AppState>, turn: Turn, usage: bool) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let pass = state.gate.enter().await;
+        let queued = turn.arrived.elapsed();
+        let created = unix_now();
+        let event = |v: &Value| Bytes::from(format!("data: {v}\n\n"));
+        let pause = |ms: f64| async move {
+            if ms > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(ms.min(MAX_CALL_MS) / 1000.0)).await;
+            }
+        };
+        pause(turn.ttft_ms).await;
+        let pieces = openai::stream_pieces(&turn.reply.message);
+        let per_piece = (turn.total_ms - turn.ttft_ms).max(0.0) / pieces.len().max(1) as f64;
+        let mut events = vec![turn.chunk(created, json!({"role": "assistant", "content": ""}), None)];
+        events.extend(pieces.into_iter().map(|delta| turn.chunk(created, delta, None)));
+        for (i, chunk) in events.iter().enumerate() {
+            if i > 0 {
+                pause(per_piece).await;
+            }
+            if tx.send(event(chunk)).await.is_err() {
+                state.metrics.abort();
+                return;
+            }
+        }
+        if turn.stall {
+            tokio::select! {
+                () = tx.closed() => {
+                    state.metrics.abort();
+                    return;
+                }
+                () = pause(MAX_CALL_MS) => {}
+            }
+        }
+        let mut tail = vec![event(&turn.chunk(created, json!({}), Some(turn.reply.finish_reason)))];
+        if usage {
+            let last = json!({"id": turn.id, "object": "chat.completion.chunk", "created": created,
+                              "model": turn.model, "choices": [], "usage": turn.usage()});
+            tail.push(event(&last));
+        }
+        tail.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        for bytes in tail {
+            if tx.send(bytes).await.is_err() {
+                state.metrics.abort();
+                return;
+            }
+        }
+        drop(pass);
+        let ttft = queued.as_secs_f64() + turn.ttft_ms / 1000.0;
+        state.metrics.record(
+            turn.prompt_tokens,
+            turn.reply.completion_tokens,
+            turn.arrived.elapsed().as_secs_f64(),
+            ttft,
+        );
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|bytes| (Ok::<_, std::convert::Infallible>(bytes), rx))
+    });
+    ([(header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(body)).into_response()
 }
 
 #[cfg(test)]
