@@ -194,6 +194,25 @@ impl Version {
         Ok(Version { name, path, spec, hash })
     }
 
+    /// A version that is only an agent command (`pruefstand gym`): no model server of
+    /// pruefstand's, no defences; `display_name` is how the attacks address its model.
+    /// Its hash covers the command and that name, so a gym run resumes by them.
+    pub fn of_agent_command(name: &str, agent_cmd: Vec<String>, display_name: &str) -> anyhow::Result<Version> {
+        util::check_name(name).map_err(|why| anyhow::anyhow!("{name:?} is not a usable run name: {why}"))?;
+        let hash = util::sha256_hex(serde_json::to_string(&(&agent_cmd, display_name))?.as_bytes());
+        // Through TOML text: the spec's spans (`toml::Spanned`) deserialize from nothing else.
+        let mut model = toml::Table::new();
+        model.insert("backend".into(), "external".into());
+        model.insert("served_name".into(), "".into());
+        model.insert("display_name".into(), display_name.into());
+        let mut table = toml::Table::new();
+        table.insert("description".into(), "an agent command run by `pruefstand gym`".into());
+        table.insert("agent_cmd".into(), agent_cmd.into());
+        table.insert("model".into(), model.into());
+        let spec: VersionSpec = toml::from_str(&toml::to_string(&table)?)?;
+        Ok(Version { name: name.to_string(), path: PathBuf::new(), spec, hash })
+    }
+
     /// The model name the agent sends: the adapter's when there is one (vLLM serves
     /// LoRAs under their own names).
     pub fn request_model(&self) -> &str {

@@ -501,16 +501,6 @@ pub fn betting_bound(xs: &[f64], side: Side, alpha: f64) -> f64 {
     }
 }
 
-/// Nearest-rank percentile (no interpolation: a budget is about actual cases).
-pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    xs.sort_by(f64::total_cmp);
-    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
-    Some(xs[rank - 1])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,7 +84,7 @@ impl ModelTiming {
         }
         if t.streamed_calls > 0 {
             t.ttft_s_mean = Some(ttft_ms as f64 / 1000.0 / t.streamed_calls as f64);
-            t.ttft_s_p95 = crate::stats::percentile(per_case, 0.95);
+            t.ttft_s_p95 = util::percentile(per_case, 0.95);
         }
         t.decode_tokens_per_s = (decode_ms > 0).then(|| tokens as f64 / (decode_ms as f64 / 1000.0));
         t

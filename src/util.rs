@@ -125,6 +125,16 @@ pub fn minimal_env(command: &mut std::process::Command) {
     }
 }
 
+/// Nearest-rank percentile (no interpolation: a budget is about actual cases).
+pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    Some(xs[rank - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

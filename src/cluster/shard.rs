@@ -18,7 +18,7 @@ use crate::case::Case;
 use crate::guard::{Guards, OwnProcesses};
 use crate::queue::Queue;
 use crate::root::Root;
-use crate::run::{Extent, ReferencePolicy, RunControl, RunRequest, Session};
+use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
 use crate::rundir::RunDir;
 use crate::{benchlock, gym};
 
@@ -175,7 +175,7 @@ async fn execute(
         request.out = Some(shard_dir.to_path_buf());
         request.reference = ReferencePolicy::Skip;
         request.extent = Extent::Full;
-        let (executed, served) = session.execute(&request).await?;
+        let (_, executed, served) = session.execute(&request, &LocalGym).await?;
         anyhow::Ok(Ran {
             cases: executed.gym.records.len(),
             skipped: executed.gym.skipped,

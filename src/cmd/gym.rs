@@ -4,16 +4,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::concurrency::Concurrency;
-use crate::gym::{GymSettings, execute};
-use crate::plan::{Filters, Plan, Profile};
-use crate::pyenv::{Inventory, PyEnv};
+use crate::plan::Filters;
 use crate::root::Root;
-use crate::rundir::{Identity, RunDir};
-use crate::{order, telemetry, util};
+use crate::run::{AgentOnly, Extent, ReferencePolicy, RunControl, RunRequest, Session};
+use crate::rundir::RunDir;
+use crate::spec::Version;
+use crate::{telemetry, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,45 +75,26 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         injection_tasks: args.injection_tasks,
         attacks: args.attacks,
     };
-    let pyenv = PyEnv::ensure()?;
-    let plan_path = Profile::locate(&root.path, &args.plan);
-    let (profile, _) = Profile::load(&plan_path)?;
-    let inventory = Inventory::load(&pyenv, profile.benchmark_version.get_ref())?;
-    let plan = Plan::resolve(&plan_path, &inventory, &filters)?;
-    let path = args.out.unwrap_or_else(|| root.new_run_dir(&args.name, &plan.name));
-    // A gym run's identity: its name and agent, in place of a version's spec.
-    let agent_hash = util::sha256_hex(serde_json::to_string(&(&agent_cmd, &args.display_name))?.as_bytes());
-    let identity = Identity {
-        version: args.name.clone(),
-        spec_hash: agent_hash,
-        plan_hash: plan.hash.clone(),
-        benchmark_version: plan.benchmark_version.clone(),
-    };
-    let claimed = RunDir::claim(&path, &identity)?;
-    let run_dir = &claimed.dir;
-    let outcome = execute(
-        &pyenv,
-        run_dir,
-        &plan,
-        &inventory,
-        GymSettings {
-            agent_cmd,
-            // No model server to ask: the plan's (or --jobs) cases in flight.
-            concurrency: Concurrency::Fixed(args.jobs.unwrap_or(plan.jobs)),
-            metrics_url: None,
-            display_name: args.display_name,
-            case_timeout_s: args.case_timeout.unwrap_or(plan.case_timeout_s),
-            seed: claimed.seed,
-            defence: None,
-            agent_env: Vec::new(),
-            control: None,
-            order: (args.order == Order::Shuffled).then(|| order::shuffled(&plan.cases, claimed.seed)),
-            sinks: Vec::new(),
-            wording: Default::default(),
-        },
-    )
-    .await?;
-    print_summary(run_dir, &outcome.telemetry);
+    // A gym run's version is its name and agent, in place of a spec.
+    let version = Version::of_agent_command(&args.name, agent_cmd, &args.display_name)?;
+    let control = Arc::new(RunControl::default());
+    let session = Session::open(root, control.clone())?;
+    let mut request = RunRequest::filtered(&session, version, &args.plan, &filters)?;
+    request.reference = ReferencePolicy::Skip;
+    request.extent = Extent::Full;
+    request.jobs = args.jobs;
+    request.out = args.out;
+    let executor = AgentOnly { shuffled: args.order == Order::Shuffled, case_timeout_s: args.case_timeout };
+    // Ctrl-C stops the gym; finished cases stay for --out to resume.
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            control.stop();
+        }
+    });
+    let executed = session.execute(&request, &executor).await;
+    signals.abort();
+    let (run_dir, executed, _) = executed?;
+    print_summary(&run_dir, &executed.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
 }
 

@@ -607,7 +607,7 @@ pub(super) fn r4_regression(
     result("R4", "no regression", status, Value::Object(measured), threshold, reason)
 }
 
-pub use crate::stats::percentile;
+pub use crate::util::percentile;
 
 fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     let (s, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));

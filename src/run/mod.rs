@@ -1,5 +1,5 @@
 //! One run of a version on a plan, end to end — the one place that does it. Whoever
-//! asks for a run (`pruefstand run`, a daemon job, a cluster shard) builds a
+//! asks for a run (`pruefstand run`, a daemon job, a cluster shard, `pruefstand gym`) builds a
 //! [`RunRequest`] and hands it to a [`Session`], which carries what every step needs
 //! (root, venv, container pool, the caller's stop control). The pipeline is always the
 //! same: the executor's own check, the Docker preflight where the model runs here, the
@@ -7,11 +7,13 @@
 //! the run's records written and judged.
 //!
 //! How the cases are executed is an [`Executor`]'s business: [`LocalGym`] (the model up
-//! here, the gym with the agent runtime, the model down) or a Slurm job array
-//! (`cluster`). Early stop is a sink on the gym's events (`early`); the reference's run
+//! here, the gym with the agent runtime, the model down), a Slurm job array
+//! (`cluster`), or [`AgentOnly`] (`pruefstand gym`: the caller's agent command, no model
+//! server of ours, no judgement). Early stop is a sink on the gym's events (`early`); the reference's run
 //! is found or made by `reference`. Parsing arguments and printing results are
 //! `cmd::run`'s.
 
+mod agent_only;
 mod early;
 mod local;
 mod reference;
@@ -31,6 +33,7 @@ use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir};
 use crate::spec::{Backend, Version};
 use crate::{judge, report};
+pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
 
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
@@ -116,10 +119,15 @@ impl RunRequest {
     /// A candidate's run of `version` on `plan` (`schnell`, `voll` or a plan file),
     /// checked against the installed AgentDojo.
     pub fn new(session: &Session, version: Version, plan: &str) -> anyhow::Result<RunRequest> {
+        RunRequest::filtered(session, version, plan, &Filters::default())
+    }
+
+    /// The same for the plan's cases that `filters` keep (`pruefstand gym --suite …`).
+    pub fn filtered(session: &Session, version: Version, plan: &str, filters: &Filters) -> anyhow::Result<RunRequest> {
         let plan_path = Profile::locate(&session.root.path, plan);
         let (profile, _) = Profile::load(&plan_path)?;
         let inventory = Inventory::load(&session.pyenv, profile.benchmark_version.get_ref())?;
-        let plan = Plan::resolve(&plan_path, &inventory, &Filters::default())?;
+        let plan = Plan::resolve(&plan_path, &inventory, filters)?;
         Ok(RunRequest {
             version,
             plan,
@@ -264,11 +272,19 @@ impl Session {
     }
 
     /// Runs `request`'s cases into their directory with no reference and no judgement:
-    /// a shard's part of a run judged where the shards are merged.
-    pub async fn execute(&self, request: &RunRequest) -> anyhow::Result<(Executed, Served)> {
-        self.preflight(request).await?;
+    /// a shard's part of a run judged where the shards are merged, or a gym run.
+    pub async fn execute(
+        &self,
+        request: &RunRequest,
+        executor: &dyn Executor,
+    ) -> anyhow::Result<(RunDir, Executed, Served)> {
+        executor.check(request)?;
+        if executor.runs_here() {
+            self.preflight(request).await?;
+        }
         let claimed = self.claim(request)?;
-        LocalGym.execute(self, request, &claimed).await
+        let (executed, served) = executor.execute(self, request, &claimed).await?;
+        Ok((claimed.dir, executed, served))
     }
 
     /// The request's run directory (`out`, or a new one under `reports/`), claimed with
