@@ -97,6 +97,15 @@ pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Resul
     {
         bail!("{spec_file}: adapter.path {} is not a folder on this machine", path.display());
     }
+    if let Some(path) = version.spec.adapter.as_ref().and_then(|a| a.path.as_ref())
+        && !path.join("adapter_config.json").is_file()
+    {
+        // vLLM answers such a folder with 404 only once the job has started.
+        bail!(
+            "{spec_file}: adapter.path {} has no adapter_config.json: not a LoRA adapter folder (PEFT's              save_pretrained writes one)",
+            path.display()
+        );
+    }
     if model.gpu == GpuMode::Runtime {
         let info = docker.info().await.context("asking Docker for its runtimes")?;
         if !info.runtimes.unwrap_or_default().contains_key("nvidia") {

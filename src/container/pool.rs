@@ -165,20 +165,31 @@ impl Pool {
         Ok(Lease::start(docker, c, req.run_dir, since, &setup, req.interrupt_clients.clone()))
     }
 
-    /// Makes the warm container serve the setup's adapter; false when it cannot.
+    /// Makes the warm container serve the setup's adapter; false when it cannot (then a
+    /// fresh one is started with it). An adapter the server refuses as not found is
+    /// the version's error, not a reason to restart: a cold start would fail alike.
     async fn take_adapter(&self, docker: &Docker, c: &mut Container, setup: &Setup) -> anyhow::Result<bool> {
         let Some(a) = &setup.adapter else { return Ok(true) };
-        if c.served.contains(&a.name) {
-            return Ok(true);
-        }
-        if !setup.runtime_lora {
-            return Ok(false);
+        match adapter_fit(c.serving_path(&a.name), &a.container_path, setup.runtime_lora) {
+            AdapterFit::Served => return Ok(true),
+            AdapterFit::Restart => return Ok(false),
+            AdapterFit::Load => {}
         }
         let url = format!("http://127.0.0.1:{}/v1/load_lora_adapter", c.host_port);
         let body = serde_json::json!({"lora_name": a.name, "lora_path": a.container_path});
         let resp = http().post(&url).bearer_auth(&c.api_key).json(&body).send().await;
         match resp {
             Ok(r) if r.status().is_success() => {}
+            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+                let text = r.text().await.unwrap_or_default();
+                anyhow::bail!(
+                    "adapter {} ({}): the model server cannot load it (HTTP 404: {}); is it a LoRA adapter folder \
+                     with adapter_config.json?",
+                    a.name,
+                    a.host.display(),
+                    text.trim().chars().take(300).collect::<String>()
+                );
+            }
             Ok(r) => {
                 let status = r.status();
                 tracing::warn!(
@@ -525,6 +536,37 @@ async fn restart(docker: &Docker, c: &Container, id: &str) -> Result<String, Ser
     Ok(id)
 }
 
+/// What a warm server does about the adapter the next job needs.
+#[derive(Debug, PartialEq, Eq)]
+enum AdapterFit {
+    /// It serves that adapter (same name, same folder).
+    Served,
+    /// It can load it at run time.
+    Load,
+    /// A fresh server is needed: no runtime loading, or the name is taken by another
+    /// folder's adapter. vLLM could reload the name in place, but its prefix cache
+    /// keeps the blocks computed with the old weights under that name.
+    Restart,
+}
+
+/// `serving`: the in-container path the warm server serves the wanted name from, if any.
+fn adapter_fit(serving: Option<&str>, wanted_path: &str, runtime_lora: bool) -> AdapterFit {
+    match serving {
+        Some(path) if path == wanted_path => AdapterFit::Served,
+        Some(_) => AdapterFit::Restart,
+        None if runtime_lora => AdapterFit::Load,
+        None => AdapterFit::Restart,
+    }
+}
+
+impl Container {
+    /// Where the server loaded adapter `name` from (at start or at run time).
+    fn serving_path(&self, name: &str) -> Option<&str> {
+        let at_start = self.setup.adapter.as_ref().filter(|a| a.name == name).map(|a| a.container_path.as_str());
+        self.loaded_paths.get(name).map(String::as_str).or(at_start)
+    }
+}
+
 /// Case ids in the first `len` bytes of cases.jsonl.
 fn recorded_ids(cases: &Path, len: u64) -> BTreeSet<String> {
     let bytes = std::fs::read(cases).unwrap_or_default();
@@ -561,4 +603,19 @@ fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<
         util::write_atomic(&path, kept.as_bytes())?;
     }
     Ok(dropped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warm_server_is_reused_for_an_adapter_only_when_it_serves_that_folder() {
+        assert_eq!(adapter_fit(Some("/adapters/a"), "/adapters/a", false), AdapterFit::Served);
+        assert_eq!(adapter_fit(None, "/adapters/a", true), AdapterFit::Load);
+        assert_eq!(adapter_fit(None, "/adapters/a", false), AdapterFit::Restart);
+        // The same name from another folder: never the old weights, never an in-place
+        // reload (vLLM's prefix cache keeps blocks of the old weights under the name).
+        assert_eq!(adapter_fit(Some("/adapters/a"), "/adapters/b", true), AdapterFit::Restart);
+    }
 }
