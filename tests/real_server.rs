@@ -60,11 +60,20 @@ fn a_small_plan_runs_end_to_end_on_the_real_server_and_is_judged_valid() {
     let records = records_of(&dir);
     assert_eq!(records.len(), 12, "every planned case has a record");
     for record in &records {
-        // Whatever the model wrote — prose, a broken call, a call to no tool — is scored.
+        // Whatever the model wrote — prose, a broken call, a call to no tool, a turn cut
+        // at max_tokens — is scored.
         assert_ne!(record["outcome"], "error", "a bench error: {record}");
         assert!(record["prompt_tokens"].as_u64().unwrap() > 500, "the server's token usage: {record}");
+        // Streamed: every call's answer came as server-sent events, and none ran past
+        // the version's max_tokens (128).
+        let calls = record["llm_calls"].as_u64().unwrap();
+        assert_eq!(record["streamed_calls"].as_u64(), Some(calls), "{record}");
+        assert!(record["ttft_ms"].as_u64() > Some(0), "{record}");
+        assert!(record["completion_tokens"].as_u64().unwrap() <= 128 * calls, "{record}");
     }
-    assert_eq!(json(&dir.join("telemetry.json"))["counts"]["errors"], 0);
+    let telemetry = json(&dir.join("telemetry.json"));
+    assert_eq!(telemetry["counts"]["errors"], 0);
+    assert!(telemetry["model_timing"]["decode_tokens_per_s"].as_f64() > Some(0.0), "{}", telemetry["model_timing"]);
     // Provenance names the image and the server's own version.
     let provenance = json(&dir.join("provenance.json"));
     assert!(provenance["image"]["id"].as_str().unwrap().starts_with("sha256:"), "{provenance}");
