@@ -214,7 +214,7 @@ impl CaseRecord {
 
     /// Total tokens, when the agent reported both counters.
     pub fn tokens(&self) -> Option<u64> {
-        Some(self.prompt_tokens? + self.completion_tokens?)
+        Some(self.prompt_tokens?.saturating_add(self.completion_tokens?))
     }
 }
 

@@ -76,11 +76,11 @@ impl ModelTiming {
         let mut per_case = Vec::new();
         for r in records {
             let (Some(calls), Some(ttft)) = (r.streamed_calls.filter(|&n| n > 0), r.ttft_ms) else { continue };
-            t.streamed_calls += calls;
-            ttft_ms += ttft;
+            t.streamed_calls = t.streamed_calls.saturating_add(calls);
+            ttft_ms = ttft_ms.saturating_add(ttft);
             per_case.push(ttft as f64 / 1000.0 / calls as f64);
-            decode_ms += r.decode_ms.unwrap_or(0);
-            tokens += r.completion_tokens.unwrap_or(0);
+            decode_ms = decode_ms.saturating_add(r.decode_ms.unwrap_or(0));
+            tokens = tokens.saturating_add(r.completion_tokens.unwrap_or(0));
         }
         if t.streamed_calls > 0 {
             t.ttft_s_mean = Some(ttft_ms as f64 / 1000.0 / t.streamed_calls as f64);
@@ -126,10 +126,10 @@ impl FormatHealth {
     pub fn of(records: &[CaseRecord]) -> FormatHealth {
         let mut h = FormatHealth::default();
         for r in records {
-            h.malformed_outputs += r.malformed_outputs.unwrap_or(0);
-            h.unknown_tool_calls += r.unknown_tool_calls.unwrap_or(0);
-            h.cut_generations += r.cut_generations.unwrap_or(0);
-            h.restarts += r.restarts.unwrap_or(0);
+            h.malformed_outputs = h.malformed_outputs.saturating_add(r.malformed_outputs.unwrap_or(0));
+            h.unknown_tool_calls = h.unknown_tool_calls.saturating_add(r.unknown_tool_calls.unwrap_or(0));
+            h.cut_generations = h.cut_generations.saturating_add(r.cut_generations.unwrap_or(0));
+            h.restarts = h.restarts.saturating_add(r.restarts.unwrap_or(0));
             h.context_overflows += usize::from(r.outcome() == crate::case::Outcome::ContextOverflow);
             h.cases_with_malformed += usize::from(r.malformed_outputs.is_some_and(|n| n > 0));
             h.cases_with_unknown_tools += usize::from(r.unknown_tool_calls.is_some_and(|n| n > 0));

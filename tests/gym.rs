@@ -333,6 +333,12 @@ fn misbehaving_agents_become_case_errors_and_the_run_goes_on() {
         ),
         ("exits", "import sys\nsys.stdin.readline()\nsys.exit(3)\n", "exited"),
         ("hangs", "import sys, time\nfor line in sys.stdin:\n    time.sleep(60)\n", "timeout"),
+        // A counter Rust could not read back would have cost the run every record.
+        (
+            "huge-count",
+            "import json, sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        print(json.dumps({'final_answer': 'ok', 'stats': {'prompt_tokens': 2**64}}), flush=True)\n",
+            "stats.prompt_tokens must be an integer from 0 to 9223372036854775807",
+        ),
     ];
     for (name, source, reason) in agents {
         let script = bench.write(&format!("{name}.py"), source);

@@ -29,6 +29,10 @@ STAT_KEYS = (
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
+# The largest counter pruefstand reads back (Rust's i64::MAX): beyond it a record could
+# not be read, and the run would lose it.
+MAX_COUNTER = 2**63 - 1
+
 
 class ProtocolError(Exception):
     """The agent broke the protocol; the message is the case's `error`."""
@@ -200,8 +204,10 @@ def decode_stats(stats: Any) -> dict:
     for key in STAT_KEYS:
         if key in stats and stats[key] is not None:
             value = stats[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ProtocolError(f"agent protocol: stats.{key} must be a non-negative integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNTER:
+                raise ProtocolError(
+                    f"agent protocol: stats.{key} must be an integer from 0 to {MAX_COUNTER}, got {value!r}"
+                )
             out[key] = value
     return out
 

@@ -63,6 +63,13 @@ pub struct Usage {
 /// context left). docs/real-server.md.
 pub const DEFAULT_MAX_TOKENS: u32 = 2048;
 
+/// The largest counter a case record carries (the gym refuses larger ones).
+const MAX_COUNTER: u64 = i64::MAX as u64;
+
+/// The most a model server's answer may hold (a turn of `max_tokens` is kilobytes): a
+/// larger one is unusable output, not something to hold in memory.
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
 /// How a call's answer arrived.
 struct Answered {
     response: Value,
@@ -241,21 +248,33 @@ impl Llm {
 
     /// A plain JSON answer: the whole generation arrives at once, so its wait is the
     /// first-token bound; running past it is the model's time, not the server's.
-    async fn read_whole(&self, resp: reqwest::Response, sent: Instant) -> Result<Answered, Attempt> {
-        let left = self.first_token.saturating_sub(sent.elapsed());
-        let text = match tokio::time::timeout(left, resp.text()).await {
-            Ok(Ok(text)) => text,
-            Ok(Err(e)) => {
-                return Err(Attempt::Transient(format!("reading the response of {}: {}", self.url, error_chain(&e))));
+    async fn read_whole(&self, mut resp: reqwest::Response, sent: Instant) -> Result<Answered, Attempt> {
+        let deadline = tokio::time::Instant::from_std(sent + self.first_token);
+        let mut body = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_RESPONSE_BYTES {
+                        return Err(Attempt::Unusable(too_large()));
+                    }
+                }
+                Ok(Ok(None)) => break,
+                Ok(Err(e)) => {
+                    return Err(Attempt::Transient(format!(
+                        "reading the response of {}: {}",
+                        self.url,
+                        error_chain(&e)
+                    )));
+                }
+                Err(_) => {
+                    let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
+                    let response = cut_response(json!({"role": "assistant", "content": ""}));
+                    return Ok(Answered { response, cut: Some(why) });
+                }
             }
-            Err(_) => {
-                let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
-                return Ok(Answered {
-                    response: cut_response(json!({"role": "assistant", "content": ""})),
-                    cut: Some(why),
-                });
-            }
-        };
+        }
+        let text = String::from_utf8_lossy(&body);
         let response: Value = serde_json::from_str(&text)
             .map_err(|e| Attempt::Unusable(format!("response is not JSON ({e}): {}", snippet(&text))))?;
         Ok(Answered { response, cut: None })
@@ -295,6 +314,9 @@ impl Llm {
                     });
                 }
             };
+            if assembly.size() > MAX_RESPONSE_BYTES {
+                return Err(Attempt::Unusable(too_large()));
+            }
             match assembly.feed(&chunk) {
                 Ok(Fed::Tokens) => {
                     first.get_or_insert_with(Instant::now);
@@ -363,13 +385,21 @@ impl Llm {
         let mut u = self.usage.lock().unwrap();
         u.calls += 1;
         let field = |name: &str| response.get("usage").and_then(|x| x.get(name)).and_then(Value::as_u64);
+        // A server's count is not trusted to be sane: sums saturate, never wrap.
         if let Some(p) = field("prompt_tokens") {
-            u.prompt_tokens = Some(u.prompt_tokens.unwrap_or(0) + p);
+            u.prompt_tokens = Some(u.prompt_tokens.unwrap_or(0).saturating_add(p).min(MAX_COUNTER));
         }
         if let Some(c) = field("completion_tokens") {
-            u.completion_tokens = Some(u.completion_tokens.unwrap_or(0) + c);
+            u.completion_tokens = Some(u.completion_tokens.unwrap_or(0).saturating_add(c).min(MAX_COUNTER));
         }
     }
+}
+
+fn too_large() -> String {
+    format!(
+        "the model server's answer is over {} MiB (a turn is kilobytes); not read further",
+        MAX_RESPONSE_BYTES >> 20
+    )
 }
 
 /// A response envelope around one message.

@@ -22,6 +22,7 @@ pub struct Assembly {
     /// Chunks that carried generated text or call fragments: about one token each.
     pub token_chunks: u64,
     pub done: bool,
+    received: usize,
 }
 
 /// What one piece of the body held.
@@ -37,9 +38,16 @@ impl Assembly {
     /// Folds in one piece of the body, which may end mid-line. An error event the
     /// server sends in the stream (`data: {"error": …}`) is returned as its message.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Fed, String> {
+        self.received = self.received.saturating_add(bytes.len());
+        let seen = self.pending.len();
         self.pending.extend_from_slice(bytes);
         let mut fed = Fed::Nothing;
-        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+        // Only the new bytes are searched for the line's end: a long line arriving in
+        // many pieces costs its length once, not once per piece.
+        let mut from = seen;
+        while let Some(offset) = self.pending[from..].iter().position(|&b| b == b'\n') {
+            let end = from + offset;
+            from = 0;
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line);
             if self.line(line.trim())? {
@@ -47,6 +55,11 @@ impl Assembly {
             }
         }
         Ok(fed)
+    }
+
+    /// Bytes of the body received so far: what a limit on the answer's size counts.
+    pub fn size(&self) -> usize {
+        self.received
     }
 
     /// One event line; true when it carried generated tokens.

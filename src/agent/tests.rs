@@ -18,10 +18,13 @@ struct Mock {
     requests: Mutex<Vec<Value>>,
 }
 
-async fn completions(State(s): State<Arc<Mock>>, Json(body): Json<Value>) -> (StatusCode, String) {
+async fn completions(State(s): State<Arc<Mock>>, Json(body): Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
     s.requests.lock().unwrap().push(body);
     let (code, text) = s.replies.lock().unwrap().pop_front().unwrap_or((500, "mock: no reply left".into()));
-    (StatusCode::from_u16(code).unwrap(), text)
+    // A reply written as server-sent events goes out as a stream.
+    let kind = if text.starts_with("data:") { "text/event-stream" } else { "application/json" };
+    (StatusCode::from_u16(code).unwrap(), [(axum::http::header::CONTENT_TYPE, kind)], text).into_response()
 }
 
 /// A classifier endpoint for the `http` guardrail: high score for AgentDojo's tag.
@@ -375,4 +378,31 @@ fn config_defaults_and_typos() {
     );
     assert_eq!(cfg.guardrail, GuardrailSpec::Heuristic { extra_patterns: vec![] });
     assert!(serde_json::from_str::<AgentConfig>(r#"{"model":"m","temprature":1}"#).is_err());
+}
+
+/// A hostile server: an answer far larger than any turn (plain JSON or streamed) is
+/// refused as unusable output once over the limit, never read whole into memory; a
+/// usage count of u64::MAX saturates instead of wrapping the case's sum.
+#[tokio::test]
+async fn an_oversized_answer_is_refused_and_absurd_usage_saturates() {
+    let huge = "x".repeat(llm::MAX_RESPONSE_BYTES + 1024);
+    let plain = ok(json!({"role": "assistant", "content": huge}));
+    let streamed = format!("data: {}\n\n", json!({"choices": [{"delta": {"content": huge}}]})).repeat(2);
+    let absurd = (
+        200,
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}],
+               "usage": {"prompt_tokens": u64::MAX, "completion_tokens": u64::MAX}})
+        .to_string(),
+    );
+    let (url, _) = mock(vec![plain, (200, streamed), absurd.clone(), absurd]).await;
+    let mut cfg = config(&url);
+    cfg.max_retries = 0;
+    let replies = run(cfg, &vec![query(json!([])); 4]).await;
+    for reply in &replies[..2] {
+        let error = reply["error"].as_str().unwrap_or_default();
+        assert!(error.contains("over 16 MiB"), "{reply}");
+    }
+    // Two calls of u64::MAX each: the sum stays at the largest counter a record holds.
+    assert_eq!(replies[3]["final_answer"], "done");
+    assert_eq!(replies[3]["stats"]["prompt_tokens"], i64::MAX as u64, "{}", replies[3]);
 }

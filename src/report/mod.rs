@@ -445,7 +445,7 @@ fn operations(b: &mut String, records: &[CaseRecord]) {
             .iter()
             .filter(|r| kind.is_none_or(|k| r.kind == k))
             .filter_map(f)
-            .fold((0, 0), |(s, n), v| (s + v, n + 1))
+            .fold((0, 0), |(s, n), v| (s.saturating_add(v), n + 1))
     };
     let flagged = |kind: CaseKind| {
         let with: Vec<u64> =
@@ -483,7 +483,7 @@ fn operations(b: &mut String, records: &[CaseRecord]) {
 /// Calls, tokens, latency percentiles and errors by class, over all recorded cases.
 fn telemetry(b: &mut String, records: &[CaseRecord]) {
     let total = |f: fn(&CaseRecord) -> Option<u64>| -> (u64, usize) {
-        records.iter().filter_map(f).fold((0, 0), |(s, n), v| (s + v, n + 1))
+        records.iter().filter_map(f).fold((0, 0), |(s, n), v| (s.saturating_add(v), n + 1))
     };
     let per_case = |(s, n): (u64, usize)| {
         if n == 0 {
