@@ -19,6 +19,7 @@ mod faults;
 mod guards;
 mod gym;
 mod hooks;
+mod hostile;
 mod isolation;
 mod judge;
 mod layers;

@@ -55,8 +55,37 @@ impl Band {
     }
 }
 
-/// Rewrites `reports_dir/index.html` from every `judgement.json` below it.
+/// Every index pruefstand writes carries this mark in its head: an `index.html` without
+/// it (nor the heading indexes of earlier versions open with) is someone else's.
+const INDEX_MARK: &str = r#"<meta name="generator" content="pruefstand trend index">"#;
+const INDEX_HEADING: &str = "<h1>pruefstand — verdicts and trends</h1>";
+
+/// Whether `reports_dir` holds no index, or one pruefstand wrote: only then may it be
+/// (re)written.
+pub fn index_is_ours(reports_dir: &Path) -> bool {
+    let path = reports_dir.join(INDEX_FILE);
+    match std::fs::symlink_metadata(&path) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        // Never through a link: what it points at is not provably ours.
+        Ok(meta) if !meta.is_file() => false,
+        Ok(_) => {
+            let mut head = Vec::new();
+            let read = std::fs::File::open(&path)
+                .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 8192), &mut head));
+            let head = String::from_utf8_lossy(&head);
+            read.is_ok() && (head.contains(INDEX_MARK) || head.contains(INDEX_HEADING))
+        }
+    }
+}
+
+/// Rewrites `reports_dir/index.html` from every `judgement.json` below it; refuses to
+/// replace an `index.html` it did not write.
 pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        index_is_ours(reports_dir),
+        "{} is not pruefstand's trend index: left as it is",
+        reports_dir.join(INDEX_FILE).display()
+    );
     // A run written elsewhere (`--out`) into a root without runs yet still gets an index.
     std::fs::create_dir_all(reports_dir).with_context(|| format!("creating {}", reports_dir.display()))?;
     let mut files = Vec::new();
@@ -73,7 +102,8 @@ pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
         }
     }
     entries.sort_by(|a, b| (&a.when, &a.run_id).cmp(&(&b.when, &b.run_id)));
-    util::write_atomic(&reports_dir.join(INDEX_FILE), render(&entries, &skipped).as_bytes())
+    let html = render(&entries, &skipped).replacen("<head>", &format!("<head>{INDEX_MARK}"), 1);
+    util::write_atomic(&reports_dir.join(INDEX_FILE), html.as_bytes())
 }
 
 fn find_judgements(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
@@ -139,8 +169,8 @@ fn badge(e: &Entry) -> String {
         None => ("s-not_applicable", "?"),
     };
     let inner = format!(r#"<span class="s {class}">{word}</span>"#);
-    match &e.link {
-        Some(l) => format!(r#"<a href="{}">{inner}</a>"#, esc(l)),
+    match e.link.as_deref().and_then(super::safe_href) {
+        Some(href) => format!(r#"<a href="{href}">{inner}</a>"#),
         None => inner,
     }
 }

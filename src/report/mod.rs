@@ -149,8 +149,9 @@ fn page(title: &str, body: &str, script: &str) -> String {
 }
 
 /// A link target from data, only if it is a plain relative path (no scheme, no
-/// absolute path): a trace path must not become `javascript:` or a file elsewhere.
-fn safe_href(path: &str) -> Option<String> {
+/// absolute path): a trace path or a run folder's name must not become `javascript:`
+/// or a file elsewhere. The one sanitiser of the report and the index.
+pub(super) fn safe_href(path: &str) -> Option<String> {
     let scheme = path.split('/').next().is_some_and(|first| first.contains(':'));
     (!path.is_empty() && !scheme && !path.starts_with('/') && !path.starts_with('\\')).then(|| esc(path))
 }

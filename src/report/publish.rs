@@ -4,9 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-
-use super::index::INDEX_FILE;
+use super::index::{INDEX_FILE, index_is_ours};
 use super::{write_index, write_run_report};
 use crate::judge::{JudgeInput, Judgement};
 
@@ -20,17 +18,27 @@ pub fn write(
 ) -> anyhow::Result<()> {
     write_run_report(run_dir, judgement, input)?;
     if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run_dir)) {
-        write_index(&reports).with_context(|| format!("refreshing the index in {}", reports.display()))?;
+        // The run's own reports stand; an index that cannot be written is said, not fatal.
+        if let Err(err) = write_index(&reports) {
+            tracing::warn!("index not refreshed: {err:#}");
+        }
     }
     Ok(())
 }
 
+/// The nearest of the run directory's three parents that is a reports folder of
+/// pruefstand's: named `reports`, or holding an index it wrote — never a folder whose
+/// `index.html` is someone else's.
 fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
     let abs = std::path::absolute(run_dir).ok()?;
     abs.ancestors()
         .skip(1)
         .take(3)
-        .find(|d| d.file_name().is_some_and(|n| n == "reports") || d.join(INDEX_FILE).is_file())
+        .find(|d| {
+            let named = d.file_name().is_some_and(|n| n == "reports");
+            let has_index = d.join(INDEX_FILE).is_file();
+            (named || has_index) && index_is_ours(d)
+        })
         .map(Path::to_path_buf)
 }
 

@@ -1,0 +1,48 @@
+//! What an attacker could do with the names, files and answers pruefstand takes in —
+//! each reproduced through the real binary: pruefstand deletes or overwrites only what it
+//! can prove it wrote, and what it shows in a browser cannot run code.
+
+use std::path::Path;
+
+use crate::common::*;
+
+/// A finished tiny run of the simulated demo, written where `out` says.
+fn tiny_run(bench: &Bench, out: &Path) {
+    let plan = bench.write("tiny.toml", TINY_PLAN);
+    let run = bench.run(&["run", "demo-baseline", "--plan", plan.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+}
+
+#[test]
+fn a_run_folder_named_like_a_script_is_no_link_in_the_index() {
+    let bench = Bench::new();
+    let out = bench.path().join("reports/javascript:document.body.setAttribute('data-pwned',1)%2F%2F");
+    tiny_run(&bench, &out);
+    let index = std::fs::read_to_string(bench.path().join("reports/index.html")).unwrap();
+    assert!(index.contains("pruefstand — verdicts and trends"), "the index was written");
+    assert!(!index.contains("href=\"javascript:"), "a javascript: link in the index");
+    // The run is listed all the same, its name shown as text.
+    assert!(index.contains("data-pwned"), "the run is listed");
+}
+
+#[test]
+fn judging_a_copied_run_leaves_someone_elses_index_alone() {
+    let bench = Bench::new();
+    let run = bench.path().join("reports/demo-baseline/tiny/run1");
+    tiny_run(&bench, &run);
+    let site = bench.path().join("site");
+    let copy = site.join("a/b/run1");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    let status = std::process::Command::new("cp").arg("-a").arg(&run).arg(&copy).status().unwrap();
+    assert!(status.success());
+    let mine = "<h1>mine</h1>\n";
+    std::fs::write(site.join("index.html"), mine).unwrap();
+    let judged = bench.run(&["judge", copy.to_str().unwrap()]);
+    assert!(matches!(judged.code, Some(0 | 10 | 11)), "{}\n{}", judged.stdout, judged.stderr);
+    assert_eq!(std::fs::read_to_string(site.join("index.html")).unwrap(), mine, "site/index.html replaced");
+    assert!(copy.join("report.html").is_file(), "the run's own report is written");
+    // Named explicitly, someone else's index is still not replaced: said, not fatal.
+    let judged = bench.run(&["judge", copy.to_str().unwrap(), "--reports-dir", site.to_str().unwrap()]);
+    assert!(judged.stderr.contains("is not pruefstand's trend index"), "{}", judged.stderr);
+    assert_eq!(std::fs::read_to_string(site.join("index.html")).unwrap(), mine);
+}
