@@ -197,11 +197,36 @@ pub fn find_python() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Written into a venv right after `python -m venv` made it: the proof that the folder
+/// is pruefstand's to replace (docs/architecture.md, "Ownership").
+const OWNER_MARKER: &str = ".pruefstand-venv";
+
+/// Removes `venv` only if pruefstand made it: its owner marker (or the ready marker of
+/// earlier versions) is there, checked right before the delete; a link is never
+/// followed. Anything else at that path is the user's, and an error names it.
+fn remove_own_venv(venv: &Path) -> anyhow::Result<()> {
+    let meta = match std::fs::symlink_metadata(venv) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        other => other.with_context(|| format!("inspecting {}", venv.display()))?,
+    };
+    let ours = meta.is_dir()
+        && [OWNER_MARKER, ".pruefstand-ready"]
+            .iter()
+            .any(|m| venv.join(m).symlink_metadata().is_ok_and(|m| m.is_file()));
+    let empty = meta.is_dir() && std::fs::read_dir(venv).is_ok_and(|mut d| d.next().is_none());
+    if !ours && !empty {
+        bail!(
+            "{} exists and is not a venv pruefstand made (no {OWNER_MARKER} in it): left untouched; move it away, or \
+             point PRUEFSTAND_VENV at a new folder",
+            venv.display()
+        );
+    }
+    std::fs::remove_dir_all(venv).with_context(|| format!("removing the incomplete venv {}", venv.display()))
+}
+
 fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
     let python = find_python()?;
-    if venv.exists() {
-        std::fs::remove_dir_all(venv).with_context(|| format!("removing the incomplete venv {}", venv.display()))?;
-    }
+    remove_own_venv(venv)?;
     tracing::info!(
         "first use — creating the Python venv with agentdojo {AGENTDOJO_VERSION} in {} (about a minute)",
         venv.display()
@@ -219,6 +244,7 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
             venv.display()
         );
     }
+    util::write_atomic(&venv.join(OWNER_MARKER), b"made by pruefstand; it may replace this folder\n")?;
     let req_path = venv.join("requirements.txt");
     std::fs::write(&req_path, requirements)?;
     tracing::info!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies");
@@ -229,7 +255,7 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
         .output()
         .context("running pip")?;
     if !output.status.success() {
-        let _ = std::fs::remove_dir_all(venv);
+        let _ = remove_own_venv(venv);
         bail!(
             "installing agentdojo=={AGENTDOJO_VERSION} into {} failed (is PyPI reachable?):\n{}",
             venv.display(),

@@ -46,3 +46,24 @@ fn judging_a_copied_run_leaves_someone_elses_index_alone() {
     assert!(judged.stderr.contains("is not pruefstand's trend index"), "{}", judged.stderr);
     assert_eq!(std::fs::read_to_string(site.join("index.html")).unwrap(), mine);
 }
+
+#[test]
+fn a_venv_path_naming_someone_elses_folder_is_refused_and_left_whole() {
+    let bench = Bench::new();
+    let victim = bench.path().join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("data.txt"), "x").unwrap();
+    // A Python that claims 3.11 and makes nothing: no network, and the delete came first.
+    let python = bench.write("fake-python", "#!/bin/sh\necho 3.11\n");
+    std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("setup")
+        .env("PRUEFSTAND_VENV", &victim)
+        .env("PRUEFSTAND_PYTHON", &python)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("is not a venv pruefstand made") && stderr.contains("victim"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(victim.join("data.txt")).unwrap(), "x", "the folder is intact");
+}
