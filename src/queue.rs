@@ -433,7 +433,11 @@ impl Queue {
             }
             Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
         };
-        serde_json::from_str(&text).with_context(|| format!("{}: not a job", path.display()))
+        let job: Job = serde_json::from_str(&text).with_context(|| format!("{}: not a job", path.display()))?;
+        // The folder names the job: a file claiming another id would have every
+        // command (and `clean`'s delete) act on the wrong job.
+        anyhow::ensure!(job.id == id, "{}: says it is job {}, but lies in job {id}'s folder", path.display(), job.id);
+        Ok(job)
     }
 
     /// All jobs, by id. A damaged job file is reported and skipped, never deleted.
@@ -442,7 +446,10 @@ impl Queue {
         let entries =
             std::fs::read_dir(self.jobs_dir()).with_context(|| format!("reading {}", self.jobs_dir().display()))?;
         for entry in entries.flatten() {
-            let Some(id) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) else { continue };
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.parse::<u64>().ok().filter(|id| id.to_string() == n)) else {
+                continue;
+            };
             match self.load(id) {
                 Ok(job) => jobs.push(job),
                 Err(err) => tracing::warn!("skipping job {id}: {err:#}"),

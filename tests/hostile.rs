@@ -67,3 +67,21 @@ fn a_venv_path_naming_someone_elses_folder_is_refused_and_left_whole() {
     assert!(stderr.contains("is not a venv pruefstand made") && stderr.contains("victim"), "{stderr}");
     assert_eq!(std::fs::read_to_string(victim.join("data.txt")).unwrap(), "x", "the folder is intact");
 }
+
+#[test]
+fn clean_goes_by_the_jobs_folder_not_by_the_id_its_file_claims() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let pending = bench.start(&["demo-baseline", "--plan", "tiny"]);
+    let ended = bench.start(&["demo-baseline", "--plan", "tiny"]);
+    bench.run(&["cancel", &ended.to_string()]).ok();
+    // The ended job's file now claims to be the pending one.
+    let file = bench.path().join(format!(".pruefstand/jobs/{ended}/job.json"));
+    let mut job = json(&file);
+    job["id"] = pending.into();
+    std::fs::write(&file, job.to_string()).unwrap();
+    let cleaned = bench.run(&["clean", "--keep", "0"]).ok();
+    assert!(cleaned.stderr.contains(&format!("says it is job {pending}")), "{}", cleaned.stderr);
+    assert_eq!(bench.job(pending)["state"], "pending", "the pending job is still there");
+    assert!(file.is_file(), "the damaged job is reported, never deleted");
+}
