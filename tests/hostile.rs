@@ -85,3 +85,24 @@ fn clean_goes_by_the_jobs_folder_not_by_the_id_its_file_claims() {
     assert_eq!(bench.job(pending)["state"], "pending", "the pending job is still there");
     assert!(file.is_file(), "the damaged job is reported, never deleted");
 }
+
+#[test]
+fn judge_refuses_a_run_that_is_still_being_written() {
+    let bench = Bench::new();
+    let run = bench.path().join("reports/demo-baseline/tiny/run1");
+    tiny_run(&bench, &run);
+    let before = std::fs::read_to_string(run.join("judgement.json")).unwrap();
+    // A resume (or any writer) holds run.lock while it writes.
+    // (-o: the lock stays with flock itself, not its child, so killing it frees it)
+    let mut holder =
+        std::process::Command::new("flock").arg("-o").arg(run.join("run.lock")).args(["sleep", "60"]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let judged = bench.run(&["judge", run.to_str().unwrap()]).code(2);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(judged.stderr.contains("is being written by"), "{}", judged.stderr);
+    assert_eq!(std::fs::read_to_string(run.join("judgement.json")).unwrap(), before, "nothing rewritten");
+    // Once the writer is gone it judges as before.
+    let judged = bench.run(&["judge", run.to_str().unwrap()]);
+    assert!(matches!(judged.code, Some(0 | 10 | 11)), "{}", judged.stderr);
+}
