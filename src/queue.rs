@@ -353,7 +353,9 @@ impl Queue {
         let (profile, plan_text) = Profile::load(&plan_path)?;
         let spec_text =
             std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
-        let plan_name = plan_path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or(profile.name.clone());
+        // The plan's own name (checked when it was read), not its file's: the name becomes
+        // a folder under reports/ and text in chat hooks.
+        let plan_name = profile.name.clone();
 
         let _lock = self.lock()?;
         let id = self.next_id()?;

@@ -106,3 +106,17 @@ fn judge_refuses_a_run_that_is_still_being_written() {
     let judged = bench.run(&["judge", run.to_str().unwrap()]);
     assert!(matches!(judged.code, Some(0 | 10 | 11)), "{}", judged.stderr);
 }
+
+#[test]
+fn a_plan_files_name_never_becomes_a_folder_or_chat_text() {
+    let bench = Bench::new();
+    for file in ["...toml", "<!channel> @here <https:||evil.example|click>.toml"] {
+        let plan = bench.write(file, TINY_PLAN);
+        let id = bench.start(&["demo-baseline", "--plan", plan.to_str().unwrap()]);
+        // The plan's own (checked) name is what the job, its folders and hooks use.
+        assert_eq!(bench.job(id)["plan"], "tiny", "{file}");
+    }
+    let bad = bench.write("bad.toml", &TINY_PLAN.replace("name = \"tiny\"", "name = \"../up\""));
+    let refused = bench.run(&["start", "demo-baseline", "--plan", bad.to_str().unwrap()]).code(2);
+    assert!(refused.stderr.contains("bad.toml") && refused.stderr.contains("name"), "{}", refused.stderr);
+}
