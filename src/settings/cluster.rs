@@ -108,9 +108,13 @@ fn check_sbatch_arg(arg: &str) -> Result<(), String> {
         return Err(format!("sbatch_args: {arg:?} is not an option (write --name=value as one element)"));
     }
     let name = arg.split_once('=').map_or(arg, |(name, _)| name);
-    // Short options may carry their value glued on (`-pgpu`).
-    let reserved =
-        RESERVED.iter().any(|r| name == *r || (r.len() == 2 && !arg.starts_with("--") && arg.starts_with(r)));
+    // Short options may carry their value glued on (`-pgpu`); sbatch takes any
+    // unambiguous prefix of a long option (`--arr=` is `--array=`), so a prefix counts.
+    let reserved = RESERVED.iter().any(|r| {
+        name == *r
+            || (r.len() == 2 && !arg.starts_with("--") && arg.starts_with(r))
+            || (r.starts_with("--") && name.starts_with("--") && name.len() > 2 && r.starts_with(name))
+    });
     if reserved {
         return Err(format!("sbatch_args: {arg:?} is set by pruefstand itself (partition: use `partition`)"));
     }
@@ -141,7 +145,21 @@ mod tests {
         assert!(parse("shards = 0").unwrap_err().contains("shards = 0 is not in [1, 1000]"));
         assert!(parse("kind = \"kubernetes\"").unwrap_err().contains("unknown variant"));
         assert!(parse("partition = \"gpu; rm\"").unwrap_err().contains("partition"));
-        for arg in ["--array=0-3", "-a", "--output=/x", "-pgpu", "--wrap", "--export=ALL"] {
+        // Abbreviations too: sbatch expands an unambiguous prefix of a long option.
+        for arg in [
+            "--array=0-3",
+            "-a",
+            "--output=/x",
+            "-pgpu",
+            "--wrap",
+            "--export=ALL",
+            "--wra=x",
+            "--arr=0-9",
+            "--expo=ALL",
+            "--outp=/x",
+            "--chd=/",
+            "--wai",
+        ] {
             let err = parse(&format!("sbatch_args = [{arg:?}]")).unwrap_err();
             assert!(err.contains("set by pruefstand itself"), "{arg}: {err}");
         }
