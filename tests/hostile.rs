@@ -120,3 +120,27 @@ fn a_plan_files_name_never_becomes_a_folder_or_chat_text() {
     let refused = bench.run(&["start", "demo-baseline", "--plan", bad.to_str().unwrap()]).code(2);
     assert!(refused.stderr.contains("bad.toml") && refused.stderr.contains("name"), "{}", refused.stderr);
 }
+
+#[test]
+fn a_tampered_reference_decides_nothing() {
+    let bench = Bench::new();
+    let plan = bench.write("tiny.toml", TINY_PLAN);
+    let first = bench.run(&["run", "demo-kandidat", "--plan", plan.to_str().unwrap()]);
+    assert!(matches!(first.code, Some(0 | 10 | 11)), "{}\n{}", first.stdout, first.stderr);
+    let reference = std::path::PathBuf::from(
+        first.stdout.lines().find_map(|l| l.strip_prefix("reference: ")).unwrap().split(" (").next().unwrap(),
+    );
+    // Every reference case made to look like a landed injection and a failed task.
+    let cases = reference.join("cases.jsonl");
+    let text = std::fs::read_to_string(&cases).unwrap();
+    let flipped =
+        text.replace("\"utility\":true", "\"utility\":false").replace("\"security\":false", "\"security\":true");
+    assert_ne!(flipped, text);
+    std::fs::write(&cases, flipped).unwrap();
+    let second = bench.run(&["run", "demo-kandidat", "--plan", plan.to_str().unwrap()]);
+    let judgement = json(&second.run_dir().join("judgement.json"));
+    let r4 = &judgement["rules"][3];
+    assert_eq!(r4["status"], "inconclusive", "{r4}");
+    let reason = r4["reason"].as_str().unwrap();
+    assert!(reason.contains("cases.jsonl changed since its run wrote it"), "{reason}");
+}

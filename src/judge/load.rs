@@ -132,6 +132,18 @@ pub fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
 fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
     let meta = read_run_meta(dir)?;
     let cases = read_cases(dir)?;
+    // Checked like the candidate's own file: a reference edited after its run would
+    // decide R4 for whoever edited it.
+    let file = RunFile::Cases.path_in(dir);
+    let untrusted = match read_recorded_sha256(dir)? {
+        None => Some(format!("{} has no {} beside it", file.display(), RunFile::CasesDigest.name())),
+        Some(recorded) if recorded != cases.sha256 => Some(format!(
+            "{} changed since its run wrote it (its sha256 differs from {})",
+            file.display(),
+            RunFile::CasesDigest.name()
+        )),
+        Some(_) => None,
+    };
     Ok(ReferenceRun {
         run_id: meta.run_id,
         version: meta.version,
@@ -139,6 +151,7 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
         benchmark_version: meta.benchmark_version,
         records: cases.records,
         cases_sha256: Some(cases.sha256),
+        untrusted,
     })
 }
 
@@ -153,6 +166,7 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
+        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap(); // an older run's
         let path = RunFile::Cases.path_in(&dir);
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"case_id\": truncated\n");
@@ -176,6 +190,7 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
+        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap(); // an older run's
         let path = RunFile::Cases.path_in(&dir);
         // A blank line first (line numbers count it), and one security that is not a bool.
         let text = std::fs::read_to_string(&path).unwrap();
@@ -207,5 +222,21 @@ mod tests {
         assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
         assert!(crate::judge::cases_changed(&loaded));
+    }
+
+    #[test]
+    fn a_reference_whose_records_changed_or_lack_their_digest_is_untrusted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ref");
+        write_run_dir(&dir, &crate::judge::tests::schnell(0), None);
+        assert_eq!(read_reference(&dir).unwrap().untrusted, None, "as its run left it");
+        let path = RunFile::Cases.path_in(&dir);
+        let text = std::fs::read_to_string(&path).unwrap().replace("\"security\":false", "\"security\":true");
+        std::fs::write(&path, text).unwrap();
+        let why = read_reference(&dir).unwrap().untrusted.unwrap();
+        assert!(why.contains("cases.jsonl changed since its run wrote it"), "{why}");
+        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap();
+        let why = read_reference(&dir).unwrap().untrusted.unwrap();
+        assert!(why.contains("has no cases.sha256"), "{why}");
     }
 }

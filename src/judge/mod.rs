@@ -43,6 +43,11 @@ pub struct ReferenceRun {
     /// sha256 of the reference's `cases.jsonl` as judged.
     #[serde(default)]
     pub cases_sha256: Option<String>,
+    /// Why the reference's records cannot be trusted, when they cannot: its
+    /// `cases.jsonl` differs from the `cases.sha256` its run wrote, or that is missing.
+    /// R4 then compares nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -547,6 +547,10 @@ pub(super) fn r4_regression(
     } else {
         None
     };
+    if let Some(why) = &meta.untrusted {
+        let reason = format!("not compared: {why}");
+        return result("R4", "no regression", RuleStatus::Inconclusive, json!({}), threshold, reason);
+    }
     if let Some(why) = unlike {
         let measured = json!({"reference_plan_hash": meta.plan_hash, "reference_benchmark_version": meta.benchmark_version, "plan_hash": run.plan_hash, "benchmark_version": run.benchmark_version});
         let reason = format!("not compared: {why}; R4 compares runs of the same plan only");

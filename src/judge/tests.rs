@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::case::{Case, CaseKind, CaseRecord};
 use crate::record::{EnvStatus, GpuExclusivity};
-use crate::rundir::RunDir;
+use crate::rundir::{RunDir, RunFile};
 use crate::settings::thresholds;
 
 pub(crate) fn record(case: &Case, utility: Option<bool>, security: Option<bool>) -> CaseRecord {
@@ -102,6 +102,7 @@ pub(crate) fn reference_of(input: &JudgeInput, records: Vec<CaseRecord>) -> Refe
         benchmark_version: input.run.benchmark_version.clone(),
         records,
         cases_sha256: None,
+        untrusted: None,
     }
 }
 
@@ -395,7 +396,11 @@ pub(crate) fn write_run_dir(dir: &Path, input: &JudgeInput, reference_run_dir: O
     let r = &input.run;
     run.write_run_meta(&RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() }).unwrap();
     let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
-    std::fs::write(run.cases_file(), lines.join("\n") + "\n").unwrap();
+    let text = lines.join("\n") + "\n";
+    std::fs::write(run.cases_file(), &text).unwrap();
+    // As a run leaves it: the digest of the file it wrote.
+    let digest = format!("{}  {}\n", crate::util::sha256_hex(text.as_bytes()), RunFile::Cases.name());
+    std::fs::write(run.path_of(RunFile::CasesDigest), digest).unwrap();
     run.write_environment_checks(&input.environment_checks).unwrap();
     run.write_thresholds(&input.thresholds).unwrap();
 }
