@@ -102,8 +102,9 @@ def protocol_rejects_bad_replies():
     expect_error('{"tool_calls":[{"function":"f","args":[1]}]}', "args must be an object")
     expect_error('{"tool_calls":[{"function":"f","id":7}]}', "id must be a string")
     expect_error('{"final_answer":42}', "must be a string")
-    expect_error('{"final_answer":"x","stats":{"llm_calls":-1}}', "non-negative integer")
-    expect_error('{"final_answer":"x","stats":{"llm_calls":true}}', "non-negative integer")
+    expect_error('{"final_answer":"x","stats":{"llm_calls":-1}}', "an integer from 0 to")
+    expect_error('{"final_answer":"x","stats":{"llm_calls":true}}', "an integer from 0 to")
+    expect_error('{"final_answer":"x","stats":{"prompt_tokens":18446744073709551616}}', "an integer from 0 to")
     expect_error('{"final_answer":"x","stats":[1]}', "`stats` must be an object")
 
 

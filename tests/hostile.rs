@@ -144,3 +144,26 @@ fn a_tampered_reference_decides_nothing() {
     let reason = r4["reason"].as_str().unwrap();
     assert!(reason.contains("cases.jsonl changed since its run wrote it"), "{reason}");
 }
+
+#[test]
+fn an_agents_stderr_is_kept_to_a_megabyte_per_case() {
+    let bench = Bench::new();
+    let plan = bench.write(
+        "two.toml",
+        "name = \"two\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\njobs = 1\ncase_timeout_s = 60\n\
+         injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
+    );
+    // 16 MiB of noise per query, then an answer.
+    let agent = bench.write(
+        "noisy.py",
+        "import json, sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        for _ in range(256):\n            sys.stderr.write('n' * 65536)\n        sys.stderr.flush()\n        print(json.dumps({'final_answer': 'done'}), flush=True)\n",
+    );
+    let run = bench
+        .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &format!("python3 {}", agent.display())])
+        .ok();
+    let dir = run.run_dir();
+    assert_eq!(cases(&dir).len(), 2, "both cases recorded");
+    let log = std::fs::read_to_string(dir.join("gym.log")).unwrap();
+    assert!(log.len() < 3 << 20, "gym.log holds {} bytes", log.len());
+    assert!(log.contains("bytes more dropped (over 1048576 per case)"), "the cut is said");
+}

@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -62,14 +63,72 @@ def _agent_preexec() -> None:
 AGENT_ENV: dict[str, str] = {}
 
 
+# What an agent may write to stderr per case (it lands in gym.log): beyond it the rest
+# of that case's output is dropped and counted, so a chatty or hostile agent cannot fill
+# the disk (docs/architecture.md, "Limits").
+MAX_AGENT_STDERR_PER_CASE = 1 << 20
+
+
+class StderrRelay:
+    """Passes an agent's stderr on to ours, at most `limit` bytes per case; the rest is
+    read (the agent never blocks on a full pipe) and counted in one note."""
+
+    def __init__(self, stream, limit: int = MAX_AGENT_STDERR_PER_CASE):
+        self.stream = stream
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.passed = 0
+        self.dropped = 0
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def new_case(self) -> None:
+        with self.lock:
+            self._note()
+            self.passed = self.dropped = 0
+
+    def _note(self) -> None:
+        if self.dropped:
+            _write_stderr(f"[gym] agent stderr: {self.dropped} bytes more dropped (over {self.limit} per case)\n".encode())
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.stream.fileno(), 65536)
+            except OSError:
+                return
+            if not chunk:
+                with self.lock:
+                    self._note()
+                return
+            with self.lock:
+                room = max(0, self.limit - self.passed)
+                if room:
+                    _write_stderr(chunk[:room])
+                    self.passed += min(room, len(chunk))
+                self.dropped += max(0, len(chunk) - room)
+
+
+def _write_stderr(data: bytes) -> None:
+    try:
+        sys.stderr.buffer.write(data)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
 class AgentProcess:
-    """One agent subprocess: argv list (no shell), our env plus AGENT_ENV, stderr passed through."""
+    """One agent subprocess: argv list (no shell), our env plus AGENT_ENV, stderr passed
+    on with a limit per case (`StderrRelay`)."""
 
     def __init__(self, argv: list[str], log_prefix: str = ""):
         self.argv = list(argv)
         self.proc: subprocess.Popen | None = None
-        self.buf = b""
+        self.buf = bytearray()
+        # How far `buf` has been searched for a line's end: a long line arriving in
+        # many reads is searched once, not once per read.
+        self.scanned = 0
         self.log_prefix = log_prefix
+        self.stderr: StderrRelay | None = None
 
     @property
     def alive(self) -> bool:
@@ -81,7 +140,7 @@ class AgentProcess:
                 self.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=None,
+                stderr=subprocess.PIPE,
                 env={**os.environ, **AGENT_ENV},
                 bufsize=0,
                 close_fds=True,
@@ -90,7 +149,9 @@ class AgentProcess:
         except OSError as e:
             self.proc = None
             raise AgentError(f"cannot start agent {self.argv[0]!r}: {e}") from None
-        self.buf = b""
+        self.buf = bytearray()
+        self.scanned = 0
+        self.stderr = StderrRelay(self.proc.stderr)
         os.set_blocking(self.proc.stdout.fileno(), False)
 
     def _exit_reason(self) -> str:
@@ -121,12 +182,15 @@ class AgentProcess:
         assert self.proc is not None
         fd = self.proc.stdout.fileno()
         while True:
-            nl = self.buf.find(b"\n")
+            nl = self.buf.find(b"\n", self.scanned)
             if nl >= 0:
-                line, self.buf = self.buf[:nl], self.buf[nl + 1 :]
+                line = bytes(self.buf[:nl])
+                del self.buf[: nl + 1]
+                self.scanned = 0
                 if line.strip():
                     return line
                 continue
+            self.scanned = len(self.buf)
             if len(self.buf) > protocol.MAX_LINE_BYTES:
                 raise AgentError(f"agent protocol: line longer than {protocol.MAX_LINE_BYTES} bytes")
             remaining = deadline - time.monotonic()
@@ -141,7 +205,7 @@ class AgentProcess:
                 continue
             if not chunk:
                 if self.buf.strip():
-                    line, self.buf = self.buf, b""
+                    line, self.buf = bytes(self.buf), bytearray()
                     return line  # last line without newline
                 raise AgentError(self._exit_reason())
             self.buf += chunk
@@ -235,6 +299,8 @@ class ExternalAgentElement(BasePipelineElement):
         self.context_overflow = False
         self.deadline = time.monotonic() + self.case_timeout_s
         self.ensure_agent()
+        if self.agent.stderr is not None:
+            self.agent.stderr.new_case()
         self.agent.send(protocol.case_start(case))
 
     def end_case(self, ok: bool) -> None:
