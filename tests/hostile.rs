@@ -23,6 +23,13 @@ fn a_run_folder_named_like_a_script_is_no_link_in_the_index() {
     assert!(!index.contains("href=\"javascript:"), "a javascript: link in the index");
     // The run is listed all the same, its name shown as text.
     assert!(index.contains("data-pwned"), "the run is listed");
+    // Both pages carry a policy that lets no script run but their own.
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for page in [&index, &report] {
+        assert!(
+            page.contains("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src ")
+        );
+    }
 }
 
 #[test]

@@ -48,12 +48,39 @@ var p=document.createElement('pre');p.id='probe';p.textContent='PROBE\n'+bad.joi
 });
 </script>"#;
 
+/// `html` with `script` (a whole `<script>…</script>` element) added before `</body>`
+/// and allowed by the page's Content-Security-Policy, by its hash as the page's own
+/// script is: the test's script runs under the same policy the page ships with.
+fn with_script(html: &str, script: &str) -> String {
+    let inner = script.trim_start_matches("<script>").trim_end_matches("</script>");
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import base64,hashlib,sys;print(base64.b64encode(hashlib.sha256(sys.stdin.buffer.read()).digest()).decode())"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(inner.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let hash = String::from_utf8(out.stdout).unwrap();
+    let allowed = format!("script-src 'sha256-{}'", hash.trim());
+    let html = if html.contains("script-src 'none'") {
+        html.replacen("script-src 'none'", &allowed, 1)
+    } else {
+        assert!(html.contains("script-src 'sha256-"), "the page has its policy");
+        html.replacen("script-src", &allowed, 1)
+    };
+    html.replace("</body>", &format!("{script}</body>"))
+}
+
 /// The probe's findings for `page` at `width` px, and the console errors.
 fn probe(chromium: &Chromium, page: &Path, width: u32) -> (Vec<String>, Vec<String>) {
     let html = std::fs::read_to_string(page).unwrap();
     // Beside the page, so its relative links resolve the same.
     let copy = page.with_file_name(format!("probe-{width}.html"));
-    std::fs::write(&copy, html.replace("</body>", &format!("{PROBE}</body>"))).unwrap();
+    std::fs::write(&copy, with_script(&html, PROBE)).unwrap();
     let out =
         chromium.open(&copy, &["--dump-dom", "--virtual-time-budget=5000", &format!("--window-size={width},1400")]);
     let dom = String::from_utf8_lossy(&out.stdout);
@@ -127,7 +154,7 @@ fn report_and_index_read_well_at_two_widths() {
     // The filters work: the page's script hides all but the changed rows.
     let filtered = cand_dir.join("filtered.html");
     let click = "<script>window.addEventListener('load',function(){var i=document.querySelector('#case-filter input[value=changed]');i.checked=true;i.dispatchEvent(new Event('change',{bubbles:true}));document.title='SHOWN '+document.querySelectorAll('#cases tbody tr:not([hidden])').length+' '+document.getElementById('case-count').textContent})</script>";
-    std::fs::write(&filtered, html.replace("</body>", &format!("{click}</body>"))).unwrap();
+    std::fs::write(&filtered, with_script(&html, click)).unwrap();
     let out = chromium.open(&filtered, &["--dump-dom", "--virtual-time-budget=5000"]);
     let dom = String::from_utf8_lossy(&out.stdout);
     let changed = html

@@ -139,13 +139,43 @@ ol.conv{list-style:none;padding:0;margin:.4rem 0} .turn{margin:.3rem 0;padding:.
 .call{font-size:.85rem;margin:.2rem 0} mark{background:#ffcdd2} .err{color:#c62828} .gap{color:#777}
 "#;
 
-/// The page around a body; `script` (no data in it) goes last, inline.
+/// The page around a body; `script` (no data in it) goes last, inline. A strict
+/// Content-Security-Policy comes first: nothing loads from anywhere, and the one script
+/// that runs is the page's own, allowed by its hash — text that slipped through as
+/// markup could still not run.
 fn page(title: &str, body: &str, script: &str) -> String {
-    let script = if script.is_empty() { String::new() } else { format!("<script>{script}</script>") };
+    let (script_tag, script_src) = if script.is_empty() {
+        (String::new(), "'none'".to_string())
+    } else {
+        (format!("<script>{script}</script>"), format!("'sha256-{}'", sha256_base64(script.as_bytes())))
+    };
+    let csp = format!(
+        "default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+    );
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n{script}</body></html>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n{script_tag}</body></html>\n",
         esc(title)
     )
+}
+
+/// The base64 of a sha256, as a CSP hash source spells it.
+fn sha256_base64(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let digest = sha2::Sha256::digest(bytes);
+    let mut out = String::new();
+    for chunk in digest.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A link target from data, only if it is a plain relative path (no scheme, no
@@ -591,6 +621,14 @@ mod tests {
         assert_eq!(back.verdict, Verdict::Inconclusive);
         let md = std::fs::read_to_string(RunFile::JudgementMarkdown.path_in(dir.path())).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
+    }
+
+    #[test]
+    fn the_csp_hash_is_sha256_in_base64() {
+        // `printf abc | openssl dgst -sha256 -binary | base64`
+        assert_eq!(sha256_base64(b"abc"), "ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=");
+        let html = page("t", "<p>x</p>", "var a=1;");
+        assert!(html.contains(&format!("script-src 'sha256-{}'", sha256_base64(b"var a=1;"))), "{html}");
     }
 
     #[test]

@@ -15,6 +15,20 @@ pub fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            // Made visible, never acted on: control characters as their pictures (␛, ␇,
+            // ␀ …), and the marks that reorder text (U+202E would show tool arguments
+            // reversed) by name.
+            '\n' | '\t' | '\r' => out.push(ch),
+            c @ '\u{0}'..='\u{1f}' => out.push(char::from_u32(0x2400 + c as u32).unwrap_or('?')),
+            '\u{7f}' => out.push('␡'),
+            c @ ('\u{80}'..='\u{9f}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{061c}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}') => {
+                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("⟨U+{:04X}⟩", c as u32));
+            }
             c => out.push(c),
         }
     }
@@ -414,6 +428,12 @@ pub fn time_chart(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_and_bidi_characters_are_made_visible() {
+        assert_eq!(esc("a\u{1b}[31mb\u{7}\u{0}"), "a␛[31mb␇␀");
+        assert_eq!(esc("pay \u{202e}321 SU\u{202c}\n"), "pay ⟨U+202E⟩321 SU⟨U+202C⟩\n");
+    }
 
     #[test]
     fn escapes_markup_and_quotes() {
