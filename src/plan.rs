@@ -194,7 +194,7 @@ impl Profile {
         {
             anyhow::bail!("{message}");
         }
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
+        let text = util::read_config(path).with_context(|| format!("reading plan {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
         if let Err(invalid) = profile.rules.validate() {
             let table = format!("rules.{}", invalid.rule);

@@ -42,7 +42,7 @@ impl Root {
         let path = path.canonicalize().with_context(|| format!("resolving {}", path.display()))?;
         let config_path = path.join(CONFIG_FILE);
         let text =
-            std::fs::read_to_string(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
+            crate::util::read_config(&config_path).with_context(|| format!("reading {}", config_path.display()))?;
         let config = util::parse_toml(&config_path, &text)?;
         Ok(Root { path, config })
     }

@@ -178,7 +178,7 @@ impl Version {
         {
             anyhow::bail!("{message}");
         }
-        let text = std::fs::read_to_string(&path).with_context(|| {
+        let text = util::read_config(&path).with_context(|| {
             format!(
                 "no version {name_or_path:?}: cannot read {} (versions live in {})",
                 path.display(),

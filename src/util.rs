@@ -206,8 +206,15 @@ pub fn bounded<'de, D: serde::Deserializer<'de>>(
         return Ok(value);
     }
     let open = if low_open { "(" } else { "[" };
-    let shown = if value.is_finite() && value.abs() >= 1e9 { format!("{value:e}") } else { value.to_string() };
+    let shown = readable_number(value);
     Err(serde::de::Error::custom(format!("{field} = {shown} is not {unit} in {open}{low}, {high}]")))
+}
+
+/// A number as people read it in an error: 1e300 and 1e-300 in exponent form, not as
+/// three hundred digits.
+pub fn readable_number(value: f64) -> String {
+    let a = value.abs();
+    if value.is_finite() && a != 0.0 && !(1e-4..1e9).contains(&a) { format!("{value:e}") } else { value.to_string() }
 }
 
 /// A count read from a file, refused unless within `[low, high]` (see [`bounded`]).
@@ -221,6 +228,25 @@ pub fn bounded_count<'de, D: serde::Deserializer<'de>>(
         return Ok(value);
     }
     Err(serde::de::Error::custom(format!("{field} = {value} is not in [{low}, {high}]")))
+}
+
+/// The most a spec, plan or `pruefstand.toml` may hold: a hand-written file is a few
+/// kilobytes; a larger one is refused before it is read into memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// A configuration file's text, refused (naming it) when over [`MAX_CONFIG_BYTES`].
+pub fn read_config(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} KiB, which no configuration file needs",
+            MAX_CONFIG_BYTES >> 10
+        )));
+    }
+    Ok(text)
 }
 
 /// A name that becomes a path component (a version, a plan, a gym run): letters,

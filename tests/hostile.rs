@@ -174,3 +174,29 @@ fn an_agents_stderr_is_kept_to_a_megabyte_per_case() {
     assert!(log.len() < 3 << 20, "gym.log holds {} bytes", log.len());
     assert!(log.contains("bytes more dropped (over 1048576 per case)"), "the cut is said");
 }
+
+#[test]
+fn a_huge_spec_is_refused_unread_and_a_negative_case_time_invalidates_the_run() {
+    let bench = Bench::new();
+    let spec = std::fs::read_to_string(repo().join("versions/demo-baseline.toml")).unwrap();
+    bench.write("versions/huge.toml", &format!("{spec}\n#{}\n", "x".repeat(2 << 20)));
+    let refused = bench.run(&["run", "huge"]).code(2);
+    assert!(
+        refused.stderr.contains("huge.toml") && refused.stderr.contains("larger than 1024 KiB"),
+        "{}",
+        refused.stderr
+    );
+
+    let run = bench.path().join("reports/demo-baseline/tiny/run1");
+    tiny_run(&bench, &run);
+    let cases = run.join("cases.jsonl");
+    let text = std::fs::read_to_string(&cases).unwrap();
+    let at = text.find("\"duration_s\":").unwrap() + "\"duration_s\":".len();
+    let end = at + text[at..].find(',').unwrap();
+    std::fs::write(&cases, format!("{}-1e308{}", &text[..at], &text[end..])).unwrap();
+    let judged = bench.run(&["judge", run.to_str().unwrap(), "--json"]);
+    let judgement: serde_json::Value = serde_json::from_str(&judged.stdout).unwrap();
+    let r1 = &judgement["judgement"]["rules"][0];
+    assert_eq!(r1["status"], "fail", "{r1}");
+    assert!(r1["reason"].as_str().unwrap().contains("duration_s is -1e308"), "{r1}");
+}

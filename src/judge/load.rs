@@ -24,6 +24,9 @@ pub struct CasesFile {
     pub sha256: String,
 }
 
+/// The longest a case can have taken: a week (the gym bounds a case at a day).
+const MAX_CASE_SECONDS: f64 = 7.0 * 86_400.0;
+
 /// Reads `cases.jsonl` strictly: a line that is not JSON or not a case record is an
 /// error naming the file and line. A `utility` or `security` that is JSON but not
 /// true/false/null is a fault for R1 (read as missing), not an error: the run is
@@ -44,6 +47,14 @@ pub fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
                     value[field] = Value::Null;
                 }
             }
+        }
+        // A case takes time: a negative or absurd duration would pass R5 for anyone.
+        if let Some(d) = value.get("duration_s").and_then(Value::as_f64)
+            && !(0.0..=MAX_CASE_SECONDS).contains(&d)
+        {
+            out.faults
+                .push((number, format!("duration_s is {}, not a case's time in seconds", util::readable_number(d))));
+            value["duration_s"] = Value::from(0.0);
         }
         out.records.push(serde_json::from_value(value).with_context(at)?);
         out.lines.push(number);

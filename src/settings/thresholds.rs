@@ -144,7 +144,11 @@ impl Thresholds {
             ("R4.alpha", self.r4.alpha),
         ];
         for (name, a) in alphas {
-            Invalid::unless(a > 0.0 && a < 0.5, name, format!("{a}: must lie in (0, 0.5)"))?;
+            Invalid::unless(
+                a > 0.0 && a < 0.5,
+                name,
+                format!("{}: must lie in (0, 0.5)", crate::util::readable_number(a)),
+            )?;
         }
         let rates = [
             ("R1.max_error_rate", self.r1.max_error_rate),
@@ -157,7 +161,11 @@ impl Thresholds {
             ("R5.context_overflow_rate_max", self.r5.context_overflow_rate_max.unwrap_or(0.0)),
         ];
         for (name, r) in rates {
-            Invalid::unless((0.0..=1.0).contains(&r), name, format!("{r}: must lie in [0, 1]"))?;
+            Invalid::unless(
+                (0.0..=1.0).contains(&r),
+                name,
+                format!("{}: must lie in [0, 1]", crate::util::readable_number(r)),
+            )?;
         }
         let budgets = [
             ("R5.p95_case_s_max", self.r5.p95_case_s_max),
@@ -167,7 +175,11 @@ impl Thresholds {
             ("R5.unknown_tool_calls_per_case_max", self.r5.unknown_tool_calls_per_case_max.unwrap_or(0.0)),
         ];
         for (name, b) in budgets {
-            Invalid::unless(b >= 0.0 && b.is_finite(), name, format!("{b}: must be a finite number ≥ 0"))?;
+            Invalid::unless(
+                b >= 0.0 && b.is_finite(),
+                name,
+                format!("{}: must be a finite number ≥ 0", crate::util::readable_number(b)),
+            )?;
         }
         let permutations = self.r4.permutations;
         Invalid::unless(
