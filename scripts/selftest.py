@@ -330,6 +330,13 @@ def records_and_requests_conform_to_the_schemas_generated_from_rust():
 
 
 @check
+def a_huge_error_is_stored_cut_with_the_rest_counted():
+    text = records.cut_error("e" * (records.MAX_ERROR_CHARS + 10))
+    assert len(text) < records.MAX_ERROR_CHARS + 40 and text.endswith("… 10 characters more"), text[-40:]
+    assert records.cut_error("short") == "short"
+
+
+@check
 def errored_record_has_null_results():
     r = records.make_record(CASE_A, utility=False, security=True, error="timeout after 300 s", duration_s=300,
                             counters=None, trace=None)

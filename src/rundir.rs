@@ -422,6 +422,11 @@ impl RunDir {
                     foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
                 );
             }
+            // An empty folder made by someone else (`--out` into a 0755 folder): a run
+            // holds model output and traces, user-only whatever the folder was.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("making {shown} user-only (0700)"))?;
         }
         let lock = match RunLock::try_take(&dir.path_of(RunFile::Lock)) {
             Ok(lock) => lock,

@@ -200,3 +200,24 @@ fn a_huge_spec_is_refused_unread_and_a_negative_case_time_invalidates_the_run() 
     assert_eq!(r1["status"], "fail", "{r1}");
     assert!(r1["reason"].as_str().unwrap().contains("duration_s is -1e308"), "{r1}");
 }
+
+#[test]
+fn a_run_into_an_open_folder_is_user_only_and_a_linked_trace_is_not_shown() {
+    use std::os::unix::fs::PermissionsExt;
+    let bench = Bench::new();
+    let out = bench.path().join("reports/demo-baseline/tiny/open");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).unwrap();
+    tiny_run(&bench, &out);
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o700);
+    // A trace replaced by a link to a file outside the run is not rendered.
+    let secret = bench.write("secret.txt", "{\"messages\": [{\"role\": \"user\", \"content\": \"TOP-SECRET-TEXT\"}]}");
+    let trace = cases(&out).iter().find_map(|r| r["trace"].as_str().map(str::to_string)).unwrap();
+    std::fs::remove_file(out.join(&trace)).unwrap();
+    std::os::unix::fs::symlink(&secret, out.join(&trace)).unwrap();
+    let judged = bench.run(&["judge", out.to_str().unwrap()]);
+    assert!(matches!(judged.code, Some(0 | 10 | 11)), "{}", judged.stderr);
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(!report.contains("TOP-SECRET-TEXT"), "a file outside the run was rendered");
+    assert!(report.contains("a link, not followed"));
+}

@@ -18,6 +18,18 @@ RECORD_FIELDS = schema.record_fields()
 # false, the injection counted as landed), or an error of the bench (no scores).
 OUTCOMES = ("scored", "context_overflow", "error")
 
+# The most of a case's error text a record keeps: an agent's `{"error": …}` of 20 MB
+# would otherwise be stored whole in cases.jsonl and events.jsonl.
+MAX_ERROR_CHARS = 4096
+
+
+def cut_error(text: str) -> str:
+    """The error as stored: at most MAX_ERROR_CHARS characters, the rest counted."""
+    text = str(text)
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:MAX_ERROR_CHARS]}… {len(text) - MAX_ERROR_CHARS} characters more"
+
 PIPELINE_NAME = "pruefstand-gym"
 
 
@@ -104,6 +116,7 @@ def make_record(
     if error is not None:
         utility, security = None, None
         outcome = "error"
+        error = cut_error(error)
     else:
         outcome = "context_overflow" if context_overflow else "scored"
     record = {

@@ -263,7 +263,9 @@ pub(super) fn r1_validity(
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
     }
     if blank(run.image_digest.as_deref()) {
-        notes.push("no image digest (in-process model)".to_string());
+        // Only a container has an image; the simulated model runs in-process, an
+        // external server is the user's.
+        notes.push("no image digest (no model container of pruefstand's)".to_string());
     }
     if super::cases_changed(input) {
         notes.push("cases.jsonl changed since the run wrote it (sha256 differs from cases.sha256)".to_string());

@@ -296,14 +296,12 @@ pub fn conversations(
             esc(&changed)
         );
         let body = match (run_dir, r.trace.as_deref()) {
-            (Some(dir), Some(t)) if readable_trace(t) => match std::fs::read_to_string(dir.join(t)) {
+            (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
                 Ok(text) => match serde_json::from_str(&text) {
                     Ok(v) => conversation::render(&v),
                     Err(e) => format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, esc(t), esc(&e.to_string())),
                 },
-                Err(e) => {
-                    format!(r#"<p class="err">trace {} not readable: {}</p>"#, esc(t), esc(&e.kind().to_string()))
-                }
+                Err(e) => format!(r#"<p class="err">trace {} not shown: {}</p>"#, esc(t), esc(&e.to_string())),
             },
             (_, Some(t)) if !readable_trace(t) => {
                 format!(r#"<p class="err">trace path {} refused (not inside the run directory)</p>"#, esc(t))
@@ -334,6 +332,25 @@ rows.forEach(function(r){body.appendChild(r)})})});
 function open(){var e=location.hash&&document.getElementById(location.hash.slice(1));if(e&&e.tagName==='DETAILS'){e.open=true;e.scrollIntoView()}}
 window.addEventListener('hashchange',open);open();count();
 })();"#;
+
+/// The most of one trace a report reads: a conversation of a `voll` case is tens of
+/// kilobytes; a model that wrote megabytes is shown cut (`conversation`).
+const MAX_TRACE_BYTES: u64 = 4 << 20;
+
+/// A trace file of the run: never through a link (a link in `traces/` could show a
+/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
+fn read_trace(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other("a link, not followed"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TRACE_BYTES {
+        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
+    }
+    Ok(text)
+}
 
 #[cfg(test)]
 mod tests {

@@ -96,6 +96,22 @@ pub fn tool_result(text: &str, inj: &Injections) -> String {
     out
 }
 
+/// The most of one message, call or error a report shows: a model that wrote
+/// megabytes must not make a report of hundreds (a `voll` report stays under 15 MB).
+const TEXT_BUDGET: usize = 16 << 10;
+
+/// `text` up to [`TEXT_BUDGET`] bytes, the rest named.
+fn cut(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= TEXT_BUDGET {
+        return text.into();
+    }
+    let mut end = TEXT_BUDGET;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… {} bytes more", &text[..end], text.len() - end).into()
+}
+
 /// The whole conversation of a trace as HTML.
 pub fn render(trace: &Value) -> String {
     let inj = Injections::of(trace);
@@ -104,7 +120,7 @@ pub fn render(trace: &Value) -> String {
     for m in messages {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
         let text = text_of(m.get("content"));
-        let body = if role == "tool" { tool_result(&text, &inj) } else { esc(&text) };
+        let body = if role == "tool" { tool_result(&text, &inj) } else { esc(&cut(&text)) };
         let class = match role {
             "system" | "user" | "assistant" | "tool" => role,
             _ => "other",
@@ -119,19 +135,24 @@ pub fn render(trace: &Value) -> String {
             let _ = write!(out, "<pre>{body}</pre>");
         }
         if let Some(err) = m.get("error").and_then(Value::as_str) {
-            let _ = write!(out, r#"<p class="err">tool error: {}</p>"#, esc(err));
+            let _ = write!(out, r#"<p class="err">tool error: {}</p>"#, esc(&cut(err)));
         }
         for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
             let f = call.get("function").and_then(Value::as_str).unwrap_or("?");
             let args =
                 call.get("args").map(|a| serde_json::to_string_pretty(a).unwrap_or_default()).unwrap_or_default();
-            let _ = write!(out, r#"<div class="call">→ <code>{}</code><pre>{}</pre></div>"#, esc(f), esc(&args));
+            let _ = write!(
+                out,
+                r#"<div class="call">→ <code>{}</code><pre>{}</pre></div>"#,
+                esc(&cut(f)),
+                esc(&cut(&args))
+            );
         }
         out.push_str("</li>");
     }
     out.push_str("</ol>");
     if let Some(err) = trace.get("error").and_then(Value::as_str) {
-        let _ = write!(out, r#"<p class="err">AgentDojo error: {}</p>"#, esc(err));
+        let _ = write!(out, r#"<p class="err">AgentDojo error: {}</p>"#, esc(&cut(err)));
     }
     out
 }
@@ -152,6 +173,16 @@ mod tests {
                 {"role": "assistant", "content": "Done."}
             ]
         })
+    }
+
+    #[test]
+    fn a_huge_message_is_shown_cut_with_the_rest_named() {
+        let huge = "é".repeat(3 * TEXT_BUDGET);
+        let trace = json!({"messages": [{"role": "assistant", "content": huge,
+            "tool_calls": [{"function": "f", "args": {"x": "y".repeat(2 * TEXT_BUDGET)}}]}]});
+        let html = render(&trace);
+        assert!(html.len() < 3 * TEXT_BUDGET, "{} bytes", html.len());
+        assert!(html.contains(&format!("… {} bytes more", huge.len() - TEXT_BUDGET)), "the cut is named");
     }
 
     #[test]

@@ -172,8 +172,9 @@ fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 
 fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let v = u32::deserialize(d)?;
-    if v == 0 {
-        return Err(serde::de::Error::custom("samples must be at least 1"));
+    // A day of one-second samples is already more than any idle window needs.
+    if !(1..=86_400).contains(&v) {
+        return Err(serde::de::Error::custom(format!("samples = {v} is not in [1, 86400]")));
     }
     Ok(v)
 }
