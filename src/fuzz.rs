@@ -636,6 +636,44 @@ fn native_answers_are_calls_rejections_or_a_final_answer() {
     });
 }
 
+/// A streamed answer, as server-sent event lines: real chunks, garbage, oversized
+/// pieces and error events, cut into arbitrary pieces as the network delivers them.
+fn stream_body() -> impl Strategy<Value = (Vec<u8>, Vec<usize>)> {
+    let event = prop_oneof![
+        loaded_text().prop_map(|t| format!("data: {}\n\n", json!({"choices": [{"delta": {"content": t}}]}))),
+        (loaded_text(), loaded_text()).prop_map(|(name, args)| format!(
+            "data: {}\n\n",
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": name, "arguments": args}}]}}]})
+        )),
+        json_value().prop_map(|v| format!("data: {v}\n")),
+        any_text().prop_map(|t| format!("{t}\n")),
+        (1usize..300_000).prop_map(|n| format!("data: {}\n", "x".repeat(n))),
+        Just("data: [DONE]\n\n".to_string()),
+        Just(": keep-alive\n".to_string()),
+    ];
+    (prop::collection::vec(event, 0..12), prop::collection::vec(1usize..70_000, 1..20))
+        .prop_map(|(events, cuts)| (events.concat().into_bytes(), cuts))
+}
+
+#[test]
+fn a_streamed_answer_folds_or_fails_in_words_however_it_arrives() {
+    fuzz("agent/stream", 400, stream_body(), |(body, cuts)| {
+        let mut assembly = crate::agent::stream::Assembly::default();
+        let (mut at, mut cut) = (0, cuts.iter().cycle());
+        while at < body.len() {
+            let end = (at + cut.next().copied().unwrap_or(1)).min(body.len());
+            if let Err(message) = assembly.feed(&body[at..end]) {
+                check(!message.is_empty(), || "an empty error".to_string())?;
+                return Ok(());
+            }
+            at = end;
+        }
+        // Every byte counted toward the answer's limit; the message is always an object.
+        check(assembly.size() == body.len(), || format!("{} of {} bytes counted", assembly.size(), body.len()))?;
+        check(assembly.message().is_object(), || format!("{:?}", assembly.message()))
+    });
+}
+
 #[test]
 fn agent_config_parser_names_the_file() {
     let dir = tempfile::tempdir().expect("a temporary folder");
