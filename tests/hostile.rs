@@ -221,3 +221,17 @@ fn a_run_into_an_open_folder_is_user_only_and_a_linked_trace_is_not_shown() {
     assert!(!report.contains("TOP-SECRET-TEXT"), "a file outside the run was rendered");
     assert!(report.contains("a link, not followed"));
 }
+
+#[test]
+fn an_abbreviated_sbatch_option_pruefstand_sets_is_refused_at_its_line() {
+    let bench = Bench::new();
+    for arg in ["--wra=x", "--arr=0-9", "--expo=ALL", "--outp=/x", "--chd=/", "--wai"] {
+        bench.write("pruefstand.toml", &format!("[cluster]\nkind = \"slurm\"\nsbatch_args = [\"{arg}\"]\n"));
+        let refused = bench.run(&["queue"]).code(2);
+        assert!(
+            refused.stderr.contains("pruefstand.toml:3:") && refused.stderr.contains("is set by pruefstand itself"),
+            "{arg}: {}",
+            refused.stderr
+        );
+    }
+}
