@@ -448,3 +448,30 @@ fn a_missing_or_wrong_python_is_a_clear_error_saying_what_to_install() {
     assert!(run.stderr.contains("is 3.13"), "{}", run.stderr);
     assert!(!dir.path().join("venv/bin/python").exists(), "no half-made venv is left to be mistaken for a ready one");
 }
+
+#[test]
+fn an_agent_gets_only_the_variables_passed_on_to_it() {
+    let bench = Bench::new();
+    let plan = bench.write(
+        "one.toml",
+        "name = \"one\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\njobs = 1\ncase_timeout_s = 60\n\
+         injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\"]\n",
+    );
+    let seen = bench.path().join("seen.txt");
+    let agent = bench.write(
+        "env.py",
+        "import json, os, sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        open(sys.argv[1], 'w').write(os.environ.get('PRUEFSTAND_API_KEY', 'missing'))\n        print(json.dumps({'final_answer': 'done'}), flush=True)\n",
+    );
+    let agent_cmd = format!("python3 {} {}", agent.display(), seen.display());
+    let gym = |extra: &[&str]| {
+        let mut args = vec!["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &agent_cmd];
+        args.extend_from_slice(extra);
+        Run::from(bench.cmd(&args).env("PRUEFSTAND_API_KEY", "sekrit").output().unwrap())
+    };
+    gym(&[]).ok();
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "missing", "not passed unless asked");
+    gym(&["--pass-env", "PRUEFSTAND_API_KEY"]).ok();
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "sekrit");
+    let refused = gym(&["--pass-env", "NO_SUCH_VARIABLE_HERE"]).code(2);
+    assert!(refused.stderr.contains("--pass-env NO_SUCH_VARIABLE_HERE"), "{}", refused.stderr);
+}

@@ -56,6 +56,11 @@ pub struct Args {
     /// `shuffled` (drawn from the run's seed: the baseline to measure that against).
     #[arg(long, value_enum, default_value = "grouped")]
     pub order: Order,
+    /// Pass this variable of pruefstand's environment on to the agent (repeatable), e.g.
+    /// PRUEFSTAND_API_KEY for a server that wants a key. Agents get a minimal
+    /// environment otherwise; a variable that is not set is an error.
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +89,15 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     request.extent = Extent::Full;
     request.jobs = args.jobs;
     request.out = args.out;
-    let executor = AgentOnly { shuffled: args.order == Order::Shuffled, case_timeout_s: args.case_timeout };
+    let agent_env = args
+        .pass_env
+        .iter()
+        .map(|name| match std::env::var(name) {
+            Ok(value) => Ok((name.clone(), value)),
+            Err(_) => Err(anyhow::anyhow!("--pass-env {name}: {name} is not set (or not UTF-8) in this environment")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let executor = AgentOnly { shuffled: args.order == Order::Shuffled, case_timeout_s: args.case_timeout, agent_env };
     // Ctrl-C stops the gym; finished cases stay for --out to resume.
     let signals = tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {

@@ -19,6 +19,9 @@ pub struct AgentOnly {
     pub shuffled: bool,
     /// Per-case wall-time limit (None: the plan's).
     pub case_timeout_s: Option<f64>,
+    /// Variables the agent gets beside its minimal environment (a server's API key);
+    /// they travel to the gym on its stdin, never in its own environment or argv.
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl Executor for AgentOnly {
@@ -52,7 +55,7 @@ impl Executor for AgentOnly {
                 case_timeout_s: self.case_timeout_s.unwrap_or(plan.case_timeout_s),
                 seed: claimed.seed,
                 defence: None,
-                agent_env: Vec::new(),
+                agent_env: self.agent_env.clone(),
                 control: Some(session.control.gym.clone()),
                 order: self.shuffled.then(|| order::shuffled(&plan.cases, claimed.seed)),
                 sinks: Vec::new(),
