@@ -147,8 +147,9 @@ pub struct CaseRecord {
     /// Calls of tools the case does not offer (the agent's count).
     #[serde(default)]
     pub unknown_tool_calls: Option<u64>,
-    /// Generations the agent gave up on — silence, or still talking at the bound its
-    /// `max_tokens` sets — scored with the text so far (the agent's count).
+    /// Generations cut off — stopped by the server at `max_tokens`, or given up on by
+    /// the agent after silence or at its time bound — scored with the text so far (the
+    /// agent's count).
     #[serde(default)]
     pub cut_generations: Option<u64>,
     /// Streamed model calls that produced a first token; their summed time to it, and

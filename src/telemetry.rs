@@ -109,8 +109,9 @@ impl ModelTiming {
 pub struct FormatHealth {
     pub malformed_outputs: u64,
     pub unknown_tool_calls: u64,
-    /// Generations the agent gave up on (silence, or still talking at their bound),
-    /// scored with the text so far; also counted as malformed outputs.
+    /// Generations cut off (at `max_tokens` by the server, or given up on by the agent
+    /// after silence or at its time bound), scored with the text so far; also counted
+    /// as malformed outputs.
     pub cut_generations: u64,
     /// Cases that ended with the server refusing the conversation for its length.
     pub context_overflows: usize,

@@ -174,8 +174,8 @@ fn a_model_that_never_stops_talking_ends_its_turn_at_its_bound_and_is_scored() {
         for r in &s.records {
             assert_eq!(r["utility"], false, "filler does no task: {r}");
             assert!(r["malformed_outputs"].as_u64() >= Some(1), "a turn cut by its length is malformed: {r}");
-            assert_eq!(r["cut_generations"], 0, "the server stopped it, not the agent: {r}");
             let calls = r["llm_calls"].as_u64().unwrap();
+            assert_eq!(r["cut_generations"].as_u64(), Some(calls), "every turn was cut at its bound: {r}");
             assert_eq!(r["completion_tokens"].as_u64(), Some(bound * calls), "every turn ran to {bound}: {r}");
             assert_eq!(r["streamed_calls"].as_u64(), Some(calls), "streamed: {r}");
             assert!(r["ttft_ms"].is_u64() && r["decode_ms"].as_u64() > Some(0), "{r}");

@@ -49,7 +49,8 @@ pub struct Usage {
     /// `None` until a response reports `usage` (counters never reported stay null).
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
-    /// Generations given up on (silence or the time bound), scored as cut off.
+    /// Generations cut off: stopped by the server at `max_tokens` (`finish_reason:
+    /// "length"`) or given up on by the agent (silence, the time bound); scored.
     pub cut_generations: u64,
     /// Streamed calls that produced a first token, and their summed time to it and
     /// from it to the last token: time to first token and decode rate per case.
@@ -171,6 +172,10 @@ impl Llm {
             return Ok((message, Some("length".into())));
         }
         let finish_reason = response.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_owned);
+        if finish_reason.as_deref() == Some("length") {
+            // Stopped by the server at max_tokens: a long generation, counted as cut too.
+            self.usage.lock().unwrap().cut_generations += 1;
+        }
         match response.pointer("/choices/0/message") {
             Some(m) if m.is_object() => Ok((m.clone(), finish_reason)),
             _ => Err(LlmError::Unusable(format!(
