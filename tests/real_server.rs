@@ -141,3 +141,109 @@ fn a_real_context_overflow_is_the_context_overflow_outcome_not_an_error() {
     }
     assert_eq!(json(&dir.join("judgement.json"))["rules"][0]["status"], "pass");
 }
+
+/// `(status, body)` of a JSON POST to `url`, with the bearer key.
+fn post(url: &str, key: &str, body: serde_json::Value) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-H", "content-type: application/json"])
+        .args(["-H", &format!("authorization: Bearer {key}"), "-d", &body.to_string(), url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The runtime LoRA endpoints, asked the same things on the real vLLM and on the
+/// simulator: load (200), the same name again (400: vLLM wants `load_inplace`), a path
+/// with no adapter (404), unload (200), unload again (404). The simulator must answer
+/// every request with the real server's status.
+#[test]
+fn the_simulator_answers_runtime_lora_loading_as_vllm_does() {
+    let dir = real_server();
+    let steps = |adapters: &str| {
+        vec![
+            ("load_lora_adapter", serde_json::json!({"lora_name": "a", "lora_path": format!("{adapters}/smol-lora")})),
+            ("load_lora_adapter", serde_json::json!({"lora_name": "a", "lora_path": format!("{adapters}/smol-lora")})),
+            (
+                "load_lora_adapter",
+                serde_json::json!({"lora_name": "b", "lora_path": format!("{adapters}/nothing-here")}),
+            ),
+            ("unload_lora_adapter", serde_json::json!({"lora_name": "a"})),
+            ("unload_lora_adapter", serde_json::json!({"lora_name": "a"})),
+        ]
+    };
+    let statuses = |base: &str, adapters: &str| -> Vec<(u16, String)> {
+        steps(adapters).into_iter().map(|(path, body)| post(&format!("{base}/v1/{path}"), "k", body)).collect()
+    };
+
+    // The real server, as the container module starts it with runtime LoRA on.
+    let name = format!("pruefstand-test-lora-{}", std::process::id());
+    let started = std::process::Command::new("docker")
+        .args(["run", "-d", "--rm", "--name", &name, "-p", "127.0.0.1::8000", "--shm-size", "1g"])
+        .args(["-e", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", "-e", "VLLM_API_KEY=k"])
+        .arg("-v")
+        .arg(format!("{}:/model:ro", dir.join("model").display()))
+        .arg("-v")
+        .arg(format!("{}:/adapters:ro", dir.join("adapters").display()))
+        .args([
+            "pruefstand-vllm-cpu:current",
+            "python",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "/model",
+        ])
+        .args(["--served-model-name", "smollm2", "--max-model-len", "2048", "--enforce-eager", "--dtype", "float32"])
+        .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"])
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+    let port = String::from_utf8_lossy(
+        &std::process::Command::new("docker").args(["port", &name, "8000"]).output().unwrap().stdout,
+    )
+    .trim()
+    .rsplit(':')
+    .next()
+    .unwrap()
+    .to_string();
+    let base = format!("http://127.0.0.1:{port}");
+    crate::common::docker::wait_for(600, "the real server's /health", || {
+        let out = std::process::Command::new("curl").args(["-sf", &format!("{base}/health")]).output().ok()?;
+        out.status.success().then_some(())
+    });
+    let real = statuses(&base, "/adapters");
+    let _ = std::process::Command::new("docker").args(["rm", "-f", &name]).output();
+
+    // The simulator, from the command line as a container would start it.
+    let bench = Bench::new();
+    let model = bench.path().join("sim-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
+    let env = pyenv();
+    let truth = std::process::Command::new(&env.python)
+        .arg(env.scripts.join("gym.py"))
+        .args(["truth", "--benchmark-version", "v1.2.2"])
+        .output()
+        .unwrap();
+    std::fs::write(model.join("truth.json"), &truth.stdout).unwrap();
+    let sim_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut sim = bench
+        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "smollm2"])
+        .args(["--port", &sim_port.to_string(), "--api-key", "k"])
+        .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+        .spawn()
+        .unwrap();
+    let sim_base = format!("http://127.0.0.1:{sim_port}");
+    crate::common::docker::wait_for(60, "the simulator's /health", || {
+        let out = std::process::Command::new("curl").args(["-sf", &format!("{sim_base}/health")]).output().ok()?;
+        out.status.success().then_some(())
+    });
+    let simulated = statuses(&sim_base, &dir.join("adapters").display().to_string());
+    let _ = sim.kill();
+    let _ = sim.wait();
+
+    let codes = |answers: &[(u16, String)]| answers.iter().map(|(status, _)| *status).collect::<Vec<_>>();
+    assert_eq!(codes(&real), [200, 400, 404, 200, 404], "the real server: {real:?}");
+    assert_eq!(codes(&simulated), codes(&real), "the simulator: {simulated:?}\nthe real server: {real:?}");
+}
