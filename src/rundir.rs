@@ -740,11 +740,12 @@ mod tests {
         assert!(err.contains("not empty and is not a run directory") && err.contains("notes.txt"), "{err}");
         assert_eq!(std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o7777, 0o1777);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing written into it");
-        // An empty folder is used as it is; a new one is made user-only.
+        // An empty folder is used, and made user-only like a new one: a run holds
+        // model output and traces whatever folder it lands in.
         let empty = tempfile::tempdir().unwrap();
         std::fs::set_permissions(empty.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         RunDir::claim(empty.path(), &identity("v")).unwrap();
-        assert_eq!(std::fs::metadata(empty.path()).unwrap().permissions().mode() & 0o777, 0o755);
+        assert_eq!(std::fs::metadata(empty.path()).unwrap().permissions().mode() & 0o777, 0o700);
         let new = empty.path().join("new");
         RunDir::claim(&new, &identity("v")).unwrap();
         assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);

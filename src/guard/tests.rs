@@ -325,7 +325,8 @@ fn config_defaults_and_validation() {
 
     for (bad, says) in [
         ("[gpu]\nutilization_max = 150", "percentage"),
-        ("[gpu]\nsamples = 0", "at least 1"),
+        ("[gpu]\nsamples = 0", "is not in [1, 86400]"),
+        ("[gpu]\nsamples = 4294967295", "is not in [1, 86400]"),
         ("[gpu]\ninterval_s = 0", "interval_s"),
         ("[gpu]\nnvml = \"maybe\"", "unknown variant"),
         ("[gpu]\nthreshold = 3", "unknown field"),

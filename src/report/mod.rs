@@ -610,7 +610,7 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;\\script&gt;"));
         assert!(!html.contains("href=\"javascript:"));
         assert!(html.contains(r#"href="traces/"#), "raw trace links");
-        assert!(html.contains("not readable"), "a missing trace file is named, not fatal");
+        assert!(html.contains("not shown"), "a missing trace file is named, not fatal");
         assert!(
             !html.contains("http://")
                 || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\""))
