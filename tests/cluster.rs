@@ -8,15 +8,9 @@ use std::path::Path;
 use crate::common::slurm::{queued_tasks, slurm};
 use crate::common::*;
 
-/// The sim's results per case in file order: everything but the wall-clock time.
+/// The sim's results per case in file order: everything but the clocks.
 fn results(run_dir: &Path) -> Vec<serde_json::Value> {
-    cases(run_dir)
-        .into_iter()
-        .map(|mut c| {
-            c.as_object_mut().unwrap().remove("duration_s");
-            c
-        })
-        .collect()
+    cases(run_dir).into_iter().map(untimed).collect()
 }
 
 fn clustered_slow() -> Bench {

@@ -497,16 +497,7 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
 /// digits (a `cargo test` build takes some maths from another library than a
 /// `cargo build` one, which moves the 15th digit).
 fn comparable(run_dir: &Path) -> (String, String) {
-    let records: Vec<serde_json::Value> = cases(run_dir)
-        .into_iter()
-        .map(|mut record| {
-            let record_map = record.as_object_mut().unwrap();
-            for timing in ["duration_s", "ttft_ms", "decode_ms"] {
-                record_map.remove(timing);
-            }
-            record
-        })
-        .collect();
+    let records: Vec<serde_json::Value> = cases(run_dir).into_iter().map(untimed).collect();
     fn strip(value: &mut serde_json::Value, timing: &regex::Regex) {
         match value {
             serde_json::Value::Object(map) => {

@@ -190,6 +190,19 @@ pub const MINI_CASES: usize = 11;
 
 /// Two banking user tasks clean and attacked with one injection task (4 cases, no
 /// injection goals): enough to tell versions apart, quick to run.
+/// What varies between two runs of the same seed in a case record: its clocks.
+pub const RECORD_TIMINGS: [&str; 3] = ["duration_s", "ttft_ms", "decode_ms"];
+
+/// A case record without [`RECORD_TIMINGS`]: what two runs of one seed must agree on.
+pub fn untimed(mut record: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = record.as_object_mut() {
+        for timing in RECORD_TIMINGS {
+            map.remove(timing);
+        }
+    }
+    record
+}
+
 pub const TINY_PLAN: &str = r#"
 name = "tiny"
 benchmark_version = "v1.2.2"
