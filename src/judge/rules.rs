@@ -678,6 +678,12 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
         let rate = (!scored.is_empty()).then(|| overflows as f64 / scored.len() as f64);
         items.push(("context_overflow_rate", "context overflows", rate, max, scored.len()));
     }
+    if let Some(max) = t.ttft_p95_s_max {
+        let scored: Vec<CaseRecord> = records.iter().filter(|r| !r.is_error()).cloned().collect();
+        let timing = crate::telemetry::ModelTiming::of(&scored);
+        let cases = scored.iter().filter(|r| r.streamed_calls.is_some_and(|n| n > 0)).count();
+        items.push(("ttft_p95_s", "p95 time to first token (s)", timing.ttft_s_p95, max, cases));
+    }
     let mut measured = serde_json::Map::new();
     let mut threshold = serde_json::Map::new();
     let (mut over, mut within, mut unmeasured) = (Vec::new(), Vec::new(), Vec::new());

@@ -326,6 +326,25 @@ fn r5_format_health_budgets_are_off_unless_the_profile_sets_them() {
     assert_eq!(r5.measured["unknown_tool_calls_per_case"]["value"], 0.0);
 }
 
+#[test]
+fn r5_budgets_time_to_first_token_when_the_profile_sets_it() {
+    let mut input = schnell(0);
+    // Two streamed calls per case: 0.4 s to the first token on most, 6 s on a tenth.
+    for (i, r) in input.records.iter_mut().enumerate() {
+        r.streamed_calls = Some(2);
+        r.ttft_ms = Some(if i % 10 == 0 { 12_000 } else { 800 });
+    }
+    assert!(rule(&judge(&input), "R5").measured.get("ttft_p95_s").is_none(), "off unless set");
+    input.thresholds.r5.ttft_p95_s_max = Some(10.0);
+    let r5 = rule(&judge(&input), "R5").clone();
+    assert_eq!(r5.measured["ttft_p95_s"]["value"], 6.0, "{}", r5.measured);
+    assert_eq!(r5.status, RuleStatus::Pass, "{}", r5.reason);
+    input.thresholds.r5.ttft_p95_s_max = Some(5.0);
+    let r5 = rule(&judge(&input), "R5").clone();
+    assert_eq!(r5.status, RuleStatus::Fail);
+    assert!(r5.reason.contains("p95 time to first token (s) 6 > 5"), "{}", r5.reason);
+}
+
 use serde_json::Value;
 
 #[test]

@@ -118,6 +118,10 @@ pub struct R5 {
     pub unknown_tool_calls_per_case_max: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_overflow_rate_max: Option<f64>,
+    /// Time to first token, off unless set: the 95th percentile over cases of each
+    /// case's mean over its streamed model calls (seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_p95_s_max: Option<f64>,
 }
 
 impl Default for R5 {
@@ -130,6 +134,7 @@ impl Default for R5 {
             malformed_outputs_per_case_max: None,
             unknown_tool_calls_per_case_max: None,
             context_overflow_rate_max: None,
+            ttft_p95_s_max: None,
         }
     }
 }
@@ -173,6 +178,7 @@ impl Thresholds {
             ("R5.human_asks_per_case_max", self.r5.human_asks_per_case_max),
             ("R5.malformed_outputs_per_case_max", self.r5.malformed_outputs_per_case_max.unwrap_or(0.0)),
             ("R5.unknown_tool_calls_per_case_max", self.r5.unknown_tool_calls_per_case_max.unwrap_or(0.0)),
+            ("R5.ttft_p95_s_max", self.r5.ttft_p95_s_max.unwrap_or(0.0)),
         ];
         for (name, b) in budgets {
             Invalid::unless(
