@@ -70,7 +70,7 @@ pub struct ModelTiming {
 }
 
 impl ModelTiming {
-    pub fn of(records: &[CaseRecord]) -> ModelTiming {
+    pub fn of<'a>(records: impl IntoIterator<Item = &'a CaseRecord>) -> ModelTiming {
         let mut t = ModelTiming::default();
         let (mut ttft_ms, mut decode_ms, mut tokens) = (0u64, 0u64, 0u64);
         let mut per_case = Vec::new();

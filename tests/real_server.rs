@@ -142,6 +142,14 @@ fn a_real_context_overflow_is_the_context_overflow_outcome_not_an_error() {
     assert_eq!(json(&dir.join("judgement.json"))["rules"][0]["status"], "pass");
 }
 
+/// Waits until `base`'s `/health` answers 200 (at most `secs`).
+fn wait_healthy(base: &str, secs: u64, what: &str) {
+    crate::common::docker::wait_for(secs, &format!("{what}'s /health"), || {
+        let out = std::process::Command::new("curl").args(["-sf", &format!("{base}/health")]).output().ok()?;
+        out.status.success().then_some(())
+    });
+}
+
 /// `(status, body)` of a JSON POST to `url`, with the bearer key.
 fn post(url: &str, key: &str, body: serde_json::Value) -> (u16, String) {
     let out = std::process::Command::new("curl")
@@ -208,10 +216,7 @@ fn the_simulator_answers_runtime_lora_loading_as_vllm_does() {
     .unwrap()
     .to_string();
     let base = format!("http://127.0.0.1:{port}");
-    crate::common::docker::wait_for(600, "the real server's /health", || {
-        let out = std::process::Command::new("curl").args(["-sf", &format!("{base}/health")]).output().ok()?;
-        out.status.success().then_some(())
-    });
+    wait_healthy(&base, 600, "the real server");
     let real = statuses(&base, "/adapters");
     let _ = std::process::Command::new("docker").args(["rm", "-f", &name]).output();
 
@@ -235,10 +240,7 @@ fn the_simulator_answers_runtime_lora_loading_as_vllm_does() {
         .spawn()
         .unwrap();
     let sim_base = format!("http://127.0.0.1:{sim_port}");
-    crate::common::docker::wait_for(60, "the simulator's /health", || {
-        let out = std::process::Command::new("curl").args(["-sf", &format!("{sim_base}/health")]).output().ok()?;
-        out.status.success().then_some(())
-    });
+    wait_healthy(&sim_base, 60, "the simulator");
     let simulated = statuses(&sim_base, &dir.join("adapters").display().to_string());
     let _ = sim.kill();
     let _ = sim.wait();

@@ -223,13 +223,7 @@ impl Llm {
             })?,
             // A plain JSON answer comes with its headers, after the whole generation:
             // running past the bound is the model's time. A stream's headers come first.
-            Err(_) if !self.stream => {
-                let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
-                return Ok(Answered {
-                    response: cut_response(json!({"role": "assistant", "content": ""})),
-                    cut: Some(why),
-                });
-            }
+            Err(_) if !self.stream => return Ok(self.no_answer()),
             Err(_) => return Err(Attempt::Transient(self.no_first_token())),
         };
         let status = resp.status();
@@ -272,11 +266,7 @@ impl Llm {
                         error_chain(&e)
                     )));
                 }
-                Err(_) => {
-                    let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
-                    let response = cut_response(json!({"role": "assistant", "content": ""}));
-                    return Ok(Answered { response, cut: Some(why) });
-                }
+                Err(_) => return Ok(self.no_answer()),
             }
         }
         let text = String::from_utf8_lossy(&body);
@@ -363,6 +353,13 @@ impl Llm {
             }
             _ => self.first_token,
         }
+    }
+
+    /// A plain JSON answer that did not come within the first-token bound: the
+    /// model's time, cut off with nothing to show.
+    fn no_answer(&self) -> Answered {
+        let why = format!("no answer within {:?} (request_timeout_s)", self.first_token);
+        Answered { response: cut_response(json!({"role": "assistant", "content": ""})), cut: Some(why) }
     }
 
     fn no_first_token(&self) -> String {

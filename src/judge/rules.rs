@@ -679,9 +679,9 @@ pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResul
         items.push(("context_overflow_rate", "context overflows", rate, max, scored.len()));
     }
     if let Some(max) = t.ttft_p95_s_max {
-        let scored: Vec<CaseRecord> = records.iter().filter(|r| !r.is_error()).cloned().collect();
-        let timing = crate::telemetry::ModelTiming::of(&scored);
-        let cases = scored.iter().filter(|r| r.streamed_calls.is_some_and(|n| n > 0)).count();
+        let scored = || records.iter().filter(|r| !r.is_error());
+        let timing = crate::telemetry::ModelTiming::of(scored());
+        let cases = scored().filter(|r| r.streamed_calls.is_some_and(|n| n > 0)).count();
         items.push(("ttft_p95_s", "p95 time to first token (s)", timing.ttft_s_p95, max, cases));
     }
     let mut measured = serde_json::Map::new();
