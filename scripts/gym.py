@@ -4,7 +4,7 @@
     gym.py inventory --benchmark-version V    suites, tasks, attacks (one JSON object)
     gym.py truth --benchmark-version V        ground truth for the simulated model
     gym.py run --request FILE                 run cases; JSON events on stdout
-    gym.py selftest                           offline checks (no agentdojo import)
+    gym.py selftest                           offline checks (no model, no network)
     gym.py validate --schema NAME FILE        check a file against a contract schema
                                               (case-record: JSON lines; gym-request)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Offline checks of the gym (no agentdojo import): protocol, payload bank, generator,
-records. `python3 selftest.py` or `gym.py selftest`; exit 0 when all pass. The last line
-printed is `N passed, N failed`."""
+"""Offline checks of the gym (no model, no network): protocol, payload bank, generator,
+records, dispatch, the reader of agent lines. `python3 selftest.py` or `gym.py
+selftest`; exit 0 when all pass. The last line printed is `N passed, N failed`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -486,6 +487,53 @@ def the_gym_dispatches_a_user_tasks_cases_together_longest_first():
     assert runs.index(("banking", "user_task_15")) < runs.index(("banking", "user_task_0")), groups
     assert order[0]["injection_task"] is not None, order[0]
     assert sorted(c["id"] for c in order) == sorted(c["id"] for c in cases)
+
+
+@check
+def the_agent_line_reader_reassembles_random_pieces_and_refuses_an_oversized_line():
+    """Fuzz of the gym's reader of agent lines: seeded random lines (blank ones between,
+    the last without its newline) written in random pieces come back exactly; a line
+    over the limit is refused at the limit, not read on."""
+    import random
+
+    from pruefstand_gym import adapter
+
+    rng = random.Random(11)
+    for round_ in range(20):
+        lines = [json.dumps({"final_answer": "a" * rng.choice([0, 1, 5, 4095, 4096, 70_000, 300_000])})
+                 for _ in range(rng.randrange(1, 12))]
+        text = "".join(line + "\n" * rng.choice([1, 1, 2, 3]) for line in lines).rstrip("\n")
+        writer = ("import random, sys, time\n"
+                  f"rng = random.Random({round_})\n"
+                  "data = sys.stdin.buffer.read()\n"
+                  "at = 0\n"
+                  "while at < len(data):\n"
+                  "    step = rng.choice([1, 3, 4096, 65537, 1 << 20])\n"
+                  "    sys.stdout.buffer.write(data[at:at + step]); sys.stdout.buffer.flush(); at += step\n")
+        agent = adapter.AgentProcess([sys.executable, "-c", writer])
+        agent.start()
+        agent.proc.stdin.write(text.encode())
+        agent.proc.stdin.close()
+        got = [agent.recv_line(time.monotonic() + 30, 30).decode() for _ in lines]
+        agent.kill()
+        assert got == lines, f"round {round_}: {[len(g) for g in got]} != {[len(li) for li in lines]}"
+
+    limit, protocol.MAX_LINE_BYTES = protocol.MAX_LINE_BYTES, 1 << 20
+    try:
+        flood = "import sys\nsys.stdout.write('x' * (3 << 20)); sys.stdout.flush(); sys.stdin.read()\n"
+        agent = adapter.AgentProcess([sys.executable, "-c", flood])
+        agent.start()
+        try:
+            agent.recv_line(time.monotonic() + 30, 30)
+        except adapter.AgentError as e:
+            assert "line longer than 1048576 bytes" in str(e), e
+            assert len(agent.buf) < (1 << 20) + (1 << 20) + 1, "read on past the limit"
+        else:
+            raise AssertionError("an oversized line was accepted")
+        finally:
+            agent.kill()
+    finally:
+        protocol.MAX_LINE_BYTES = limit
 
 
 def main() -> int:

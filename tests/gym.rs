@@ -320,42 +320,40 @@ fn an_interrupted_run_resumes_without_rerunning_finished_cases() {
 #[test]
 fn misbehaving_agents_become_case_errors_and_the_run_goes_on() {
     let bench = Bench::new();
-    let plan = bench.write(
-        "two.toml",
-        "name = \"two\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 1\ncase_timeout_s = 3\n\
-         injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
-    );
-    let agents = [
-        (
-            "garbage",
-            "import sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        print('this is not json', flush=True)\n",
-            "invalid JSON",
-        ),
-        ("exits", "import sys\nsys.stdin.readline()\nsys.exit(3)\n", "exited"),
-        ("hangs", "import sys, time\nfor line in sys.stdin:\n    time.sleep(60)\n", "timeout"),
+    let plan = bench.counter_plan("two", &["user_task_0", "user_task_3"], &["important_instructions"], 3);
+    // The hostile agent fixture (tests/fixtures/hostile/agent.py), mode by mode.
+    let modes = [
+        ("garbage", "invalid JSON"),
+        ("exits", "exited"),
+        ("hangs", "timeout"),
         // A counter Rust could not read back would have cost the run every record.
-        (
-            "huge-count",
-            "import json, sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        print(json.dumps({'final_answer': 'ok', 'stats': {'prompt_tokens': 2**64}}), flush=True)\n",
-            "stats.prompt_tokens must be an integer from 0 to 9223372036854775807",
-        ),
+        ("huge-count", "stats.prompt_tokens must be an integer from 0 to 9223372036854775807"),
+        // The line reader refuses at its limit instead of reading on into memory.
+        ("huge-line", "line longer than 67108864 bytes"),
+        // A 20 MB error is stored cut, its rest counted.
+        ("error-flood", "characters more"),
     ];
-    for (name, source, reason) in agents {
-        let script = bench.write(&format!("{name}.py"), source);
-        let run = bench
-            .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &format!("python3 {}", script.display())])
-            .ok();
+    for (mode, reason) in modes {
+        let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &hostile_agent(mode)]).ok();
         let records = cases(&run.run_dir());
-        assert_eq!(records.len(), 2, "{name}: every case recorded");
+        assert_eq!(records.len(), 2, "{mode}: every case recorded");
         for record in &records {
-            let error = record["error"].as_str().unwrap_or_else(|| panic!("{name}: no error in {record}"));
-            assert!(error.contains(reason), "{name}: {error}");
+            let error = record["error"].as_str().unwrap_or_else(|| panic!("{mode}: no error in {record}"));
+            assert!(error.contains(reason), "{mode}: {}", &error[..error.len().min(300)]);
+            assert!(error.len() < 4200, "{mode}: the error is stored cut ({} bytes)", error.len());
             assert!(
                 record["utility"].is_null() && record["security"].is_null(),
                 "an error is neither a failure nor a success"
             );
         }
         assert_eq!(json(&run.run_dir().join("telemetry.json"))["counts"]["errors"], 2);
+    }
+    // Answers written in random pieces with blank lines between them read back whole.
+    let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &hostile_agent("chunked")]).ok();
+    for record in cases(&run.run_dir()) {
+        assert!(record["error"].is_null(), "{record}");
+        let trace = json(&run.run_dir().join(record["trace"].as_str().unwrap())).to_string();
+        assert!(trace.contains("done in pieces ppp"), "the whole answer reached AgentDojo");
     }
 }
 
@@ -452,11 +450,7 @@ fn a_missing_or_wrong_python_is_a_clear_error_saying_what_to_install() {
 #[test]
 fn an_agent_gets_only_the_variables_passed_on_to_it() {
     let bench = Bench::new();
-    let plan = bench.write(
-        "one.toml",
-        "name = \"one\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\njobs = 1\ncase_timeout_s = 60\n\
-         injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\"]\n",
-    );
+    let plan = bench.counter_plan("one", &["user_task_0"], &[], 60);
     let seen = bench.path().join("seen.txt");
     let agent = bench.write(
         "env.py",

@@ -155,19 +155,9 @@ fn a_tampered_reference_decides_nothing() {
 #[test]
 fn an_agents_stderr_is_kept_to_a_megabyte_per_case() {
     let bench = Bench::new();
-    let plan = bench.write(
-        "two.toml",
-        "name = \"two\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\njobs = 1\ncase_timeout_s = 60\n\
-         injection_goals = false\n[[suites]]\nname = \"counter\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
-    );
+    let plan = bench.counter_plan("two", &["user_task_0", "user_task_3"], &[], 60);
     // 16 MiB of noise per query, then an answer.
-    let agent = bench.write(
-        "noisy.py",
-        "import json, sys\nfor line in sys.stdin:\n    if '\"query\"' in line:\n        for _ in range(256):\n            sys.stderr.write('n' * 65536)\n        sys.stderr.flush()\n        print(json.dumps({'final_answer': 'done'}), flush=True)\n",
-    );
-    let run = bench
-        .run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &format!("python3 {}", agent.display())])
-        .ok();
+    let run = bench.run(&["gym", "--plan", plan.to_str().unwrap(), "--agent-cmd", &hostile_agent("stderr-flood")]).ok();
     let dir = run.run_dir();
     assert_eq!(cases(&dir).len(), 2, "both cases recorded");
     let log = std::fs::read_to_string(dir.join("gym.log")).unwrap();
@@ -234,4 +224,86 @@ fn an_abbreviated_sbatch_option_pruefstand_sets_is_refused_at_its_line() {
             refused.stderr
         );
     }
+}
+
+/// The hostile model server fixture (tests/fixtures/hostile/model_server.py), killed
+/// when dropped.
+struct HostileServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HostileServer {
+    fn start() -> HostileServer {
+        use std::io::BufRead;
+        let script = repo().join("tests/fixtures/hostile/model_server.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the hostile model server");
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        HostileServer { child, url: first.trim().to_string() }
+    }
+
+    /// A version whose model is this server, attacking the way `mode` names.
+    fn version(&self, bench: &Bench, mode: &str) {
+        bench.write(
+            &format!("versions/{mode}.toml"),
+            &format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{}/{mode}/v1\"\n", self.url),
+        );
+    }
+}
+
+impl Drop for HostileServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_hostile_model_server_is_held_at_every_boundary() {
+    let bench = Bench::new();
+    let server = HostileServer::start();
+    let plan = bench.write(
+        "two.toml",
+        "name = \"two\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\n\
+         case_timeout_s = 120\ninjection_goals = false\n[[suites]]\nname = \"banking\"\n\
+         user_tasks = [\"user_task_0\", \"user_task_3\"]\n",
+    );
+    let run = |mode: &str| {
+        server.version(&bench, mode);
+        let run = bench.run(&["run", mode, "--plan", plan.to_str().unwrap()]);
+        assert!(matches!(run.code, Some(0 | 10 | 11 | 12)), "{mode}: run failed\n{}\n{}", run.stdout, run.stderr);
+        run.run_dir()
+    };
+
+    // 64 MiB answers: refused at the agent's 16 MiB limit, as case errors.
+    let dir = run("huge");
+    let records = cases(&dir);
+    assert!(!records.is_empty());
+    for record in &records {
+        let error = record["error"].as_str().unwrap_or_else(|| panic!("huge: no error in {record}"));
+        assert!(error.contains("over 16 MiB"), "{error}");
+    }
+
+    // Usage of 2^64-1 tokens per call: counts saturate, R5 never shows a wrapped 0.
+    let dir = run("usage");
+    for record in cases(&dir) {
+        assert_eq!(record["prompt_tokens"].as_u64(), Some(i64::MAX as u64), "{record}");
+    }
+    let r5 = json(&dir.join("judgement.json"))["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R5").cloned();
+    assert!(!r5.unwrap()["reason"].as_str().unwrap().contains("tokens per case 0"));
+
+    // 3 MB answers full of markup and control characters: the report stays small,
+    // shows them as text, and runs none of it.
+    let dir = run("inject");
+    let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(report.len() < 15 << 20, "report.html is {} bytes", report.len());
+    assert!(report.contains("bytes more"), "long conversation text is cut and says so");
+    assert!(!report.contains("<script>document.body") && !report.contains("<img src=x"), "markup is escaped");
+    assert!(report.contains("U+202E") && !report.contains('\u{202e}'), "a bidi override is shown, not obeyed");
+    assert!(!report.contains('\u{1b}') && !report.contains('\u{7}'), "raw ESC/BEL never reach the page");
 }

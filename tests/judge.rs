@@ -51,7 +51,7 @@ fn demo_verdicts_on_schnell_and_voll_follow_from_the_settings() {
         let judged = json(&kandidat.join("judgement.json"));
         let recorded = std::fs::read_to_string(kandidat.join("cases.sha256")).unwrap();
         assert_eq!(judged["cases_sha256"].as_str(), recorded.split_whitespace().next(), "{plan}");
-        assert_eq!(judged["cases_changed"], false);
+        assert_eq!(judged.get("cases_untrusted"), None);
         for id in ["R1", "R2", "R3", "R4", "R5"] {
             assert_eq!(status(&kandidat, id), "pass", "{plan}: kandidat {id}");
         }
@@ -398,17 +398,24 @@ fn the_judgement_names_what_it_judged_and_notices_edits() {
     let (code, out, j) = judge_dir(&bench, &dir, "schnell", &[]);
     assert_eq!(code, 0, "{out}");
     let sha = runs::sha256_hex(&std::fs::read(dir.join("cases.jsonl")).unwrap());
-    assert_eq!((j["cases_sha256"].as_str(), j["cases_changed"].as_bool()), (Some(sha.as_str()), Some(false)));
+    assert_eq!((j["cases_sha256"].as_str(), j.get("cases_untrusted")), (Some(sha.as_str()), None));
     assert!(out.contains(&format!("judged cases.jsonl sha256 {sha}")) && !out.contains("changed since"), "{out}");
 
     records[0]["utility"] = false.into();
     runs::write_cases(&dir, &records);
     let (code, out, j) = judge_dir(&bench, &dir, "schnell", &[]);
     assert_eq!(code, 0, "still judged: {out}");
-    assert!(out.contains("changed since the run wrote it"), "{out}");
-    assert_eq!(j["cases_changed"], true);
+    assert!(out.contains("changed since its run wrote it"), "{out}");
+    assert!(j["cases_untrusted"].as_str().unwrap().contains("changed since its run wrote it"), "{j}");
     assert_ne!(j["cases_sha256"].as_str(), Some(sha.as_str()));
-    assert!(reason(&j, "R1").contains("cases.jsonl changed since the run wrote it"), "{}", reason(&j, "R1"));
+    assert!(reason(&j, "R1").contains("cases.jsonl changed since its run wrote it"), "{}", reason(&j, "R1"));
+
+    // Deleting the digest after the edit does not hide it: unverifiable is said as such.
+    std::fs::remove_file(dir.join("cases.sha256")).unwrap();
+    let (code, out, j) = judge_dir(&bench, &dir, "schnell", &[]);
+    assert_eq!(code, 0, "still judged: {out}");
+    assert!(out.contains("has no cases.sha256 beside it"), "{out}");
+    assert!(reason(&j, "R1").contains("cannot be checked"), "{}", reason(&j, "R1"));
 }
 
 #[test]

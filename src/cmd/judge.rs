@@ -54,11 +54,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::from(judgement.verdict.exit_code()));
     }
-    if judgement.cases_changed {
-        outln!(
-            "note: {} changed since the run wrote it (its sha256 differs from cases.sha256); judged as it is now",
-            RunFile::Cases.path_in(&args.run_dir).display()
-        );
+    if let Some(why) = &judgement.cases_untrusted {
+        outln!("note: {why}; judged as it is now");
     }
     outln!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
     for r in &judgement.rules {

@@ -73,6 +73,27 @@ pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
     }
 }
 
+/// Why a run's `cases.jsonl` cannot be taken as the file its run wrote: its sha256
+/// differs from the one in `cases.sha256`, or that digest is missing (a run writes it
+/// before it is judged, so only a deleted digest or a run from before digests lacks
+/// it). None: the file is as its run left it. Candidate and reference are checked
+/// alike.
+pub fn untrusted_cases(file: &Path, now: &str, recorded: Option<&str>) -> Option<String> {
+    match recorded {
+        None => Some(format!(
+            "{} has no {} beside it: whether it changed since its run wrote it cannot be checked",
+            file.display(),
+            RunFile::CasesDigest.name()
+        )),
+        Some(recorded) if recorded != now => Some(format!(
+            "{} changed since its run wrote it (its sha256 differs from {})",
+            file.display(),
+            RunFile::CasesDigest.name()
+        )),
+        Some(_) => None,
+    }
+}
+
 /// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
 /// has no `plan.json`.
 pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
@@ -106,6 +127,11 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         record_lines: cases.lines,
         record_faults: cases.faults,
         plan_cases,
+        cases_untrusted: untrusted_cases(
+            &RunFile::Cases.path_in(run_dir),
+            &cases.sha256,
+            recorded_cases_sha256.as_deref(),
+        ),
         cases_sha256: Some(cases.sha256),
         recorded_cases_sha256,
         reference,
@@ -145,16 +171,7 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
     let cases = read_cases(dir)?;
     // Checked like the candidate's own file: a reference edited after its run would
     // decide R4 for whoever edited it.
-    let file = RunFile::Cases.path_in(dir);
-    let untrusted = match read_recorded_sha256(dir)? {
-        None => Some(format!("{} has no {} beside it", file.display(), RunFile::CasesDigest.name())),
-        Some(recorded) if recorded != cases.sha256 => Some(format!(
-            "{} changed since its run wrote it (its sha256 differs from {})",
-            file.display(),
-            RunFile::CasesDigest.name()
-        )),
-        Some(_) => None,
-    };
+    let untrusted = untrusted_cases(&RunFile::Cases.path_in(dir), &cases.sha256, read_recorded_sha256(dir)?.as_deref());
     Ok(ReferenceRun {
         run_id: meta.run_id,
         version: meta.version,
@@ -232,7 +249,18 @@ mod tests {
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
-        assert!(crate::judge::cases_changed(&loaded));
+        assert!(loaded.cases_untrusted.unwrap().contains("changed since its run wrote it"));
+    }
+
+    #[test]
+    fn a_candidate_whose_digest_was_deleted_is_untrusted_like_a_reference() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        write_run_dir(&dir, &crate::judge::tests::schnell(0), None);
+        assert_eq!(load_input(&dir, None, None).unwrap().cases_untrusted, None, "as its run left it");
+        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap();
+        let why = load_input(&dir, None, None).unwrap().cases_untrusted.unwrap();
+        assert!(why.contains("has no cases.sha256") && why.contains("cannot be checked"), "{why}");
     }
 
     #[test]

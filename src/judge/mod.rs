@@ -75,6 +75,10 @@ pub struct JudgeInput {
     pub cases_sha256: Option<String>,
     #[serde(default)]
     pub recorded_cases_sha256: Option<String>,
+    /// Why `cases.jsonl` cannot be taken as the file its run wrote
+    /// ([`load::untrusted_cases`]); None when it can, or for records built in memory.
+    #[serde(default)]
+    pub cases_untrusted: Option<String>,
     pub reference: Option<ReferenceRun>,
     pub thresholds: Thresholds,
     /// The adaptive attacker's search log (`adaptive.json`), when the plan ran one.
@@ -170,10 +174,11 @@ pub struct Judgement {
     pub cases_sha256: Option<String>,
     #[serde(default)]
     pub reference_cases_sha256: Option<String>,
-    /// `cases.jsonl` is not the file the run wrote (its sha256 differs from the one the
-    /// run recorded). Judged all the same; R1 notes it.
-    #[serde(default)]
-    pub cases_changed: bool,
+    /// Why `cases.jsonl` is not known to be the file the run wrote (its sha256 differs
+    /// from the one the run recorded, or that record is missing). Judged all the same;
+    /// R1 notes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_untrusted: Option<String>,
     /// Present when the run stopped early: how far it ran and what decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stop: Option<EarlyStopSummary>,
@@ -300,7 +305,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         judged_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         cases_sha256: input.cases_sha256.clone(),
         reference_cases_sha256: input.reference.as_ref().and_then(|r| r.cases_sha256.clone()),
-        cases_changed: cases_changed(input),
+        cases_untrusted: input.cases_untrusted.clone(),
         early_stop: early,
     }
 }
@@ -328,11 +333,6 @@ fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStop
         deciding: if deciding.is_empty() { "nothing decided".into() } else { deciding },
         sequential: seq,
     })
-}
-
-/// True when the run recorded a sha256 of `cases.jsonl` and the judged file differs.
-pub fn cases_changed(input: &JudgeInput) -> bool {
-    matches!((&input.cases_sha256, &input.recorded_cases_sha256), (Some(now), Some(then)) if now != then)
 }
 
 /// R1 fail → invalid; else any fail → rejected; else any inconclusive →

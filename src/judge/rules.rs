@@ -267,8 +267,8 @@ pub(super) fn r1_validity(
         // external server is the user's.
         notes.push("no image digest (no model container of pruefstand's)".to_string());
     }
-    if super::cases_changed(input) {
-        notes.push("cases.jsonl changed since the run wrote it (sha256 differs from cases.sha256)".to_string());
+    if let Some(why) = &input.cases_untrusted {
+        notes.push(why.clone());
     }
 
     let measured = json!({

@@ -86,6 +86,7 @@ pub(crate) fn schnell(landed: usize) -> JudgeInput {
         plan_cases: None,
         cases_sha256: None,
         recorded_cases_sha256: None,
+        cases_untrusted: None,
         reference: None,
         thresholds: Thresholds::default(),
         adaptive: None,
@@ -618,16 +619,16 @@ fn the_judgement_names_the_files_it_judged() {
         Some(ReferenceRun { cases_sha256: Some("bb".into()), ..reference_of(&input, input.records.clone()) });
     let j = judge(&input);
     assert_eq!(
-        (j.cases_sha256.as_deref(), j.reference_cases_sha256.as_deref(), j.cases_changed),
-        (Some("aa"), Some("bb"), false)
+        (j.cases_sha256.as_deref(), j.reference_cases_sha256.as_deref(), j.cases_untrusted.as_deref()),
+        (Some("aa"), Some("bb"), None)
     );
     assert!(!rule(&j, "R1").reason.contains("changed"));
-    input.recorded_cases_sha256 = Some("cc".into());
+    input.cases_untrusted = Some("cases.jsonl changed since its run wrote it".into());
     let j = judge(&input);
-    assert!(j.cases_changed);
+    assert_eq!(j.cases_untrusted, input.cases_untrusted);
     let r1 = rule(&j, "R1");
     assert!(
-        r1.status == RuleStatus::Pass && r1.reason.contains("cases.jsonl changed since the run wrote it"),
+        r1.status == RuleStatus::Pass && r1.reason.contains("cases.jsonl changed since its run wrote it"),
         "{}",
         r1.reason
     );

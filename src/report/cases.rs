@@ -272,6 +272,7 @@ pub fn conversations(
     changes: &BTreeMap<String, Vec<Change>>,
     anchors: &BTreeMap<String, String>,
 ) {
+    let room = conversation::room_per_conversation(ordered.len());
     b.push_str(r#"<h2 id="conversations">Conversations</h2><p class="note">Injected text in tool results is <mark>highlighted</mark>; long tool results are shortened around it.</p>"#);
     for r in ordered {
         let verdict = if r.is_error() {
@@ -298,7 +299,7 @@ pub fn conversations(
         let body = match (run_dir, r.trace.as_deref()) {
             (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
                 Ok(text) => match serde_json::from_str(&text) {
-                    Ok(v) => conversation::render(&v),
+                    Ok(v) => conversation::render(&v, room),
                     Err(e) => format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, esc(t), esc(&e.to_string())),
                 },
                 Err(e) => format!(r#"<p class="err">trace {} not shown: {}</p>"#, esc(t), esc(&e.to_string())),

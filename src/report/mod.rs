@@ -57,9 +57,8 @@ pub fn markdown(j: &Judgement) -> String {
     if let Some(sha) = &j.reference_cases_sha256 {
         let _ = writeln!(md, "- the reference's `cases.jsonl` sha256 `{sha}`");
     }
-    if j.cases_changed {
-        let _ =
-            writeln!(md, "- **`cases.jsonl` changed since the run wrote it** (its sha256 differs from `cases.sha256`)");
+    if let Some(why) = &j.cases_untrusted {
+        let _ = writeln!(md, "- **{why}**");
     }
     let _ = writeln!(md, "- judged at {}\n", j.judged_at);
     md.push_str("| rule | name | status | reason |\n|---|---|---|---|\n");
@@ -218,8 +217,9 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
             esc(sha)
         );
     }
-    if j.cases_changed {
-        b.push_str(r#"<p id="cases-changed"><b>cases.jsonl changed since the run wrote it</b> (its sha256 differs from <code>cases.sha256</code>): the verdict is about the file as it is now.</p>"#);
+    if let Some(why) = &j.cases_untrusted {
+        let _ =
+            write!(b, r#"<p id="cases-changed"><b>{}</b>: the verdict is about the file as it is now.</p>"#, esc(why));
     }
     rules_table(&mut b, j);
     if !j.outlook.is_empty() {
@@ -621,6 +621,52 @@ mod tests {
         assert_eq!(back.verdict, Verdict::Inconclusive);
         let md = std::fs::read_to_string(RunFile::JudgementMarkdown.path_in(dir.path())).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
+    }
+
+    fn html_size_of_conversations(html: &str) -> usize {
+        html.split(r#"<ol class="conv">"#).skip(1).map(|c| c.find("</ol>").unwrap_or(c.len())).sum()
+    }
+
+    /// A `voll`-sized run (2,165 cases) of a model that rambles in every turn: the report
+    /// stays under 15 MB, however much the traces hold.
+    #[test]
+    fn a_voll_report_of_a_rambling_model_stays_under_15_mb() {
+        let base = judge::tests::schnell(3);
+        let mut input = base.clone();
+        input.records.clear();
+        for copy in 0.. {
+            for r in &base.records {
+                if input.records.len() == 2_165 {
+                    break;
+                }
+                let mut r = r.clone();
+                r.case_id = format!("{}-{copy}", r.case_id);
+                r.trace = Some("traces/rambling.json".into());
+                input.records.push(r);
+            }
+            if input.records.len() == 2_165 {
+                break;
+            }
+        }
+        input.run.planned_case_ids = input.records.iter().map(|r| r.case_id.clone()).collect();
+        let turns: Vec<serde_json::Value> = (0..20)
+            .map(|i| {
+                serde_json::json!({"role": "assistant", "content": "<b>ramble</b> \u{202e} ".repeat(150),
+                "tool_calls": [{"function": format!("f{i}"), "args": {"x": "y".repeat(500)}}]})
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("traces")).unwrap();
+        std::fs::write(dir.path().join("traces/rambling.json"), serde_json::json!({"messages": turns}).to_string())
+            .unwrap();
+        let j = judge::judge(&input);
+        write_run_report(dir.path(), &j, &input).unwrap();
+        let size = std::fs::metadata(RunFile::Report.path_in(dir.path())).unwrap().len();
+        let conversations =
+            html_size_of_conversations(&std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap());
+        assert!(size < 15_000_000, "report.html of a rambling voll: {size} bytes, {conversations} in conversations");
+        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
+        assert_eq!(html.matches("more turn(s) not shown").count(), 2_165, "every conversation says it was cut");
     }
 
     #[test]

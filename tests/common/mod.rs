@@ -51,6 +51,22 @@ impl Bench {
         path
     }
 
+    /// A plan file of the offline `counter` suite: `user_tasks` of it, no injection
+    /// goals, one case at a time. The smallest plan a gym test can run.
+    pub fn counter_plan(&self, name: &str, user_tasks: &[&str], attacks: &[&str], case_timeout_s: u32) -> PathBuf {
+        let list = |items: &[&str]| items.iter().map(|i| format!("{i:?}")).collect::<Vec<_>>().join(", ");
+        self.write(
+            &format!("{name}.toml"),
+            &format!(
+                "name = {name:?}\nbenchmark_version = \"v1.2.2\"\nattacks = [{}]\njobs = 1\n\
+                 case_timeout_s = {case_timeout_s}\ninjection_goals = false\n\
+                 [[suites]]\nname = \"counter\"\nuser_tasks = [{}]\n",
+                list(attacks),
+                list(user_tasks)
+            ),
+        )
+    }
+
     /// `pruefstand --root <bench> ARGS…`, not yet run.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
@@ -103,6 +119,12 @@ impl Run {
 }
 
 /// `cases.jsonl` as JSON values.
+/// The `--agent-cmd` of the hostile agent fixture in one of its modes
+/// (`tests/fixtures/hostile/agent.py` lists them).
+pub fn hostile_agent(mode: &str) -> String {
+    format!("python3 {} {mode}", repo().join("tests/fixtures/hostile/agent.py").display())
+}
+
 pub fn cases(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("cases.jsonl"))
         .unwrap()
