@@ -241,7 +241,7 @@ fn report(check: impl Fn(&Path, &str) -> Vec<String>) -> String {
 #[test]
 fn the_walk_finds_the_readme_the_docs_and_the_scripts_readme() {
     let files = markdown_files();
-    for must in ["README.md", "docs/statistics.md", "scripts/README.md"] {
+    for must in ["README.md", "docs/development.md", "docs/statistics.md", "scripts/README.md"] {
         assert!(files.contains(&PathBuf::from(must)), "{must} not among {files:?}");
     }
     assert!(!files.iter().any(|f| f.starts_with("target") || f.starts_with("reports")), "{files:?}");
