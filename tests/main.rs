@@ -15,6 +15,7 @@ mod console;
 mod container;
 mod daemon;
 mod daemon_guards;
+mod docs;
 mod faults;
 mod guards;
 mod gym;
