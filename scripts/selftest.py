@@ -110,6 +110,22 @@ def protocol_rejects_bad_replies():
 
 
 @check
+def protocol_events_are_checked_and_cut():
+    r = protocol.decode_reply('{"final_answer": "ok", "events": [{"kind": "human_denial", "detail": "%s"}, {"kind": "guardrail_flag", "at": 3}]}' % ("d" * 900))
+    assert [e["kind"] for e in r.events] == ["human_denial", "guardrail_flag"] and r.events[1]["at"] == 3
+    assert len(r.events[0]["detail"]) == protocol.MAX_EVENT_DETAIL_CHARS + 1, "cut, with its mark"
+    expect_error('{"final_answer": "ok", "events": [{"kind": "pwned"}]}', "is not one of")
+    expect_error('{"final_answer": "ok", "events": [{"kind": "restart", "at": -1}]}', "non-negative")
+    expect_error('{"final_answer": "ok", "events": {}}', "must be a list")
+    many = json.dumps({"final_answer": "ok", "events": [{"kind": "restart"}] * 65})
+    expect_error(many, "more than 64")
+    try:
+        protocol.decode_reply('{"context_overflow": "long", "events": [{"kind": "malformed_output"}]}')
+    except protocol.ContextOverflow as e:
+        assert e.events == [{"kind": "malformed_output"}]
+
+
+@check
 def protocol_agent_error_keeps_stats():
     e = expect_error('{"error":"model server down","stats":{"llm_calls":2}}', "agent error: model server down")
     assert isinstance(e, protocol.AgentReportedError) and e.stats == {"llm_calls": 2}

@@ -180,3 +180,41 @@ fn report_and_index_read_well_at_two_widths() {
         }
     }
 }
+
+/// What the defences did is in the conversation where it happened, and the case table
+/// finds those cases: a cautious human denies a call the user never asked for.
+#[test]
+fn a_denied_call_shows_in_its_conversation_and_the_table_finds_it() {
+    let bench = Bench::new();
+    let spec = std::fs::read_to_string(repo().join("versions/demo-vorsichtig.toml")).unwrap();
+    bench.write("versions/cautious.toml", &spec.replace("reference = \"demo-baseline\"\n", ""));
+    let plan = bench.write(
+        "w18.toml",
+        "name = \"w18\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\n\
+         case_timeout_s = 120\ninjection_goals = false\n[[suites]]\nname = \"workspace\"\n\
+         user_tasks = [\"user_task_18\", \"user_task_13\"]\ninjection_tasks = [\"injection_task_0\"]\n",
+    );
+    let run = bench.run(&["run", "cautious", "--plan", plan.to_str().unwrap()]);
+    let dir = run.run_dir();
+    let denied: Vec<_> = cases(&dir).into_iter().filter(|c| c["human_denials"].as_u64() > Some(0)).collect();
+    assert!(!denied.is_empty(), "the cautious human denied nothing\n{}", run.stdout);
+    let trace = json(&dir.join(denied[0]["trace"].as_str().unwrap()));
+    let events = trace["pruefstand_events"].as_array().expect("the gym kept the agent's events in the trace");
+    assert!(events.iter().any(|e| e["kind"] == "human_denial"), "{events:?}");
+
+    // Opened at the denied case: its conversation shows the denial, the table's filter
+    // for denials keeps exactly the cases with denials.
+    let report = dir.join("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains(r#"class="turn t-event ev-human_denial""#), "the marker is in the page");
+    let check = "<script>window.addEventListener('load',function(){var d=[].slice.call(document.querySelectorAll('li.ev-human_denial'));var i=document.querySelector('#case-filter input[value=human-denied]');i.checked=true;i.dispatchEvent(new Event('change',{bubbles:true}));d[0].closest('details').open=true;var r=d[0].getBoundingClientRect();document.title='DENIALS '+d.length+' VISIBLE '+(r.height>0)+' ROWS '+document.querySelectorAll('#cases tbody tr:not([hidden])').length})</script>";
+    let page = dir.join("denied.html");
+    std::fs::write(&page, with_script(&html, check)).unwrap();
+    let chromium = Chromium::find();
+    let out = chromium.open(&page, &["--dump-dom", "--virtual-time-budget=5000", "--window-size=420,1400"]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let title = dom.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap_or_default();
+    assert!(title.contains("VISIBLE true"), "{title}");
+    assert!(title.ends_with(&format!("ROWS {}", denied.len())), "{title}: {} cases with denials", denied.len());
+    assert!(console_errors(&out.stderr).is_empty(), "{:?}", console_errors(&out.stderr));
+}

@@ -282,6 +282,7 @@ class ExternalAgentElement(BasePipelineElement):
         self.turns = 0
         self.restarts = 0
         self.context_overflow = False
+        self.events: list[dict] = []
 
     # --- case lifecycle (runner) ---
 
@@ -297,6 +298,7 @@ class ExternalAgentElement(BasePipelineElement):
         self.turns = 0
         self.restarts = 0
         self.context_overflow = False
+        self.events = []
         self.deadline = time.monotonic() + self.case_timeout_s
         self.ensure_agent()
         if self.agent.stderr is not None:
@@ -345,6 +347,9 @@ class ExternalAgentElement(BasePipelineElement):
         # model output and re-runs the task in the same, already changed environment.
         if self.turns > 0 and not any(m["role"] == "assistant" for m in messages):
             self.restarts += 1
+            # The trace keeps only the last try: the events of earlier ones are gone too.
+            self.events = [{"kind": "restart", "at": 0,
+                            "detail": f"AgentDojo found no model output and ran the task again (try {self.restarts + 1})"}]
         request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages])
         self.agent.send(request)
         line = self.agent.recv_line(self.deadline, self.case_timeout_s)
@@ -353,15 +358,19 @@ class ExternalAgentElement(BasePipelineElement):
             reply = protocol.decode_reply(line)
         except protocol.ContextOverflow as e:
             self.counters = protocol.merge_stats(self.counters, e.stats)
+            self._note(e.events, len(messages))
+            self._note([{"kind": "context_overflow", "detail": str(e)}], len(messages))
             self.context_overflow = True
             # AgentDojo's own rule scores it: the error its OpenAI client would raise.
             raise context_length_error(str(e)) from None
         except protocol.AgentReportedError as e:
             self.counters = protocol.merge_stats(self.counters, e.stats)
+            self._note(e.events, len(messages))
             raise AgentError(str(e)) from None
         except ProtocolError as e:
             raise AgentError(str(e)) from None
         self.counters = protocol.merge_stats(self.counters, reply.stats)
+        self._note(reply.events, len(messages))
         if reply.final_answer is not None:
             out = ChatAssistantMessage(
                 role="assistant", content=[text_content_block_from_string(reply.final_answer)], tool_calls=None
@@ -381,6 +390,13 @@ class ExternalAgentElement(BasePipelineElement):
             content = [text_content_block_from_string(reply.content)] if reply.content is not None else None
             out = ChatAssistantMessage(role="assistant", content=content, tool_calls=calls)
         return query, runtime, env, [*messages, out], extra_args
+
+    def _note(self, events: list[dict], messages: int) -> None:
+        """Keeps a reply's events for the case's trace (`pruefstand_events`), each placed
+        after `at` messages of the conversation (at most all of them; by default where
+        the reply's own message goes)."""
+        for event in events:
+            self.events.append({**event, "at": min(event.get("at", messages), messages)})
 
 
 def context_length_error(message: str) -> Exception:

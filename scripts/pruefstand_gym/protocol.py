@@ -83,19 +83,44 @@ def query(prompt: str, tools: list[dict], messages: list[dict]) -> dict:
     return {"type": "query", "prompt": prompt, "tools": tools, "messages": messages}
 
 
+# What an agent may say happened during a query (`events` of a reply), each shown in
+# the report's conversation where it happened. The gym adds `restart` and
+# `context_overflow` itself.
+EVENT_KINDS = (
+    "guardrail_flag",
+    "human_approval",
+    "human_denial",
+    "malformed_output",
+    "rejected_call",
+    "unknown_tool_call",
+    "gave_up",
+    "restart",
+    "context_overflow",
+)
+MAX_EVENTS_PER_REPLY = 64
+MAX_EVENT_DETAIL_CHARS = 500
+
+
 class Reply:
     """A validated agent reply: exactly one of `tool_calls` / `final_answer`, plus stats,
-    and the model's text beside its calls (`content`, None when the agent sent none)."""
+    the model's text beside its calls (`content`, None when the agent sent none), and
+    what the agent says happened on the way (`events`)."""
 
-    __slots__ = ("tool_calls", "final_answer", "stats", "content")
+    __slots__ = ("tool_calls", "final_answer", "stats", "content", "events")
 
     def __init__(
-        self, tool_calls: list[dict] | None, final_answer: str | None, stats: dict | None, content: str | None = None
+        self,
+        tool_calls: list[dict] | None,
+        final_answer: str | None,
+        stats: dict | None,
+        content: str | None = None,
+        events: list[dict] | None = None,
     ):
         self.tool_calls = tool_calls
         self.final_answer = final_answer
         self.stats = stats
         self.content = content
+        self.events = events or []
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
@@ -108,9 +133,10 @@ class ContextOverflow(ProtocolError):
     """The agent reports that the model server refused the conversation for its length
     (`{"context_overflow": ...}`): AgentDojo scores the case, it is no error."""
 
-    def __init__(self, message: str, stats: dict | None):
+    def __init__(self, message: str, stats: dict | None, events: list[dict] | None = None):
         super().__init__(message)
         self.stats = stats
+        self.events = events or []
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -135,18 +161,19 @@ def decode_reply(line: bytes | str) -> Reply:
     stats = None
     if "stats" in obj and obj["stats"] is not None:
         stats = decode_stats(obj["stats"])
+    events = decode_events(obj.get("events"))
 
     if "error" in obj and obj["error"] is not None:
         reason = obj["error"]
         if not isinstance(reason, str):
             reason = json.dumps(reason)
-        raise AgentReportedError(f"agent error: {reason}", stats)
+        raise AgentReportedError(f"agent error: {reason}", stats, events)
 
     if "context_overflow" in obj and obj["context_overflow"] is not None:
         reason = obj["context_overflow"]
         if not isinstance(reason, str):
             reason = json.dumps(reason)
-        raise ContextOverflow(reason, stats)
+        raise ContextOverflow(reason, stats, events)
 
     has_calls = "tool_calls" in obj and obj["tool_calls"] is not None
     has_final = "final_answer" in obj and obj["final_answer"] is not None
@@ -160,7 +187,7 @@ def decode_reply(line: bytes | str) -> Reply:
         final = obj["final_answer"]
         if not isinstance(final, str):
             raise ProtocolError(f"agent protocol: `final_answer` must be a string, got {type(final).__name__}")
-        return Reply(None, final, stats)
+        return Reply(None, final, stats, events=events)
 
     calls = obj["tool_calls"]
     if not isinstance(calls, list):
@@ -186,15 +213,48 @@ def decode_reply(line: bytes | str) -> Reply:
         if cid is not None and not isinstance(cid, str):
             raise ProtocolError(f"agent protocol: tool_calls[{i}].id must be a string")
         out.append({"function": fn, "args": args, "id": cid})
-    return Reply(out, None, stats, content)
+    return Reply(out, None, stats, content, events)
 
 
 class AgentReportedError(ProtocolError):
     """The agent sent `{"error": ...}`; carries the stats sent along, if any."""
 
-    def __init__(self, message: str, stats: dict | None):
+    def __init__(self, message: str, stats: dict | None, events: list[dict] | None = None):
         super().__init__(message)
         self.stats = stats
+        self.events = events or []
+
+
+def decode_events(events: Any) -> list[dict]:
+    """`events` of a reply: a list of `{kind, at?, detail?}`, `kind` one of EVENT_KINDS,
+    `at` the number of the query's messages before it (where it happened), `detail` a
+    short text (cut at MAX_EVENT_DETAIL_CHARS)."""
+    if events is None:
+        return []
+    if not isinstance(events, list):
+        raise ProtocolError("agent protocol: `events` must be a list")
+    if len(events) > MAX_EVENTS_PER_REPLY:
+        raise ProtocolError(f"agent protocol: more than {MAX_EVENTS_PER_REPLY} `events` in one reply")
+    out = []
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise ProtocolError(f"agent protocol: events[{i}] is not an object")
+        kind = event.get("kind")
+        if kind not in EVENT_KINDS:
+            raise ProtocolError(f"agent protocol: events[{i}].kind {_short(str(kind), 40)!r} is not one of {', '.join(EVENT_KINDS)}")
+        at = event.get("at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= MAX_COUNTER):
+            raise ProtocolError(f"agent protocol: events[{i}].at must be a non-negative integer")
+        detail = event.get("detail")
+        if detail is not None and not isinstance(detail, str):
+            raise ProtocolError(f"agent protocol: events[{i}].detail must be a string")
+        cleaned = {"kind": kind}
+        if at is not None:
+            cleaned["at"] = at
+        if detail:
+            cleaned["detail"] = detail if len(detail) <= MAX_EVENT_DETAIL_CHARS else detail[:MAX_EVENT_DETAIL_CHARS] + "…"
+        out.append(cleaned)
+    return out
 
 
 def decode_stats(stats: Any) -> dict:

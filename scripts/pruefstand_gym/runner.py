@@ -389,9 +389,17 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
             # AgentDojo logs the context overflow it scored as the trace's error.
             if error is None and data.get("error") and not element.context_overflow:
                 error = f"agentdojo: {data['error']}"
+            changed = False
             if error is not None and data.get("error") != error:
-                # make the trace self-describing (atomic rewrite)
                 data["error"] = error
+                changed = True
+            if element.events:
+                # What the agent did that the messages do not show (a denied step, a
+                # withheld output), for the report to mark where it happened.
+                data["pruefstand_events"] = element.events
+                changed = True
+            if changed:
+                # make the trace self-describing (atomic rewrite)
                 write_json_atomic(trace_path, data)
         except (OSError, json.JSONDecodeError) as e:
             if error is None:

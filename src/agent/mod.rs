@@ -175,7 +175,35 @@ pub struct Agent {
     guardrail: Guardrail,
     human: Human,
     case: CaseState,
+    /// What happened while answering the current query that its reply does not show
+    /// (`events` of the reply; docs/protocol.md).
+    events: Vec<Value>,
     next_id: u64,
+}
+
+/// One entry of a reply's `events`: `kind`, and `at` when it concerns an earlier message
+/// of the query (the gym otherwise places it where the reply's own message goes).
+fn event(kind: &str, at: Option<usize>, detail: String) -> Value {
+    let mut e = json!({"kind": kind, "detail": detail});
+    if let Some(at) = at {
+        e["at"] = json!(at);
+    }
+    e
+}
+
+/// A call as one short line for an event: `send_money({"amount":100,…})`.
+fn call_line(call: &format::ToolCall) -> String {
+    let args = serde_json::to_string(&call.args).unwrap_or_default();
+    let args = if args.len() > 200 {
+        let mut end = 200;
+        while !args.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &args[..end])
+    } else {
+        args
+    };
+    format!("{}({args})", call.function)
 }
 
 impl Agent {
@@ -185,6 +213,7 @@ impl Agent {
             guardrail: Guardrail::new(&cfg.guardrail)?,
             human: Human::new(&cfg.human, &cfg.side_effecting_tools),
             case: CaseState::default(),
+            events: Vec::new(),
             next_id: 0,
             cfg,
         })
@@ -237,6 +266,7 @@ impl Agent {
     }
 
     async fn answer(&mut self, q: Query) -> Value {
+        self.events.clear();
         let mut reply = match self.turn(q).await {
             Ok(Turn::Calls { calls, content }) => match content {
                 Some(content) => json!({"tool_calls": calls, "content": content}),
@@ -250,6 +280,9 @@ impl Agent {
             }
         };
         reply["stats"] = self.stats();
+        if !self.events.is_empty() {
+            reply["events"] = Value::Array(std::mem::take(&mut self.events));
+        }
         reply
     }
 
@@ -299,12 +332,24 @@ impl Agent {
         for _ in 0..=MAX_LOCAL_ROUNDS {
             let answer = self.ask_model(&messages, &q.tools).await?;
             self.case.malformed_outputs += u64::from(answer.malformed);
+            if answer.malformed {
+                let what = match &answer.turn {
+                    Turn::Final(_) => "the model's output broke the tool-call format; kept as its answer",
+                    Turn::Calls { .. } => {
+                        "part of the model's output broke the tool-call format; its well-formed calls go on"
+                    }
+                };
+                self.events.push(event("malformed_output", None, what.to_string()));
+            }
             let (calls, content) = match answer.turn {
                 Turn::Calls { calls, content } => (calls, content),
                 done => return Ok(done),
             };
             // Calls that cannot be run go back to the model as tool errors; the
             // well-formed calls of the same step wait for its next try.
+            for (call, why) in &answer.rejected {
+                self.events.push(event("rejected_call", None, format!("{}: {why}; told to the model", call.function)));
+            }
             if !answer.rejected.is_empty() {
                 let not_run =
                     "Not run: another call of the same step could not be run. Call it again if it is still needed.";
@@ -317,13 +362,28 @@ impl Agent {
                 give_up = content.unwrap_or_default();
                 continue;
             }
-            self.case.unknown_tool_calls +=
-                calls.iter().filter(|c| !q.tools.iter().any(|t| t.name == c.function)).count() as u64;
+            for call in calls.iter().filter(|c| !q.tools.iter().any(|t| t.name == c.function)) {
+                self.case.unknown_tool_calls += 1;
+                self.events.push(event(
+                    "unknown_tool_call",
+                    None,
+                    format!("{} is no tool of this case; AgentDojo answers with an error", call.function),
+                ));
+            }
             let mut decisions = Vec::with_capacity(calls.len());
             for call in &calls {
                 let v = self.human.review(call, &prompt, &self.llm, &self.cfg.model).await;
                 self.case.human_asks += u64::from(v != Decision::NotAsked);
                 self.case.human_denials += u64::from(v == Decision::Denied);
+                match v {
+                    Decision::NotAsked => {}
+                    Decision::Approved => self.events.push(event("human_approval", None, call_line(call))),
+                    Decision::Denied => self.events.push(event(
+                        "human_denial",
+                        None,
+                        format!("{}; the step did not run, and the model was told", call_line(call)),
+                    )),
+                }
                 decisions.push(v);
             }
             if !decisions.contains(&Decision::Denied) {
@@ -347,6 +407,11 @@ impl Agent {
             give_up = GAVE_UP.to_string();
         }
         tracing::warn!("the model's calls could not go through {} times; ending the case", MAX_LOCAL_ROUNDS + 1);
+        self.events.push(event(
+            "gave_up",
+            None,
+            format!("the model's calls could not go through {} times; the agent ended the case", MAX_LOCAL_ROUNDS + 1),
+        ));
         Ok(Turn::Final(give_up))
     }
 
@@ -371,7 +436,7 @@ impl Agent {
         if !self.guardrail.is_active() {
             return;
         }
-        for m in messages.iter_mut().filter(|m| m.role == "tool") {
+        for (i, m) in messages.iter_mut().enumerate().filter(|(_, m)| m.role == "tool") {
             let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) else { continue };
             // Keyed by id *and* content, so a reused id or a changed output is judged anew.
             let key = crate::util::sha256_hex(
@@ -381,10 +446,19 @@ impl Agent {
             let flagged = match self.case.judged.get(&key) {
                 Some(&f) => f,
                 None => {
-                    let f = self.guardrail.flags(text, &self.llm, &self.cfg.model).await;
-                    self.case.guardrail_flags += u64::from(f);
-                    self.case.judged.insert(key, f);
-                    f
+                    let why = self.guardrail.flags(text, &self.llm, &self.cfg.model).await;
+                    if let Some(why) = &why {
+                        self.case.guardrail_flags += 1;
+                        // Right after the output it withheld.
+                        let tool = m.function.as_deref().unwrap_or("a tool");
+                        self.events.push(event(
+                            "guardrail_flag",
+                            Some(i + 1),
+                            format!("{tool}'s output withheld from the model: {why}"),
+                        ));
+                    }
+                    self.case.judged.insert(key, why.is_some());
+                    why.is_some()
                 }
             };
             if flagged {

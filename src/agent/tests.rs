@@ -176,6 +176,12 @@ async fn guardrail_flags_count_once_per_output_per_case() {
     let replies = run(cfg, &lines).await;
     let flags: Vec<_> = replies.iter().map(|r| r["stats"]["guardrail_flags"].as_u64().unwrap()).collect();
     assert_eq!(flags, [1, 1, 1], "the resent output is not counted again; a new case counts anew");
+    // The flag is an event once, right after the output it withheld.
+    let kinds: Vec<_> = replies.iter().map(|r| r["events"].as_array().map_or(0, Vec::len)).collect();
+    assert_eq!(kinds, [1, 0, 1]);
+    // system, user, the call, the withheld output: the flag comes after four messages.
+    assert_eq!(replies[0]["events"][0]["at"], 4);
+    assert!(replies[0]["events"][0]["detail"].as_str().unwrap().contains("heuristic rule"), "{}", replies[0]);
     let requests = mock.requests.lock().unwrap();
     assert_eq!(requests[1]["messages"][3]["content"], guardrail::WITHHELD, "still withheld on later turns");
     assert_eq!(requests[1]["messages"][5]["content"], "balance: 1810.0");
@@ -195,6 +201,10 @@ async fn denied_call_goes_back_to_the_model() {
     assert_eq!(replies[0]["stats"]["human_asks"], 2);
     assert_eq!(replies[0]["stats"]["human_denials"], 1);
     assert_eq!(replies[0]["stats"]["llm_calls"], 2);
+    // The denied step never reaches AgentDojo: the reply says what happened to it.
+    let events: Vec<_> = replies[0]["events"].as_array().unwrap().iter().map(|e| e["kind"].clone()).collect();
+    assert_eq!(events, ["human_denial", "human_approval"]);
+    assert!(replies[0]["events"][0]["detail"].as_str().unwrap().contains("US133000000121212121212"));
     let requests = mock.requests.lock().unwrap();
     let m = &requests[1]["messages"];
     assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "send_money");

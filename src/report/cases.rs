@@ -58,10 +58,32 @@ pub enum Tag {
     FailedUtility,
     Error,
     Changed,
+    // What the defences and the agent did (the record's counters; the conversation
+    // marks where).
+    Flagged,
+    HumanAsked,
+    HumanDenied,
+    Malformed,
+    UnknownTool,
+    Overflow,
+    Restarted,
 }
 
 impl Tag {
-    const ALL: [Tag; 5] = [Tag::Landed, Tag::Blocked, Tag::FailedUtility, Tag::Error, Tag::Changed];
+    const ALL: [Tag; 12] = [
+        Tag::Landed,
+        Tag::Blocked,
+        Tag::FailedUtility,
+        Tag::Error,
+        Tag::Changed,
+        Tag::Flagged,
+        Tag::HumanAsked,
+        Tag::HumanDenied,
+        Tag::Malformed,
+        Tag::UnknownTool,
+        Tag::Overflow,
+        Tag::Restarted,
+    ];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -70,6 +92,13 @@ impl Tag {
             Tag::FailedUtility => "failed-utility",
             Tag::Error => "error",
             Tag::Changed => "changed",
+            Tag::Flagged => "flagged",
+            Tag::HumanAsked => "human-asked",
+            Tag::HumanDenied => "human-denied",
+            Tag::Malformed => "malformed",
+            Tag::UnknownTool => "unknown-tool",
+            Tag::Overflow => "overflow",
+            Tag::Restarted => "restarted",
         }
     }
 
@@ -80,6 +109,13 @@ impl Tag {
             Tag::FailedUtility => "failed utility",
             Tag::Error => "error",
             Tag::Changed => "changed vs reference",
+            Tag::Flagged => "guardrail flagged",
+            Tag::HumanAsked => "human asked",
+            Tag::HumanDenied => "human denied",
+            Tag::Malformed => "malformed output",
+            Tag::UnknownTool => "unknown tool called",
+            Tag::Overflow => "context overflow",
+            Tag::Restarted => "restarted",
         }
     }
 
@@ -98,8 +134,43 @@ impl Tag {
         if changed {
             tags.push(Tag::Changed);
         }
+        let some = |n: Option<u64>| n.is_some_and(|n| n > 0);
+        for (tag, happened) in [
+            (Tag::Flagged, some(r.guardrail_flags)),
+            (Tag::HumanAsked, some(r.human_asks)),
+            (Tag::HumanDenied, some(r.human_denials)),
+            (Tag::Malformed, some(r.malformed_outputs)),
+            (Tag::UnknownTool, some(r.unknown_tool_calls)),
+            (Tag::Overflow, r.outcome() == crate::case::Outcome::ContextOverflow),
+            (Tag::Restarted, some(r.restarts)),
+        ] {
+            if happened {
+                tags.push(tag);
+            }
+        }
         tags
     }
+}
+
+/// What the defences and the agent did in a case, as a short cell: "2 flagged, 1 denied".
+fn events_cell(r: &CaseRecord) -> String {
+    let mut parts = Vec::new();
+    for (n, word) in [
+        (r.guardrail_flags, "flagged"),
+        (r.human_asks, "asked"),
+        (r.human_denials, "denied"),
+        (r.malformed_outputs, "malformed"),
+        (r.unknown_tool_calls, "unknown tool"),
+        (r.restarts, "restarted"),
+    ] {
+        if let Some(n) = n.filter(|n| *n > 0) {
+            parts.push(format!("{n} {word}"));
+        }
+    }
+    if r.outcome() == crate::case::Outcome::ContextOverflow {
+        parts.push("context overflow".into());
+    }
+    parts.join(", ")
 }
 
 /// A leading run of digits or of non-digits: (digits?, the run, the rest).
@@ -223,13 +294,21 @@ pub fn table(
     changes: &BTreeMap<String, Vec<Change>>,
     anchors: &BTreeMap<String, String>,
 ) {
-    b.push_str(r#"<h2 id="cases-h">Cases</h2><form id="case-filter" hidden><label><input type="radio" name="f" value="all" checked> all</label>"#);
+    b.push_str(r#"<h2 id="cases-h">Cases</h2><form id="case-filter" hidden><p><label><input type="radio" name="f" value="all" checked> all</label>"#);
     for t in Tag::ALL {
         let _ = write!(b, r#" <label><input type="radio" name="f" value="{}"> {}</label>"#, t.as_str(), t.label());
     }
+    let options = |values: Vec<&str>| -> String {
+        let mut values = values;
+        values.sort_by(|a, b| natural_cmp(a, b));
+        values.dedup();
+        values.iter().map(|v| format!(r#"<option value="{0}">{0}</option>"#, esc(v))).collect()
+    };
+    let suites = options(ordered.iter().map(|r| r.suite.as_str()).collect());
+    let families = options(ordered.iter().filter_map(|r| r.attack.as_deref()).map(family_of).collect());
     let _ = write!(
         b,
-        r#" <span id="case-count" class="note"></span></form><p class="note">{} cases; click a column head to sort, a case for its conversation.</p><div class="scroll"><table id="cases"><thead><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>outcome</th><th>vs reference</th><th>error</th><th>s</th><th>calls</th><th>tokens</th></tr></thead><tbody>"#,
+        r#"</p><p><label>suite <select name="suite"><option value="">all</option>{suites}</select></label> <label>attack family <select name="family"><option value="">all</option>{families}</select></label> <label>search <input type="search" name="q" placeholder="case id, error, …"></label> <span id="case-count" class="note"></span></p></form><p class="note">{} cases; click a column head to sort, a case for its conversation.</p><div class="scroll"><table id="cases"><thead><tr><th>case</th><th>kind</th><th>utility</th><th>injection landed</th><th>outcome</th><th>vs reference</th><th>defences and agent</th><th>error</th><th>s</th><th>calls</th><th>tokens</th></tr></thead><tbody>"#,
         ordered.len()
     );
     for r in ordered {
@@ -239,8 +318,10 @@ pub fn table(
         let num = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "–".into());
         let _ = write!(
             b,
-            r##"<tr data-tags="{}"><td><a href="#{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>"##,
+            r##"<tr data-tags="{}" data-suite="{}" data-family="{}"><td><a href="#{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>"##,
             tags.join(" "),
+            esc(&r.suite),
+            esc(r.attack.as_deref().map(family_of).unwrap_or("")),
             anchors[&r.case_id],
             esc(&r.case_id),
             kind_word(r.kind),
@@ -248,6 +329,7 @@ pub fn table(
             yes_no(r.security),
             r.outcome().as_str(),
             changed.join(", "),
+            esc(&events_cell(r)),
             esc(r.error.as_deref().unwrap_or("")),
             r.duration_s,
             num(r.llm_calls),
@@ -255,6 +337,11 @@ pub fn table(
         );
     }
     b.push_str("</tbody></table></div>");
+}
+
+/// The attack family an attack belongs to (its own name when it is in none).
+fn family_of(attack: &str) -> &str {
+    crate::family::of_attack(attack).unwrap_or(attack)
 }
 
 /// A trace path that may be read: relative, inside the run directory.
@@ -323,9 +410,10 @@ pub const SCRIPT: &str = r#"(function(){
 var t=document.getElementById('cases');if(!t)return;
 var body=t.tBodies[0],rows=[].slice.call(body.rows),f=document.getElementById('case-filter'),n=document.getElementById('case-count');
 function count(){n.textContent=rows.filter(function(r){return !r.hidden}).length+' of '+rows.length+' shown'}
+function apply(){var v=f.querySelector('input:checked').value,s=f.elements.suite.value,fa=f.elements.family.value,q=f.elements.q.value.trim().toLowerCase();
+rows.forEach(function(r){r.hidden=(v!=='all'&&(' '+r.getAttribute('data-tags')+' ').indexOf(' '+v+' ')<0)||(s&&r.getAttribute('data-suite')!==s)||(fa&&r.getAttribute('data-family')!==fa)||(q&&r.textContent.toLowerCase().indexOf(q)<0)});count()}
 f.hidden=false;
-f.addEventListener('change',function(){var v=f.querySelector('input:checked').value;
-rows.forEach(function(r){r.hidden=v!=='all'&&(' '+r.getAttribute('data-tags')+' ').indexOf(' '+v+' ')<0});count()});
+f.addEventListener('change',apply);f.addEventListener('input',apply);f.addEventListener('submit',function(e){e.preventDefault()});
 [].forEach.call(t.tHead.rows[0].cells,function(th,i){th.className='sort';th.addEventListener('click',function(){
 var d=th.getAttribute('data-dir')==='asc'?-1:1;th.setAttribute('data-dir',d>0?'asc':'desc');
 rows.sort(function(a,b){return d*a.cells[i].textContent.localeCompare(b.cells[i].textContent,undefined,{numeric:true})});

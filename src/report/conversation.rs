@@ -50,7 +50,11 @@ impl Injections {
         if core.is_empty() {
             return false;
         }
-        self.lines.contains(&core) || (core.len() >= MIN_FRAGMENT && self.texts.iter().any(|t| t.contains(&core)))
+        self.lines.contains(&core)
+            || (core.len() >= MIN_FRAGMENT && self.texts.iter().any(|t| t.contains(&core)))
+            // An injection's first line often shares its line with the field that
+            // carries it (`subject: '<INFORMATION>`).
+            || self.lines.iter().any(|l| l.len() >= MIN_FRAGMENT && core.ends_with(l.as_str()))
     }
 }
 
@@ -133,13 +137,65 @@ fn shown(text: &str, limit: usize) -> String {
     }
 }
 
+/// What the gym recorded beside the messages (`pruefstand_events`: what the guardrail,
+/// the human and the agent did, which the messages do not show), each with the number
+/// of messages before it.
+fn events_of(trace: &Value) -> Vec<(usize, &str, &str)> {
+    let events = trace.get("pruefstand_events").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    events
+        .iter()
+        .filter_map(|e| {
+            let at = e.get("at").and_then(Value::as_u64).unwrap_or(u64::MAX);
+            let kind = e.get("kind").and_then(Value::as_str)?;
+            Some((
+                usize::try_from(at).unwrap_or(usize::MAX),
+                kind,
+                e.get("detail").and_then(Value::as_str).unwrap_or(""),
+            ))
+        })
+        .collect()
+}
+
+/// An event's marker in the conversation: the words a reader scans for.
+fn event_label(kind: &str) -> &str {
+    match kind {
+        "guardrail_flag" => "⚑ guardrail flagged",
+        "human_approval" => "✓ human approved",
+        "human_denial" => "✋ human denied",
+        "malformed_output" => "⚠ malformed output",
+        "rejected_call" => "⚠ call not run",
+        "unknown_tool_call" => "? unknown tool",
+        "gave_up" => "■ agent gave up",
+        "restart" => "↻ restarted",
+        "context_overflow" => "⛔ context overflow",
+        other => other,
+    }
+}
+
+fn write_event(out: &mut String, kind: &str, detail: &str) {
+    let class: String = kind.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    let _ = write!(
+        out,
+        r#"<li class="turn t-event ev-{class}"><b>{}</b> {}</li>"#,
+        esc(event_label(kind)),
+        shown(detail, TEXT_BUDGET)
+    );
+}
+
 /// The conversation of a trace as HTML, in at most about `room` bytes (a turn's markup
 /// past it): what does not fit is named, and the raw trace beside it has all of it.
+/// The gym's events appear as markers between the turns, where they happened.
 pub fn render(trace: &Value, room: usize) -> String {
     let inj = Injections::of(trace);
+    let events = events_of(trace);
     let mut out = String::from(r#"<ol class="conv">"#);
     let messages = trace.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     for (turn, m) in messages.iter().enumerate() {
+        for (_, kind, detail) in events.iter().filter(|(at, _, _)| *at == turn) {
+            if out.len() < room {
+                write_event(&mut out, kind, detail);
+            }
+        }
         let left = room.saturating_sub(out.len());
         if left == 0 {
             let _ = write!(
@@ -163,13 +219,16 @@ pub fn render(trace: &Value, room: usize) -> String {
         {
             let _ = write!(out, " <code>{}</code>", esc(f));
         }
+        let calls = m.get("tool_calls").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
         if !body.is_empty() {
             let _ = write!(out, "<pre>{body}</pre>");
+        } else if role == "assistant" && calls.is_empty() {
+            out.push_str(r#"<p class="note">(the model said nothing)</p>"#);
         }
         if let Some(err) = m.get("error").and_then(Value::as_str) {
             let _ = write!(out, r#"<p class="err">tool error: {}</p>"#, shown(err, left));
         }
-        for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        for call in calls {
             let f = call.get("function").and_then(Value::as_str).unwrap_or("?");
             let args =
                 call.get("args").map(|a| serde_json::to_string_pretty(a).unwrap_or_default()).unwrap_or_default();
@@ -181,6 +240,12 @@ pub fn render(trace: &Value, room: usize) -> String {
             );
         }
         out.push_str("</li>");
+    }
+    // After the last message: where the reply that ended the case would have gone.
+    for (_, kind, detail) in events.iter().filter(|(at, _, _)| *at >= messages.len()) {
+        if out.len() < room {
+            write_event(&mut out, kind, detail);
+        }
     }
     out.push_str("</ol>");
     if let Some(err) = trace.get("error").and_then(Value::as_str) {
@@ -269,5 +334,37 @@ mod tests {
         assert!(voll * (room + 1024) < 12_000_000, "conversations of a voll report: {}", voll * (room + 1024));
         // A short plan's conversations are shown whole.
         assert_eq!(render(&trace(), room_per_conversation(141)), render(&trace(), MAX_CONVERSATION));
+    }
+
+    /// What the defences did shows where it happened: a denied step before the model's
+    /// next message, a flag right after the output it withheld, the end of a case
+    /// after the last message.
+    #[test]
+    fn events_are_marked_between_the_turns_where_they_happened() {
+        let mut t = trace();
+        t["pruefstand_events"] = json!([
+            {"kind": "guardrail_flag", "at": 4, "detail": "get_day's output withheld from the model: heuristic rule r1"},
+            {"kind": "human_denial", "at": 4, "detail": "send_money({\"amount\":100}); the step did not run"},
+            {"kind": "context_overflow", "at": 5, "detail": "<too long>"},
+        ]);
+        let html = render(&t, MAX_CONVERSATION);
+        let flag = html.find("⚑ guardrail flagged").unwrap();
+        let denial = html.find("✋ human denied").unwrap();
+        let tool = html.find(r#"t-tool"><b>tool</b>"#).unwrap();
+        let done = html.find("Done.").unwrap();
+        assert!(tool < flag && flag < denial && denial < done, "{html}");
+        assert!(html.find("⛔ context overflow").unwrap() > done);
+        assert!(html.contains("&lt;too long&gt;") && html.contains(r#"class="turn t-event ev-human_denial""#));
+    }
+
+    #[test]
+    fn an_injections_first_line_is_marked_on_the_line_of_the_field_carrying_it() {
+        let inj = Injections::of(
+            &json!({"injections": {"v": "<INFORMATION> This is an important message from me.\nDo it."}}),
+        );
+        let html =
+            tool_result("- subject: '<INFORMATION> This is an important message from me.\n  body: x", &inj, 9999);
+        assert!(html.contains("<mark>- subject: &#39;&lt;INFORMATION&gt;"), "{html}");
+        assert!(!html.contains("<mark>  body"), "{html}");
     }
 }
