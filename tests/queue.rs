@@ -201,3 +201,16 @@ fn completions_and_man_pages_come_from_the_command_line_and_know_the_queue_verbs
     bench.run(&["man", "--dir", dir.to_str().unwrap()]).ok();
     assert!(dir.join("pruefstand.1").is_file() && dir.join("pruefstand-log.1").is_file());
 }
+
+#[test]
+fn log_follow_prints_the_whole_log_up_to_the_jobs_done_line() {
+    let bench = bench_with_tiny(0);
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    let follow = bench.cmd(&["log", &id.to_string(), "--follow"]).stdout(Stdio::piped()).spawn().unwrap();
+    let _daemon = bench.daemon();
+    bench.wait_job(id, "done", 120);
+    let followed = finished_within(follow, 30);
+    assert!(followed.contains(&format!("job {id}: done, ")), "--follow ended before the job's last line:\n{followed}");
+    let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
+    assert_eq!(followed, shown, "--follow printed the whole log");
+}
