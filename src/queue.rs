@@ -255,7 +255,8 @@ pub fn to_clean(jobs: &[Job], keep: usize) -> Vec<u64> {
     ended
 }
 
-fn now() -> String {
+/// Now, as every stored time is written: RFC 3339 in UTC, to the millisecond.
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 

@@ -214,3 +214,23 @@ fn log_follow_prints_the_whole_log_up_to_the_jobs_done_line() {
     let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
     assert_eq!(followed, shown, "--follow printed the whole log");
 }
+
+#[test]
+fn status_queue_and_log_show_times_one_way_local_to_the_second() {
+    let time = regex::Regex::new(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}").unwrap();
+    let bench = bench_with_tiny(0);
+    let _daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    bench.wait_job(id, "done", 120);
+
+    let status = bench.run(&["status"]).ok().stdout;
+    let since = status.lines().next().unwrap().split_once(", since ").expect("since when").1;
+    assert!(time.is_match(since) && since.len() == "2026-01-02 03:04:05".len(), "{status}");
+    let queue = bench.run(&["queue"]).ok().stdout;
+    let row = queue.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap();
+    assert_eq!(time.find_iter(row).count(), 2, "started and finished: {row}");
+    let log = bench.run(&["log", &id.to_string()]).ok().stdout;
+    for line in log.lines() {
+        assert!(time.find(line).is_some_and(|m| m.start() == 0), "{line}");
+    }
+}

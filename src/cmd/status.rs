@@ -48,7 +48,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     match (running, &published) {
-        (true, Some(state)) => outln!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
+        (true, Some(state)) => outln!(
+            "daemon: pid {}, since {}\n{}",
+            state.pid,
+            crate::util::local_time(&state.since),
+            state.activity.line()
+        ),
         (true, None) => outln!("daemon: starting"),
         (false, _) => {
             outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")

@@ -361,7 +361,7 @@ impl<G: Gate> Daemon<G> {
             done: 0,
             total: 0,
             eta_s: None,
-            started_at: chrono::Utc::now().to_rfc3339(),
+            started_at: queue::now(),
         }));
 
         let observation = self.gate.watch();

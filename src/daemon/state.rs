@@ -99,7 +99,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 impl Publisher {
     pub fn new(path: PathBuf) -> Publisher {
-        let now = chrono::Utc::now().to_rfc3339();
+        let now = queue::now();
         let state =
             DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
         Publisher { path, state, last_write: None, rate_base: None }
@@ -132,7 +132,7 @@ impl Publisher {
     }
 
     fn write(&mut self, changed: bool) {
-        self.state.updated_at = chrono::Utc::now().to_rfc3339();
+        self.state.updated_at = queue::now();
         self.last_write = Some(Instant::now());
         let line = self.state.activity.line();
         if changed {
