@@ -83,8 +83,15 @@ fn priority_restart_and_clean_and_refusals_in_plain_words() {
     let run_dir = bench.job(first)["run_dir"].as_str().unwrap().to_string();
     let out = bench.run(&["restart", &first.to_string()]).ok();
     assert!(out.stdout.contains(&run_dir), "{}", out.stdout);
+    assert!(out.stdout.contains("for try 2"), "{}", out.stdout);
     let job = bench.wait_job(first, "done", 120);
     assert_eq!((job["attempt"].as_u64(), job["run_dir"].as_str()), (Some(1), Some(run_dir.as_str())));
+    // The tries count on across the restart (the crash count alone begins anew).
+    assert_eq!(job["starts"], 2, "{job}");
+    let queue = bench.run(&["queue"]).ok().stdout;
+    let row: Vec<&str> =
+        queue.lines().find(|l| l.trim_start().starts_with(&format!("{first} "))).unwrap().split_whitespace().collect();
+    assert_eq!(row[5], "2", "the try column: {row:?}");
     let (starts, skips) = case_starts(Path::new(&run_dir));
     assert!(starts.values().all(|n| *n == 1) && skips >= starts.len(), "{starts:?}, {skips} skips");
     let cleaned = bench.run(&["clean", "--keep", "1"]).ok();

@@ -61,7 +61,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             job.priority,
             job.version,
             job.plan,
-            job.attempt,
+            job.starts.max(job.attempt),
             job.verdict.map_or("", |v| v.as_str()),
             started.map(local_time).unwrap_or_default(),
             finished.map(local_time).unwrap_or_default(),
@@ -72,17 +72,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// From the first start to the end, or to `now` while the job is still on.
+/// Every try's running time summed (restarts and resumes included).
 fn took(job: &Job, now: chrono::DateTime<chrono::Utc>) -> String {
-    let parse = |at: &str| chrono::DateTime::parse_from_rfc3339(at).ok().map(|t| t.with_timezone(&chrono::Utc));
-    let (started, finished) = queue::started_finished(job);
-    let Some(start) = started.and_then(parse) else { return String::new() };
-    let end = match finished {
-        Some(at) => parse(at).unwrap_or(now),
-        None if job.state == queue::State::Running => now,
-        None => return String::new(),
-    };
-    human_secs((end - start).num_milliseconds() as f64 / 1000.0)
+    queue::running_secs(job, now).map(human_secs).unwrap_or_default()
 }
 
 /// `ASR  util@atk  util` as percentages, `–` for a figure not measured.
