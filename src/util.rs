@@ -366,7 +366,7 @@ pub fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
 
 /// The candidate nearest to `typed` by edit distance, if it is near enough to be a typo
 /// (at most a third of the longer name, and two edits allowed in any case).
-fn closest<'a>(typed: &str, candidates: &'a [String]) -> Option<&'a str> {
+pub fn closest<'a>(typed: &str, candidates: &'a [String]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|c| (edit_distance(typed, c), c))

@@ -241,3 +241,34 @@ fn status_queue_and_log_show_times_one_way_local_to_the_second() {
         assert!(time.find(line).is_some_and(|m| m.start() == 0), "{line}");
     }
 }
+
+#[test]
+fn a_mistyped_command_gets_a_guess_and_the_help_tells_every_command_option_and_exit_code() {
+    let bench = Bench::new();
+    let typo = bench.run(&["rn", "demo-kandidat"]).code(2);
+    assert!(typo.stderr.contains("unrecognized subcommand 'rn'") && typo.stderr.contains("'run'"), "{}", typo.stderr);
+
+    let help = bench.run(&["--help"]).ok().stdout;
+    for command in ["completions", "man"] {
+        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{command} "))), "{command}:\n{help}");
+    }
+    let documented = |args: &[&str], option: &str| {
+        let help = bench.run(args).ok().stdout;
+        let line = help.lines().find(|l| l.trim_start().starts_with(option)).unwrap_or_else(|| panic!("{help}"));
+        let words = line.trim_start().trim_start_matches(option).split_whitespace().count();
+        assert!(words > 2, "{option} undocumented in {args:?}: {line}");
+    };
+    documented(&["status", "--help"], "--json");
+    documented(&["study", "--help"], "--seed <SEED>");
+
+    let run_help = bench.run(&["run", "--help"]).ok().stdout;
+    let codes = run_help.split_once("Exit codes:").unwrap_or_else(|| panic!("{run_help}")).1;
+    for (code, verdict) in
+        [("0", "approved"), ("10", "rejected"), ("11", "inconclusive"), ("12", "invalid"), ("2", "could not run")]
+    {
+        assert!(
+            codes.lines().any(|l| l.trim_start().starts_with(&format!("{code} ")) && l.contains(verdict)),
+            "{code}:{codes}"
+        );
+    }
+}

@@ -135,6 +135,18 @@ pub fn print_judgement(judgement: &Judgement, report: &Path) {
     outln!("verdict: {}", judgement.verdict.as_str());
 }
 
+/// `run --help`'s last words: the exit codes, one per verdict and one for a run that
+/// could not be carried out.
+pub fn exit_codes() -> String {
+    use crate::util::*;
+    format!(
+        "Exit codes:\n  {EXIT_APPROVED:<3} approved\n  {EXIT_REJECTED:<3} rejected (a rule failed)\n  \
+         {EXIT_INCONCLUSIVE:<3} inconclusive (no rule failed, one could not decide)\n  \
+         {EXIT_INVALID:<3} invalid (R1 failed: the run cannot be trusted)\n  \
+         {EXIT_COULD_NOT_RUN:<3} could not run (bad input, missing tools, interrupted: the message says how to resume)"
+    )
+}
+
 /// The command line that resumes an interrupted run: this one's arguments as given,
 /// with `--out` the run directory (replacing one given), shell-quoted.
 fn resume_command(argv: impl IntoIterator<Item = std::ffi::OsString>, run_dir: &Path) -> String {

@@ -17,6 +17,10 @@ use crate::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The state as JSON: `daemon` (running, not_running), `pending` (jobs waiting),
+    /// `paused`, `state` (what the daemon published: idle, paused, waiting, running with
+    /// done/total cases and ETA, stopping; null without a daemon) and `shards` (a job
+    /// on a cluster).
     #[arg(long)]
     pub json: bool,
     /// Follow the daemon with a progress bar.
