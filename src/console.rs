@@ -125,8 +125,10 @@ where
         let mut text = FieldText::default();
         event.record(&mut text);
         let time = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ");
-        // A full disk must not end the job over its log; the daemon's stderr has it too.
-        let _ = writeln!(file, "{time} {:>5} {}", event.metadata().level(), text.text);
+        // One write per line, so a reader (`log --follow`) never sees half of one. A full
+        // disk must not end the job over its log; the daemon's stderr has it too.
+        let line = format!("{time} {:>5} {}\n", event.metadata().level(), text.text);
+        let _ = file.write_all(line.as_bytes());
     }
 }
 

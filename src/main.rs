@@ -83,6 +83,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Benchmark a version on a plan and judge it (the main job).
+    #[command(after_help = cmd::run::exit_codes())]
     Run(cmd::run::Args),
     /// Queue a version × plan for the daemon; prints the job id.
     Start(cmd::start::Args),
@@ -126,15 +127,13 @@ enum Command {
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
     /// Print shell completions (generated from this command line).
-    #[command(hide = true)]
     Completions(cmd::completions::Args),
     /// Print the man page, or write all pages with --dir.
-    #[command(hide = true)]
     Man(cmd::completions::ManArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = cmd::parse();
     console::init(match cli.command {
         Command::Daemon(_) => console::Audience::Daemon,
         Command::Agent(_) => console::Audience::Agent,

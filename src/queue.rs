@@ -137,6 +137,10 @@ pub struct Job {
     /// Starts that crashed or are in progress (a clean SIGTERM gives its attempt back);
     /// at [`MAX_ATTEMPTS`] the job is given up as failed.
     pub attempt: u32,
+    /// Every start of the job, across resumes and restarts (never given back): the
+    /// queue's `try`. Absent from jobs queued before it was counted.
+    #[serde(default)]
+    pub starts: u32,
     pub run_dir: Option<PathBuf>,
     pub verdict: Option<Verdict>,
     /// The judgement's one-line summary.
@@ -162,9 +166,11 @@ impl Job {
                 if self.attempt >= MAX_ATTEMPTS {
                     bail!("job {} was started {} times already; giving up", self.id, self.attempt);
                 }
+                // (A job from before `starts` was counted has had at least `attempt`.)
+                self.starts = self.starts.max(self.attempt) + 1;
                 self.attempt += 1;
                 self.run_dir = Some(run_dir.clone());
-                (Running, format!("attempt {} into {}", self.attempt, run_dir.display()))
+                (Running, format!("try {} into {}", self.starts, run_dir.display()))
             }
             (Running, Transition::Finish { verdict, summary, figures }) => {
                 self.verdict = Some(*verdict);
@@ -235,14 +241,38 @@ fn refusal(id: u64, state: State, transition: &Transition) -> String {
     }
 }
 
-/// When the job's first attempt started and when it ended (RFC 3339), from its history.
+/// When the job first started and when it ended (RFC 3339), from its history: across
+/// restarts, as its tries are.
 pub fn started_finished(job: &Job) -> (Option<&str>, Option<&str>) {
-    // A restart begins the job anew: only the history after it counts.
-    let since = job.history.iter().rposition(|h| h.note == "restarted").unwrap_or(0);
-    let history = &job.history[since..];
-    let started = history.iter().find(|h| h.state == State::Running).map(|h| h.at.as_str());
-    let finished = history.last().filter(|h| h.state.is_final()).map(|h| h.at.as_str());
+    let started = job.history.iter().find(|h| h.state == State::Running).map(|h| h.at.as_str());
+    let finished = job.history.last().filter(|h| h.state.is_final()).map(|h| h.at.as_str());
     (started, finished)
+}
+
+/// How long the job has run, in seconds: every try summed (each from its start to the
+/// next change of state, or to `now` while it runs), without the waits between them.
+/// None before its first start.
+pub fn running_secs(job: &Job, now: chrono::DateTime<chrono::Utc>) -> Option<f64> {
+    let parse = |at: &str| chrono::DateTime::parse_from_rfc3339(at).ok().map(|t| t.with_timezone(&chrono::Utc));
+    let mut total = None;
+    let mut since = None;
+    for entry in &job.history {
+        match (entry.state, since) {
+            (State::Running, None) => since = Some(parse(&entry.at)),
+            (State::Running, Some(_)) => {}
+            (_, Some(start)) => {
+                if let (Some(start), Some(end)) = (start, parse(&entry.at)) {
+                    *total.get_or_insert(0.0) += (end - start).num_milliseconds() as f64 / 1000.0;
+                }
+                since = None;
+            }
+            (_, None) => {}
+        }
+    }
+    if let Some(Some(start)) = since.filter(|_| job.state == State::Running) {
+        *total.get_or_insert(0.0) += (now - start).num_milliseconds() as f64 / 1000.0;
+    }
+    total.map(|s: f64| s.max(0.0))
 }
 
 /// Which final jobs `clean --keep N` removes: all but the `keep` newest (by id) of the
@@ -255,7 +285,8 @@ pub fn to_clean(jobs: &[Job], keep: usize) -> Vec<u64> {
     ended
 }
 
-fn now() -> String {
+/// Now, as every stored time is written: RFC 3339 in UTC, to the millisecond.
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
@@ -376,6 +407,7 @@ impl Queue {
             enqueued_at: now(),
             state: State::Pending,
             attempt: 0,
+            starts: 0,
             run_dir: None,
             verdict: None,
             summary: None,
@@ -581,6 +613,7 @@ mod tests {
             enqueued_at: now(),
             state: State::Pending,
             attempt: 0,
+            starts: 0,
             run_dir: None,
             verdict: None,
             summary: None,
@@ -659,18 +692,58 @@ mod tests {
         assert!(j.apply(Transition::Restart).is_err(), "a pending job is not restarted");
         j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
         j.apply(Transition::Fail { error: "boom".into() }).unwrap();
-        let before_restart = started_finished(&j);
-        assert!(before_restart.0.is_some() && before_restart.1.is_some());
+        let (first_start, failed) = started_finished(&j);
+        let first_start = first_start.map(str::to_string);
+        assert!(first_start.is_some() && failed.is_some());
         j.apply(Transition::Restart).unwrap();
-        assert_eq!((j.state, j.attempt, j.error.as_deref()), (State::Pending, 0, None));
+        assert_eq!((j.state, j.attempt, j.starts, j.error.as_deref()), (State::Pending, 0, 1, None));
         assert_eq!(j.run_dir.as_deref(), Some(Path::new("r")), "it resumes into its run directory");
-        assert_eq!(started_finished(&j), (None, None), "times begin anew");
+        assert_eq!(started_finished(&j), (first_start.as_deref(), None), "it started before, and has not ended");
         j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        assert_eq!((j.attempt, j.starts), (1, 2), "the crash count begins anew, the tries go on");
         let headline = Headline { asr: Some(0.1), utility: Some(0.9), utility_under_attack: None };
         j.apply(Transition::Finish { verdict: Verdict::Rejected, summary: "s".into(), figures: headline }).unwrap();
         assert_eq!(j.figures, Some(headline));
         j.apply(Transition::Restart).unwrap();
         assert_eq!((j.verdict, j.figures), (None, None));
+    }
+
+    #[test]
+    fn running_time_sums_every_try_without_the_waits_between() {
+        let at = |state, at: &str| HistoryEntry { at: at.into(), state, note: String::new() };
+        let mut j = job();
+        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T13:00:00Z").unwrap().to_utc();
+        assert_eq!(running_secs(&j, now), None, "never started");
+        j.history = vec![
+            at(State::Pending, "2026-01-01T10:00:00Z"),
+            at(State::Running, "2026-01-01T10:01:00Z"),
+            at(State::Interrupted, "2026-01-01T10:02:00Z"),
+            at(State::Pending, "2026-01-01T11:00:00Z"),
+            at(State::Running, "2026-01-01T11:00:00Z"),
+            at(State::Failed, "2026-01-01T11:00:30Z"),
+            at(State::Pending, "2026-01-01T12:00:00Z"),
+            at(State::Running, "2026-01-01T12:00:00.500Z"),
+            at(State::Done, "2026-01-01T12:00:10.500Z"),
+        ];
+        j.state = State::Done;
+        assert_eq!(running_secs(&j, now), Some(100.0), "60 s + 30 s + 10 s, after a restart too");
+        j.history.truncate(8);
+        j.state = State::Running;
+        assert_eq!(running_secs(&j, now), Some(90.0 + 3599.5), "a running try counts up to now");
+    }
+
+    #[test]
+    fn a_job_from_before_starts_were_counted_counts_on_from_its_attempts() {
+        let mut j: Job = serde_json::from_value({
+            let mut value = serde_json::to_value(job()).unwrap();
+            value.as_object_mut().unwrap().remove("starts");
+            value["attempt"] = 1.into();
+            value
+        })
+        .unwrap();
+        assert_eq!(j.starts, 0);
+        j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
+        assert_eq!((j.attempt, j.starts), (2, 2));
     }
 
     #[test]

@@ -334,6 +334,18 @@ mod position_tests {
     }
 }
 
+/// The one way a command shows a moment (`status`, `queue`, `log`): local time to the
+/// second, `2026-03-04 15:06:07`. What is stored stays RFC 3339 in UTC.
+pub fn local_datetime<Tz: chrono::TimeZone>(at: &chrono::DateTime<Tz>) -> String {
+    at.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// A stored RFC 3339 time as [`local_datetime`] shows it; the text itself when it is not
+/// one.
+pub fn local_time(rfc3339: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(rfc3339).map_or_else(|_| rfc3339.to_string(), |t| local_datetime(&t))
+}
+
 /// What to say when `name` names no `<name>.toml` in `dir`: the names there, and the
 /// closest one ("did you mean") when it is a likely typo. `None` when `dir` holds no
 /// `.toml` at all (then there is nothing to offer).
@@ -354,7 +366,7 @@ pub fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
 
 /// The candidate nearest to `typed` by edit distance, if it is near enough to be a typo
 /// (at most a third of the longer name, and two edits allowed in any case).
-fn closest<'a>(typed: &str, candidates: &'a [String]) -> Option<&'a str> {
+pub fn closest<'a>(typed: &str, candidates: &'a [String]) -> Option<&'a str> {
     candidates
         .iter()
         .map(|c| (edit_distance(typed, c), c))
@@ -389,6 +401,15 @@ mod typo_tests {
         assert_eq!(edit_distance("schnel", "schnell"), 1);
         assert_eq!(edit_distance("kandidat", "kandiadt"), 2);
         assert_eq!(edit_distance("voll", "voll"), 0);
+    }
+
+    #[test]
+    fn times_are_shown_local_to_the_second() {
+        let shown = local_time("2026-01-02T03:04:05.123456789Z");
+        let expected = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z").unwrap();
+        assert_eq!(shown, expected.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M:%S").to_string());
+        assert_eq!(shown.len(), "2026-01-02 03:04:05".len());
+        assert_eq!(local_time("yesterday"), "yesterday");
     }
 
     #[test]

@@ -83,8 +83,15 @@ fn priority_restart_and_clean_and_refusals_in_plain_words() {
     let run_dir = bench.job(first)["run_dir"].as_str().unwrap().to_string();
     let out = bench.run(&["restart", &first.to_string()]).ok();
     assert!(out.stdout.contains(&run_dir), "{}", out.stdout);
+    assert!(out.stdout.contains("for try 2"), "{}", out.stdout);
     let job = bench.wait_job(first, "done", 120);
     assert_eq!((job["attempt"].as_u64(), job["run_dir"].as_str()), (Some(1), Some(run_dir.as_str())));
+    // The tries count on across the restart (the crash count alone begins anew).
+    assert_eq!(job["starts"], 2, "{job}");
+    let queue = bench.run(&["queue"]).ok().stdout;
+    let row: Vec<&str> =
+        queue.lines().find(|l| l.trim_start().starts_with(&format!("{first} "))).unwrap().split_whitespace().collect();
+    assert_eq!(row[5], "2", "the try column: {row:?}");
     let (starts, skips) = case_starts(Path::new(&run_dir));
     assert!(starts.values().all(|n| *n == 1) && skips >= starts.len(), "{starts:?}, {skips} skips");
     let cleaned = bench.run(&["clean", "--keep", "1"]).ok();
@@ -200,4 +207,68 @@ fn completions_and_man_pages_come_from_the_command_line_and_know_the_queue_verbs
     let dir = bench.path().join("man");
     bench.run(&["man", "--dir", dir.to_str().unwrap()]).ok();
     assert!(dir.join("pruefstand.1").is_file() && dir.join("pruefstand-log.1").is_file());
+}
+
+#[test]
+fn log_follow_prints_the_whole_log_up_to_the_jobs_done_line() {
+    let bench = bench_with_tiny(0);
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    let follow = bench.cmd(&["log", &id.to_string(), "--follow"]).stdout(Stdio::piped()).spawn().unwrap();
+    let _daemon = bench.daemon();
+    bench.wait_job(id, "done", 120);
+    let followed = finished_within(follow, 30);
+    assert!(followed.contains(&format!("job {id}: done, ")), "--follow ended before the job's last line:\n{followed}");
+    let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
+    assert_eq!(followed, shown, "--follow printed the whole log");
+}
+
+#[test]
+fn status_queue_and_log_show_times_one_way_local_to_the_second() {
+    let time = regex::Regex::new(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}").unwrap();
+    let bench = bench_with_tiny(0);
+    let _daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    bench.wait_job(id, "done", 120);
+
+    let status = bench.run(&["status"]).ok().stdout;
+    let since = status.lines().next().unwrap().split_once(", since ").expect("since when").1;
+    assert!(time.is_match(since) && since.len() == "2026-01-02 03:04:05".len(), "{status}");
+    let queue = bench.run(&["queue"]).ok().stdout;
+    let row = queue.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap();
+    assert_eq!(time.find_iter(row).count(), 2, "started and finished: {row}");
+    let log = bench.run(&["log", &id.to_string()]).ok().stdout;
+    for line in log.lines() {
+        assert!(time.find(line).is_some_and(|m| m.start() == 0), "{line}");
+    }
+}
+
+#[test]
+fn a_mistyped_command_gets_a_guess_and_the_help_tells_every_command_option_and_exit_code() {
+    let bench = Bench::new();
+    let typo = bench.run(&["rn", "demo-kandidat"]).code(2);
+    assert!(typo.stderr.contains("unrecognized subcommand 'rn'") && typo.stderr.contains("'run'"), "{}", typo.stderr);
+
+    let help = bench.run(&["--help"]).ok().stdout;
+    for command in ["completions", "man"] {
+        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{command} "))), "{command}:\n{help}");
+    }
+    let documented = |args: &[&str], option: &str| {
+        let help = bench.run(args).ok().stdout;
+        let line = help.lines().find(|l| l.trim_start().starts_with(option)).unwrap_or_else(|| panic!("{help}"));
+        let words = line.trim_start().trim_start_matches(option).split_whitespace().count();
+        assert!(words > 2, "{option} undocumented in {args:?}: {line}");
+    };
+    documented(&["status", "--help"], "--json");
+    documented(&["study", "--help"], "--seed <SEED>");
+
+    let run_help = bench.run(&["run", "--help"]).ok().stdout;
+    let codes = run_help.split_once("Exit codes:").unwrap_or_else(|| panic!("{run_help}")).1;
+    for (code, verdict) in
+        [("0", "approved"), ("10", "rejected"), ("11", "inconclusive"), ("12", "invalid"), ("2", "could not run")]
+    {
+        assert!(
+            codes.lines().any(|l| l.trim_start().starts_with(&format!("{code} ")) && l.contains(verdict)),
+            "{code}:{codes}"
+        );
+    }
 }

@@ -570,3 +570,43 @@ fn a_fixed_seed_schnell_run_records_and_judges_as_before_the_pipeline_was_redraw
         );
     }
 }
+
+#[test]
+fn ctrl_c_says_the_whole_command_that_resumes_the_run_and_it_does() {
+    let bench = Bench::new();
+    // A plan path with a space: the command must come back quoted.
+    let plan = bench.write("my plans/mini.toml", MINI_PLAN);
+    bench.write("versions/slow.toml", &slow_version(200));
+    let log = bench.path().join("run.log");
+    let mut run = bench
+        .cmd(&["run", "slow", "--plan", plan.to_str().unwrap()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let runs = bench.path().join("reports/slow/mini");
+    wait_until("two cases recorded", 120, || {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended: {}", std::fs::read_to_string(&log).unwrap());
+        std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|run| std::fs::read_to_string(run.path().join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= 2))
+    });
+    let sent = std::process::Command::new("kill").arg("-INT").arg(run.id().to_string()).status().unwrap();
+    assert!(sent.success());
+    assert_eq!(run.wait().unwrap().code(), Some(2));
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    let command = stderr.lines().find_map(|l| l.strip_prefix("resume with: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let words = shlex::split(command).unwrap_or_else(|| panic!("not a shell command: {command}"));
+    let run_dir = std::fs::read_dir(&runs).unwrap().flatten().next().unwrap().path();
+    let bench_root = bench.path().to_str().unwrap();
+    let expected = [BIN, "--root", bench_root, "run", "slow", "--plan", plan.to_str().unwrap(), "--out"];
+    assert_eq!(words[..8], expected, "{command}");
+    assert_eq!(words[8..], [run_dir.to_string_lossy()], "{command}");
+
+    let resumed =
+        Run::from(std::process::Command::new(&words[0]).args(&words[1..]).current_dir(repo()).output().unwrap());
+    assert!(matches!(resumed.code, Some(0 | 10 | 11 | 12)), "{}\n{}", resumed.stdout, resumed.stderr);
+    assert_eq!(resumed.run_dir(), run_dir, "resumed into the same directory");
+    assert_eq!(cases(&run_dir).len(), MINI_CASES);
+}

@@ -117,13 +117,24 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         }
         _ => None,
     };
-    let backend = version.as_ref().map(|v| *v.spec.model.backend.get_ref());
+    // The versions whose model runs in a container here: the named one and its
+    // reference (a run makes the reference's run first).
+    let in_containers: Vec<Version> = match (&root, &version) {
+        (Some(root), Some(version)) => std::iter::once(version.clone())
+            .chain(version.reference().and_then(|name| Version::load(&root.versions(), name).ok()))
+            .filter(|v| *v.spec.model.backend.get_ref() == Backend::Docker)
+            .collect(),
+        _ => Vec::new(),
+    };
 
     check_venv(&mut report);
 
     // (A hung NVML probe stays behind on the blocking pool; main does not wait for it.)
-    let (docker, gpu, dbus) =
-        tokio::join!(check_docker(version.as_ref(), backend), check_gpu(&guard_config), check_dbus(&guard_config));
+    let (docker, gpu, dbus) = tokio::join!(
+        check_docker(version.as_ref(), &in_containers),
+        check_gpu(&guard_config),
+        check_dbus(&guard_config)
+    );
     report.extend(docker);
     if let Some(version) = &version {
         check_model_files(version, &mut report);
@@ -203,10 +214,16 @@ fn check_venv(report: &mut Report) {
     }
 }
 
-async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Report {
+/// Docker, and the images of `in_containers`. A named version that runs no container
+/// (simulated, external) does not need Docker: it is not probed. Without a version the
+/// probe runs, and trouble is only a warning.
+async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> Report {
     let mut report = Report::default();
-    let needed = backend == Some(Backend::Docker);
-    // Unneeded Docker (no version named, or another backend) is only a warning.
+    let needed = !in_containers.is_empty();
+    if let Some(version) = version.filter(|_| !needed) {
+        report.ok(format!("Docker: not needed ({} runs no model container)", version.name));
+        return report;
+    }
     let level = if needed { Level::Fail } else { Level::Warn };
     let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
     let fix = Some("start the Docker Engine (`sudo systemctl start docker`) and make sure this user may use its socket (group `docker`)".to_string());
@@ -232,9 +249,12 @@ async fn check_docker(version: Option<&Version>, backend: Option<Backend>) -> Re
             return report;
         }
     }
-    if let Some(version) = version.filter(|_| needed) {
+    for version in in_containers {
         match &version.spec.model.image {
-            None => report.fail("model image: the spec names none", "set [model] image in the version's spec"),
+            None => report.fail(
+                format!("model image of {}: the spec names none", version.name),
+                "set [model] image in the version's spec",
+            ),
             Some(image) => match tokio::time::timeout(DOCKER_TIMEOUT, docker.inspect_image(image)).await {
                 Ok(Ok(_)) => report.ok(format!("image {image} present")),
                 Ok(Err(err)) => report.fail(

@@ -1,6 +1,7 @@
 //! `pruefstand log <job> [--follow]`: the daemon's lines about one job (its own log,
 //! `.pruefstand/jobs/<id>/log`, across attempts). `--follow` keeps printing new lines
-//! (inotify on the job's folder) until the job has ended.
+//! (inotify on the job's folder) until the job has ended. Each line's time is shown as
+//! in every other view (`util::local_time`); the file keeps RFC 3339 in UTC.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -73,10 +74,23 @@ fn print_new(path: &Path, shown: &mut u64, all: bool) -> anyhow::Result<()> {
     let end = complete_lines(&bytes, all);
     if end > 0 {
         let text = String::from_utf8_lossy(&bytes[..end]);
-        outln!("{}", text.strip_suffix('\n').unwrap_or(&text));
+        for line in text.strip_suffix('\n').unwrap_or(&text).split('\n') {
+            outln!("{}", with_local_time(line));
+        }
     }
     *shown += end as u64;
     Ok(())
+}
+
+/// A log line as the other views show times: its leading RFC 3339 time (UTC, as the
+/// daemon writes it) in local time to the second.
+fn with_local_time(line: &str) -> String {
+    match line.split_once(' ') {
+        Some((time, rest)) if chrono::DateTime::parse_from_rfc3339(time).is_ok() => {
+            format!("{} {rest}", crate::util::local_time(time))
+        }
+        _ => line.to_string(),
+    }
 }
 
 /// How many leading bytes of `bytes` are whole lines (all of them when `all`).
@@ -90,6 +104,15 @@ fn complete_lines(bytes: &[u8], all: bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_lines_time_is_shown_like_every_other() {
+        let line = with_local_time("2026-01-02T03:04:05.678Z  INFO job 3: done, approved");
+        let time = crate::util::local_time("2026-01-02T03:04:05Z");
+        assert_eq!(line, format!("{time}  INFO job 3: done, approved"));
+        assert_eq!(with_local_time("a line without a time"), "a line without a time");
+        assert_eq!(with_local_time(""), "");
+    }
 
     #[test]
     fn a_half_written_line_waits_for_its_end() {

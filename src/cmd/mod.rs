@@ -33,3 +33,56 @@ pub fn name_parser(text: &str) -> Result<String, String> {
     crate::util::check_name(text)?;
     Ok(text.to_string())
 }
+
+/// The command line, parsed; on a mistake clap's error (exit 2), with a guess for a
+/// mistyped command that clap's own similarity misses — `rn` for `run` — from the
+/// visible commands by edit distance (`util::closest`).
+pub fn parse<P: clap::Parser>() -> P {
+    P::try_parse().unwrap_or_else(|err| with_guess(err, &P::command()).exit())
+}
+
+fn with_guess(mut err: clap::Error, command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::InvalidSubcommand || err.get(ContextKind::SuggestedSubcommand).is_some() {
+        return err;
+    }
+    let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else { return err };
+    let names: Vec<String> =
+        command.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name().to_string()).collect();
+    if let Some(guess) = crate::util::closest(typed, &names) {
+        err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(guess.to_string()));
+    }
+    err
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser, Debug)]
+    #[command(name = "t")]
+    enum Cli {
+        Run,
+        Restart,
+        Status,
+        #[command(hide = true)]
+        Rm,
+    }
+
+    fn guess(typed: &str) -> Option<String> {
+        use clap::{CommandFactory, Parser};
+        let err = Cli::try_parse_from(["t", typed]).unwrap_err();
+        match with_guess(err, &Cli::command()).get(clap::error::ContextKind::SuggestedSubcommand) {
+            Some(clap::error::ContextValue::String(guess)) => Some(guess.clone()),
+            Some(other) => Some(other.to_string()),
+            None => None,
+        }
+    }
+
+    #[test]
+    fn a_mistyped_command_gets_the_nearest_visible_one() {
+        assert_eq!(guess("rn").as_deref(), Some("run"), "clap alone misses this one");
+        assert!(guess("stauts").is_some_and(|g| g.contains("status")), "clap's own guesses stay");
+        assert_eq!(guess("xyzzy"), None);
+    }
+}

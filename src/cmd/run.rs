@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::benchlock;
 use crate::judge::Judgement;
 use crate::root::Root;
-use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
+use crate::run::{Extent, Interrupted, LocalGym, RunControl, RunRequest, Session};
 use crate::rundir::{LockError, RunFile, RunLock, Waited};
 use crate::spec::Version;
 
@@ -91,7 +91,16 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     signals.abort();
     // A fresh pool, shut down at the end whatever happened.
     let shutdown = session.shutdown().await;
-    let finished = finished?;
+    let finished = match finished {
+        Ok(finished) => finished,
+        Err(err) => {
+            let Some(stopped) = err.downcast_ref::<Interrupted>() else { return Err(err) };
+            tracing::error!("{stopped}");
+            tracing::info!("resume with: {}", resume_command(std::env::args_os(), &stopped.run_dir));
+            shutdown?;
+            return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
+        }
+    };
     shutdown?;
     let report = finished.run_dir.path_of(RunFile::Report);
     if args.json {
@@ -126,6 +135,37 @@ pub fn print_judgement(judgement: &Judgement, report: &Path) {
     outln!("verdict: {}", judgement.verdict.as_str());
 }
 
+/// `run --help`'s last words: the exit codes, one per verdict and one for a run that
+/// could not be carried out.
+pub fn exit_codes() -> String {
+    use crate::util::*;
+    format!(
+        "Exit codes:\n  {EXIT_APPROVED:<3} approved\n  {EXIT_REJECTED:<3} rejected (a rule failed)\n  \
+         {EXIT_INCONCLUSIVE:<3} inconclusive (no rule failed, one could not decide)\n  \
+         {EXIT_INVALID:<3} invalid (R1 failed: the run cannot be trusted)\n  \
+         {EXIT_COULD_NOT_RUN:<3} could not run (bad input, missing tools, interrupted: the message says how to resume)"
+    )
+}
+
+/// The command line that resumes an interrupted run: this one's arguments as given,
+/// with `--out` the run directory (replacing one given), shell-quoted.
+fn resume_command(argv: impl IntoIterator<Item = std::ffi::OsString>, run_dir: &Path) -> String {
+    let mut words = Vec::new();
+    let mut argv = argv.into_iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(arg) = argv.next() {
+        match arg.as_str() {
+            "--out" => {
+                argv.next();
+            }
+            _ if arg.starts_with("--out=") => {}
+            _ => words.push(arg),
+        }
+    }
+    words.extend(["--out".to_string(), run_dir.to_string_lossy().into_owned()]);
+    // Arguments from the OS hold no NUL, the one thing that cannot be quoted.
+    shlex::try_join(words.iter().map(String::as_str)).unwrap_or_else(|_| words.join(" "))
+}
+
 /// The bench lock, waited for (saying for whom) unless `no_wait`; busy when `no_wait`
 /// finds it taken. Ctrl-C ends the wait.
 async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<RunLock, LockError> {
@@ -143,5 +183,28 @@ async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<Run
     match RunLock::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
         Waited::Taken(lock) => Ok(lock),
         Waited::Stopped(_) => Err(anyhow::anyhow!("interrupted while waiting for the GPU").into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
+        words.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn the_resume_command_is_the_one_given_with_its_run_directory() {
+        let dir = Path::new("/tmp/reports/demo kandidat/schnell/20260102T030405Z-abc");
+        assert_eq!(
+            resume_command(argv(&["pruefstand", "run", "demo-kandidat", "--plan", "schnell"]), dir),
+            "pruefstand run demo-kandidat --plan schnell --out '/tmp/reports/demo kandidat/schnell/20260102T030405Z-abc'"
+        );
+        assert_eq!(
+            resume_command(argv(&["./pf", "--root", "/b", "run", "v", "--out", "old", "--jobs", "2"]), Path::new("d")),
+            "./pf --root /b run v --jobs 2 --out d"
+        );
+        assert_eq!(resume_command(argv(&["pf", "run", "--out=old", "v"]), Path::new("d")), "pf run v --out d");
     }
 }

@@ -85,8 +85,8 @@ pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
 pub fn describe(job: &Job) -> String {
     match job.state {
         State::Running => format!(
-            "running (attempt {}) into {}",
-            job.attempt,
+            "running (try {}) into {}",
+            job.starts.max(job.attempt),
             job.run_dir.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
         ),
         State::Done => format!("done, {}", job.verdict.map_or("?", |v| v.as_str())),
@@ -108,8 +108,8 @@ pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> an
     let mut last = None;
     loop {
         let job = queue.load(id)?;
-        if last != Some((job.state, job.attempt)) {
-            last = Some((job.state, job.attempt));
+        if last != Some((job.state, job.starts)) {
+            last = Some((job.state, job.starts));
             on_change(&job);
         }
         if job.state.is_final() {

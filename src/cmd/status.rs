@@ -17,6 +17,10 @@ use crate::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The state as JSON: `daemon` (running, not_running), `pending` (jobs waiting),
+    /// `paused`, `state` (what the daemon published: idle, paused, waiting, running with
+    /// done/total cases and ETA, stopping; null without a daemon) and `shards` (a job
+    /// on a cluster).
     #[arg(long)]
     pub json: bool,
     /// Follow the daemon with a progress bar.
@@ -48,7 +52,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     match (running, &published) {
-        (true, Some(state)) => outln!("daemon: pid {}, since {}\n{}", state.pid, state.since, state.activity.line()),
+        (true, Some(state)) => outln!(
+            "daemon: pid {}, since {}\n{}",
+            state.pid,
+            crate::util::local_time(&state.since),
+            state.activity.line()
+        ),
         (true, None) => outln!("daemon: starting"),
         (false, _) => {
             outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
@@ -75,6 +84,33 @@ fn current(queue: &Queue) -> anyhow::Result<(bool, Option<DaemonState>)> {
     Ok((daemon_running(queue)?, state::read(&queue.daemon_state_file())))
 }
 
+/// What `--watch` draws on a terminal.
+#[derive(Debug, PartialEq)]
+enum View {
+    /// A running job whose cases are counted: a bar.
+    Bar { done: u64, total: u64, message: String },
+    /// Anything else, a job still starting among it: a spinner and the line.
+    Line(String),
+}
+
+/// A bar only for a job whose plan's cases are counted: never one at 0/0 (full, to
+/// indicatif) or at the last job's position.
+fn view(running: bool, activity: Option<&Activity>) -> View {
+    match (running, activity) {
+        (true, Some(Activity::Running(p))) if p.total > 0 => {
+            let eta = p.eta_s.map(|s| format!("ETA {}", state::human_secs(s))).unwrap_or_default();
+            View::Bar {
+                done: p.done as u64,
+                total: p.total as u64,
+                message: format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan),
+            }
+        }
+        (true, Some(activity)) => View::Line(activity.line()),
+        (true, None) => View::Line("daemon starting".to_string()),
+        (false, _) => View::Line("daemon not running".to_string()),
+    }
+}
+
 fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     use notify::Watcher;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -84,8 +120,6 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     .context("starting inotify")?;
     watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
     let bar = indicatif::ProgressBar::new(0);
-    // The bar only while a job runs: otherwise a spinner and the line, never a bar at
-    // 0/0 or the last job's position.
     let running_style =
         indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template");
     let other_style = indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("valid template");
@@ -95,32 +129,26 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     loop {
         let (running, published) = current(queue)?;
         if plain {
-            let line = match (running, &published) {
-                (true, Some(state)) => state.activity.line(),
-                _ => "daemon not running".to_string(),
+            let line = match view(running, published.as_ref().map(|s| &s.activity)) {
+                View::Bar { .. } => published.as_ref().map(|s| s.activity.line()).unwrap_or_default(),
+                View::Line(line) => line,
             };
             if line != last_line {
                 outln!("{line}");
                 last_line = line;
             }
         }
-        match (running, published.map(|s| s.activity)) {
-            (true, Some(Activity::Running(p))) => {
+        match view(running, published.as_ref().map(|s| &s.activity)) {
+            View::Bar { done, total, message } => {
                 bar.set_style(running_style.clone());
-                bar.set_length(p.total as u64);
-                bar.set_position(p.done as u64);
-                let eta = p.eta_s.map(|s| format!("ETA {}", state::human_secs(s))).unwrap_or_default();
-                bar.set_message(format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan));
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(message);
             }
-            (true, Some(activity)) => {
+            View::Line(line) => {
                 bar.set_style(other_style.clone());
                 bar.set_position(0);
-                bar.set_message(activity.line());
-            }
-            _ => {
-                bar.set_style(other_style.clone());
-                bar.set_position(0);
-                bar.set_message("daemon not running");
+                bar.set_message(line);
             }
         }
         bar.tick();
@@ -129,5 +157,34 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
             Err(err) => return Err(err).context("inotify ended"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::state::JobProgress;
+
+    fn running(done: usize, total: usize) -> Activity {
+        Activity::Running(JobProgress {
+            job: 3,
+            version: "v".into(),
+            plan: "p".into(),
+            run_dir: None,
+            done,
+            total,
+            eta_s: None,
+            started_at: String::new(),
+        })
+    }
+
+    #[test]
+    fn the_watch_draws_no_bar_until_the_cases_are_counted() {
+        let starting = view(true, Some(&running(0, 0)));
+        assert_eq!(starting, View::Line("running job 3 (v on p): starting, the cases not yet counted".into()));
+        let View::Bar { done, total, .. } = view(true, Some(&running(4, 11))) else { panic!("a bar") };
+        assert_eq!((done, total), (4, 11));
+        assert_eq!(view(false, Some(&running(4, 11))), View::Line("daemon not running".into()));
+        assert_eq!(view(true, Some(&Activity::Idle)), View::Line(Activity::Idle.line()));
     }
 }

@@ -18,6 +18,7 @@ pub struct Args {
     /// --grid).
     #[arg(long, default_value_t = 0.1)]
     pub rho: f64,
+    /// Seed of the simulated versions: the same seed gives the same figures.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// The profile whose shape and thresholds are studied (a name under profiles/ or a

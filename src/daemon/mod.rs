@@ -339,10 +339,7 @@ impl<G: Gate> Daemon<G> {
         };
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
         if job.attempt >= queue::MAX_ATTEMPTS {
-            let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
-            let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
-            self.fire_hooks(Facts::failed(&job, &error));
-            return Ok(Flow::Continue);
+            return self.failed(id, format!("gave up after {} attempts that ended in a crash", job.attempt));
         }
         let job = match self.queue.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
             Ok(job) => job,
@@ -364,7 +361,7 @@ impl<G: Gate> Daemon<G> {
             done: 0,
             total: 0,
             eta_s: None,
-            started_at: chrono::Utc::now().to_rfc3339(),
+            started_at: queue::now(),
         }));
 
         let observation = self.gate.watch();
@@ -444,27 +441,29 @@ impl<G: Gate> Daemon<G> {
             }
         };
 
+        // Each ending's line goes into the job's log before its state changes: `log
+        // --follow` ends once it reads a final state, and must have the line by then.
         match (result, stop) {
             (Ok(outcome), _) => {
+                tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
                 let finish = Transition::Finish {
                     verdict: outcome.verdict,
                     summary: outcome.summary.clone(),
                     figures: outcome.figures,
                 };
                 let job = self.record(id, finish).await?;
-                tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
                 let Headline { utility, utility_under_attack, asr } = outcome.figures;
                 self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
                 Ok(Flow::Continue)
             }
             (Err(_), Some(Stop::Signal(name))) => {
-                self.record(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false }).await?;
                 tracing::info!("job {id}: interrupted; back in the queue at the next start");
+                self.record(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false }).await?;
                 Ok(Flow::Exit)
             }
             (Err(_), Some(Stop::Cancel)) => {
-                self.record(id, Transition::Stopped).await?;
                 tracing::info!("job {id}: cancelled");
+                self.record(id, Transition::Stopped).await?;
                 Ok(Flow::Continue)
             }
             // The gym's own write failing shows only as its exit: look at the disk too.

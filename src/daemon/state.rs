@@ -68,7 +68,12 @@ impl Activity {
                     .and_then(Path::file_name)
                     .map(|n| format!(" [{}]", n.to_string_lossy()))
                     .unwrap_or_default();
-                format!("running job {} ({} on {}): {}/{} cases{eta}{of}", p.job, p.version, p.plan, p.done, p.total)
+                // Until the gym has counted the plan's cases there is no x/y to give.
+                let done = match p.total {
+                    0 => "starting, the cases not yet counted".to_string(),
+                    total => format!("{}/{total} cases", p.done),
+                };
+                format!("running job {} ({} on {}): {done}{eta}{of}", p.job, p.version, p.plan)
             }
             Activity::Stopping { reason } => format!("stopping: {reason}"),
             Activity::Stopped => "stopped".into(),
@@ -99,7 +104,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 impl Publisher {
     pub fn new(path: PathBuf) -> Publisher {
-        let now = chrono::Utc::now().to_rfc3339();
+        let now = queue::now();
         let state =
             DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
         Publisher { path, state, last_write: None, rate_base: None }
@@ -132,7 +137,7 @@ impl Publisher {
     }
 
     fn write(&mut self, changed: bool) {
-        self.state.updated_at = chrono::Utc::now().to_rfc3339();
+        self.state.updated_at = queue::now();
         self.last_write = Some(Instant::now());
         let line = self.state.activity.line();
         if changed {
@@ -152,4 +157,28 @@ impl Publisher {
 /// Reads the published state (`None` when no daemon ever wrote one).
 pub fn read(path: &Path) -> Option<DaemonState> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(done: usize, total: usize) -> Activity {
+        Activity::Running(JobProgress {
+            job: 3,
+            version: "v".into(),
+            plan: "p".into(),
+            run_dir: None,
+            done,
+            total,
+            eta_s: None,
+            started_at: String::new(),
+        })
+    }
+
+    #[test]
+    fn a_job_whose_cases_are_not_counted_yet_is_starting_not_at_0_of_0() {
+        assert_eq!(running(0, 0).line(), "running job 3 (v on p): starting, the cases not yet counted");
+        assert_eq!(running(2, 11).line(), "running job 3 (v on p): 2/11 cases");
+    }
 }

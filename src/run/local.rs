@@ -108,8 +108,7 @@ impl Local<'_> {
         let model_server = endpoint.down(&session.pool).await?;
         if control.is_stopped() {
             bail!(
-                "interrupted: the gym and the model server are stopped; finished cases are kept in {} (resume with \
-                 --out)",
+                "interrupted: the gym and the model server are stopped; finished cases are kept in {}",
                 run_dir.path.display()
             );
         }

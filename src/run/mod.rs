@@ -227,6 +227,24 @@ pub struct Finished {
     pub reference: Option<(PathBuf, bool)>,
 }
 
+/// A run its control stopped (Ctrl-C, SIGTERM, a cancel) after its directory was
+/// claimed: the finished cases are kept in `run_dir`, the directory to resume (`--out`)
+/// — the candidate's, also when the stop came during its reference's run. Shows as
+/// `cause`, which says where it stopped.
+#[derive(Debug)]
+pub struct Interrupted {
+    pub run_dir: PathBuf,
+    pub cause: anyhow::Error,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.cause)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 /// What every run of one caller shares: the bench root, the venv, the container pool
 /// (warm across a daemon's jobs) and the caller's control.
 pub struct Session {
@@ -260,15 +278,22 @@ impl Session {
         }
         // The run directory first: a wrong --out is refused before anything runs.
         let claimed = self.claim(request)?;
-        // R4 compares with the reference on the same plan: make sure its run exists first.
-        let reference = match request.reference_version(&self.root)? {
-            Some(version) => Some(self.reference_run(&request.for_reference(version)).await?),
-            None => None,
-        };
-        let (executed, served) = executor.execute(self, request, &claimed).await?;
-        let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-        let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served)?;
-        Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
+        let finished = async {
+            // R4 compares with the reference on the same plan: make sure its run exists first.
+            let reference = match request.reference_version(&self.root)? {
+                Some(version) => Some(self.reference_run(&request.for_reference(version)).await?),
+                None => None,
+            };
+            let (executed, served) = executor.execute(self, request, &claimed).await?;
+            let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
+            let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served)?;
+            Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
+        }
+        .await;
+        finished.map_err(|cause| match self.control.is_stopped() {
+            true => Interrupted { run_dir: claimed.dir.path.clone(), cause }.into(),
+            false => cause,
+        })
     }
 
     /// Runs `request`'s cases into their directory with no reference and no judgement:
