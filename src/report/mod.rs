@@ -6,6 +6,7 @@
 //! their traces; nothing here decides anything.
 
 mod cases;
+mod compare;
 mod conversation;
 mod families;
 mod index;
@@ -24,6 +25,7 @@ use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
 
+pub use compare::write_compare;
 pub use index::write_index;
 pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc};
