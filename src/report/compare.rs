@@ -39,7 +39,7 @@ pub const SIDE_BY_SIDE_CSS: &str = "\
 
 /// The compare page's own CSS beside the report's.
 const COMPARE_CSS: &str = "\
-tr.d td{background:#fff8e1} .ne{color:#c62828;font-weight:700} table.spec td{overflow-wrap:anywhere}\
+tr.d td{background:#fff8e1} .ne{color:#c62828;font-weight:700} #spec-h~details>summary{font-size:.9rem;cursor:pointer} table.spec td{overflow-wrap:anywhere}\
 table.spec{width:100%;table-layout:fixed} table.spec th:first-child{width:30%}\
 @media (max-width:600px){table.spec,table.spec tbody{display:block}table.spec tr{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr)}\
 table.spec th:first-child,table.spec td.k{grid-column:1/-1;width:auto}}";
@@ -368,8 +368,9 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
     (head, spec)
 }
 
-/// The spec diff: every headline row, the spec's main sections, and whatever else of
-/// the two specs differs; differing rows marked (≠ and a background).
+/// The spec diff: what differs first (the headline rows and the spec's main sections),
+/// then what is equal on both sides, folded and named in one line, and the differences
+/// of the rest of the spec (the simulated model's knobs, …), folded.
 fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
     let ((head_a, spec_a), (head_b, spec_b)) = (spec_rows(ra), spec_rows(rb));
     let row = |out: &mut String, key: &str, va: &str, vb: &str| {
@@ -391,12 +392,17 @@ fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
             esc(&rb.label)
         )
     };
-    b.push_str(r#"<h2 id="spec-h">What differs</h2>"#);
-    b.push_str(&head("spec"));
+    let (mut differ, mut equal, mut others) = (String::new(), String::new(), String::new());
+    let (mut equal_names, mut equal_spec, mut other_sections, mut hidden) = (Vec::new(), 0, Vec::new(), 0);
     for ((key, va), (_, vb)) in head_a.iter().zip(&head_b) {
-        row(b, key, va, vb);
+        if va != vb {
+            row(&mut differ, key, va, vb);
+        } else {
+            row(&mut equal, key, va, vb);
+            equal_names.push(key.as_str());
+        }
     }
-    // The union of both specs' leaves, A's order first.
+    // The union of both specs' leaves, A's order first, the main sections first.
     let (map_a, map_b): (BTreeMap<&str, &str>, BTreeMap<&str, &str>) = (
         spec_a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
         spec_b.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
@@ -405,21 +411,42 @@ fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
     keys.extend(spec_b.iter().map(|(k, _)| k.as_str()).filter(|k| !map_a.contains_key(k)));
     let section = |k: &str| k.split('.').next().unwrap_or("").to_string();
     keys.sort_by_key(|k| SPEC_SHOWN.iter().position(|s| *s == section(k)).unwrap_or(SPEC_SHOWN.len()));
-    let (mut others, mut other_sections, mut equal_hidden) = (String::new(), Vec::new(), 0);
     for k in keys {
         let (va, vb) = (map_a.get(k).copied().unwrap_or("–"), map_b.get(k).copied().unwrap_or("–"));
-        if SPEC_SHOWN.contains(&section(k).as_str()) && (va != "–" || vb != "–" || va != vb) {
-            row(b, &format!("spec: {k}"), va, vb);
-        } else if va != vb {
-            row(&mut others, &format!("spec: {k}"), va, vb);
-            if !other_sections.contains(&section(k)) {
-                other_sections.push(section(k));
+        let main = SPEC_SHOWN.contains(&section(k).as_str());
+        let key = format!("spec: {k}");
+        match (va != vb, main) {
+            (true, true) => row(&mut differ, &key, va, vb),
+            (true, false) => {
+                row(&mut others, &key, va, vb);
+                if !other_sections.contains(&section(k)) {
+                    other_sections.push(section(k));
+                }
             }
-        } else {
-            equal_hidden += 1;
+            (false, true) if va != "–" => {
+                row(&mut equal, &key, va, vb);
+                equal_spec += 1;
+            }
+            (false, _) => hidden += 1,
         }
     }
-    b.push_str("</table>");
+    b.push_str(r#"<h2 id="spec-h">What differs</h2>"#);
+    if differ.is_empty() {
+        b.push_str(r#"<p class="note">Nothing below differs.</p>"#);
+    } else {
+        let _ = write!(b, "{}{differ}</table>", head("spec"));
+    }
+    if !equal.is_empty() {
+        if equal_spec > 0 {
+            equal_names.push("the spec's model, adapter, guardrail and human fields not listed above");
+        }
+        let _ = write!(
+            b,
+            r#"<details id="spec-equal-d"><summary>Equal on both sides: {}</summary>{}{equal}</table></details>"#,
+            esc(&equal_names.join(", ")),
+            head("spec-equal")
+        );
+    }
     if !others.is_empty() {
         let _ = write!(
             b,
@@ -432,7 +459,7 @@ fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
     if ra.version.is_none() || rb.version.is_none() {
         b.push_str(r#"<p class="note">A run without <code>version.json</code> shows no spec rows.</p>"#);
     }
-    let _ = write!(b, r#"<p class="note">{equal_hidden} further spec field(s) equal on both sides, not shown.</p>"#);
+    let _ = write!(b, r#"<p class="note">{hidden} further spec field(s) empty or equal on both sides, not shown.</p>"#);
 }
 
 /// A figure of one run: x of n with the bounds its rule decides on.
@@ -703,10 +730,16 @@ mod tests {
         let html = std::fs::read_to_string(&out).unwrap();
         assert!(html.contains(COMPARE_MARK) && html.contains("Content-Security-Policy"));
         assert!(!html.contains("<script"), "no script");
-        let spec = &html[html.find(r#"id="spec""#).unwrap()..html.find(r#"id="figures-h""#).unwrap()];
+        let spec = &html[html.find(r#"id="spec""#).unwrap()..html.find(r#"id="spec-equal-d""#).unwrap()];
         assert!(spec.contains("A: base") && spec.contains("B: cand&lt;i&gt;"), "{spec}");
         assert!(spec.contains(r#"<tr class="d"><td class="k"><span class="ne" title="differs">≠</span> version</td>"#));
-        assert!(spec.contains(r#"<tr><td class="k">plan hash</td>"#), "the same plan hash is not marked");
+        assert!(!spec.contains("plan hash"), "only what differs");
+        let equal = &html[html.find(r#"id="spec-equal-d""#).unwrap()..html.find(r#"id="figures-h""#).unwrap()];
+        assert!(
+            equal.contains("Equal on both sides: ")
+                && equal.contains(" plan, plan hash,")
+                && equal.contains(r#"<tr><td class="k">plan hash</td>"#)
+        );
         assert!(html.contains(r#"id="compare-intervals""#) && html.contains("ASR, every attacked case"));
         assert!(html.contains("50.0 % (30/60)") && html.contains("0.0 % (0/60)"), "both ASRs with counts");
         assert!(html.contains("-50.0 pt"));

@@ -392,7 +392,10 @@ fn filter_css(n: usize) -> String {
          #vf-bar{margin:.6rem 0;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem .6rem;align-items:center}\
          #vf-bar label{cursor:pointer;border:1px solid #ccc;border-radius:1rem;padding:.1rem .6rem;overflow-wrap:anywhere}\
          svg.key{vertical-align:middle;margin-right:.3rem}\
-         ul.why{margin:0;padding-left:1rem;font-size:.8rem} ul.why li{overflow-wrap:anywhere}\
+         ul.why{margin:0;padding-left:1rem;font-size:.8rem} ul.why li{overflow-wrap:break-word}\
+         @media (max-width:600px){#latest,#latest tbody{display:block}#latest tr:first-child{display:none}\
+         #latest tr{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);border-top:2px solid #ddd}\
+         #latest td.why{grid-column:1/-1}}\
          svg.chart a.pt{cursor:pointer}",
     );
     for i in 0..n {
@@ -448,7 +451,7 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         for e in by_plan.values() {
             let _ = write!(
                 b,
-                r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td class="note">{}</td><td>{}</td></tr>"#,
+                r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td class="note">{}</td><td class="why">{}</td></tr>"#,
                 looks[version].class,
                 esc(version),
                 esc(&e.plan),
