@@ -5,8 +5,9 @@
 //! spilling out of its box, no chart text clipped by its chart or overlapping another,
 //! the case table's filters working, and the changed-against-the-reference view.
 //!
-//! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the wide screenshots there (how `docs/`'s
-//! pictures are made).
+//! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the screenshots there (how `docs/`'s pictures
+//! are made): `report.png` from the first test; `index.png`, `compare.png` and their
+//! `-420` twins from the compare-and-index test, whose index holds more runs.
 
 use std::path::{Path, PathBuf};
 
@@ -174,7 +175,8 @@ fn report_and_index_read_well_at_two_widths() {
         for width in [1280, 420] {
             let to = cand_dir.join(format!("{stem}-{width}.png"));
             screenshot(&chromium, page, width, &to);
-            if let (Some(dir), 1280) = (&keep, width) {
+            // docs/index.png comes from compare_page_and_index_navigate_at_two_widths (more runs).
+            if let (Some(dir), 1280, "report") = (&keep, width, stem) {
                 std::fs::copy(&to, dir.join(format!("{stem}.png"))).unwrap();
             }
         }
