@@ -327,6 +327,21 @@ fn flatten(prefix: &str, v: &Value, out: &mut Rows) {
 /// simulated model's knobs, …) only where they differ.
 const SPEC_SHOWN: [&str; 6] = ["model", "adapter", "guardrail", "human", "trained_on", "agent_cmd"];
 
+/// A spec with `--api-key` values in its command lines (`model.args`, `agent_cmd`)
+/// redacted, as provenance records them: `version.json` keeps the spec as written.
+fn redacted(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    for pointer in ["/model/args", "/agent_cmd"] {
+        if let Some(v) = spec.pointer_mut(pointer)
+            && let Some(argv) =
+                v.as_array().map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect::<Vec<_>>())
+        {
+            *v = Value::from(crate::container::redact(&argv));
+        }
+    }
+    spec
+}
+
 /// Rows of a table of one run: (field, value).
 type Rows = Vec<(String, String)>;
 
@@ -362,7 +377,7 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
     ];
     let mut spec = Vec::new();
     if let Some(v) = &r.version {
-        flatten("", &v.spec, &mut spec);
+        flatten("", &redacted(&v.spec), &mut spec);
     }
     spec.retain(|(k, _)| k != "description");
     (head, spec)
@@ -661,6 +676,15 @@ fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
 mod tests {
     use super::*;
     use crate::judge::tests::{schnell, write_run_dir};
+
+    #[test]
+    fn api_keys_in_a_specs_command_lines_are_redacted() {
+        let spec = serde_json::json!({"model": {"args": ["--api-key", "s3cret", "--x=1"]}, "agent_cmd": ["a", "--api-key=s3cret"]});
+        let mut rows = Vec::new();
+        flatten("", &redacted(&spec), &mut rows);
+        let text = format!("{rows:?}");
+        assert!(!text.contains("s3cret") && text.contains("<redacted>") && text.contains("--x=1"), "{text}");
+    }
 
     #[test]
     fn relative_dirs_climb_and_descend() {
