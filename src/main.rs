@@ -114,6 +114,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Re-judge a stored run without re-running a case.
     Judge(cmd::judge::Args),
+    /// Two runs side by side in one page: spec diff, figures, R4's pairing, changed cases.
+    Compare(cmd::compare::Args),
     /// Run a plan's cases against any agent that speaks the JSON-line protocol.
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
@@ -170,6 +172,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Run(args) => cmd::run::main(root, args).await,
         Command::Gym(args) => cmd::gym::main(root, args).await,
         Command::Judge(args) => cmd::judge::main(root, args),
+        Command::Compare(args) => cmd::compare::main(args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Setup(args) => cmd::setup::main(args),

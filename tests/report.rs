@@ -5,8 +5,9 @@
 //! spilling out of its box, no chart text clipped by its chart or overlapping another,
 //! the case table's filters working, and the changed-against-the-reference view.
 //!
-//! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the wide screenshots there (how `docs/`'s
-//! pictures are made).
+//! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the screenshots there (how `docs/`'s pictures
+//! are made): `report.png` from the first test; `index.png`, `compare.png` and their
+//! `-420` twins from the compare-and-index test, whose index holds more runs.
 
 use std::path::{Path, PathBuf};
 
@@ -137,6 +138,14 @@ fn report_and_index_read_well_at_two_widths() {
     assert!(summary.contains(BASE) && summary.contains("<b>0</b> newly landed"), "{summary}");
     assert!(!summary.contains("<b>0</b> newly blocked"), "the hardened candidate blocks: {summary}");
     assert!(html.contains(r#"<tr data-tags="blocked changed">"#));
+    // Each changed case shows the reference's conversation beside the candidate's, and
+    // the reference's raw traces are links that reach its run directory.
+    let changed = html.matches(r#"<tr data-tags="blocked changed">"#).count();
+    assert_eq!(html.matches(r#"<div class="sbs">"#).count(), changed);
+    let pair = html.split(r#"<details class="case pair""#).nth(1).unwrap();
+    assert_eq!(pair.split("</details>").next().unwrap().matches(r#"<ol class="conv">"#).count(), 2, "both sides");
+    let href = pair.split(r#"<a href=""#).nth(1).unwrap().split('"').next().unwrap();
+    assert!(href.starts_with("../") && cand_dir.join(href).is_file(), "the reference's trace: {href}");
     // Numeric task order in the heat map and the table.
     let (t2, t10) = (html.find("/user_task_2/").unwrap(), html.find("/user_task_10/").unwrap());
     assert!(t2 < t10, "user_task_2 before user_task_10");
@@ -174,7 +183,8 @@ fn report_and_index_read_well_at_two_widths() {
         for width in [1280, 420] {
             let to = cand_dir.join(format!("{stem}-{width}.png"));
             screenshot(&chromium, page, width, &to);
-            if let (Some(dir), 1280) = (&keep, width) {
+            // docs/index.png comes from compare_page_and_index_navigate_at_two_widths (more runs).
+            if let (Some(dir), 1280, "report") = (&keep, width, stem) {
                 std::fs::copy(&to, dir.join(format!("{stem}.png"))).unwrap();
             }
         }
@@ -216,5 +226,159 @@ fn a_denied_call_shows_in_its_conversation_and_the_table_finds_it() {
     let title = dom.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap_or_default();
     assert!(title.contains("VISIBLE true"), "{title}");
     assert!(title.ends_with(&format!("ROWS {}", denied.len())), "{title}: {} cases with denials", denied.len());
+    assert!(console_errors(&out.stderr).is_empty(), "{:?}", console_errors(&out.stderr));
+}
+
+// ---- the compare page and the index that navigates (issue #27, items 3 and 4) ------
+
+/// Five banking user tasks against three injection tasks in two attack families, one
+/// held out (R2 judges it): 5 clean and 30 attacked cases, enough for the hardened
+/// candidate to block what the reference let land.
+const NAV_PLAN: &str = r#"
+name = "nav"
+benchmark_version = "v1.2.2"
+wording = "per_run"
+attacks = ["important_instructions", "tool_output_spoof"]
+held_out = ["tool_output_spoof"]
+jobs = 4
+case_timeout_s = 120
+injection_goals = false
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_1", "user_task_2", "user_task_3", "user_task_4", "user_task_5"]
+injection_tasks = ["injection_task_1", "injection_task_2", "injection_task_4"]
+"#;
+
+/// `run VERSION --plan nav`, judged whatever the verdict: its run directory.
+fn nav_run(bench: &Bench, version: &str) -> PathBuf {
+    let run = bench.run(&["run", version, "--plan", "nav", "--jobs", "4"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{version}: {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    run.run_dir()
+}
+
+/// Runs `script` (a `<script>` setting `document.title`) on a copy of `page` at `width`
+/// px; the title it set.
+fn title_after(chromium: &Chromium, page: &Path, width: u32, script: &str) -> String {
+    let copy = page.with_file_name(format!("scripted-{width}.html"));
+    std::fs::write(&copy, with_script(&std::fs::read_to_string(page).unwrap(), script)).unwrap();
+    let out =
+        chromium.open(&copy, &["--dump-dom", "--virtual-time-budget=5000", &format!("--window-size={width},1400")]);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(console_errors(&out.stderr).is_empty(), "{:?}", console_errors(&out.stderr));
+    let title = dom.split("<title>").nth(1).and_then(|t| t.split("</title>").next());
+    title.unwrap_or_else(|| panic!("no title in {dom:.300}")).to_string()
+}
+
+#[test]
+fn compare_page_and_index_navigate_at_two_widths() {
+    let bench = Bench::new();
+    bench.write("profiles/nav.toml", NAV_PLAN);
+    let base = std::fs::read_to_string(repo().join("versions/demo-baseline.toml")).unwrap();
+    bench.write(&format!("versions/{BASE}.toml"), &base);
+    let cand = std::fs::read_to_string(repo().join("versions/demo-kandidat.toml")).unwrap();
+    bench.write(&format!("versions/{CAND}.toml"), &cand.replace("\"demo-baseline\"", &format!("\"{BASE}\"")));
+    // The reference twice (a line), the candidate, and a third version that also blocks
+    // every injection (two lines on 0 %; its own reference, demo-baseline, runs first).
+    let base_dir = nav_run(&bench, BASE);
+    let cand_dir = nav_run(&bench, CAND);
+    nav_run(&bench, "demo-vorsichtig");
+    nav_run(&bench, BASE);
+
+    // compare A B: the page in B's run directory, user-only, its path printed.
+    let out = bench.run(&["compare", base_dir.to_str().unwrap(), cand_dir.to_str().unwrap()]).ok();
+    let page = PathBuf::from(out.stdout.lines().last().unwrap());
+    assert_eq!(page, cand_dir.join("compare.html"));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&page).unwrap().permissions().mode() & 0o777, 0o600);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let spec = &html[html.find(r#"id="spec""#).unwrap()..html.find(r#"id="spec-equal-d""#).unwrap()];
+    assert!(spec.contains(&format!("A: {BASE}")) && spec.contains(&format!("B: {CAND}")), "both versions named");
+    assert!(spec.contains(&format!("<code>{BASE}</code></td><td><code>{CAND}</code>")), "the versions side by side");
+    assert!(
+        spec.contains(
+            r#"differs">≠</span> spec: adapter.name</td><td><code>–</code></td><td><code>inj-harden-r3</code>"#
+        )
+    );
+    assert!(!spec.contains("plan hash") && html.contains("Equal on both sides: plan, plan hash, profile,"));
+    assert!(html.contains("held-out ASR (what R2 judges)") && html.contains(r#"id="compare-intervals""#));
+    assert!(html.contains(r#"<p id="r4">R4 with B as candidate"#) && html.contains(r#"id="pairs""#));
+    // The changed cases, each with both conversations, A's left.
+    let changed = html.matches(r#"<details class="case""#).count();
+    assert!(changed > 0 && html.contains("newly blocked"), "the hardened candidate blocks something");
+    let first = &html[html.find(r#"id="change-0""#).unwrap()..];
+    let first = &first[..first.find("</details>").unwrap()];
+    assert_eq!(first.matches(r#"<ol class="conv">"#).count(), 2, "both conversations");
+    assert!(first.find(&format!("<b>A: {BASE}</b>")).unwrap() < first.find(&format!("<b>B: {CAND}</b>")).unwrap());
+    assert!(first.contains("injection landed yes") && first.contains("injection landed no"));
+    assert!(first.contains(r#"<a href="../../../"#), "A's raw trace linked from B's folder");
+    // Never over a file that is not a compare page.
+    let notes = bench.write("notes.html", "my notes");
+    let refused = bench.run(&[
+        "compare",
+        base_dir.to_str().unwrap(),
+        cand_dir.to_str().unwrap(),
+        "--out",
+        notes.to_str().unwrap(),
+    ]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(refused.stderr.contains("not a compare page"), "{}", refused.stderr);
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
+
+    // The index: every point and every run links an existing report; the limits; why.
+    let index = bench.path().join("reports/index.html");
+    let ihtml = std::fs::read_to_string(&index).unwrap();
+    let hrefs: Vec<&str> = ihtml.split(r#"href=""#).skip(1).map(|h| &h[..h.find('"').unwrap()]).collect();
+    assert!(hrefs.len() >= 5 * 5, "{} links", hrefs.len());
+    for href in &hrefs {
+        assert!(href.ends_with("/report.html"), "{href}");
+        assert!(bench.path().join("reports").join(href).is_file(), "{href} points to no report");
+    }
+    // demo-vorsichtig's own reference (demo-baseline) ran first: five runs.
+    let runs = ihtml[ihtml.find(r#"id="runs""#).unwrap()..].matches("<tr class=").count();
+    assert_eq!(runs, 5);
+    assert_eq!(ihtml.matches(r#"<a class="pt" href="#).count(), runs * 3, "a link per run in each of three charts");
+    assert_eq!(ihtml.matches(r#"<g class="threshold">"#).count(), 3);
+    assert!(ihtml.contains(">R2 ≤ 10 %<") && ihtml.contains("held-out ASR (R2&#39;s figure) — nav"));
+    let latest = &ihtml[ihtml.find(r#"id="latest""#).unwrap()..ihtml.find("<h2>Plan").unwrap()];
+    assert!(latest.contains("<th>why</th>") && latest.contains("<b>R2</b> "), "{latest}");
+
+    let chromium = Chromium::find();
+    for width in [1280, 420] {
+        for p in [&page, &index] {
+            let (findings, errors) = probe(&chromium, p, width);
+            assert!(errors.is_empty(), "{} at {width} px: console errors {errors:?}", p.display());
+            assert!(findings.is_empty(), "{} at {width} px:\n{}", p.display(), findings.join("\n"));
+        }
+        // The two conversations beside each other when wide, one above the other when narrow.
+        let sides = "<script>window.addEventListener('load',function(){var s=document.querySelectorAll('#change-0 .side');var a=s[0].getBoundingClientRect(),b=s[1].getBoundingClientRect();document.title='SIDES '+(Math.abs(a.top-b.top)<1?'beside':b.top>=a.bottom-1?'stacked':'other')})</script>";
+        let expect = if width == 1280 { "SIDES beside" } else { "SIDES stacked" };
+        assert_eq!(title_after(&chromium, &page, width, sides), expect, "at {width} px");
+    }
+    // The version filter works without a script of the page's: unticking the first
+    // version's box hides its rows, lines and legend entries.
+    let untick = "<script>window.addEventListener('load',function(){document.getElementById('vf-0').checked=false;var all=document.querySelectorAll('#trends .ver-0'),shown=0;all.forEach(function(e){if(getComputedStyle(e).display!=='none'&&!e.closest('[style*=none]'))shown++});document.title='VER0 '+shown+' of '+all.length})</script>";
+    let title = title_after(&chromium, &index, 1280, untick);
+    assert!(title.starts_with("VER0 0 of ") && title != "VER0 0 of 0", "{title}");
+
+    // Tall enough to reach the first changed case's conversations (and stay under
+    // 300 KB a picture).
+    let keep = std::env::var_os("PRUEFSTAND_SCREENSHOTS").map(PathBuf::from);
+    for (p, stem, tall) in [(&page, "compare", [1750, 3000]), (&index, "index", [1600, 2400])] {
+        for ((width, suffix), height) in [(1280, ""), (420, "-420")].into_iter().zip(tall) {
+            let to = cand_dir.join(format!("{stem}{suffix}.png"));
+            screenshot_sized(&chromium, p, (width, height), &to);
+            if let Some(dir) = &keep {
+                std::fs::copy(&to, dir.join(format!("{stem}{suffix}.png"))).unwrap();
+            }
+        }
+    }
+}
+
+/// [`screenshot`] at a window of (width, height).
+fn screenshot_sized(chromium: &Chromium, page: &Path, (width, height): (u32, u32), to: &Path) {
+    let out =
+        chromium.open(page, &[&format!("--screenshot={}", to.display()), &format!("--window-size={width},{height}")]);
+    let size = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
+    assert!(size > 10_000, "screenshot of {} at {width} px: {size} bytes", page.display());
     assert!(console_errors(&out.stderr).is_empty(), "{:?}", console_errors(&out.stderr));
 }

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cancel;
 pub mod check;
 pub mod clean;
+pub mod compare;
 pub mod completions;
 pub mod daemon;
 pub mod gym;

@@ -180,6 +180,7 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
         records: cases.records,
         cases_sha256: Some(cases.sha256),
         untrusted,
+        dir: Some(dir.to_path_buf()),
     })
 }
 

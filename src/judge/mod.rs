@@ -48,6 +48,9 @@ pub struct ReferenceRun {
     /// R4 then compares nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<String>,
+    /// Its run directory, where it was read from one (the report links its traces).
+    #[serde(skip)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

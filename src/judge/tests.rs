@@ -104,6 +104,7 @@ pub(crate) fn reference_of(input: &JudgeInput, records: Vec<CaseRecord>) -> Refe
         records,
         cases_sha256: None,
         untrusted: None,
+        dir: None,
     }
 }
 

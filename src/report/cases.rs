@@ -6,10 +6,10 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::{Component, Path};
+use std::path::Path;
 
-use super::conversation;
 use super::svg::esc;
+use super::{compare, conversation};
 use crate::case::{CaseKind, CaseRecord};
 
 /// How a case differs from the reference's same case.
@@ -246,11 +246,22 @@ fn kind_word(k: CaseKind) -> &'static str {
 
 /// The "changed against the reference" view: counts per change, then the changed
 /// cases. `changes` holds only cases with at least one change.
+/// Where the changed view finds both sides' conversations.
+pub struct Sides<'a> {
+    /// This run's directory (None: a report built in memory, no conversations).
+    pub run_dir: Option<&'a Path>,
+    pub reference: Option<&'a crate::judge::ReferenceRun>,
+    /// The bytes each conversation may take.
+    pub room: usize,
+}
+
 pub fn changed_view(
     b: &mut String,
     reference: Option<&str>,
     changes: &BTreeMap<String, Vec<Change>>,
     anchors: &BTreeMap<String, String>,
+    records: &[CaseRecord],
+    sides: &Sides,
 ) {
     b.push_str(r#"<h2 id="changed">Changed against the reference</h2>"#);
     let Some(reference) = reference else {
@@ -285,6 +296,52 @@ pub fn changed_view(
         let _ = write!(b, r#"<tr><td>{link}</td><td>{}</td></tr>"#, words.join(", "));
     }
     b.push_str("</tbody></table></div>");
+    side_by_side(b, changes, records, sides);
+}
+
+/// Each changed case with the reference's conversation beside the candidate's.
+fn side_by_side(b: &mut String, changes: &BTreeMap<String, Vec<Change>>, records: &[CaseRecord], sides: &Sides) {
+    let Some(reference) = sides.reference else { return };
+    let theirs: BTreeMap<&str, &CaseRecord> = reference.records.iter().map(|r| (r.case_id.as_str(), r)).collect();
+    let ours: BTreeMap<&str, &CaseRecord> = records.iter().map(|r| (r.case_id.as_str(), r)).collect();
+    // The reference's traces as links from this page (None: not reachable as a path).
+    let href = sides
+        .run_dir
+        .zip(reference.dir.as_deref())
+        .and_then(|(here, there)| Some((std::path::absolute(here).ok()?, std::path::absolute(there).ok()?)))
+        .and_then(|(here, there)| compare::relative_dir(&here, &there));
+    let mut rows: Vec<(&String, &Vec<Change>)> = changes.iter().collect();
+    rows.sort_by(|a, b| a.1.cmp(b.1).then_with(|| natural_cmp(a.0, b.0)));
+    b.push_str(
+        r#"<p class="note">Each changed case: the reference's conversation on the left, this run's on the right.</p>"#,
+    );
+    for (i, (id, list)) in rows.into_iter().enumerate() {
+        let (Some(cand), Some(refr)) = (ours.get(id.as_str()), theirs.get(id.as_str())) else { continue };
+        let words: Vec<&str> = list.iter().map(|c| c.as_str()).collect();
+        let reference_label = format!("reference: {}", reference.version);
+        let html = compare::side_by_side(
+            &compare::Side {
+                label: "this run",
+                run_dir: sides.run_dir,
+                href_base: Some(""),
+                record: cand,
+                room: sides.room,
+            },
+            &compare::Side {
+                label: &reference_label,
+                run_dir: reference.dir.as_deref(),
+                href_base: href.as_deref(),
+                record: refr,
+                room: sides.room,
+            },
+        );
+        let _ = write!(
+            b,
+            r#"<details class="case pair" id="changed-{i}"><summary><code>{}</code> — {}</summary>{html}</details>"#,
+            esc(id),
+            words.join(", ")
+        );
+    }
 }
 
 /// The case table with its filters (shown only when the script runs).
@@ -344,12 +401,6 @@ fn family_of(attack: &str) -> &str {
     crate::family::of_attack(attack).unwrap_or(attack)
 }
 
-/// A trace path that may be read: relative, inside the run directory.
-fn readable_trace(path: &str) -> bool {
-    let p = Path::new(path);
-    !path.is_empty() && p.components().all(|c| matches!(c, Component::Normal(_)))
-}
-
 /// One collapsed conversation per case, in table order, each with the verdict of that
 /// case on top.
 pub fn conversations(
@@ -358,8 +409,8 @@ pub fn conversations(
     ordered: &[&CaseRecord],
     changes: &BTreeMap<String, Vec<Change>>,
     anchors: &BTreeMap<String, String>,
+    room: usize,
 ) {
-    let room = conversation::room_per_conversation(ordered.len());
     b.push_str(r#"<h2 id="conversations">Conversations</h2><p class="note">Injected text in tool results is <mark>highlighted</mark>; long tool results are shortened around it.</p>"#);
     for r in ordered {
         let verdict = if r.is_error() {
@@ -383,19 +434,7 @@ pub fn conversations(
             esc(&verdict),
             esc(&changed)
         );
-        let body = match (run_dir, r.trace.as_deref()) {
-            (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
-                Ok(text) => match serde_json::from_str(&text) {
-                    Ok(v) => conversation::render(&v, room),
-                    Err(e) => format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, esc(t), esc(&e.to_string())),
-                },
-                Err(e) => format!(r#"<p class="err">trace {} not shown: {}</p>"#, esc(t), esc(&e.to_string())),
-            },
-            (_, Some(t)) if !readable_trace(t) => {
-                format!(r#"<p class="err">trace path {} refused (not inside the run directory)</p>"#, esc(t))
-            }
-            _ => r#"<p class="note">no trace recorded</p>"#.to_string(),
-        };
+        let body = conversation::of_case(run_dir, r, room);
         b.push_str(&body);
         if let Some(href) = r.trace.as_deref().and_then(super::safe_href) {
             let _ = write!(b, r#"<p class="note"><a href="{href}">raw trace (AgentDojo JSON)</a></p>"#);
@@ -421,25 +460,6 @@ rows.forEach(function(r){body.appendChild(r)})})});
 function open(){var e=location.hash&&document.getElementById(location.hash.slice(1));if(e&&e.tagName==='DETAILS'){e.open=true;e.scrollIntoView()}}
 window.addEventListener('hashchange',open);open();count();
 })();"#;
-
-/// The most of one trace a report reads: a conversation of a `voll` case is tens of
-/// kilobytes; a model that wrote megabytes is shown cut (`conversation`).
-const MAX_TRACE_BYTES: u64 = 4 << 20;
-
-/// A trace file of the run: never through a link (a link in `traces/` could show a
-/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
-fn read_trace(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Read;
-    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Err(std::io::Error::other("a link, not followed"));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_TRACE_BYTES {
-        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
-    }
-    Ok(text)
-}
 
 #[cfg(test)]
 mod tests {
@@ -487,11 +507,5 @@ mod tests {
         e.error = Some("timeout".into());
         e.outcome = Some(crate::case::Outcome::Error);
         assert_eq!(Tag::of(&e, false), [Tag::Error]);
-    }
-
-    #[test]
-    fn only_paths_inside_the_run_directory_are_read() {
-        assert!(readable_trace("traces/a/b.json"));
-        assert!(!readable_trace("../x.json") && !readable_trace("/etc/passwd") && !readable_trace("traces/../../x"));
     }
 }

@@ -5,10 +5,12 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use std::path::{Component, Path};
 
 use serde_json::Value;
 
 use super::svg::esc;
+use crate::case::CaseRecord;
 
 /// A tool result longer than this many characters is shortened: its injected lines
 /// are always kept, other lines until this budget is spent (a `voll` report carries
@@ -180,6 +182,49 @@ fn write_event(out: &mut String, kind: &str, detail: &str) {
         esc(event_label(kind)),
         shown(detail, TEXT_BUDGET)
     );
+}
+
+/// A case's conversation from its trace below `run_dir`, in at most about `room`
+/// bytes, or why none is shown: a trace path outside the run directory is refused, a
+/// missing, linked, oversized or broken one named.
+pub fn of_case(run_dir: Option<&Path>, r: &CaseRecord, room: usize) -> String {
+    match (run_dir, r.trace.as_deref()) {
+        (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
+            Ok(text) => match serde_json::from_str(&text) {
+                Ok(v) => render(&v, room),
+                Err(e) => format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, esc(t), esc(&e.to_string())),
+            },
+            Err(e) => format!(r#"<p class="err">trace {} not shown: {}</p>"#, esc(t), esc(&e.to_string())),
+        },
+        (_, Some(t)) if !readable_trace(t) => {
+            format!(r#"<p class="err">trace path {} refused (not inside the run directory)</p>"#, esc(t))
+        }
+        _ => r#"<p class="note">no trace recorded</p>"#.to_string(),
+    }
+}
+
+/// A trace path that may be read: relative, inside the run directory.
+fn readable_trace(path: &str) -> bool {
+    !path.is_empty() && Path::new(path).components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// The most of one trace a report reads: a conversation of a `voll` case is tens of
+/// kilobytes; a model that wrote megabytes is shown cut.
+const MAX_TRACE_BYTES: u64 = 4 << 20;
+
+/// A trace file of the run: never through a link (a link in `traces/` could show a
+/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
+fn read_trace(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other("a link, not followed"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TRACE_BYTES {
+        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
+    }
+    Ok(text)
 }
 
 /// The conversation of a trace as HTML, in at most about `room` bytes (a turn's markup
@@ -366,5 +411,11 @@ mod tests {
             tool_result("- subject: '<INFORMATION> This is an important message from me.\n  body: x", &inj, 9999);
         assert!(html.contains("<mark>- subject: &#39;&lt;INFORMATION&gt;"), "{html}");
         assert!(!html.contains("<mark>  body"), "{html}");
+    }
+
+    #[test]
+    fn only_paths_inside_the_run_directory_are_read() {
+        assert!(readable_trace("traces/a/b.json"));
+        assert!(!readable_trace("../x.json") && !readable_trace("/etc/passwd") && !readable_trace("traces/../../x"));
     }
 }

@@ -1,10 +1,13 @@
-//! `reports/index.html`: the trend over every judged run below a reports folder — each
-//! version's latest verdict per plan, and per plan the ASR, the utility under attack
-//! and the clean utility over time, one line per version with its one-sided bounds as a
-//! band (a single line through all runs would zig-zag between versions). Reads
-//! `judgement.json` files leniently (as JSON values), so an older or foreign judgement
-//! is shown with what it has instead of breaking the index; an unreadable one is listed
-//! as skipped.
+//! `reports/index.html`: the trend index over every judged run below a reports folder —
+//! each version's latest verdict per plan with why (the rules that failed or stayed
+//! undecided), and per plan the ASR R2 judged (held-out families where the plan holds any
+//! out), the utility under attack and the clean utility over time, one line per version
+//! with its one-sided bounds as a band (a single line through all runs would zig-zag
+//! between versions) and the rules' limits drawn across. Every point and every run links
+//! its report; a version filter (CSS only, no script) hides versions. Reads
+//! `judgement.json` files leniently (as JSON values), so an older or foreign judgement is
+//! shown with what it has instead of breaking the index; an unreadable one is listed as
+//! skipped.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -34,11 +37,55 @@ struct Entry {
     verdict: Option<Verdict>,
     /// started_at, else judged_at (RFC 3339 sorts as text).
     when: String,
+    /// The ASR R2 judged: its measured figure (held-out families where the plan holds
+    /// any out), else the overall figure, else telemetry's.
     asr: Option<Band>,
+    /// Which ASR `asr` is.
+    asr_kind: AsrKind,
     utility: Option<Band>,
     utility_under_attack: Option<Band>,
     /// report.html relative to the reports folder, '/'-separated.
     link: Option<String>,
+    limits: Limits,
+    /// The rules that kept the run from approval: failed or undecided, each with its
+    /// one-line reason.
+    why: Vec<Why>,
+}
+
+/// Which ASR a run's point shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AsrKind {
+    /// R2's figure over the held-out families.
+    HeldOut,
+    /// R2's figure over every attacked case (the plan holds no family out).
+    Judged,
+    /// Not R2's (an older judgement, R2 not judged, telemetry): every attacked case.
+    Overall,
+}
+
+impl AsrKind {
+    fn words(self) -> &'static str {
+        match self {
+            AsrKind::HeldOut => "held-out ASR",
+            AsrKind::Judged => "ASR",
+            AsrKind::Overall => "ASR (all attacked cases; not R2's)",
+        }
+    }
+}
+
+/// The rules' limits a run was judged with, as far as its judgement says.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Limits {
+    asr_max: Option<f64>,
+    utility_min: Option<f64>,
+    utility_under_attack_min: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Why {
+    rule: String,
+    status: String,
+    reason: String,
 }
 
 /// A rate with its bounds; a figure from telemetry alone has none (lower = upper = rate).
@@ -150,17 +197,82 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
     let link = RunFile::Report.path_in(dir).strip_prefix(reports_dir).ok().map(|rel| {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
+    let rules: &[Value] = j.get("rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let (asr, asr_kind) = match r2_figure(rules) {
+        Some((band, kind)) => (Some(band), kind),
+        None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
+    };
+    let limit = |rule: &str, k: &str| j.get("thresholds")?.get(rule)?.get(k)?.as_f64();
     Ok(Entry {
         run_id,
         version: s("version").unwrap_or_else(|| "?".into()),
         plan: s("plan").unwrap_or_else(|| "?".into()),
         verdict: j.get("verdict").and_then(|v| serde_json::from_value(v.clone()).ok()),
         when: s("started_at").or_else(|| s("judged_at")).unwrap_or_default(),
-        asr: figure("asr").or_else(|| tele("asr")),
+        asr,
+        asr_kind,
         utility: figure("utility_clean").or_else(|| tele("utility")),
         utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
         link,
+        limits: Limits {
+            asr_max: limit("R2", "asr_max"),
+            utility_min: limit("R3", "utility_min"),
+            utility_under_attack_min: limit("R3", "utility_under_attack_min"),
+        },
+        why: why(rules),
     })
+}
+
+/// The ASR R2 judged, as its `measured` holds it (`asr` with the `lower` and `upper`
+/// bounds it decided on), and whether that was over held-out families
+/// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
+/// judgement from before these figures).
+fn r2_figure(rules: &[Value]) -> Option<(Band, AsrKind)> {
+    let m = &rules.iter().find(|r| r.get("id").and_then(Value::as_str) == Some("R2"))?["measured"];
+    let band =
+        Band { rate: m.get("asr")?.as_f64()?, lower: m.get("lower")?.as_f64()?, upper: m.get("upper")?.as_f64()? };
+    let held_out = m.get("judged_families").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+    Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
+}
+
+/// The rules that failed or stayed undecided, with their reasons.
+fn why(rules: &[Value]) -> Vec<Why> {
+    rules
+        .iter()
+        .filter_map(|r| {
+            let status = r.get("status")?.as_str()?;
+            (status == "fail" || status == "inconclusive").then(|| Why {
+                rule: r.get("id").and_then(Value::as_str).unwrap_or("?").to_string(),
+                status: status.to_string(),
+                reason: r.get("reason").and_then(Value::as_str).unwrap_or("").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The longest reason the "why" column shows; the whole one is its tooltip.
+const WHY_CHARS: usize = 220;
+
+/// A run's why as HTML: one line per rule that kept it from approval.
+fn why_html(e: &Entry) -> String {
+    if e.why.is_empty() {
+        return match e.verdict {
+            Some(Verdict::Approved) => r#"<span class="note">every rule passed</span>"#.into(),
+            _ => "–".into(),
+        };
+    }
+    let mut out = String::from(r#"<ul class="why">"#);
+    for w in &e.why {
+        let _ = write!(
+            out,
+            r#"<li title="{}"><b>{}</b> {}: {}</li>"#,
+            esc(&w.reason),
+            esc(&w.rule),
+            esc(&w.status),
+            esc(&svg::truncate(&w.reason, WHY_CHARS))
+        );
+    }
+    out + "</ul>"
 }
 
 fn badge(e: &Entry) -> String {
@@ -230,13 +342,72 @@ fn time_axis(whens: &[&str]) -> (Vec<f64>, Vec<(f64, String)>) {
 /// A version's colour, the same in every chart of the page.
 const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
 
-/// The figures shown per plan: (label, chart id part, which band).
+/// The figures shown per plan: (label, chart id part, which band, its limit).
 type Pick = fn(&Entry) -> Option<Band>;
-const TRENDS: [(&str, &str, Pick); 3] = [
-    ("ASR", "asr", |e| e.asr),
-    ("utility under attack", "utility-under-attack", |e| e.utility_under_attack),
-    ("clean utility", "utility", |e| e.utility),
+type Limit = fn(&Limits) -> Option<(f64, &'static str)>;
+const TRENDS: [(&str, &str, Pick, Limit); 3] = [
+    ("ASR", "asr", |e| e.asr, |l| l.asr_max.map(|v| (v, "R2 ≤"))),
+    (
+        "utility under attack",
+        "utility-under-attack",
+        |e| e.utility_under_attack,
+        |l| l.utility_under_attack_min.map(|v| (v, "R3 ≥")),
+    ),
+    ("clean utility", "utility", |e| e.utility, |l| l.utility_min.map(|v| (v, "R3 ≥"))),
 ];
+
+/// "10 %", "2.5 %": a limit as short as it can be said.
+fn short_pct(v: f64) -> String {
+    let p = 100.0 * v;
+    if (p - p.round()).abs() < 1e-9 { format!("{p:.0} %") } else { pct(v) }
+}
+
+/// How a version looks on the page: its colour, line style and the class the filter
+/// hides it by.
+struct Look {
+    colour: &'static str,
+    style: svg::LineStyle,
+    class: String,
+}
+
+/// The ASR chart's label: what the plan's points are.
+fn asr_label(runs: &[&Entry]) -> &'static str {
+    let kinds: Vec<AsrKind> = runs.iter().filter(|e| e.asr.is_some()).map(|e| e.asr_kind).collect();
+    match kinds.first() {
+        Some(first) if kinds.iter().all(|k| k == first) => match first {
+            AsrKind::HeldOut => "held-out ASR (R2's figure)",
+            AsrKind::Judged => "ASR (R2's figure)",
+            AsrKind::Overall => "ASR (all attacked cases)",
+        },
+        Some(_) => "ASR as R2 judged it (held-out families where the plan holds any out)",
+        None => "ASR",
+    }
+}
+
+/// The CSS of the version filter: a version's rows, lines and legend entries hidden
+/// while its box is unticked; an unticked version's chip struck through. No script.
+fn filter_css(n: usize) -> String {
+    let mut css = String::from(
+        "input.vf{position:absolute;opacity:0;width:1px;height:1px;margin:0}\
+         #vf-bar{margin:.6rem 0;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem .6rem;align-items:center}\
+         #vf-bar label{cursor:pointer;border:1px solid #ccc;border-radius:1rem;padding:.1rem .6rem;overflow-wrap:anywhere}\
+         svg.key{vertical-align:middle;margin-right:.3rem}\
+         ul.why{margin:0;padding-left:1rem;font-size:.8rem} ul.why li{overflow-wrap:break-word}\
+         @media (max-width:600px){#latest,#latest tbody{display:block}#latest tr:first-child{display:none}\
+         #latest tr{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);border-top:2px solid #ddd}\
+         #latest td.why{grid-column:1/-1}}\
+         svg.chart a.pt{cursor:pointer}",
+    );
+    for i in 0..n {
+        let _ = write!(
+            css,
+            "#vf-{i}:not(:checked)~#trends .ver-{i}{{display:none}}\
+             #vf-{i}:not(:checked)~#vf-bar label[for=vf-{i}]{{opacity:.45;text-decoration:line-through}}\
+             #vf-{i}:focus-visible~#vf-bar label[for=vf-{i}]{{outline:2px solid #1565c0}}"
+        );
+    }
+    css
+}
 
 fn render(entries: &[Entry], skipped: &[String]) -> String {
     let mut b = String::from("<h1>pruefstand — verdicts and trends</h1>");
@@ -252,26 +423,43 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
     for e in entries {
         latest.entry(&e.version).or_default().insert(&e.plan, e);
     }
-    let colour: BTreeMap<&str, &'static str> =
-        latest.keys().enumerate().map(|(i, v)| (*v, PALETTE[i % PALETTE.len()])).collect();
-    b.push_str(
-        r#"<h2>Latest verdict per version and plan</h2><div class="scroll"><table id="latest"><tr><th>version</th>"#,
-    );
-    for p in &plans {
-        let _ = write!(b, "<th>{}</th>", esc(p));
+    let looks: BTreeMap<&str, Look> = latest
+        .keys()
+        .enumerate()
+        .map(|(i, v)| {
+            (*v, Look { colour: PALETTE[i % PALETTE.len()], style: svg::LineStyle::nth(i), class: format!("ver-{i}") })
+        })
+        .collect();
+
+    // The filter: one box per version, before everything it hides (CSS's `~`).
+    for i in 0..looks.len() {
+        let _ = write!(b, r#"<input type="checkbox" class="vf" id="vf-{i}" checked>"#);
     }
-    b.push_str("</tr>");
-    for (version, by_plan) in &latest {
-        let _ = write!(b, "<tr><td>{}</td>", esc(version));
-        for p in &plans {
-            match by_plan.get(p) {
-                Some(e) => {
-                    let _ = write!(b, r#"<td>{} <span class="note">{}</span></td>"#, badge(e), esc(&readable(&e.when)));
-                }
-                None => b.push_str("<td>–</td>"),
-            }
+    if !looks.is_empty() {
+        b.push_str(r#"<div id="vf-bar"><span>Versions shown (click to hide):</span>"#);
+        for (i, (v, look)) in looks.iter().enumerate() {
+            let _ = write!(b, r#"<label for="vf-{i}">{}{}</label>"#, svg::swatch(look.style, look.colour), esc(v));
         }
-        b.push_str("</tr>");
+        b.push_str("</div>");
+    }
+    b.push_str(r#"<div id="trends">"#);
+
+    b.push_str(
+        r#"<h2>Latest verdict per version and plan</h2><div class="scroll"><table id="latest"><tr><th>version</th><th>plan</th><th>verdict</th><th>when</th><th>why</th></tr>"#,
+    );
+    for (version, by_plan) in &latest {
+        for e in by_plan.values() {
+            let _ = write!(
+                b,
+                r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td class="note">{}</td><td class="why">{}</td></tr>"#,
+                looks[version].class,
+                esc(version),
+                esc(&e.plan),
+                badge(e),
+                esc(&readable(&e.when)),
+                why_html(e)
+            );
+        }
     }
     b.push_str("</table></div>");
 
@@ -286,17 +474,39 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
             v
         };
         let _ = write!(b, "<h2>Plan {}</h2>", esc(p));
-        for (label, id, pick) in TRENDS {
+        for (label, id, pick, limit) in TRENDS {
+            let label = if id == "asr" { asr_label(&runs) } else { label };
             let series: Vec<svg::TimeSeries> = versions
                 .iter()
                 .map(|v| svg::TimeSeries {
                     name: v.to_string(),
-                    colour: colour[v],
+                    class: looks[v].class.clone(),
+                    colour: looks[v].colour,
+                    style: looks[v].style,
                     points: runs
                         .iter()
                         .zip(&xs)
                         .filter(|(e, _)| e.version == *v)
-                        .filter_map(|(e, x)| pick(e).map(|f| (*x, f.rate, f.lower, f.upper)))
+                        .filter_map(|(e, x)| {
+                            let f = pick(e)?;
+                            let what = if id == "asr" { e.asr_kind.words() } else { label };
+                            Some(svg::TimePoint {
+                                x: *x,
+                                rate: f.rate,
+                                lower: f.lower,
+                                upper: f.upper,
+                                href: e.link.as_deref().and_then(super::safe_href),
+                                tip: format!(
+                                    "{v}: {what} {} [{}, {}] · {} · {} · run {} (click: its report)",
+                                    pct(f.rate),
+                                    pct(f.lower),
+                                    pct(f.upper),
+                                    e.verdict.map_or("?", Verdict::as_str),
+                                    readable(&e.when),
+                                    e.run_id
+                                ),
+                            })
+                        })
                         .collect(),
                 })
                 .filter(|s| !s.points.is_empty())
@@ -304,12 +514,20 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
             if series.is_empty() {
                 continue;
             }
+            // The limits the plan's runs were judged with (one, unless the profile changed).
+            let mut limits: Vec<(f64, &str)> = runs.iter().filter_map(|e| limit(&e.limits)).collect();
+            limits.sort_by(|a, b| a.0.total_cmp(&b.0));
+            limits.dedup_by(|a, b| (a.0 - b.0).abs() < 1e-12);
+            let thresholds: Vec<svg::Threshold> = limits
+                .iter()
+                .map(|(v, rule)| svg::Threshold { value: *v, label: format!("{rule} {}", short_pct(*v)) })
+                .collect();
             b.push_str(&svg::time_chart(
                 &format!("trend-{p}-{id}"),
-                &format!("{label} — {p} (band: one-sided bounds)"),
+                &format!("{label} — {p} (band: one-sided bounds; dashed: limit)"),
                 &ticks,
                 &series,
-                None,
+                &thresholds,
             ));
         }
         // The legend names each line's version with its latest verdict on this plan.
@@ -318,8 +536,9 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
             let last = latest.get(v).and_then(|m| m.get(p));
             let _ = write!(
                 b,
-                r#"<li><span class="sw" style="background:{}"></span>{} {} <span class="note">{}</span></li>"#,
-                colour[v],
+                r#"<li class="{}">{}{} {} <span class="note">{}</span></li>"#,
+                looks[v].class,
+                svg::swatch(looks[v].style, looks[v].colour),
                 esc(v),
                 last.map(|e| badge(e)).unwrap_or_default(),
                 last.map(|e| esc(&readable(&e.when))).unwrap_or_default()
@@ -328,20 +547,27 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         b.push_str("</ul>");
     }
 
-    b.push_str(r#"<h2>All runs</h2><div class="scroll"><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR</th><th>utility under attack</th><th>clean utility</th><th>run</th></tr>"#);
+    b.push_str(r#"<h2>All runs</h2><div class="scroll"><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR R2 judged</th><th>utility under attack</th><th>clean utility</th><th>run</th></tr>"#);
     let opt = |v: Option<Band>| v.map(|f| pct(f.rate)).unwrap_or_else(|| "–".into());
     for e in entries.iter().rev() {
+        let run = match e.link.as_deref().and_then(super::safe_href) {
+            Some(href) => format!(r#"<a href="{href}"><code>{}</code></a>"#, esc(&e.run_id)),
+            None => format!("<code>{}</code>", esc(&e.run_id)),
+        };
+        let asr = match (e.asr, e.asr_kind) {
+            (Some(_), AsrKind::HeldOut) => format!("{} <span class=\"note\">held out</span>", opt(e.asr)),
+            _ => opt(e.asr),
+        };
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{asr}</td><td>{}</td><td>{}</td><td>{run}</td></tr>"#,
+            looks[e.version.as_str()].class,
             esc(&readable(&e.when)),
             esc(&e.version),
             esc(&e.plan),
             badge(e),
-            opt(e.asr),
             opt(e.utility_under_attack),
             opt(e.utility),
-            esc(&e.run_id)
         );
     }
     b.push_str("</table></div>");
@@ -352,7 +578,9 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         }
         b.push_str("</ul>");
     }
-    page("pruefstand — trends", &b, "")
+    b.push_str("</div>");
+    // The filter's CSS joins the page's own (style-src allows inline styles).
+    page("pruefstand — trends", &b, "").replacen("</style>", &format!("{}</style>", filter_css(looks.len())), 1)
 }
 
 #[cfg(test)]
@@ -393,6 +621,56 @@ mod tests {
         assert!(latest.contains("rejected"));
         assert!(html.contains(r#"href="v1/schnell/run-0/report.html""#));
         assert!(html.contains("Skipped") && html.contains("&lt;b&gt;"));
+    }
+
+    #[test]
+    fn index_links_every_point_draws_the_limits_says_why_and_filters_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = dir.path();
+        // Three versions, the plan holding the attack's family out: two never let an
+        // injection land (both lines at 0 %), one is rejected for its ASR.
+        for (i, (version, landed)) in [("v1", 0usize), ("v2", 0), ("v3", 30), ("v1", 0)].into_iter().enumerate() {
+            let mut input = judge::tests::schnell(landed);
+            input.run.run_id = format!("run-{i}");
+            input.run.version = version.into();
+            input.run.attack_families.held_out = vec!["important_instructions".into()];
+            input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
+            let j = judge::judge(&input);
+            let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
+            super::super::write_run_report(&run_dir, &j, &input).unwrap();
+        }
+        write_index(reports).unwrap();
+        let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();
+        // Every point links its run's report (three charts, four runs), every run row too.
+        for (i, v) in ["v1", "v2", "v3", "v1"].iter().enumerate() {
+            let href = format!(r#"href="{v}/schnell/run-{i}/report.html""#);
+            assert_eq!(html.matches(&format!(r#"<a class="pt" {href}>"#)).count(), 3, "{href}");
+            let runs = &html[html.find(r#"id="runs""#).unwrap()..];
+            assert!(runs.contains(&format!(r#"<a {href}><code>run-{i}</code></a>"#)), "{href}");
+        }
+        // The ASR R2 judged, its limit and the utilities' limits.
+        assert!(html.contains("held-out ASR (R2&#39;s figure) — schnell"), "the chart says which ASR");
+        assert_eq!(html.matches(r#"<g class="threshold">"#).count(), 3);
+        assert!(html.contains(">R2 ≤ 10 %<") && html.contains(">R3 ≥ 50 %<") && html.contains(">R3 ≥ 40 %<"));
+        // Why: the rejected version's failing rule with its reason, nothing for a pass.
+        let latest = &html[html.find(r#"id="latest""#).unwrap()..html.find("<h2>Plan").unwrap()];
+        assert!(latest.contains("<b>R2</b> fail: held-out families important_instructions: ASR 50.0 %"), "{latest}");
+        assert!(latest.contains(r#"<th>why</th>"#));
+        // The filter: a box per version before what it hides, CSS only.
+        for i in 0..3 {
+            assert!(html.contains(&format!(r#"<input type="checkbox" class="vf" id="vf-{i}" checked>"#)));
+            assert!(html.contains(&format!("#vf-{i}:not(:checked)~#trends .ver-{i}{{display:none}}")));
+        }
+        assert!(html.find(r#"id="vf-2""#).unwrap() < html.find(r#"<div id="trends">"#).unwrap());
+        assert_eq!(html.matches(r#"<tr class="ver-0">"#).count(), 3, "v1's latest row and its two runs");
+        assert!(!html.contains("<script"), "no script: script-src stays 'none'");
+        // Lines at 0 % are told apart: their own dash, marker and offset off the axis.
+        let asr = &html[html.find(r#"id="trend-schnell-asr""#).unwrap()
+            ..html.find(r#"id="trend-schnell-utility-under-attack""#).unwrap()];
+        assert!(asr.contains(r#"stroke-dasharray="""#), "v1's line, solid");
+        assert!(asr.contains("<rect x=") && asr.contains("<circle cx="), "v2's square marker beside v1's round one");
+        // The axis at 0 % is y = 198; v1 (first of three) sits 3 px off it, v2 on it.
+        assert!(asr.contains(r#"cy="201.0" r="3.8""#) && asr.contains(r#"<rect x="243.4" y="194.8""#), "{asr}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! their traces; nothing here decides anything.
 
 mod cases;
+mod compare;
 mod conversation;
 mod families;
 mod index;
@@ -24,6 +25,7 @@ use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
 
+pub use compare::write_compare;
 pub use index::write_index;
 pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc};
@@ -244,11 +246,15 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
     breakdowns(&mut b, j, input, &anchors);
     operations(&mut b, &input.records);
     telemetry(&mut b, &input.records);
-    cases::changed_view(&mut b, j.reference_version.as_deref(), &changes, &anchors);
+    // Every conversation on the page shares the report's room: the changed cases show
+    // two each (reference beside candidate), the conversations section one a case.
+    let room = conversation::room_per_conversation(ordered.len() + 2 * changes.len());
+    let side = cases::Sides { run_dir, reference: input.reference.as_ref(), room };
+    cases::changed_view(&mut b, j.reference_version.as_deref(), &changes, &anchors, &input.records, &side);
     cases::table(&mut b, &ordered, &changes, &anchors);
-    cases::conversations(&mut b, run_dir, &ordered, &changes, &anchors);
+    cases::conversations(&mut b, run_dir, &ordered, &changes, &anchors, room);
     let title = format!("{} on {} — {}", j.version, j.plan, j.verdict.as_str());
-    page(&title, &b, cases::SCRIPT)
+    page(&title, &b, cases::SCRIPT).replacen("</style>", &format!("{}</style>", compare::SIDE_BY_SIDE_CSS), 1)
 }
 
 /// Each case that differs from the reference's same case, with how; the pairing is the

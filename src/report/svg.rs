@@ -338,24 +338,125 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
     out
 }
 
-/// One line of a time chart: a version's points (x in 0–1 of the time axis, rate,
-/// lower, upper bound), drawn as a line with its bounds as a band.
-pub struct TimeSeries {
-    pub name: String,
-    pub colour: &'static str,
-    pub points: Vec<(f64, f64, f64, f64)>,
+/// How a line of a time chart tells itself apart beyond its colour: a dash pattern and a
+/// marker shape, so lines that coincide (two versions at 0 %) or colours that look alike
+/// stay distinguishable, in print and for colour-blind readers too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineStyle {
+    pub dash: &'static str,
+    pub marker: Marker,
 }
 
-/// Rates over time: one line per series with its band of bounds, a labelled time
-/// axis (`ticks`: position 0–1 and label), an optional threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    Circle,
+    Square,
+    TriangleUp,
+    Diamond,
+    TriangleDown,
+    Cross,
+}
+
+const DASHES: [&str; 5] = ["", "7 3", "2 3", "9 3 2 3", "4 4"];
+const MARKERS: [Marker; 6] =
+    [Marker::Circle, Marker::Square, Marker::TriangleUp, Marker::Diamond, Marker::TriangleDown, Marker::Cross];
+
+impl LineStyle {
+    /// The `i`-th style: dashes and markers cycle with different periods, so the first
+    /// thirty lines all differ in one or the other.
+    pub fn nth(i: usize) -> LineStyle {
+        LineStyle { dash: DASHES[i % DASHES.len()], marker: MARKERS[i % MARKERS.len()] }
+    }
+}
+
+/// A marker of `shape` centred on (cx, cy), about 8 px across.
+pub fn marker(shape: Marker, cx: f64, cy: f64, colour: &str) -> String {
+    let r = 3.8;
+    let poly = |pts: &[(f64, f64)]| {
+        let p: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", cx + x, cy + y)).collect();
+        format!(r#"<polygon points="{}" fill="{colour}"/>"#, p.join(" "))
+    };
+    match shape {
+        Marker::Circle => format!(r#"<circle cx="{cx:.1}" cy="{cy:.1}" r="{r}" fill="{colour}"/>"#),
+        Marker::Square => format!(
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{colour}"/>"#,
+            cx - r * 0.85,
+            cy - r * 0.85,
+            r * 1.7,
+            r * 1.7
+        ),
+        Marker::TriangleUp => poly(&[(0.0, -r * 1.1), (r, r * 0.8), (-r, r * 0.8)]),
+        Marker::TriangleDown => poly(&[(0.0, r * 1.1), (r, -r * 0.8), (-r, -r * 0.8)]),
+        Marker::Diamond => poly(&[(0.0, -r * 1.15), (r * 1.15, 0.0), (0.0, r * 1.15), (-r * 1.15, 0.0)]),
+        Marker::Cross => format!(
+            r#"<path d="M{:.1} {cy:.1}H{:.1}M{cx:.1} {:.1}V{:.1}" stroke="{colour}" stroke-width="2.6"/>"#,
+            cx - r,
+            cx + r,
+            cy - r,
+            cy + r
+        ),
+    }
+}
+
+/// A line's key for a legend: a short stretch of the line in its dash pattern with its
+/// marker, as a small inline SVG (not a chart).
+pub fn swatch(style: LineStyle, colour: &str) -> String {
+    format!(
+        r#"<svg class="key" width="30" height="12" viewBox="0 0 30 12" aria-hidden="true"><line x1="0" y1="6" x2="30" y2="6" stroke="{colour}" stroke-width="2" stroke-dasharray="{}"/>{}</svg>"#,
+        style.dash,
+        marker(style.marker, 15.0, 6.0, colour)
+    )
+}
+
+/// One point of a time chart: where on the time axis (0–1), the rate with its bounds,
+/// the page it links to (an href already made safe, see `safe_href`), and its tooltip.
+pub struct TimePoint {
+    pub x: f64,
+    pub rate: f64,
+    pub lower: f64,
+    pub upper: f64,
+    pub href: Option<String>,
+    pub tip: String,
+}
+
+/// One line of a time chart: a version's points, drawn as a line with its bounds as a
+/// band, in its colour and style; `class` lets the page hide it (the index's filter).
+pub struct TimeSeries {
+    pub name: String,
+    pub class: String,
+    pub colour: &'static str,
+    pub style: LineStyle,
+    pub points: Vec<TimePoint>,
+}
+
+/// A limit drawn across a chart as a dashed line, with its label right of the plot.
+pub struct Threshold {
+    pub value: f64,
+    pub label: String,
+}
+
+/// How far (px) the `i`-th of `n` lines is moved off the axis where its point sits at
+/// exactly 0 % or 100 %: there every line would lie on every other. Up to ±6 px, the
+/// figure in the tooltip unchanged.
+fn edge_offset(i: usize, n: usize, rate: f64) -> f64 {
+    if n < 2 || (rate != 0.0 && rate != 1.0) {
+        return 0.0;
+    }
+    let step = (12.0 / (n - 1) as f64).min(3.0);
+    -(i as f64 - (n - 1) as f64 / 2.0) * step
+}
+
+/// Rates over time: one line per series with its band of bounds, a labelled time axis
+/// (`ticks`: position 0–1 and label), dashed thresholds. A point with an href links to
+/// its page; a point's tooltip says what it is.
 pub fn time_chart(
     id: &str,
     title: &str,
     ticks: &[(f64, String)],
     series: &[TimeSeries],
-    threshold: Option<f64>,
+    thresholds: &[Threshold],
 ) -> String {
-    let (w, h, left, right, top, plot_h) = (720.0, 232.0, 46.0, 60.0, 28.0, 170.0);
+    let (w, h, left, right, top, plot_h) = (720.0, 232.0, 46.0, 72.0, 28.0, 170.0);
     let plot_w = w - left - right;
     let px = |x: f64| left + plot_w * x.clamp(0.0, 1.0);
     let py = |v: f64| top + plot_h * (1.0 - v.clamp(0.0, 1.0));
@@ -381,45 +482,67 @@ pub fn time_chart(
             esc(label)
         );
     }
-    if let Some(t) = threshold {
-        let y = py(t);
+    // Thresholds, highest first; a label keeps 11 px from the one above it.
+    let mut limits: Vec<&Threshold> = thresholds.iter().collect();
+    limits.sort_by(|a, b| b.value.total_cmp(&a.value));
+    let mut label_y = f64::NEG_INFINITY;
+    for t in limits {
+        let y = py(t.value);
+        label_y = (y + 3.0).max(label_y + 11.0);
         let _ = write!(
             out,
-            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#000" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" font-size="10">threshold</text>"##,
+            r##"<g class="threshold"><title>{}</title><line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#000" stroke-dasharray="5 3"/><text x="{:.1}" y="{label_y:.1}" font-size="10">{}</text></g>"##,
+            esc(&t.label),
             left + plot_w,
             left + plot_w + 4.0,
-            y + 3.0
+            esc(&truncate(&t.label, 12))
         );
     }
-    for s in series {
+    // Bands stay faint when many lines share the plot.
+    let band_opacity = if series.len() > 2 { 0.07 } else { 0.14 };
+    let n = series.len();
+    for (i, s) in series.iter().enumerate() {
+        let y_of = |p: &TimePoint, v: f64| py(v) + edge_offset(i, n, p.rate);
+        let _ = write!(out, r#"<g class="{}"><title>{}</title>"#, esc(&s.class), esc(&s.name));
         if s.points.len() > 1 {
-            let upper: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.3))).collect();
-            let lower: Vec<String> = s.points.iter().rev().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.2))).collect();
-            let line: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.0), py(p.1))).collect();
+            let upper: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.x), py(p.upper))).collect();
+            let lower: Vec<String> =
+                s.points.iter().rev().map(|p| format!("{:.1},{:.1}", px(p.x), py(p.lower))).collect();
+            let line: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.x), y_of(p, p.rate))).collect();
             let _ = write!(
                 out,
-                r#"<polygon points="{} {}" fill="{c}" opacity="0.15"/><polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+                r#"<polygon points="{} {}" fill="{c}" opacity="{band_opacity}"/><polyline fill="none" stroke="{c}" stroke-width="2" stroke-dasharray="{}" points="{}"/>"#,
                 upper.join(" "),
                 lower.join(" "),
+                s.style.dash,
                 line.join(" "),
                 c = s.colour
             );
         }
-        for (x, rate, lo, hi) in &s.points {
-            let _ = write!(
-                out,
-                r#"<line x1="{0:.1}" y1="{1:.1}" x2="{0:.1}" y2="{2:.1}" stroke="{c}" opacity="0.5"/><circle cx="{0:.1}" cy="{3:.1}" r="3.5" fill="{c}"><title>{4}: {5} [{6}, {7}]</title></circle>"#,
-                px(*x),
-                py(*hi),
-                py(*lo),
-                py(*rate),
-                esc(&s.name),
-                pct(*rate),
-                pct(*lo),
-                pct(*hi),
+        for p in &s.points {
+            let (x, y) = (px(p.x), y_of(p, p.rate));
+            let whisker = format!(
+                r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{c}" opacity="0.5"/>"#,
+                py(p.upper),
+                py(p.lower),
                 c = s.colour
             );
+            // A larger transparent circle makes the point easy to hit.
+            let mark = format!(
+                r#"<title>{}</title>{}<circle cx="{x:.1}" cy="{y:.1}" r="8" fill="transparent"/>"#,
+                esc(&p.tip),
+                marker(s.style.marker, x, y, s.colour)
+            );
+            match &p.href {
+                Some(href) => {
+                    let _ = write!(out, r#"{whisker}<a class="pt" href="{href}">{mark}</a>"#);
+                }
+                None => {
+                    let _ = write!(out, r#"{whisker}<g class="pt">{mark}</g>"#);
+                }
+            }
         }
+        out.push_str("</g>");
     }
     out.push_str("</svg>");
     out
@@ -451,19 +574,50 @@ mod tests {
 
     #[test]
     fn time_chart_draws_a_band_per_series_and_labels_the_axis() {
+        let point = |x: f64, rate: f64, href: Option<&str>| TimePoint {
+            x,
+            rate,
+            lower: rate / 2.0,
+            upper: rate * 1.5,
+            href: href.map(str::to_string),
+            tip: format!("v1 <{x}>"),
+        };
         let s = time_chart(
             "t",
             "T",
             &[(0.0, "12-01 10:00".into()), (1.0, "12-01 12:00".into())],
             &[TimeSeries {
                 name: "v1".into(),
+                class: "ver-0".into(),
                 colour: "#c00",
-                points: vec![(0.0, 0.1, 0.05, 0.2), (1.0, 0.2, 0.1, 0.3)],
+                style: LineStyle::nth(1),
+                points: vec![point(0.0, 0.1, Some("v1/p/r0/report.html")), point(1.0, 0.2, None)],
             }],
-            Some(0.1),
+            &[Threshold { value: 0.1, label: "R2 ≤ 10 %".into() }],
         );
         assert!(s.contains(r#"class="chart""#) && s.contains("<polyline") && s.contains("<polygon"));
-        assert!(s.contains("12-01 12:00") && s.contains("threshold"));
+        assert!(s.contains("12-01 12:00") && s.contains(r#"<g class="threshold">"#) && s.contains(">R2 ≤ 10 %<"));
+        assert!(s.contains(r#"stroke-dasharray="7 3""#), "the series' dash pattern");
+        assert!(s.contains(r#"<g class="ver-0">"#), "the series can be hidden by its class");
+        assert_eq!(s.matches(r#"<a class="pt" href="v1/p/r0/report.html">"#).count(), 1, "a point links its report");
+        assert!(s.contains("<title>v1 &lt;0&gt;</title>"), "tooltips escaped");
+    }
+
+    #[test]
+    fn lines_at_zero_are_moved_apart_and_styled_apart() {
+        assert_eq!(edge_offset(0, 1, 0.0), 0.0, "a single line stays on the axis");
+        let offsets: Vec<f64> = (0..5).map(|i| edge_offset(i, 5, 0.0)).collect();
+        assert_eq!(offsets, [6.0, 3.0, 0.0, -3.0, -6.0]);
+        assert_eq!(edge_offset(1, 5, 0.3), 0.0, "only at exactly 0 % or 100 %");
+        assert!(edge_offset(0, 40, 1.0).abs() <= 6.0);
+        let styles: Vec<LineStyle> = (0..30).map(LineStyle::nth).collect();
+        for (i, a) in styles.iter().enumerate() {
+            assert!(styles[i + 1..].iter().all(|b| b != a), "style {i} repeats");
+        }
+        for m in MARKERS {
+            assert!(marker(m, 10.0, 10.0, "#000").contains(r##""#000""##));
+        }
+        assert!(swatch(LineStyle::nth(2), "#c00").contains(r#"stroke-dasharray="2 3""#));
     }
 
     #[test]
