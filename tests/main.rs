@@ -27,3 +27,4 @@ mod queue;
 mod real_server;
 mod report;
 mod run;
+mod serve;

@@ -35,6 +35,8 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         );
         tracing::warn!("serving on {addr} without authentication: anyone who can reach it reads every report");
     }
+    // Caught from here on: a SIGTERM right after the address is printed must not kill.
+    let stop = stop_signals()?;
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
     let local = listener.local_addr()?;
     let host = match local {
@@ -44,10 +46,8 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     outln!("http://{host}/");
     tracing::info!("serving {} read-only on http://{host}/ (Ctrl-C ends it)", root.path.display());
     crate::serve::serve(&root, listener, async {
-        match super::sim_serve::stop_signal().await {
-            Ok(signal) => tracing::info!("{signal}: shutting down"),
-            Err(err) => tracing::warn!("{err:#}: shutting down"),
-        }
+        let signal = stop.await;
+        tracing::info!("{signal}: shutting down");
     })
     .await?;
     Ok(ExitCode::SUCCESS)
@@ -59,4 +59,18 @@ fn resolve(listen: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("--listen {listen}: expected HOST:PORT"))?
         .next()
         .with_context(|| format!("--listen {listen} resolves to no address"))
+}
+
+/// SIGTERM and SIGINT handlers, installed now (not when the future is first polled, as
+/// `tokio::signal::ctrl_c` is): the future completes with the first one's name.
+fn stop_signals() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    })
 }
