@@ -269,7 +269,14 @@ fn events_follow_the_queue_files_and_a_sigterm_ends_an_open_stream() {
         bench.run(&["status", "--json"]).ok().stdout.trim().replace(['\n', ' '], "")
     );
 
-    // Each change of the files is an event (inotify, no timer).
+    // At rest, with a page's stream open, no thread of the server wakes (inotify, no
+    // timer; the keep-alive comment comes every 15 s).
+    std::thread::sleep(Duration::from_millis(500));
+    let before = context_switches(serve.child.id());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(context_switches(serve.child.id()), before, "the idle server woke up in 3 s");
+
+    // Each change of the files is an event.
     bench.run(&["pause"]).ok();
     events.until(&[("status", &|s| s["status"]["paused"] == true)]);
     let id = bench.start(&["demo-kandidat", "--plan", "schnell"]);
@@ -295,23 +302,25 @@ fn events_follow_the_queue_files_and_a_sigterm_ends_an_open_stream() {
 }
 
 /// What the live page shows: the daemon's line, the running job's cases done (-1 when
-/// none runs), the events it received, its progress bar's value, and the queue's rows.
+/// none runs), the events it received, its progress bar's value, the cases planned, and
+/// the queue's rows.
 #[derive(Debug, Clone)]
 struct Shown {
     line: String,
     done: i64,
     events: i64,
     bar: i64,
+    total: i64,
     rows: Vec<String>,
 }
 
 fn shown(tab: &mut crate::common::chromium::Tab) -> Shown {
     let v = tab.eval(
-        "[document.getElementById('line').textContent, document.getElementById('job').hidden ? -1 : Number(document.getElementById('done').textContent), Number(document.body.getAttribute('data-events') || 0), Number(document.getElementById('bar').value), [...document.querySelectorAll('#jobs tr')].map(r => r.textContent)]",
+        "[document.getElementById('line').textContent, document.getElementById('job').hidden ? -1 : Number(document.getElementById('done').textContent), Number(document.body.getAttribute('data-events') || 0), Number(document.getElementById('bar').value), Number(document.getElementById('total').textContent), [...document.querySelectorAll('#jobs tr')].map(r => r.textContent)]",
     );
     let n = |i: usize| v[i].as_i64().unwrap_or(-1);
-    let rows = v[4].as_array().unwrap().iter().filter_map(|r| r.as_str().map(str::to_string)).collect();
-    Shown { line: v[0].as_str().unwrap_or("").to_string(), done: n(1), events: n(2), bar: n(3), rows }
+    let rows = v[5].as_array().unwrap().iter().filter_map(|r| r.as_str().map(str::to_string)).collect();
+    Shown { line: v[0].as_str().unwrap_or("").to_string(), done: n(1), events: n(2), bar: n(3), total: n(4), rows }
 }
 
 #[test]
@@ -319,25 +328,27 @@ fn the_live_page_follows_a_running_schnell_job_in_chromium() {
     let bench = Bench::new();
     let _daemon = bench.daemon();
     let serve = Serve::start(&bench, &[]);
-    let id = bench.start(&["demo-kandidat", "--plan", "schnell"]);
-    // A second job waits behind it, so the queue shows more than one row.
-    let waiting = bench.start(&["demo-baseline", "--plan", "schnell", "--priority", "-1"]);
     let chromium = Chromium::find();
     let mut wide = chromium.tab(&serve.url("/"), 1280, 800);
     let mut narrow = chromium.tab(&serve.url("/"), 420, 800);
+    // The reference first (rejected), then the candidate against it; a third job waits.
+    let reference = bench.start(&["demo-baseline", "--plan", "schnell"]);
+    let id = bench.start(&["demo-kandidat", "--plan", "schnell"]);
+    let waiting = bench.start(&["demo-wild", "--plan", "schnell", "--priority", "-1"]);
 
     // The page follows the job without a reload: two looks at one open page, the
-    // second shows more cases done (or the job's next run: the reference runs first).
+    // second shows more cases done (or the job's next run).
     let running = |s: &Shown| {
         s.line.starts_with(&format!("running job {id} "))
             && s.done > 0
             && !s.line.contains(&format!(" {0}/{0} ", s.done))
-            && s.rows.len() == 2
+            && s.rows.len() == 3
             && s.rows[0].contains("pending")
             && s.rows[1].contains("running")
+            && s.rows[2].contains("rejected")
     };
     let mut first = None;
-    wait_until("the page to show the running job with cases done", 300, || {
+    wait_until("the page to show the running job with cases done", 600, || {
         let now = shown(&mut wide);
         let ok = running(&now);
         first = Some(now);
@@ -357,33 +368,51 @@ fn the_live_page_follows_a_running_schnell_job_in_chromium() {
     assert_eq!(second.done, second.bar, "the bar shows the cases done: {second:?}");
     let title = wide.eval("document.getElementById('job-title').textContent");
     assert_eq!(title.as_str(), Some(format!("job {id}: demo-kandidat on schnell").as_str()));
+    // The finished job links its report, and the server serves it.
+    let href = report_link(&mut wide, reference);
+    assert!(href.starts_with("/reports/demo-baseline/schnell/") && href.ends_with("/report.html"), "{href}");
+    let page = serve.get(&href);
+    assert!(page.status == 200 && page.body.contains("demo-baseline"), "{}", page.status);
 
     // The narrow page: the same, and nothing wider than the window.
     wait_until("the narrow page to show the running job", 120, || running(&shown(&mut narrow)));
     let widths = narrow.eval("[document.documentElement.scrollWidth, window.innerWidth]");
     assert!(widths[0].as_u64() <= widths[1].as_u64(), "the page is wider than 420 px: {widths}");
     if let Some(dir) = std::env::var_os("PRUEFSTAND_SCREENSHOTS").map(PathBuf::from) {
+        // A third of the way in reads better than the first case.
+        wait_until("a third of the cases", 300, || {
+            let now = shown(&mut wide);
+            running(&now) && now.done * 3 >= now.total && shown(&mut narrow).done * 3 >= now.total
+        });
         wide.screenshot(&dir.join("serve.png"));
         narrow.screenshot(&dir.join("serve-420.png"));
     }
     assert_eq!(narrow.errors(), Vec::<String>::new(), "no console errors at 420 px");
     drop(narrow);
 
-    // Done: the verdict and a link to the report, which the server serves.
+    // Done: the verdict and a link to the report.
     bench.run(&["cancel", &waiting.to_string()]).ok();
     bench.wait_job(id, "done", 600);
-    let mut report = serde_json::Value::Null;
-    wait_until("the page to link the report", 60, || {
-        report = wide.eval(&format!(
-            "(function(){{var r=[...document.querySelectorAll('#jobs tr')].find(r=>r.firstChild.textContent==='{id}');var a=r&&r.querySelector('a');return a?[r.textContent,a.getAttribute('href')]:null}})()"
-        ));
-        !report.is_null()
-    });
-    assert!(report[0].as_str().unwrap().contains("approved"), "{report}");
-    let href = report[1].as_str().unwrap();
+    let href = report_link(&mut wide, id);
     assert!(href.starts_with("/reports/demo-kandidat/schnell/") && href.ends_with("/report.html"), "{href}");
-    let page = serve.get(href);
-    assert_eq!(page.status, 200);
-    assert!(page.body.contains("demo-kandidat"));
+    let row = wide.eval(&format!("{ROW_OF}({id}).textContent"));
+    assert!(row.as_str().is_some_and(|r| r.contains("approved")), "{row}");
+    assert_eq!(serve.get(&href).status, 200);
     assert_eq!(wide.errors(), Vec::<String>::new(), "no console errors");
+}
+
+/// A JavaScript function: the queue's row of a job id.
+const ROW_OF: &str =
+    "(function(id){return [...document.querySelectorAll('#jobs tr')].find(r=>r.firstChild.textContent===String(id))})";
+
+/// Waits until the page links job `id`'s report; the link.
+fn report_link(tab: &mut crate::common::chromium::Tab, id: u64) -> String {
+    let mut href = serde_json::Value::Null;
+    wait_until(&format!("the page to link job {id}'s report"), 120, || {
+        href = tab.eval(&format!(
+            "(function(r){{var a=r&&r.querySelector('a');return a&&a.getAttribute('href')}})({ROW_OF}({id}))"
+        ));
+        !href.is_null()
+    });
+    href.as_str().unwrap().to_string()
 }

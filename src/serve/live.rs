@@ -163,8 +163,9 @@ impl Feed {
         }
     }
 
-    /// The `status` feed: `status --json`, its one line, the running job's ETA in
-    /// words and its cases with an error so far.
+    /// The `status` feed: `status --json`, its one line, and of the running job: the
+    /// ETA in words, the cases with an error so far, the run its cases go to (below
+    /// `reports/`) and whether that is its reference's run.
     fn status_text(&self) -> Arc<str> {
         let Some(overview) = &self.overview else {
             return Arc::from(json!({ "status": null, "line": "cannot read the daemon's state" }).to_string());
@@ -176,17 +177,29 @@ impl Feed {
                 "the daemon is not running (`pruefstand daemon` or `systemctl --user start pruefstand`)".into()
             }
         };
-        let (eta, errors) = match overview.activity() {
-            Some(Activity::Running(p)) => (
-                p.eta_s.map(state::human_secs),
-                p.run_dir.as_deref().filter(|d| *d == self.errors.run_dir).map(|_| self.errors.errors),
-            ),
-            _ => (None, None),
-        };
+        let (mut eta, mut errors, mut run, mut reference) = (None, None, None, None);
+        if let Some(Activity::Running(p)) = overview.activity() {
+            eta = p.eta_s.map(state::human_secs);
+            if let Some(dir) = &p.run_dir {
+                errors = (*dir == self.errors.run_dir).then_some(self.errors.errors);
+                run = Some(dir.strip_prefix(&self.reports).unwrap_or(dir).display().to_string());
+                // The job's own run is the candidate's; cases going elsewhere make its reference.
+                let job = self.jobs.iter().find(|j| j.id == p.job);
+                reference = job.and_then(|j| j.run_dir.as_ref()).map(|own| own != dir);
+            }
+        }
         let shards = overview.shards.map(|s| s.line());
         Arc::from(
-            json!({ "status": overview.to_json(), "line": line, "eta": eta, "errors": errors, "shards": shards })
-                .to_string(),
+            json!({
+                "status": overview.to_json(),
+                "line": line,
+                "eta": eta,
+                "errors": errors,
+                "run": run,
+                "reference": reference,
+                "shards": shards,
+            })
+            .to_string(),
         )
     }
 

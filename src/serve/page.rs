@@ -16,7 +16,7 @@ h1{font-size:1.4rem;margin:0 0 .3rem} h2{font-size:1.1rem;margin-top:1.6rem;bord
 #conn{font-size:.8rem;border-radius:.25rem;padding:0 .4rem;color:#fff;background:#9e9e9e} #conn.live{background:#2e7d32}
 #line{font-size:1.05rem;margin:.6rem 0;overflow-wrap:anywhere}
 #job{border:1px solid #ddd;border-radius:.4rem;padding:.6rem .8rem;margin:.6rem 0}
-#job h3{margin:0 0 .4rem;font-size:1rem;overflow-wrap:anywhere}
+#job h3{margin:0;font-size:1rem;overflow-wrap:anywhere} #job-run{margin:.1rem 0 .4rem;overflow-wrap:anywhere}
 progress{width:100%;height:1.2rem} dl{display:flex;flex-wrap:wrap;gap:.2rem 1.6rem;margin:.4rem 0 0} dt{color:#555;font-size:.8rem} dd{margin:0;font-weight:700}
 .scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:.9rem;width:100%} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;vertical-align:top}
 td.r{text-align:right} .st{font-weight:700;white-space:nowrap} .st-running{color:#1565c0} .st-done{color:#2e7d32} .st-failed,.st-cancelled{color:#c62828} .st-pending,.st-interrupted{color:#ef8f00}
@@ -29,7 +29,7 @@ const BODY: &str = r#"<h1>pruefstand <span id="conn">connecting…</span></h1>
 <p class="meta">A read-only view of this bench: <a id="index" href="/reports/index.html" hidden>the trend index</a> <span id="noindex">no trend index yet</span> · <a href="/reports/">reports/</a> · <a href="/api/status">status JSON</a> · <a href="/api/queue">queue JSON</a></p>
 <p id="line">waiting for the daemon's state…</p>
 <p id="paused" class="err" hidden>The queue is paused: no job starts until <code>pruefstand resume</code>.</p>
-<section id="job" hidden><h3 id="job-title"></h3><progress id="bar" max="1" value="0"></progress>
+<section id="job" hidden><h3 id="job-title"></h3><p id="job-run" class="meta"></p><progress id="bar" max="1" value="0"></progress>
 <dl><div><dt>cases done</dt><dd><span id="done">0</span> / <span id="total">0</span></dd></div><div><dt>errors</dt><dd id="errors">–</dd></div><div><dt>ETA</dt><dd id="eta">–</dd></div><div id="shards-box" hidden><dt>shards</dt><dd id="shards"></dd></div></dl></section>
 <h2>Queue <span class="meta">(<span id="pending">0</span> pending)</span></h2>
 <div class="scroll"><table><thead><tr><th>job</th><th>state</th><th>version</th><th class="wide">plan</th><th>progress / verdict</th><th class="wide">started</th><th class="wide">finished</th><th>report</th></tr></thead><tbody id="jobs"><tr><td colspan="8">no jobs</td></tr></tbody></table></div>
@@ -49,6 +49,7 @@ function onStatus(d){
  $("job").hidden=!running;
  if(running){
   $("job-title").textContent="job "+running.job+": "+running.version+" on "+running.plan;
+  $("job-run").textContent=d.run?(d.reference?"its reference first: ":"run ")+d.run:"";
   $("bar").max=Math.max(running.total,1);$("bar").value=running.done;
   $("done").textContent=String(running.done);$("total").textContent=String(running.total);
   $("errors").textContent=d.errors==null?"–":String(d.errors);

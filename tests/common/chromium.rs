@@ -196,9 +196,12 @@ impl Tab {
         self.errors.clone()
     }
 
-    /// A PNG of the viewport.
+    /// A PNG of the page's content (the viewport's width, down to the end of the body).
     pub fn screenshot(&mut self, to: &Path) {
-        let shot = self.call("Page.captureScreenshot", serde_json::json!({ "format": "png" }));
+        let size = self.eval("[window.innerWidth, Math.ceil(document.body.getBoundingClientRect().bottom) + 16]");
+        let clip = serde_json::json!({ "x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 1 });
+        let params = serde_json::json!({ "format": "png", "clip": clip, "captureBeyondViewport": true });
+        let shot = self.call("Page.captureScreenshot", params);
         let mut decode = Command::new("base64")
             .arg("-d")
             .stdin(std::process::Stdio::piped())
