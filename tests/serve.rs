@@ -301,6 +301,19 @@ fn events_follow_the_queue_files_and_a_sigterm_ends_an_open_stream() {
     assert_eq!(status.unwrap().code(), Some(0));
 }
 
+#[test]
+fn events_notice_a_daemon_killed_without_a_word() {
+    let bench = Bench::new();
+    let mut daemon = bench.daemon();
+    let serve = Serve::start(&bench, &[]);
+    let mut events = serve.events();
+    events.until(&[("status", &|s| s["status"]["daemon"] == "running" && s["status"]["state"]["state"] == "idle")]);
+    // SIGKILL: the daemon publishes nothing more; only its lock closes.
+    daemon.child.kill().unwrap();
+    events.until(&[("status", &|s| s["status"]["daemon"] == "not_running")]);
+    daemon.child.wait().unwrap();
+}
+
 /// What the live page shows: the daemon's line, the running job's cases done (-1 when
 /// none runs), the events it received, its progress bar's value, the cases planned, and
 /// the queue's rows.

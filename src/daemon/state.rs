@@ -171,7 +171,7 @@ impl Overview {
     /// Reads the lock, the state file and the pause marker; `jobs` is the queue's list
     /// (the caller may have it already).
     pub fn read(queue: &queue::Queue, jobs: &[queue::Job]) -> anyhow::Result<Overview> {
-        let running = queue::try_daemon_lock(queue)?.is_none();
+        let running = lock_held(queue)?;
         let published = read(&queue.daemon_state_file());
         let shards = match (running, &published) {
             (true, Some(DaemonState { activity: Activity::Running(p), .. })) => shard_counts(queue, p.job),
@@ -200,6 +200,24 @@ impl Overview {
             "state": if self.running { serde_json::to_value(&self.published).unwrap_or_default() } else { serde_json::Value::Null },
             "shards": self.shards,
         })
+    }
+}
+
+/// Whether a daemon holds the daemon lock. Looked at through a read-only descriptor:
+/// its close is no write, so a watcher of `.pruefstand/` (`serve`) is not woken by its
+/// own look. No lock file: no daemon ever ran here.
+fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = queue.daemon_lock_file();
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(anyhow::Error::new(err).context(format!("opening {}", path.display()))),
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(_) => Ok(false),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(true),
+        Err((_, err)) => Err(anyhow::Error::new(err).context("looking at the daemon lock")),
     }
 }
 

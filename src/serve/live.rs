@@ -37,10 +37,9 @@ pub struct Live {
 enum Change {
     /// Something in `jobs/` (a job's file, `.changed`).
     Jobs,
-    /// `daemon.json`, the pause marker, …
+    /// `daemon.json`, the pause marker, the daemon lock (closed by a daemon that
+    /// ended without a word), …
     State,
-    /// The daemon lock was written or closed: a daemon that ended without a word.
-    Lock,
 }
 
 /// Starts watching and the feed thread; the feeds are published before it returns.
@@ -48,7 +47,7 @@ pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
     use notify::event::{AccessKind, AccessMode};
     use notify::{EventKind, Watcher};
     let (tx, rx) = mpsc::channel();
-    let (jobs_dir, lock_file) = (queue.jobs_dir(), queue.daemon_lock_file());
+    let jobs_dir = queue.jobs_dir();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let event = match event {
             Ok(event) => event,
@@ -57,18 +56,13 @@ pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
                 return;
             }
         };
-        // Opening and reading (ours too: the feed reads these files) change nothing.
+        // Opening and reading (ours too: the feed reads these files, the lock read-only)
+        // change nothing.
         if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) {
             return;
         }
         for path in &event.paths {
-            let change = if path.starts_with(&jobs_dir) {
-                Change::Jobs
-            } else if path == &lock_file {
-                Change::Lock
-            } else {
-                Change::State
-            };
+            let change = if path.starts_with(&jobs_dir) { Change::Jobs } else { Change::State };
             let _ = tx.send(change);
         }
     })
@@ -94,15 +88,11 @@ struct Feed {
     jobs: Vec<Job>,
     overview: Option<Overview>,
     errors: ErrorTally,
-    /// A daemon found dead after its lock closed: once is enough (the look itself
-    /// opens the lock, which is another event).
-    seen_dead: Option<u32>,
 }
 
 impl Feed {
     fn new(queue: Queue, reports: PathBuf) -> Feed {
-        let mut feed =
-            Feed { queue, reports, jobs: Vec::new(), overview: None, errors: ErrorTally::default(), seen_dead: None };
+        let mut feed = Feed { queue, reports, jobs: Vec::new(), overview: None, errors: ErrorTally::default() };
         feed.reload_jobs();
         feed.reload_status();
         feed
@@ -113,35 +103,13 @@ impl Feed {
         while let Ok(first) = rx.recv() {
             let mut changes = vec![first];
             changes.extend(rx.try_iter());
-            let jobs_changed = changes.contains(&Change::Jobs);
-            let state_changed = jobs_changed || changes.contains(&Change::State);
-            if !state_changed && !self.daemon_died() {
-                continue;
-            }
-            if jobs_changed {
+            if changes.contains(&Change::Jobs) {
                 self.reload_jobs();
                 publish(&jobs, self.jobs_text());
             }
             self.reload_status();
             publish(&status, self.status_text());
         }
-    }
-
-    /// A daemon that holds the lock, has published its pid, and is gone: killed
-    /// before it could say so. (Our own look at the lock closes it too, so this asks
-    /// the process, not the lock.)
-    fn daemon_died(&mut self) -> bool {
-        let Some(pid) = self.overview.as_ref().filter(|o| o.running).and_then(|o| o.published.as_ref()).map(|s| s.pid)
-        else {
-            return false;
-        };
-        let gone =
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None) == Err(nix::errno::Errno::ESRCH);
-        if !gone || self.seen_dead == Some(pid) {
-            return false;
-        }
-        self.seen_dead = Some(pid);
-        true
     }
 
     fn reload_jobs(&mut self) {
