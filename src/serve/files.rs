@@ -8,6 +8,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::rundir::RunFile;
+
 /// The policy of everything that is not one of our HTML pages: nothing runs, nothing
 /// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
 /// works as a header, so it is added to every page's policy.
@@ -62,7 +64,8 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         if !folder {
             return Lookup::Redirect(format!("{}/", raw));
         }
-        return ["index.html", "report.html"]
+        // The trend index (reports/ itself), or a run folder's report.
+        return ["index.html", RunFile::Report.name()]
             .iter()
             .map(|name| real.join(name))
             .find_map(|page| {

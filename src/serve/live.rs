@@ -259,7 +259,7 @@ mod tests {
     #[test]
     fn errors_are_counted_from_whole_lines_and_restart_with_a_new_run() {
         let dir = tempfile::tempdir().unwrap();
-        let cases = dir.path().join("cases.jsonl");
+        let cases = RunDir::new(dir.path()).path_of(RunFile::Cases);
         std::fs::write(&cases, "{\"error\":null}\n{\"error\":\"boom\"}\n{\"error\":\"half").unwrap();
         let mut tally = ErrorTally::default();
         tally.update(dir.path());
