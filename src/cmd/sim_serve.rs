@@ -200,8 +200,7 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("--host {host} resolves to no address"))
 }
 
-/// SIGTERM or SIGINT, whichever comes first (`serve` waits for it too).
-pub async fn stop_signal() -> anyhow::Result<&'static str> {
+async fn stop_signal() -> anyhow::Result<&'static str> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::select! {
