@@ -57,6 +57,9 @@ mod run;
 mod cluster;
 mod daemon;
 
+// The read-only web view of a bench root: the queue, the live progress, the reports.
+mod serve;
+
 mod cmd;
 
 use std::process::ExitCode;
@@ -126,6 +129,8 @@ enum Command {
     InstallUnits(cmd::install_units::Args),
     /// The default agent runtime the gym spawns (JSON lines on stdin/stdout).
     Agent(cmd::agent::Args),
+    /// Serve a read-only web view of the queue, live progress and reports (127.0.0.1).
+    Serve(cmd::serve::Args),
     /// Serve the simulated OpenAI-compatible model (vLLM's command-line shape).
     SimServe(cmd::sim_serve::Args),
     /// Print shell completions (generated from this command line).
@@ -175,6 +180,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Compare(args) => cmd::compare::main(args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
+        Command::Serve(args) => cmd::serve::main(root, args).await,
         Command::Setup(args) => cmd::setup::main(args),
         Command::Study(args) => cmd::study::main(root, args),
         Command::Check(args) => cmd::check::main(root, args).await,

@@ -28,3 +28,4 @@ mod queue;
 mod real_server;
 mod report;
 mod run;
+mod serve;

@@ -17,6 +17,7 @@ pub mod priority;
 pub mod queue;
 pub mod restart;
 pub mod run;
+pub mod serve;
 pub mod setup;
 pub mod shard;
 pub mod sim_serve;

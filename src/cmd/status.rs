@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::cmd::start::daemon_running;
-use crate::daemon::state::{self, Activity, DaemonState};
-use crate::queue::{Queue, State};
+use crate::daemon::state::{self, Activity, DaemonState, Overview};
+use crate::queue::Queue;
 use crate::root::Root;
 
 #[derive(clap::Args)]
@@ -34,24 +34,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if args.watch {
         return watch(&queue);
     }
-    let (running, published) = current(&queue)?;
-    let pending = queue.list()?.iter().filter(|j| j.state == State::Pending).count();
-    let shards = match (running, &published) {
-        (true, Some(DaemonState { activity: Activity::Running(p), .. })) => shard_counts(&queue, p.job),
-        _ => None,
-    };
+    let overview = Overview::read(&queue, &queue.list()?)?;
     if args.json {
-        let value = serde_json::json!({
-            "daemon": if running { "running" } else { "not_running" },
-            "pending": pending,
-            "paused": queue.is_paused(),
-            "state": if running { serde_json::to_value(&published)? } else { serde_json::Value::Null },
-            "shards": shards,
-        });
-        outln!("{}", serde_json::to_string_pretty(&value)?);
+        outln!("{}", serde_json::to_string_pretty(&overview.to_json())?);
         return Ok(ExitCode::SUCCESS);
     }
-    match (running, &published) {
+    match (overview.running, &overview.published) {
         (true, Some(state)) => outln!(
             "daemon: pid {}, since {}\n{}",
             state.pid,
@@ -63,20 +51,14 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
         }
     }
-    if let Some(counts) = shards {
+    if let Some(counts) = overview.shards {
         outln!("{}", counts.line());
     }
-    outln!("pending jobs: {pending}");
-    if queue.is_paused() {
+    outln!("pending jobs: {}", overview.pending);
+    if overview.paused {
         outln!("the queue is paused: no job starts until `pruefstand resume`");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A running job's shards on the cluster, as the daemon's last look saw them.
-fn shard_counts(queue: &Queue, job: u64) -> Option<crate::cluster::ShardCounts> {
-    let run_dir = queue.load(job).ok()?.run_dir?;
-    crate::cluster::ArrayState::load(&run_dir).ok().flatten().map(|state| state.counts)
 }
 
 /// Whether a daemon holds the lock, and its published state (stale when it does not).

@@ -159,6 +159,79 @@ pub fn read(path: &Path) -> Option<DaemonState> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
+/// What `pruefstand status --json` prints and `pruefstand serve` streams: whether a
+/// daemon holds the lock, the state it published, the pending jobs, the pause, and a
+/// cluster job's shards. One reader for both.
+#[derive(Clone, Debug)]
+pub struct Overview {
+    pub running: bool,
+    /// The published state (stale when no daemon runs).
+    pub published: Option<DaemonState>,
+    pub pending: usize,
+    pub paused: bool,
+    pub shards: Option<crate::cluster::ShardCounts>,
+}
+
+impl Overview {
+    /// Reads the lock, the state file and the pause marker; `jobs` is the queue's list
+    /// (the caller may have it already).
+    pub fn read(queue: &queue::Queue, jobs: &[queue::Job]) -> anyhow::Result<Overview> {
+        let running = lock_held(queue)?;
+        let published = read(&queue.daemon_state_file());
+        let shards = match (running, &published) {
+            (true, Some(DaemonState { activity: Activity::Running(p), .. })) => shard_counts(queue, p.job),
+            _ => None,
+        };
+        Ok(Overview {
+            running,
+            published,
+            pending: jobs.iter().filter(|j| j.state == queue::State::Pending).count(),
+            paused: queue.is_paused(),
+            shards,
+        })
+    }
+
+    /// The state that counts: the published one while a daemon runs.
+    pub fn activity(&self) -> Option<&Activity> {
+        self.published.as_ref().filter(|_| self.running).map(|s| &s.activity)
+    }
+
+    /// `status --json`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "daemon": if self.running { "running" } else { "not_running" },
+            "pending": self.pending,
+            "paused": self.paused,
+            "state": if self.running { serde_json::to_value(&self.published).unwrap_or_default() } else { serde_json::Value::Null },
+            "shards": self.shards,
+        })
+    }
+}
+
+/// Whether a daemon holds the daemon lock. Looked at through a read-only descriptor:
+/// its close is no write, so a watcher of `.pruefstand/` (`serve`) is not woken by its
+/// own look. No lock file: no daemon ever ran here.
+fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = queue.daemon_lock_file();
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(anyhow::Error::new(err).context(format!("opening {}", path.display()))),
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(_) => Ok(false),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(true),
+        Err((_, err)) => Err(anyhow::Error::new(err).context("looking at the daemon lock")),
+    }
+}
+
+/// A running job's shards on the cluster, as the daemon's last look saw them.
+fn shard_counts(queue: &queue::Queue, job: u64) -> Option<crate::cluster::ShardCounts> {
+    let run_dir = queue.load(job).ok()?.run_dir?;
+    crate::cluster::ArrayState::load(&run_dir).ok().flatten().map(|state| state.counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

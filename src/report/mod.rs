@@ -160,7 +160,7 @@ fn page(title: &str, body: &str, script: &str) -> String {
 }
 
 /// The base64 of a sha256, as a CSP hash source spells it.
-fn sha256_base64(bytes: &[u8]) -> String {
+pub fn sha256_base64(bytes: &[u8]) -> String {
     use sha2::Digest;
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let digest = sha2::Sha256::digest(bytes);

@@ -390,6 +390,23 @@ pub fn wait_until(what: &str, timeout_s: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The context switches of all threads of process `pid` so far: unchanged over a
+/// while, nothing in it woke up.
+pub fn context_switches(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches"))
+                .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// Processes whose command line mentions `needle` (e.g. a run directory: the gym, its
 /// workers and agents all carry it).
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {

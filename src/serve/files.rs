@@ -1,0 +1,263 @@
+//! `serve`'s `/reports/…`: the files under the bench root's `reports/`, read-only. A
+//! request path is decoded once and checked before anything is opened: no `.`/`..`
+//! or hidden segment, no empty segment, no NUL or backslash; what it names must
+//! resolve (symlinks followed) inside `reports/` and be a regular file (a folder
+//! shows its `index.html` or `report.html`). Also the Content-Security-Policy each
+//! answer carries. Not the routing or the live view (`serve`, `serve::live`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::rundir::RunFile;
+
+/// The policy of everything that is not one of our HTML pages: nothing runs, nothing
+/// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
+/// works as a header, so it is added to every page's policy.
+pub const STRICT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The largest file served (a run's traces and records are far smaller).
+const MAX_BYTES: u64 = 256 << 20;
+
+/// What a request under `/reports` comes to.
+#[derive(Debug, PartialEq)]
+pub enum Lookup {
+    File {
+        bytes: Vec<u8>,
+        content_type: &'static str,
+        csp: String,
+    },
+    /// A folder asked for without its trailing slash (relative links need it).
+    Redirect(String),
+    /// A path that cannot name a file here (`..`, a hidden segment, bad escapes).
+    BadPath,
+    NotFound,
+}
+
+/// Resolves `raw` — the request's path as sent, still percent-encoded, starting with
+/// `/reports` — against `reports` (canonical) and reads the file.
+pub fn find(reports: &Path, raw: &str) -> Lookup {
+    let Some(decoded) = percent_decode(raw) else { return Lookup::BadPath };
+    let Some(rest) = decoded.strip_prefix("/reports") else { return Lookup::NotFound };
+    if rest.is_empty() {
+        return Lookup::Redirect("/reports/".into());
+    }
+    let Some(rest) = rest.strip_prefix('/') else { return Lookup::NotFound };
+    let (segments, folder) = match rest.strip_suffix('/') {
+        Some(inner) => (inner, true),
+        None => (rest, rest.is_empty()),
+    };
+    let mut path = reports.to_path_buf();
+    if !segments.is_empty() {
+        for segment in segments.split('/') {
+            if !plain_segment(segment) {
+                return Lookup::BadPath;
+            }
+            path.push(segment);
+        }
+    }
+    // Symlinks resolved: whatever the path went through, it must end inside reports/.
+    let Ok(real) = path.canonicalize() else { return Lookup::NotFound };
+    if !real.starts_with(reports) {
+        return Lookup::NotFound;
+    }
+    if real.is_dir() {
+        if !folder {
+            return Lookup::Redirect(format!("{}/", raw));
+        }
+        // The trend index (reports/ itself), or a run folder's report.
+        return ["index.html", RunFile::Report.name()]
+            .iter()
+            .map(|name| real.join(name))
+            .find_map(|page| {
+                let real = page.canonicalize().ok().filter(|p| p.starts_with(reports))?;
+                read_file(&real)
+            })
+            .unwrap_or(Lookup::NotFound);
+    }
+    if folder {
+        return Lookup::NotFound;
+    }
+    read_file(&real).unwrap_or(Lookup::NotFound)
+}
+
+/// A segment that names an entry of its folder: not empty, not `.`/`..` or another
+/// hidden name, no backslash or NUL.
+fn plain_segment(segment: &str) -> bool {
+    !segment.is_empty() && !segment.starts_with('.') && !segment.contains(['\\', '\0'])
+}
+
+/// Opens without following a symlink and without blocking on a FIFO, and reads only a
+/// regular file (checked on the open file, so a swap after the check cannot give a
+/// FIFO or a device).
+fn read_file(real: &PathBuf) -> Option<Lookup> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_BYTES).read_to_end(&mut bytes).ok()?;
+    let content_type = content_type(real);
+    let csp = match content_type {
+        HTML => page_csp(&String::from_utf8_lossy(&bytes)).unwrap_or_else(|| STRICT_CSP.to_string()),
+        _ => STRICT_CSP.to_string(),
+    };
+    Some(Lookup::File { bytes, content_type, csp })
+}
+
+const HTML: &str = "text/html; charset=utf-8";
+
+fn content_type(path: &Path) -> &'static str {
+    match path.extension().and_then(|e| e.to_str()).unwrap_or("") {
+        "html" => HTML,
+        "json" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "css" => "text/css; charset=utf-8",
+        "md" | "txt" | "log" | "jsonl" | "sha256" | "lock" | "toml" => "text/plain; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// The policy a page declares in its `<meta http-equiv="Content-Security-Policy">`
+/// (in its head only), with `frame-ancestors 'none'` added: sent as the header, it
+/// allows exactly what the file allows itself (its own script, by hash) and no more.
+pub fn page_csp(html: &str) -> Option<String> {
+    const META: &str = r#"<meta http-equiv="Content-Security-Policy" content=""#;
+    let head = &html[..html.find("</head>")?];
+    let start = head.find(META)? + META.len();
+    let policy = &head[start..start + head[start..].find('"')?];
+    let clean = !policy.is_empty() && policy.chars().all(|c| c.is_ascii_graphic() || c == ' ');
+    clean.then(|| format!("{}; frame-ancestors 'none'", policy.trim_end_matches([';', ' '])))
+}
+
+/// `%XX` escapes decoded (a `+` stays a `+`); None for a broken escape or a result
+/// that is not UTF-8.
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// A path below `reports/` as a URL path under `/reports/`, each segment
+/// percent-encoded but for the unreserved characters.
+pub fn url_of(reports: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(reports).ok()?;
+    let mut url = String::from("/reports");
+    for part in rel.components() {
+        let std::path::Component::Normal(part) = part else { return None };
+        url.push('/');
+        for b in part.to_str()?.bytes() {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                url.push(b as char);
+            } else {
+                url.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    Some(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reports() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = dir.path().join("reports");
+        std::fs::create_dir_all(reports.join("v/plan/run")).unwrap();
+        std::fs::write(dir.path().join("secret.toml"), "secret").unwrap();
+        std::fs::write(reports.join("index.html"), "<html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'sha256-abc='\"></head><body>index</body></html>").unwrap();
+        std::fs::write(reports.join("v/plan/run/report.html"), "<html><head></head>run</html>").unwrap();
+        std::fs::write(reports.join("v/plan/run/chart.svg"), "<svg/>").unwrap();
+        std::fs::write(reports.join(".hidden"), "x").unwrap();
+        let reports = reports.canonicalize().unwrap();
+        (dir, reports)
+    }
+
+    fn body(found: Lookup) -> String {
+        match found {
+            Lookup::File { bytes, .. } => String::from_utf8(bytes).unwrap(),
+            other => panic!("not a file: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn serves_files_and_folders_inside_reports() {
+        let (_dir, reports) = reports();
+        assert!(body(find(&reports, "/reports/index.html")).contains("index"));
+        assert!(body(find(&reports, "/reports/")).contains("index"), "a folder shows its index.html");
+        assert!(body(find(&reports, "/reports/v/plan/run/")).contains("run"), "a run folder its report.html");
+        assert!(body(find(&reports, "/reports/v/pl%61n/run/report.html")).contains("run"), "escapes decoded");
+        assert_eq!(find(&reports, "/reports"), Lookup::Redirect("/reports/".into()));
+        assert_eq!(find(&reports, "/reports/v/plan/run"), Lookup::Redirect("/reports/v/plan/run/".into()));
+        match find(&reports, "/reports/v/plan/run/chart.svg") {
+            Lookup::File { content_type, csp, .. } => {
+                assert_eq!(content_type, "image/svg+xml");
+                assert_eq!(csp, STRICT_CSP);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_html_file_is_sent_with_its_own_policy_and_no_more() {
+        let (_dir, reports) = reports();
+        let Lookup::File { csp, .. } = find(&reports, "/reports/index.html") else { panic!() };
+        assert_eq!(csp, "default-src 'none'; script-src 'sha256-abc='; frame-ancestors 'none'");
+        let Lookup::File { csp, .. } = find(&reports, "/reports/v/plan/run/report.html") else { panic!() };
+        assert_eq!(csp, STRICT_CSP, "a page without a policy runs no script");
+        assert_eq!(page_csp("<body><meta http-equiv=\"Content-Security-Policy\" content=\"x\"></body>"), None);
+    }
+
+    #[test]
+    fn nothing_outside_reports_and_nothing_but_files() {
+        let (dir, reports) = reports();
+        for path in [
+            "/reports/../secret.toml",
+            "/reports/%2e%2e/secret.toml",
+            "/reports/%2E%2E%2Fsecret.toml",
+            "/reports/v/../../secret.toml",
+            "/reports/./index.html",
+            "/reports/.hidden",
+            "/reports//index.html",
+            "/reports/index.html%00",
+            "/reports/..%5csecret.toml",
+            "/reports/%zz",
+            "/reports/%ff",
+        ] {
+            assert_eq!(find(&reports, path), Lookup::BadPath, "{path}");
+        }
+        std::os::unix::fs::symlink(dir.path().join("secret.toml"), reports.join("out.toml")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), reports.join("up")).unwrap();
+        assert_eq!(find(&reports, "/reports/out.toml"), Lookup::NotFound, "a symlink out");
+        assert_eq!(find(&reports, "/reports/up/secret.toml"), Lookup::NotFound, "a folder symlink out");
+        std::os::unix::fs::symlink(reports.join("index.html"), reports.join("alias.html")).unwrap();
+        assert!(body(find(&reports, "/reports/alias.html")).contains("index"), "a symlink within is fine");
+        nix::unistd::mkfifo(&reports.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(find(&reports, "/reports/fifo"), Lookup::NotFound, "a FIFO is no file (and does not block)");
+        assert_eq!(find(&reports, "/reports/missing.html"), Lookup::NotFound);
+        assert_eq!(find(&reports, "/reports/index.html/"), Lookup::NotFound);
+        assert_eq!(find(&reports, "/elsewhere"), Lookup::NotFound);
+    }
+
+    #[test]
+    fn urls_of_run_folders_are_escaped() {
+        let reports = Path::new("/r/reports");
+        assert_eq!(url_of(reports, Path::new("/r/reports/v 1/p/run")).as_deref(), Some("/reports/v%201/p/run"));
+        assert_eq!(url_of(reports, Path::new("/elsewhere/run")), None);
+    }
+}

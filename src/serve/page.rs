@@ -1,0 +1,125 @@
+//! `serve`'s live page, `/`: one self-contained HTML page (inline CSS and one inline
+//! script, allowed by its hash like the reports' own) that opens `EventSource('/events')`
+//! and fills in the daemon's line, the running job's progress and the queue from the
+//! `status` and `jobs` events — with `textContent` only, never markup from data. The
+//! page itself holds no data, so it is the same bytes every time. Not the feed
+//! (`serve::live`) nor the files (`serve::files`).
+
+use std::sync::LazyLock;
+
+use crate::report::sha256_base64;
+
+const CSS: &str = r#"
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1100px;padding:0 1rem;color:#222}
+h1{font-size:1.4rem;margin:0 0 .3rem} h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}
+.meta{color:#555;font-size:.9rem} a{color:#1565c0}
+#conn{font-size:.8rem;border-radius:.25rem;padding:0 .4rem;color:#fff;background:#9e9e9e} #conn.live{background:#2e7d32}
+#line{font-size:1.05rem;margin:.6rem 0;overflow-wrap:anywhere}
+#job{border:1px solid #ddd;border-radius:.4rem;padding:.6rem .8rem;margin:.6rem 0}
+#job h3{margin:0;font-size:1rem;overflow-wrap:anywhere} #job-run{margin:.1rem 0 .4rem;overflow-wrap:anywhere}
+progress{width:100%;height:1.2rem} dl{display:flex;flex-wrap:wrap;gap:.2rem 1.6rem;margin:.4rem 0 0} dt{color:#555;font-size:.8rem} dd{margin:0;font-weight:700}
+.scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:.9rem;width:100%} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;vertical-align:top}
+td.r{text-align:right} .st{font-weight:700;white-space:nowrap} .st-running{color:#1565c0} .st-done{color:#2e7d32} .st-failed,.st-cancelled{color:#c62828} .st-pending,.st-interrupted{color:#ef8f00}
+.v-approved{color:#2e7d32}.v-rejected{color:#c62828}.v-inconclusive{color:#ef8f00}.v-invalid{color:#6a1b9a}
+.err{color:#c62828;font-size:.85rem;overflow-wrap:anywhere}
+@media (max-width:600px){.wide{display:none} body{margin:.8rem auto} td,th{padding:.2rem .3rem}}
+"#;
+
+const BODY: &str = r#"<h1>pruefstand <span id="conn">connecting…</span></h1>
+<p class="meta">A read-only view of this bench: <a id="index" href="/reports/index.html" hidden>the trend index</a> <span id="noindex">no trend index yet</span> · <a href="/reports/">reports/</a> · <a href="/api/status">status JSON</a> · <a href="/api/queue">queue JSON</a></p>
+<p id="line">waiting for the daemon's state…</p>
+<p id="paused" class="err" hidden>The queue is paused: no job starts until <code>pruefstand resume</code>.</p>
+<section id="job" hidden><h3 id="job-title"></h3><p id="job-run" class="meta"></p><progress id="bar" max="1" value="0"></progress>
+<dl><div><dt>cases done</dt><dd><span id="done">0</span> / <span id="total">0</span></dd></div><div><dt>errors</dt><dd id="errors">–</dd></div><div><dt>ETA</dt><dd id="eta">–</dd></div><div id="shards-box" hidden><dt>shards</dt><dd id="shards"></dd></div></dl></section>
+<h2>Queue <span class="meta">(<span id="pending">0</span> pending)</span></h2>
+<div class="scroll"><table><thead><tr><th>job</th><th>state</th><th>version</th><th class="wide">plan</th><th>progress / verdict</th><th class="wide">started</th><th class="wide">finished</th><th>report</th></tr></thead><tbody id="jobs"><tr><td colspan="8">no jobs</td></tr></tbody></table></div>
+<noscript><p>This page follows the daemon with a small script; without it see <a href="/api/status">/api/status</a> and <a href="/reports/">/reports/</a>.</p></noscript>"#;
+
+const SCRIPT: &str = r#"(function(){"use strict";
+var $=function(id){return document.getElementById(id);};
+var events=0,running=null;
+function mark(){events+=1;document.body.setAttribute("data-events",String(events));}
+function when(t){if(!t)return "";var d=new Date(t);if(isNaN(d.getTime()))return t;var p=function(n){return (n<10?"0":"")+n;};return p(d.getMonth()+1)+"-"+p(d.getDate())+" "+p(d.getHours())+":"+p(d.getMinutes());}
+function cell(tr,text,cls){var td=document.createElement("td");td.textContent=text==null?"":String(text);if(cls)td.className=cls;tr.appendChild(td);return td;}
+function progressText(){return running?running.done+" / "+running.total+" cases":"";}
+function onStatus(d){
+ $("line").textContent=d.line;
+ var s=d.status,st=s&&s.state;
+ running=(s&&s.daemon==="running"&&st&&st.state==="running")?st:null;
+ $("job").hidden=!running;
+ if(running){
+  $("job-title").textContent="job "+running.job+": "+running.version+" on "+running.plan;
+  $("job-run").textContent=d.run?(d.reference?"its reference first: ":"run ")+d.run:"";
+  $("bar").max=Math.max(running.total,1);$("bar").value=running.done;
+  $("done").textContent=String(running.done);$("total").textContent=String(running.total);
+  $("errors").textContent=d.errors==null?"–":String(d.errors);
+  $("eta").textContent=d.eta==null?"–":d.eta;
+  $("shards-box").hidden=!d.shards;$("shards").textContent=d.shards||"";
+ }
+ $("pending").textContent=s?String(s.pending):"?";
+ $("paused").hidden=!(s&&s.paused);
+ var cellNow=document.querySelector("td[data-running]");
+ if(cellNow)cellNow.textContent=progressText();
+ mark();
+}
+function onJobs(d){
+ var body=$("jobs"),rows=[];
+ d.jobs.forEach(function(j){
+  var tr=document.createElement("tr");
+  cell(tr,j.id,"r");cell(tr,j.state,"st st-"+j.state);cell(tr,j.version);cell(tr,j.plan,"wide");
+  var p=cell(tr,"");
+  if(j.state==="running"){p.setAttribute("data-running",String(j.id));p.textContent=running&&running.job===j.id?progressText():"running";}
+  else if(j.verdict){p.textContent=j.verdict;p.className="v-"+j.verdict;if(j.summary)p.title=j.summary;}
+  else if(j.error){p.textContent=j.error;p.className="err";}
+  cell(tr,when(j.started),"wide");cell(tr,when(j.finished),"wide");
+  var r=cell(tr,"");
+  if(j.report){var a=document.createElement("a");a.href=j.report;a.textContent="report";r.appendChild(a);}
+  rows.push(tr);
+ });
+ if(!rows.length){var tr=document.createElement("tr");cell(tr,"no jobs").colSpan=8;rows.push(tr);}
+ body.replaceChildren.apply(body,rows);
+ $("index").hidden=!d.index;$("noindex").hidden=!!d.index;
+ mark();
+}
+var source=new EventSource("/events");
+source.addEventListener("status",function(e){onStatus(JSON.parse(e.data));});
+source.addEventListener("jobs",function(e){onJobs(JSON.parse(e.data));});
+source.onopen=function(){$("conn").textContent="live";$("conn").className="live";};
+source.onerror=function(){$("conn").textContent="reconnecting…";$("conn").className="";};
+})();"#;
+
+/// The page's policy (sent as the header and in the page): as the reports', plus
+/// `connect-src 'self'` for `/events`.
+pub static CSP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; script-src 'sha256-{}'; connect-src 'self'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'",
+        sha256_base64(SCRIPT.as_bytes())
+    )
+});
+
+/// The page, the same bytes on every request.
+pub static PAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>pruefstand — live</title><style>{CSS}</style></head><body>\n{BODY}\n<script>{SCRIPT}</script></body></html>\n",
+        *CSP
+    )
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_allows_its_own_script_only_and_puts_no_data_into_markup() {
+        assert!(PAGE.contains(&format!("content=\"{}\"", *CSP)));
+        assert!(CSP.contains(&sha256_base64(SCRIPT.as_bytes())));
+        assert!(!CSP.contains("unsafe-inline'; connect") && !CSP.contains("script-src 'unsafe"));
+        assert!(
+            !SCRIPT.contains("innerHTML") && !SCRIPT.contains("outerHTML") && !SCRIPT.contains("insertAdjacentHTML")
+        );
+        assert_eq!(
+            crate::serve::files::page_csp(&PAGE).as_deref(),
+            Some(format!("{}; frame-ancestors 'none'", *CSP).as_str())
+        );
+    }
+}
