@@ -21,11 +21,6 @@ use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
 
 use crate::common::repo;
 
-/// Pictures the README links before they are in `docs/`: the compare page and the live
-/// view (`pruefstand serve`), made by others and added by hand. An entry whose file
-/// exists fails the test, so the list empties once they are there.
-const PENDING: &[&str] = &["docs/compare.png", "docs/serve.png"];
-
 /// Folders never walked: build output, the venv, the bench root's run directories,
 /// queue and learned state (all ignored by git), and hidden ones (`.git`).
 const SKIP: &[&str] = &["target", "reports", "state", "__pycache__"];
@@ -201,12 +196,6 @@ fn link_problems(root: &Path, file: &Path, text: &str) -> Vec<String> {
         let (path, part) = dest.split_once('#').map_or((&*dest, None), |(p, a)| (p, Some(a)));
         let target = if path.is_empty() { file.to_path_buf() } else { normalise(&dir.join(path)) };
         let shown = target.display().to_string();
-        if PENDING.contains(&shown.as_str()) {
-            if root.join(&target).exists() {
-                problems.push(format!("line {line}: {shown} exists now: take it off PENDING in tests/docs.rs"));
-            }
-            continue;
-        }
         if !root.join(&target).exists() {
             problems.push(format!("line {line}: links to {dest}, but {shown} does not exist"));
             continue;
