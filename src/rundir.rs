@@ -49,7 +49,7 @@ macro_rules! run_files {
             pub const ALL: &[RunFile] = &[$(RunFile::$file,)*];
 
             /// Its path relative to the run directory.
-            pub fn name(self) -> &'static str {
+            pub const fn name(self) -> &'static str {
                 match self {
                     $(RunFile::$file => $name,)*
                 }
@@ -127,6 +127,9 @@ run_files! {
     /// The self-contained report (`report`), which `run`, `judge`, the trend index and
     /// the hooks point to.
     Report => "report.html",
+    /// A page comparing this run with another (`pruefstand compare`), written when
+    /// asked and only over a compare page of pruefstand's.
+    Compare => "compare.html",
     /// A clustered job's Slurm array (`cluster::ArrayState`), written by the daemon
     /// before it follows the array.
     Cluster => "cluster.json",

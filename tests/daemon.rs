@@ -259,4 +259,16 @@ fn status_watch_follows_a_running_job_case_by_case() {
     // Before the gym has counted the plan's cases the job is starting, not at 0 of 0.
     assert!(!seen.iter().any(|l| l.contains(" 0/0 ")), "{seen:?}");
     bench.wait_job(id, "done", 120);
+
+    // At rest it sleeps: its own reads of the state file are no news to it. (It looks
+    // on its own every 5 s, for a daemon that died; a watch woken by its reads spins
+    // thousands of times a second.)
+    let mut idle = bench.cmd(&["status", "--watch"]).stdout(std::process::Stdio::null()).spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let before = context_switches(idle.id());
+    std::thread::sleep(Duration::from_secs(3));
+    let woke = context_switches(idle.id()) - before;
+    idle.kill().unwrap();
+    idle.wait().unwrap();
+    assert!(woke < 50, "an idle status --watch woke {woke} times in 3 s");
 }

@@ -12,7 +12,7 @@ use anyhow::Context;
 use crate::cmd::run::print_judgement;
 use crate::hooks;
 use crate::judge::Judgement;
-use crate::queue::{self, Job, Queue, State};
+use crate::queue::{Job, Queue, State};
 use crate::root::Root;
 use crate::rundir::{RunDir, RunFile};
 
@@ -78,7 +78,7 @@ pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
 }
 
 pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
-    Ok(queue::try_daemon_lock(queue)?.is_none())
+    crate::daemon::state::lock_held(queue)
 }
 
 /// A job's state in a few words.

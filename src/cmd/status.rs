@@ -94,10 +94,18 @@ fn view(running: bool, activity: Option<&Activity>) -> View {
 }
 
 fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
-    use notify::Watcher;
+    use notify::{EventKind, Watcher, event::AccessKind, event::AccessMode};
     let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Our own reads of the state and the lock open files here too: only a change
+        // (or a file closed after writing) is news, else the watch wakes itself forever.
+        let news = match event {
+            Ok(event) => !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
+            Err(_) => true,
+        };
+        if news {
+            let _ = tx.send(());
+        }
     })
     .context("starting inotify")?;
     watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;

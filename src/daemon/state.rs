@@ -211,7 +211,7 @@ impl Overview {
 /// Whether a daemon holds the daemon lock. Looked at through a read-only descriptor:
 /// its close is no write, so a watcher of `.pruefstand/` (`serve`) is not woken by its
 /// own look. No lock file: no daemon ever ran here.
-fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
+pub fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
     use nix::fcntl::{Flock, FlockArg};
     let path = queue.daemon_lock_file();
     let file = match std::fs::File::open(&path) {

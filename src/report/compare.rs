@@ -24,7 +24,7 @@ use crate::rundir::{PlanFile, RunDir, RunFile, VersionFile};
 use crate::util::{self, pct};
 
 /// The compare page's name when no `--out` is given: in B's run directory.
-pub const COMPARE_FILE: &str = "compare.html";
+pub const COMPARE_FILE: &str = RunFile::Compare.name();
 
 /// Every compare page carries this mark in its head: a file at the page's path without
 /// it is someone else's and is never written over.
@@ -741,9 +741,10 @@ mod tests {
             html.contains(&format!(r#"href="../../../base/schnell/run-0/{trace}""#)),
             "A's raw trace from B's folder"
         );
+        let report = RunFile::Report.name();
         assert!(
-            html.contains(r#"href="report.html""#)
-                && html.contains(r#"href="../../../base/schnell/run-0/report.html""#)
+            html.contains(&format!(r#"href="{report}""#))
+                && html.contains(&format!(r#"href="../../../base/schnell/run-0/{report}""#))
         );
 
         // Written again over its own page; never over someone else's, nor a run with itself.

@@ -133,7 +133,7 @@ pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;overflow:auto;margin:0;whi
 ul.legend{list-style:none;padding:0;margin:0 0 1rem;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem} ul.legend li{overflow-wrap:anywhere}
 .sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle;border-radius:2px}
 dl.kv{margin:0;font-size:.8rem;display:grid;grid-template-columns:auto auto;gap:0 .6rem} dl.kv dt{color:#555} dl.kv dd{margin:0}
-.t-event{border-left:4px solid #b45309;background:#fff7ed;font-size:.9rem} .ev-human_approval{border-left-color:#15803d;background:#f0fdf4} #case-filter{margin:.5rem 0;font-size:.9rem} th.sort{cursor:pointer} tr[hidden]{display:none}
+.t-event{border-left:4px solid #b45309;background:#fff7ed;font-size:.9rem;overflow-wrap:anywhere} .ev-human_approval{border-left-color:#15803d;background:#f0fdf4} #case-filter{margin:.5rem 0;font-size:.9rem} th.sort{cursor:pointer} tr[hidden]{display:none}
 details.case{border-top:1px solid #eee;padding:.2rem 0} details.case summary{cursor:pointer;overflow-wrap:anywhere}
 ol.conv{list-style:none;padding:0;margin:.4rem 0} .turn{margin:.3rem 0;padding:.3rem .5rem;border-left:4px solid #ccc}
 .t-system{border-color:#9e9e9e}.t-user{border-color:#1565c0}.t-assistant{border-color:#2e7d32}.t-tool{border-color:#ef8f00}
