@@ -136,20 +136,7 @@ fn a_bad_spec_is_refused_at_start_and_nothing_is_queued_and_the_idle_daemon_slee
     assert!(bench.run(&["start", "demo-kandidat", "--plan", "nonexistent"]).code(2).stderr.contains("nonexistent"));
 
     // At rest: no thread of the daemon is woken (inotify and signals only, no timer).
-    let switches = || -> u64 {
-        std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
-            .unwrap()
-            .flatten()
-            .map(|t| {
-                let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-                status
-                    .lines()
-                    .filter(|l| l.contains("ctxt_switches"))
-                    .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
-                    .sum::<u64>()
-            })
-            .sum()
-    };
+    let switches = || context_switches(daemon.pid());
     std::thread::sleep(Duration::from_millis(500));
     let before = switches();
     std::thread::sleep(Duration::from_secs(3));

@@ -153,20 +153,7 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::state::JobProgress;
-
-    fn running(done: usize, total: usize) -> Activity {
-        Activity::Running(JobProgress {
-            job: 3,
-            version: "v".into(),
-            plan: "p".into(),
-            run_dir: None,
-            done,
-            total,
-            eta_s: None,
-            started_at: String::new(),
-        })
-    }
+    use crate::daemon::state::tests::running;
 
     #[test]
     fn the_watch_draws_no_bar_until_the_cases_are_counted() {

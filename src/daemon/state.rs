@@ -233,10 +233,11 @@ fn shard_counts(queue: &queue::Queue, job: u64) -> Option<crate::cluster::ShardC
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn running(done: usize, total: usize) -> Activity {
+    /// Job 3 of `v` on `p`, `done` of `total` cases.
+    pub(crate) fn running(done: usize, total: usize) -> Activity {
         Activity::Running(JobProgress {
             job: 3,
             version: "v".into(),
