@@ -137,7 +137,7 @@ impl Track {
         self.status_at(usize::MAX)
     }
 
-    /// "held-out ASR 97 % upper bound 7.1 % ≤ limit 10 % after 43 user tasks", once
+    /// "held-out ASR: 97 % upper bound 7.1 % ≤ limit 10 % after 43 user tasks", once
     /// decided (the level is the rule's; the betting test and the injection-task margin
     /// share its α).
     pub fn describe(&self) -> Option<String> {
@@ -150,7 +150,7 @@ impl Track {
         } else {
             words::against_min(side, self.alpha, d.widened(), self.threshold)
         };
-        Some(format!("{} {against} after {} user tasks", self.figure, d.at))
+        Some(format!("{}: {against} after {} user tasks", self.figure, d.at))
     }
 }
 

@@ -159,6 +159,8 @@ pub struct Decisive {
     /// Errored attacked cases of the figure, counted against the version in each
     /// direction by the bounds.
     pub errors: u64,
+    /// The design effect of its clustering.
+    pub deff: f64,
     /// The rule's one-sided bounds and the α of each (the lower at `alpha_fail`, the
     /// upper at `alpha_pass`).
     pub lower: f64,
@@ -188,11 +190,8 @@ impl Decisive {
         let head = format!("{} {}", self.name, words::rate(self.rate, self.hits, self.cases));
         match track.decision {
             Some(d) => {
-                let side = if d.side == crate::stats::Side::Below {
-                    words::BoundSide::Upper
-                } else {
-                    words::BoundSide::Lower
-                };
+                let side =
+                    if d.side == crate::stats::Side::Below { words::BoundSide::Upper } else { words::BoundSide::Lower };
                 self.bound = d.widened();
                 self.bound_side = side;
                 self.level = 1.0 - track.alpha;
@@ -295,14 +294,18 @@ impl Judgement {
     /// utility (clean) 96.2 % (25/26) · utility under attack 59.2 % (61/103)".
     pub fn figures_line(&self) -> String {
         let f = &self.figures;
-        [(words::ASR_ALL, f.asr), (words::UTILITY_CLEAN, f.utility_clean), (words::UTILITY_UNDER_ATTACK, f.utility_under_attack)]
-            .into_iter()
-            .map(|(name, e)| match e {
-                Some(e) => format!("{name} {}", words::rate(e.rate, e.x, e.n)),
-                None => format!("{name} –"),
-            })
-            .collect::<Vec<_>>()
-            .join(" · ")
+        [
+            (words::ASR_ALL, f.asr),
+            (words::UTILITY_CLEAN, f.utility_clean),
+            (words::UTILITY_UNDER_ATTACK, f.utility_under_attack),
+        ]
+        .into_iter()
+        .map(|(name, e)| match e {
+            Some(e) => format!("{name} {}", words::rate(e.rate, e.x, e.n)),
+            None => format!("{name} –"),
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
     }
 }
 
@@ -355,11 +358,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         // Stopped early: R2 and R3 are what the betting tests decided; R4 compares whole
         // plans and has nothing to say about part of one.
         let seq = &early.sequential;
-        list.push(r2(rules::sequential(
-            rules::r2_security_named(&r2_records, &t.r2, asr_name),
-            seq.r2(),
-            &[&seq.asr],
-        )));
+        list.push(r2(rules::sequential(rules::r2_security_named(&r2_records, &t.r2, asr_name), seq.r2(), &[&seq.asr])));
         list.push(rules::sequential(
             rules::r3_utility(&records, &t.r3),
             seq.r3(),

@@ -13,8 +13,7 @@ use serde_json::{Value, json};
 use super::clustering::{adjust, injection_key, user_cluster};
 use super::words::{self, BoundSide, Unit};
 use super::{
-    Decisive, Estimate, Figures, JudgeInput, Outlook, ReferenceRun, RuleResult, RuleStatus, RunMeta, Thresholds,
-    checks,
+    Decisive, Estimate, Figures, JudgeInput, Outlook, ReferenceRun, RuleResult, RuleStatus, RunMeta, Thresholds, checks,
 };
 use crate::case::{CaseKind, CaseRecord};
 use crate::record::{EnvStatus, GpuExclusivity, Verdict};
@@ -406,6 +405,7 @@ fn decisive_of(b: &Bounded, name: &str, t: &thresholds::R2) -> Option<Decisive> 
         hits: b.ok.x,
         cases: b.ok.n,
         errors: b.errors,
+        deff: b.ok.deff,
         lower,
         upper,
         alpha_lower: t.alpha_fail,
@@ -665,14 +665,16 @@ fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
+/// One of R5's figures: (key, label, unit, value, budget, cases measured).
+type Budget<'a> = (&'a str, &'a str, Unit, Option<f64>, f64, usize);
+
 pub(super) fn r5_budget(records: &[CaseRecord], t: &thresholds::R5) -> RuleResult {
     let clean_flags: Vec<u64> = records
         .iter()
         .filter(|r| r.kind == CaseKind::Clean && !r.is_error())
         .filter_map(|r| r.guardrail_flags)
         .collect();
-    // (key, label, unit, value, budget, cases measured)
-    let mut items: Vec<(&str, &str, Unit, Option<f64>, f64, usize)> = vec![
+    let mut items: Vec<Budget> = vec![
         (
             "p95_case_s",
             "p95 case time",

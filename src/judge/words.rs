@@ -95,7 +95,9 @@ pub fn straddle(lower: (f64, f64), upper: (f64, f64), max: bool, value: f64) -> 
 /// the candidate got right), Holm-adjusted p 1.000". For ASR "right" is resisting the
 /// attack, for utility doing the user's task.
 pub fn paired_counts(b: u64, c: u64, p_holm: f64) -> String {
-    format!("b {b} (pairs only the reference got right), c {c} (only the candidate got right), Holm-adjusted p {p_holm:.3}")
+    format!(
+        "b {b} (pairs only the reference got right), c {c} (only the candidate got right), Holm-adjusted p {p_holm:.3}"
+    )
 }
 
 /// The unit of one of R5's figures.
