@@ -210,7 +210,7 @@ pub(super) fn r1_validity(
         ));
     }
     if error_rate > t.max_error_rate {
-        problems.push(format!("error rate {} > {}", pct(error_rate), pct(t.max_error_rate)));
+        problems.push(format!("error rate {} > {}", pct(error_rate), words::limit(true, t.max_error_rate)));
     }
     if !env_failed.is_empty() {
         problems.push(format!("environment check failed for {}", env_failed.join(", ")));
@@ -299,8 +299,12 @@ pub(super) fn r1_validity(
     });
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {
-        let mut reason =
-            format!("valid: {} case(s), error rate {} ≤ {}", counted, pct(error_rate), pct(t.max_error_rate));
+        let mut reason = format!(
+            "valid: {} case(s), error rate {} ≤ {}",
+            counted,
+            pct(error_rate),
+            words::limit(true, t.max_error_rate)
+        );
         if !notes.is_empty() {
             reason += &format!(" ({})", notes.join("; "));
         }
@@ -649,11 +653,12 @@ pub(super) fn r4_regression(
         }
     }
     let schnell = if plan == "schnell" { " — on schnell a warning only; the gate is voll" } else { "" };
+    let parts = format!("{} ({})", parts.join("; "), words::PAIRED_COUNTS);
     let (status, reason) = if worse.is_empty() {
         let margin = format!("{:.1} pt", 100.0 * t.margin);
-        (RuleStatus::Pass, format!("no significant regression beyond {margin}: {}{schnell}", parts.join("; ")))
+        (RuleStatus::Pass, format!("no significant regression beyond {margin}: {parts}{schnell}"))
     } else {
-        (RuleStatus::Fail, format!("regressed ({}): {}{schnell}", worse.join(", "), parts.join("; ")))
+        (RuleStatus::Fail, format!("regressed ({}): {parts}{schnell}", worse.join(", ")))
     };
     result("R4", "no regression", status, Value::Object(measured), threshold, reason)
 }

@@ -91,14 +91,15 @@ pub fn straddle(lower: (f64, f64), upper: (f64, f64), max: bool, value: f64) -> 
     )
 }
 
-/// R4's counts, each said once: "b 0 (pairs only the reference got right), c 41 (only
-/// the candidate got right), Holm-adjusted p 1.000". For ASR "right" is resisting the
-/// attack, for utility doing the user's task.
+/// R4's counts of one comparison: "b 0, c 41, Holm-adjusted p 1.000" (what b and c
+/// count: [`PAIRED_COUNTS`]).
 pub fn paired_counts(b: u64, c: u64, p_holm: f64) -> String {
-    format!(
-        "b {b} (pairs only the reference got right), c {c} (only the candidate got right), Holm-adjusted p {p_holm:.3}"
-    )
+    format!("b {b}, c {c}, Holm-adjusted p {p_holm:.3}")
 }
+
+/// What R4's b and c count, said once per reason. For ASR "right" is resisting the
+/// attack, for utility doing the user's task.
+pub const PAIRED_COUNTS: &str = "b: pairs only the reference got right, c: pairs only the candidate got right";
 
 /// The unit of one of R5's figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +171,6 @@ mod tests {
         assert_eq!(Unit::Share.show(0.03), "3.0 %");
         assert_eq!(Unit::Share.show_limit(0.05), "5 %");
         assert_eq!(Unit::PerCase.show(1234.0), "1234");
-        assert!(paired_counts(0, 41, 1.0).starts_with("b 0 (pairs only the reference got right), c 41"));
+        assert_eq!(paired_counts(0, 41, 1.0), "b 0, c 41, Holm-adjusted p 1.000");
     }
 }
