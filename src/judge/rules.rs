@@ -653,7 +653,7 @@ pub(super) fn r4_regression(
         }
     }
     let schnell = if plan == "schnell" { " — on schnell a warning only; the gate is voll" } else { "" };
-    let parts = format!("{} ({})", parts.join("; "), words::PAIRED_COUNTS);
+    let parts = format!("{}; {}", parts.join("; "), words::PAIRED_COUNTS);
     let (status, reason) = if worse.is_empty() {
         let margin = format!("{:.1} pt", 100.0 * t.margin);
         (RuleStatus::Pass, format!("no significant regression beyond {margin}: {parts}{schnell}"))

@@ -841,5 +841,5 @@ fn r3_r4_and_r5_word_their_figures_with_levels_counts_and_units() {
     let r4 = rule(&judge(&worse), "R4").reason.clone();
     assert!(r4.contains("utility (clean and attacked) worse by 47.1 pt (b 40, c 0, Holm-adjusted p 0.0"), "{r4}");
     assert!(r4.contains("ASR (all attacks) unchanged (b 0, c 0, "), "{r4}");
-    assert!(r4.contains("(b: pairs only the reference got right, c: pairs only the candidate got right)"), "{r4}");
+    assert!(r4.contains("; b counts pairs only the reference got right, c pairs only the candidate got right"), "{r4}");
 }

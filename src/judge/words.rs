@@ -99,7 +99,7 @@ pub fn paired_counts(b: u64, c: u64, p_holm: f64) -> String {
 
 /// What R4's b and c count, said once per reason. For ASR "right" is resisting the
 /// attack, for utility doing the user's task.
-pub const PAIRED_COUNTS: &str = "b: pairs only the reference got right, c: pairs only the candidate got right";
+pub const PAIRED_COUNTS: &str = "b counts pairs only the reference got right, c pairs only the candidate got right";
 
 /// The unit of one of R5's figures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
