@@ -417,7 +417,7 @@ fn figures(b: &mut String, j: &Judgement) {
     b.push_str("<h2>Security and utility</h2>");
     b.push_str(&svg::interval_chart(
         "intervals",
-        "What the rules judged: each rate with its one-sided bounds (dashed: the rule's limit)",
+        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
         &rows,
     ));
     let judged = match decisive {
