@@ -899,6 +899,7 @@ fn facts() -> impl Strategy<Value = hooks::Facts> {
             utility: asr,
             utility_under_attack: None,
             asr,
+            decisive: None,
             run_dir: Some(PathBuf::from("/tmp/run")),
             report: None,
             error: None,

@@ -93,7 +93,11 @@ pub struct Facts {
     pub summary: String,
     pub utility: Option<f64>,
     pub utility_under_attack: Option<f64>,
+    /// The ASR of all attacks.
     pub asr: Option<f64>,
+    /// The figure R2 judged, by its name (`held-out ASR` when the plan held families
+    /// out): the judgement's `figures.decisive`.
+    pub decisive: Option<crate::judge::Decisive>,
     pub run_dir: Option<PathBuf>,
     pub report: Option<PathBuf>,
     pub error: Option<String>,
@@ -120,6 +124,7 @@ impl Facts {
             utility,
             utility_under_attack,
             asr,
+            decisive: job.figures.as_ref().and_then(|h| h.decisive.as_deref().cloned()),
             run_dir: Some(run_dir.to_path_buf()),
             report,
             error: None,
@@ -137,22 +142,31 @@ impl Facts {
             utility: None,
             utility_under_attack: None,
             asr: None,
+            decisive: None,
             run_dir: job.run_dir.clone(),
             report: None,
             error: Some(error.to_string()),
         }
     }
 
-    /// One chat line (Markdown-ish, fine for every chat kind).
+    /// A few chat lines (Markdown-ish, fine for every chat kind): the outcome, the
+    /// figure R2 judged, the other figures by their names (`judge::words`), the summary.
     pub fn message(&self) -> String {
+        use crate::judge::words;
         let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
+        if let Some(d) = &self.decisive {
+            text += &format!("\n{} judged: {}", d.rule, d.text);
+        }
         if self.verdict.is_some() {
             text += &format!(
-                " (utility {}, under attack {}, ASR {})",
+                "\n{} {} · {} {} · {} {}",
+                words::ASR_ALL,
+                pct(self.asr),
+                words::UTILITY_CLEAN,
                 pct(self.utility),
+                words::UTILITY_UNDER_ATTACK,
                 pct(self.utility_under_attack),
-                pct(self.asr)
             );
         }
         if !self.summary.is_empty() {
@@ -177,6 +191,9 @@ impl Facts {
             ("UTILITY", opt(self.utility)),
             ("UTILITY_UNDER_ATTACK", opt(self.utility_under_attack)),
             ("ASR", opt(self.asr)),
+            ("DECISIVE", self.decisive.as_ref().map(|d| d.text.clone()).unwrap_or_default()),
+            ("DECISIVE_NAME", self.decisive.as_ref().map(|d| d.name.clone()).unwrap_or_default()),
+            ("DECISIVE_RATE", opt(self.decisive.as_ref().map(|d| d.rate))),
             ("RUN_DIR", path(&self.run_dir)),
             ("REPORT", path(&self.report)),
             ("ERROR", self.error.clone().unwrap_or_default()),
@@ -360,6 +377,54 @@ mod tests {
         let hook: HookConfig =
             toml::from_str("name = \"x\"\nkind = \"slack\"\nurl = \"https://hooks.example/T0/SECRET\"").unwrap();
         assert!(!format!("{hook:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn the_chat_text_names_the_figure_r2_judged_and_the_others_by_their_names() {
+        let decisive = crate::judge::Decisive {
+            rule: "R2".into(),
+            name: "held-out ASR".into(),
+            rate: 17.0 / 64.0,
+            hits: 17,
+            cases: 64,
+            errors: 0,
+            deff: 1.2,
+            lower: 0.165,
+            upper: 0.38,
+            alpha_lower: 0.05,
+            alpha_upper: 0.03,
+            bound: 0.165,
+            bound_side: crate::judge::words::BoundSide::Lower,
+            level: 0.95,
+            limit: 0.1,
+            status: crate::record::RuleStatus::Fail,
+            sequential: false,
+            text: "held-out ASR 26.6 % (17/64), 95 % lower bound 16.5 % > limit 10 %".into(),
+        };
+        let facts = Facts {
+            outcome: "rejected".into(),
+            job: 1,
+            version: "demo-auswendig".into(),
+            plan: "schnell".into(),
+            verdict: Some("rejected".into()),
+            summary: "rejected: R2 failed".into(),
+            utility: Some(0.962),
+            utility_under_attack: Some(0.592),
+            asr: Some(0.165),
+            decisive: Some(decisive),
+            run_dir: None,
+            report: None,
+            error: None,
+        };
+        let text = facts.message();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "pruefstand: demo-auswendig on schnell — REJECTED");
+        assert_eq!(lines[1], "R2 judged: held-out ASR 26.6 % (17/64), 95 % lower bound 16.5 % > limit 10 %");
+        assert_eq!(lines[2], "ASR (all attacks) 16.5 % · utility (clean) 96.2 % · utility under attack 59.2 %");
+        let env = facts.env();
+        let var = |k: &str| env.iter().find(|(name, _)| name == k).map(|(_, v)| v.clone()).unwrap();
+        assert_eq!(var("PRUEFSTAND_DECISIVE_NAME"), "held-out ASR");
+        assert_eq!(var("PRUEFSTAND_DECISIVE_RATE"), "0.265625");
     }
 
     #[test]

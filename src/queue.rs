@@ -93,12 +93,28 @@ pub enum Transition {
     Restart,
 }
 
-/// The figures a finished job shows in `queue` (rates, 0–1).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+/// The figures a finished job shows in `queue` and its hooks (rates, 0–1): `asr` is the
+/// ASR of all attacks, `decisive` the figure R2 judged, by its name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Headline {
     pub asr: Option<f64>,
     pub utility: Option<f64>,
     pub utility_under_attack: Option<f64>,
+    /// The judgement's `figures.decisive`; absent in jobs of older builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decisive: Option<Box<crate::judge::Decisive>>,
+}
+
+impl Headline {
+    /// A judgement's headline figures.
+    pub fn of(figures: &crate::judge::Figures) -> Headline {
+        Headline {
+            utility: figures.utility_clean.map(|e| e.rate),
+            utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+            asr: figures.asr.map(|e| e.rate),
+            decisive: figures.decisive.clone().map(Box::new),
+        }
+    }
 }
 
 /// The snapshot taken at `start`: later edits of the spec or profile never change a
@@ -175,7 +191,7 @@ impl Job {
             (Running, Transition::Finish { verdict, summary, figures }) => {
                 self.verdict = Some(*verdict);
                 self.summary = Some(summary.clone());
-                self.figures = Some(*figures);
+                self.figures = Some(figures.clone());
                 (Done, verdict.as_str().to_string())
             }
             (Pending | Running | Interrupted, Transition::Fail { error }) => {
@@ -701,8 +717,9 @@ mod tests {
         assert_eq!(started_finished(&j), (first_start.as_deref(), None), "it started before, and has not ended");
         j.apply(Transition::Start { run_dir: "r".into() }).unwrap();
         assert_eq!((j.attempt, j.starts), (1, 2), "the crash count begins anew, the tries go on");
-        let headline = Headline { asr: Some(0.1), utility: Some(0.9), utility_under_attack: None };
-        j.apply(Transition::Finish { verdict: Verdict::Rejected, summary: "s".into(), figures: headline }).unwrap();
+        let headline = Headline { asr: Some(0.1), utility: Some(0.9), ..Headline::default() };
+        let figures = headline.clone();
+        j.apply(Transition::Finish { verdict: Verdict::Rejected, summary: "s".into(), figures }).unwrap();
         assert_eq!(j.figures, Some(headline));
         j.apply(Transition::Restart).unwrap();
         assert_eq!((j.verdict, j.figures), (None, None));

@@ -286,10 +286,13 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
         telemetry.benchmark_version
     );
     let _ = writeln!(md, "| figure | value |\n|---|---|");
-    let _ = writeln!(md, "| utility (clean) | {} |", rate_text(&d["utility"]));
-    let _ = writeln!(md, "| utility under attack | {} |", rate_text(&d["utility_under_attack"]));
-    let _ = writeln!(md, "| attack success rate | {} |", rate_text(&d["asr"]));
-    let _ = writeln!(md, "| injection-task utility | {} |", rate_text(&d["injection_task_utility"]));
+    // The names of `judge::words`: the ASR here is every attack's (R2 may judge the
+    // held-out families only).
+    use crate::judge::words;
+    let _ = writeln!(md, "| {} | {} |", words::UTILITY_CLEAN, rate_text(&d["utility"]));
+    let _ = writeln!(md, "| {} | {} |", words::UTILITY_UNDER_ATTACK, rate_text(&d["utility_under_attack"]));
+    let _ = writeln!(md, "| {} | {} |", words::ASR_ALL, rate_text(&d["asr"]));
+    let _ = writeln!(md, "| {} | {} |", words::INJECTION_GOAL_UTILITY, rate_text(&d["injection_task_utility"]));
     let c = &telemetry.counts;
     let _ = writeln!(
         md,
@@ -298,7 +301,10 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
     );
     let _ = writeln!(md, "Model format health: {}.\n", telemetry.format_health.line(c.recorded));
     let _ = writeln!(md, "Model timing: {}.\n", telemetry.model_timing.line());
-    let _ = writeln!(md, "## By suite\n\n| suite | utility | utility under attack | ASR |\n|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "## By suite\n\n| suite | utility (clean) | utility under attack | ASR (all attacks) |\n|---|---|---|---|"
+    );
     for (suite, b) in &telemetry.by_suite {
         let _ = writeln!(
             md,
@@ -366,6 +372,6 @@ mod tests {
         assert_eq!(t.counts, Counts { planned: 7, recorded: 7, clean: 2, attacked: 4, injection_goal: 1, errors: 1 });
         assert_eq!(t.asr_by_injection_task["s/i1"].value, Some(0.5));
         assert_eq!(t.matrix.len(), 3);
-        assert!(markdown("x", &t).contains("| attack success rate | 66.7 % (2/3) |"));
+        assert!(markdown("x", &t).contains("| ASR (all attacks) | 66.7 % (2/3) |"));
     }
 }

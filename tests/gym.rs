@@ -99,7 +99,7 @@ fn counter_suite_meets_the_seed_smoke_criteria() {
     assert_eq!(checks["checks"].as_array().unwrap().len(), 5);
     assert!(checks["checks"].as_array().unwrap().iter().all(|c| c["status"] == "ok"));
     assert_eq!(json(&dir.join("plan.json"))["cases"].as_array().unwrap().len(), 35);
-    assert!(run.stdout.contains("ASR 100.0 % (25/25)"), "{}", run.stdout);
+    assert!(run.stdout.contains("ASR (all attacks) 100.0 % (25/25)"), "{}", run.stdout);
 }
 
 /// AgentDojo's own sequential runner on the same agent and cases, as

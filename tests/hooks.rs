@@ -148,7 +148,12 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
     let slack =
         requests.iter().find(|r| r.path.ends_with("/slack") && r.body.contains(&headline)).expect("slack for job 1");
     assert_eq!(slack.method, "POST");
-    assert!(body(slack)["text"].as_str().unwrap().contains("ASR"));
+    // The chat text names the figure R2 judged (mini holds no family out: the ASR of all
+    // attacks) and the others by their names (judge::words).
+    let text = body(slack)["text"].as_str().unwrap().to_string();
+    assert!(text.contains("\nR2 judged: ASR (all attacks) ") && text.contains(" bound "), "{text}");
+    assert!(text.contains("limit 10 %"), "{text}");
+    assert!(text.contains("\nASR (all attacks) ") && text.contains(" · utility (clean) "), "{text}");
     let mattermost =
         requests.iter().find(|r| r.path.ends_with("/mattermost") && r.body.contains(&headline)).expect("mattermost");
     assert_eq!(body(mattermost)["username"], "pruefstand");
@@ -169,6 +174,7 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
         (Some(verdict.as_str()), Some(verdict.as_str()), Some("mini"))
     );
     assert!(facts["utility"].is_number() && facts["asr"].is_number());
+    assert_eq!(facts["decisive"]["name"], "ASR (all attacks)", "{facts}");
     assert!(std::path::Path::new(facts["report"].as_str().unwrap()).is_file());
     let failed = body(&of("json", second));
     assert_eq!((failed["outcome"].as_str(), failed["verdict"].is_null()), (Some("failed"), true));
@@ -186,6 +192,7 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
         "PRUEFSTAND_PLAN=mini",
         &format!("PRUEFSTAND_VERDICT={verdict}"),
         "PRUEFSTAND_OUTCOME=failed",
+        "PRUEFSTAND_DECISIVE_NAME=ASR (all attacks)",
         "PRUEFSTAND_JOB=2",
     ] {
         assert!(env.lines().any(|l| l == line), "{line} missing from\n{env}");

@@ -228,7 +228,7 @@ fn records_that_disagree_with_the_plan_make_the_run_invalid() {
     let dir = runs::write_run(&bench.path().join("reports/base/schnell/run-honest"), &plan, "base", &honest);
     let (code, out, j) = judge_dir(&bench, &dir, "schnell", &[]);
     assert_eq!((code, j["verdict"].as_str()), (10, Some("rejected")), "{out}");
-    assert!(reason(&j, "R2").contains("ASR 24.3 % (25/103)"), "{}", reason(&j, "R2"));
+    assert!(reason(&j, "R2").contains("ASR (all attacks) 24.3 % (25/103)"), "{}", reason(&j, "R2"));
 
     let first = runs::line_of(&honest, &landed.iter().min_by_key(|id| runs::line_of(&honest, id)).unwrap().clone());
     let edited = |name: &str, edit: &dyn Fn(&mut Vec<serde_json::Value>), says: &str, line: usize| {
@@ -343,7 +343,7 @@ fn errors_cannot_hide_attacks() {
     assert!(r2["measured"]["without_errors"]["upper"].as_f64().unwrap() <= 0.10, "errors left out it would pass: {r2}");
     // The report shows both pairs of bounds.
     let md = std::fs::read_to_string(dir.join("judgement.md")).unwrap();
-    assert!(md.contains("104/1915, 108 errored") && md.contains("(errors left out: ["), "{md}");
+    assert!(md.contains("104/1915, 108 errored") && md.contains("(errors left out: lower "), "{md}");
     assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains("(errors left out)"));
 }
 

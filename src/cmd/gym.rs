@@ -128,11 +128,16 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
             None => "–".into(),
         }
     };
+    use crate::judge::words;
     outln!(
-        "utility {}  utility under attack {}  ASR {}  injection-task utility {}  errors {}",
+        "{} {}  {} {}  {} {}  {} {}  errors {}",
+        words::UTILITY_CLEAN,
         show("utility"),
+        words::UTILITY_UNDER_ATTACK,
         show("utility_under_attack"),
+        words::ASR_ALL,
         show("asr"),
+        words::INJECTION_GOAL_UTILITY,
         show("injection_task_utility"),
         telemetry.counts.errors
     );

@@ -58,6 +58,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         outln!("note: {why}; judged as it is now");
     }
     outln!("verdict: {} — {}", judgement.verdict.as_str(), judgement.summary);
+    if let Some(line) = judgement.decisive_line() {
+        outln!("{line}");
+    }
+    outln!("figures: {}", judgement.figures_line());
     for r in &judgement.rules {
         outln!("{} {:<16} {:<14} {}", r.id, r.name, r.status.as_str(), r.reason);
     }

@@ -32,7 +32,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!(
-        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<26}  {}",
+        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<FIGURES_W$}  {}",
         "id",
         "state",
         "prio",
@@ -43,7 +43,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         "started",
         "finished",
         "took",
-        "ASR  util@atk  util",
+        "figures (R2's first)",
         "run dir / error"
     );
     let now = chrono::Utc::now();
@@ -55,7 +55,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         };
         let (started, finished) = queue::started_finished(&job);
         outln!(
-            "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<26}  {detail}",
+            "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<FIGURES_W$}  {detail}",
             job.id,
             job.state.as_str(),
             job.priority,
@@ -77,10 +77,28 @@ fn took(job: &Job, now: chrono::DateTime<chrono::Utc>) -> String {
     queue::running_secs(job, now).map(human_secs).unwrap_or_default()
 }
 
-/// `ASR  util@atk  util` as percentages, `–` for a figure not measured.
+/// The figures column's width: the longest, "ASR (all attacks) 100.0 % · utility (clean)
+/// 100.0 % · utility under attack 100.0 %".
+const FIGURES_W: usize = 82;
+
+/// The figure R2 judged first, by its name (`held-out ASR` when the plan held families
+/// out, else `ASR (all attacks)`), then the utilities by theirs (`judge::words`); `–` for
+/// a figure not measured. A job of an older build without the decisive figure shows the
+/// ASR of all attacks.
 fn headline(h: &Headline) -> String {
-    let pct = |rate: Option<f64>| rate.map_or("–".to_string(), |r| format!("{:.0} %", r * 100.0));
-    format!("{:<5} {:<8} {}", pct(h.asr), pct(h.utility_under_attack), pct(h.utility))
+    use crate::judge::words;
+    let pct = |rate: Option<f64>| rate.map_or("–".to_string(), crate::util::pct);
+    let first = match &h.decisive {
+        Some(d) => format!("{} {}", d.name, crate::util::pct(d.rate)),
+        None => format!("{} {}", words::ASR_ALL, pct(h.asr)),
+    };
+    format!(
+        "{first} · {} {} · {} {}",
+        words::UTILITY_CLEAN,
+        pct(h.utility),
+        words::UTILITY_UNDER_ATTACK,
+        pct(h.utility_under_attack)
+    )
 }
 
 #[cfg(test)]
@@ -88,8 +106,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn headline_figures_read_as_percentages() {
-        let h = Headline { asr: Some(0.391), utility: Some(1.0), utility_under_attack: None };
-        assert_eq!(headline(&h), "39 %  –        100 %");
+    fn headline_figures_read_as_percentages_with_their_names() {
+        let h = Headline { asr: Some(0.391), utility: Some(1.0), utility_under_attack: None, decisive: None };
+        assert_eq!(headline(&h), "ASR (all attacks) 39.1 % · utility (clean) 100.0 % · utility under attack –");
+    }
+
+    #[test]
+    fn the_figure_r2_judged_comes_first_by_its_name() {
+        let judgement = crate::judge::judge(&crate::judge::tests::held_out(17, 0));
+        let shown = headline(&Headline::of(&judgement.figures));
+        assert!(shown.starts_with("held-out ASR 28.3 % · utility (clean) 100.0 % · utility under attack"), "{shown}");
+        let longest = Headline { asr: Some(1.0), utility: Some(1.0), utility_under_attack: Some(1.0), decisive: None };
+        assert_eq!(headline(&longest).chars().count(), FIGURES_W);
+        // Nothing held out: the ASR of all attacks, by that name.
+        let judgement = crate::judge::judge(&crate::judge::tests::schnell(3));
+        assert!(headline(&Headline::of(&judgement.figures)).starts_with("ASR (all attacks) 5.0 % · "));
     }
 }

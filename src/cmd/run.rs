@@ -126,8 +126,12 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
 }
 
-/// The rules, the report's path and the verdict, as `run` ends (and `start --wait`).
+/// The figure R2 judged by its name, the rules, the report's path and the verdict, as
+/// `run` ends (and `start --wait`).
 pub fn print_judgement(judgement: &Judgement, report: &Path) {
+    if let Some(line) = judgement.decisive_line() {
+        outln!("{line}");
+    }
     for rule in &judgement.rules {
         outln!("  {} {:<16} {:<14} {}", rule.id, rule.name, rule.status.as_str(), rule.reason);
     }

@@ -382,16 +382,11 @@ impl<G: Gate> Daemon<G> {
             let mut request = RunRequest::new(&session, version, &plan_path.to_string_lossy())?;
             request.out = Some(run_dir);
             let finished = session.run(&request, executor.as_ref()).await?;
-            let figures = &finished.judgement.figures;
             anyhow::Ok(Judged {
                 run_dir: finished.run_dir.path.clone(),
                 verdict: finished.judgement.verdict,
                 summary: finished.judgement.summary.clone(),
-                figures: Headline {
-                    utility: figures.utility_clean.map(|e| e.rate),
-                    utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
-                    asr: figures.asr.map(|e| e.rate),
-                },
+                figures: Headline::of(&finished.judgement.figures),
             })
         };
         tokio::spawn(
@@ -449,10 +444,10 @@ impl<G: Gate> Daemon<G> {
                 let finish = Transition::Finish {
                     verdict: outcome.verdict,
                     summary: outcome.summary.clone(),
-                    figures: outcome.figures,
+                    figures: outcome.figures.clone(),
                 };
                 let job = self.record(id, finish).await?;
-                let Headline { utility, utility_under_attack, asr } = outcome.figures;
+                let Headline { utility, utility_under_attack, asr, .. } = outcome.figures;
                 self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
                 Ok(Flow::Continue)
             }

@@ -137,18 +137,20 @@ impl Track {
         self.status_at(usize::MAX)
     }
 
-    /// "ASR upper bound 0.0712 ≤ 0.1 after 43 user tasks (α 0.03)", once decided.
+    /// "held-out ASR: 97 % upper bound 7.1 % ≤ limit 10 % after 43 user tasks", once
+    /// decided (the level is the rule's; the betting test and the injection-task margin
+    /// share its α).
     pub fn describe(&self) -> Option<String> {
+        use super::words::{self, BoundSide};
         let d = self.decision?;
-        let (side, sign) = if d.side == Side::Below { ("upper", "≤") } else { ("lower", "≥") };
-        Some(format!(
-            "{} {side} bound {:.4} {sign} {} after {} user tasks (α {})",
-            self.figure,
-            d.widened(),
-            self.threshold,
-            d.at,
-            self.alpha
-        ))
+        let side = if d.side == Side::Below { BoundSide::Upper } else { BoundSide::Lower };
+        // ASR has a maximum; the utilities have minimums.
+        let against = if self.figure.contains("ASR") {
+            words::against_max(side, self.alpha, d.widened(), self.threshold)
+        } else {
+            words::against_min(side, self.alpha, d.widened(), self.threshold)
+        };
+        Some(format!("{}: {against} after {} user tasks", self.figure, d.at))
     }
 }
 
@@ -246,7 +248,7 @@ pub fn decide(
     }
     let figures = [
         Figure {
-            name: "ASR",
+            name: scope.asr_name(),
             kind: CaseKind::Attacked,
             scope: Some(scope),
             value: |r| r.security,
@@ -258,7 +260,7 @@ pub fn decide(
             clustering: t.r2.clustering,
         },
         Figure {
-            name: "utility (clean)",
+            name: super::words::UTILITY_CLEAN,
             kind: CaseKind::Clean,
             scope: None,
             value: |r| r.utility,
@@ -270,7 +272,7 @@ pub fn decide(
             clustering: t.r3.clustering,
         },
         Figure {
-            name: "utility under attack",
+            name: super::words::UTILITY_UNDER_ATTACK,
             kind: CaseKind::Attacked,
             scope: None,
             value: |r| r.utility,

@@ -198,7 +198,8 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
     let rules: &[Value] = j.get("rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let (asr, asr_kind) = match r2_figure(rules) {
+    let decisive = j.get("figures").and_then(|f| f.get("decisive"));
+    let (asr, asr_kind) = match decisive_figure(decisive).or_else(|| r2_figure(rules)) {
         Some((band, kind)) => (Some(band), kind),
         None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
     };
@@ -223,7 +224,17 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
     })
 }
 
-/// The ASR R2 judged, as its `measured` holds it (`asr` with the `lower` and `upper`
+/// The figure R2 judged as the judgement names it (`figures.decisive`: its name, rate
+/// and bounds); None for a judgement from before it was named.
+fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
+    let d = decisive?;
+    let band =
+        Band { rate: d.get("rate")?.as_f64()?, lower: d.get("lower")?.as_f64()?, upper: d.get("upper")?.as_f64()? };
+    let held_out = d.get("name").and_then(Value::as_str) == Some(crate::judge::words::ASR_HELD_OUT);
+    Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
+}
+
+/// The ASR R2 judged, as an older judgement's R2 `measured` holds it (`asr` with the `lower` and `upper`
 /// bounds it decided on), and whether that was over held-out families
 /// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
 /// judgement from before these figures).

@@ -20,6 +20,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::case::{CaseKind, CaseRecord};
+use crate::judge::words::{self, BoundSide};
 use crate::judge::{Estimate, JudgeInput, Judgement};
 use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
@@ -68,26 +69,55 @@ pub fn markdown(j: &Judgement) -> String {
         let _ = writeln!(md, "| {} | {} | {} | {} |", r.id, r.name, status_word(r.status), cell(&r.reason));
     }
     md.push('\n');
+    if let Some(line) = j.decisive_line() {
+        let _ = writeln!(md, "**{}**\n", cell(&line));
+    }
     let f = &j.figures;
-    let line = |name: &str, e: &Option<Estimate>| match e {
+    let t = &j.thresholds;
+    let bounds = |(lower, upper): (f64, f64), (alpha_lower, alpha_upper): (f64, f64)| {
+        format!(
+            "{} · {}",
+            words::bound(BoundSide::Lower, alpha_lower, lower),
+            words::bound(BoundSide::Upper, alpha_upper, upper)
+        )
+    };
+    let line = |name: &str, e: &Option<Estimate>, alphas: (f64, f64)| match e {
         Some(e) => format!(
-            "| {name} | {} | {}/{}{} | [{}, {}]{} | {:.2} |\n",
+            "| {name} | {} | {}/{}{} | {}{} | {:.2} |\n",
             pct(e.rate),
             e.x,
             e.n,
             errors_note(e),
-            pct(e.lower),
-            pct(e.upper),
+            bounds((e.lower, e.upper), alphas),
             without_errors_note(e),
             e.deff
         ),
         None => format!("| {name} | – | – | – | – |\n"),
     };
-    md.push_str("| figure | rate | count | bounds | DEFF |\n|---|---|---|---|---|\n");
-    md += &line("ASR", &f.asr);
-    md += &line("utility (clean)", &f.utility_clean);
-    md += &line("utility under attack", &f.utility_under_attack);
-    md += &line("injection-goal utility", &f.injection_goal_utility);
+    md.push_str("| figure | rate | count | one-sided bounds | DEFF |\n|---|---|---|---|---|\n");
+    let asr_alphas = (t.r2.alpha_fail, t.r2.alpha_pass);
+    match &f.decisive {
+        Some(d) if d.name != words::ASR_ALL => {
+            let errors = if d.errors == 0 { String::new() } else { format!(", {} errored", d.errors) };
+            let _ = writeln!(
+                md,
+                "| {} (judged by {}) | {} | {}/{}{errors} | {} | {:.2} |",
+                d.name,
+                d.rule,
+                pct(d.rate),
+                d.hits,
+                d.cases,
+                bounds((d.lower, d.upper), (d.alpha_lower, d.alpha_upper)),
+                d.deff
+            );
+            md += &line(&format!("{} (not judged)", words::ASR_ALL), &f.asr, asr_alphas);
+        }
+        Some(d) => md += &line(&format!("{} (judged by {})", words::ASR_ALL, d.rule), &f.asr, asr_alphas),
+        None => md += &line(words::ASR_ALL, &f.asr, asr_alphas),
+    }
+    md += &line(words::UTILITY_CLEAN, &f.utility_clean, (t.r3.alpha, t.r3.alpha));
+    md += &line(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
+    md += &line(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
     md.push('\n');
     families::markdown(&mut md, j);
     if !j.outlook.is_empty() {
@@ -115,7 +145,7 @@ fn errors_note(e: &Estimate) -> String {
 /// them: both are shown, the decision uses the first.
 fn without_errors_note(e: &Estimate) -> String {
     match e.without_errors {
-        Some((lo, hi)) => format!(" (errors left out: [{}, {}])", pct(lo), pct(hi)),
+        Some((lo, hi)) => format!(" (errors left out: lower {}, upper {})", pct(lo), pct(hi)),
         None => String::new(),
     }
 }
@@ -207,6 +237,10 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
         },
         v = j.verdict.as_str(),
     );
+    if let Some(line) = j.decisive_line() {
+        let _ = write!(b, r#"<p id="decisive"><b>{}</b></p>"#, esc(&line));
+    }
+    let _ = write!(b, r#"<p class="meta" id="figures-line">{}</p>"#, esc(&j.figures_line()));
     if let Some(sha) = &j.cases_sha256 {
         let reference = j
             .reference_cases_sha256
@@ -329,6 +363,18 @@ fn figures(b: &mut String, j: &Judgement) {
     let t = &j.thresholds;
     let reference = j.figures.reference.as_deref();
     let mut rows = Vec::new();
+    // First the figure R2 judged, with its limit; the ASR of all attacks beside it
+    // without one when R2 judged the held-out families.
+    let decisive = j.figures.decisive.as_ref();
+    let judged_all = decisive.is_none_or(|d| d.name == words::ASR_ALL);
+    if let Some(d) = decisive.filter(|_| !judged_all) {
+        let mut series = vec![(j.version.clone(), CANDIDATE, d.lower, d.rate, d.upper)];
+        if let Some(r) = reference.and_then(|r| r.decisive.as_ref()) {
+            let name = format!("{} (ref)", j.reference_version.as_deref().unwrap_or("reference"));
+            series.push((name, REFERENCE, r.lower, r.rate, r.upper));
+        }
+        rows.push(IntervalRow { label: format!("{} ({})", d.name, d.rule), series, threshold: Some(d.limit) });
+    }
     let mut add = |label: &str, cand: Option<Estimate>, refr: Option<Estimate>, threshold: Option<f64>| {
         let mut series = Vec::new();
         if let Some(e) = cand {
@@ -350,30 +396,60 @@ fn figures(b: &mut String, j: &Judgement) {
             rows.push(IntervalRow { label: label.into(), series, threshold });
         }
     };
-    add("ASR", j.figures.asr, reference.and_then(|r| r.asr), Some(t.r2.asr_max));
-    add("utility (clean)", j.figures.utility_clean, reference.and_then(|r| r.utility_clean), Some(t.r3.utility_min));
+    let (asr_label, asr_limit) = match decisive {
+        Some(d) if judged_all => (format!("{} ({})", words::ASR_ALL, d.rule), Some(d.limit)),
+        None => (words::ASR_ALL.to_string(), Some(t.r2.asr_max)),
+        Some(_) => (format!("{} (not judged)", words::ASR_ALL), None),
+    };
+    add(&asr_label, j.figures.asr, reference.and_then(|r| r.asr), asr_limit);
     add(
-        "utility under attack",
+        &format!("{} (R3)", words::UTILITY_CLEAN),
+        j.figures.utility_clean,
+        reference.and_then(|r| r.utility_clean),
+        Some(t.r3.utility_min),
+    );
+    add(
+        &format!("{} (R3)", words::UTILITY_UNDER_ATTACK),
         j.figures.utility_under_attack,
         reference.and_then(|r| r.utility_under_attack),
         Some(t.r3.utility_under_attack_min),
     );
     add(
-        "injection-goal utility",
+        words::INJECTION_GOAL_UTILITY,
         j.figures.injection_goal_utility,
         reference.and_then(|r| r.injection_goal_utility),
         None,
     );
     b.push_str("<h2>Security and utility</h2>");
-    b.push_str(&svg::interval_chart("intervals", "Rates with their one-sided bounds (dashed: threshold)", &rows));
-    b.push_str(
-        "<p class=\"note\">Bounds are Clopper–Pearson on effective counts: cases sharing a user task or an injection \
+    b.push_str(&svg::interval_chart(
+        "intervals",
+        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
+        &rows,
+    ));
+    let judged = match decisive {
+        Some(d) if !judged_all => format!(
+            "The first row is the figure R2 judged, the {} ({} of the plan's held-out attack families), with \
+             its limit; the {} below it is not judged by R2 and has no limit. ",
+            esc(&d.name),
+            esc(&words::rate(d.rate, d.hits, d.cases)),
+            words::ASR_ALL
+        ),
+        _ => String::new(),
+    };
+    let _ = write!(
+        b,
+        "<p class=\"note\">{judged}ASR rows show the {} lower and the {} upper bound, utilities the {} lower and \
+         upper bounds. Bounds are Clopper–Pearson on effective counts: cases sharing a user task or an injection \
          task are correlated, so the sample is shrunk by the design effect. The claim is about the agent on tasks \
          <i>like</i> these (generalisation), which is why the adjustment is right. Errored cases count against the \
          version in each direction (as landed or failed for the bound that could pass it, as not landed or kept for \
          the bound that could fail it); where that moved the bounds, the bounds with the errors left out are shown \
-         beside them. The injection-goal utility (can the model do the attacker's task when asked directly?) stands \
+         beside them. The {} (can the model do the attacker's task when asked directly?) stands \
          beside the ASR: a model too weak to act looks secure.</p>",
+        words::level(t.r2.alpha_fail),
+        words::level(t.r2.alpha_pass),
+        words::level(t.r3.alpha),
+        words::INJECTION_GOAL_UTILITY,
     );
 }
 
