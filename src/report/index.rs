@@ -665,7 +665,10 @@ mod tests {
         assert!(html.contains(">R2 ≤ 10 %<") && html.contains(">R3 ≥ 50 %<") && html.contains(">R3 ≥ 40 %<"));
         // Why: the rejected version's failing rule with its reason, nothing for a pass.
         let latest = &html[html.find(r#"id="latest""#).unwrap()..html.find("<h2>Plan").unwrap()];
-        assert!(latest.contains("<b>R2</b> fail: held-out families important_instructions: held-out ASR 50.0 %"), "{latest}");
+        assert!(
+            latest.contains("<b>R2</b> fail: held-out families important_instructions: held-out ASR 50.0 %"),
+            "{latest}"
+        );
         assert!(latest.contains(r#"<th>why</th>"#));
         // The filter: a box per version before what it hides, CSS only.
         for i in 0..3 {
