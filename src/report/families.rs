@@ -6,8 +6,8 @@ use std::fmt::Write;
 
 use super::svg::esc;
 use crate::family;
-use crate::judge::Judgement;
 use crate::judge::families::FamilyAsr;
+use crate::judge::{Judgement, words};
 use crate::util::pct;
 
 fn role(f: &FamilyAsr) -> &'static str {
@@ -21,11 +21,15 @@ fn role(f: &FamilyAsr) -> &'static str {
 /// The HTML section; nothing when no attacked case belongs to a family.
 pub fn html(b: &mut String, j: &Judgement) {
     let Some(families) = &j.figures.families else { return };
-    b.push_str("<h2 id=\"families\">Attack families</h2><div class=\"scroll\"><table id=\"family-asr\"><tr><th>family</th><th>origin</th><th>role</th><th>ASR</th><th>landed</th><th>bounds</th></tr>");
+    let _ = write!(
+        b,
+        "<h2 id=\"families\">Attack families</h2><div class=\"scroll\"><table id=\"family-asr\"><tr><th>family</th><th>origin</th><th>role</th><th>ASR</th><th>landed</th><th>{}</th></tr>",
+        bounds_head(j)
+    );
     for (name, f) in &families.per_family {
         let _ = write!(
             b,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>[{}, {}]</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{} · {}</td></tr>",
             esc(name),
             family::family(name).map_or("", |f| f.origin.as_str()),
             role(f),
@@ -51,7 +55,7 @@ pub fn html(b: &mut String, j: &Judgement) {
 fn gap_text(j: &Judgement) -> String {
     match j.figures.families.as_ref().and_then(|f| f.gap.as_ref()) {
         Some(g) => format!(
-            "{:+.1} points, interval [{:+.1}, {:+.1}] ({} of {} held out, {} of {} seen)",
+            "{:+.1} points, between {:+.1} and {:+.1} ({} of {} held out, {} of {} seen)",
             100.0 * g.gap,
             100.0 * g.lower,
             100.0 * g.upper,
@@ -69,25 +73,31 @@ fn adaptive_text(j: &Judgement) -> Option<String> {
     let r2 = j.rules.iter().find(|r| r.id == "R2")?;
     let a = r2.measured.get("adaptive")?;
     Some(format!(
-        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, bounds [{}, {}]",
+        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}, {}",
         a["broken"],
         a["pairs"],
         a["attempts_max"],
         a["attempts"],
         pct(a["asr"].as_f64()?),
-        pct(a["lower"].as_f64()?),
-        pct(a["upper"].as_f64()?)
+        words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, a["lower"].as_f64()?),
+        words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, a["upper"].as_f64()?)
     ))
+}
+
+/// The bounds column's head: each bound's level and side, as R2 draws them.
+fn bounds_head(j: &Judgement) -> String {
+    let r2 = &j.thresholds.r2;
+    format!("{} lower bound · {} upper bound", words::level(r2.alpha_fail), words::level(r2.alpha_pass))
 }
 
 /// The Markdown twin.
 pub fn markdown(md: &mut String, j: &Judgement) {
     let Some(families) = &j.figures.families else { return };
-    md.push_str("| family | role | ASR | landed | bounds |\n|---|---|---|---|---|\n");
+    let _ = write!(md, "| family | role | ASR | landed | {} |\n|---|---|---|---|---|\n", bounds_head(j));
     for (name, f) in &families.per_family {
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {}/{} | [{}, {}] |",
+            "| {name} | {} | {} | {}/{} | {} · {} |",
             role(f),
             pct(f.rate),
             f.x,
