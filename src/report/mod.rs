@@ -27,7 +27,7 @@ use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
 
 pub use compare::write_compare;
-pub use index::write_index;
+pub use index::{INDEX_FILE, write_index};
 pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock, esc};
 

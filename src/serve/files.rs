@@ -65,7 +65,7 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
             return Lookup::Redirect(format!("{}/", raw));
         }
         // The trend index (reports/ itself), or a run folder's report.
-        return ["index.html", RunFile::Report.name()]
+        return [crate::report::INDEX_FILE, RunFile::Report.name()]
             .iter()
             .map(|name| real.join(name))
             .find_map(|page| {

@@ -175,7 +175,7 @@ impl Feed {
     /// there is one, and whether the trend index exists.
     fn jobs_text(&self) -> Arc<str> {
         let rows: Vec<_> = self.jobs.iter().rev().map(|job| self.row(job)).collect();
-        let index = self.reports.join("index.html").is_file().then_some("/reports/index.html");
+        let index = self.reports.join(crate::report::INDEX_FILE).is_file().then_some("/reports/index.html");
         Arc::from(json!({ "jobs": rows, "index": index }).to_string())
     }
 
