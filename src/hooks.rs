@@ -152,7 +152,7 @@ impl Facts {
     /// A few chat lines (Markdown-ish, fine for every chat kind): the outcome, the
     /// figure R2 judged, the other figures by their names (`judge::words`), the summary.
     pub fn message(&self) -> String {
-        use crate::judge::words;
+        use crate::words;
         let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
         if let Some(d) = &self.decisive {
@@ -394,7 +394,7 @@ mod tests {
             alpha_lower: 0.05,
             alpha_upper: 0.03,
             bound: 0.165,
-            bound_side: crate::judge::words::BoundSide::Lower,
+            bound_side: crate::words::BoundSide::Lower,
             level: 0.95,
             limit: 0.1,
             status: crate::record::RuleStatus::Fail,

@@ -6,6 +6,8 @@
 // above it (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps
 // this order (`reorder_modules = false`).
 mod util;
+// The names of the figures and how bounds are said, for every view.
+mod words;
 #[macro_use]
 mod console;
 mod record;

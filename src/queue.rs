@@ -102,19 +102,7 @@ pub struct Headline {
     pub utility_under_attack: Option<f64>,
     /// The judgement's `figures.decisive`; absent in jobs of older builds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decisive: Option<Box<crate::judge::Decisive>>,
-}
-
-impl Headline {
-    /// A judgement's headline figures.
-    pub fn of(figures: &crate::judge::Figures) -> Headline {
-        Headline {
-            utility: figures.utility_clean.map(|e| e.rate),
-            utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
-            asr: figures.asr.map(|e| e.rate),
-            decisive: figures.decisive.clone().map(Box::new),
-        }
-    }
+    pub decisive: Option<Box<crate::record::Decisive>>,
 }
 
 /// The snapshot taken at `start`: later edits of the spec or profile never change a

@@ -288,7 +288,7 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
     let _ = writeln!(md, "| figure | value |\n|---|---|");
     // The names of `judge::words`: the ASR here is every attack's (R2 may judge the
     // held-out families only).
-    use crate::judge::words;
+    use crate::words;
     let _ = writeln!(md, "| {} | {} |", words::UTILITY_CLEAN, rate_text(&d["utility"]));
     let _ = writeln!(md, "| {} | {} |", words::UTILITY_UNDER_ATTACK, rate_text(&d["utility_under_attack"]));
     let _ = writeln!(md, "| {} | {} |", words::ASR_ALL, rate_text(&d["asr"]));

@@ -128,7 +128,7 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
             None => "–".into(),
         }
     };
-    use crate::judge::words;
+    use crate::words;
     outln!(
         "{} {}  {} {}  {} {}  {} {}  errors {}",
         words::UTILITY_CLEAN,

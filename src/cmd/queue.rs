@@ -86,7 +86,7 @@ const FIGURES_W: usize = 82;
 /// a figure not measured. A job of an older build without the decisive figure shows the
 /// ASR of all attacks.
 fn headline(h: &Headline) -> String {
-    use crate::judge::words;
+    use crate::words;
     let pct = |rate: Option<f64>| rate.map_or("–".to_string(), crate::util::pct);
     let first = match &h.decisive {
         Some(d) => format!("{} {}", d.name, crate::util::pct(d.rate)),

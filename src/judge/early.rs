@@ -141,7 +141,7 @@ impl Track {
     /// decided (the level is the rule's; the betting test and the injection-task margin
     /// share its α).
     pub fn describe(&self) -> Option<String> {
-        use super::words::{self, BoundSide};
+        use crate::words::{self, BoundSide};
         let d = self.decision?;
         let side = if d.side == Side::Below { BoundSide::Upper } else { BoundSide::Lower };
         // ASR has a maximum; the utilities have minimums.
@@ -260,7 +260,7 @@ pub fn decide(
             clustering: t.r2.clustering,
         },
         Figure {
-            name: super::words::UTILITY_CLEAN,
+            name: crate::words::UTILITY_CLEAN,
             kind: CaseKind::Clean,
             scope: None,
             value: |r| r.utility,
@@ -272,7 +272,7 @@ pub fn decide(
             clustering: t.r3.clustering,
         },
         Figure {
-            name: super::words::UTILITY_UNDER_ATTACK,
+            name: crate::words::UTILITY_UNDER_ATTACK,
             kind: CaseKind::Attacked,
             scope: None,
             value: |r| r.utility,

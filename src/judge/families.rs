@@ -11,12 +11,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::clustering::{adjust, injection_key, user_cluster};
-use super::words::{self, BoundSide};
 use super::{RuleResult, RuleStatus};
 use crate::case::{CaseKind, CaseRecord};
 use crate::family;
 use crate::record::{AttackFamilies, SearchLog};
 use crate::settings::thresholds;
+use crate::words::{self, BoundSide};
 
 /// Which attacked cases R2 judges, and which families count as seen.
 #[derive(Clone, Debug, PartialEq)]

@@ -16,7 +16,6 @@ pub mod early;
 pub mod families;
 mod load;
 pub mod rules;
-pub mod words;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,7 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
 use crate::record::{EnvCheck, RuleStatus, RunMeta, Verdict};
+use crate::words;
 
+pub use crate::record::Decisive;
 pub use crate::settings::thresholds::Thresholds;
 pub use load::read_run_meta;
 pub use rules::percentile;
@@ -146,43 +147,17 @@ pub struct Figures {
     pub decisive: Option<Decisive>,
 }
 
-/// The figure a rule decided on, named and worded once (`words`): what the CLI,
-/// `queue`, the hooks, the report's first chart and the index show first. Its `status`
-/// is this figure's own decision; R2's may also fold in the adaptive ASR.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Decisive {
-    /// The rule that judged it: `R2`.
-    pub rule: String,
-    /// [`words::ASR_HELD_OUT`] or [`words::ASR_ALL`].
-    pub name: String,
-    /// Landed ÷ attacked cases without error (`hits`/`cases`).
-    pub rate: f64,
-    pub hits: u64,
-    pub cases: u64,
-    /// Errored attacked cases of the figure, counted against the version in each
-    /// direction by the bounds.
-    pub errors: u64,
-    /// The design effect of its clustering.
-    pub deff: f64,
-    /// The rule's one-sided bounds and the α of each (the lower at `alpha_fail`, the
-    /// upper at `alpha_pass`).
-    pub lower: f64,
-    pub upper: f64,
-    pub alpha_lower: f64,
-    pub alpha_upper: f64,
-    /// The bound that decided: the upper for a pass, the lower for a fail; undecided,
-    /// the upper (which would have to pass). Its side, and its confidence level (0.95).
-    pub bound: f64,
-    pub bound_side: words::BoundSide,
-    pub level: f64,
-    /// The most the rule allows (`asr_max`).
-    pub limit: f64,
-    pub status: RuleStatus,
-    /// The run stopped early: the betting test decided, `bound` is its bound.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub sequential: bool,
-    /// "held-out ASR 26.6 % (17/64), 95 % lower bound 16.5 % > limit 10 %".
-    pub text: String,
+impl crate::queue::Headline {
+    /// A judgement's headline figures, as a finished job keeps them (kept here: the
+    /// queue, declared above the judge, never reads a judgement).
+    pub fn of(figures: &Figures) -> crate::queue::Headline {
+        crate::queue::Headline {
+            utility: figures.utility_clean.map(|e| e.rate),
+            utility_under_attack: figures.utility_under_attack.map(|e| e.rate),
+            asr: figures.asr.map(|e| e.rate),
+            decisive: figures.decisive.clone().map(Box::new),
+        }
+    }
 }
 
 impl Decisive {

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 use super::clustering::{adjust, injection_key, user_cluster};
-use super::words::{self, BoundSide, Unit};
 use super::{
     Decisive, Estimate, Figures, JudgeInput, Outlook, ReferenceRun, RuleResult, RuleStatus, RunMeta, Thresholds, checks,
 };
@@ -20,6 +19,7 @@ use crate::record::{EnvStatus, GpuExclusivity, Verdict};
 use crate::settings::thresholds::{self, Clustering};
 use crate::stats::{self, Adjusted};
 use crate::util::pct;
+use crate::words::{self, BoundSide, Unit};
 
 /// `voll`'s attacked cases per user task, by suite: (user tasks, cases each) — 949
 /// pairs × 2 attacks = 1,898 cases.

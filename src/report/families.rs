@@ -6,9 +6,10 @@ use std::fmt::Write;
 
 use super::svg::esc;
 use crate::family;
+use crate::judge::Judgement;
 use crate::judge::families::FamilyAsr;
-use crate::judge::{Judgement, words};
 use crate::util::pct;
+use crate::words;
 
 fn role(f: &FamilyAsr) -> &'static str {
     match (f.held_out, f.seen) {

@@ -230,7 +230,7 @@ fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
     let d = decisive?;
     let band =
         Band { rate: d.get("rate")?.as_f64()?, lower: d.get("lower")?.as_f64()?, upper: d.get("upper")?.as_f64()? };
-    let held_out = d.get("name").and_then(Value::as_str) == Some(crate::judge::words::ASR_HELD_OUT);
+    let held_out = d.get("name").and_then(Value::as_str) == Some(crate::words::ASR_HELD_OUT);
     Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
 }
 

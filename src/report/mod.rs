@@ -20,11 +20,11 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::words::{self, BoundSide};
 use crate::judge::{Estimate, JudgeInput, Judgement};
 use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
+use crate::words::{self, BoundSide};
 
 pub use compare::write_compare;
 pub use index::{INDEX_FILE, write_index};
