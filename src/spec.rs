@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::family;
-use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use crate::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use crate::settings::sim::SimConfig;
 use crate::util;
 
@@ -87,6 +87,10 @@ pub struct ModelSpec {
     pub args: Vec<String>,
     #[serde(default)]
     pub tool_calling: ToolCalling,
+    /// Prompted mode: the role tool results carry (`user`, `tool`, `input`). Skipped
+    /// when `user`, so specs written before it keep their hash.
+    #[serde(default, skip_serializing_if = "ToolResultRole::is_user")]
+    pub tool_result_role: ToolResultRole,
     /// Base URL of an `external` server, e.g. `http://127.0.0.1:8000/v1`.
     #[serde(default)]
     pub url: Option<String>,
@@ -331,6 +335,18 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             return Err(bad(key_offset(text, name), &message));
         }
     }
+    if !model.tool_result_role.is_user() && model.tool_calling == ToolCalling::Native {
+        return Err(bad(
+            key_offset(text, "tool_result_role"),
+            &format!(
+                "model.tool_result_role = {:?} needs tool_calling = \"prompted\": native tool calling sends tool results as role \"tool\" always",
+                model.tool_result_role.as_str()
+            ),
+        ));
+    }
+    check_guardrail(&spec.guardrail, &|key: &str, message: &str| {
+        bad(key_in_table(text, "guardrail", key), &format!("guardrail.{key}: {message}"))
+    })?;
     if let Some(argv) = &spec.agent_cmd
         && argv.is_empty()
     {
@@ -340,6 +356,72 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         ));
     }
     Ok(spec)
+}
+
+/// The guardrail's values that serde cannot bound: numbers, URLs, names.
+fn check_guardrail(guardrail: &GuardrailSpec, bad: &dyn Fn(&str, &str) -> anyhow::Error) -> anyhow::Result<()> {
+    match guardrail {
+        GuardrailSpec::Classifier(c) => {
+            if !(0.0..=1.0).contains(&c.threshold) {
+                return Err(bad("threshold", &format!("{} is not a probability in [0, 1]", c.threshold)));
+            }
+            if !(c.timeout_s > 0.0 && c.timeout_s <= 600.0) {
+                return Err(bad("timeout_s", &format!("{} is not a number of seconds in (0, 600]", c.timeout_s)));
+            }
+            if let Some(url) = &c.url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(bad("url", &format!("{url:?} is no http:// or https:// URL")));
+            }
+            for (key, value) in [("model", &c.model), ("safe_label", &c.safe_label)] {
+                if value.trim().is_empty() {
+                    return Err(bad(key, "must not be empty"));
+                }
+            }
+        }
+        GuardrailSpec::Agentdojo { defence, model: Some(_) } if *defence != AgentdojoDefence::ToolFilter => {
+            return Err(bad(
+                "model",
+                &format!("only defence = \"tool_filter\" calls a model; {} takes no model", defence.as_str()),
+            ));
+        }
+        GuardrailSpec::Agentdojo { model: Some(model), .. } if model.trim().is_empty() => {
+            return Err(bad("model", "must not be empty (leave it out for the version's own model)"));
+        }
+        GuardrailSpec::Http { threshold, timeout_s, .. } => {
+            if !threshold.is_finite() {
+                return Err(bad("threshold", &format!("{threshold} is not a number")));
+            }
+            if !(*timeout_s > 0.0 && *timeout_s <= 600.0) {
+                return Err(bad("timeout_s", &format!("{timeout_s} is not a number of seconds in (0, 600]")));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Where `key` first appears at the start of a line inside `[table]`; the table's
+/// header when the key is not written there, 0 without the table.
+fn key_in_table(text: &str, table: &str, key: &str) -> usize {
+    let header = format!("[{table}]");
+    let mut offset = 0;
+    let mut inside = false;
+    let mut header_at = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if trimmed.starts_with('[') {
+            inside = trimmed.starts_with(&header);
+            if inside {
+                header_at = offset + indent;
+            }
+        } else if inside && trimmed.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('=')) {
+            return offset + indent;
+        }
+        offset += line.len();
+    }
+    header_at
 }
 
 /// Where a key (or table header) first appears at the start of a line; 0 if nowhere.

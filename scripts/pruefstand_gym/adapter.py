@@ -243,12 +243,17 @@ class AgentProcess:
 
 
 def message_to_plain(message: ChatMessage) -> dict:
-    """AgentDojo ChatMessage -> {role, content, tool_calls?, tool_call_id?, function?}."""
+    """AgentDojo ChatMessage -> {role, content, tool_calls?, tool_call_id?, function?, error?}.
+
+    An assistant message without text (one that only calls tools) keeps `content: null`,
+    as AgentDojo's OpenAI element sends it; other messages without content become ""."""
     role = message["role"]
     content = message.get("content")
     text = get_text_content_as_str(content) if content is not None else ""
     out: dict = {"role": role, "content": text}
     if role == "assistant":
+        if content is None:
+            out["content"] = None
         calls = message.get("tool_calls") or []
         if calls:
             out["tool_calls"] = [{"function": c.function, "args": dict(c.args), "id": c.id} for c in calls]
@@ -256,6 +261,7 @@ def message_to_plain(message: ChatMessage) -> dict:
         error = message.get("error")
         if error:
             out["content"] = error  # as AgentDojo's OpenAI element shows tool errors
+            out["error"] = error  # apart, as its local element dumps it: {"error": ...}
         out["tool_call_id"] = message.get("tool_call_id")
         call = message.get("tool_call")
         out["function"] = call.function if call is not None else None
@@ -283,6 +289,10 @@ class ExternalAgentElement(BasePipelineElement):
         self.restarts = 0
         self.context_overflow = False
         self.events: list[dict] = []
+        # Tool outputs the gym's own detector replaced in this case, and whether the
+        # pipeline has one (then every record reports `guardrail_flags`, 0 included).
+        self.gym_flags = 0
+        self.detector_active = False
 
     # --- case lifecycle (runner) ---
 
@@ -299,6 +309,7 @@ class ExternalAgentElement(BasePipelineElement):
         self.restarts = 0
         self.context_overflow = False
         self.events = []
+        self.gym_flags = 0
         self.deadline = time.monotonic() + self.case_timeout_s
         self.ensure_agent()
         if self.agent.stderr is not None:
@@ -317,6 +328,21 @@ class ExternalAgentElement(BasePipelineElement):
 
     def shutdown(self) -> None:
         self.agent.close()
+
+    def case_counters(self) -> dict:
+        """The case's counters: the agent's last report, plus the flags of the gym's
+        detector (cumulative over AgentDojo's re-runs, as the agent's are)."""
+        counters = dict(self.counters) if self.counters is not None else protocol.empty_counters()
+        if self.detector_active:
+            counters["guardrail_flags"] = min((counters.get("guardrail_flags") or 0) + self.gym_flags, protocol.MAX_COUNTER)
+        return counters
+
+    def count_gym_flag(self) -> None:
+        self.gym_flags += 1
+
+    def note_gym_event(self, kind: str, at: int, detail: str) -> None:
+        """An event of the gym's own defences, for the trace (`pruefstand_events`)."""
+        self.events.append({"kind": kind, "at": at, "detail": detail[: protocol.MAX_EVENT_DETAIL_CHARS]})
 
     # --- AgentDojo ---
 
@@ -339,6 +365,36 @@ class ExternalAgentElement(BasePipelineElement):
         messages: Sequence[ChatMessage] = [],
         extra_args: dict = {},
     ) -> tuple[str, FunctionsRuntime, Env, Sequence[ChatMessage], dict]:
+        reply = self._exchange(query, runtime, messages)
+        if reply.final_answer is not None:
+            out = ChatAssistantMessage(
+                role="assistant", content=[text_content_block_from_string(reply.final_answer)], tool_calls=None
+            )
+        else:
+            calls = []
+            for i, c in enumerate(reply.tool_calls):
+                try:
+                    calls.append(
+                        FunctionCall(function=c["function"], args=c["args"], id=c["id"] or f"call_{self.turns}_{i}")
+                    )
+                except Exception as e:  # noqa: BLE001 - pydantic validation
+                    raise AgentError(f"agent protocol: tool_calls[{i}] rejected: {e}") from None
+            # The model's text beside its calls, as AgentDojo's own LLM elements keep it.
+            # Without it the last turn of a case cut by the tool loop's limit has no
+            # output, and AgentDojo re-runs the whole task (counted as `restarts`).
+            content = [text_content_block_from_string(reply.content)] if reply.content is not None else None
+            out = ChatAssistantMessage(role="assistant", content=content, tool_calls=calls)
+        return query, runtime, env, [*messages, out], extra_args
+
+    def name_tools(self, query: str, runtime: FunctionsRuntime, messages: Sequence[ChatMessage]) -> str | None:
+        """The tool filter's call (`defences.ToolFilter`): the conversation so far, ending
+        in the filter's prompt, as a query with `tool_choice: "none"`; the model's text
+        is the answer (an agent that called tools anyway: the text beside its calls)."""
+        reply = self._exchange(query, runtime, messages, tool_choice="none")
+        return reply.final_answer if reply.final_answer is not None else reply.content
+
+    def _exchange(self, query: str, runtime: FunctionsRuntime, messages: Sequence[ChatMessage], **extra) -> protocol.Reply:
+        """One query to the agent and its validated reply; stats and events kept."""
         if self.deadline is None:
             raise AgentError("internal: query outside a case")
         if not self.agent.alive:
@@ -350,7 +406,7 @@ class ExternalAgentElement(BasePipelineElement):
             # The trace keeps only the last try: the events of earlier ones are gone too.
             self.events = [{"kind": "restart", "at": 0,
                             "detail": f"AgentDojo found no model output and ran the task again (try {self.restarts + 1})"}]
-        request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages])
+        request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages], **extra)
         self.agent.send(request)
         line = self.agent.recv_line(self.deadline, self.case_timeout_s)
         self.turns += 1
@@ -371,25 +427,7 @@ class ExternalAgentElement(BasePipelineElement):
             raise AgentError(str(e)) from None
         self.counters = protocol.merge_stats(self.counters, reply.stats)
         self._note(reply.events, len(messages))
-        if reply.final_answer is not None:
-            out = ChatAssistantMessage(
-                role="assistant", content=[text_content_block_from_string(reply.final_answer)], tool_calls=None
-            )
-        else:
-            calls = []
-            for i, c in enumerate(reply.tool_calls):
-                try:
-                    calls.append(
-                        FunctionCall(function=c["function"], args=c["args"], id=c["id"] or f"call_{self.turns}_{i}")
-                    )
-                except Exception as e:  # noqa: BLE001 - pydantic validation
-                    raise AgentError(f"agent protocol: tool_calls[{i}] rejected: {e}") from None
-            # The model's text beside its calls, as AgentDojo's own LLM elements keep it.
-            # Without it the last turn of a case cut by the tool loop's limit has no
-            # output, and AgentDojo re-runs the whole task (counted as `restarts`).
-            content = [text_content_block_from_string(reply.content)] if reply.content is not None else None
-            out = ChatAssistantMessage(role="assistant", content=content, tool_calls=calls)
-        return query, runtime, env, [*messages, out], extra_args
+        return reply
 
     def _note(self, events: list[dict], messages: int) -> None:
         """Keeps a reply's events for the case's trace (`pruefstand_events`), each placed

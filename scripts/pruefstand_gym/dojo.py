@@ -45,6 +45,13 @@ _API = [
      ["self", "query", "runtime", "env", "messages", "extra_args"]),
     ("agentdojo.agent_pipeline.agent_pipeline.AgentPipeline", None),
     ("agentdojo.agent_pipeline.agent_pipeline.load_system_message", ["system_message_name"]),
+    ("agentdojo.agent_pipeline.agent_pipeline.TOOL_FILTER_PROMPT", None),
+    ("agentdojo.agent_pipeline.llms.openai_llm.OpenAILLMToolFilter.query",
+     ["self", "query", "runtime", "env", "messages", "extra_args"]),
+    ("agentdojo.agent_pipeline.pi_detector.PromptInjectionDetector.__init__", ["self", "mode", "raise_on_injection"]),
+    ("agentdojo.agent_pipeline.pi_detector.PromptInjectionDetector.transform", ["self", "tool_output"]),
+    ("agentdojo.agent_pipeline.pi_detector.TransformersBasedPIDetector.detect", ["self", "tool_output"]),
+    ("agentdojo.functions_runtime.FunctionsRuntime.update_functions", ["self", "new_functions"]),
     ("agentdojo.agent_pipeline.basic_elements.InitQuery", None),
     ("agentdojo.agent_pipeline.basic_elements.SystemMessage.__init__", ["self", "system_message"]),
     ("agentdojo.agent_pipeline.tool_execution.ToolsExecutionLoop.__init__", ["self", "elements", "max_iters"]),
@@ -262,13 +269,15 @@ def make_attack(attack_name: str, suite, pipeline):
 
 # --- pipeline ---------------------------------------------------------------------------
 
-DEFENCES = ("spotlighting_with_delimiting", "repeat_user_prompt")
+DEFENCES = ("spotlighting_with_delimiting", "repeat_user_prompt", "tool_filter", "pi_detector")
 
 
-def build_pipeline(element, defence: str | None, model_display_name: str):
+def build_pipeline(element, defence: str | None, model_display_name: str, detector: dict | None = None):
     """[SystemMessage, InitQuery, agent, ToolsExecutionLoop([ToolsExecutor, agent])], with
-    AgentDojo's own no-cloud defences composed the way `AgentPipeline.from_config` does
-    (agent_pipeline.py, 0.1.35)."""
+    AgentDojo's defences composed the way `AgentPipeline.from_config` does
+    (agent_pipeline.py, 0.1.35): `tool_filter` asks the agent under test instead of an
+    OpenAI model, `pi_detector` is `transformers_pi_detector` with the classifier behind
+    `detector`'s endpoint (`defences`)."""
     from agentdojo.agent_pipeline.agent_pipeline import AgentPipeline, load_system_message
     from agentdojo.agent_pipeline.basic_elements import InitQuery, SystemMessage
     from agentdojo.agent_pipeline.tool_execution import ToolsExecutionLoop, ToolsExecutor, tool_result_to_str
@@ -291,6 +300,25 @@ def build_pipeline(element, defence: str | None, model_display_name: str):
         tools_loop = ToolsExecutionLoop(
             [ToolsExecutor(tool_output_formatter=lambda result: f"<<{tool_result_to_str(result)}>>"), element]
         )
+        pipeline = AgentPipeline([SystemMessage(system_message), InitQuery(), element, tools_loop])
+    elif defence == "tool_filter":
+        from agentdojo.agent_pipeline.agent_pipeline import TOOL_FILTER_PROMPT
+
+        from .defences import ToolFilter
+
+        tools_loop = ToolsExecutionLoop([ToolsExecutor(), element])
+        pipeline = AgentPipeline(
+            [SystemMessage(system_message), InitQuery(), ToolFilter(TOOL_FILTER_PROMPT, element), element, tools_loop]
+        )
+    elif defence == "pi_detector":
+        from . import adapter
+        from .defences import HttpPIDetector
+
+        if detector is None:
+            raise RequestError("defence pi_detector needs `detector` (the classifier's endpoint)")
+        key = adapter.AGENT_ENV.get("PRUEFSTAND_API_KEY") if detector.get("model_server_key") else None
+        element.detector_active = True
+        tools_loop = ToolsExecutionLoop([ToolsExecutor(), HttpPIDetector(detector, element, key), element])
         pipeline = AgentPipeline([SystemMessage(system_message), InitQuery(), element, tools_loop])
     else:
         raise RequestError(f"unknown defence {defence!r}; valid: null, {', '.join(DEFENCES)}")

@@ -79,13 +79,17 @@ def case_end(case_id: str) -> dict:
     return {"type": "case_end", "case_id": case_id}
 
 
-def query(prompt: str, tools: list[dict], messages: list[dict]) -> dict:
-    return {"type": "query", "prompt": prompt, "tools": tools, "messages": messages}
+def query(prompt: str, tools: list[dict], messages: list[dict], tool_choice: str | None = None) -> dict:
+    """A turn; `tool_choice="none"` (extension) asks for text only: the tool filter's call."""
+    message = {"type": "query", "prompt": prompt, "tools": tools, "messages": messages}
+    if tool_choice is not None:
+        message["tool_choice"] = tool_choice
+    return message
 
 
 # What an agent may say happened during a query (`events` of a reply), each shown in
-# the report's conversation where it happened. The gym adds `restart` and
-# `context_overflow` itself.
+# the report's conversation where it happened. The gym adds `restart`,
+# `context_overflow`, `tool_filter` and its detector's `guardrail_flag` itself.
 EVENT_KINDS = (
     "guardrail_flag",
     "human_approval",
@@ -96,6 +100,7 @@ EVENT_KINDS = (
     "gave_up",
     "restart",
     "context_overflow",
+    "tool_filter",
 )
 MAX_EVENTS_PER_REPLY = 64
 MAX_EVENT_DETAIL_CHARS = 500

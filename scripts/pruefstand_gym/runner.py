@@ -23,7 +23,6 @@ import traceback
 from pathlib import Path
 
 from . import families, schema
-from .protocol import empty_counters
 from .records import RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
 
 
@@ -101,6 +100,7 @@ def validate_request(req: dict) -> dict:
 
     if defence is not None and defence not in DEFENCES:
         raise RequestError(f"request: unknown defence {defence!r}; valid: null, {', '.join(DEFENCES)}")
+    detector = check_detector(req.get("detector"), defence)
     cases_in = need("cases", list, "a list of cases")
     cases = [check_case_shape(i, c) for i, c in enumerate(cases_in)]
     seen_ids, seen_keys = set(), {}
@@ -134,11 +134,33 @@ def validate_request(req: dict) -> dict:
         "case_timeout_s": float(timeout),
         "seed": seed,
         "defence": defence,
+        "detector": detector,
         "cases": cases,
         "done": done,
         "order": order,
         "wording": wording,
     }
+
+
+def check_detector(detector, defence: str | None) -> dict | None:
+    """The classifier endpoint of `pi_detector` (schema: `DetectorRequest`), required by
+    that defence and refused with any other."""
+    if defence != "pi_detector":
+        if detector is not None:
+            raise RequestError(f"request: `detector` is only for defence pi_detector, not {defence!r}")
+        return None
+    if not isinstance(detector, dict):
+        raise RequestError("request: defence pi_detector needs `detector` (url, model, safe_label, threshold, timeout_s)")
+    for key, types in (("url", str), ("model", str), ("safe_label", str), ("model_server_key", bool)):
+        if not isinstance(detector.get(key), types):
+            raise RequestError(f"request: detector.{key} must be a {types.__name__}, got {detector.get(key)!r}")
+    for key, low, high in (("threshold", 0.0, 1.0), ("timeout_s", 1e-3, 600.0)):
+        value = detector.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise RequestError(f"request: detector.{key} must be a number in [{low:g}, {high:g}], got {value!r}")
+    if not detector["url"].startswith(("http://", "https://")):
+        raise RequestError(f"request: detector.url must be an http(s) URL, got {detector['url']!r}")
+    return dict(detector)
 
 
 def validate_names(req: dict, suites: dict) -> None:
@@ -245,7 +267,9 @@ class _Slot(threading.Thread):
             self.element = ExternalAgentElement(
                 req["agent_cmd"], req["benchmark_version"], version("agentdojo"), req["case_timeout_s"]
             )
-            pipeline = dojo.build_pipeline(self.element, req["defence"], req["model_display_name"])
+            pipeline = dojo.build_pipeline(
+                self.element, req["defence"], req["model_display_name"], req.get("detector")
+            )
             # The logger stack is a ContextVar never .set(): every thread would share its
             # default list. A fresh one per thread, then this thread's own OutputLogger.
             LOGGER_STACK.set([])
@@ -404,7 +428,7 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
         except (OSError, json.JSONDecodeError) as e:
             if error is None:
                 error = f"trace unreadable after the case: {e}"
-    counters = element.counters if element.counters is not None else empty_counters()
+    counters = element.case_counters()
     return make_record(
         case,
         utility=bool(utility) if utility is not None else None,

@@ -7,11 +7,15 @@
 //! exactly its parser (`_parse_model_output`): the first `<function=name>{json}</function>`
 //! is the call and the whole completion its text; no tag, JSON that does not parse, or
 //! JSON that is not an object makes the whole completion the final answer. A model's
-//! mess is scored, never an error. One deliberate difference: tool results go back as
-//! `user` messages (AgentDojo's default delimiter is the role `tool`, which chat
-//! templates expect only with native tool calls). And AgentDojo 0.1.35 dumps the tool
-//! message's content-block list as the result (its `"None"` → `"Success"` check never
-//! fires); we dump the text, which is what the prompt promises the model.
+//! mess is scored, never an error. The role of tool results is the version's
+//! [`ToolResultRole`]: `user` (the default) sends `{"result": text}` as a user message —
+//! every chat template has that role — with the text AgentDojo's prompt promises the
+//! model; `tool` is exactly AgentDojo's `local` format (its default `--tool-delimiter`)
+//! and `input` the same under Meta-SecAlign's untrusted-input role: AgentDojo 0.1.35
+//! dumps the tool message's content-block list as the result
+//! (`{"result": [{"type": "text", "content": …}]}`; its `"None"` → `"Success"` check
+//! never fires), and so do we in those two roles. A test pins both against
+//! `LocalLLM.query` in the managed venv.
 //!
 //! `native` reads vLLM's `tool_calls`. A call whose arguments are not a JSON object (or
 //! that has no name) cannot be handed to AgentDojo: it is [`Answer::rejected`], and the
@@ -30,7 +34,7 @@ use regex::Regex;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::settings::defence::ToolCalling;
+use crate::settings::defence::{ToolCalling, ToolResultRole};
 
 /// One message of the adapter's `messages` (protocol §1), leniently read: `content` may
 /// be a string, null or a list of AgentDojo content blocks.
@@ -126,8 +130,14 @@ fn content_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Er
     })
 }
 
-/// The request's `messages` (and `tools`, `None` in prompted mode) for a conversation.
-pub fn request(mode: ToolCalling, messages: &[Message], tools: &[ToolSpec]) -> (Vec<Value>, Option<Vec<Value>>) {
+/// The request's `messages` (and `tools`, `None` in prompted mode) for a conversation;
+/// `role` is where prompted mode puts tool results (native mode always says `tool`).
+pub fn request(
+    mode: ToolCalling,
+    role: ToolResultRole,
+    messages: &[Message],
+    tools: &[ToolSpec],
+) -> (Vec<Value>, Option<Vec<Value>>) {
     match mode {
         ToolCalling::Native => {
             let tools = (!tools.is_empty()).then(|| {
@@ -138,7 +148,7 @@ pub fn request(mode: ToolCalling, messages: &[Message], tools: &[ToolSpec]) -> (
             });
             (native_messages(messages), tools)
         }
-        ToolCalling::Prompted => (prompted_messages(messages, tools), None),
+        ToolCalling::Prompted => (prompted_messages(messages, tools, role), None),
     }
 }
 
@@ -229,7 +239,7 @@ fn render_call(c: &ToolCall) -> String {
     format!("<function={}>{}</function>", c.function, Value::Object(c.args.clone()))
 }
 
-fn prompted_messages(messages: &[Message], tools: &[ToolSpec]) -> Vec<Value> {
+fn prompted_messages(messages: &[Message], tools: &[ToolSpec], tool_role: ToolResultRole) -> Vec<Value> {
     let mut out = Vec::with_capacity(messages.len() + 1);
     // The model can only call tools it is told about: without a system message (AgentDojo
     // always has one) the tool prompt gets a system message of its own.
@@ -241,11 +251,24 @@ fn prompted_messages(messages: &[Message], tools: &[ToolSpec]) -> Vec<Value> {
         let (role, content) = match m.role.as_str() {
             "system" => ("system", prompted_system_prompt(&text, tools)),
             "tool" => {
-                let body = match &m.error {
-                    Some(e) => py_dumps(&json!({"error": e})),
-                    None => py_dumps(&json!({"result": if text == "None" { "Success" } else { text.as_str() }})),
+                let body = match (&m.error, tool_role) {
+                    (Some(e), _) => py_dumps(&json!({"error": e})),
+                    (None, ToolResultRole::User) => {
+                        py_dumps(&json!({"result": if text == "None" { "Success" } else { text.as_str() }}))
+                    }
+                    // AgentDojo's blocks: ToolsExecutor writes one text block per result.
+                    (None, ToolResultRole::Tool | ToolResultRole::Input) => match &m.content {
+                        // Spelled out: Python keeps the block's key order, a JSON map here would not.
+                        Some(t) => {
+                            let mut body = String::from(r#"{"result": [{"type": "text", "content": "#);
+                            py_str(&mut body, t);
+                            body.push_str("}]}");
+                            body
+                        }
+                        None => py_dumps(&json!({"result": null})),
+                    },
                 };
-                ("user", body)
+                (tool_role.as_str(), body)
             }
             "assistant" => {
                 let mut s = text.trim().to_owned();
@@ -488,7 +511,7 @@ mod tests {
 
     #[test]
     fn native_request_carries_tools_and_calls() {
-        let (m, t) = request(ToolCalling::Native, &conversation(), &tools());
+        let (m, t) = request(ToolCalling::Native, ToolResultRole::User, &conversation(), &tools());
         assert_eq!(
             t.unwrap()[0],
             json!({"type": "function", "function": {"name": "send_money", "description": "Sends money.", "parameters": {"type": "object", "properties": {"recipient": {"type": "string"}}}}})
@@ -507,7 +530,7 @@ mod tests {
 
     #[test]
     fn prompted_request_mirrors_agentdojo() {
-        let (m, t) = request(ToolCalling::Prompted, &conversation(), &tools());
+        let (m, t) = request(ToolCalling::Prompted, ToolResultRole::User, &conversation(), &tools());
         assert!(t.is_none(), "no tools in a prompted request");
         let system = m[0]["content"].as_str().unwrap();
         assert!(system.starts_with("# Instructions\nYou are a helpful assistant."));
@@ -526,7 +549,12 @@ mod tests {
 
     #[test]
     fn prompted_without_system_message_gets_one() {
-        let (m, _) = request(ToolCalling::Prompted, &msgs(json!([{"role": "user", "content": "hi"}])), &tools());
+        let (m, _) = request(
+            ToolCalling::Prompted,
+            ToolResultRole::User,
+            &msgs(json!([{"role": "user", "content": "hi"}])),
+            &tools(),
+        );
         assert_eq!(m[0]["role"], "system");
         assert!(m[0]["content"].as_str().unwrap().contains("send_money"));
     }

@@ -152,11 +152,37 @@ impl Llm {
         tools: Option<Vec<Value>>,
         max_tokens: Option<u32>,
     ) -> Result<(Value, Option<String>), LlmError> {
+        self.request(model, messages, tools, max_tokens, None).await
+    }
+
+    /// [`Llm::complete`] with the agent's `max_tokens` and an explicit `tool_choice`
+    /// (`"none"`: the tools are shown, none may be called).
+    pub async fn complete_choosing(
+        &self,
+        model: &str,
+        messages: Vec<Value>,
+        tools: Option<Vec<Value>>,
+        tool_choice: Option<&str>,
+    ) -> Result<(Value, Option<String>), LlmError> {
+        self.request(model, messages, tools, None, tool_choice).await
+    }
+
+    async fn request(
+        &self,
+        model: &str,
+        messages: Vec<Value>,
+        tools: Option<Vec<Value>>,
+        max_tokens: Option<u32>,
+        tool_choice: Option<&str>,
+    ) -> Result<(Value, Option<String>), LlmError> {
         let max_tokens = max_tokens.unwrap_or(self.max_tokens);
         let mut body = json!({"model": model, "messages": messages, "temperature": self.temperature,
                               "max_tokens": max_tokens});
         if let Some(tools) = tools {
             body["tools"] = json!(tools);
+        }
+        if let Some(choice) = tool_choice {
+            body["tool_choice"] = json!(choice);
         }
         if self.stream {
             body["stream"] = json!(true);

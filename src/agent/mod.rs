@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling};
+use crate::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use format::{Message, ToolSpec, Turn};
 use guardrail::Guardrail;
 use human::{Decision, Human};
@@ -46,6 +46,9 @@ pub struct AgentConfig {
     pub model: String,
     #[serde(default)]
     pub tool_calling: ToolCalling,
+    /// Prompted mode: the role of tool results.
+    #[serde(default, skip_serializing_if = "ToolResultRole::is_user")]
+    pub tool_result_role: ToolResultRole,
     #[serde(default)]
     pub guardrail: GuardrailSpec,
     #[serde(default)]
@@ -136,6 +139,10 @@ struct Query {
     /// Kept raw: denial splices are anchored by a hash of the history before them.
     #[serde(default)]
     messages: Vec<Value>,
+    /// `"none"`: the gym's tool filter asks which tools the task needs (protocol
+    /// extension); one model call, its text is the answer.
+    #[serde(default)]
+    tool_choice: Option<String>,
 }
 
 /// Counters of the current case (since the last `case_start`), besides the model usage
@@ -305,6 +312,15 @@ impl Agent {
     }
 
     async fn turn(&mut self, q: Query) -> Result<Turn, LlmError> {
+        match q.tool_choice.as_deref() {
+            None | Some("auto") => {}
+            Some("none") => return self.name_tools(q).await,
+            Some(other) => {
+                return Err(LlmError::Protocol(format!(
+                    "cannot read the query: tool_choice {other:?} (\"none\" or \"auto\")"
+                )));
+            }
+        }
         let raw = q.messages;
         let mut messages = raw
             .iter()
@@ -467,8 +483,35 @@ impl Agent {
         }
     }
 
+    /// AgentDojo's tool filter, on the served model: the conversation (ending in the
+    /// filter's prompt) with the tools offered and `tool_choice = "none"` natively; the
+    /// model's text, whatever it holds, is the answer. Prompted mode cannot forbid a
+    /// call: the tools are listed as in every prompted request and the text is read
+    /// whole. The version's guardrail and human take no part.
+    async fn name_tools(&mut self, q: Query) -> Result<Turn, LlmError> {
+        let messages = q
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                Message::deserialize(m)
+                    .map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let model = match &self.cfg.guardrail {
+            GuardrailSpec::Agentdojo { defence: AgentdojoDefence::ToolFilter, model: Some(model) } => model.clone(),
+            _ => self.cfg.model.clone(),
+        };
+        let (request, tool_defs) =
+            format::request(self.cfg.tool_calling, self.cfg.tool_result_role, &messages, &q.tools);
+        let choice = tool_defs.as_ref().map(|_| "none");
+        let (reply, _) = self.llm.complete_choosing(&model, request, tool_defs, choice).await?;
+        let text = reply.get("content").and_then(Value::as_str).map(format::strip_think).unwrap_or_default();
+        Ok(Turn::Final(text))
+    }
+
     async fn ask_model(&mut self, messages: &[Message], tools: &[ToolSpec]) -> Result<format::Answer, LlmError> {
-        let (request, tool_defs) = format::request(self.cfg.tool_calling, messages, tools);
+        let (request, tool_defs) = format::request(self.cfg.tool_calling, self.cfg.tool_result_role, messages, tools);
         let (reply, finish_reason) = self.llm.complete(&self.cfg.model, request, tool_defs, None).await?;
         let next_id = &mut self.next_id;
         let mut ids = || {
@@ -522,5 +565,7 @@ pub async fn serve<R: AsyncBufRead + Unpin, W: AsyncWrite + Unpin>(
 
 #[cfg(test)]
 mod parity;
+#[cfg(test)]
+mod pins;
 #[cfg(test)]
 mod tests;

@@ -416,3 +416,75 @@ async fn an_oversized_answer_is_refused_and_absurd_usage_saturates() {
     assert_eq!(replies[3]["final_answer"], "done");
     assert_eq!(replies[3]["stats"]["prompt_tokens"], i64::MAX as u64, "{}", replies[3]);
 }
+
+/// The tool filter's query (`tool_choice: "none"`): one call with every tool offered
+/// and `tool_choice: "none"`, to the filter's own model when the spec names one; the
+/// text is the answer even when the model calls a tool anyway, and the call counts.
+#[tokio::test]
+async fn the_tool_filter_query_is_one_call_that_may_not_call_a_tool() {
+    let filter = |history: Value| {
+        let mut q: Value = serde_json::from_str(&query(history)).unwrap();
+        q["tool_choice"] = json!("none");
+        q.to_string()
+    };
+    let prompt = json!([{"role": "user", "content": crate::sim::openai::TOOL_FILTER_PROMPT}]);
+    let stray = ok(
+        json!({"role": "assistant", "content": "send_money", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "send_money", "arguments": "{}"}}]}),
+    );
+    let (url, server) = mock(vec![answer("get_most_recent_transactions, send_money"), stray]).await;
+    let mut cfg = config(&url);
+    cfg.guardrail =
+        GuardrailSpec::Agentdojo { defence: AgentdojoDefence::ToolFilter, model: Some("guard-lora".into()) };
+    let replies = run(cfg, &[filter(prompt.clone()), filter(prompt.clone())]).await;
+    assert_eq!(replies[0]["final_answer"], "get_most_recent_transactions, send_money");
+    assert_eq!(replies[1]["final_answer"], "send_money", "a call under tool_choice none is not passed on");
+    assert_eq!(replies[1]["stats"]["llm_calls"], 2);
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests[0]["tool_choice"], "none");
+    assert_eq!(requests[0]["model"], "guard-lora");
+    assert_eq!(requests[0]["tools"].as_array().map(Vec::len), Some(2));
+    let last = requests[0]["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last, json!({"role": "user", "content": crate::sim::openai::TOOL_FILTER_PROMPT}));
+
+    // Prompted: no `tools`, so no `tool_choice` either (servers refuse one without tools).
+    let (url, server) = mock(vec![answer("<function=send_money>{}</function>")]).await;
+    let mut cfg = config(&url);
+    cfg.tool_calling = ToolCalling::Prompted;
+    let replies = run(cfg, &[filter(prompt)]).await;
+    assert_eq!(replies[0]["final_answer"], "<function=send_money>{}</function>");
+    let requests = server.requests.lock().unwrap().clone();
+    assert!(requests[0].get("tool_choice").is_none() && requests[0].get("tools").is_none(), "{}", requests[0]);
+    assert_eq!(requests[0]["model"], "agent-model");
+    // An unknown tool_choice is the adapter's mistake, said as such.
+    let mut bad: Value = serde_json::from_str(&query(json!([]))).unwrap();
+    bad["tool_choice"] = json!("required");
+    let replies = run(config(&url), &[bad.to_string()]).await;
+    assert!(replies[0]["error"].as_str().unwrap().contains("tool_choice \"required\""), "{}", replies[0]);
+}
+
+/// Prompted tool results in each role: `user` as today, `tool` and `input` as
+/// AgentDojo's `local` element sends them (the content blocks dumped; errors apart).
+#[tokio::test]
+async fn prompted_tool_results_take_the_versions_role() {
+    let history = json!([
+        {"role": "assistant", "content": null, "tool_calls": [{"function": "get_most_recent_transactions", "args": {}, "id": "c0"}]},
+        {"role": "tool", "content": "[]", "tool_call_id": "c0", "function": "get_most_recent_transactions"},
+        {"role": "assistant", "content": null, "tool_calls": [{"function": "send_money", "args": {}, "id": "c1"}]},
+        {"role": "tool", "content": "ValueError: no", "error": "ValueError: no", "tool_call_id": "c1", "function": "send_money"}
+    ]);
+    for (role, result) in [
+        (ToolResultRole::User, r#"{"result": "[]"}"#),
+        (ToolResultRole::Tool, r#"{"result": [{"type": "text", "content": "[]"}]}"#),
+        (ToolResultRole::Input, r#"{"result": [{"type": "text", "content": "[]"}]}"#),
+    ] {
+        let (url, server) = mock(vec![answer("Done.")]).await;
+        let mut cfg = config(&url);
+        cfg.tool_calling = ToolCalling::Prompted;
+        cfg.tool_result_role = role;
+        run(cfg, &[query(history.clone())]).await;
+        let requests = server.requests.lock().unwrap().clone();
+        let m = &requests[0]["messages"];
+        assert_eq!(m[3], json!({"role": role.as_str(), "content": result}), "{role:?}");
+        assert_eq!(m[5], json!({"role": role.as_str(), "content": r#"{"error": "ValueError: no"}"#}), "{role:?}");
+    }
+}

@@ -36,6 +36,8 @@ pub struct GymSettings {
     pub case_timeout_s: f64,
     pub seed: u64,
     pub defence: Option<String>,
+    /// The classifier of the `pi_detector` defence.
+    pub detector: Option<DetectorRequest>,
     pub agent_env: Vec<(String, String)>,
     /// The caller's stop switch and progress handle.
     pub control: Option<std::sync::Arc<Control>>,
@@ -73,6 +75,7 @@ pub async fn execute(
         case_timeout_s: settings.case_timeout_s,
         seed: settings.seed,
         defence: settings.defence,
+        detector: settings.detector,
         cases: plan.cases.clone(),
         done: Vec::new(),
         order: settings.order,
@@ -122,6 +125,9 @@ pub struct GymRequest {
     pub case_timeout_s: f64,
     pub seed: u64,
     pub defence: Option<String>,
+    /// With `defence = "pi_detector"`: the classifier AgentDojo's detector asks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detector: Option<DetectorRequest>,
     pub cases: Vec<Case>,
     pub done: Vec<String>,
     /// Case ids in the order to dispatch them (early stopping); absent: the gym's own (a user task's cases together, longest first).
@@ -130,6 +136,40 @@ pub struct GymRequest {
     /// The wording of every case whose attack is worded from a family grammar, by case
     /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
     pub wording: std::collections::BTreeMap<String, Wording>,
+}
+
+/// The classification endpoint of the gym's prompt-injection detector
+/// (docs/defences.md): POST `{"model", "input": [text]}`, answered with vLLM's
+/// `{"data": [{"label", "probs"}]}`.
+#[derive(Serialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
+pub struct DetectorRequest {
+    /// The endpoint, e.g. `http://127.0.0.1:8001/classify`.
+    pub url: String,
+    pub model: String,
+    pub safe_label: String,
+    /// A text is an injection when P(`safe_label`) < threshold.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub threshold: f64,
+    pub timeout_s: f64,
+    /// Send the model server's key (from the agents' environment): the endpoint is the
+    /// version's own model server.
+    pub model_server_key: bool,
+}
+
+impl DetectorRequest {
+    /// The request for a version's `[guardrail] kind = "classifier"`, its model server at
+    /// `base_url` (`…/v1`): vLLM serves `/classify` beside `/v1`, not under it.
+    pub fn of(spec: &crate::settings::defence::ClassifierSpec, base_url: &str) -> Self {
+        let own = || format!("{}/classify", base_url.trim_end_matches('/').trim_end_matches("/v1"));
+        DetectorRequest {
+            url: spec.url.clone().unwrap_or_else(own),
+            model: spec.model.clone(),
+            safe_label: spec.safe_label.clone(),
+            threshold: spec.threshold,
+            timeout_s: spec.timeout_s,
+            model_server_key: spec.url.is_none(),
+        }
+    }
 }
 
 /// What a finished gym run leaves behind.

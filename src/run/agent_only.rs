@@ -55,6 +55,7 @@ impl Executor for AgentOnly {
                 case_timeout_s: self.case_timeout_s.unwrap_or(plan.case_timeout_s),
                 seed: claimed.seed,
                 defence: None,
+                detector: None,
                 agent_env: self.agent_env.clone(),
                 control: Some(session.control.gym.clone()),
                 order: self.shuffled.then(|| order::shuffled(&plan.cases, claimed.seed)),

@@ -16,7 +16,7 @@ use crate::container::AcquireError;
 use crate::gym::{self, Executed, GymSettings};
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
 use crate::rundir::{Claimed, RunDir, RunFile, VersionFile};
-use crate::settings::defence::GuardrailSpec;
+use crate::settings::defence::{GuardrailSpec, PI_DETECTOR};
 use crate::{adaptive, agent, judge, model, provenance, pyenv, root, telemetry, util};
 
 /// Runs the cases here, against a model server this machine starts.
@@ -207,6 +207,7 @@ impl Local<'_> {
                     base_url: endpoint.base_url.clone(),
                     model: version.request_model().to_string(),
                     tool_calling: spec.model.tool_calling,
+                    tool_result_role: spec.model.tool_result_role,
                     // Written out, so agent.json shows the bound every turn had.
                     max_tokens: Some(spec.model.max_tokens.unwrap_or(agent::llm::DEFAULT_MAX_TOKENS)),
                     idle_timeout_s: spec.model.idle_timeout_s.unwrap_or(agent::AgentConfig::default().idle_timeout_s),
@@ -220,9 +221,12 @@ impl Local<'_> {
                 vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
             }
         };
-        let defence = match &spec.guardrail {
-            GuardrailSpec::Agentdojo { defence } => Some(defence.as_str().to_string()),
-            _ => None,
+        let (defence, detector) = match &spec.guardrail {
+            GuardrailSpec::Agentdojo { defence, .. } => (Some(defence.as_str().to_string()), None),
+            GuardrailSpec::Classifier(c) => {
+                (Some(PI_DETECTOR.to_string()), Some(gym::DetectorRequest::of(c, &endpoint.base_url)))
+            }
+            _ => (None, None),
         };
         Ok(GymSettings {
             agent_cmd,
@@ -232,6 +236,7 @@ impl Local<'_> {
             case_timeout_s: plan.case_timeout_s,
             seed: self.claimed.seed,
             defence,
+            detector,
             agent_env,
             control: Some(self.session.control.gym.clone()),
             order: None,

@@ -18,6 +18,35 @@ pub struct SimConfig {
     /// A name not listed behaves as [`Behaviour::default`].
     #[serde(default)]
     pub models: BTreeMap<String, Behaviour>,
+    /// The prompt-injection classifier the simulator serves at `/classify` (vLLM's
+    /// classification API), for `[guardrail] kind = "classifier"` without a `url`.
+    #[serde(default, skip_serializing_if = "Classifier::is_default")]
+    pub classifier: Classifier,
+}
+
+/// `[sim.classifier]`: how often the simulated classifier flags a text, drawn per text
+/// (the same text always gets the same answer).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Classifier {
+    /// Probability that a text carrying an injection goal is flagged.
+    #[serde(deserialize_with = "detects")]
+    pub detects: f64,
+    /// Probability that a text without one is flagged (a false positive).
+    #[serde(deserialize_with = "false_positives")]
+    pub false_positives: f64,
+}
+
+impl Default for Classifier {
+    fn default() -> Self {
+        Classifier { detects: 1.0, false_positives: 0.0 }
+    }
+}
+
+impl Classifier {
+    pub fn is_default(&self) -> bool {
+        *self == Classifier::default()
+    }
 }
 
 /// Per-call latency: `base_ms + prompt_tokens·per_prompt_token_ms +
@@ -174,6 +203,8 @@ const PROBABILITY: (f64, f64, bool) = (0.0, 1.0, false);
 const DELAY_MS: (f64, f64, bool) = (0.0, 600_000.0, false);
 
 bounded_fields! {
+    detects: PROBABILITY, "a probability";
+    false_positives: PROBABILITY, "a probability";
     susceptibility: PROBABILITY, "a probability";
     skill: PROBABILITY, "a probability";
     error_rate: PROBABILITY, "a probability";

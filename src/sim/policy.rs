@@ -203,6 +203,36 @@ impl Policy {
         })
     }
 
+    /// The answer to AgentDojo's tool filter: the tools of the task's ground truth,
+    /// comma-separated in the order first called (a perfect filter).
+    pub fn needed_tools(&self, conv: &Conversation) -> String {
+        let Some(i) = self.identify(conv) else { return UNKNOWN_PROMPT_ANSWER.to_string() };
+        let entry = &self.entries[i];
+        let suite = &self.truth.suites[&entry.suite];
+        let calls = match entry.kind {
+            Kind::UserTask => &suite.user_tasks[&entry.task].calls,
+            Kind::InjectionGoal => &suite.injection_tasks[&entry.task].calls,
+        };
+        let mut names: Vec<&str> = Vec::new();
+        for call in calls {
+            if !names.contains(&call.function.as_str()) {
+                names.push(&call.function);
+            }
+        }
+        if names.is_empty() { "None of the tools are needed.".to_string() } else { names.join(", ") }
+    }
+
+    /// The simulated classifier's verdict on one text: an injection goal of any suite
+    /// in it is flagged with probability `detects`, any other text with
+    /// `false_positives`; drawn per text, so a text always gets the same verdict.
+    pub fn classifier_flags(&self, c: &crate::settings::sim::Classifier, text: &str) -> bool {
+        let norm = alnum_norm(&super::openai::observation_text(text));
+        let carries = self.goals.values().flatten().any(|(_, goal)| norm.contains(goal.as_str()));
+        let digest = crate::util::sha256_hex(text.as_bytes());
+        let draw = u(self.seed, &[&digest, "classifier"]);
+        draw < if carries { c.detects } else { c.false_positives }
+    }
+
     /// Index of the matching entry (see the module doc for the order of preference).
     fn identify(&self, conv: &Conversation) -> Option<usize> {
         let prompt = conv.prompt.as_deref()?;

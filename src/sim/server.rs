@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use super::faults;
 use super::metrics::{Gate, Metrics};
 use super::openai;
-use super::policy::Policy;
+use super::policy::{Action, Policy};
 use super::truth::Truth;
 use crate::settings::sim::{Latency, SimConfig};
 
@@ -144,6 +144,7 @@ pub fn router(settings: SimSettings) -> Router {
     };
     router
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/classify", post(classify))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         // As vLLM's `GET /version`: the server's own version, recorded in provenance.
@@ -261,6 +262,15 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
     let behaviour = s.config.models.get(&req.model).cloned().unwrap_or_default();
     let conv = &req.conversation;
     let (action, script) = state.policy.respond(&behaviour, conv);
+    // AgentDojo's tool filter asks which tools the task needs: the ground truth's.
+    // Any other turn that may not call a tool (`tool_choice: "none"`) ends in text.
+    let action = match (&action, &script) {
+        (_, _) if req.names_tools => Action::Final(state.policy.needed_tools(conv)),
+        (Action::Call(_) | Action::Garbled { .. }, Some(script)) if req.no_calls => {
+            Action::Final(script.final_text.clone())
+        }
+        _ => action,
+    };
     let mut reply = openai::render(&action, req.mode, conv.calls_made + 1);
     let draws = script
         .as_ref()
@@ -329,6 +339,49 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         "usage": turn.usage(),
     });
     axum::Json(body).into_response()
+}
+
+/// vLLM's classification API (`POST /classify`, `{"model", "input": text or [text]}`)
+/// answered by the simulated prompt-injection classifier: label `INJECTION` or `SAFE`
+/// (ids 1 and 0, as protectai/deberta-v3-base-prompt-injection-v2 names them), flagged
+/// as `[sim.classifier]` draws it per text. Like vLLM, it needs no key beside `/v1`.
+async fn classify(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(StatusCode::BAD_REQUEST, "BadRequestError", format!("request body is not valid JSON: {e}"));
+        }
+    };
+    let Some(model) = v.get("model").and_then(Value::as_str) else {
+        return error(StatusCode::BAD_REQUEST, "BadRequestError", "missing string field `model`".into());
+    };
+    let texts: Vec<&str> = match v.get("input") {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
+            items.iter().filter_map(Value::as_str).collect()
+        }
+        _ => {
+            let msg = "`input` must be a string or a non-empty list of strings".to_string();
+            return error(StatusCode::BAD_REQUEST, "BadRequestError", msg);
+        }
+    };
+    let config = &state.settings.config;
+    let data: Vec<Value> = texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            let flagged = state.policy.classifier_flags(&config.classifier, text);
+            let (label, probs) = if flagged { ("INJECTION", [0.02, 0.98]) } else { ("SAFE", [0.97, 0.03]) };
+            json!({"index": index, "label": label, "probs": probs, "num_classes": 2})
+        })
+        .collect();
+    let tokens: u64 = texts.iter().map(|t| openai::tokens(t.chars().count())).sum();
+    axum::Json(json!({
+        "id": format!("classify-sim-{}", state.next_id.fetch_add(1, Ordering::Relaxed)),
+        "object": "list", "created": unix_now(), "model": model, "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0, "prompt_tokens_details": null},
+    }))
+    .into_response()
 }
 
 /// The longest one call may take (a stalled one takes all of it).
@@ -432,7 +485,7 @@ mod tests {
     use crate::sim::policy::tests::tiny_truth;
 
     fn settings(api_key: Option<&str>) -> SimSettings {
-        let mut config = SimConfig { seed: 1, latency: Latency::default(), models: Default::default() };
+        let mut config = SimConfig { seed: 1, latency: Latency::default(), ..Default::default() };
         config.models.insert("weak".into(), Behaviour { susceptibility: 1.0, ..Behaviour::default() });
         SimSettings {
             config,
