@@ -552,6 +552,149 @@ def the_agent_line_reader_reassembles_random_pieces_and_refuses_an_oversized_lin
         protocol.MAX_LINE_BYTES = limit
 
 
+class _GymElement:
+    """What the gym's defences need of the adapter element: events, flags, the agent."""
+
+    def __init__(self, answer=None):
+        self.events, self.flags, self.answer, self.asked = [], 0, answer, None
+
+    def note_gym_event(self, kind, at, detail):
+        self.events.append({"kind": kind, "at": at, "detail": detail})
+
+    def count_gym_flag(self):
+        self.flags += 1
+
+    def name_tools(self, query, runtime, messages):
+        self.asked = list(messages)
+        return self.answer
+
+
+def _classifier_server(verdicts):
+    """A vLLM-shaped /classify on 127.0.0.1: text -> (label, probs); records requests."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            seen.append((self.path, self.headers.get("authorization"), body))
+            data = [{"index": i, "label": verdicts[t][0], "probs": verdicts[t][1], "num_classes": 2}
+                    for i, t in enumerate(body["input"])]
+            out = json.dumps({"object": "list", "data": data}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+@check
+def the_detector_decides_and_replaces_as_agentdojos_own():
+    """`pi_detector` over HTTP against `TransformersBasedPIDetector` (its decision rule,
+    with a stand-in for the torch pipeline) on the same conversation: the same outputs
+    replaced, with AgentDojo's text, at every threshold on both sides of each score."""
+    import copy
+
+    from agentdojo.agent_pipeline.pi_detector import PromptInjectionDetector, TransformersBasedPIDetector
+    from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
+    from agentdojo.types import ChatAssistantMessage, ChatToolResultMessage, ChatUserMessage
+    from agentdojo.types import text_content_block_from_string as block
+
+    from pruefstand_gym.defences import HttpPIDetector
+
+    # (label, probs) as vLLM answers: SAFE is class 0; the top class is the label.
+    verdicts = {"clean": ("SAFE", [0.8, 0.2]), "attack": ("INJECTION", [0.1, 0.9]),
+                "unsure": ("INJECTION", [0.45, 0.55]), "earlier": ("INJECTION", [0.0, 1.0])}
+    server, seen = _classifier_server(verdicts)
+    call = FunctionCall(function="read_file", args={}, id="c")
+    tool = lambda text: ChatToolResultMessage(role="tool", content=[block(text)], tool_call_id="c", tool_call=call, error=None)  # noqa: E731
+    conversation = [ChatUserMessage(role="user", content=[block("task")]), tool("earlier"),
+                    ChatAssistantMessage(role="assistant", content=None, tool_calls=[call]),
+                    tool("clean"), tool("attack"), tool("unsure"), tool("")]
+    replaced = PromptInjectionDetector().transform([block("x")])[0]["content"]
+    assert replaced == "<Data omitted because a prompt injection was detected>", replaced
+    try:
+        for threshold in (0.05, 0.3, 0.5, 0.7, 0.95):
+            theirs = object.__new__(TransformersBasedPIDetector)
+            PromptInjectionDetector.__init__(theirs, mode="message", raise_on_injection=False)
+            theirs.safe_label, theirs.threshold = "SAFE", threshold
+            theirs.pipeline = lambda text: [{"label": verdicts[text][0], "score": max(verdicts[text][1])}] if text else [{"label": "SAFE", "score": 1.0}]
+            element = _GymElement()
+            url = f"http://127.0.0.1:{server.server_address[1]}/classify"
+            ours = HttpPIDetector({"url": url, "model": "deberta", "safe_label": "SAFE", "threshold": threshold,
+                                   "timeout_s": 5}, element, api_key="k")
+            a, b = copy.deepcopy(conversation), copy.deepcopy(conversation)
+            theirs.query("task", FunctionsRuntime([]), messages=a)
+            ours.query("task", FunctionsRuntime([]), messages=b)
+            assert a == b, f"threshold {threshold}: {a} != {b}"
+            flagged = [i for i, m in enumerate(b) if m["role"] == "tool" and m["content"][0]["content"] == replaced]
+            assert element.flags == len(flagged) and [e["at"] for e in element.events] == sorted((i + 1 for i in flagged), reverse=True), (threshold, element.events)
+            # Only the trailing tool outputs are checked, as AgentDojo checks them.
+            assert b[1]["content"][0]["content"] == "earlier"
+        # safety: clean 0.8, attack 0.1, unsure 0.45 — flagged below the threshold.
+        assert [m["content"][0]["content"] == replaced for m in b[3:6]] == [True, True, True]
+        assert seen[0] == ("/classify", "Bearer k", {"model": "deberta", "input": ["unsure"]}), seen[0]
+        assert not any(body["input"] == [""] for _, _, body in seen), "an empty output is not sent"
+    finally:
+        server.shutdown()
+
+
+@check
+def the_tool_filter_keeps_what_agentdojos_keeps():
+    """The gym's `ToolFilter` on the agent against `OpenAILLMToolFilter` on a client
+    answering the same text: the same messages (prompt and answer kept) and tools."""
+    from types import SimpleNamespace
+
+    from agentdojo.agent_pipeline.agent_pipeline import TOOL_FILTER_PROMPT
+    from agentdojo.agent_pipeline.llms.openai_llm import OpenAILLMToolFilter
+    from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+    from agentdojo.types import ChatSystemMessage, ChatUserMessage
+    from agentdojo.types import text_content_block_from_string as block
+
+    from pruefstand_gym.defences import ToolFilter
+
+    suite = get_suite("v1.2.2", "banking")
+    opening = [ChatSystemMessage(role="system", content=[block("sys")]), ChatUserMessage(role="user", content=[block("task")])]
+    for answer in ("get_balance, send_money", "I need get_most_recent_transactions.", "", "none of them"):
+        sent = {}
+        client = SimpleNamespace()
+        client.chat = client.completions = client
+        client.create = lambda **kw: sent.update(kw) or SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=answer, tool_calls=None))])
+        theirs_rt, ours_rt = FunctionsRuntime(suite.tools), FunctionsRuntime(suite.tools)
+        _, _, _, theirs, _ = OpenAILLMToolFilter(TOOL_FILTER_PROMPT, client, "m").query("task", theirs_rt, messages=opening)
+        element = _GymElement(answer)
+        _, _, _, ours, _ = ToolFilter(TOOL_FILTER_PROMPT, element).query("task", ours_rt, messages=opening)
+        assert ours == theirs, (ours, theirs)
+        assert sorted(ours_rt.functions) == sorted(theirs_rt.functions), answer
+        assert element.asked == theirs[:-1] and sent["tool_choice"] == "none"
+        assert element.events[0]["kind"] == "tool_filter" and f"kept {len(ours_rt.functions)} of" in element.events[0]["detail"]
+
+
+@check
+def call_only_assistant_turns_keep_null_content():
+    from agentdojo.functions_runtime import FunctionCall
+    from agentdojo.types import ChatAssistantMessage, ChatToolResultMessage
+    from agentdojo.types import text_content_block_from_string as block
+
+    from pruefstand_gym.adapter import message_to_plain
+
+    call = FunctionCall(function="f", args={}, id="c")
+    assert message_to_plain(ChatAssistantMessage(role="assistant", content=None, tool_calls=[call]))["content"] is None
+    assert message_to_plain(ChatAssistantMessage(role="assistant", content=[block("")], tool_calls=[call]))["content"] == ""
+    error = message_to_plain(ChatToolResultMessage(role="tool", content=[block("")], tool_call_id="c", tool_call=call, error="E"))
+    assert (error["content"], error["error"]) == ("E", "E")
+
+
 def main() -> int:
     passed = failed = 0
     for fn in CHECKS:

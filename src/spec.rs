@@ -573,6 +573,77 @@ susceptibility = 0.02
         assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility_by_family["roleplay"], 0.3);
     }
 
+    /// The defences AgentDojo runs, spelled as a spec does; bad values are refused at
+    /// their own line with the field's name.
+    #[test]
+    fn defences_and_the_tool_result_role_parse_and_bad_values_name_their_line() {
+        use crate::settings::defence::ClassifierSpec;
+        let with = |guardrail: &str| GOOD.replace("kind = \"heuristic\"\n", guardrail);
+        let spec = check(&with("kind = \"agentdojo\"\ndefence = \"tool_filter\"\nmodel = \"guard\"\n")).unwrap();
+        assert_eq!(
+            spec.guardrail,
+            GuardrailSpec::Agentdojo { defence: AgentdojoDefence::ToolFilter, model: Some("guard".into()) }
+        );
+        let spec = check(&with("kind = \"classifier\"\nthreshold = 0.3\n")).unwrap();
+        let GuardrailSpec::Classifier(ClassifierSpec { url, model, safe_label, threshold, .. }) = spec.guardrail else {
+            panic!()
+        };
+        assert_eq!(
+            (url, model.as_str(), safe_label.as_str(), threshold),
+            (None, "protectai/deberta-v3-base-prompt-injection-v2", "SAFE", 0.3)
+        );
+        // [guardrail] is on line 11; its keys follow.
+        for (text, want) in [
+            (
+                "kind = \"classifier\"\nthreshold = 1.5\n",
+                "DIR/cand.toml:13:1: guardrail.threshold: 1.5 is not a probability",
+            ),
+            ("kind = \"classifier\"\nurl = \"ftp://x\"\n", "DIR/cand.toml:13:1: guardrail.url: \"ftp://x\" is no http"),
+            ("kind = \"classifier\"\ntimeout_s = 0\n", "DIR/cand.toml:13:1: guardrail.timeout_s: 0 is not"),
+            (
+                "kind = \"classifier\"\nsafe_label = \" \"\n",
+                "DIR/cand.toml:13:1: guardrail.safe_label: must not be empty",
+            ),
+            (
+                "kind = \"agentdojo\"\ndefence = \"repeat_user_prompt\"\nmodel = \"guard\"\n",
+                "DIR/cand.toml:14:1: guardrail.model: only defence = \"tool_filter\" calls a model",
+            ),
+        ] {
+            let err = error(&with(text));
+            assert!(err.starts_with(want), "{text}: {err}");
+        }
+        let err = error(&with("kind = \"agentdojo\"\ndefence = \"transformers_pi_detector\"\n"));
+        assert!(err.starts_with("DIR/cand.toml:11:1:") && err.contains("expected one of") && err.contains("`tool_filter`"), "{err}");
+        let err = error(&with("kind = \"classifier\"\nthreshold = 0.5\nsafe = \"SAFE\"\n"));
+        assert!(err.contains("DIR/cand.toml:") && err.contains("unknown field `safe`"), "{err}");
+
+        let prompted =
+            GOOD.replace("served_name", "tool_calling = \"prompted\"\ntool_result_role = \"input\"\nserved_name");
+        assert_eq!(check(&prompted).unwrap().model.tool_result_role, ToolResultRole::Input);
+        let err = error(&prompted.replace("\"input\"", "\"assistant\""));
+        assert!(err.starts_with("DIR/cand.toml:7:20:") && err.contains("`user`, `tool`"), "{err}");
+        let err = error(&GOOD.replace("served_name", "tool_result_role = \"tool\"\nserved_name"));
+        assert!(
+            err.starts_with("DIR/cand.toml:6:1: model.tool_result_role = \"tool\" needs tool_calling = \"prompted\""),
+            "{err}"
+        );
+    }
+
+    /// A spec written before the role and the tool filter's model existed keeps its hash.
+    #[test]
+    fn defaults_of_the_new_fields_leave_the_hash_alone() {
+        let spec = check(&GOOD.replace("served_name", "tool_result_role = \"user\"\nserved_name")).unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(!json.contains("tool_result_role") && !json.contains("classifier"), "{json}");
+        let spec =
+            check(&GOOD.replace("kind = \"heuristic\"", "kind = \"agentdojo\"\ndefence = \"repeat_user_prompt\""))
+                .unwrap();
+        assert_eq!(
+            serde_json::to_value(&spec.guardrail).unwrap(),
+            serde_json::json!({"kind": "agentdojo", "defence": "repeat_user_prompt"})
+        );
+    }
+
     #[test]
     fn unknown_guardrail_kind_lists_the_valid_ones() {
         let err = error(&GOOD.replace("kind = \"heuristic\"", "kind = \"magic\""));
