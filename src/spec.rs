@@ -613,7 +613,10 @@ susceptibility = 0.02
             assert!(err.starts_with(want), "{text}: {err}");
         }
         let err = error(&with("kind = \"agentdojo\"\ndefence = \"transformers_pi_detector\"\n"));
-        assert!(err.starts_with("DIR/cand.toml:11:1:") && err.contains("expected one of") && err.contains("`tool_filter`"), "{err}");
+        assert!(
+            err.starts_with("DIR/cand.toml:11:1:") && err.contains("expected one of") && err.contains("`tool_filter`"),
+            "{err}"
+        );
         let err = error(&with("kind = \"classifier\"\nthreshold = 0.5\nsafe = \"SAFE\"\n"));
         assert!(err.contains("DIR/cand.toml:") && err.contains("unknown field `safe`"), "{err}");
 
@@ -635,6 +638,15 @@ susceptibility = 0.02
         let spec = check(&GOOD.replace("served_name", "tool_result_role = \"user\"\nserved_name")).unwrap();
         let json = serde_json::to_string(&spec).unwrap();
         assert!(!json.contains("tool_result_role") && !json.contains("classifier"), "{json}");
+        // Any other role is part of the version: it changes what the model reads.
+        let prompted = |role: &str| {
+            let text = GOOD.replace(
+                "served_name",
+                &format!("tool_calling = \"prompted\"\ntool_result_role = \"{role}\"\nserved_name"),
+            );
+            serde_json::to_string(&check(&text).unwrap()).unwrap()
+        };
+        assert!(prompted("tool") != prompted("input") && prompted("tool") != prompted("user"));
         let spec =
             check(&GOOD.replace("kind = \"heuristic\"", "kind = \"agentdojo\"\ndefence = \"repeat_user_prompt\""))
                 .unwrap();

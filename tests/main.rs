@@ -15,6 +15,7 @@ mod console;
 mod container;
 mod daemon;
 mod daemon_guards;
+mod defences;
 mod docs;
 mod faults;
 mod guards;

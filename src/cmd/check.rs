@@ -19,6 +19,7 @@ use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
 use crate::pyenv::{self, AGENTDOJO_VERSION};
 use crate::root::{CONFIG_FILE, Root};
+use crate::settings::defence::{ToolCalling, ToolResultRole};
 use crate::settings::{GuardConfig, Unavailable};
 use crate::spec::{Backend, Version};
 use crate::util;
@@ -138,6 +139,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     report.extend(docker);
     if let Some(version) = &version {
         check_model_files(version, &mut report);
+        check_tool_result_role(version, &mut report);
     }
     report.extend(gpu);
     report.extend(dbus);
@@ -300,6 +302,73 @@ fn check_model_files(version: &Version, report: &mut Report) {
     }
 }
 
+/// The role prompted tool results carry, against the served model's chat template where
+/// it can be read here (`chat_template.jinja` or `tokenizer_config.json` in the model's
+/// folder, or the file `--chat-template` names): a template that never names the role
+/// renders it as it renders an unknown one, or drops it — the model then reads its tool
+/// results unlike anything it was trained on. A template with an untrusted-input role
+/// (Meta-SecAlign's `input`) while results go as `user` wastes the model's defence.
+fn check_tool_result_role(version: &Version, report: &mut Report) {
+    let model = &version.spec.model;
+    if model.tool_calling != ToolCalling::Prompted {
+        return;
+    }
+    let role = model.tool_result_role.as_str();
+    let fix = Some(format!("set [model] tool_result_role in {}", version.path.display()));
+    let Some((source, template)) = chat_template(version) else {
+        return report.ok(format!(
+            "tool results as role {role} (prompted; the served model's chat template is not readable here)"
+        ));
+    };
+    let named = |r: &str| template.contains(&format!("'{r}'")) || template.contains(&format!("\"{r}\""));
+    match model.tool_result_role {
+        ToolResultRole::User if named("input") => report.warn(
+            format!("tool results go as role user, but the chat template ({source}) has a role 'input' for untrusted data"),
+            fix,
+        ),
+        ToolResultRole::User => report.ok(format!("tool results as role user (chat template {source})")),
+        _ if named(role) => report.ok(format!("tool results as role {role}: the chat template ({source}) names it")),
+        _ => report.warn(
+            format!("tool results as role {role}, which the chat template ({source}) never names: it renders them as an unknown role, or drops them"),
+            fix,
+        ),
+    }
+}
+
+/// The chat template of a version's model folder, and where it came from.
+fn chat_template(version: &Version) -> Option<(String, String)> {
+    let model = &version.spec.model;
+    let folder = model.path.as_deref();
+    // `--chat-template FILE`: a path inside the container's model mount is the folder's.
+    let named = model.args.iter().position(|a| a == "--chat-template").and_then(|i| model.args.get(i + 1));
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(file) = named {
+        match (file.strip_prefix("/model/"), folder) {
+            (Some(inside), Some(folder)) => candidates.push(folder.join(inside)),
+            _ => candidates.push(PathBuf::from(file)),
+        }
+    }
+    if let Some(folder) = folder {
+        candidates.push(folder.join("chat_template.jinja"));
+    }
+    for path in candidates {
+        if let Ok(text) = util::read_config(&path) {
+            return Some((path.display().to_string(), text));
+        }
+    }
+    let config = folder?.join("tokenizer_config.json");
+    let value: serde_json::Value = serde_json::from_str(&util::read_config(&config).ok()?).ok()?;
+    let template = match value.get("chat_template")? {
+        serde_json::Value::String(t) => t.clone(),
+        // Several named templates: the role may be in any.
+        serde_json::Value::Array(named) => {
+            named.iter().filter_map(|t| t.get("template").and_then(|t| t.as_str())).collect::<Vec<_>>().join("\n")
+        }
+        _ => return None,
+    };
+    Some((config.display().to_string(), template))
+}
+
 fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str) {
     let Some(path) = path else {
         return report.fail(format!("{what} path: the spec names none"), fix);
@@ -458,7 +527,51 @@ fn generation_bound(version: &Version) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::glob_match;
+    use super::*;
+
+    /// The real vLLM image's template (SmolLM2 in ChatML, `tool` as `<tool_response>`),
+    /// read from the model folder as `tokenizer_config.json` holds it, or the `.jinja`.
+    #[test]
+    fn the_tool_result_role_is_checked_against_the_served_models_chat_template() {
+        let real =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/vllm-cpu/tool_chat_template.jinja"))
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (versions, model) = (dir.path().join("versions"), dir.path().join("model"));
+        std::fs::create_dir_all(&versions).unwrap();
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("tokenizer_config.json"), serde_json::json!({"chat_template": real}).to_string())
+            .unwrap();
+        let lines = |role: &str| {
+            let spec = format!(
+                "[model]\nbackend = \"docker\"\nimage = \"i\"\npath = {:?}\nserved_name = \"m\"\ntool_calling = \"prompted\"\ntool_result_role = \"{role}\"\n",
+                model.display().to_string()
+            );
+            std::fs::write(versions.join("v.toml"), spec).unwrap();
+            let mut report = Report::default();
+            check_tool_result_role(&Version::load(&versions, "v").unwrap(), &mut report);
+            report.0.into_iter().map(|l| (l.level, l.what)).collect::<Vec<_>>()
+        };
+        let tool = lines("tool");
+        assert!(
+            tool[0].0 == Level::Ok && tool[0].1.contains("names it") && tool[0].1.contains("tokenizer_config.json"),
+            "{:?}",
+            tool[0].1
+        );
+        let input = lines("input");
+        assert!(input[0].0 == Level::Warn && input[0].1.contains("never names"), "{:?}", input[0].1);
+        assert_eq!(lines("user")[0].0, Level::Ok);
+        // A template with an untrusted-input role (SecAlign's), read from the .jinja.
+        std::fs::write(model.join("chat_template.jinja"), "{% if message.role == 'input' %}untrusted{% endif %}")
+            .unwrap();
+        assert_eq!(lines("input")[0].0, Level::Ok);
+        let user = lines("user");
+        assert!(user[0].0 == Level::Warn && user[0].1.contains("role 'input' for untrusted data"), "{:?}", user[0].1);
+        // Nothing readable: said, not guessed.
+        std::fs::remove_file(model.join("chat_template.jinja")).unwrap();
+        std::fs::remove_file(model.join("tokenizer_config.json")).unwrap();
+        assert!(lines("input")[0].1.contains("not readable here"));
+    }
 
     #[test]
     fn unit_globs() {
