@@ -1,6 +1,7 @@
 //! The simulated model: an OpenAI-compatible server that acts out the
 //! AgentDojo ground truth, follows injections with a seeded probability per served
-//! name, and models latency and batch capacity. Deterministic and honest about being a
+//! name, names the task's tools to AgentDojo's tool filter, classifies tool outputs for
+//! the prompt-injection detector, and models latency and batch capacity. Deterministic and honest about being a
 //! simulation; not a language model and not a general mock.
 //!
 //! `truth` (truth.json) → `policy` (what to do) → `openai` (wire format) → `server`

@@ -4,7 +4,9 @@
 //! (`pruefstand run`) and for `pruefstand sim-serve`. With
 //! `VLLM_ALLOW_RUNTIME_LORA_UPDATING=true` in the environment it also serves vLLM's
 //! `POST /v1/load_lora_adapter` / `unload_lora_adapter`, so a warm container can take
-//! the next job's adapter. Not for behaviour (`policy`) or
+//! the next job's adapter. `POST /classify` is vLLM's classification API, answered by a
+//! simulated prompt-injection classifier (`[sim.classifier]`): the reference classifier
+//! of the `classifier` guardrail. Not for behaviour (`policy`) or
 //! the wire format of messages (`openai`).
 
 use std::net::SocketAddr;
