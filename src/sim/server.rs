@@ -372,7 +372,7 @@ async fn classify(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         .iter()
         .enumerate()
         .map(|(index, text)| {
-            let flagged = state.policy.classifier_flags(&config.classifier, text);
+            let flagged = state.policy.classifier_flags(&config.classifier, &openai::observation_text(text));
             let (label, probs) = if flagged { ("INJECTION", [0.02, 0.98]) } else { ("SAFE", [0.97, 0.03]) };
             json!({"index": index, "label": label, "probs": probs, "num_classes": 2})
         })
