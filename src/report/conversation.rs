@@ -170,6 +170,7 @@ fn event_label(kind: &str) -> &str {
         "gave_up" => "■ agent gave up",
         "restart" => "↻ restarted",
         "context_overflow" => "⛔ context overflow",
+        "tool_filter" => "⛉ tool filter",
         other => other,
     }
 }
