@@ -170,6 +170,7 @@ const SPEC_SHAPE: Shape = &[
             ("backend", &["\"sim\"", "\"docker\"", "\"external\""]),
             ("served_name", &["\"sim/qwen3-8b\""]),
             ("tool_calling", &["\"native\"", "\"prompted\""]),
+            ("tool_result_role", &["\"user\"", "\"tool\"", "\"input\""]),
             ("image", &["\"vllm:1\""]),
             ("path", &["\"/models/x\""]),
             ("url", &["\"http://127.0.0.1:9/v1\""]),
@@ -184,9 +185,17 @@ const SPEC_SHAPE: Shape = &[
         ],
     ),
     ("[adapter]", &[("name", &["\"inj-harden-r3\""]), ("path", &["\"/adapters/x\""])]),
-    ("[guardrail]", &[("kind", &["\"heuristic\"", "\"none\""])]),
+    (
+        "[guardrail]",
+        &[
+            ("kind", &["\"heuristic\"", "\"none\"", "\"classifier\""]),
+            ("threshold", &["0.5"]),
+            ("timeout_s", &["10.0"]),
+        ],
+    ),
     ("[human]", &[("policy", &["\"approve_all\""])]),
     ("[sim]", &[("seed", &["7"])]),
+    ("[sim.classifier]", &[("detects", &["0.95"]), ("false_positives", &["0.04"])]),
     (
         "[sim.latency]",
         &[
