@@ -174,7 +174,7 @@ impl RunRequest {
     }
 
     /// The version's reference, loaded, when this request runs it first.
-    fn reference_version(&self, root: &Root) -> anyhow::Result<Option<Version>> {
+    pub(super) fn reference_version(&self, root: &Root) -> anyhow::Result<Option<Version>> {
         match (self.reference, self.version.reference()) {
             (ReferencePolicy::FirstWhenNamed, Some(name)) => Ok(Some(Version::load(&root.versions(), name)?)),
             _ => Ok(None),
