@@ -643,9 +643,12 @@ pub fn paired_early_stop(
                         let (b, c): (i64, i64) =
                             pairs.iter().fold((0, 0), |(b, c), p| (b + p.for_.0 as i64, c + p.for_.1 as i64));
                         let diff = (b - c) as f64 / keys.len() as f64;
-                        let test = stats::sign_flip_test(&d, t.permutations, t.seed);
-                        let p_holm = stats::holm(&[test.p_value, 1.0])[0];
-                        row.full_fails += u32::from(p_holm < t.alpha && diff > t.margin);
+                        // Within the margin R4 passes whatever the test says: skip it.
+                        let significant = || {
+                            let test = stats::sign_flip_test(&d, t.permutations, t.seed);
+                            stats::holm(&[test.p_value, 1.0])[0] < t.alpha
+                        };
+                        row.full_fails += u32::from(diff > t.margin && significant());
                     }
                 }
             }
@@ -785,6 +788,33 @@ mod tests {
         let rows = early_stop(&profile_shape("voll"), &clear, 60, 17, &t.r2);
         assert!(rows[0].mean_fraction <= 0.6 && rows[0].passes == 60, "{:?}", rows[0]);
         assert!(rows[1].mean_fraction <= 0.25 && rows[1].fails == 60, "{:?}", rows[1]);
+    }
+
+    /// R4's sequential test at a regression exactly at the margin, where injection tasks
+    /// differ most (sd_V 1) and least (0): early approvals within the promise (≤ 5 %, here
+    /// ≤ 8.5 % at 300 replicates); equal on average, few early rejections; a candidate as
+    /// much better than its reference as demo-kandidat stops within a third of the plan.
+    #[test]
+    fn paired_early_stop_approves_a_regression_at_the_margin_rarely() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/voll.toml");
+        let shape = Shape::of_profile_all_attacks(&Profile::load(&path).unwrap().0);
+        let t = Thresholds::default().r4;
+        let at = |sd_v: f64, difference: f64| PairedSetting {
+            sd_u: 1.0,
+            sd_v,
+            reference_rate: 0.1,
+            difference,
+            uneven: true,
+        };
+        for row in paired_early_stop(&shape, &[at(0.0, t.margin), at(1.0, t.margin)], 300, 19, &t) {
+            assert!(f64::from(row.early_passes) / 300.0 <= 0.085, "{row:?}");
+        }
+        for row in paired_early_stop(&shape, &[at(0.0, 0.0), at(1.0, 0.0)], 300, 23, &t) {
+            assert!(f64::from(row.early_fails + row.full_fails) / 300.0 <= 0.085, "{row:?}");
+        }
+        let better = PairedSetting { reference_rate: 0.4, difference: -0.39, ..at(0.5, 0.0) };
+        let row = &paired_early_stop(&shape, &[better], 60, 29, &t)[0];
+        assert!(row.early_passes == 60 && row.mean_fraction <= 0.35, "{row:?}");
     }
 
     /// The study's fast path decides as the rule does on the same records.

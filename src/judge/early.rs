@@ -165,9 +165,9 @@ pub struct Sequential {
     /// first that is not.
     pub user_tasks_complete: usize,
     pub user_tasks: usize,
-    /// User tasks (of the order) seen when the run could stop, and the verdict R2 and R3
-    /// give then: `rejected` (a rule failed) or `approved` (R2 and R3 passed, no
-    /// reference).
+    /// User tasks (of the order) seen when the run could stop, and the verdict R2, R3 and
+    /// R4's sequential test give then: `rejected` (a rule failed) or `approved` (R2 and
+    /// R3 passed and, with a reference, R4 both comparisons non-inferior).
     pub stop_at: Option<usize>,
     pub verdict: Option<Verdict>,
     pub asr: Track,
@@ -550,7 +550,7 @@ mod tests {
             trained_on: vec!["important_instructions".into()],
         };
         let scope = super::super::families::scope(&facts, &records);
-        let seq = decide(&cases, &order, &records, &Thresholds::default(), false, &scope);
+        let seq = decide(&cases, &order, &records, &Thresholds::default(), None, &scope);
         assert_eq!(seq.verdict, Some(Verdict::Rejected), "{seq:?}");
         assert_eq!(seq.r2(), RuleStatus::Fail);
         // Counting every attacked case the landed ones are diluted by the trained family.

@@ -4,7 +4,7 @@
 //! `judged_at` stamp — so a stored run can be re-judged and a study can call the rules in
 //! a loop; [`judge_dir`] loads a run directory into that input (`load`) and judges it, the
 //! one entry point `run` and `judge` take. `early` decides when a run that stops early
-//! may stop.
+//! may stop, `paired` is R4's sequential form it asks.
 //!
 //! Not here: the statistics ([`crate::stats`]), the order a run dispatches its cases in
 //! ([`crate::order`]), the error-rate studies ([`crate::study`]), writing reports
@@ -334,8 +334,8 @@ pub fn judge(input: &JudgeInput) -> Judgement {
             list.push(rules::not_judged(id, name));
         }
     } else if let Some(early) = &early {
-        // Stopped early: R2 and R3 are what the betting tests decided; R4 compares whole
-        // plans and has nothing to say about part of one.
+        // Stopped early: R2, R3 and (with a reference) R4 are what the betting tests
+        // decided; an R4 they had not decided has nothing to say about part of a plan.
         let seq = &early.sequential;
         list.push(r2(rules::sequential(rules::r2_security_named(&r2_records, &t.r2, asr_name), seq.r2(), &[&seq.asr])));
         list.push(rules::sequential(
