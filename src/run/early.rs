@@ -77,23 +77,12 @@ pub fn watch(
         cases: plan.cases.clone(),
         order: early.order.clone(),
         thresholds: plan.profile.rules.clone(),
-        reference: reference_records(request, root)?,
+        reference: request.reference_records(root)?,
         scope: crate::judge::families::scope(&request.attack_families(), &[]),
         records,
         remaining,
     };
     Ok((crate::order::dispatch_order(&plan.cases, &early.order), Box::new(sink)))
-}
-
-/// The records of the reference's complete run on this plan, found as `run` found it.
-fn reference_records(request: &RunRequest, root: &Root) -> anyhow::Result<Option<Vec<CaseRecord>>> {
-    let Some(version) = request.reference_version(root)? else { return Ok(None) };
-    let Some(dir) = super::reference::find_reference_run(&root.reports(), &version, &request.plan, &request.inventory)
-    else {
-        return Ok(Some(Vec::new()));
-    };
-    let records = RunDir::new(dir).read_cases_strict()?;
-    Ok(Some(crate::judge::dedup(&records)))
 }
 
 fn block(suite: &str, user_task: Option<&str>) -> String {
