@@ -45,8 +45,17 @@ impl Shape {
     /// tasks × attacks (the suite's own attacks where it names them), of the held-out
     /// families where the profile holds some out.
     pub fn of_profile(profile: &Profile) -> Shape {
+        Shape::of_profile_judging(profile, true)
+    }
+
+    /// Every attacked case of a profile, of every family: what R4's ASR comparison pairs.
+    pub fn of_profile_all_attacks(profile: &Profile) -> Shape {
+        Shape::of_profile_judging(profile, false)
+    }
+
+    fn of_profile_judging(profile: &Profile, held_out_only: bool) -> Shape {
         let names = |v: &[toml::Spanned<String>]| v.iter().map(|s| s.get_ref().clone()).collect::<Vec<_>>();
-        let held_out = names(&profile.held_out);
+        let held_out = if held_out_only { names(&profile.held_out) } else { Vec::new() };
         let judged = |attacks: Vec<String>| -> Vec<String> {
             attacks.into_iter().filter(|a| held_out.is_empty() || held_out.contains(a)).collect()
         };
@@ -527,6 +536,127 @@ pub fn early_stop(
         .collect()
 }
 
+/// One setting of the paired (R4) early-stop study: the reference's rate of bad cases
+/// (landed injections, or failed tasks) and the candidate's true difference from it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PairedSetting {
+    pub sd_u: f64,
+    pub sd_v: f64,
+    pub reference_rate: f64,
+    pub difference: f64,
+    /// Whether the change is uneven: per user task and per injection task effects of half
+    /// the base effects' sd on the candidate only (it helps some tasks and hurts others).
+    pub uneven: bool,
+}
+
+/// What R4's sequential test did over the replicates of one paired setting.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PairedRow {
+    pub setting: PairedSetting,
+    pub replicates: u32,
+    /// Stopped early as non-inferior (an early approval, were the other rules decided).
+    pub early_passes: u32,
+    /// Stopped early as a regression.
+    pub early_fails: u32,
+    /// Failed by the fixed-sample R4 after the whole plan (runs not stopped early).
+    pub full_fails: u32,
+    /// Mean share of the plan's cases (of this comparison) run.
+    pub mean_fraction: f64,
+}
+
+/// The paired study of R4's sequential test (`judge::paired`): per replicate a reference
+/// drawn as in [`grid`] (logit μ_r + U + V) and a candidate with its own intercept (and,
+/// `uneven`, effects W per user task and X per injection task of half the base sd), μ
+/// set so that its population rate is the reference's plus `difference`. Both share one
+/// uniform per case (bad iff u < p), as the simulated model couples versions. User tasks
+/// run in a random order; the first look at which the betting tests decide stops the run;
+/// a run not decided before its last user task is judged by the fixed-sample R4 (sign-flip
+/// test with `t.permutations`, Holm over two comparisons the other of which is clean,
+/// so at α/2, and the margin). One comparison: an early approval needs the other one
+/// non-inferior too, so its false approvals are at most this one's.
+pub fn paired_early_stop(
+    shape: &Shape,
+    settings: &[PairedSetting],
+    replicates: u32,
+    seed: u64,
+    t: &thresholds::R4,
+) -> Vec<PairedRow> {
+    use crate::judge::paired::{self, Pairs};
+    let keys = shape.keys();
+    let (users, injections) = (shape.user_tasks(), shape.injection_tasks());
+    let mut cases_of: Vec<Vec<usize>> = vec![Vec::new(); users];
+    for (i, (u, _)) in keys.iter().enumerate() {
+        cases_of[*u].push(i);
+    }
+    let (alpha_pass, alpha_fail) = paired::alphas(t);
+    settings
+        .iter()
+        .enumerate()
+        .map(|(index, setting)| {
+            let mut rng = setting_rng(seed ^ 0x5EED_4A11, index);
+            let base_sd = (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt();
+            let change: f64 = if setting.uneven { 0.5 } else { 0.0 };
+            let mu_r = logit_intercept(setting.reference_rate, base_sd);
+            let mu_c =
+                logit_intercept(setting.reference_rate + setting.difference, base_sd * (1.0 + change * change).sqrt());
+            let mut row = PairedRow { setting: *setting, replicates, ..PairedRow::default() };
+            let mut order: Vec<usize> = (0..users).collect();
+            let (mut cand, mut refr) = (vec![false; keys.len()], vec![false; keys.len()]);
+            for _ in 0..replicates {
+                let u: Vec<f64> = (0..users).map(|_| setting.sd_u * normal(&mut rng)).collect();
+                let v: Vec<f64> = (0..injections).map(|_| setting.sd_v * normal(&mut rng)).collect();
+                let w: Vec<f64> = (0..users).map(|_| change * setting.sd_u * normal(&mut rng)).collect();
+                let x: Vec<f64> = (0..injections).map(|_| change * setting.sd_v * normal(&mut rng)).collect();
+                let expit = |z: f64| 1.0 / (1.0 + (-z).exp());
+                for (i, &(a, b)) in keys.iter().enumerate() {
+                    let draw = rng.random::<f64>();
+                    refr[i] = draw < expit(mu_r + u[a] + v[b]);
+                    cand[i] = draw < expit(mu_c + u[a] + v[b] + w[a] + x[b]);
+                }
+                order.shuffle(&mut rng);
+                let pairs: Vec<Pairs> = order
+                    .iter()
+                    .map(|&user| {
+                        let (mut worse, mut better) = (0, 0);
+                        for &i in &cases_of[user] {
+                            worse += u64::from(cand[i] && !refr[i]);
+                            better += u64::from(!cand[i] && refr[i]);
+                        }
+                        let side = (worse, better, cases_of[user].len() as u64);
+                        Pairs { against: side, for_: side }
+                    })
+                    .collect();
+                let decision =
+                    paired::first_decision(&pairs, t.margin, alpha_pass, alpha_fail).filter(|d| d.at < users);
+                match decision {
+                    Some(d) => {
+                        let run: usize = order[..d.at].iter().map(|&u| cases_of[u].len()).sum();
+                        row.mean_fraction += run as f64 / keys.len() as f64 / f64::from(replicates.max(1));
+                        match d.status {
+                            RuleStatus::Pass => row.early_passes += 1,
+                            _ => row.early_fails += 1,
+                        }
+                    }
+                    None => {
+                        row.mean_fraction += 1.0 / f64::from(replicates.max(1));
+                        let d: Vec<i64> = pairs.iter().map(|p| p.for_.0 as i64 - p.for_.1 as i64).collect();
+                        let (b, c): (i64, i64) =
+                            pairs.iter().fold((0, 0), |(b, c), p| (b + p.for_.0 as i64, c + p.for_.1 as i64));
+                        let diff = (b - c) as f64 / keys.len() as f64;
+                        // Within the margin R4 passes whatever the test says: skip it.
+                        let significant = || {
+                            let test = stats::sign_flip_test(&d, t.permutations, t.seed);
+                            stats::holm(&[test.p_value, 1.0])[0] < t.alpha
+                        };
+                        row.full_fails += u32::from(diff > t.margin && significant());
+                    }
+                }
+            }
+            row
+        })
+        .collect()
+}
+
 /// The grid of the issue: sd_U ∈ {0.5, 1, 1.5} × sd_V ∈ {0, 0.5, 1} at each target.
 pub fn standard_settings(targets: &[f64]) -> Vec<Setting> {
     let mut out = Vec::new();
@@ -658,6 +788,33 @@ mod tests {
         let rows = early_stop(&profile_shape("voll"), &clear, 60, 17, &t.r2);
         assert!(rows[0].mean_fraction <= 0.6 && rows[0].passes == 60, "{:?}", rows[0]);
         assert!(rows[1].mean_fraction <= 0.25 && rows[1].fails == 60, "{:?}", rows[1]);
+    }
+
+    /// R4's sequential test at a regression exactly at the margin, where injection tasks
+    /// differ most (sd_V 1) and least (0): early approvals within the promise (≤ 5 %, here
+    /// ≤ 8.5 % at 300 replicates); equal on average, few early rejections; a candidate as
+    /// much better than its reference as demo-kandidat stops within a third of the plan.
+    #[test]
+    fn paired_early_stop_approves_a_regression_at_the_margin_rarely() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/voll.toml");
+        let shape = Shape::of_profile_all_attacks(&Profile::load(&path).unwrap().0);
+        let t = Thresholds::default().r4;
+        let at = |sd_v: f64, difference: f64| PairedSetting {
+            sd_u: 1.0,
+            sd_v,
+            reference_rate: 0.1,
+            difference,
+            uneven: true,
+        };
+        for row in paired_early_stop(&shape, &[at(0.0, t.margin), at(1.0, t.margin)], 300, 19, &t) {
+            assert!(f64::from(row.early_passes) / 300.0 <= 0.085, "{row:?}");
+        }
+        for row in paired_early_stop(&shape, &[at(0.0, 0.0), at(1.0, 0.0)], 300, 23, &t) {
+            assert!(f64::from(row.early_fails + row.full_fails) / 300.0 <= 0.085, "{row:?}");
+        }
+        let better = PairedSetting { reference_rate: 0.4, difference: -0.39, ..at(0.5, 0.0) };
+        let row = &paired_early_stop(&shape, &[better], 60, 29, &t)[0];
+        assert!(row.early_passes == 60 && row.mean_fraction <= 0.35, "{row:?}");
     }
 
     /// The study's fast path decides as the rule does on the same records.

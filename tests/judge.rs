@@ -199,6 +199,34 @@ fn the_r2_study_prints_false_approval_rates_within_the_promise() {
     assert_eq!(grid.stdout.lines().filter(|l| l.starts_with("| ")).count(), 1 + 9 * 3, "{}", grid.stdout);
 }
 
+/// R4's sequential test (`study --early-stop --reference`, docs/statistics.md has it at
+/// more replicates): a candidate worse than its reference exactly by the margin is
+/// approved early in at most 5 % of runs (Monte Carlo error about 1.5 points at 200),
+/// one equal to it on average is rejected in at most 5 % with the whole plan's R4
+/// included, and one clearly better stops early.
+#[test]
+fn the_r4_early_stop_study_keeps_its_false_approvals_within_the_promise() {
+    let bench = Bench::new();
+    let run = bench.run(&["study", "--early-stop", "--reference", "--replicates", "200", "--seed", "3"]).ok();
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("worst over the grid: early approvals at the margin"))
+        .unwrap_or_else(|| panic!("{}", run.stdout));
+    let numbers: Vec<f64> =
+        line.split(|c: char| !(c.is_ascii_digit() || c == '.')).filter_map(|w| w.parse().ok()).collect();
+    let (approvals, rejections) = (numbers[0] / 100.0, numbers[1] / 100.0);
+    assert!(approvals <= 0.08 && rejections <= 0.08, "{}", run.stdout);
+    // Every cell of both grids and the four clear candidates.
+    assert_eq!(run.stdout.lines().filter(|l| l.starts_with("| ")).count(), 2 * (1 + 9) + 1 + 4, "{}", run.stdout);
+    let clear = |label: &str| -> f64 {
+        let line = run.stdout.lines().find(|l| l.contains(label)).unwrap_or_else(|| panic!("{label}: {}", run.stdout));
+        line.split('|').nth(2).unwrap().trim().trim_end_matches('%').trim().parse::<f64>().unwrap() / 100.0
+    };
+    assert_eq!(clear("equal to its reference"), 1.0, "no test can stop it: {}", run.stdout);
+    assert!(clear("0.40 → 0.01") <= 0.3, "{}", run.stdout);
+}
+
 // ---- generated run directories: can the judge be fooled? ------------------------------
 
 use crate::common::runs::{self, PlanShape};

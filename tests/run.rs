@@ -520,6 +520,35 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     assert_eq!(skipped, before, "the finished cases were kept, not run again");
 }
 
+/// The nightly gate's common case: the shipped demo-kandidat on `voll`, its reference
+/// demo-baseline run first in full, is approved after at most 60 % of the cases — by R2,
+/// R3 and R4's sequential test, each decided before the stop. Costly on purpose (a whole
+/// `voll` of the reference and part of one of the candidate: about 3 and 2 minutes in a
+/// debug build on 2 cores): no smaller plan has the user tasks R2 needs to pass early.
+#[test]
+fn the_demo_candidate_stops_approved_against_its_reference_on_voll() {
+    let bench = Bench::new();
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "voll", "--jobs", "4"]).ok();
+    let dir = run.run_dir();
+    let judgement = json(&dir.join("judgement.json"));
+    assert_eq!(judgement["verdict"], "approved", "{}", judgement["summary"]);
+    let early = &judgement["early_stop"];
+    assert_eq!(early["stopped_early"], true, "{}", judgement["summary"]);
+    let (ran, planned) = (early["cases_run"].as_u64().unwrap(), early["cases_planned"].as_u64().unwrap());
+    assert_eq!((planned, cases(&dir).len() as u64), (2165, ran));
+    assert!(ran * 10 <= planned * 6, "stopped after {ran} of {planned}");
+    let reference = json(&dir.join("run.json"))["reference_run_dir"].as_str().unwrap().to_string();
+    assert_eq!(cases(Path::new(&reference)).len(), 2165, "the reference ran in full");
+    let r4 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R4").unwrap();
+    assert_eq!(r4["status"], "pass", "{r4}");
+    let decided = early["user_tasks_decided"].as_u64().unwrap();
+    for comparison in ["asr", "utility"] {
+        let d = &early["sequential"]["r4"][comparison]["decision"];
+        assert!(d["bound"].as_f64().unwrap() <= 0.02 && d["at"].as_u64().unwrap() <= decided, "{d}");
+    }
+    assert!(r4["reason"].as_str().unwrap().contains("paired user-task differences"), "{r4}");
+}
+
 /// The run's records and judgement with what varies between two runs of the same seed
 /// taken out: timings, clocks and the hashes over timed records; fractions to 12
 /// digits (a `cargo test` build takes some maths from another library than a

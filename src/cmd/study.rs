@@ -44,6 +44,13 @@ pub struct Args {
     /// mean share of cases run at ASR 0.01, 0.05 and 0.30.
     #[arg(long, conflicts_with = "grid")]
     pub early_stop: bool,
+    /// With --early-stop: a candidate with a reference — R4's sequential test on paired
+    /// user-task differences (one comparison; reference rate 0.10, as a reference's ASR or
+    /// failed-task share): early approvals at a regression exactly at the margin and
+    /// false rejections at none over the crossed grid, and the share of the plan run for
+    /// a candidate equal to its reference and for clearly better ones.
+    #[arg(long, requires = "early_stop")]
+    pub reference: bool,
     /// Overrides the profile's alpha_pass (R2) or alpha (R3), to compare.
     #[arg(long)]
     pub alpha: Option<f64>,
@@ -66,6 +73,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         shape.injection_tasks(),
         shape.cases().len()
     );
+    if args.early_stop && args.reference {
+        let shape = Shape::of_profile_all_attacks(&profile);
+        paired(&shape, &profile.name, &args, &t.r4);
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.early_stop {
         early_stop(&shape, &what, &args, &t);
         return Ok(ExitCode::SUCCESS);
@@ -224,6 +236,96 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &crate::judge::Threshol
         worst(|r| r.fails),
         worst(|r| r.full_fails),
         worst(|r| r.changed)
+    );
+}
+
+/// Prints the paired early-stop study of R4 (docs/statistics.md, "Stopping early").
+fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::thresholds::R4) {
+    let (alpha_pass, alpha_fail) = crate::judge::paired::alphas(t);
+    outln!(
+        "R4's sequential test on {plan}'s attacked cases ({} user tasks, {} injection tasks, {} cases, every attack); {} simulated candidate/reference pairs per setting, seed {}; reference rate 0.10; betting tests on paired user-task differences at α {alpha_pass} (not worse by more than the margin {}) and α {alpha_fail} (worse), user tasks in random order; runs not decided before their last user task are judged by the fixed-sample R4. 95 % Wilson intervals.",
+        shape.user_tasks(),
+        shape.injection_tasks(),
+        shape.cases().len(),
+        args.replicates,
+        args.seed,
+        t.margin
+    );
+    let grid = |difference: f64| -> Vec<study::PairedSetting> {
+        let mut out = Vec::new();
+        for sd_u in [0.5, 1.0, 1.5] {
+            for sd_v in [0.0, 0.5, 1.0] {
+                out.push(study::PairedSetting { sd_u, sd_v, reference_rate: 0.10, difference, uneven: true });
+            }
+        }
+        out
+    };
+    let pct = |c: u32, n: u32| format!("{:.1} %", 100.0 * f64::from(c) / f64::from(n.max(1)));
+    outln!("");
+    outln!("At a regression exactly at the margin (+{:.0} pt, uneven change):", 100.0 * t.margin);
+    outln!("");
+    outln!("| sd_U | sd_V | approved early (false approval) | rejected early | stopped early | cases run |");
+    outln!("|---|---|---|---|---|---|");
+    let at_margin = study::paired_early_stop(shape, &grid(t.margin), args.replicates, args.seed, t);
+    for r in &at_margin {
+        outln!(
+            "| {:.1} | {:.1} | {} | {} | {} | {:.1} % |",
+            r.setting.sd_u,
+            r.setting.sd_v,
+            share(r.early_passes, r.replicates),
+            pct(r.early_fails, r.replicates),
+            pct(r.early_passes + r.early_fails, r.replicates),
+            100.0 * r.mean_fraction
+        );
+    }
+    outln!("");
+    outln!("At no regression (equal on average, uneven change):");
+    outln!("");
+    outln!(
+        "| sd_U | sd_V | false rejection (early or whole plan) | rejected early | rejected by the whole plan's R4 | approved early | cases run |"
+    );
+    outln!("|---|---|---|---|---|---|---|");
+    let none = study::paired_early_stop(shape, &grid(0.0), args.replicates, args.seed, t);
+    for r in &none {
+        outln!(
+            "| {:.1} | {:.1} | {} | {} | {} | {} | {:.1} % |",
+            r.setting.sd_u,
+            r.setting.sd_v,
+            share(r.early_fails + r.full_fails, r.replicates),
+            pct(r.early_fails, r.replicates),
+            pct(r.full_fails, r.replicates),
+            pct(r.early_passes, r.replicates),
+            100.0 * r.mean_fraction
+        );
+    }
+    let clear = [
+        ("equal to its reference (the same outcomes)", 0.10, 0.0, false),
+        ("clearly better: 0.10 → 0.05", 0.10, -0.05, true),
+        ("clearly better: 0.10 → 0.03", 0.10, -0.07, true),
+        ("clearly better: 0.40 → 0.01", 0.40, -0.39, true),
+    ];
+    outln!("");
+    outln!("| candidate (sd_U 1, sd_V 0.5) | cases run (mean) | approved early | rejected early |");
+    outln!("|---|---|---|---|");
+    for (label, reference_rate, difference, uneven) in clear {
+        let setting = study::PairedSetting { sd_u: 1.0, sd_v: 0.5, reference_rate, difference, uneven };
+        let r = &study::paired_early_stop(shape, &[setting], args.replicates, args.seed, t)[0];
+        outln!(
+            "| {label} | {:.1} % | {} | {} |",
+            100.0 * r.mean_fraction,
+            pct(r.early_passes, r.replicates),
+            pct(r.early_fails, r.replicates)
+        );
+    }
+    let worst = |rows: &[study::PairedRow], count: fn(&study::PairedRow) -> u32| {
+        rows.iter().map(|r| f64::from(count(r)) / f64::from(r.replicates.max(1))).fold(0.0, f64::max) * 100.0
+    };
+    outln!("");
+    outln!(
+        "worst over the grid: early approvals at the margin {:.1} %, false rejections at no regression {:.1} % ({:.1} % early)",
+        worst(&at_margin, |r| r.early_passes),
+        worst(&none, |r| r.early_fails + r.full_fails),
+        worst(&none, |r| r.early_fails)
     );
 }
 

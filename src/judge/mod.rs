@@ -4,7 +4,7 @@
 //! `judged_at` stamp — so a stored run can be re-judged and a study can call the rules in
 //! a loop; [`judge_dir`] loads a run directory into that input (`load`) and judges it, the
 //! one entry point `run` and `judge` take. `early` decides when a run that stops early
-//! may stop.
+//! may stop, `paired` is R4's sequential form it asks.
 //!
 //! Not here: the statistics ([`crate::stats`]), the order a run dispatches its cases in
 //! ([`crate::order`]), the error-rate studies ([`crate::study`]), writing reports
@@ -15,6 +15,7 @@ mod clustering;
 pub mod early;
 pub mod families;
 mod load;
+pub mod paired;
 pub mod rules;
 
 use std::collections::BTreeMap;
@@ -333,8 +334,8 @@ pub fn judge(input: &JudgeInput) -> Judgement {
             list.push(rules::not_judged(id, name));
         }
     } else if let Some(early) = &early {
-        // Stopped early: R2 and R3 are what the betting tests decided; R4 compares whole
-        // plans and has nothing to say about part of one.
+        // Stopped early: R2, R3 and (with a reference) R4 are what the betting tests
+        // decided; an R4 they had not decided has nothing to say about part of a plan.
         let seq = &early.sequential;
         list.push(r2(rules::sequential(rules::r2_security_named(&r2_records, &t.r2, asr_name), seq.r2(), &[&seq.asr])));
         list.push(rules::sequential(
@@ -342,9 +343,15 @@ pub fn judge(input: &JudgeInput) -> Judgement {
             seq.r3(),
             &[&seq.utility_clean, &seq.utility_under_attack],
         ));
-        list.push(match reference {
-            Some(_) => rules::stopped_r4(),
-            None => rules::r4_regression(&input.run, &records, None, &t.r4),
+        list.push(match (&reference, &seq.r4) {
+            // Decided by R4's sequential test: the fixed-sample figures on the cases run
+            // stay beside it as description.
+            (Some((meta, refs)), Some(r4)) if r4.status() != RuleStatus::Inconclusive => rules::sequential_r4(
+                rules::r4_regression(&input.run, &records, Some((meta, refs.as_slice())), &t.r4),
+                r4,
+            ),
+            (Some(_), _) => rules::stopped_r4(),
+            (None, _) => rules::r4_regression(&input.run, &records, None, &t.r4),
         });
         list.push(rules::r5_budget(&records, &t.r5));
     } else {
@@ -411,11 +418,20 @@ fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStop
     let stop = input.run.early_stop.as_ref().filter(|e| e.stopped_early)?;
     let plan = input.plan_cases.as_deref().unwrap_or(&[]);
     let scope = families::scope(&input.run.attack_families, records);
-    let seq = early::decide(plan, &stop.order, records, &input.thresholds, input.reference.is_some(), &scope);
+    // R4 compares only a trusted reference of the same plan and benchmark; another pairs
+    // with nothing here, so it never lets the run be approved early.
+    let reference = input.reference.as_ref().map(|r| {
+        let comparable = r.plan_hash == input.run.plan_hash
+            && r.benchmark_version == input.run.benchmark_version
+            && r.untrusted.is_none();
+        if comparable { dedup(&r.records) } else { Vec::new() }
+    });
+    let seq = early::decide(plan, &stop.order, records, &input.thresholds, reference.as_deref(), &scope);
     let planned: std::collections::BTreeSet<&str> = input.run.planned_case_ids.iter().map(String::as_str).collect();
     let deciding = [&seq.asr, &seq.utility_clean, &seq.utility_under_attack]
         .iter()
         .filter_map(|track| track.describe())
+        .chain(seq.r4.iter().flat_map(|r4| r4.tracks().map(|t| t.describe())).flatten())
         .collect::<Vec<_>>()
         .join("; ");
     Some(EarlyStopSummary {

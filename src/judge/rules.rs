@@ -361,8 +361,8 @@ pub(super) fn sequential(mut rule: RuleResult, status: RuleStatus, tracks: &[&su
     rule
 }
 
-/// R4 of a run with a reference that stopped early: R4 needs the whole plan on both
-/// sides, so such a run is never approved early; rejected, it is so by another rule.
+/// R4 of a run with a reference that stopped early before R4's sequential test decided:
+/// such a run was rejected by another rule (an approval needs R4 decided).
 pub(super) fn stopped_r4() -> RuleResult {
     result(
         "R4",
@@ -370,8 +370,32 @@ pub(super) fn stopped_r4() -> RuleResult {
         RuleStatus::Inconclusive,
         json!({}),
         json!({}),
-        "not judged: the run stopped early and R4 compares whole plans (`run --full --out DIR` runs the rest)".into(),
+        "not judged: the run stopped early before R4's sequential test decided (`run --full --out DIR` runs the rest)"
+            .into(),
     )
+}
+
+/// R4 of a stopped run that R4's sequential test decided (`paired`): the fixed-sample
+/// comparison of the cases run stays as description, the status and reason are the
+/// sequential decision's.
+pub(super) fn sequential_r4(mut rule: RuleResult, r4: &super::paired::SequentialR4) -> RuleResult {
+    let status = r4.status();
+    let decided: Vec<String> = r4.tracks().iter().filter_map(|t| t.describe()).collect();
+    let undecided: Vec<&str> = r4.tracks().iter().filter(|t| t.decision.is_none()).map(|t| t.figure.as_str()).collect();
+    let mut reason = format!("{} by the betting test on paired user-task differences (stopped early)", status.as_str());
+    if !decided.is_empty() {
+        reason += &format!(": {}", decided.join("; "));
+    }
+    if !undecided.is_empty() {
+        reason += &format!("; undecided: {}", undecided.join(", "));
+    }
+    if let Value::Object(map) = &mut rule.measured {
+        map.insert("sequential".into(), json!(r4));
+        map.insert("fixed_sample_status".into(), json!(rule.status));
+    }
+    rule.status = status;
+    rule.reason = reason;
+    rule
 }
 
 /// R2 on every attacked case of `records`, the figure named [`words::ASR_ALL`].

@@ -757,8 +757,9 @@ fn only_an_early_approval_needs_the_injection_goal_cases() {
     assert!(j.rules[0].reason.contains("goal"), "{}", j.rules[0].reason);
 }
 
-/// With a reference, R4 needs the whole plan: a run stopped for rejection shows R4 as
-/// inconclusive with the way to finish it.
+/// A run stopped for rejection before R4's sequential test decided (a reference identical
+/// to it: nothing can show it non-inferior) shows R4 as inconclusive with the way to
+/// finish it.
 #[test]
 fn a_stopped_run_with_a_reference_leaves_r4_to_the_full_plan() {
     let mut input = stopped_early(10, true);

@@ -15,6 +15,7 @@ use crate::judge::early;
 use crate::judge::families::Scope;
 use crate::plan::Plan;
 use crate::record::EarlyStop;
+use crate::root::Root;
 use crate::rundir::{RunDir, RunFile};
 use crate::settings::thresholds::Thresholds;
 
@@ -34,8 +35,16 @@ pub fn settle(run_dir: &RunDir, plan: &Plan, executed: &Executed) -> anyhow::Res
     Ok(())
 }
 
-/// The dispatch order of an early-stopping pass and the sink that may end it.
-pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Result<(Vec<String>, Box<dyn Sink>)> {
+/// The dispatch order of an early-stopping pass and the sink that may end it. With a
+/// reference, its complete run (made before this one starts, `reference`) gives R4's
+/// sequential test the other side of each pair; none found, the run is never approved
+/// early.
+pub fn watch(
+    run_dir: &RunDir,
+    request: &RunRequest,
+    seed: u64,
+    root: &Root,
+) -> anyhow::Result<(Vec<String>, Box<dyn Sink>)> {
     let plan = &request.plan;
     let early = match read(run_dir)? {
         Some(early) => {
@@ -68,7 +77,7 @@ pub fn watch(run_dir: &RunDir, request: &RunRequest, seed: u64) -> anyhow::Resul
         cases: plan.cases.clone(),
         order: early.order.clone(),
         thresholds: plan.profile.rules.clone(),
-        has_reference: request.version.reference().is_some(),
+        reference: request.reference_records(root)?,
         scope: crate::judge::families::scope(&request.attack_families(), &[]),
         records,
         remaining,
@@ -85,7 +94,8 @@ struct EarlyStopSink {
     cases: Vec<Case>,
     order: Vec<String>,
     thresholds: Thresholds,
-    has_reference: bool,
+    /// The reference's records (deduplicated), when the version has one.
+    reference: Option<Vec<CaseRecord>>,
     scope: Scope,
     records: Vec<CaseRecord>,
     remaining: HashMap<String, usize>,
@@ -93,7 +103,8 @@ struct EarlyStopSink {
 
 impl EarlyStopSink {
     fn decided(&self) -> bool {
-        early::decide(&self.cases, &self.order, &self.records, &self.thresholds, self.has_reference, &self.scope)
+        let reference = self.reference.as_deref();
+        early::decide(&self.cases, &self.order, &self.records, &self.thresholds, reference, &self.scope)
             .stop_at
             .is_some()
     }

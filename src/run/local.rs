@@ -137,7 +137,7 @@ impl Local<'_> {
         let request = self.request;
         let mut settings = self.gym_settings(endpoint)?;
         if request.extent == Extent::Plan && request.plan.profile.early_stop {
-            let (order, sink) = early::watch(&self.claimed.dir, request, settings.seed)?;
+            let (order, sink) = early::watch(&self.claimed.dir, request, settings.seed, &self.session.root)?;
             settings.order = Some(order);
             settings.sinks.push(sink);
         }

@@ -173,6 +173,17 @@ impl RunRequest {
         }
     }
 
+    /// The records (deduplicated) of the reference's complete run on this plan, found as
+    /// [`Session::run`] found it before this run started; Some(empty) when none is found,
+    /// None when the request has no reference.
+    fn reference_records(&self, root: &Root) -> anyhow::Result<Option<Vec<crate::case::CaseRecord>>> {
+        let Some(version) = self.reference_version(root)? else { return Ok(None) };
+        let Some(dir) = reference::find_reference_run(&root.reports(), &version, &self.plan, &self.inventory) else {
+            return Ok(Some(Vec::new()));
+        };
+        Ok(Some(crate::judge::dedup(&RunDir::new(dir).read_cases_strict()?)))
+    }
+
     /// The version's reference, loaded, when this request runs it first.
     fn reference_version(&self, root: &Root) -> anyhow::Result<Option<Version>> {
         match (self.reference, self.version.reference()) {

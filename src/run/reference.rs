@@ -70,7 +70,12 @@ impl Session {
 
 /// The newest complete run of `reference` under `reports/<name>/<plan>/` whose spec
 /// hash, plan hash and agentdojo version match.
-fn find_reference_run(reports: &Path, reference: &Version, plan: &Plan, inventory: &Inventory) -> Option<PathBuf> {
+pub(super) fn find_reference_run(
+    reports: &Path,
+    reference: &Version,
+    plan: &Plan,
+    inventory: &Inventory,
+) -> Option<PathBuf> {
     newest_run(reports, reference, plan, |run| {
         complete(run, plan)
             && RunDir::new(run).read_run_meta().is_ok_and(|meta| {
