@@ -35,10 +35,14 @@ fn deb() -> PathBuf {
     let arch = String::from_utf8_lossy(&arch.stdout).trim().to_string();
     let path = repo().join(format!("target/debian/pruefstand_{}-1_{arch}.deb", env!("CARGO_PKG_VERSION")));
     let made = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or_else(|e| {
-        panic!("{}: {e}: make it with `scripts/package --profile dev` (scripts/test does)", path.display())
+        panic!("{}: {e}: make it with `scripts/package --profile dev --no-build` (scripts/test does)", path.display())
     });
     let built = std::fs::metadata(BIN).and_then(|m| m.modified()).unwrap();
-    assert!(made >= built, "{} is older than {BIN}: run `scripts/package --profile dev` again", path.display());
+    assert!(
+        made >= built,
+        "{} is older than {BIN}: run `scripts/package --profile dev --no-build` after `cargo build --bins --tests`",
+        path.display()
+    );
     path
 }
 
