@@ -353,3 +353,41 @@ fn the_guide_checker_finds_a_misspelt_command() {
         assert_eq!(out.status.code(), Some(2), "{words:?} passed");
     }
 }
+
+#[test]
+fn init_copies_the_examples_and_refuses_any_part_of_a_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = |args: &[&str]| Run::from(Command::new(BIN).arg("init").args(args).output().unwrap());
+    let from = repo();
+    let from = from.to_str().unwrap();
+    let root = dir.path().join("bench");
+    let made = init(&[root.to_str().unwrap(), "--from", from]).ok();
+    assert_eq!(made.stdout.trim(), root.to_str().unwrap());
+    for sub in ["versions", "profiles"] {
+        let mut want: Vec<_> = std::fs::read_dir(repo().join(sub)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let mut got: Vec<_> = std::fs::read_dir(root.join(sub)).unwrap().map(|e| e.unwrap().file_name()).collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{sub}/");
+    }
+    assert_eq!(std::fs::read_dir(root.join("reports")).unwrap().count(), 0);
+    // The copy is a working root: `check` finds it and its versions.
+    let check = Run::from(
+        Command::new(BIN).arg("--root").arg(&root).args(["check", "demo-kandidat", "--json"]).output().unwrap(),
+    );
+    assert!(check.stdout.contains("version demo-kandidat"), "{}\n{}", check.stdout, check.stderr);
+
+    // Any one part of a root is enough to refuse, and nothing is written then.
+    for part in ["pruefstand.toml", "versions", "profiles", "reports"] {
+        let other = dir.path().join(format!("has-{part}"));
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join(part), "mine").unwrap();
+        let refused = init(&[other.to_str().unwrap(), "--from", from]).code(2);
+        assert!(refused.stderr.contains(&format!("{part} exists")), "{}", refused.stderr);
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1, "init wrote beside {part}");
+    }
+    // Examples that are not there: named, with the way out.
+    let missing = init(&[dir.path().join("x").to_str().unwrap(), "--from", dir.path().to_str().unwrap()]).code(2);
+    assert!(missing.stderr.contains("holds no bench root examples (pass --from DIR)"), "{}", missing.stderr);
+    assert!(!dir.path().join("x").exists());
+}
