@@ -125,6 +125,8 @@ enum Command {
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
     Study(cmd::study::Args),
+    /// Make a new bench root (default ~/pruefstand) from the installed examples.
+    Init(cmd::init::Args),
     /// Create the managed Python venv with the pinned agentdojo now.
     Setup(cmd::setup::Args),
     /// Write the systemd user units with this binary and root filled in.
@@ -183,6 +185,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Serve(args) => cmd::serve::main(root, args).await,
+        Command::Init(args) => cmd::init::main(root, args),
         Command::Setup(args) => cmd::setup::main(args),
         Command::Study(args) => cmd::study::main(root, args),
         Command::Check(args) => cmd::check::main(root, args).await,

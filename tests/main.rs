@@ -25,6 +25,7 @@ mod hostile;
 mod isolation;
 mod judge;
 mod layers;
+mod package;
 mod queue;
 mod real_server;
 mod report;

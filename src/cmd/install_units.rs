@@ -1,6 +1,11 @@
 //! `pruefstand install-units`: writes the systemd user units of `units/` (built into
 //! the binary) with this binary's path and the bench root filled in, to
 //! `~/.config/systemd/user/` or `--dir`, and prints the commands that enable them.
+//! With `--packaged` (for `scripts/package`) it writes them as the Debian package
+//! installs them in `/usr/lib/systemd/user/`: `/usr/bin/pruefstand` on the bench root
+//! `%h/pruefstand` (what `pruefstand init` makes). Units a user writes to
+//! `~/.config/systemd/user/` take precedence over the packaged ones, so a root
+//! elsewhere is one `install-units` away.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +25,29 @@ pub struct Args {
     /// Where to write them (default: ~/.config/systemd/user).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// As the package installs them: /usr/bin/pruefstand, bench root %h/pruefstand
+    /// (needs --dir; for scripts/package).
+    #[arg(long, hide = true, requires = "dir")]
+    pub packaged: bool,
+}
+
+/// Where the package puts the binary.
+pub const PACKAGED_BIN: &str = "/usr/bin/pruefstand";
+
+/// A unit's text as the package installs it: the binary at [`PACKAGED_BIN`], the root
+/// `%h/` + [`crate::root::HOME_ROOT`] left to systemd's `%h` (the user's home), and the
+/// man page as the documentation (a packaged root holds no README).
+pub fn render_packaged(text: &str) -> String {
+    let root = format!("%h/{}", crate::root::HOME_ROOT);
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        if line.starts_with("Documentation=") {
+            out.push_str("Documentation=man:pruefstand-daemon(1) man:pruefstand(1)\n");
+        } else {
+            out.push_str(&line.replace("@PRUEFSTAND_BIN@", PACKAGED_BIN).replace("@PRUEFSTAND_ROOT@", &root));
+        }
+    }
+    out
 }
 
 /// A unit's text with the binary and root filled in, escaped for where they stand: a
@@ -80,6 +108,16 @@ fn url_path(text: &str) -> String {
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    if args.packaged {
+        let dir = args.dir.context("--packaged needs --dir")?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, text) in UNITS {
+            let path = dir.join(name);
+            crate::util::write_atomic(&path, render_packaged(text).as_bytes())?;
+            outln!("{}", path.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let root = Root::find(root)?;
     let bin = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding this binary")?;
     let dir = match args.dir {
@@ -114,5 +152,19 @@ mod tests {
             "Documentation=file:///r%%20%%25h/README.md\nExecStart=\"/b in/p\" --root \"/r %%h\" daemon\n"
         );
         assert!(render(text, std::path::Path::new("/b"), std::path::Path::new("/r\nx")).is_err());
+    }
+
+    #[test]
+    fn packaged_units_run_the_installed_binary_on_the_home_root() {
+        for (name, text) in UNITS {
+            let unit = render_packaged(text);
+            assert!(!unit.contains("@PRUEFSTAND_"), "{name} keeps a placeholder:\n{unit}");
+            for line in unit.lines().filter(|l| l.starts_with("ExecStart=")) {
+                assert!(line.starts_with("ExecStart=/usr/bin/pruefstand --root %h/pruefstand "), "{name}: {line}");
+            }
+        }
+        let service = render_packaged(UNITS[0].1);
+        assert!(service.contains("\nDocumentation=man:pruefstand-daemon(1) man:pruefstand(1)\n"), "{service}");
+        assert!(service.contains("ExecStart=/usr/bin/pruefstand --root %h/pruefstand daemon\n"), "{service}");
     }
 }

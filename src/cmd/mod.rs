@@ -9,6 +9,7 @@ pub mod compare;
 pub mod completions;
 pub mod daemon;
 pub mod gym;
+pub mod init;
 pub mod install_units;
 pub mod judge;
 pub mod log;
