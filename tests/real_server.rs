@@ -150,6 +150,89 @@ fn wait_healthy(base: &str, secs: u64, what: &str) {
     });
 }
 
+/// A container of the real vLLM image serving the converted model (and the adapters
+/// under `/adapters` when asked) on a loopback port with API key `k`, as the container
+/// module starts it; removed when dropped, by a failing test too.
+struct RealContainer {
+    name: String,
+    base: String,
+}
+
+impl RealContainer {
+    fn start(what: &str, env: &[&str], adapters: bool, args: &[&str]) -> RealContainer {
+        let dir = real_server();
+        let name = format!("pruefstand-test-{what}-{}", std::process::id());
+        let mut run = std::process::Command::new("docker");
+        run.args(["run", "-d", "--rm", "--name", &name, "-p", "127.0.0.1::8000", "--shm-size", "1g"]);
+        run.args(["-e", "VLLM_API_KEY=k"]);
+        for var in env {
+            run.args(["-e", var]);
+        }
+        run.arg("-v").arg(format!("{}:/model:ro", dir.join("model").display()));
+        if adapters {
+            run.arg("-v").arg(format!("{}:/adapters:ro", dir.join("adapters").display()));
+        }
+        run.args(["pruefstand-vllm-cpu:current", "python", "-m", "vllm.entrypoints.openai.api_server"]);
+        run.args(["--model", "/model", "--served-model-name", "smollm2", "--max-model-len", "2048"]);
+        run.args(["--enforce-eager", "--dtype", "float32"]).args(args);
+        let started = run.output().unwrap();
+        assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
+        let mut server = RealContainer { name, base: String::new() };
+        let port = String::from_utf8_lossy(
+            &std::process::Command::new("docker").args(["port", &server.name, "8000"]).output().unwrap().stdout,
+        )
+        .trim()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+        server.base = format!("http://127.0.0.1:{port}");
+        wait_healthy(&server.base, 600, "the real server");
+        server
+    }
+}
+
+impl Drop for RealContainer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker").args(["rm", "-f", &self.name]).output();
+    }
+}
+
+/// `pruefstand sim-serve` as a container would start it, named `smollm2`, API key `k`,
+/// with the given ground truth; killed when dropped.
+struct SimServer {
+    _bench: Bench,
+    child: std::process::Child,
+    base: String,
+}
+
+impl SimServer {
+    fn start(truth: &[u8], env: &[(&str, &str)]) -> SimServer {
+        let bench = Bench::new();
+        let model = bench.path().join("sim-model");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
+        std::fs::write(model.join("truth.json"), truth).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut cmd = bench.cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "smollm2"]);
+        cmd.args(["--port", &port.to_string(), "--api-key", "k"]);
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let child = cmd.spawn().unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_healthy(&base, 60, "the simulator");
+        SimServer { _bench: bench, child, base }
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// `(status, body)` of a JSON POST to `url`, with the bearer key.
 fn post(url: &str, key: &str, body: serde_json::Value) -> (u16, String) {
     let out = std::process::Command::new("curl")
@@ -186,64 +269,25 @@ fn the_simulator_answers_runtime_lora_loading_as_vllm_does() {
     };
 
     // The real server, as the container module starts it with runtime LoRA on.
-    let name = format!("pruefstand-test-lora-{}", std::process::id());
-    let started = std::process::Command::new("docker")
-        .args(["run", "-d", "--rm", "--name", &name, "-p", "127.0.0.1::8000", "--shm-size", "1g"])
-        .args(["-e", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True", "-e", "VLLM_API_KEY=k"])
-        .arg("-v")
-        .arg(format!("{}:/model:ro", dir.join("model").display()))
-        .arg("-v")
-        .arg(format!("{}:/adapters:ro", dir.join("adapters").display()))
-        .args([
-            "pruefstand-vllm-cpu:current",
-            "python",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "/model",
-        ])
-        .args(["--served-model-name", "smollm2", "--max-model-len", "2048", "--enforce-eager", "--dtype", "float32"])
-        .args(["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"])
-        .output()
-        .unwrap();
-    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
-    let port = String::from_utf8_lossy(
-        &std::process::Command::new("docker").args(["port", &name, "8000"]).output().unwrap().stdout,
-    )
-    .trim()
-    .rsplit(':')
-    .next()
-    .unwrap()
-    .to_string();
-    let base = format!("http://127.0.0.1:{port}");
-    wait_healthy(&base, 600, "the real server");
-    let real = statuses(&base, "/adapters");
-    let _ = std::process::Command::new("docker").args(["rm", "-f", &name]).output();
+    let server = RealContainer::start(
+        "lora",
+        &["VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"],
+        true,
+        &["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"],
+    );
+    let real = statuses(&server.base, "/adapters");
+    drop(server);
 
     // The simulator, from the command line as a container would start it.
-    let bench = Bench::new();
-    let model = bench.path().join("sim-model");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
     let env = pyenv();
     let truth = std::process::Command::new(&env.python)
         .arg(env.scripts.join("gym.py"))
         .args(["truth", "--benchmark-version", "v1.2.2"])
         .output()
         .unwrap();
-    std::fs::write(model.join("truth.json"), &truth.stdout).unwrap();
-    let sim_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut sim = bench
-        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "smollm2"])
-        .args(["--port", &sim_port.to_string(), "--api-key", "k"])
-        .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
-        .spawn()
-        .unwrap();
-    let sim_base = format!("http://127.0.0.1:{sim_port}");
-    wait_healthy(&sim_base, 60, "the simulator");
-    let simulated = statuses(&sim_base, &dir.join("adapters").display().to_string());
-    let _ = sim.kill();
-    let _ = sim.wait();
+    let sim = SimServer::start(&truth.stdout, &[("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")]);
+    let simulated = statuses(&sim.base, &dir.join("adapters").display().to_string());
+    drop(sim);
 
     let codes = |answers: &[(u16, String)]| answers.iter().map(|(status, _)| *status).collect::<Vec<_>>();
     assert_eq!(codes(&real), [200, 400, 404, 200, 404], "the real server: {real:?}");
@@ -258,7 +302,6 @@ fn the_simulator_answers_runtime_lora_loading_as_vllm_does() {
 /// simulator must give every request the real server's status.
 #[test]
 fn the_simulator_takes_the_defences_requests_as_vllm_does() {
-    let dir = real_server();
     let tools = serde_json::json!([{"type": "function", "function": {"name": "get_balance", "description": "Get the balance of the account.", "parameters": {"type": "object", "properties": {}}}}]);
     let call = serde_json::json!([{"id": "call_1", "type": "function", "function": {"name": "get_balance", "arguments": "{}"}}]);
     let opening = |model: &str| {
@@ -303,65 +346,14 @@ fn the_simulator_takes_the_defences_requests_as_vllm_does() {
             .collect()
     };
 
-    let name = format!("pruefstand-test-defences-{}", std::process::id());
-    let started = std::process::Command::new("docker")
-        .args([
-            "run",
-            "-d",
-            "--rm",
-            "--name",
-            &name,
-            "-p",
-            "127.0.0.1::8000",
-            "--shm-size",
-            "1g",
-            "-e",
-            "VLLM_API_KEY=k",
-        ])
-        .arg("-v")
-        .arg(format!("{}:/model:ro", dir.join("model").display()))
-        .args([
-            "pruefstand-vllm-cpu:current",
-            "python",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            "/model",
-        ])
-        .args(["--served-model-name", "smollm2", "--max-model-len", "2048", "--enforce-eager", "--dtype", "float32"])
-        .args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
-        .output()
-        .unwrap();
-    assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
-    let port = String::from_utf8_lossy(
-        &std::process::Command::new("docker").args(["port", &name, "8000"]).output().unwrap().stdout,
-    )
-    .trim()
-    .rsplit(':')
-    .next()
-    .unwrap()
-    .to_string();
-    let base = format!("http://127.0.0.1:{port}");
-    wait_healthy(&base, 600, "the real server");
-    let real = ask(&base);
-    let _ = std::process::Command::new("docker").args(["rm", "-f", &name]).output();
+    let server =
+        RealContainer::start("defences", &[], false, &["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
+    let real = ask(&server.base);
+    drop(server);
 
-    let bench = Bench::new();
-    let model = bench.path().join("sim-model");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
-    std::fs::copy(crate::common::truth_file(), model.join("truth.json")).unwrap();
-    let sim_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut sim = bench
-        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "smollm2"])
-        .args(["--port", &sim_port.to_string(), "--api-key", "k"])
-        .spawn()
-        .unwrap();
-    let sim_base = format!("http://127.0.0.1:{sim_port}");
-    wait_healthy(&sim_base, 60, "the simulator");
-    let simulated = ask(&sim_base);
-    let _ = sim.kill();
-    let _ = sim.wait();
+    let sim = SimServer::start(&std::fs::read(crate::common::truth_file()).unwrap(), &[]);
+    let simulated = ask(&sim.base);
+    drop(sim);
 
     for (what, status, body) in &real[..3] {
         assert_eq!(*status, 200, "the real server refused {what}: {body}");

@@ -172,6 +172,17 @@ struct Splice {
     messages: Vec<Message>,
 }
 
+/// A query's raw messages as the agent's own, the bad one named by its index.
+fn read_messages(raw: &[Value]) -> Result<Vec<Message>, LlmError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Message::deserialize(m)
+                .map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}")))
+        })
+        .collect()
+}
+
 fn prefix_hash(raw: &[Value]) -> String {
     crate::util::sha256_hex(serde_json::to_string(raw).expect("JSON values serialize").as_bytes())
 }
@@ -322,14 +333,7 @@ impl Agent {
             }
         }
         let raw = q.messages;
-        let mut messages = raw
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                Message::deserialize(m)
-                    .map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut messages = read_messages(&raw)?;
         self.guard(&mut messages).await;
         // Splices go in back to front, so the earlier positions stay valid.
         for s in self.case.splices.iter().rev() {
@@ -489,15 +493,7 @@ impl Agent {
     /// call: the tools are listed as in every prompted request and the text is read
     /// whole. The version's guardrail and human take no part.
     async fn name_tools(&mut self, q: Query) -> Result<Turn, LlmError> {
-        let messages = q
-            .messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                Message::deserialize(m)
-                    .map_err(|e| LlmError::Protocol(format!("cannot read the query: messages[{i}]: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let messages = read_messages(&q.messages)?;
         let model = match &self.cfg.guardrail {
             GuardrailSpec::Agentdojo { defence: AgentdojoDefence::ToolFilter, model: Some(model) } => model.clone(),
             _ => self.cfg.model.clone(),
