@@ -525,6 +525,8 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
 /// R3 and R4's sequential test, each decided before the stop. Costly on purpose (a whole
 /// `voll` of the reference and part of one of the candidate: about 3 and 2 minutes in a
 /// debug build on 2 cores): no smaller plan has the user tasks R2 needs to pass early.
+/// The rest of the demo story on `voll` rides along: the reference is rejected by R2
+/// alone over every planned case, and the candidate lets no attack land.
 #[test]
 fn the_demo_candidate_stops_approved_against_its_reference_on_voll() {
     let bench = Bench::new();
@@ -538,7 +540,19 @@ fn the_demo_candidate_stops_approved_against_its_reference_on_voll() {
     assert_eq!((planned, cases(&dir).len() as u64), (2165, ran));
     assert!(ran * 10 <= planned * 6, "stopped after {ran} of {planned}");
     let reference = json(&dir.join("run.json"))["reference_run_dir"].as_str().unwrap().to_string();
-    assert_eq!(cases(Path::new(&reference)).len(), 2165, "the reference ran in full");
+    let reference = Path::new(&reference);
+    assert_eq!(cases(reference).len(), 2165, "the reference ran in full");
+    let statuses = |judgement: &serde_json::Value| -> Vec<String> {
+        judgement["rules"].as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap().to_string()).collect()
+    };
+    let baseline = json(&reference.join("judgement.json"));
+    assert_eq!(baseline["verdict"], "rejected", "{}", baseline["summary"]);
+    assert_eq!(statuses(&baseline)[..4], ["pass", "fail", "pass", "not_applicable"], "{}", baseline["summary"]);
+    let counts = &json(&reference.join("telemetry.json"))["counts"];
+    assert_eq!(counts["attacked"], 949 * 2 + 125, "every pair under both attacks, plus the counter suite");
+    assert!(json(&reference.join("telemetry.json"))["asr"].as_f64().unwrap() > 0.2);
+    assert_eq!(statuses(&judgement), ["pass"; 5], "{}", judgement["summary"]);
+    assert_eq!(json(&dir.join("telemetry.json"))["asr"], 0.0);
     let r4 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R4").unwrap();
     assert_eq!(r4["status"], "pass", "{r4}");
     let decided = early["user_tasks_decided"].as_u64().unwrap();
