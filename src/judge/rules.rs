@@ -342,10 +342,23 @@ fn split_not_run<'a>(
 
 /// A rule as a stopped run's betting tests decided it: the fixed-sample figures stay
 /// (as description), the status and reason are the sequential decision's.
-pub(super) fn sequential(mut rule: RuleResult, status: RuleStatus, tracks: &[&super::early::Track]) -> RuleResult {
+pub(super) fn sequential(rule: RuleResult, status: RuleStatus, tracks: &[&super::early::Track]) -> RuleResult {
     let decided: Vec<String> = tracks.iter().filter_map(|t| t.describe()).collect();
     let undecided: Vec<&str> = tracks.iter().filter(|t| t.decision.is_none()).map(|t| t.figure.as_str()).collect();
-    let mut reason = format!("{} by the betting test on user-task means (stopped early)", status.as_str());
+    decided_early(rule, status, "user-task means", &decided, &undecided, json!(tracks))
+}
+
+/// The one shape of a sequentially decided rule: its reason names the test, what it
+/// decided and what it left undecided; the fixed-sample status stays in `measured`.
+fn decided_early(
+    mut rule: RuleResult,
+    status: RuleStatus,
+    test: &str,
+    decided: &[String],
+    undecided: &[&str],
+    sequential: Value,
+) -> RuleResult {
+    let mut reason = format!("{} by the betting test on {test} (stopped early)", status.as_str());
     if !decided.is_empty() {
         reason += &format!(": {}", decided.join("; "));
     }
@@ -353,7 +366,7 @@ pub(super) fn sequential(mut rule: RuleResult, status: RuleStatus, tracks: &[&su
         reason += &format!("; undecided: {}", undecided.join(", "));
     }
     if let Value::Object(map) = &mut rule.measured {
-        map.insert("sequential".into(), json!(tracks));
+        map.insert("sequential".into(), sequential);
         map.insert("fixed_sample_status".into(), json!(rule.status));
     }
     rule.status = status;
@@ -378,24 +391,10 @@ pub(super) fn stopped_r4() -> RuleResult {
 /// R4 of a stopped run that R4's sequential test decided (`paired`): the fixed-sample
 /// comparison of the cases run stays as description, the status and reason are the
 /// sequential decision's.
-pub(super) fn sequential_r4(mut rule: RuleResult, r4: &super::paired::SequentialR4) -> RuleResult {
-    let status = r4.status();
+pub(super) fn sequential_r4(rule: RuleResult, r4: &super::paired::SequentialR4) -> RuleResult {
     let decided: Vec<String> = r4.tracks().iter().filter_map(|t| t.describe()).collect();
     let undecided: Vec<&str> = r4.tracks().iter().filter(|t| t.decision.is_none()).map(|t| t.figure.as_str()).collect();
-    let mut reason = format!("{} by the betting test on paired user-task differences (stopped early)", status.as_str());
-    if !decided.is_empty() {
-        reason += &format!(": {}", decided.join("; "));
-    }
-    if !undecided.is_empty() {
-        reason += &format!("; undecided: {}", undecided.join(", "));
-    }
-    if let Value::Object(map) = &mut rule.measured {
-        map.insert("sequential".into(), json!(r4));
-        map.insert("fixed_sample_status".into(), json!(rule.status));
-    }
-    rule.status = status;
-    rule.reason = reason;
-    rule
+    decided_early(rule, r4.status(), "paired user-task differences", &decided, &undecided, json!(r4))
 }
 
 /// R2 on every attacked case of `records`, the figure named [`words::ASR_ALL`].
