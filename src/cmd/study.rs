@@ -188,18 +188,17 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &crate::judge::Threshol
         fmt_rate(p)
     );
     outln!("|---|---|---|---|---|---|---|---|---|");
-    let rate = |c: u32, n: u32| format!("{:.1} %", 100.0 * f64::from(c) / f64::from(n.max(1)));
     for r in &rows {
         outln!(
             "| {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {:.1} % |",
             r.setting.sd_u,
             r.setting.sd_v,
             share(r.passes, r.replicates),
-            rate(r.full_passes, r.replicates),
+            percent(r.full_passes, r.replicates),
             share(r.fails, r.replicates),
-            rate(r.full_fails, r.replicates),
+            percent(r.full_fails, r.replicates),
             share(r.changed, r.replicates),
-            rate(r.stopped_early, r.replicates),
+            percent(r.stopped_early, r.replicates),
             100.0 * r.mean_fraction
         );
     }
@@ -260,7 +259,6 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::threshold
         }
         out
     };
-    let pct = |c: u32, n: u32| format!("{:.1} %", 100.0 * f64::from(c) / f64::from(n.max(1)));
     outln!("");
     outln!("At a regression exactly at the margin (+{:.0} pt, uneven change):", 100.0 * t.margin);
     outln!("");
@@ -273,8 +271,8 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::threshold
             r.setting.sd_u,
             r.setting.sd_v,
             share(r.early_passes, r.replicates),
-            pct(r.early_fails, r.replicates),
-            pct(r.early_passes + r.early_fails, r.replicates),
+            percent(r.early_fails, r.replicates),
+            percent(r.early_passes + r.early_fails, r.replicates),
             100.0 * r.mean_fraction
         );
     }
@@ -292,9 +290,9 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::threshold
             r.setting.sd_u,
             r.setting.sd_v,
             share(r.early_fails + r.full_fails, r.replicates),
-            pct(r.early_fails, r.replicates),
-            pct(r.full_fails, r.replicates),
-            pct(r.early_passes, r.replicates),
+            percent(r.early_fails, r.replicates),
+            percent(r.full_fails, r.replicates),
+            percent(r.early_passes, r.replicates),
             100.0 * r.mean_fraction
         );
     }
@@ -313,8 +311,8 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::threshold
         outln!(
             "| {label} | {:.1} % | {} | {} |",
             100.0 * r.mean_fraction,
-            pct(r.early_passes, r.replicates),
-            pct(r.early_fails, r.replicates)
+            percent(r.early_passes, r.replicates),
+            percent(r.early_fails, r.replicates)
         );
     }
     let worst = |rows: &[study::PairedRow], count: fn(&study::PairedRow) -> u32| {
@@ -331,6 +329,11 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::threshold
 
 fn fmt_rate(p: f64) -> String {
     format!("{:.3}", p).trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// `count` of `n` as a percentage with one decimal.
+fn percent(count: u32, n: u32) -> String {
+    format!("{:.1} %", 100.0 * f64::from(count) / f64::from(n.max(1)))
 }
 
 fn share(count: u32, n: u32) -> String {
