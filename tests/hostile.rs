@@ -100,10 +100,7 @@ fn judge_refuses_a_run_that_is_still_being_written() {
     tiny_run(&bench, &run);
     let before = std::fs::read_to_string(run.join("judgement.json")).unwrap();
     // A resume (or any writer) holds run.lock while it writes.
-    // (-o: the lock stays with flock itself, not its child, so killing it frees it)
-    let mut holder =
-        std::process::Command::new("flock").arg("-o").arg(run.join("run.lock")).args(["sleep", "60"]).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut holder = hold_flock(&run.join("run.lock"));
     let judged = bench.run(&["judge", run.to_str().unwrap()]).code(2);
     holder.kill().unwrap();
     holder.wait().unwrap();

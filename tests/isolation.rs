@@ -276,27 +276,30 @@ fn secrets_reach_only_the_processes_that_need_them() {
     let run_dir = bench.wait_cases(job, 1);
 
     // While it runs: the gym and its workers hold no secret; each agent holds the model's
-    // key and nothing of the hooks'.
+    // key and nothing of the hooks'. Looked at until both a gym and an agent were seen:
+    // between two cases no agent may be running.
     let mut api_key = None;
     let (mut gyms, mut agents) = (0, 0);
-    for pid in processes_mentioning(run_dir.to_str().unwrap()) {
-        let env = environ(pid);
-        let line = cmdline(pid);
-        if env.is_empty() {
-            continue;
+    wait_until("a gym and an agent of the running job", 60, || {
+        for pid in processes_mentioning(run_dir.to_str().unwrap()) {
+            let env = environ(pid);
+            let line = cmdline(pid);
+            if env.is_empty() {
+                continue;
+            }
+            let leaked: Vec<&String> = env.values().filter(|v| v.contains("SECRET")).collect();
+            assert!(leaked.is_empty(), "{line}: {leaked:?}");
+            if line.contains(" agent --config ") {
+                agents += 1;
+                api_key = env.get("PRUEFSTAND_API_KEY").cloned();
+                assert!(api_key.is_some(), "the agent needs the model's key: {line}");
+            } else if line.contains("gym.py") {
+                gyms += 1;
+                assert!(!env.contains_key("PRUEFSTAND_API_KEY"), "the gym holds the model's key: {line}");
+            }
         }
-        let leaked: Vec<&String> = env.values().filter(|v| v.contains("SECRET")).collect();
-        assert!(leaked.is_empty(), "{line}: {leaked:?}");
-        if line.contains(" agent --config ") {
-            agents += 1;
-            api_key = env.get("PRUEFSTAND_API_KEY").cloned();
-            assert!(api_key.is_some(), "the agent needs the model's key: {line}");
-        } else if line.contains("gym.py") {
-            gyms += 1;
-            assert!(!env.contains_key("PRUEFSTAND_API_KEY"), "the gym holds the model's key: {line}");
-        }
-    }
-    assert!(gyms >= 1 && agents >= 1, "gym and agents seen ({gyms}, {agents})");
+        gyms >= 1 && agents >= 1
+    });
     let api_key = api_key.unwrap();
 
     bench.wait_job(job, "done", 120);

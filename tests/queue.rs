@@ -5,7 +5,7 @@
 //! bench lock shared by `run` and the daemon; completions and man pages.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use crate::common::*;
 
@@ -126,16 +126,9 @@ fn bench_with_gpu_version() -> Bench {
     bench
 }
 
-/// Holds the bench lock (flock(1), as another process would) with `holder` written in it;
-/// `-o` keeps the lock out of `sleep`, so killing the child releases it.
+/// Holds the bench lock (as another process would) with `holder` written in it.
 fn hold_bench_lock(bench: &Bench, holder: &str) -> Child {
-    let path = bench.write(".pruefstand/locks/gpu.lock", holder);
-    let child = Command::new("flock").args(["-x", "-o"]).arg(&path).args(["sleep", "600"]).spawn().unwrap();
-    wait_until("flock to hold the lock", 10, || {
-        let probe = Command::new("flock").args(["-n", "-x"]).arg(&path).arg("true").status().unwrap();
-        !probe.success()
-    });
-    child
+    hold_flock(&bench.write(".pruefstand/locks/gpu.lock", holder))
 }
 
 fn lock_holder(bench: &Bench) -> String {

@@ -406,10 +406,14 @@ fn the_live_page_follows_a_running_schnell_job_in_chromium() {
     // Done: the verdict and a link to the report.
     bench.run(&["cancel", &waiting.to_string()]).ok();
     bench.wait_job(id, "done", 600);
+    // The page learns of the verdict by its own next update, after the job file says
+    // done: wait for the row itself.
+    wait_until(&format!("the page to show job {id} approved"), 120, || {
+        let row = wide.eval(&format!("(function(r){{return r&&r.textContent}})({ROW_OF}({id}))"));
+        row.as_str().is_some_and(|r| r.contains("approved"))
+    });
     let href = report_link(&mut wide, id);
     assert!(href.starts_with("/reports/demo-kandidat/schnell/") && href.ends_with("/report.html"), "{href}");
-    let row = wide.eval(&format!("{ROW_OF}({id}).textContent"));
-    assert!(row.as_str().is_some_and(|r| r.contains("approved")), "{row}");
     assert_eq!(serve.get(&href).status, 200);
     assert_eq!(wide.errors(), Vec::<String>::new(), "no console errors");
 }

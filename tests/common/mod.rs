@@ -390,6 +390,17 @@ pub fn wait_until(what: &str, timeout_s: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Holds an exclusive flock(1) on `path`, as another process would, and returns once it
+/// is held (a probe's `flock -n` fails), not after a guessed delay. `-o` keeps the lock
+/// out of `sleep`, so killing the child releases it.
+pub fn hold_flock(path: &Path) -> std::process::Child {
+    let child = Command::new("flock").args(["-x", "-o"]).arg(path).args(["sleep", "600"]).spawn().unwrap();
+    wait_until(&format!("flock to hold {}", path.display()), 30, || {
+        !Command::new("flock").args(["-n", "-x"]).arg(path).arg("true").status().unwrap().success()
+    });
+    child
+}
+
 /// The context switches of all threads of process `pid` so far: unchanged over a
 /// while, nothing in it woke up.
 pub fn context_switches(pid: u32) -> u64 {
@@ -420,6 +431,23 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
         })
         .collect()
+}
+
+/// The gym passes in a run's events.jsonl (its `start` events) and the cases recorded in
+/// the last one. A resumed pass starts only once the server it runs against answers, so
+/// a case of the second pass is a case that server served.
+pub fn passes(run_dir: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(run_dir.join("events.jsonl")).unwrap_or_default();
+    let mut passes = 0;
+    let mut recorded = 0;
+    for event in text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
+        match event["event"].as_str() {
+            Some("start") => (passes, recorded) = (passes + 1, 0),
+            Some("case") => recorded += 1,
+            _ => {}
+        }
+    }
+    (passes, recorded)
 }
 
 /// `case_start` events per case id in a run's events.jsonl, and the number of `skip`s.
