@@ -47,6 +47,21 @@ impl Endpoint {
         self.lease.as_ref().map(|l| (l.model_host.clone(), l.adapter_host.clone()))
     }
 
+    /// What the run calls when its cases stopped reaching the server: a container's
+    /// watch restarts it; for another server nothing here (the run ends invalid).
+    pub fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
+        match &self.lease {
+            Some(lease) => lease.silence_hook(),
+            None => Box::new(|| {}),
+        }
+    }
+
+    /// Whether a container serves it (restarted on a death) rather than a server of its
+    /// own that nothing here can bring back.
+    pub fn is_restartable(&self) -> bool {
+        self.lease.is_some()
+    }
+
     /// After a gym pass: true when the server was restarted and the gym must resume.
     pub async fn after_gym(&self) -> anyhow::Result<bool> {
         match &self.lease {

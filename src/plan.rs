@@ -179,13 +179,14 @@ pub struct Filters {
 }
 
 impl Profile {
-    /// `schnell`, `voll` (or any name) from `<root>/profiles/`, or a path to a TOML file.
-    pub fn locate(root: &Path, name_or_path: &str) -> PathBuf {
-        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
-            PathBuf::from(name_or_path)
-        } else {
-            root.join("profiles").join(format!("{name_or_path}.toml"))
-        }
+    /// A plan given on the command line: a name from `<root>/profiles/` or a path
+    /// (`util::Named`); its file, the profile and its text.
+    pub fn load_named(root: &Path, name_or_path: &str) -> anyhow::Result<(PathBuf, Profile, String)> {
+        let dir = root.join("profiles");
+        let named = util::Named::new("plan", name_or_path, &dir);
+        named.read()?;
+        let (profile, text) = Profile::load(&named.path)?;
+        Ok((named.path, profile, text))
     }
 
     pub fn load(path: &Path) -> anyhow::Result<(Profile, String)> {
@@ -194,7 +195,7 @@ impl Profile {
         {
             anyhow::bail!("{message}");
         }
-        let text = util::read_config(path).with_context(|| format!("reading plan {}", path.display()))?;
+        let text = util::read_config(path).with_context(|| format!("plan file {}", path.display()))?;
         let profile: Profile = util::parse_toml(path, &text)?;
         if let Err(invalid) = profile.rules.validate() {
             let table = format!("rules.{}", invalid.rule);

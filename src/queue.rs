@@ -384,8 +384,7 @@ impl Queue {
     /// A bad spec or plan is an error naming file:line:col, and nothing is queued.
     pub fn enqueue(&self, root: &Root, version_arg: &str, plan_arg: &str, priority: i32) -> anyhow::Result<Job> {
         let version = Version::load(&root.versions(), version_arg)?;
-        let plan_path = Profile::locate(&root.path, plan_arg);
-        let (profile, plan_text) = Profile::load(&plan_path)?;
+        let (plan_path, profile, plan_text) = Profile::load_named(&root.path, plan_arg)?;
         let spec_text =
             std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
         // The plan's own name (checked when it was read), not its file's: the name becomes

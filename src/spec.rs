@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
@@ -165,30 +164,18 @@ pub struct Version {
 }
 
 impl Version {
-    /// `NAME` from `<root>/versions/`, or a path to a spec file.
+    /// `NAME` from `<root>/versions/`, or a path to a spec file (`util::Named`).
     pub fn locate(versions_dir: &Path, name_or_path: &str) -> PathBuf {
-        if name_or_path.contains('/') || name_or_path.ends_with(".toml") {
-            PathBuf::from(name_or_path)
-        } else {
-            versions_dir.join(format!("{name_or_path}.toml"))
-        }
+        util::Named::new("version", name_or_path, versions_dir).path
     }
 
     pub fn load(versions_dir: &Path, name_or_path: &str) -> anyhow::Result<Version> {
-        let path = Version::locate(versions_dir, name_or_path);
-        if !path.exists()
-            && path.parent() == Some(versions_dir)
-            && let Some(message) = util::unknown_name("version", name_or_path, versions_dir)
-        {
-            anyhow::bail!("{message}");
+        let named = util::Named::new("version", name_or_path, versions_dir);
+        let text = named.read()?;
+        if util::Named::is_path(name_or_path) {
+            tracing::debug!("the {}", named.describe());
         }
-        let text = util::read_config(&path).with_context(|| {
-            format!(
-                "no version {name_or_path:?}: cannot read {} (versions live in {})",
-                path.display(),
-                versions_dir.display()
-            )
-        })?;
+        let path = named.path;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         // The name becomes a folder under reports/.
         util::check_name(&name)

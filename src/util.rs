@@ -1,7 +1,7 @@
 //! Small shared helpers: exit codes, durable file writes, hashing, per-run keys, sizes.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow};
 use sha2::{Digest, Sha256};
@@ -234,19 +234,89 @@ pub fn bounded_count<'de, D: serde::Deserializer<'de>>(
 /// kilobytes; a larger one is refused before it is read into memory.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// A configuration file's text, refused (naming it) when over [`MAX_CONFIG_BYTES`].
+/// A configuration file's text, refused as "too large" (with the limit) when over
+/// [`MAX_CONFIG_BYTES`]: an error of kind `FileTooLarge`, so callers can tell it from a
+/// missing file.
 pub fn read_config(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
     let file = std::fs::File::open(path)?;
     let mut text = String::new();
     file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::other(format!(
-            "larger than {} KiB, which no configuration file needs",
-            MAX_CONFIG_BYTES >> 10
-        )));
+        let size = std::fs::metadata(path).map_or(text.len() as u64, |m| m.len());
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!(
+                "too large: {} bytes, the limit is {} KiB (a hand-written file needs a few)",
+                size,
+                MAX_CONFIG_BYTES >> 10
+            ),
+        ));
     }
     Ok(text)
+}
+
+/// A command-line word naming a configuration file of some kind (a version, a plan):
+/// a name, looked up in the root's folder for that kind, or — only when it looks like
+/// one, containing `/` or ending in `.toml` — a path, relative to the working directory.
+/// Messages say which it was taken as.
+pub struct Named<'a> {
+    pub kind: &'static str,
+    pub word: &'a str,
+    pub dir: &'a Path,
+    pub path: PathBuf,
+}
+
+impl<'a> Named<'a> {
+    pub fn new(kind: &'static str, word: &'a str, dir: &'a Path) -> Named<'a> {
+        let path = if Named::is_path(word) { PathBuf::from(word) } else { dir.join(format!("{word}.toml")) };
+        Named { kind, word, dir, path }
+    }
+
+    /// Whether `word` is taken as a path rather than a name.
+    pub fn is_path(word: &str) -> bool {
+        word.contains('/') || word.ends_with(".toml")
+    }
+
+    /// What was used, for a message: the name in its folder, or the file given.
+    pub fn describe(&self) -> String {
+        if Named::is_path(self.word) {
+            format!("{} file {} (given as a path)", self.kind, self.path.display())
+        } else {
+            format!("{} {:?} from {}", self.kind, self.word, self.dir.display())
+        }
+    }
+
+    /// The file's text (limited as [`read_config`] limits it); an error says what was
+    /// looked for where: the folder's names for a missing name, the working directory
+    /// for a missing path, "too large" and the limit for a file over it.
+    pub fn read(&self) -> anyhow::Result<String> {
+        match read_config(&self.path) {
+            Ok(text) => Ok(text),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(anyhow!(self.missing())),
+            Err(err) => Err(anyhow!("{}: {err}", self.describe())),
+        }
+    }
+
+    fn missing(&self) -> String {
+        if Named::is_path(self.word) {
+            let cwd = std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string());
+            let relative = if self.path.is_relative() { format!(", relative to {cwd}") } else { String::new() };
+            format!(
+                "no {} file {}: {:?} was taken as a path (it contains '/' or ends in .toml){relative}; \
+                 a {} name is looked up in {}",
+                self.kind,
+                self.path.display(),
+                self.word,
+                self.kind,
+                self.dir.display()
+            )
+        } else {
+            unknown_name(self.kind, self.word, self.dir).unwrap_or_else(|| {
+                format!("no {} {:?} in {} (it has no .toml files)", self.kind, self.word, self.dir.display())
+            })
+        }
+    }
 }
 
 /// A name that becomes a path component (a version, a plan, a gym run): letters,

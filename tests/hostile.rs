@@ -169,7 +169,10 @@ fn a_huge_spec_is_refused_unread_and_a_negative_case_time_invalidates_the_run() 
     bench.write("versions/huge.toml", &format!("{spec}\n#{}\n", "x".repeat(2 << 20)));
     let refused = bench.run(&["run", "huge"]).code(2);
     assert!(
-        refused.stderr.contains("huge.toml") && refused.stderr.contains("larger than 1024 KiB"),
+        refused.stderr.contains("version \"huge\"")
+            && refused.stderr.contains("too large: ")
+            && refused.stderr.contains("the limit is 1024 KiB")
+            && !refused.stderr.contains("no version"),
         "{}",
         refused.stderr
     );

@@ -25,6 +25,7 @@ mod hostile;
 mod isolation;
 mod judge;
 mod layers;
+mod newcomer;
 mod package;
 mod queue;
 mod real_server;

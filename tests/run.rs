@@ -386,7 +386,7 @@ fn every_shipped_version_and_profile_is_valid() {
         let name = entry.path().file_stem().unwrap().to_string_lossy().into_owned();
         let run = bench.run(&["run", &name, "--plan", "/nonexistent.toml"]);
         // The spec is read and validated before the plan: only the plan may be missing.
-        assert!(run.stderr.contains("reading plan /nonexistent.toml"), "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("no plan file /nonexistent.toml"), "{name}: {}", run.stderr);
     }
 }
 

@@ -245,7 +245,13 @@ impl Llm {
         let resp = match tokio::time::timeout(self.first_token, req.send()).await {
             Ok(resp) => resp.map_err(|e| {
                 let msg = error_chain(&e); // names the URL already
-                if e.is_builder() { Attempt::Fatal(msg) } else { Attempt::Transient(msg) }
+                if e.is_builder() {
+                    Attempt::Fatal(msg)
+                } else if e.is_connect() {
+                    Attempt::Transient(format!("{CANNOT_CONNECT}: {msg}"))
+                } else {
+                    Attempt::Transient(msg)
+                }
             })?,
             // A plain JSON answer comes with its headers, after the whole generation:
             // running past the bound is the model's time. A stream's headers come first.
@@ -468,6 +474,16 @@ pub fn context_overflow(status: u16, body: &str) -> Option<String> {
 }
 
 /// reqwest's top-level message rarely says why ("error sending request"): add the causes.
+/// How a failed connection to the model server begins its message: a case that ends
+/// with it (after its retries) says the server is not there at all, which
+/// `run::silence` counts across cases.
+pub const CANNOT_CONNECT: &str = "cannot connect";
+
+/// Whether a case's error says its agent could not connect to the model server.
+pub fn is_unreachable(error: &str) -> bool {
+    error.contains(&format!("model server: {CANNOT_CONNECT}: "))
+}
+
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();

@@ -138,6 +138,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     );
     report.extend(docker);
     if let Some(version) = &version {
+        check_external_server(version, &mut report).await;
         check_model_files(version, &mut report);
         check_tool_result_role(version, &mut report);
     }
@@ -273,6 +274,63 @@ async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> R
         }
     }
     report
+}
+
+/// An `external` version's server, asked as a run would: its models list, with the
+/// version's key. Nothing listening, an error answer or the model not served is a FAIL
+/// (a run against it would only collect connection errors).
+async fn check_external_server(version: &Version, report: &mut Report) {
+    let model = &version.spec.model;
+    let (Backend::External, Some(url)) = (model.backend.get_ref(), &model.url) else { return };
+    let url = url.trim_end_matches('/');
+    let wanted = version.request_model();
+    let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build();
+    let mut request = match client {
+        Ok(client) => client.get(format!("{url}/models")),
+        Err(err) => return report.fail(format!("model server at {url}: {err}"), "see the error"),
+    };
+    if let Some(key) = model.api_key_env.as_ref().and_then(|var| std::env::var(var).ok()) {
+        request = request.bearer_auth(key);
+    }
+    let answer = match request.send().await {
+        Ok(answer) => answer,
+        Err(err) => {
+            let why = if err.is_connect() {
+                "nothing answers there (connection refused or unreachable)".to_string()
+            } else if err.is_timeout() {
+                "no answer within 10 s".to_string()
+            } else {
+                format!("{err}")
+            };
+            return report.fail(
+                format!("model server at {url}: {why}"),
+                format!("start the server, or fix model.url in {}", version.path.display()),
+            );
+        }
+    };
+    if !answer.status().is_success() {
+        return report.fail(
+            format!("model server at {url}: GET /models answered {}", answer.status()),
+            "check the server and the version's model.api_key_env",
+        );
+    }
+    let served: Vec<String> = answer
+        .json::<serde_json::Value>()
+        .await
+        .ok()
+        .and_then(|v| v["data"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        .collect();
+    if served.iter().any(|m| m == wanted) {
+        report.ok(format!("model server at {url} serves {wanted}"));
+    } else {
+        report.fail(
+            format!("model server at {url} does not serve {wanted:?} (it serves: {})", served.join(", ")),
+            "serve the model (or its adapter) under that name, or fix served_name / adapter.name",
+        );
+    }
 }
 
 fn check_model_files(version: &Version, report: &mut Report) {

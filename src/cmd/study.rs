@@ -58,7 +58,7 @@ pub struct Args {
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
-    let (profile, _) = Profile::load(&Profile::locate(&root.path, &args.profile))?;
+    let (_, profile, _) = Profile::load_named(&root.path, &args.profile)?;
     let shape = Shape::of_profile(&profile);
     let mut t = profile.rules.clone();
     if let Some(alpha) = args.alpha {

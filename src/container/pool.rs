@@ -351,6 +351,9 @@ struct WatchState {
     healthy_len: u64,
     /// Case ids recorded before the last death (errors after it are its casualties).
     before_death: BTreeSet<String>,
+    /// The run's cases stopped reaching the server (`run::silence`): a death, whatever
+    /// `/health` says, handled on the same path.
+    silent: bool,
 }
 
 impl Lease {
@@ -376,6 +379,18 @@ impl Lease {
 
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.container.host_port)
+    }
+
+    /// What the run calls when its cases stopped reaching the server: the watch takes
+    /// it for a death at its next look (restart once, resume; a second one fails).
+    pub fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
+        let watch = self.watch.clone();
+        Box::new(move || {
+            let mut s = watch.lock().expect("watch lock");
+            if !s.restarting {
+                s.silent = true;
+            }
+        })
     }
 
     pub fn facts(&self) -> ModelServerFacts {
@@ -420,7 +435,9 @@ async fn watch_loop(
     let mut id = c.id.clone();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let silent = std::mem::take(&mut watch.lock().expect("watch lock").silent);
         let reason = match healthy(&docker, &http, &id, c.host_port).await {
+            Ok(true) if silent => "the run's cases could not connect to it, though /health answers".to_string(),
             Ok(true) => {
                 failures = 0;
                 watch.lock().expect("watch lock").healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use futures_util::future::BoxFuture;
 
-use super::{Executor, Extent, RunRequest, Served, Session, early};
+use super::{Executor, Extent, RunRequest, Served, Session, early, silence};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::AcquireError;
 use crate::gym::{self, Executed, GymSettings};
@@ -29,7 +29,7 @@ impl Executor for LocalGym {
         request: &'a RunRequest,
         claimed: &'a Claimed,
     ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>> {
-        Box::pin(Local { session, request, claimed }.execute())
+        Box::pin(Local { session, request, claimed, silence: silence::Silence::default() }.execute())
     }
 }
 
@@ -38,6 +38,8 @@ struct Local<'a> {
     session: &'a Session,
     request: &'a RunRequest,
     claimed: &'a Claimed,
+    /// Whether (and at which case) the run's cases stopped reaching the server.
+    silence: silence::Silence,
 }
 
 impl Local<'_> {
@@ -105,7 +107,17 @@ impl Local<'_> {
         {
             result = Err(err);
         }
-        let model_server = endpoint.down(&session.pool).await?;
+        let silent_at = self.silence.noticed_at().filter(|_| !endpoint.is_restartable());
+        let url = endpoint.base_url.clone();
+        let mut model_server = endpoint.down(&session.pool).await?;
+        if let Some(case_id) = &silent_at {
+            // An external server: nothing here can bring it back, so the run ends
+            // invalid with what it finished (resumable with --out once it answers).
+            let message = silence::Silence::message(&url, case_id);
+            tracing::error!("{message}");
+            model_server =
+                Some(ModelServerFacts { failed: true, events: vec![message], ..ModelServerFacts::default() });
+        }
         if control.is_stopped() {
             bail!(
                 "interrupted: the gym and the model server are stopped; finished cases are kept in {}",
@@ -122,7 +134,10 @@ impl Local<'_> {
             }
             Err(err) => return Err(err),
         };
-        early::settle(run_dir, plan, &executed)?;
+        // Cases left unstarted for a silent server are no early stop.
+        if silent_at.is_none() {
+            early::settle(run_dir, plan, &executed)?;
+        }
         let concurrency = executed.gym.concurrency.clone();
         if let Some(facts) = &concurrency
             && !failed
@@ -136,6 +151,7 @@ impl Local<'_> {
     async fn run_gym(&self, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
         let request = self.request;
         let mut settings = self.gym_settings(endpoint)?;
+        settings.sinks.push(self.silence.sink(endpoint.silence_hook()));
         if request.extent == Extent::Plan && request.plan.profile.early_stop {
             let (order, sink) = early::watch(&self.claimed.dir, request, settings.seed, &self.session.root)?;
             settings.order = Some(order);

@@ -17,6 +17,7 @@ mod agent_only;
 mod early;
 mod local;
 mod reference;
+pub mod silence;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -124,8 +125,7 @@ impl RunRequest {
 
     /// The same for the plan's cases that `filters` keep (`pruefstand gym --suite …`).
     pub fn filtered(session: &Session, version: Version, plan: &str, filters: &Filters) -> anyhow::Result<RunRequest> {
-        let plan_path = Profile::locate(&session.root.path, plan);
-        let (profile, _) = Profile::load(&plan_path)?;
+        let (plan_path, profile, _) = Profile::load_named(&session.root.path, plan)?;
         let inventory = Inventory::load(&session.pyenv, profile.benchmark_version.get_ref())?;
         let plan = Plan::resolve(&plan_path, &inventory, filters)?;
         Ok(RunRequest {

@@ -1,0 +1,125 @@
+//! What a newcomer and an operator tripped over, each through the real binary: a model
+//! server that is not there (named by `check`, a run that stops by itself invalid and
+//! resumes once the server answers), version and plan words taken as names or paths
+//! with messages that say which, and files too large said to be too large.
+//!
+//! Not here: the live view's links (`serve`), the run's printed blocks (`run`).
+
+use std::process::Stdio;
+
+use crate::common::*;
+
+/// A port on 127.0.0.1 where nothing listens (bound once, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn a_dead_model_server_is_named_by_check_and_ends_the_run_invalid_and_resumable() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/v1");
+    bench.write(
+        "versions/elsewhere.toml",
+        &format!("description = \"an external server\"\n[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n"),
+    );
+
+    let check = bench.run(&["check", "elsewhere"]).code(2);
+    assert!(check.stdout.contains(&format!("model server at {url}: nothing answers there")), "{}", check.stdout);
+
+    // The run stops by itself: no new case once three in a row could not connect.
+    let out = bench.path().join("dead-run");
+    let args = ["run", "elsewhere", "--plan", "mini", "--out", out.to_str().unwrap()];
+    let run = bench.run(&args).code(12);
+    assert!(run.stdout.contains("verdict: invalid"), "{}", run.stdout);
+    let judgement = std::fs::read_to_string(out.join("judgement.md")).unwrap();
+    assert!(judgement.contains(&format!("the model server at {url} stopped answering at case ")), "{judgement}");
+    let records = cases(&out);
+    assert!(records.len() < MINI_CASES, "cases went on starting: {} of {MINI_CASES}", records.len());
+    assert!(records.iter().all(|r| r["error"].as_str().is_some_and(|e| e.contains("cannot connect"))), "{records:?}");
+
+    // The server comes (the simulator, under the served name) and the same command
+    // finishes the run: every case once, none an error.
+    let model = bench.path().join("sim-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
+    std::fs::copy(truth_file(), model.join("truth.json")).unwrap();
+    let mut server = bench
+        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "m", "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the simulator to answer", 60, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let check = bench.run(&["check", "elsewhere"]);
+    assert!(check.stdout.contains(&format!("model server at {url} serves m")), "{}", check.stdout);
+    let resumed = bench.run(&args);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(matches!(resumed.code, Some(0 | 10 | 11)), "{}\n{}", resumed.stdout, resumed.stderr);
+    let records = cases(&out);
+    let ids: std::collections::BTreeSet<&str> = records.iter().map(|r| r["case_id"].as_str().unwrap()).collect();
+    assert_eq!((records.len(), ids.len()), (MINI_CASES, MINI_CASES), "every case once");
+    assert!(records.iter().all(|r| r["error"].is_null()), "{records:?}");
+}
+
+#[test]
+fn a_word_is_a_name_unless_it_looks_like_a_path_and_the_message_says_which() {
+    let bench = Bench::new();
+    // A path: read as a spec file, its errors at file:line.
+    let run = bench.run(&["run", "/etc/passwd"]).code(2);
+    assert!(run.stderr.contains("/etc/passwd:1:"), "{}", run.stderr);
+    // A path that is not there: said to be taken as a path, from where.
+    let check = bench.run(&["check", "../pruefstand"]).code(2);
+    let cwd = repo();
+    assert!(
+        check.stdout.contains("\"../pruefstand\" was taken as a path")
+            && check.stdout.contains(&format!("relative to {}", cwd.display()))
+            && check
+                .stdout
+                .contains(&format!("a version name is looked up in {}", bench.path().join("versions").display())),
+        "{}",
+        check.stdout
+    );
+    // A name: looked up in the root only.
+    let run = bench.run(&["run", "passwd"]).code(2);
+    assert!(run.stderr.contains(&format!("no version \"passwd\" in {}", bench.path().join("versions").display())));
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "nowhere/voll.toml"]).code(2);
+    assert!(
+        run.stderr.contains("no plan file nowhere/voll.toml: \"nowhere/voll.toml\" was taken as a path"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn files_over_the_limit_are_too_large_not_missing() {
+    let bench = Bench::new();
+    let filler = format!("\n#{}\n", "x".repeat(2 << 20));
+    let spec = std::fs::read_to_string(repo().join("versions/demo-kandidat.toml")).unwrap();
+    bench.write("versions/bad-huge.toml", &format!("{spec}{filler}"));
+    let run = bench.run(&["run", "bad-huge"]).code(2);
+    assert!(
+        run.stderr.contains("version \"bad-huge\"")
+            && run.stderr.contains("too large: ")
+            && run.stderr.contains("the limit is 1024 KiB")
+            && !run.stderr.contains("no version"),
+        "{}",
+        run.stderr
+    );
+    let plan = std::fs::read_to_string(repo().join("profiles/schnell.toml")).unwrap();
+    bench.write("profiles/big.toml", &format!("{plan}{filler}"));
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "big"]).code(2);
+    assert!(run.stderr.contains("too large: ") && run.stderr.contains("the limit is 1024 KiB"), "{}", run.stderr);
+    let config = std::fs::read_to_string(repo().join("pruefstand.toml")).unwrap();
+    bench.write("pruefstand.toml", &format!("{config}{filler}"));
+    let queue = bench.run(&["queue"]).code(2);
+    assert!(
+        queue.stderr.contains("pruefstand.toml")
+            && queue.stderr.contains("too large: ")
+            && queue.stderr.contains("the limit is 1024 KiB"),
+        "{}",
+        queue.stderr
+    );
+}
