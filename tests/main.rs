@@ -31,3 +31,4 @@ mod real_server;
 mod report;
 mod run;
 mod serve;
+mod systemd;
