@@ -393,7 +393,7 @@ fn an_unattended_night_under_a_real_systemd() {
     // 8. Removal with the daemon and the busy units running.
     machine.root(&["systemctl", "start", "ollama.service"]).ok();
     machine.user_ctl(&["start", "training@night.service"]).ok();
-    machine.wait_for("the daemon waiting for nothing", 30, || status(&machine).starts_with("idle"));
+    machine.wait_for("the daemon idle", 30, || machine.user_prop(DAEMON, "StatusText") == "idle: the queue is empty");
     let bench = machine.snapshot(ROOT);
     machine.root(&["apt-get", "remove", "-y", "-q", "pruefstand"]).ok();
     machine.root(&["test", "!", "-e", "/usr/bin/pruefstand"]).ok();
