@@ -1,7 +1,8 @@
 //! The unattended night under a real systemd: the installed `.deb` in a Debian
 //! bookworm container with systemd as PID 1 (`common::systemd`), driven as the user
-//! anna through `systemctl --user`, `journalctl --user` and `pruefstand`, in one boot
-//! of one machine (each boot and job costs time; the steps build on each other):
+//! anna through `systemctl --user`, `journalctl --user` and `pruefstand`, in one
+//! container that is booted three times (each boot and job costs time; the steps build
+//! on each other):
 //!
 //! 1. the daemon unit enabled and started: ready through `sd_notify` (Type=notify
 //!    returns from `start` only then), its start line in the user journal, watchdog
@@ -12,7 +13,7 @@
 //! 3. a system unit and a user unit named in the busy-unit guard keep that job waiting,
 //!    `status` (and systemd's StatusText) naming them; stopped, the job starts;
 //! 4. the verdict reaches a chat webhook receiver on 127.0.0.1 (`url_env` from the
-//!    unit's EnvironmentFile);
+//!    unit's EnvironmentFile), and so does every later job's, across restarts and boots;
 //! 5. `kill -9` of the daemon mid-job: systemd restarts it, the job resumes, and its
 //!    case records equal an uninterrupted run's, no case started twice;
 //! 6. a reboot mid-job (a clean shutdown, the machine off past the timer's time): the
@@ -21,7 +22,8 @@
 //! 7. a power cut mid-job (`docker kill`: SIGKILL to every process): after boot the
 //!    queue, the job and its records are whole and consistent;
 //! 8. `apt-get remove` with all of it running stops nothing and leaves the bench root
-//!    byte-identical.
+//!    byte-identical; `systemctl --user disable --now` then stops the daemon and the
+//!    timer and removes their dangling enablement.
 //!
 //! The drop-ins shorten `RestartSec` and `WatchdogSec` (and the timer's accuracy, which
 //! defaults to a minute) so the night takes minutes; nothing else of the units changes.
@@ -29,9 +31,9 @@
 //! Not here: a real power loss (a container's kill leaves the kernel and its page cache
 //! alive, so it shows that every write is whole at any instant, not that it reached the
 //! disk — docs/architecture.md says which fsyncs make that true), the Jetson's arm64,
-//! and what only the fake systemd can stage (tests/daemon_guards.rs and
-//! tests/guards.rs: a bus that stops answering, `unreachable = "ignore"`, units on a
-//! bus the daemon was not started with).
+//! and what only the fake systemd can stage: a bus that goes away and comes back, one
+//! that cannot be reached, a unit caught `activating` or `reloading` (src/guard/tests.rs,
+//! tests/guards.rs, tests/daemon_guards.rs; docs/jetson.md lists them).
 
 use std::collections::BTreeMap;
 
@@ -389,6 +391,18 @@ fn an_unattended_night_under_a_real_systemd() {
     }
     let queue = pruefstand(&machine, &["queue"]).ok().stdout;
     assert_eq!(queue.matches(" done").count() as u64, id, "{queue}");
+    // Every verdict reached the chat once, across the restarts and boots.
+    let chatted = || -> Vec<u64> {
+        let mut jobs: Vec<u64> = machine
+            .read(&bodies)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["job"].as_u64().unwrap())
+            .collect();
+        jobs.sort();
+        jobs
+    };
+    machine.wait_for("every verdict in the chat", 30, || chatted().len() as u64 >= id);
+    assert_eq!(chatted(), (1..=id).collect::<Vec<_>>());
 
     // 8. Removal with the daemon and the busy units running.
     machine.root(&["systemctl", "start", "ollama.service"]).ok();
@@ -402,4 +416,10 @@ fn an_unattended_night_under_a_real_systemd() {
         assert_eq!(machine.user_ctl(&["is-active", unit]).stdout.trim(), "active", "{unit} after apt-get remove");
     }
     assert_eq!(machine.snapshot(ROOT), bench, "apt-get remove changed the bench root");
+    // The units keep running from the removed files until anna stops them, as
+    // docs/jetson.md tells her to; the dangling enablement goes with `disable`.
+    machine.user_ctl(&["disable", "--now", DAEMON, TIMER]).ok();
+    assert_ne!(machine.user_ctl(&["is-active", DAEMON]).stdout.trim(), "active");
+    assert_eq!(machine.user_ctl(&["is-active", "training@night.service"]).stdout.trim(), "active");
+    machine.user(&["test", "!", "-e", &format!("{HOME}/.config/systemd/user/default.target.wants/{DAEMON}")]).ok();
 }
