@@ -287,8 +287,9 @@ fn an_unattended_night_under_a_real_systemd() {
     machine.user_ctl(&["daemon-reload"]).ok();
     machine.user_ctl(&["start", "training@night.service"]).ok();
 
-    // 2. The packaged timer, due in a few seconds.
-    let at = clock_in(8);
+    // 2. The packaged timer, due in a few seconds (time enough to start it on a loaded
+    // machine: a time passed before the timer starts would wait for tomorrow).
+    let at = clock_in(12);
     machine.write(&format!("{HOME}/.config/systemd/user/pruefstand-voll@.timer.d/soon.conf"), &timer_dropin(&at));
     machine.user_ctl(&["daemon-reload"]).ok();
     machine.user_ctl(&["enable", "--now", TIMER]).ok();
