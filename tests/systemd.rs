@@ -11,7 +11,8 @@
 //! 2. the packaged nightly timer, its schedule moved a few seconds ahead by a drop-in,
 //!    queues the candidate; `list-timers` shows the next elapse before and after;
 //! 3. a system unit and a user unit named in the busy-unit guard keep that job waiting,
-//!    `status` (and systemd's StatusText) naming them; stopped, the job starts;
+//!    `status` (and systemd's StatusText) naming them; stopped, the job starts; one
+//!    started mid-run makes the run invalid, R1 naming it;
 //! 4. the verdict reaches a chat webhook receiver on 127.0.0.1 (`url_env` from the
 //!    unit's EnvironmentFile), and so does every later job's, across restarts and boots;
 //! 5. `kill -9` of the daemon mid-job: systemd restarts it, the job resumes, and its
@@ -330,6 +331,21 @@ fn an_unattended_night_under_a_real_systemd() {
         "{posted}"
     );
     assert_eq!(posted["verdict"], done["verdict"], "{posted}");
+
+    // A busy unit that starts while a job runs: the job runs on (it cannot be undone)
+    // but its judgement is invalid, R1 naming the unit.
+    let id = start(&machine, "slow", "mini");
+    wait_mid_run(&machine, id, 1);
+    machine.user_ctl(&["start", "training@night.service"]).ok();
+    let disturbed = wait_job(&machine, id, "done", 300);
+    machine.user_ctl(&["stop", "training@night.service"]).ok();
+    assert_eq!(disturbed["verdict"], "invalid", "{disturbed}");
+    let run_dir = disturbed["run_dir"].as_str().unwrap();
+    let judgement: serde_json::Value =
+        serde_json::from_str(&machine.read(&format!("{run_dir}/judgement.json"))).unwrap();
+    let r1 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R1").unwrap();
+    assert_eq!(r1["status"], "fail", "{r1}");
+    assert!(r1.to_string().contains("busy unit training@night.service active (user bus)"), "{r1}");
 
     // What every interrupted job below must end with: an uninterrupted run's records
     // (the simulated model is seeded; only the clocks differ).
