@@ -32,3 +32,4 @@ mod real_server;
 mod report;
 mod run;
 mod serve;
+mod systemd;

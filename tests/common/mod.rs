@@ -13,6 +13,7 @@ pub mod docker;
 pub mod nvml;
 pub mod runs;
 pub mod slurm;
+pub mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
