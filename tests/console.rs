@@ -88,6 +88,9 @@ fn a_killed_run_leaves_none_of_its_processes_behind_and_resumes() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     child.wait().unwrap();
     wait_until("every child of the killed run to end", 10, || processes_mentioning(&needle).is_empty());
+    // The gym's workers go at once and quietly: no slot thread reports the agents' end.
+    let log = std::fs::read_to_string(out.join("gym.log")).unwrap();
+    assert!(!log.contains("Traceback") && !log.contains("Errno 9"), "a killed run left a traceback:\n{log}");
 
     let recorded = cases(&out).len();
     let run = bench.run(&["run", "slow", "--plan", "mini", "--out", out.to_str().unwrap()]);

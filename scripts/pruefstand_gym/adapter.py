@@ -155,7 +155,8 @@ class AgentProcess:
         os.set_blocking(self.proc.stdout.fileno(), False)
 
     def _exit_reason(self) -> str:
-        assert self.proc is not None
+        if self.proc is None:
+            return "agent stopped"
         try:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:

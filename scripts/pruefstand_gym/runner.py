@@ -300,10 +300,17 @@ def _worker_main(index: int, req: dict, task_q, result_q) -> None:
     sys.stdout = sys.stderr
 
     def on_term(signum, frame):
+        # At once and quietly: SIGKILL to the agents (their own death signal would follow
+        # when this process ends), nothing waited for or closed under a slot thread that
+        # is reading from one (that raised tracebacks into gym.log), then gone.
         shared = holder.get("shared")
         for slot in list(shared.slots) if shared else []:
-            if slot.element is not None:
-                slot.element.agent.kill()
+            proc = slot.element.agent.proc if slot.element is not None else None
+            if proc is not None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
