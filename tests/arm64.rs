@@ -6,8 +6,8 @@
 //! container of the arm64 Debian bookworm that `scripts/build-arm64-image` debootstraps
 //! (qemu-aarch64 registered through binfmt_misc with the F flag, so the container holds
 //! no emulator; every process in it is arm64). The container has the host's network,
-//! CA bundle and pip settings, and a pip cache on the host
-//! (`/var/tmp/pruefstand-arm64/pip-cache`) so a rerun downloads no wheel again. In it:
+//! CA bundle and pip settings, and a wheelhouse of the aarch64 wheels downloaded once on
+//! the host (`/var/tmp/pruefstand-arm64/wheels-cp311`) so a rerun downloads none. In it:
 //! `apt-get install ./pruefstand_…_arm64.deb` as root, then as the user anna `init`,
 //! `setup` (the venv from aarch64 wheels, under Debian's CPython 3.11), `check
 //! demo-kandidat`, `run demo-kandidat` on a plan of a dozen cases over two suites,
@@ -37,13 +37,44 @@ use crate::common::{BIN, Bench, Run, cases, repo, untimed};
 
 const USER: &str = "anna";
 const HOME: &str = "/home/anna";
-/// The host folder of the arm64 caches (pip's, the wheel check's).
+/// The host folder of the arm64 wheelhouses.
 const CACHE: &str = "/var/tmp/pruefstand-arm64";
+/// Where the container sees the cp311 wheelhouse.
+const WHEELS: &str = "/var/cache/pruefstand-wheels";
 
 /// A dozen cases over two suites, attacked and clean (the plan `klein`): demo-kandidat
 /// is approved on it against demo-baseline.
 const PLAN: &str = include_str!("fixtures/arm64-klein.toml");
 const PLAN_CASES: usize = 12;
+
+/// `pip download` of every pin of `scripts/requirements.txt` as binary wheels for
+/// aarch64 under this CPython ("3.12") and these manylinux tags, into `dest` (files
+/// already there are not downloaded again), by the managed venv's pip.
+fn download_wheels(python_version: &str, manylinux: &[&str], dest: &Path) -> Run {
+    std::fs::create_dir_all(dest).unwrap();
+    let mut cmd = Command::new(&crate::common::pyenv().python);
+    cmd.args(["-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps", "--only-binary=:all:"]);
+    for tag in manylinux {
+        cmd.arg("--platform").arg(format!("{tag}_aarch64"));
+    }
+    cmd.args(["--python-version", python_version, "--implementation", "cp"]);
+    for abi in [&format!("cp{}", python_version.replace('.', "")), "abi3", "none"] {
+        cmd.args(["--abi", abi]);
+    }
+    cmd.arg("--dest").arg(dest).arg("-r").arg(repo().join("scripts/requirements.txt"));
+    Run::from(cmd.output().unwrap())
+}
+
+/// The wheels `pruefstand setup` installs in the arm64 container (bookworm: CPython
+/// 3.11, glibc 2.36), downloaded here once. pip in the container finds them through
+/// `PIP_FIND_LINKS` before the index (it still asks PyPI), so a rerun downloads no
+/// wheel; pip's own HTTP cache stays empty on this network.
+fn wheelhouse() -> PathBuf {
+    let dest = Path::new(CACHE).join("wheels-cp311");
+    let run = download_wheels("3.11", &["manylinux2014", "manylinux_2_28", "manylinux_2_34"], &dest);
+    assert_eq!(run.code, Some(0), "downloading the aarch64/cp311 wheels failed:\n{}", run.stderr);
+    dest
+}
 
 /// The arm64 image, built (or found) by `scripts/build-arm64-image`, which also
 /// registers the emulator: its tag.
@@ -82,14 +113,13 @@ struct Machine {
 
 impl Machine {
     fn start() -> Machine {
-        let pip_cache = Path::new(CACHE).join("pip-cache");
-        std::fs::create_dir_all(&pip_cache).unwrap();
+        let wheels = wheelhouse();
         let name = format!("pruefstand-arm64-test-{}", std::process::id());
         let _ = Command::new("docker").args(["rm", "-f", &name]).output();
         let out = Command::new("docker")
             .args(["run", "-d", "--platform", "linux/arm64", "--network", "host", "--name", &name])
             .arg("-v")
-            .arg(format!("{}:/var/cache/pip-arm64", pip_cache.display()))
+            .arg(format!("{}:{WHEELS}:ro", wheels.display()))
             .args([image(), "sleep", "infinity"])
             .output()
             .unwrap();
@@ -101,7 +131,6 @@ impl Machine {
                 machine.copy_in(Path::new(path), path);
             }
         }
-        machine.root(&["chown", USER, "/var/cache/pip-arm64"]).ok();
         machine
     }
 
@@ -125,11 +154,11 @@ impl Machine {
     }
 
     /// `docker exec` as `user` in `dir`, with the host's pip and proxy settings and the
-    /// shared pip cache.
+    /// wheelhouse as pip's first source.
     fn exec(&self, user: &str, dir: &str, env: &[(&str, &str)], argv: &[&str]) -> Run {
         let mut cmd = Command::new("docker");
         cmd.args(["exec", "-u", user, "-w", dir, "-e", "DEBIAN_FRONTEND=noninteractive"]);
-        cmd.args(["-e", "PIP_CACHE_DIR=/var/cache/pip-arm64"]);
+        cmd.args(["-e", &format!("PIP_FIND_LINKS={WHEELS}")]);
         if user != "root" {
             cmd.args(["-e", &format!("HOME={HOME}"), "-e", &format!("USER={USER}")]);
         }
@@ -342,20 +371,9 @@ fn the_pinned_requirements_resolve_to_aarch64_cp312_wheels() {
         .collect();
     assert!(!pins.is_empty());
     let dest = Path::new(CACHE).join("wheels-cp312");
-    std::fs::create_dir_all(&dest).unwrap();
-    // pip of the managed venv; wheels already in --dest are not downloaded again.
-    let mut cmd = Command::new(&crate::common::pyenv().python);
-    cmd.args(["-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps", "--only-binary=:all:"]);
-    // The Jetson: aarch64 with Ubuntu 24.04's glibc 2.39, CPython 3.12.
-    for tag in ["manylinux2014", "manylinux_2_28", "manylinux_2_34", "manylinux_2_39"] {
-        cmd.arg("--platform").arg(format!("{tag}_aarch64"));
-    }
-    cmd.args(["--python-version", "3.12", "--implementation", "cp"]);
-    for abi in ["cp312", "abi3", "none"] {
-        cmd.args(["--abi", abi]);
-    }
-    cmd.arg("--dest").arg(&dest).arg("-r").arg(&requirements);
-    let download = Run::from(cmd.output().unwrap());
+    // The Jetson: Ubuntu 24.04's glibc 2.39, CPython 3.12.
+    let download =
+        download_wheels("3.12", &["manylinux2014", "manylinux_2_28", "manylinux_2_34", "manylinux_2_39"], &dest);
     assert_eq!(
         download.code,
         Some(0),
