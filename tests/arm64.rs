@@ -7,7 +7,8 @@
 //! (qemu-aarch64 registered through binfmt_misc with the F flag, so the container holds
 //! no emulator; every process in it is arm64). The container has the host's network,
 //! CA bundle and pip settings, and a wheelhouse of the aarch64 wheels downloaded once on
-//! the host (`/var/tmp/pruefstand-arm64/wheels-cp311`) so a rerun downloads none. In it:
+//! the host (`/var/tmp/pruefstand-arm64/wheels-cp311`), pip's only source in the
+//! container, so a rerun downloads none. In it:
 //! `apt-get install ./pruefstand_…_arm64.deb` as root, then as the user anna `init`,
 //! `setup` (the venv from aarch64 wheels, under Debian's CPython 3.11), `check
 //! demo-kandidat`, `run demo-kandidat` on a plan of a dozen cases over two suites,
@@ -66,9 +67,10 @@ fn download_wheels(python_version: &str, manylinux: &[&str], dest: &Path) -> Run
 }
 
 /// The wheels `pruefstand setup` installs in the arm64 container (bookworm: CPython
-/// 3.11, glibc 2.36), downloaded here once. pip in the container finds them through
-/// `PIP_FIND_LINKS` before the index (it still asks PyPI), so a rerun downloads no
-/// wheel; pip's own HTTP cache stays empty on this network.
+/// 3.11, glibc 2.36), downloaded here once; pip in the container installs from them
+/// alone (`PIP_FIND_LINKS`, `PIP_NO_INDEX`), so a rerun downloads no wheel. (pip's own
+/// HTTP cache keeps nothing on this network, and with the index beside a folder of
+/// wheels pip still downloads from the index.)
 fn wheelhouse() -> PathBuf {
     let dest = Path::new(CACHE).join("wheels-cp311");
     let run = download_wheels("3.11", &["manylinux2014", "manylinux_2_28", "manylinux_2_34"], &dest);
@@ -153,12 +155,12 @@ impl Machine {
         self.root(&["chown", &format!("{USER}:{USER}"), to]).ok();
     }
 
-    /// `docker exec` as `user` in `dir`, with the host's pip and proxy settings and the
-    /// wheelhouse as pip's first source.
+    /// `docker exec` as `user` in `dir`, with the host's proxy settings and the
+    /// wheelhouse as pip's only source.
     fn exec(&self, user: &str, dir: &str, env: &[(&str, &str)], argv: &[&str]) -> Run {
         let mut cmd = Command::new("docker");
         cmd.args(["exec", "-u", user, "-w", dir, "-e", "DEBIAN_FRONTEND=noninteractive"]);
-        cmd.args(["-e", &format!("PIP_FIND_LINKS={WHEELS}")]);
+        cmd.args(["-e", &format!("PIP_FIND_LINKS={WHEELS}"), "-e", "PIP_NO_INDEX=1"]);
         if user != "root" {
             cmd.args(["-e", &format!("HOME={HOME}"), "-e", &format!("USER={USER}")]);
         }
