@@ -10,6 +10,7 @@
 
 mod common;
 
+mod arm64;
 mod cluster;
 mod console;
 mod container;

@@ -1,7 +1,9 @@
 //! The fake NVML library (`tests/fixtures/fake_nvml.c`): compiled
 //! once per source version with `cc`, then copied per test (dlopen shares one loaded
 //! copy per inode, and the state file lives beside the copy). Point
-//! `[guard.gpu] library` at [`FakeNvml::library`].
+//! `[guard.gpu] library` at [`FakeNvml::library`]. [`aarch64_library`] is the same
+//! source built for arm64 (the Jetson's architecture), for the arm64 package's
+//! container; [`NvmlState::render`] is its state file.
 //!
 //! Self-contained (no `super::`): unit tests in `src/guard` include it by `#[path]`.
 
@@ -42,7 +44,8 @@ impl NvmlState {
         self
     }
 
-    fn render(&self) -> String {
+    /// The state file's text (`fake_nvml.state` beside the library).
+    pub fn render(&self) -> String {
         let mut text = format!("gpus {}\nname {}\n", self.gpus, self.name);
         match self.utilization {
             Some(u) => text.push_str(&format!("utilization {u}\n")),
@@ -90,28 +93,45 @@ impl FakeNvml {
 fn built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        SOURCE.hash(&mut hasher);
-        let dir = std::env::temp_dir().join(format!("pruefstand-fake-nvml-{:016x}", hasher.finish()));
-        let lib = dir.join("libfake_nvml.so");
-        if lib.is_file() {
-            return lib;
-        }
-        std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join(format!("fake_nvml.{}.c", std::process::id()));
-        let tmp = dir.join(format!("libfake_nvml.{}.so", std::process::id()));
-        std::fs::write(&src, SOURCE).unwrap();
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let out = Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .arg("-ldl")
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run `{cc}` to build the fake NVML ({e}): install gcc"));
-        assert!(out.status.success(), "building the fake NVML failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        std::fs::rename(&tmp, &lib).unwrap();
-        let _ = std::fs::remove_file(&src);
+        compile(&cc, "libfake_nvml.so", "install gcc")
+    })
+}
+
+/// The library built for aarch64 with Debian's cross compiler, as [`built`] is for
+/// this machine: for the arm64 binary under emulation.
+pub fn aarch64_library() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let lib = compile("aarch64-linux-gnu-gcc", "libfake_nvml.aarch64.so", "install gcc-aarch64-linux-gnu");
+        let head = std::fs::read(&lib).unwrap();
+        // ELF e_machine 183 = EM_AARCH64.
+        assert_eq!(u16::from_le_bytes([head[18], head[19]]), 183, "{} is not an aarch64 library", lib.display());
         lib
     })
+}
+
+fn compile(cc: &str, name: &str, hint: &str) -> PathBuf {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    SOURCE.hash(&mut hasher);
+    let dir = std::env::temp_dir().join(format!("pruefstand-fake-nvml-{:016x}", hasher.finish()));
+    let lib = dir.join(name);
+    if lib.is_file() {
+        return lib;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{name}.{}.c", std::process::id()));
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    std::fs::write(&src, SOURCE).unwrap();
+    let out = Command::new(cc)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{cc}` to build the fake NVML ({e}): {hint}"));
+    assert!(out.status.success(), "building the fake NVML with {cc} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, &lib).unwrap();
+    let _ = std::fs::remove_file(&src);
+    lib
 }
