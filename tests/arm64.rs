@@ -282,7 +282,12 @@ fn the_arm64_package_installs_and_runs_as_on_amd64() {
     let emulated_s = t0.elapsed().as_secs_f64();
     assert!(run.stdout.lines().any(|l| l == "verdict: approved"), "{}\n{}", run.stdout, run.stderr);
     let prefix = format!("{root}/reports/demo-kandidat/klein/");
-    let run_dir = run.stdout.lines().find(|l| l.starts_with(&prefix)).expect("the run directory is printed");
+    // A path inside the container: found by its prefix, not on this machine's disk.
+    let run_dir = run
+        .stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("run directory: ").filter(|d| d.starts_with(&prefix)))
+        .expect("the run directory is printed");
     let copied = tempfile::tempdir().unwrap();
     machine.copy_out(&format!("{run_dir}/cases.jsonl"), copied.path());
     let arm64 = records(copied.path());

@@ -322,9 +322,7 @@ fn two_versions_on_one_base_with_different_adapters_share_one_container() {
     assert_eq!(docker::creates_since(since, "pruefstand.version=reuse-ref"), 1);
     assert_eq!(docker::creates_since(since, "pruefstand.version=reuse-cand"), 0);
     let cand = run.run_dir();
-    let reference = PathBuf::from(
-        run.stdout.lines().find_map(|l| l.strip_prefix("reference: ")).unwrap().split(" (").next().unwrap(),
-    );
+    let reference = run.reference_dir();
     let id = |dir: &Path| common::json(&dir.join("provenance.json"))["container"]["id"].clone();
     assert_eq!(id(&cand), id(&reference));
     assert_eq!(common::json(&cand.join("agent.json"))["model"], "inj-harden-r4");

@@ -131,9 +131,7 @@ fn a_tampered_reference_decides_nothing() {
     let plan = bench.write("tiny.toml", TINY_PLAN);
     let first = bench.run(&["run", "demo-kandidat", "--plan", plan.to_str().unwrap()]);
     assert!(matches!(first.code, Some(0 | 10 | 11)), "{}\n{}", first.stdout, first.stderr);
-    let reference = std::path::PathBuf::from(
-        first.stdout.lines().find_map(|l| l.strip_prefix("reference: ")).unwrap().split(" (").next().unwrap(),
-    );
+    let reference = first.reference_dir();
     // Every reference case made to look like a landed injection and a failed task.
     let cases = reference.join("cases.jsonl");
     let text = std::fs::read_to_string(&cases).unwrap();

@@ -1,9 +1,11 @@
 //! What a newcomer and an operator tripped over, each through the real binary: a model
 //! server that is not there (named by `check`, a run that stops by itself invalid and
 //! resumes once the server answers), version and plan words taken as names or paths
-//! with messages that say which, and files too large said to be too large.
+//! with messages that say which, files too large said to be too large, and `run`'s
+//! output as one labelled block per version.
 //!
-//! Not here: the live view's links (`serve`), the run's printed blocks (`run`).
+//! Not here: the live view's links and the progress line's ETA (`serve`, `console`), a
+//! killed run's processes (`console`).
 
 use std::process::Stdio;
 
@@ -122,4 +124,39 @@ fn files_over_the_limit_are_too_large_not_missing() {
         "{}",
         queue.stderr
     );
+}
+
+#[test]
+fn run_prints_one_labelled_block_per_version_reference_first_each_path_once() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "tiny"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    let (reference, candidate) = (run.reference_dir(), run.run_dir());
+    let at = |needle: &str| run.stdout.find(needle).unwrap_or_else(|| panic!("{needle:?} missing:\n{}", run.stdout));
+    assert!(at("reference: demo-baseline (run now)\n") < at("  demo-baseline: utility (clean) "));
+    assert!(at("  demo-baseline: utility (clean) ") < at("candidate: demo-kandidat\n"));
+    assert!(at("candidate: demo-kandidat\n") < at("  demo-kandidat: utility (clean) "));
+    assert!(at("  demo-kandidat: utility (clean) ") < at("verdict: "));
+    for dir in [&reference, &candidate] {
+        // Printed once as itself (the report line names a file in it).
+        assert_eq!(
+            run.stdout.matches(&format!("{}\n", dir.display())).count(),
+            1,
+            "{} printed once:\n{}",
+            dir.display(),
+            run.stdout
+        );
+    }
+
+    // Again, as JSON: the same blocks, the reference now reused.
+    let again = bench.run(&["run", "demo-kandidat", "--plan", "tiny", "--json"]);
+    let value: serde_json::Value =
+        serde_json::from_str(&again.stdout).unwrap_or_else(|e| panic!("{e}: {}", again.stdout));
+    assert_eq!(value["reference"]["version"], "demo-baseline");
+    assert_eq!(value["reference"]["made_now"], false);
+    assert_eq!(value["reference"]["run_dir"].as_str(), reference.to_str());
+    assert_eq!(value["candidate"]["version"], "demo-kandidat");
+    assert!(value["candidate"]["telemetry"]["denominators"]["utility"]["n"].as_u64() > Some(0), "{value}");
+    assert!(value["judgement"]["verdict"].is_string(), "{value}");
 }

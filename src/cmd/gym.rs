@@ -120,6 +120,13 @@ fn case_timeout_parser(text: &str) -> Result<f64, String> {
 }
 
 pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
+    outln!("{}", headline(telemetry));
+    outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
+    outln!("{}", run_dir.path.display());
+}
+
+/// The headline figures of a run, each with its hits and denominator, and its errors.
+pub fn headline(telemetry: &telemetry::Telemetry) -> String {
     let d = &telemetry.denominators;
     let show = |name: &str| {
         let rate = &d[name];
@@ -129,7 +136,7 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
         }
     };
     use crate::words;
-    outln!(
+    format!(
         "{} {}  {} {}  {} {}  {} {}  errors {}",
         words::UTILITY_CLEAN,
         show("utility"),
@@ -140,7 +147,5 @@ pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
         words::INJECTION_GOAL_UTILITY,
         show("injection_task_utility"),
         telemetry.counts.errors
-    );
-    outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
-    outln!("{}", run_dir.path.display());
+    )
 }

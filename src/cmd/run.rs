@@ -103,27 +103,83 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     };
     shutdown?;
     let report = finished.run_dir.path_of(RunFile::Report);
+    // One block per version, the reference first: its role, name, run directory and
+    // headline figures.
+    let mut blocks = Vec::new();
+    if let Some((dir, made_now)) = &finished.reference {
+        blocks.push(VersionBlock::reference(dir, *made_now)?);
+    }
+    blocks.push(VersionBlock {
+        role: "candidate",
+        version: finished.run_dir.read_run_meta().map(|m| m.version).unwrap_or_default(),
+        how: None,
+        run_dir: finished.run_dir.path.clone(),
+        telemetry: finished.executed.telemetry,
+    });
     if args.json {
         let value = serde_json::json!({
-            "run_dir": finished.run_dir.path,
+            "reference": blocks.iter().find(|b| b.role == "reference").map(VersionBlock::json),
+            "candidate": blocks.last().map(VersionBlock::json),
             "report": report,
-            "reference": finished.reference.as_ref().map(|(dir, made_now)| serde_json::json!({"run_dir": dir, "made_now": made_now})),
             "judgement": finished.judgement,
         });
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::from(finished.judgement.verdict.exit_code()));
     }
-    if let Some((dir, made_now)) = &finished.reference {
-        let how = if *made_now { "run now" } else { "reused" };
-        outln!("reference: {} ({how})", dir.display());
+    for block in &blocks {
+        block.print();
     }
-    crate::cmd::gym::print_summary(&finished.run_dir, &finished.executed.telemetry);
     let prefix_cache = finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache);
     if let Some((cache, rate)) = prefix_cache.and_then(|c| Some((c, c.hit_rate()?))) {
         outln!("prefix cache: {:.1} % of {} prompt tokens were cached", rate * 100.0, cache.queries);
     }
     print_judgement(&finished.judgement, &report);
     Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
+}
+
+/// What `run` says of one version it ran or compared with: `reference` or `candidate`,
+/// its name, how the reference came to be (run now, reused), its run directory and its
+/// headline figures.
+struct VersionBlock {
+    role: &'static str,
+    version: String,
+    how: Option<&'static str>,
+    run_dir: PathBuf,
+    telemetry: crate::telemetry::Telemetry,
+}
+
+impl VersionBlock {
+    /// The reference's block, its figures from its stored records.
+    fn reference(dir: &Path, made_now: bool) -> anyhow::Result<VersionBlock> {
+        let run_dir = crate::rundir::RunDir::new(dir);
+        let meta = run_dir.read_run_meta()?;
+        let records: Vec<_> = run_dir.read_cases_lenient()?.records.into_values().collect();
+        let telemetry = crate::telemetry::compute(&meta.benchmark_version, meta.planned_case_ids.len(), &records);
+        Ok(VersionBlock {
+            role: "reference",
+            version: meta.version,
+            how: Some(if made_now { "run now" } else { "reused" }),
+            run_dir: dir.to_path_buf(),
+            telemetry,
+        })
+    }
+
+    fn print(&self) {
+        let how = self.how.map(|h| format!(" ({h})")).unwrap_or_default();
+        outln!("{}: {}{how}", self.role, self.version);
+        outln!("  run directory: {}", self.run_dir.display());
+        outln!("  {}: {}", self.version, crate::cmd::gym::headline(&self.telemetry));
+        outln!("  model format health: {}", self.telemetry.format_health.line(self.telemetry.counts.recorded));
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "version": self.version,
+            "made_now": self.how.map(|h| h == "run now"),
+            "run_dir": self.run_dir,
+            "telemetry": self.telemetry,
+        })
+    }
 }
 
 /// The figure R2 judged by its name, the rules, the report's path and the verdict, as

@@ -108,14 +108,22 @@ impl Run {
         self
     }
 
-    /// The run directory: the last stdout line that names an existing folder.
+    /// The run directory: `run`'s candidate block (its last `run directory:` line), or
+    /// the last stdout line that names an existing folder (`gym`).
     pub fn run_dir(&self) -> PathBuf {
         self.stdout
             .lines()
             .rev()
-            .map(PathBuf::from)
+            .map(|l| PathBuf::from(l.trim_start().strip_prefix("run directory: ").unwrap_or(l)))
             .find(|p| p.is_dir())
             .unwrap_or_else(|| panic!("no run directory printed\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr))
+    }
+
+    /// `run`'s reference block: the reference's run directory.
+    pub fn reference_dir(&self) -> PathBuf {
+        let block = self.stdout.split("\ncandidate: ").next().filter(|b| b.contains("reference: "));
+        let dir = block.and_then(|b| b.lines().find_map(|l| l.trim_start().strip_prefix("run directory: ")));
+        PathBuf::from(dir.unwrap_or_else(|| panic!("no reference block\nstdout:\n{}", self.stdout)))
     }
 }
 
