@@ -372,7 +372,11 @@ async fn server_down_is_an_error_after_retries() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let replies = run(config(&format!("http://127.0.0.1:{port}/v1")), &[query(json!([]))]).await;
     let e = replies[0]["error"].as_str().unwrap();
-    assert!(e.starts_with("model server: error sending request") && e.contains("gave up after 3 attempts"), "{e}");
+    assert!(
+        e.starts_with("model server: cannot connect: error sending request") && e.contains("gave up after 3 attempts"),
+        "{e}"
+    );
+    assert!(crate::agent::llm::is_unreachable(e), "{e}");
     assert_eq!(replies[0]["stats"]["llm_calls"], 0);
     assert_eq!(replies[0]["stats"]["prompt_tokens"], Value::Null);
 }
