@@ -160,3 +160,33 @@ fn run_prints_one_labelled_block_per_version_reference_first_each_path_once() {
     assert!(value["candidate"]["telemetry"]["denominators"]["utility"]["n"].as_u64() > Some(0), "{value}");
     assert!(value["judgement"]["verdict"].is_string(), "{value}");
 }
+
+#[test]
+fn a_run_killed_after_thirty_cases_resumes_to_the_uninterrupted_records() {
+    let bench = Bench::new();
+    bench.write("versions/slow.toml", &slow_version(100));
+    let uninterrupted = bench.run(&["run", "slow", "--plan", "schnell"]).run_dir();
+
+    let out = bench.path().join("killed");
+    let args = ["run", "slow", "--plan", "schnell", "--out", out.to_str().unwrap()];
+    let mut child = bench.cmd(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_until("30 recorded cases", 300, || {
+        std::fs::read_to_string(out.join("cases.jsonl")).is_ok_and(|t| t.lines().count() >= 30)
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let needle = out.to_string_lossy().into_owned();
+    wait_until("every process of the killed run to end", 10, || processes_mentioning(&needle).is_empty());
+    let recorded: Vec<String> = outcomes(&out).into_iter().map(|o| o.0).collect();
+    let planned = cases(&uninterrupted).len();
+    assert!(recorded.len() >= 30 && recorded.len() < planned, "killed mid-run: {} of {planned}", recorded.len());
+
+    let resumed = bench.run(&args);
+    assert!(matches!(resumed.code, Some(0 | 10 | 11)), "{}\n{}", resumed.stdout, resumed.stderr);
+    assert!(resumed.stderr.contains(&format!("{} already recorded", recorded.len())), "{}", resumed.stderr);
+    let (starts, _) = case_starts(&out);
+    for case in &recorded {
+        assert_eq!(starts.get(case), Some(&1), "{case} was recorded before the kill and started again");
+    }
+    assert_eq!(outcomes(&out), outcomes(&uninterrupted), "nothing lost, nothing twice");
+}
