@@ -33,11 +33,10 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use crate::common::machine::{Container, HOME, USER};
 use crate::common::nvml::{self, NvmlState};
 use crate::common::{BIN, Bench, Run, cases, repo, untimed};
 
-const USER: &str = "anna";
-const HOME: &str = "/home/anna";
 /// The host folder of the arm64 wheelhouses.
 const CACHE: &str = "/var/tmp/pruefstand-arm64";
 /// Where the container sees the cp311 wheelhouse.
@@ -109,41 +108,24 @@ fn deb() -> PathBuf {
 }
 
 /// A running arm64 container of the test image, removed on drop.
-struct Machine {
-    name: String,
-}
+struct Machine(Container);
 
 impl Machine {
     fn start() -> Machine {
-        let wheels = wheelhouse();
+        let wheels = format!("{}:{WHEELS}:ro", wheelhouse().display());
         let name = format!("pruefstand-arm64-test-{}", std::process::id());
-        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
-        let out = Command::new("docker")
-            .args(["run", "-d", "--platform", "linux/arm64", "--network", "host", "--name", &name])
-            .arg("-v")
-            .arg(format!("{}:{WHEELS}:ro", wheels.display()))
-            .args([image(), "sleep", "infinity"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "docker run failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        let machine = Machine { name };
-        // This network's CA bundle and pip settings, as its machines have them.
-        for path in ["/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"] {
-            if Path::new(path).is_file() {
-                machine.copy_in(Path::new(path), path);
-            }
-        }
-        machine
+        Machine(Container::run(
+            &name,
+            &["--platform", "linux/arm64", "--network", "host", "-v", &wheels, image(), "sleep", "infinity"],
+        ))
     }
 
     fn copy_in(&self, from: &Path, to: &str) {
-        let out = Command::new("docker").arg("cp").arg(from).arg(format!("{}:{to}", self.name)).output().unwrap();
-        assert!(out.status.success(), "docker cp {}: {}", from.display(), String::from_utf8_lossy(&out.stderr));
+        self.0.copy_in(from, to)
     }
 
     fn copy_out(&self, from: &str, to: &Path) {
-        let out = Command::new("docker").arg("cp").arg(format!("{}:{from}", self.name)).arg(to).output().unwrap();
-        assert!(out.status.success(), "docker cp {from}: {}", String::from_utf8_lossy(&out.stderr));
+        self.0.copy_out(from, to)
     }
 
     /// A file of the user's, written through a copy (no shell between text and file).
@@ -155,36 +137,11 @@ impl Machine {
         self.root(&["chown", &format!("{USER}:{USER}"), to]).ok();
     }
 
-    /// `docker exec` as `user` in `dir`, with the host's proxy settings and the
-    /// wheelhouse as pip's only source.
+    /// `docker exec` as `user` in `dir`, the wheelhouse as pip's only source.
     fn exec(&self, user: &str, dir: &str, env: &[(&str, &str)], argv: &[&str]) -> Run {
-        let mut cmd = Command::new("docker");
-        cmd.args(["exec", "-u", user, "-w", dir, "-e", "DEBIAN_FRONTEND=noninteractive"]);
-        cmd.args(["-e", &format!("PIP_FIND_LINKS={WHEELS}"), "-e", "PIP_NO_INDEX=1"]);
-        if user != "root" {
-            cmd.args(["-e", &format!("HOME={HOME}"), "-e", &format!("USER={USER}")]);
-        }
-        for name in [
-            "PIP_INDEX_URL",
-            "PIP_EXTRA_INDEX_URL",
-            "PIP_TRUSTED_HOST",
-            "PIP_DEFAULT_TIMEOUT",
-            "http_proxy",
-            "https_proxy",
-            "no_proxy",
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "NO_PROXY",
-        ] {
-            if let Ok(value) = std::env::var(name) {
-                cmd.args(["-e", &format!("{name}={value}")]);
-            }
-        }
-        for (name, value) in env {
-            cmd.args(["-e", &format!("{name}={value}")]);
-        }
-        cmd.arg(&self.name).args(argv);
-        Run::from(cmd.output().unwrap())
+        let mut all = vec![("PIP_FIND_LINKS", WHEELS), ("PIP_NO_INDEX", "1")];
+        all.extend_from_slice(env);
+        self.0.exec(user, dir, &all, argv)
     }
 
     fn root(&self, argv: &[&str]) -> Run {
@@ -193,12 +150,6 @@ impl Machine {
 
     fn user(&self, dir: &str, argv: &[&str]) -> Run {
         self.exec(USER, dir, &[], argv)
-    }
-}
-
-impl Drop for Machine {
-    fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rm", "-f", &self.name]).output();
     }
 }
 
@@ -316,20 +267,7 @@ fn the_arm64_package_installs_and_runs_as_on_amd64() {
     // The man pages and the units, as on amd64.
     let man = machine.exec(USER, HOME, &[("MANPAGER", "cat"), ("MANWIDTH", "100")], &["man", "pruefstand"]).ok();
     assert!(man.stdout.contains("pruefstand - Local GPU test bench"), "{}", man.stdout);
-    let verify = machine
-        .exec(
-            USER,
-            "/usr/lib/systemd/user",
-            &[("XDG_RUNTIME_DIR", "/tmp/anna-runtime")],
-            &[
-                "bash",
-                "-c",
-                "mkdir -m 0700 -p \"$XDG_RUNTIME_DIR\" && systemd-analyze --user verify pruefstand.service \
-                 pruefstand-voll@.service pruefstand-voll@.timer",
-            ],
-        )
-        .ok();
-    assert_eq!(format!("{}{}", verify.stdout, verify.stderr), "", "systemd-analyze has remarks");
+    machine.0.verify_units();
 
     // The GPU guard as on a Thor: NVML's library where the config names it, jobs
     // blocked when it cannot be read (the Jetson guide's setting).

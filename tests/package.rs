@@ -18,135 +18,45 @@
 //!
 //! Not here: the units running under a real systemd (the container has no init), arm64.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::common::{BIN, Run, docker, repo};
-
-const USER: &str = "anna";
-const HOME: &str = "/home/anna";
-const BASE_REPOSITORY: &str = "pruefstand-vllm-cpu-base";
-
-/// The package `scripts/package` made for this version and this machine's architecture,
-/// checked to be newer than the binary under test (a stale package would test old code).
-fn deb() -> PathBuf {
-    let arch = Command::new("dpkg").arg("--print-architecture").output().expect("dpkg runs");
-    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_string();
-    let path = repo().join(format!("target/debian/pruefstand_{}-1_{arch}.deb", env!("CARGO_PKG_VERSION")));
-    let made = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or_else(|e| {
-        panic!("{}: {e}: make it with `scripts/package --profile dev --no-build` (scripts/test does)", path.display())
-    });
-    let built = std::fs::metadata(BIN).and_then(|m| m.modified()).unwrap();
-    assert!(
-        made >= built,
-        "{} is older than {BIN}: run `scripts/package --profile dev --no-build` after `cargo build --bins --tests`",
-        path.display()
-    );
-    path
-}
+use crate::common::machine::{self, Container, HOME, USER, deb};
+use crate::common::{BIN, Run, repo};
 
 /// The test image: the debootstrap'd base plus man-db, systemd and the user, tagged by
 /// a hash of the base's id and this recipe, so it is built once per input.
 fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        docker::ensure_dockerd();
-        let listed = Command::new("docker")
-            .args(["images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", BASE_REPOSITORY])
-            .output()
-            .unwrap();
-        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-        let (base, base_id) = listed.lines().find_map(|l| l.split_once(' ')).unwrap_or_else(|| {
-            panic!("no {BASE_REPOSITORY} image: scripts/build-vllm-cpu-image makes it (scripts/test runs it)")
-        });
         // The lists are dropped: at test time `apt-get update` reads the archive as it is
         // now, as a user's machine would.
-        let dockerfile = format!(
-            "FROM {base}\n\
-             RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db systemd \\\n \
-             && useradd --create-home --shell /bin/bash {USER} && rm -rf /var/lib/apt/lists/*\n"
-        );
-        let hash = &pruefstand_sha256(&format!("{base_id}\n{dockerfile}"))[..12];
-        let tag = format!("pruefstand-package-test:{hash}");
-        let present = Command::new("docker").args(["image", "inspect", &tag]).output().unwrap().status.success();
-        if !present {
-            let dir = tempfile::tempdir().unwrap();
-            std::fs::write(dir.path().join("Dockerfile"), &dockerfile).unwrap();
-            let out = Command::new("docker")
-                .env("DOCKER_BUILDKIT", "0")
-                .args(["build", "-q", "--network", "host", "-t", &tag])
-                .arg(dir.path())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "building {tag} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        }
-        tag
+        machine::image_on_base("pruefstand-package-test", |base| {
+            format!(
+                "FROM {base}\n\
+                 RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends man-db systemd \\\n \
+                 && useradd --create-home --shell /bin/bash {USER} && rm -rf /var/lib/apt/lists/*\n"
+            )
+        })
     })
 }
 
-fn pruefstand_sha256(text: &str) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
-}
-
 /// A running container of the test image, removed on drop.
-struct Machine {
-    name: String,
-}
+struct Machine(Container);
 
 impl Machine {
     fn start() -> Machine {
         let name = format!("pruefstand-package-test-{}", std::process::id());
-        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
-        let out = Command::new("docker")
-            .args(["run", "-d", "--network", "host", "--name", &name, image(), "sleep", "infinity"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "docker run failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        let machine = Machine { name };
-        // This network's CA bundle and pip settings, as its machines have them.
-        for path in ["/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"] {
-            if Path::new(path).is_file() {
-                machine.copy_in(Path::new(path), path);
-            }
-        }
-        machine
+        Machine(Container::run(&name, &["--network", "host", image(), "sleep", "infinity"]))
     }
 
     fn copy_in(&self, from: &Path, to: &str) {
-        let out = Command::new("docker").arg("cp").arg(from).arg(format!("{}:{to}", self.name)).output().unwrap();
-        assert!(out.status.success(), "docker cp {}: {}", from.display(), String::from_utf8_lossy(&out.stderr));
+        self.0.copy_in(from, to)
     }
 
-    /// `docker exec` as `user` in `dir`, with the host's pip and proxy settings.
     fn exec(&self, user: &str, dir: &str, env: &[(&str, &str)], argv: &[&str]) -> Run {
-        let mut cmd = Command::new("docker");
-        cmd.args(["exec", "-u", user, "-w", dir, "-e", "DEBIAN_FRONTEND=noninteractive"]);
-        if user != "root" {
-            cmd.args(["-e", &format!("HOME={HOME}"), "-e", &format!("USER={USER}")]);
-        }
-        for name in [
-            "PIP_INDEX_URL",
-            "PIP_EXTRA_INDEX_URL",
-            "PIP_TRUSTED_HOST",
-            "PIP_DEFAULT_TIMEOUT",
-            "http_proxy",
-            "https_proxy",
-            "no_proxy",
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "NO_PROXY",
-        ] {
-            if let Ok(value) = std::env::var(name) {
-                cmd.args(["-e", &format!("{name}={value}")]);
-            }
-        }
-        for (name, value) in env {
-            cmd.args(["-e", &format!("{name}={value}")]);
-        }
-        cmd.arg(&self.name).args(argv);
-        Run::from(cmd.output().unwrap())
+        self.0.exec(user, dir, env, argv)
     }
 
     fn root(&self, argv: &[&str]) -> Run {
@@ -161,12 +71,6 @@ impl Machine {
     fn snapshot(&self, dir: &str) -> String {
         let script = format!("cd {dir} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum");
         self.root(&["bash", "-c", &script]).ok().stdout
-    }
-}
-
-impl Drop for Machine {
-    fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rm", "-f", &self.name]).output();
     }
 }
 
@@ -259,20 +163,7 @@ fn a_user_installs_the_package_and_gets_a_verdict() {
     assert_eq!(completion.stdout, "init\ninstall-units\n");
 
     // The units: systemd's own checker, as the user manager would load them.
-    let verify = machine
-        .exec(
-            USER,
-            "/usr/lib/systemd/user",
-            &[("XDG_RUNTIME_DIR", "/tmp/anna-runtime")],
-            &[
-                "bash",
-                "-c",
-                "mkdir -m 0700 -p \"$XDG_RUNTIME_DIR\" && systemd-analyze --user verify pruefstand.service \
-                 pruefstand-voll@.service pruefstand-voll@.timer",
-            ],
-        )
-        .ok();
-    assert_eq!(format!("{}{}", verify.stdout, verify.stderr), "", "systemd-analyze has remarks");
+    machine.0.verify_units();
     let service = machine.user(HOME, &["cat", "/usr/lib/systemd/user/pruefstand.service"]).ok().stdout;
     assert!(service.contains("\nExecStart=/usr/bin/pruefstand --root %h/pruefstand daemon\n"), "{service}");
 

@@ -10,6 +10,7 @@
 pub mod chromium;
 pub mod dbus;
 pub mod docker;
+pub mod machine;
 pub mod nvml;
 pub mod runs;
 pub mod slurm;

@@ -13,90 +13,45 @@
 //! Debian archive, CA bundle and pip settings (this network re-signs TLS), and a pip
 //! cache under /var/tmp shared between runs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::{BIN, Run, docker, repo};
+use super::Run;
+use super::machine::{Container, image_on_base};
+pub use super::machine::{HOME, USER, deb};
 
-pub const USER: &str = "anna";
-pub const HOME: &str = "/home/anna";
 const UID: u32 = 1000;
-const BASE_REPOSITORY: &str = "pruefstand-vllm-cpu-base";
 const PIP_CACHE: &str = "/var/tmp/pruefstand-systemd-test-pip";
 /// What the package depends on (Cargo.toml's `depends`, apart from libc) and man-db: in
 /// the image, so installing the `.deb` needs no download. Its other recommendation,
 /// Docker, is left out: an engine in this container could not start.
 const PACKAGES: &str = "systemd systemd-sysv dbus dbus-user-session libpam-systemd python3 python3-venv man-db procps";
 
-/// The package `scripts/package` made for this version and this machine's architecture,
-/// checked to be newer than the binary under test (a stale package would test old code).
-pub fn deb() -> PathBuf {
-    let arch = Command::new("dpkg").arg("--print-architecture").output().expect("dpkg runs");
-    let arch = String::from_utf8_lossy(&arch.stdout).trim().to_string();
-    let path = repo().join(format!("target/debian/pruefstand_{}-1_{arch}.deb", env!("CARGO_PKG_VERSION")));
-    let made = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or_else(|e| {
-        panic!("{}: {e}: make it with `scripts/package --profile dev --no-build` (scripts/test does)", path.display())
-    });
-    let built = std::fs::metadata(BIN).and_then(|m| m.modified()).unwrap();
-    assert!(
-        made >= built,
-        "{} is older than {BIN}: run `scripts/package --profile dev --no-build` after `cargo build --bins --tests`",
-        path.display()
-    );
-    path
-}
-
 /// The image, built when its tag is missing.
 pub fn image() -> &'static str {
     static IMAGE: OnceLock<String> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        docker::ensure_dockerd();
-        let listed = Command::new("docker")
-            .args(["images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", BASE_REPOSITORY])
-            .output()
-            .unwrap();
-        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-        let (base, base_id) = listed.lines().find_map(|l| l.split_once(' ')).unwrap_or_else(|| {
-            panic!("no {BASE_REPOSITORY} image: scripts/build-vllm-cpu-image makes it (scripts/test runs it)")
-        });
         // Linger is a file: the user manager starts at boot, without a login. A fixed
         // machine id keeps one journal folder across reboots. ~/.cache/pip exists so
         // the cache mounted there does not make ~/.cache root's.
-        let dockerfile = format!(
-            "FROM {base}\n\
-             RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {PACKAGES} \\\n \
-             && useradd --create-home --uid {UID} --shell /bin/bash {USER} \\\n \
-             && install -d -o {USER} -g {USER} {HOME}/.cache {HOME}/.cache/pip \\\n \
-             && mkdir -p /var/lib/systemd/linger && touch /var/lib/systemd/linger/{USER} \\\n \
-             && systemd-machine-id-setup && rm -rf /var/lib/apt/lists/*\n"
-        );
-        let hash = &sha256(&format!("{base_id}\n{dockerfile}"))[..12];
-        let tag = format!("pruefstand-systemd-test:{hash}");
-        let present = Command::new("docker").args(["image", "inspect", &tag]).output().unwrap().status.success();
-        if !present {
-            let dir = tempfile::tempdir().unwrap();
-            std::fs::write(dir.path().join("Dockerfile"), &dockerfile).unwrap();
-            let out = Command::new("docker")
-                .env("DOCKER_BUILDKIT", "0")
-                .args(["build", "-q", "--network", "host", "-t", &tag])
-                .arg(dir.path())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "building {tag} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        }
-        tag
+        image_on_base("pruefstand-systemd-test", |base| {
+            format!(
+                "FROM {base}\n\
+                 RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends {PACKAGES} \\\n \
+                 && useradd --create-home --uid {UID} --shell /bin/bash {USER} \\\n \
+                 && install -d -o {USER} -g {USER} {HOME}/.cache {HOME}/.cache/pip \\\n \
+                 && mkdir -p /var/lib/systemd/linger && touch /var/lib/systemd/linger/{USER} \\\n \
+                 && systemd-machine-id-setup && rm -rf /var/lib/apt/lists/*\n"
+            )
+        })
     })
-}
-
-fn sha256(text: &str) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
 /// A booted container; removed on drop.
 pub struct Machine {
+    container: Container,
     pub name: String,
 }
 
@@ -107,24 +62,38 @@ impl Machine {
         std::fs::create_dir_all(PIP_CACHE).unwrap();
         std::os::unix::fs::chown(PIP_CACHE, Some(UID), Some(UID)).ok();
         let name = format!("pruefstand-systemd-test-{}", std::process::id());
-        let _ = Command::new("docker").args(["rm", "-f", &name]).output();
-        let out = Command::new("docker")
-            .args(["run", "-d", "--name", &name, "--label", "pruefstand-test=systemd", "--network", "host"])
-            .args(["--stop-signal", "SIGRTMIN+3", "--cap-add", "SYS_ADMIN"])
-            .args(["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined"])
-            .args(["--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp"])
-            .args(["-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--cgroupns=host"])
-            .args(["-v", &format!("{PIP_CACHE}:{HOME}/.cache/pip")])
-            .args([image, "/sbin/init"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "docker run failed:\n{}", String::from_utf8_lossy(&out.stderr));
-        let machine = Machine { name };
-        for path in ["/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"] {
-            if Path::new(path).is_file() {
-                machine.copy_in(Path::new(path), path);
-            }
-        }
+        let pip = format!("{PIP_CACHE}:{HOME}/.cache/pip");
+        let container = Container::run(
+            &name,
+            &[
+                "--label",
+                "pruefstand-test=systemd",
+                "--network",
+                "host",
+                "--stop-signal",
+                "SIGRTMIN+3",
+                "--cap-add",
+                "SYS_ADMIN",
+                "--security-opt",
+                "seccomp=unconfined",
+                "--security-opt",
+                "apparmor=unconfined",
+                "--tmpfs",
+                "/run",
+                "--tmpfs",
+                "/run/lock",
+                "--tmpfs",
+                "/tmp",
+                "-v",
+                "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+                "--cgroupns=host",
+                "-v",
+                &pip,
+                image,
+                "/sbin/init",
+            ],
+        );
+        let machine = Machine { container, name };
         machine.wait_running();
         machine
     }
@@ -146,30 +115,16 @@ impl Machine {
     }
 
     pub fn copy_in(&self, from: &Path, to: &str) {
-        let out = Command::new("docker").arg("cp").arg(from).arg(format!("{}:{to}", self.name)).output().unwrap();
-        assert!(out.status.success(), "docker cp {}: {}", from.display(), String::from_utf8_lossy(&out.stderr));
+        self.container.copy_in(from, to)
     }
 
     /// `docker exec` as `user` in `dir`; anna gets her session bus and runtime folder,
-    /// as a login would give her, and the host's pip and proxy settings.
+    /// as a login would give her.
     pub fn exec(&self, user: &str, dir: &str, argv: &[&str]) -> Run {
-        let mut cmd = Command::new("docker");
-        cmd.args(["exec", "-u", user, "-w", dir, "-e", "DEBIAN_FRONTEND=noninteractive"]);
-        if user != "root" {
-            cmd.args(["-e", &format!("HOME={HOME}"), "-e", &format!("USER={USER}")]);
-            cmd.args(["-e", &format!("XDG_RUNTIME_DIR=/run/user/{UID}")]);
-            cmd.args(["-e", &format!("DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/{UID}/bus")]);
-        }
-        for name in ["PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_DEFAULT_TIMEOUT"]
-            .into_iter()
-            .chain(["http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"])
-        {
-            if let Ok(value) = std::env::var(name) {
-                cmd.args(["-e", &format!("{name}={value}")]);
-            }
-        }
-        cmd.arg(&self.name).args(argv);
-        Run::from(cmd.output().unwrap())
+        let (runtime, bus) = (format!("/run/user/{UID}"), format!("unix:path=/run/user/{UID}/bus"));
+        let env: &[(&str, &str)] =
+            if user == "root" { &[] } else { &[("XDG_RUNTIME_DIR", &runtime), ("DBUS_SESSION_BUS_ADDRESS", &bus)] };
+        self.container.exec(user, dir, env, argv)
     }
 
     pub fn root(&self, argv: &[&str]) -> Run {
@@ -242,11 +197,5 @@ impl Machine {
     pub fn docker(&self, args: &[&str]) {
         let out = Command::new("docker").args(args).arg(&self.name).output().unwrap();
         assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-}
-
-impl Drop for Machine {
-    fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rm", "-f", &self.name]).output();
     }
 }
