@@ -180,11 +180,18 @@ fn case_ids(machine: &Machine, run_dir: &str) -> Vec<String> {
 /// The daemon is active, under a main pid other than `old` when given (after a boot
 /// the pids start over, and the same one is likely); its main pid.
 fn wait_daemon_back(machine: &Machine, old: Option<&str>) -> String {
+    // Two reads are not one state: between `is-active` and `MainPID` the old daemon can
+    // be going (MainPID 0, which differs from the old pid too). So a new, non-zero pid,
+    // active, and still the same pid after.
+    let mut pid = String::new();
     machine.wait_for("the daemon active again", 120, || {
-        machine.user_ctl(&["is-active", DAEMON]).stdout.trim() == "active"
-            && old.is_none_or(|old| machine.user_prop(DAEMON, "MainPID") != old)
+        pid = machine.user_prop(DAEMON, "MainPID");
+        pid != "0"
+            && old.is_none_or(|old| pid != old)
+            && machine.user_ctl(&["is-active", DAEMON]).stdout.trim() == "active"
+            && machine.user_prop(DAEMON, "MainPID") == pid
     });
-    machine.user_prop(DAEMON, "MainPID")
+    pid
 }
 
 fn journal(machine: &Machine) -> String {
