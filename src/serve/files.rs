@@ -112,7 +112,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
         };
         rows.push((modified, row));
     }
-    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.0));
     let up = if folder == reports { String::new() } else { r#"<p><a href="../">up</a></p>"#.to_string() };
     let items: String = rows.into_iter().map(|(_, row)| row).collect();
     let empty = if items.is_empty() { "<p>nothing here yet</p>" } else { "" };
