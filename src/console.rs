@@ -274,6 +274,8 @@ pub struct Progress {
     started: Instant,
     run_this_time: usize,
     last_line: usize,
+    /// Cases in flight at first (`--jobs`): they start, and mostly finish, together.
+    jobs: usize,
 }
 
 impl Progress {
@@ -283,7 +285,7 @@ impl Progress {
             let bar = indicatif::ProgressBar::new(total as u64);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  ETA {eta}  {msg}",
+                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} cases  {msg}",
                 )
                 .expect("valid template"),
             );
@@ -300,6 +302,7 @@ impl Progress {
             started: Instant::now(),
             run_this_time: 0,
             last_line: 0,
+            jobs: 1,
         }
     }
 
@@ -309,6 +312,8 @@ impl Progress {
         self.total = total;
         self.done = total - to_run;
         self.last_line = self.done;
+        self.jobs = jobs.max(1);
+        self.started = Instant::now();
         if let Some(bar) = &self.bar {
             bar.set_length(total as u64);
             bar.set_position(self.done as u64);
@@ -328,7 +333,7 @@ impl Progress {
     fn show_message(&self) {
         if let Some(bar) = &self.bar {
             let errors = if self.errors > 0 { format!(", {} errors", self.errors) } else { String::new() };
-            bar.set_message(format!("{} in flight{errors}", self.in_flight));
+            bar.set_message(format!("{}  {} in flight{errors}", self.eta(), self.in_flight));
         }
     }
 
@@ -347,20 +352,47 @@ impl Progress {
                 let step = (self.total / 10).max(1);
                 if self.done - self.last_line >= step || self.done == self.total {
                     self.last_line = self.done;
-                    let rate = self.run_this_time as f64 / self.started.elapsed().as_secs_f64().max(1e-6);
-                    let eta = (self.total - self.done) as f64 / rate.max(1e-6);
                     tracing::info!(
-                        "progress: {}/{} cases, {} in flight, {} errors, ETA {eta:.0} s",
+                        "progress: {}/{} cases, {} in flight, {} errors, {}",
                         self.done,
                         self.total,
                         self.in_flight,
-                        self.errors
+                        self.errors,
+                        self.eta()
                     );
                 }
             }
         }
     }
 }
+
+impl Progress {
+    /// `ETA 42 s`, or `ETA estimating` while the rate would mislead.
+    fn eta(&self) -> String {
+        eta_text(self.run_this_time, self.total - self.done, self.started.elapsed().as_secs_f64(), self.jobs)
+    }
+}
+
+/// The ETA from the cases finished this time over the time taken, once that rate can
+/// be trusted: the first `jobs` cases start together and finish close together, so a
+/// rate from them alone counts one case's latency as if the cases ran one after
+/// another (the first one done after 10 s with 8 in flight reads as 0.1 case/s, not
+/// ~0.8). So: "estimating" until more than `jobs` cases have finished (the second wave
+/// has begun to finish) and at least [`ETA_MIN_CASES`]; nothing left is `ETA 0 s`.
+fn eta_text(finished: usize, remaining: usize, elapsed_s: f64, jobs: usize) -> String {
+    if remaining == 0 {
+        return "ETA 0 s".into();
+    }
+    if finished <= jobs.max(1) || finished < ETA_MIN_CASES {
+        return "ETA estimating".into();
+    }
+    let rate = finished as f64 / elapsed_s.max(1e-6);
+    format!("ETA {:.0} s", remaining as f64 / rate.max(1e-9))
+}
+
+/// The fewest finished cases an ETA is worked out from (one slow or fast case alone
+/// would swing it).
+const ETA_MIN_CASES: usize = 3;
 
 impl Drop for Progress {
     fn drop(&mut self) {
@@ -408,5 +440,24 @@ mod tests {
         progress.case_done(true);
         progress.case_done(false);
         assert_eq!((progress.done, progress.errors), (17, 1));
+    }
+
+    #[test]
+    fn the_eta_waits_for_a_rate_it_can_trust() {
+        // 8 in flight: the first 8 cases finish together; their rate is no rate yet.
+        for finished in 0..=8 {
+            assert_eq!(eta_text(finished, 100, 10.0, 8), "ETA estimating", "{finished} finished");
+        }
+        assert_eq!(eta_text(10, 90, 10.0, 8), "ETA 90 s", "1 case/s, 90 to go");
+        // One at a time: still not from one or two cases.
+        assert_eq!(eta_text(1, 16, 2.0, 1), "ETA estimating");
+        assert_eq!(eta_text(2, 15, 4.0, 1), "ETA estimating");
+        assert_eq!(eta_text(3, 14, 6.0, 1), "ETA 28 s");
+        assert_eq!(eta_text(2, 0, 4.0, 8), "ETA 0 s", "nothing left: done, whatever the rate");
+        assert_eq!(eta_text(5, 5, 5.0, 0), "ETA 5 s", "jobs 0 counts as 1");
+        let mut progress = Progress::new(0);
+        progress.start(20, 20, 4, 1);
+        progress.case_done(false);
+        assert_eq!(progress.eta(), "ETA estimating", "the first line of a run");
     }
 }

@@ -2,7 +2,9 @@
 //! escapes, a symlink out), nothing but GET, no non-loopback address without
 //! `--allow-remote`, events when the queue's files change, a clean exit on SIGTERM with
 //! a stream open — and the live page in headless Chromium following a running
-//! `schnell` job case by case, with no console error.
+//! `schnell` job case by case, with no console error. Every link on every page
+//! reachable from `/` (two finished `tiny` runs), followed in Chromium, answers 200;
+//! the folders above a run list what is below them, newest first, with verdicts.
 //!
 //! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the live page's screenshots there as
 //! `serve.png` (1280 px) and `serve-420.png` (how `docs/`'s are made).
@@ -432,4 +434,87 @@ fn report_link(tab: &mut crate::common::chromium::Tab, id: u64) -> String {
         !href.is_null()
     });
     href.as_str().unwrap().to_string()
+}
+
+/// The URLs of the links a user can see on the tab's page once it has loaded (and, on
+/// the live page, once its script has had the first feed), fragments dropped.
+fn visible_links(tab: &mut crate::common::chromium::Tab, url: &str) -> Vec<String> {
+    tab.call("Page.navigate", serde_json::json!({ "url": url }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = tab.eval(&format!("document.readyState==='complete' && location.href==={url:?}"));
+        if ready == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{url} did not load");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The live page fills its links from the event stream: give it a moment.
+    if tab.eval("location.pathname") == "/" {
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let links = tab.eval(
+        "[...document.querySelectorAll('a[href]')].filter(a=>a.getClientRects().length>0).map(a=>{var h=a.getAttribute('href');try{var u=new URL(h,document.baseURI);u.hash='';return u.href}catch(e){return 'invalid: '+h}})",
+    );
+    links.as_array().unwrap().iter().map(|l| l.as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn every_link_on_every_page_answers_and_reports_lists_the_newest_run_first() {
+    let bench = Bench::new();
+    let plan = bench.write("tiny.toml", TINY_PLAN);
+    let plan = plan.to_str().unwrap();
+    // Four cases decide nothing: exit 11, inconclusive, with a report all the same.
+    let older = bench.run(&["run", "demo-kandidat", "--plan", plan]).code(11).run_dir();
+    let newer = bench.run(&["run", "demo-kandidat", "--plan", plan]).code(11).run_dir();
+    let serve = Serve::start(&bench, &[]);
+
+    // A plan's folder lists its runs, newest first, each with its verdict.
+    let plan_folder = newer.parent().unwrap();
+    let plan_url = format!("/reports/{}/", plan_folder.strip_prefix(bench.path().join("reports")).unwrap().display());
+    let listing = serve.get(&plan_url);
+    assert_eq!(listing.status, 200, "{plan_url}: {}", listing.body);
+    let name = |run: &PathBuf| format!(">{}/</a>", run.file_name().unwrap().to_str().unwrap());
+    let (at_new, at_old) = (listing.body.find(&name(&newer)), listing.body.find(&name(&older)));
+    assert!(at_new.is_some() && at_old.is_some() && at_new < at_old, "newest run first: {}", listing.body);
+    let verdict: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(newer.join("judgement.json")).unwrap()).unwrap();
+    let verdict = verdict["verdict"].as_str().unwrap();
+    assert!(listing.body.contains(&format!(">{verdict}</span>")), "the verdict shown: {}", listing.body);
+    let top = serve.get("/reports/");
+    assert!(top.body.contains(">demo-kandidat/</a>"), "reports/ lists the versions: {} {}", top.status, top.body);
+
+    // From the live page, every link of every page reached, as a user would click.
+    let chromium = Chromium::find();
+    let origin = serve.url("");
+    let mut tab = chromium.tab("about:blank", 1280, 900);
+    let mut todo = vec![serve.url("/")];
+    let mut seen = std::collections::BTreeSet::new();
+    let mut pages = 0;
+    while let Some(url) = todo.pop() {
+        if !seen.insert(url.clone()) {
+            continue;
+        }
+        assert!(seen.len() < 200, "more links than a bench of two runs has: {seen:?}");
+        let path = url.strip_prefix(&origin).unwrap();
+        let answer = serve.get(path);
+        assert_eq!(answer.status, 200, "{path} (linked from a page of serve's): {}", answer.body);
+        if !answer.headers.get("content-type").is_some_and(|t| t.starts_with("text/html")) {
+            continue;
+        }
+        pages += 1;
+        for link in visible_links(&mut tab, &url) {
+            assert!(!link.starts_with("invalid:"), "{url} links to {link}");
+            if link.starts_with(&origin) && !seen.contains(&link) {
+                todo.push(link);
+            }
+        }
+    }
+    assert!(seen.contains(&serve.url("/reports/")), "{seen:?}");
+    assert!(
+        seen.iter().any(|u| u.ends_with(&format!("{}/", newer.file_name().unwrap().to_str().unwrap()))),
+        "{seen:?}"
+    );
+    assert!(pages >= 5, "the live page, reports/, a version, a plan and a run at least: {seen:?}");
+    assert_eq!(tab.errors(), Vec::<String>::new(), "no console errors on the way");
 }

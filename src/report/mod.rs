@@ -11,7 +11,7 @@ mod conversation;
 mod families;
 mod index;
 mod publish;
-mod svg;
+pub(crate) mod svg;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

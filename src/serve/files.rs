@@ -64,20 +64,72 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         if !folder {
             return Lookup::Redirect(format!("{}/", raw));
         }
-        // The trend index (reports/ itself), or a run folder's report.
-        return [crate::report::INDEX_FILE, RunFile::Report.name()]
-            .iter()
-            .map(|name| real.join(name))
-            .find_map(|page| {
-                let real = page.canonicalize().ok().filter(|p| p.starts_with(reports))?;
-                read_file(&real)
-            })
-            .unwrap_or(Lookup::NotFound);
+        // A run folder's report; any other folder (reports/ itself, a version's, a
+        // plan's) its listing, so that every folder above a run answers.
+        let report = real.join(RunFile::Report.name());
+        if let Some(found) = report.canonicalize().ok().filter(|p| p.starts_with(reports)).and_then(|p| read_file(&p)) {
+            return found;
+        }
+        return listing(reports, &real, &decoded);
     }
     if folder {
         return Lookup::NotFound;
     }
     read_file(&real).unwrap_or(Lookup::NotFound)
+}
+
+/// The policy of a listing: no script at all.
+const LISTING_CSP: &str = STRICT_CSP;
+
+/// A folder's entries as a page: sub-folders and regular files that resolve inside
+/// `reports/` and that `find` would serve (plain names), newest first (by modification
+/// time); a run folder (one with a `judgement.json`) shows its verdict. Every name is
+/// HTML-escaped and every link percent-encoded.
+fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
+    let Ok(entries) = std::fs::read_dir(folder) else { return Lookup::NotFound };
+    let mut rows: Vec<(std::time::SystemTime, String)> = Vec::new();
+    for entry in entries.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+        if !plain_segment(&name) {
+            continue;
+        }
+        let Ok(real) = entry.path().canonicalize() else { continue };
+        if !real.starts_with(reports) {
+            continue;
+        }
+        let Ok(meta) = std::fs::metadata(&real) else { continue };
+        let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+        let Some(href) = url_of(reports, &folder.join(&name)) else { continue };
+        let esc = crate::report::svg::esc;
+        let row = if meta.is_dir() {
+            let verdict = verdict_of(&real)
+                .map_or(String::new(), |v| format!(r#" <span class="verdict v-{0}">{0}</span>"#, esc(&v)));
+            format!(r#"<li><a href="{}/">{}/</a>{verdict}</li>"#, esc(&href), esc(&name))
+        } else if meta.is_file() {
+            format!(r#"<li><a href="{}">{}</a></li>"#, esc(&href), esc(&name))
+        } else {
+            continue;
+        };
+        rows.push((modified, row));
+    }
+    rows.sort_by_key(|row| std::cmp::Reverse(row.0));
+    let up = if folder == reports { String::new() } else { r#"<p><a href="../">up</a></p>"#.to_string() };
+    let items: String = rows.into_iter().map(|(_, row)| row).collect();
+    let empty = if items.is_empty() { "<p>nothing here yet</p>" } else { "" };
+    let title = crate::report::svg::esc(shown);
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
+<style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\
+<body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>"
+    );
+    Lookup::File { bytes: html.into_bytes(), content_type: HTML, csp: LISTING_CSP.to_string() }
+}
+
+/// A run folder's verdict, from its `judgement.json`.
+fn verdict_of(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(RunFile::Judgement.name())).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    value.get("verdict")?.as_str().map(str::to_string)
 }
 
 /// A segment that names an entry of its folder: not empty, not `.`/`..` or another
@@ -199,7 +251,14 @@ mod tests {
     fn serves_files_and_folders_inside_reports() {
         let (_dir, reports) = reports();
         assert!(body(find(&reports, "/reports/index.html")).contains("index"));
-        assert!(body(find(&reports, "/reports/")).contains("index"), "a folder shows its index.html");
+        let top = body(find(&reports, "/reports/"));
+        assert!(top.contains(r#"<a href="/reports/index.html">index.html</a>"#), "reports/ lists its files: {top}");
+        assert!(top.contains(r#"<a href="/reports/v/">v/</a>"#), "and its folders: {top}");
+        assert!(!top.contains(".hidden"), "but no hidden name: {top}");
+        assert!(
+            body(find(&reports, "/reports/v/plan/")).contains(r#"href="/reports/v/plan/run/""#),
+            "a plan lists runs"
+        );
         assert!(body(find(&reports, "/reports/v/plan/run/")).contains("run"), "a run folder its report.html");
         assert!(body(find(&reports, "/reports/v/pl%61n/run/report.html")).contains("run"), "escapes decoded");
         assert_eq!(find(&reports, "/reports"), Lookup::Redirect("/reports/".into()));
@@ -252,6 +311,25 @@ mod tests {
         assert_eq!(find(&reports, "/reports/missing.html"), Lookup::NotFound);
         assert_eq!(find(&reports, "/reports/index.html/"), Lookup::NotFound);
         assert_eq!(find(&reports, "/elsewhere"), Lookup::NotFound);
+    }
+
+    #[test]
+    fn a_listing_puts_the_newest_run_first_with_its_verdict_and_escapes_names() {
+        let (_dir, reports) = reports();
+        let plan = reports.join("v/plan");
+        std::fs::create_dir(plan.join("<b>new&")).unwrap();
+        std::fs::write(plan.join("<b>new&/judgement.json"), r#"{"verdict":"fail"}"#).unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::open(plan.join("run")).unwrap().set_modified(old).unwrap();
+        std::fs::write(plan.join("run/judgement.json"), r#"{"verdict":"pass"}"#).unwrap();
+        std::fs::File::open(plan.join("run")).unwrap().set_modified(old).unwrap();
+        let page = body(find(&reports, "/reports/v/plan/"));
+        let new = page.find("&lt;b&gt;new&amp;/</a>").unwrap_or_else(|| panic!("escaped: {page}"));
+        let run = page.find(">run/</a>").unwrap();
+        assert!(new < run, "newest first: {page}");
+        assert!(page.contains(r#"href="/reports/v/plan/%3Cb%3Enew%26/""#), "{page}");
+        assert!(page.contains(">fail</span>") && page.contains(">pass</span>"), "verdicts: {page}");
+        assert!(!page.contains("<b>"), "{page}");
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub async fn serve(
         .route("/api/status", get(api_status))
         .route("/api/queue", get(api_queue))
         .route("/reports", get(report_file))
+        .route("/reports/", get(report_file))
         .route("/reports/{*path}", get(report_file))
         .fallback(fallback)
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
