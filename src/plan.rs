@@ -184,8 +184,8 @@ impl Profile {
     pub fn load_named(root: &Path, name_or_path: &str) -> anyhow::Result<(PathBuf, Profile, String)> {
         let dir = root.join("profiles");
         let named = util::Named::new("plan", name_or_path, &dir);
-        named.read()?;
-        let (profile, text) = Profile::load(&named.path)?;
+        let text = named.read()?;
+        let profile = Profile::parse(&named.path, &text)?;
         Ok((named.path, profile, text))
     }
 
@@ -196,11 +196,16 @@ impl Profile {
             anyhow::bail!("{message}");
         }
         let text = util::read_config(path).with_context(|| format!("plan file {}", path.display()))?;
-        let profile: Profile = util::parse_toml(path, &text)?;
+        Ok((Profile::parse(path, &text)?, text))
+    }
+
+    /// A plan file's text, parsed and its rules checked (errors at `path:line:col`).
+    fn parse(path: &Path, text: &str) -> anyhow::Result<Profile> {
+        let profile: Profile = util::parse_toml(path, text)?;
         if let Err(invalid) = profile.rules.validate() {
             let table = format!("rules.{}", invalid.rule);
-            return Err(match util::table_key_offset(&text, &table, invalid.field) {
-                Some(offset) => util::at(path, &text, offset, &invalid.message),
+            return Err(match util::table_key_offset(text, &table, invalid.field) {
+                Some(offset) => util::at(path, text, offset, &invalid.message),
                 None => anyhow::anyhow!(
                     "{}: {} (a default that another value contradicts)",
                     path.display(),
@@ -208,7 +213,7 @@ impl Profile {
                 ),
             });
         }
-        Ok((profile, text))
+        Ok(profile)
     }
 }
 
