@@ -98,18 +98,8 @@ fn a_word_is_a_name_unless_it_looks_like_a_path_and_the_message_says_which() {
 #[test]
 fn files_over_the_limit_are_too_large_not_missing() {
     let bench = Bench::new();
+    // A spec over the limit: hostile::a_huge_spec_is_refused_unread… (the same words).
     let filler = format!("\n#{}\n", "x".repeat(2 << 20));
-    let spec = std::fs::read_to_string(repo().join("versions/demo-kandidat.toml")).unwrap();
-    bench.write("versions/bad-huge.toml", &format!("{spec}{filler}"));
-    let run = bench.run(&["run", "bad-huge"]).code(2);
-    assert!(
-        run.stderr.contains("version \"bad-huge\"")
-            && run.stderr.contains("too large: ")
-            && run.stderr.contains("the limit is 1024 KiB")
-            && !run.stderr.contains("no version"),
-        "{}",
-        run.stderr
-    );
     let plan = std::fs::read_to_string(repo().join("profiles/schnell.toml")).unwrap();
     bench.write("profiles/big.toml", &format!("{plan}{filler}"));
     let run = bench.run(&["run", "demo-kandidat", "--plan", "big"]).code(2);

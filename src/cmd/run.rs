@@ -105,28 +105,27 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let report = finished.run_dir.path_of(RunFile::Report);
     // One block per version, the reference first: its role, name, run directory and
     // headline figures.
-    let mut blocks = Vec::new();
-    if let Some((dir, made_now)) = &finished.reference {
-        blocks.push(VersionBlock::reference(dir, *made_now)?);
-    }
-    blocks.push(VersionBlock {
-        role: "candidate",
+    let reference = match &finished.reference {
+        Some((dir, made_now)) => Some(VersionBlock::reference(dir, *made_now)?),
+        None => None,
+    };
+    let candidate = VersionBlock {
         version: finished.run_dir.read_run_meta().map(|m| m.version).unwrap_or_default(),
-        how: None,
+        made_now: None,
         run_dir: finished.run_dir.path.clone(),
         telemetry: finished.executed.telemetry,
-    });
+    };
     if args.json {
         let value = serde_json::json!({
-            "reference": blocks.iter().find(|b| b.role == "reference").map(VersionBlock::json),
-            "candidate": blocks.last().map(VersionBlock::json),
+            "reference": reference.as_ref().map(VersionBlock::json),
+            "candidate": candidate.json(),
             "report": report,
             "judgement": finished.judgement,
         });
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(ExitCode::from(finished.judgement.verdict.exit_code()));
     }
-    for block in &blocks {
+    for block in reference.iter().chain([&candidate]) {
         block.print();
     }
     let prefix_cache = finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache);
@@ -137,13 +136,12 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
 }
 
-/// What `run` says of one version it ran or compared with: `reference` or `candidate`,
-/// its name, how the reference came to be (run now, reused), its run directory and its
-/// headline figures.
+/// What `run` says of one version it ran or compared with: its name, for the reference
+/// whether it was run now or reused (none for the candidate), its run directory and
+/// its headline figures.
 struct VersionBlock {
-    role: &'static str,
     version: String,
-    how: Option<&'static str>,
+    made_now: Option<bool>,
     run_dir: PathBuf,
     telemetry: crate::telemetry::Telemetry,
 }
@@ -155,18 +153,16 @@ impl VersionBlock {
         let meta = run_dir.read_run_meta()?;
         let records: Vec<_> = run_dir.read_cases_lenient()?.records.into_values().collect();
         let telemetry = crate::telemetry::compute(&meta.benchmark_version, meta.planned_case_ids.len(), &records);
-        Ok(VersionBlock {
-            role: "reference",
-            version: meta.version,
-            how: Some(if made_now { "run now" } else { "reused" }),
-            run_dir: dir.to_path_buf(),
-            telemetry,
-        })
+        Ok(VersionBlock { version: meta.version, made_now: Some(made_now), run_dir: dir.to_path_buf(), telemetry })
     }
 
     fn print(&self) {
-        let how = self.how.map(|h| format!(" ({h})")).unwrap_or_default();
-        outln!("{}: {}{how}", self.role, self.version);
+        match self.made_now {
+            Some(made_now) => {
+                outln!("reference: {} ({})", self.version, if made_now { "run now" } else { "reused" })
+            }
+            None => outln!("candidate: {}", self.version),
+        }
         outln!("  run directory: {}", self.run_dir.display());
         outln!("  {}: {}", self.version, crate::cmd::gym::headline(&self.telemetry));
         outln!("  model format health: {}", self.telemetry.format_health.line(self.telemetry.counts.recorded));
@@ -175,7 +171,7 @@ impl VersionBlock {
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "version": self.version,
-            "made_now": self.how.map(|h| h == "run now"),
+            "made_now": self.made_now,
             "run_dir": self.run_dir,
             "telemetry": self.telemetry,
         })
