@@ -90,6 +90,15 @@ impl Case {
     }
 }
 
+/// How the agent's error begins when it could not connect to the model server (after
+/// the agent's own retries), after `model server: `.
+pub const CANNOT_CONNECT: &str = "cannot connect";
+
+/// Whether a case's error says its agent could not connect to the model server.
+pub fn is_unreachable(error: &str) -> bool {
+    error.contains(&format!("model server: {CANNOT_CONNECT}: "))
+}
+
 /// How a case ended.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -203,6 +212,13 @@ impl CaseRecord {
 
     pub fn is_error(&self) -> bool {
         self.error.is_some()
+    }
+
+    /// Whether the case failed because its agent could not connect to the model server
+    /// at all, even after its retries: the server is not there (`run::silence` counts
+    /// these across cases; a restarted container runs them again).
+    pub fn could_not_connect(&self) -> bool {
+        self.error.as_deref().is_some_and(is_unreachable)
     }
 
     pub fn outcome(&self) -> Outcome {

@@ -443,3 +443,77 @@ fn sigterm_stops_a_run_and_its_container_and_the_run_resumes() {
     assert!(run.stderr.contains(&format!("{recorded} already recorded")) || recorded == 0, "{}", run.stderr);
     assert_no_container("dock-term");
 }
+
+/// A firewall rule on the container's published port that refuses new connections
+/// (TCP reset) and lets established ones go on; removed when dropped, whatever the
+/// test's outcome.
+struct RefuseNewConnections(String);
+
+impl RefuseNewConnections {
+    fn on(port: u16) -> RefuseNewConnections {
+        let rule = format!(
+            "OUTPUT -p tcp -d 127.0.0.1 --dport {port} -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset"
+        );
+        let status = std::process::Command::new("iptables").arg("-I").args(rule.split(' ')).status();
+        assert!(status.is_ok_and(|s| s.success()), "iptables -I {rule} (Debian's iptables, as root)");
+        RefuseNewConnections(rule)
+    }
+}
+
+impl Drop for RefuseNewConnections {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("iptables").arg("-D").args(self.0.split(' ')).status();
+    }
+}
+
+#[test]
+fn a_server_that_answers_health_but_no_new_connection_is_restarted_on_the_death_path() {
+    // A server whose port takes no new connection while the watch's kept connection
+    // still gets /health answered: only the cases notice (each agent connects afresh).
+    // Three of them in a row that could not connect are the run's silence; on a
+    // container that is a death like any other — restarted once, the gym resumed, and
+    // the cases that could not connect run again.
+    let bench = Bench::new();
+    let plan = plan(&bench, 6);
+    version(&bench, "dock-silent", "docker", "inj-harden-r3", "", 300);
+    version(&bench, "inproc-silent", "sim", "inj-harden-r3", "", 0);
+    let out = out_dir(&bench, "dock-silent");
+    let child = bench
+        .cmd(&["run", "dock-silent", "--plan", &plan, "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = container_of("dock-silent");
+    wait_for(60, "a first recorded case", || (docker::recorded(&out) >= 1).then_some(()));
+    let info = docker::inspect(&id);
+    let port = info.host_config.unwrap().port_bindings.unwrap().into_values().flatten().flatten().next().unwrap();
+    let port: u16 = port.host_port.unwrap().parse().unwrap();
+    let started = info.state.unwrap().started_at;
+    let refusing = RefuseNewConnections::on(port);
+    // Docker restarting the container is the watch's answer; the restarted server must
+    // then be reachable again for the restart to come up.
+    wait_for(180, "the container restarted after its cases could not connect", || {
+        (docker::inspect(&id).state.unwrap().started_at != started).then_some(())
+    });
+    drop(refusing);
+
+    let output = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!stdout.contains("verdict: invalid"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("the model server stopped answering: 3 cases in a row could not connect"), "{stderr}");
+    assert!(stderr.contains("could not connect to it, though /health answers"), "{stderr}");
+    assert!(stderr.contains("restarted and ready") && stderr.contains("resuming the gym"), "{stderr}");
+    let meta = common::json(&out.join("run.json"));
+    assert_eq!(
+        (meta["model_server"]["deaths"].as_u64(), meta["model_server"]["restarts"].as_u64()),
+        (Some(1), Some(1)),
+        "{meta}"
+    );
+    assert_eq!(meta["model_server"]["failed"], false);
+    // Nothing lost, nothing left failed: the same outcomes as an undisturbed run.
+    let undisturbed = bench.run(&["run", "inproc-silent", "--plan", &plan]).run_dir();
+    assert!(outcomes(&out).iter().all(|o| !o.3), "error records remain: {:?}", outcomes(&out));
+    assert_eq!(outcomes(&out), outcomes(&undisturbed));
+    assert_no_container("dock-silent");
+}

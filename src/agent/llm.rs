@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::stream::{Assembly, Fed};
+use crate::case::CANNOT_CONNECT;
 
 /// Why a model call produced no usable turn. The `Display` text is the protocol's
 /// `{"error": ...}` reason.
@@ -474,16 +475,6 @@ pub fn context_overflow(status: u16, body: &str) -> Option<String> {
 }
 
 /// reqwest's top-level message rarely says why ("error sending request"): add the causes.
-/// How a failed connection to the model server begins its message: a case that ends
-/// with it (after its retries) says the server is not there at all, which
-/// `run::silence` counts across cases.
-pub const CANNOT_CONNECT: &str = "cannot connect";
-
-/// Whether a case's error says its agent could not connect to the model server.
-pub fn is_unreachable(error: &str) -> bool {
-    error.contains(&format!("model server: {CANNOT_CONNECT}: "))
-}
-
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cause = e.source();

@@ -376,7 +376,7 @@ async fn server_down_is_an_error_after_retries() {
         e.starts_with("model server: cannot connect: error sending request") && e.contains("gave up after 3 attempts"),
         "{e}"
     );
-    assert!(crate::agent::llm::is_unreachable(e), "{e}");
+    assert!(crate::case::is_unreachable(e), "{e}");
     assert_eq!(replies[0]["stats"]["llm_calls"], 0);
     assert_eq!(replies[0]["stats"]["prompt_tokens"], Value::Null);
 }

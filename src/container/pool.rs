@@ -9,7 +9,8 @@
 //! pool per command; the daemon keeps one across jobs.
 //!
 //! While a lease is out a watch checks the server every second. A death (container
-//! exited, or `/health` failing three times in a row) stops the gym, restarts the
+//! exited, `/health` failing three times in a row, or the run's cases no longer
+//! connecting: `run::silence`) stops the gym, restarts the
 //! container once on the same port, and `Lease::after_gym` tells the run to resume the
 //! gym (cases that failed because of the death are dropped first). A second death, or a
 //! restart that does not come up, ends the run: `facts().failed`, which R1 fails.
@@ -352,7 +353,8 @@ struct WatchState {
     /// Case ids recorded before the last death (errors after it are its casualties).
     before_death: BTreeSet<String>,
     /// The run's cases stopped reaching the server (`run::silence`): a death, whatever
-    /// `/health` says, handled on the same path.
+    /// `/health` says, handled on the same path. Cleared only when the death is
+    /// recorded, so a gym pass that ends first still waits for the restart.
     silent: bool,
 }
 
@@ -404,7 +406,7 @@ impl Lease {
         loop {
             {
                 let mut s = self.watch.lock().expect("watch lock");
-                if !s.restarting {
+                if !s.restarting && !s.silent {
                     if s.facts.failed || !s.pending_resume {
                         return Ok(false);
                     }
@@ -435,7 +437,7 @@ async fn watch_loop(
     let mut id = c.id.clone();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let silent = std::mem::take(&mut watch.lock().expect("watch lock").silent);
+        let silent = watch.lock().expect("watch lock").silent;
         let reason = match healthy(&docker, &http, &id, c.host_port).await {
             Ok(true) if silent => "the run's cases could not connect to it, though /health answers".to_string(),
             Ok(true) => {
@@ -469,6 +471,7 @@ async fn watch_loop(
         let tail = log_tail(&docker, &id, 40).await;
         let deaths = {
             let mut s = watch.lock().expect("watch lock");
+            s.silent = false;
             s.facts.deaths += 1;
             s.facts.events.push(format!(
                 "{}: model server died: {reason}",
@@ -596,7 +599,9 @@ fn recorded_ids(cases: &Path, len: u64) -> BTreeSet<String> {
 }
 
 /// Removes the error records of cases not recorded before the death (they failed
-/// because the server was gone), so the resumed gym runs them again.
+/// because the server was gone), and of every case whose agent could not connect at
+/// all (a silent server's cases, recorded while `/health` still answered), so the
+/// resumed gym runs them again.
 fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<usize> {
     let path = RunFile::Cases.path_in(run_dir);
     let text = match std::fs::read_to_string(&path) {
@@ -607,8 +612,8 @@ fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<
     let mut kept = String::with_capacity(text.len());
     let mut dropped = 0;
     for line in text.lines() {
-        let casualty =
-            serde_json::from_str::<CaseRecord>(line).is_ok_and(|r| r.is_error() && !before.contains(&r.case_id));
+        let casualty = serde_json::from_str::<CaseRecord>(line)
+            .is_ok_and(|r| r.could_not_connect() || (r.is_error() && !before.contains(&r.case_id)));
         if casualty {
             dropped += 1;
         } else {
@@ -634,5 +639,30 @@ mod tests {
         // The same name from another folder: never the old weights, never an in-place
         // reload (vLLM's prefix cache keeps blocks of the old weights under the name).
         assert_eq!(adapter_fit(Some("/adapters/a"), "/adapters/b", true), AdapterFit::Restart);
+    }
+
+    #[test]
+    fn casualties_are_the_errors_after_the_death_and_every_case_that_could_not_connect() {
+        use crate::case::Case;
+        let dir = tempfile::tempdir().unwrap();
+        let record = |id: &str, error: Option<&str>| {
+            let mut r = CaseRecord::of(&Case::clean("banking", id), Some(true), None);
+            r.error = error.map(str::to_string);
+            serde_json::to_string(&r).unwrap() + "\n"
+        };
+        let refused = "agent error: model server: cannot connect: tcp connect error (gave up after 4 attempts)";
+        let lines = [
+            record("user_task_1", None),
+            record("user_task_2", Some("agent error: the agent exited")),
+            record("user_task_3", Some(refused)),
+            record("user_task_4", Some("agent error: model server: HTTP 500")),
+        ];
+        std::fs::write(RunFile::Cases.path_in(dir.path()), lines.concat()).unwrap();
+        // Recorded while /health answered: user tasks 1-3; the fourth failed with the death.
+        let before: BTreeSet<String> =
+            ["user_task_1", "user_task_2", "user_task_3"].iter().map(|t| Case::clean("banking", t).id).collect();
+        assert_eq!(drop_casualties(dir.path(), &before).unwrap(), 2);
+        let kept = std::fs::read_to_string(RunFile::Cases.path_in(dir.path())).unwrap();
+        assert_eq!(kept, [lines[0].clone(), lines[1].clone()].concat());
     }
 }

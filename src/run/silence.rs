@@ -1,6 +1,6 @@
 //! A model server that stopped answering: a sink on the gym's events that counts the
 //! cases, in the order they finish, whose agent could not connect to the server even
-//! after its retries (`agent::llm::is_unreachable`). [`CONSECUTIVE`] of them in a row
+//! after its retries (`CaseRecord::could_not_connect`). [`CONSECUTIVE`] of them in a row
 //! and the server is taken for gone: the sink asks the gym to drain (no new case starts;
 //! the ones in flight finish) and says so through [`Silence`]. What follows is the
 //! executor's: an external server's run ends invalid, naming the server and the case;
@@ -9,7 +9,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::agent::llm::is_unreachable;
 use crate::gym::{Ask, GymEvent, Seen, Sink};
 
 /// Cases in a row that could not connect before the server is taken for gone. Each has
@@ -56,7 +55,7 @@ struct Watch {
 impl Sink for Watch {
     fn on(&mut self, event: &GymEvent, _seen: &Seen) -> anyhow::Result<Ask> {
         let GymEvent::Case { record } = event else { return Ok(Ask::Continue) };
-        if !record.error.as_deref().is_some_and(is_unreachable) {
+        if !record.could_not_connect() {
             self.in_a_row = 0;
             return Ok(Ask::Continue);
         }
