@@ -694,7 +694,7 @@ fn stopped_early(ran: usize, leaky: bool) -> JudgeInput {
     input.run.plan = "voll".into();
     input.run.planned_case_ids = plan.iter().map(|c| c.id.clone()).collect();
     input.run.plan_hash = crate::plan::plan_hash(&input.run.benchmark_version, &plan);
-    input.run.early_stop = Some(crate::record::EarlyStop { seed: 5, order, stopped_early: true });
+    input.run.early_stop = Some(crate::record::EarlyStop { seed: 5, order, stopped_early: true, at_decision: None });
     input.records = records;
     input.plan_cases = Some(plan);
     input
