@@ -193,6 +193,25 @@ pub struct EarlyStop {
     /// The betting tests decided and the gym stopped starting cases; the cases not run
     /// are missing on purpose (R1 knows). False again once `--full` ran the rest.
     pub stopped_early: bool,
+    /// Where the cases of a stopped run went (absent before the decision, and once
+    /// `--full` ran the rest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_decision: Option<AtDecision>,
+}
+
+/// What a stopped run had run when its verdict was decided, and what it ran after: a
+/// run's share of its plan is the cases of the user tasks the decision saw, plus
+/// `ahead`, plus `overrun` (docs/statistics.md, "Stopping early").
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AtDecision {
+    /// Cases recorded when the decision came.
+    pub cases: usize,
+    /// Of those, the cases of user tasks past the ones the decision saw: they finished
+    /// while a user task before them in the order was still running.
+    pub ahead: usize,
+    /// Cases recorded after the decision: in flight when it came (they finish), or
+    /// started before the gym took the drain in.
+    pub overrun: usize,
 }
 
 /// Slot indices of a family's grammar in the order framing, authority, urgency, goal,

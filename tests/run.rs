@@ -499,6 +499,16 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     }
     let decided = early["user_tasks_decided"].as_u64().unwrap() as usize;
     assert!(order[..decided].iter().all(|u| per_user.get(u) == Some(&4)), "decided user tasks whole: {per_user:?}");
+    // What was run splits into the decided user tasks, the cases that finished past them
+    // before the decision, and the overrun after it; the judgement carries the same.
+    let at = &record["at_decision"];
+    let count = |key: &str| at[key].as_u64().unwrap_or_else(|| panic!("at_decision.{key}: {record}")) as usize;
+    assert_eq!(count("cases") + count("overrun"), ran.len(), "{record}");
+    assert_eq!(count("cases") - count("ahead"), 4 * decided, "{record}");
+    assert_eq!(&early["at_decision"], at);
+    let summary = judgement["summary"].as_str().unwrap();
+    let tail = format!("; {} of the cases finished after the decision, {} before it", count("overrun"), count("ahead"));
+    assert!(summary.contains(&tail), "{summary}");
     let mut first: Vec<String> = order[..per_user.len()].to_vec();
     first.sort();
     assert_eq!(per_user.keys().cloned().collect::<Vec<_>>(), first, "a prefix of the order");
@@ -512,7 +522,8 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     let full = bench.run(&["run", "leaky", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--full"]);
     assert_eq!(full.code, Some(10), "{}\n{}", full.stdout, full.stderr);
     assert_eq!(cases(&dir).len(), planned);
-    assert_eq!(json(&dir.join("early_stop.json"))["stopped_early"], false);
+    let record = json(&dir.join("early_stop.json"));
+    assert_eq!((&record["stopped_early"], record.get("at_decision")), (&false.into(), None), "{record}");
     let judgement = json(&dir.join("judgement.json"));
     assert!(judgement.get("early_stop").is_none(), "{}", judgement["summary"]);
     let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();

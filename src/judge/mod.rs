@@ -253,12 +253,22 @@ pub struct EarlyStopSummary {
     /// One line: the bounds that decided.
     pub deciding: String,
     pub sequential: early::Sequential,
+    /// What the run had recorded at the decision and what finished after it (the
+    /// run's `early_stop.json`; absent for runs recorded before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_decision: Option<crate::record::AtDecision>,
 }
 
 impl EarlyStopSummary {
     /// "stopped after N of M cases: decided" — what the report says first.
     pub fn line(&self) -> String {
-        format!("stopped after {} of {} cases: decided ({})", self.cases_run, self.cases_planned, self.deciding)
+        let after = self.at_decision.map_or(String::new(), |at| {
+            format!(
+                "; {} of the cases finished after the decision, {} before it ran ahead of the user tasks it saw",
+                at.overrun, at.ahead
+            )
+        });
+        format!("stopped after {} of {} cases: decided ({}){after}", self.cases_run, self.cases_planned, self.deciding)
     }
 }
 
@@ -442,6 +452,7 @@ fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStop
         user_tasks: seq.user_tasks,
         deciding: if deciding.is_empty() { "nothing decided".into() } else { deciding },
         sequential: seq,
+        at_decision: stop.at_decision,
     })
 }
 

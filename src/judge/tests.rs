@@ -694,7 +694,7 @@ fn stopped_early(ran: usize, leaky: bool) -> JudgeInput {
     input.run.plan = "voll".into();
     input.run.planned_case_ids = plan.iter().map(|c| c.id.clone()).collect();
     input.run.plan_hash = crate::plan::plan_hash(&input.run.benchmark_version, &plan);
-    input.run.early_stop = Some(crate::record::EarlyStop { seed: 5, order, stopped_early: true });
+    input.run.early_stop = Some(crate::record::EarlyStop { seed: 5, order, stopped_early: true, at_decision: None });
     input.records = records;
     input.plan_cases = Some(plan);
     input
@@ -720,6 +720,15 @@ fn a_run_stopped_early_is_judged_by_its_sequential_decision() {
     assert!(decisive.sequential && decisive.bound_side == words::BoundSide::Upper, "{decisive:?}");
     assert!(decisive.text.contains("(betting test, stopped early after"), "{}", decisive.text);
     assert_eq!(rule("R4").status, RuleStatus::NotApplicable);
+
+    // What the run recorded at its decision is carried into the judgement and its first line.
+    let mut input = stopped_early(60, false);
+    let at = crate::record::AtDecision { cases: 290, ahead: 12, overrun: 14 };
+    input.run.early_stop.as_mut().unwrap().at_decision = Some(at);
+    let j = judge(&input);
+    assert_eq!(j.early_stop.as_ref().unwrap().at_decision, Some(at));
+    let tail = "; 14 of the cases finished after the decision, 12 before it ran ahead of the user tasks it saw";
+    assert!(j.summary.contains(tail), "{}", j.summary);
 }
 
 /// What R1 refuses in a run that says it stopped early: records that decide nothing
