@@ -568,7 +568,16 @@ fn the_demo_candidate_stops_approved_against_its_reference_on_voll() {
 /// digits (a `cargo test` build takes some maths from another library than a
 /// `cargo build` one, which moves the 15th digit).
 fn comparable(run_dir: &Path) -> (String, String) {
-    let records: Vec<serde_json::Value> = cases(run_dir).into_iter().map(untimed).collect();
+    // Keys sorted: the fixture does not depend on the order the gym and pruefstand write
+    // them in (pruefstand's JSON keeps the order it reads, for AgentDojo's tool schemas).
+    let records: Vec<serde_json::Value> = cases(run_dir)
+        .into_iter()
+        .map(|record| {
+            let mut record = untimed(record);
+            record.sort_all_objects();
+            record
+        })
+        .collect();
     fn strip(value: &mut serde_json::Value, timing: &regex::Regex) {
         match value {
             serde_json::Value::Object(map) => {
@@ -583,6 +592,7 @@ fn comparable(run_dir: &Path) -> (String, String) {
     }
     let mut judgement = json(&run_dir.join("judgement.json"));
     strip(&mut judgement, &regex::Regex::new(r"p95 case time [0-9.]+").unwrap());
+    judgement.sort_all_objects();
     let lines: Vec<String> = records.iter().map(|r| serde_json::to_string(r).unwrap()).collect();
     (lines.join("\n") + "\n", serde_json::to_string_pretty(&judgement).unwrap() + "\n")
 }

@@ -56,7 +56,7 @@ conversation = [
     ChatToolResultMessage(role="tool", content=[block("None")], tool_call_id="c2", tool_call=send, error=None),
 ]
 local = {}
-for delimiter in ("tool", "input"):
+for delimiter in ("tool", "input", "user"):
     client = Client("Done.")
     LocalLLM(client, "m", tool_delimiter=delimiter).query("q", runtime, messages=conversation)
     local[delimiter] = client.sent["messages"]
@@ -75,6 +75,11 @@ json.dump({
     "tools": tools,
     "plain": [message_to_plain(m) for m in conversation],
     "local": local,
+    # pruefstand's `user` role sends the result's text where LocalLLM dumps its blocks:
+    # what `_tool_calling_prompt` promises and the `"None"` check intends.
+    "user_results": [json.dumps({"error": m["error"]}) if m["error"] is not None else
+                     json.dumps({"result": "Success" if (t := m["content"][0]["content"]) == "None" else t})
+                     for m in conversation if m["role"] == "tool"],
     "native": {"messages": native["messages"], "tools": native["tools"], "tool_choice": native["tool_choice"],
                "tools_text": json.dumps(native["tools"], separators=(",", ":"), ensure_ascii=False)},
     "tools_text": json.dumps(tools, separators=(",", ":"), ensure_ascii=False),
@@ -148,6 +153,20 @@ fn requests_match_agentdojos_own_elements() {
             assert_eq!(ours, local, "{delimiter}: message {i} differs");
         }
     }
+    // The `user` role (the default): LocalLLM's messages under `--tool-delimiter user`,
+    // but a result is its text, not the dumped block list (docs/defences.md).
+    let (ours, _) = format::request(ToolCalling::Prompted, ToolResultRole::User, &plain, &tools);
+    let local = theirs["local"]["user"].as_array().unwrap();
+    let mut results = theirs["user_results"].as_array().unwrap().iter();
+    assert_eq!(ours.len(), local.len());
+    for (i, (ours, local)) in ours.iter().zip(local).enumerate() {
+        let is_result = theirs["plain"][i]["role"] == "tool";
+        let want = if is_result { json!({"role": "user", "content": results.next().unwrap()}) } else { local.clone() };
+        assert_eq!((ours["role"].as_str(), ours["content"].as_str()), (want["role"].as_str(), want["content"].as_str()), "user: message {i}");
+    }
+    assert_eq!(ours[3]["content"], "{\"result\": \"1810.0 \\u00fc\\n\\\"q\\\"\"}");
+    assert_eq!(ours[7]["content"], "{\"result\": \"Success\"}");
+
     // The adapter keeps a tool's error apart, as AgentDojo's local element dumps it.
     assert_eq!(theirs["plain"][5]["error"], "ValueError: no such IBAN");
 
