@@ -162,7 +162,11 @@ fn requests_match_agentdojos_own_elements() {
     for (i, (ours, local)) in ours.iter().zip(local).enumerate() {
         let is_result = theirs["plain"][i]["role"] == "tool";
         let want = if is_result { json!({"role": "user", "content": results.next().unwrap()}) } else { local.clone() };
-        assert_eq!((ours["role"].as_str(), ours["content"].as_str()), (want["role"].as_str(), want["content"].as_str()), "user: message {i}");
+        assert_eq!(
+            (ours["role"].as_str(), ours["content"].as_str()),
+            (want["role"].as_str(), want["content"].as_str()),
+            "user: message {i}"
+        );
     }
     assert_eq!(ours[3]["content"], "{\"result\": \"1810.0 \\u00fc\\n\\\"q\\\"\"}");
     assert_eq!(ours[7]["content"], "{\"result\": \"Success\"}");
