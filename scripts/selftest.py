@@ -613,7 +613,8 @@ def the_detector_decides_and_replaces_as_agentdojos_own():
 
     # (label, probs) as vLLM answers: SAFE is class 0; the top class is the label.
     verdicts = {"clean": ("SAFE", [0.8, 0.2]), "attack": ("INJECTION", [0.1, 0.9]),
-                "unsure": ("INJECTION", [0.45, 0.55]), "earlier": ("INJECTION", [0.0, 1.0])}
+                "unsure": ("INJECTION", [0.45, 0.55]), "earlier": ("INJECTION", [0.0, 1.0]),
+                "": ("INJECTION", [0.4, 0.6])}
     server, seen = _classifier_server(verdicts)
     call = FunctionCall(function="read_file", args={}, id="c")
     tool = lambda text: ChatToolResultMessage(role="tool", content=[block(text)], tool_call_id="c", tool_call=call, error=None)  # noqa: E731
@@ -627,7 +628,7 @@ def the_detector_decides_and_replaces_as_agentdojos_own():
             theirs = object.__new__(TransformersBasedPIDetector)
             PromptInjectionDetector.__init__(theirs, mode="message", raise_on_injection=False)
             theirs.safe_label, theirs.threshold = "SAFE", threshold
-            theirs.pipeline = lambda text: [{"label": verdicts[text][0], "score": max(verdicts[text][1])}] if text else [{"label": "SAFE", "score": 1.0}]
+            theirs.pipeline = lambda text: [{"label": verdicts[text][0], "score": max(verdicts[text][1])}]
             element = _GymElement()
             url = f"http://127.0.0.1:{server.server_address[1]}/classify"
             ours = HttpPIDetector({"url": url, "model": "deberta", "safe_label": "SAFE", "threshold": threshold,
@@ -640,12 +641,72 @@ def the_detector_decides_and_replaces_as_agentdojos_own():
             assert element.flags == len(flagged) and [e["at"] for e in element.events] == sorted((i + 1 for i in flagged), reverse=True), (threshold, element.events)
             # Only the trailing tool outputs are checked, as AgentDojo checks them.
             assert b[1]["content"][0]["content"] == "earlier"
-        # safety: clean 0.8, attack 0.1, unsure 0.45 — flagged below the threshold.
-        assert [m["content"][0]["content"] == replaced for m in b[3:6]] == [True, True, True]
-        assert seen[0] == ("/classify", "Bearer k", {"model": "deberta", "input": ["unsure"]}), seen[0]
-        assert not any(body["input"] == [""] for _, _, body in seen), "an empty output is not sent"
+        # safety: clean 0.8, attack 0.1, unsure 0.45, empty 0.4 — flagged below the threshold.
+        assert [m["content"][0]["content"] == replaced for m in b[3:7]] == [True, True, True, True]
+        # The last output is checked first; an empty one is classified, as AgentDojo does.
+        assert seen[0] == ("/classify", "Bearer k", {"model": "deberta", "input": [""]}), seen[0]
+        assert seen[1][2]["input"] == ["unsure"], seen[1]
     finally:
         server.shutdown()
+
+
+@check
+def the_composed_defences_send_agentdojos_texts():
+    """`dojo.build_pipeline` against `AgentPipeline.from_config` for no defence,
+    `repeat_user_prompt` and `spotlighting_with_delimiting`: one banking task run by both
+    pipelines with a scripted model (two tool calls, one failing, then an answer) shows
+    the model the same messages, byte for byte — system message, repeated prompt, the
+    delimited and YAML-formatted outputs, the error."""
+    import copy
+
+    from agentdojo.agent_pipeline.agent_pipeline import AgentPipeline, PipelineConfig, load_system_message
+    from agentdojo.agent_pipeline.base_pipeline_element import BasePipelineElement
+    from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
+    from agentdojo.task_suite.load_suites import get_suite
+    from agentdojo.types import ChatAssistantMessage
+    from agentdojo.types import text_content_block_from_string as block
+
+    from pruefstand_gym import dojo
+
+    class Scripted(BasePipelineElement):
+        name = "scripted-local"
+
+        def __init__(self):
+            self.seen = []
+
+        def query(self, query, runtime, env=None, messages=[], extra_args={}):
+            self.seen.append(copy.deepcopy(list(messages)))
+            turn = sum(m["role"] == "assistant" for m in messages)
+            calls = [[FunctionCall(function="get_balance", args={}, id="a")],
+                     [FunctionCall(function="send_money", args={"recipient": "x"}, id="b")]]
+            if turn < len(calls):
+                out = ChatAssistantMessage(role="assistant", content=None, tool_calls=calls[turn])
+            else:
+                out = ChatAssistantMessage(role="assistant", content=[block("Done.")], tool_calls=None)
+            return query, runtime, env, [*messages, out], extra_args
+
+    suite = get_suite("v1.2.2", "banking")
+    task = suite.get_user_task_by_id("user_task_0")
+    for defence in (None, "repeat_user_prompt", "spotlighting_with_delimiting"):
+        seen = []
+        for build in ("theirs", "ours"):
+            element = Scripted()
+            if build == "theirs":
+                config = PipelineConfig(llm=element, model_id=None, defense=defence, system_message_name=None,
+                                        system_message=load_system_message(None))
+                pipeline = AgentPipeline.from_config(config)
+            else:
+                pipeline = dojo.build_pipeline(element, defence, "Local model")
+            env = suite.load_and_inject_default_environment({})
+            pipeline.query(task.PROMPT, FunctionsRuntime(suite.tools), env)
+            seen.append(element.seen)
+        assert seen[0] == seen[1], (defence, seen[0], seen[1])
+        last = seen[1][-1]
+        assert any(m["role"] == "tool" and m["error"] for m in last) and last[0]["role"] == "system", (defence, last)
+        if defence == "spotlighting_with_delimiting":
+            assert last[3]["content"][0]["content"].startswith("<<") and "<< before them" in last[0]["content"][0]["content"]
+        if defence == "repeat_user_prompt":
+            assert [m["content"][0]["content"] for m in last if m["role"] == "user"] == [task.PROMPT] * 3, last
 
 
 @check

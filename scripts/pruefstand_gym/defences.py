@@ -140,14 +140,11 @@ class HttpPIDetector(PromptInjectionDetector):
         self._verdicts: list[tuple[bool, float]] = []
 
     def detect(self, tool_output: str) -> tuple[bool, float]:
-        # An empty output (a tool error's content) carries no instruction; a classifier
-        # server may refuse an empty input.
-        if not tool_output.strip():
-            verdict = (False, 1.0)
-        else:
-            label, score = classify(self.detector, tool_output, self.api_key)
-            safety_score = score if label == self.safe_label else 1 - score
-            verdict = (safety_score < self.threshold, safety_score)
+        # Every output is classified, an empty one (a tool error's content) too, as
+        # AgentDojo's detector does: what it counts is what AgentDojo would count.
+        label, score = classify(self.detector, tool_output, self.api_key)
+        safety_score = score if label == self.safe_label else 1 - score
+        verdict = (safety_score < self.threshold, safety_score)
         self._verdicts.append(verdict)
         return verdict
 

@@ -17,7 +17,11 @@
 //! never fires), and so do we in those two roles. A test pins both against
 //! `LocalLLM.query` in the managed venv.
 //!
-//! `native` reads vLLM's `tool_calls`. A call whose arguments are not a JSON object (or
+//! `native` sends what AgentDojo's OpenAI element sends (`openai_llm.py`): the tools'
+//! schemas as pydantic wrote them, earlier calls' arguments in `json.dumps` spelling, a
+//! tool error as the result's content — except that system messages keep the role
+//! `system` (not OpenAI's `developer`) and contents are strings, not lists of text
+//! parts, which every chat template reads alike. It reads vLLM's `tool_calls`. A call whose arguments are not a JSON object (or
 //! that has no name) cannot be handed to AgentDojo: it is [`Answer::rejected`], and the
 //! agent answers it to the model as a tool error. Calls of tools that do not exist pass
 //! through, so AgentDojo answers them as it would (`Invalid tool … provided.`).
@@ -66,6 +70,8 @@ pub struct ToolCall {
 }
 
 /// A tool the model may call (protocol: `name`, `description`, `parameters_schema`).
+/// The schema keeps the key order the gym sent — pydantic's, so a tool's parameters in
+/// their definition order, as AgentDojo shows them (serde_json's `preserve_order`).
 #[derive(Deserialize, Clone, Debug)]
 pub struct ToolSpec {
     pub name: String,
@@ -168,7 +174,8 @@ fn native_messages(messages: &[Message]) -> Vec<Value> {
                     .map(|(j, c)| {
                         let id = c.id.clone().unwrap_or_else(|| format!("call_{i}_{j}"));
                         pending.push_back(id.clone());
-                        json!({"id": id, "type": "function", "function": {"name": c.function, "arguments": Value::Object(c.args.clone()).to_string()}})
+                        // `json.dumps(args)`, as AgentDojo's OpenAI element spells them.
+                        json!({"id": id, "type": "function", "function": {"name": c.function, "arguments": py_dumps(&Value::Object(c.args.clone()))}})
                     })
                     .collect();
                 out.push(json!({"role": "assistant", "content": m.content, "tool_calls": calls}));
@@ -519,7 +526,7 @@ mod tests {
         assert_eq!(m[1], json!({"role": "user", "content": "Pay the bill "}));
         assert_eq!(
             m[2]["tool_calls"][0],
-            json!({"id": "c1", "type": "function", "function": {"name": "send_money", "arguments": "{\"recipient\":\"DE89\"}"}})
+            json!({"id": "c1", "type": "function", "function": {"name": "send_money", "arguments": "{\"recipient\": \"DE89\"}"}})
         );
         assert_eq!(m[3], json!({"role": "tool", "tool_call_id": "c1", "content": "None", "name": "send_money"}));
         // A call and its result without ids are paired by position; an error is the content.
@@ -534,7 +541,7 @@ mod tests {
         assert!(t.is_none(), "no tools in a prompted request");
         let system = m[0]["content"].as_str().unwrap();
         assert!(system.starts_with("# Instructions\nYou are a helpful assistant."));
-        assert!(system.contains("## Currently Available Functions\n{\n  \"name\": \"send_money\",\n  \"description\": \"Sends money.\",\n  \"parameters\": {\n    \"properties\": {"));
+        assert!(system.contains("## Currently Available Functions\n{\n  \"name\": \"send_money\",\n  \"description\": \"Sends money.\",\n  \"parameters\": {\n    \"type\": \"object\",\n    \"properties\": {"), "the schema's own key order: {system}");
         assert!(system.contains("include an empty JSON object `{}` inside"));
         assert!(system.ends_with("a final answer.\n\n## Additional Instructions\n\nYou are a bank assistant."));
         assert_eq!(m[1], json!({"role": "user", "content": "Pay the bill"}));

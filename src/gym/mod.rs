@@ -485,10 +485,15 @@ mod tests {
     /// committed under `scripts/pruefstand_gym/schemas/` (a unit test keeps them equal to
     /// these) and the gym validates against them, so the Python side cannot drift.
     fn schemas() -> Vec<(&'static str, serde_json::Value)> {
-        let value = |schema: schemars::Schema| schema.to_value();
+        // Keys sorted, so the committed files do not follow schemars' order of emitting.
+        let value = |schema: schemars::Schema| {
+            let mut value = schema.to_value();
+            value.sort_all_objects();
+            value
+        };
         let mut record = value(schemars::schema_for!(CaseRecord));
-        // JSON objects here keep their keys sorted; the gym writes a record's fields in
-        // the struct's order, so the schema carries that order too.
+        // The schema's keys are sorted; the gym writes a record's fields in the struct's
+        // order, so the schema carries that order too.
         let sample = serde_json::to_string(&CaseRecord::of(&Case::clean("s", "u"), None, None)).unwrap();
         let fields = regex::Regex::new(r#""([a-z_0-9]+)":"#).unwrap();
         let order: Vec<&str> = fields.captures_iter(&sample).map(|c| c.get(1).unwrap().as_str()).collect();
