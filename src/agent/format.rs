@@ -21,9 +21,10 @@
 //! schemas as pydantic wrote them, earlier calls' arguments in `json.dumps` spelling, a
 //! tool error as the result's content — except that system messages keep the role
 //! `system` (not OpenAI's `developer`) and contents are strings, not lists of text
-//! parts, which every chat template reads alike. It reads vLLM's `tool_calls`. A call whose arguments are not a JSON object (or
-//! that has no name) cannot be handed to AgentDojo: it is [`Answer::rejected`], and the
-//! agent answers it to the model as a tool error. Calls of tools that do not exist pass
+//! parts, which every chat template reads alike. It reads vLLM's `tool_calls`. A call
+//! whose arguments are not a JSON object (or that has no name) cannot be handed to
+//! AgentDojo: it is [`Answer::rejected`], and the agent answers it to the model as a
+//! tool error. Calls of tools that do not exist pass
 //! through, so AgentDojo answers them as it would (`Invalid tool … provided.`).
 //!
 //! Both modes first remove `<think>…</think>` blocks (reasoning models) and ignore vLLM's
