@@ -5,7 +5,7 @@
 //! Most tests use a small plan (one suite); `schnell` runs once.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use crate::common::docker::{self, wait_for};
 use crate::common::{self, Bench, outcomes};
@@ -444,33 +444,54 @@ fn sigterm_stops_a_run_and_its_container_and_the_run_resumes() {
     assert_no_container("dock-term");
 }
 
-/// A firewall rule on the container's published port that refuses new connections
-/// (TCP reset) and lets established ones go on; removed when dropped, whatever the
-/// test's outcome.
-struct RefuseNewConnections(String);
+/// The container's published port cut off from every process but one: a firewall rule
+/// refuses new connections (TCP reset), and the established ones of every other process
+/// are closed (`ss -K`), so what `keep` already holds goes on. The rule is removed when
+/// dropped, whatever the test's outcome.
+struct CutOff(String);
 
-impl RefuseNewConnections {
-    fn on(port: u16) -> RefuseNewConnections {
+impl CutOff {
+    fn all_but(port: u16, keep: u32) -> CutOff {
         let rule = format!(
             "OUTPUT -p tcp -d 127.0.0.1 --dport {port} -m conntrack --ctstate NEW -j REJECT --reject-with tcp-reset"
         );
-        let status = std::process::Command::new("iptables").arg("-I").args(rule.split(' ')).status();
+        let status = Command::new("iptables").arg("-I").args(rule.split(' ')).status();
         assert!(status.is_ok_and(|s| s.success()), "iptables -I {rule} (Debian's iptables, as root)");
-        RefuseNewConnections(rule)
+        // Twice: a connection whose handshake passed just before the rule is listed the
+        // second time.
+        for _ in 0..2 {
+            close_connections_to(port, keep);
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        CutOff(rule)
     }
 }
 
-impl Drop for RefuseNewConnections {
+impl Drop for CutOff {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("iptables").arg("-D").args(self.0.split(' ')).status();
+        let _ = Command::new("iptables").arg("-D").args(self.0.split(' ')).status();
+    }
+}
+
+/// Closes the established connections to 127.0.0.1:`port` of every process but `keep`.
+fn close_connections_to(port: u16, keep: u32) {
+    let filter = format!("dst 127.0.0.1 dport = :{port}");
+    let listed = Command::new("ss").args(["-tnpH"]).args(filter.split(' ')).output().expect("ss (iproute2)");
+    let keep = format!("pid={keep},");
+    for line in String::from_utf8_lossy(&listed.stdout).lines().filter(|l| !l.contains(&keep)) {
+        let Some(local) = line.split_whitespace().nth(3) else { continue };
+        let Some((_, sport)) = local.rsplit_once(':') else { continue };
+        let kill = format!("src 127.0.0.1 sport = :{sport} {filter}");
+        let closed = Command::new("ss").args(["-K", "-tn"]).args(kill.split(' ')).output();
+        assert!(closed.is_ok_and(|o| o.status.success()), "ss -K {kill}");
     }
 }
 
 #[test]
 fn a_server_that_answers_health_but_no_new_connection_is_restarted_on_the_death_path() {
-    // A server whose port takes no new connection while the watch's kept connection
-    // still gets /health answered: only the cases notice (each agent connects afresh).
-    // Three of them in a row that could not connect are the run's silence; on a
+    // A server only the run's own process still reaches, on the connection its watch
+    // keeps for /health: the agents (kept across cases, with connections of their own)
+    // can no longer connect, so only the cases notice. Three of them in a row that could not connect are the run's silence; on a
     // container that is a death like any other — restarted once, the gym resumed, and
     // the cases that could not connect run again.
     let bench = Bench::new();
@@ -490,13 +511,14 @@ fn a_server_that_answers_health_but_no_new_connection_is_restarted_on_the_death_
     let port = info.host_config.unwrap().port_bindings.unwrap().into_values().flatten().flatten().next().unwrap();
     let port: u16 = port.host_port.unwrap().parse().unwrap();
     let started = info.state.unwrap().started_at;
-    let refusing = RefuseNewConnections::on(port);
+    let cut_off = CutOff::all_but(port, child.id());
     // Docker restarting the container is the watch's answer; the restarted server must
-    // then be reachable again for the restart to come up.
-    wait_for(180, "the container restarted after its cases could not connect", || {
-        (docker::inspect(&id).state.unwrap().started_at != started).then_some(())
+    // then be reachable again for the restart to come up. A run that ends without one
+    // is shown by the assertions below.
+    wait_for(180, "the container restarted after its cases could not connect, or gone", || {
+        docker::try_inspect(&id).is_none_or(|i| i.state.unwrap().started_at != started).then_some(())
     });
-    drop(refusing);
+    drop(cut_off);
 
     let output = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));

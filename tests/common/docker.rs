@@ -111,6 +111,14 @@ pub fn inspect(id: &str) -> bollard::models::ContainerInspectResponse {
     })
 }
 
+/// The container, or None once it is gone.
+pub fn try_inspect(id: &str) -> Option<bollard::models::ContainerInspectResponse> {
+    let docker = api();
+    block_on(async {
+        docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await.ok()
+    })
+}
+
 pub fn kill(id: &str) {
     let docker = api();
     block_on(async {
