@@ -20,57 +20,56 @@ use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
 use crate::rundir::{RunDir, RunFile};
 
-impl PairLog {
-    fn key(&self) -> String {
-        format!("{}/{}/{}", self.suite, self.user_task, self.injection_task)
-    }
+// The search's steps on its log: the log is plain data (`record`), how it grows is
+// this module's.
+
+fn pair_key(pair: &PairLog) -> String {
+    format!("{}/{}/{}", pair.suite, pair.user_task, pair.injection_task)
 }
 
-impl SearchLog {
-    fn new(seed: u64, adaptive: &Adaptive) -> SearchLog {
-        let pairs = adaptive
-            .pairs
-            .iter()
-            .map(|(suite, user_task, injection_task)| PairLog {
-                suite: suite.clone(),
-                user_task: user_task.clone(),
-                injection_task: injection_task.clone(),
-                attempts: Vec::new(),
-            })
-            .collect();
-        SearchLog { seed, attempts: adaptive.attempts, families: adaptive.families.clone(), pairs }
-    }
+/// An empty log for the plan's pairs.
+fn new_log(seed: u64, adaptive: &Adaptive) -> SearchLog {
+    let pairs = adaptive
+        .pairs
+        .iter()
+        .map(|(suite, user_task, injection_task)| PairLog {
+            suite: suite.clone(),
+            user_task: user_task.clone(),
+            injection_task: injection_task.clone(),
+            attempts: Vec::new(),
+        })
+        .collect();
+    SearchLog { seed, attempts: adaptive.attempts, families: adaptive.families.clone(), pairs }
+}
 
-    /// Wordings that landed, in the order they were found (round, then pair).
-    fn pool(&self, before_round: usize) -> Vec<&Wording> {
-        (0..before_round)
-            .flat_map(|k| self.pairs.iter().filter_map(move |p| p.attempts.get(k)))
-            .filter(|a| a.landed == Some(true))
-            .map(|a| &a.wording)
-            .collect()
-    }
+/// Wordings that landed, in the order they were found (round, then pair).
+fn pool(log: &SearchLog, before_round: usize) -> Vec<&Wording> {
+    (0..before_round)
+        .flat_map(|k| log.pairs.iter().filter_map(move |p| p.attempts.get(k)))
+        .filter(|a| a.landed == Some(true))
+        .map(|a| &a.wording)
+        .collect()
+}
 
-    /// The attempts of round `k` (0-based): one for each pair not yet broken.
-    pub fn plan_round(&mut self, k: usize) -> Vec<(Case, Wording)> {
-        let pool: Vec<Wording> = self.pool(k).into_iter().cloned().collect();
-        let mut out = Vec::new();
-        for pair in self.pairs.iter_mut().filter(|p| p.attempts.len() == k && !p.broken()) {
-            let tried: Vec<&Wording> = pair.attempts.iter().map(|a| &a.wording).collect();
-            let (wording, how) = next(self.seed, &pair.key(), k, &self.families, &pool, &tried);
-            let case =
-                Case::attacked(&pair.suite, &pair.user_task, &pair.injection_task, &format!("adaptive_{}", k + 1));
-            pair.attempts.push(Attempt { case_id: case.id.clone(), wording: wording.clone(), how, landed: None });
-            out.push((case, wording));
-        }
-        out
+/// The attempts of round `k` (0-based): one for each pair not yet broken.
+pub fn plan_round(log: &mut SearchLog, k: usize) -> Vec<(Case, Wording)> {
+    let landed: Vec<Wording> = pool(log, k).into_iter().cloned().collect();
+    let mut out = Vec::new();
+    for pair in log.pairs.iter_mut().filter(|p| p.attempts.len() == k && !p.broken()) {
+        let tried: Vec<&Wording> = pair.attempts.iter().map(|a| &a.wording).collect();
+        let (wording, how) = next(log.seed, &pair_key(pair), k, &log.families, &landed, &tried);
+        let case = Case::attacked(&pair.suite, &pair.user_task, &pair.injection_task, &format!("adaptive_{}", k + 1));
+        pair.attempts.push(Attempt { case_id: case.id.clone(), wording: wording.clone(), how, landed: None });
+        out.push((case, wording));
     }
+    out
+}
 
-    /// Records the outcomes of a round by case id.
-    pub fn record(&mut self, outcomes: &BTreeMap<String, Option<bool>>) {
-        for attempt in self.pairs.iter_mut().flat_map(|p| p.attempts.iter_mut()) {
-            if let Some(landed) = outcomes.get(&attempt.case_id) {
-                attempt.landed = *landed;
-            }
+/// Records the outcomes of a round by case id.
+pub fn record(log: &mut SearchLog, outcomes: &BTreeMap<String, Option<bool>>) {
+    for attempt in log.pairs.iter_mut().flat_map(|p| p.attempts.iter_mut()) {
+        if let Some(landed) = outcomes.get(&attempt.case_id) {
+            attempt.landed = *landed;
         }
     }
 }
@@ -129,12 +128,12 @@ pub async fn search(
     rounds: Vec<GymSettings>,
 ) -> anyhow::Result<SearchLog> {
     let adaptive = plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
-    let mut log = SearchLog::new(seed, adaptive);
+    let mut log = new_log(seed, adaptive);
     let dir = RunDir::new(run_dir.path_of(RunFile::AdaptiveRuns));
     std::fs::create_dir_all(&dir.path)?;
     let mut cases: Vec<Case> = Vec::new();
     for (k, mut settings) in rounds.into_iter().enumerate().take(adaptive.attempts) {
-        let round = log.plan_round(k);
+        let round = plan_round(&mut log, k);
         if round.is_empty() {
             break;
         }
@@ -151,7 +150,7 @@ pub async fn search(
         };
         let executed = gym::execute(pyenv, &dir, &sub, inventory, settings).await?;
         let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
-        log.record(&outcomes);
+        record(&mut log, &outcomes);
         run_dir.write_search_log(&log)?;
     }
     Ok(log)
@@ -172,10 +171,10 @@ mod tests {
     }
 
     fn play(seed: u64, attempts: usize) -> SearchLog {
-        let mut log = SearchLog::new(seed, &adaptive(attempts));
+        let mut log = new_log(seed, &adaptive(attempts));
         for k in 0..attempts {
-            let outcomes = log.plan_round(k).into_iter().map(|(c, w)| (c.id, respond(&w))).collect();
-            log.record(&outcomes);
+            let outcomes = plan_round(&mut log, k).into_iter().map(|(c, w)| (c.id, respond(&w))).collect();
+            record(&mut log, &outcomes);
         }
         log
     }

@@ -225,7 +225,7 @@ impl Observer {
     }
 
     pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+        util::lock(&self.live)
     }
 
     /// Ends the task; what it saw.
@@ -299,7 +299,7 @@ impl State {
         loop {
             clock.tick().await;
             let (in_flight, to_start, finished, per_call) = {
-                let mut live = live.lock().unwrap_or_else(|e| e.into_inner());
+                let mut live = util::lock(live);
                 self.facts.peak_in_flight = live.peak_in_flight;
                 (live.in_flight, live.to_start, live.finished, std::mem::take(&mut live.per_call_s))
             };

@@ -1,30 +1,24 @@
 //! pruefstand — a local GPU test bench for tool-using LLM agents under prompt-injection
-//! attack. The modules below follow the flow (docs/architecture.md), leaves first; one
-//! file per command lives in `cmd`.
+//! attack. This binary is the orchestrator over the synchronous core
+//! (`pruefstand_core`, crates/core); its modules below follow the flow
+//! (docs/architecture.md), leaves first; one file per command lives in `cmd`.
 
-// Leaves: words and tools every stage may use. A module uses only modules declared
-// above it (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps
-// this order (`reorder_modules = false`).
-mod util;
-// The names of the figures and how bounds are said, for every view.
-mod words;
+// The synchronous core (crates/core): cases, records, the run directory, plans, specs,
+// settings, statistics, the judge and the reports. Imported here under their own names,
+// so `crate::rundir` reads the same in every module of the binary.
 #[macro_use]
-mod console;
-mod record;
-mod settings;
-mod case;
-mod family;
-mod pyenv;
+extern crate pruefstand_core;
+use pruefstand_core::{
+    benchlock, case, console, family, input, judge, order, plan, pyenv, queue, record, report, root, rundir, settings,
+    spec, study, telemetry, util, words,
+};
 
-// What is asked for: a version spec and a plan, snapshotted into a queued job.
-mod root;
-mod spec;
-mod plan;
-mod queue;
+// The orchestrator: a module uses only the core and modules declared above it
+// (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order
+// (`reorder_modules = false`).
 
-// Where a run keeps what it writes: the run directory, the one module that names its
-// files (the model server's container log among them).
-mod rundir;
+// Waiting for a lock another process holds (the bench lock, a reference's).
+mod lock_wait;
 
 // Before a job may use the GPU: the guards.
 mod guard;
@@ -34,23 +28,14 @@ mod sim;
 mod container;
 mod model;
 
-// The run's parts: the bench lock and the figures over a run's records, the gym
-// (AgentDojo, Python), the agent runtime.
-mod benchlock;
-mod telemetry;
+// The run's parts: the gym (AgentDojo, Python) and its steering, the agent runtime.
 mod concurrency;
-mod order;
 mod gym;
 mod adaptive;
 mod agent;
 mod provenance;
 
-// The verdict: statistics, rules R1–R5 (and the studies of their error rates),
-// reports — then the hooks.
-mod stats;
-mod judge;
-mod study;
-mod report;
+// After the verdict: the hooks.
 mod hooks;
 
 // Orchestration: one run end to end, a job's shards on a Slurm cluster, and the daemon

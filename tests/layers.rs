@@ -1,11 +1,13 @@
-//! The crate's layering, checked from the source. Two rules:
+//! The layering inside each crate, checked from the source — what the crates' boundary
+//! cannot say. That the core (crates/core) never reaches into the orchestrator (the
+//! binary) the compiler enforces: the core does not depend on it. Two rules remain:
 //!
-//! - `src/main.rs` declares the top-level modules in the order of the flow, leaves first,
-//!   and a module may use only modules declared above it. So there is no cycle between
-//!   top-level modules, and the core never reaches up into `cmd` or the orchestration.
-//! - Inside a module's folder (`src/judge/`, `src/report/`, …) the files — sibling
-//!   modules — form no import cycle: no two import each other, directly or through a
-//!   third.
+//! - The core's `lib.rs` and the binary's `main.rs` declare their top-level modules in
+//!   the order of the flow, leaves first, and a module may use only modules declared
+//!   above it (for the binary: every core module, then its own above it). So there is
+//!   no cycle between top-level modules, and nothing reaches up into `cmd`.
+//! - Inside a module's folder (`judge/`, `report/`, …) the files — sibling modules —
+//!   form no import cycle: no two import each other, directly or through a third.
 //!
 //! Reads every path that starts with `crate::`, `super::` or `self::` (grouped
 //! `use a::{b, c::{d}}` included, also over several lines), resolved against the module
@@ -20,16 +22,22 @@ use std::path::{Path, PathBuf};
 /// and its segments.
 type Paths = Vec<(usize, Vec<String>)>;
 
-/// A file under `src/`: its path as shown, the module it is, and its text.
+/// A file of a crate's `src/`: its path as shown, the module it is, and its text.
 struct Source {
     name: String,
     module: Vec<String>,
     text: String,
 }
 
-/// Top-level modules in declaration order.
-fn declared_modules(main_rs: &str) -> Vec<String> {
-    main_rs.lines().filter_map(|line| line.trim().strip_prefix("mod ")?.strip_suffix(';').map(str::to_string)).collect()
+/// Top-level modules in declaration order (`mod x;` or `pub mod x;`).
+fn declared_modules(root_rs: &str) -> Vec<String> {
+    root_rs
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            line.strip_prefix("pub ").unwrap_or(line).strip_prefix("mod ")?.strip_suffix(';').map(str::to_string)
+        })
+        .collect()
 }
 
 /// Modules declared under `#[cfg(test)]` (the fuzzing harness): they sit below `cmd`
@@ -198,11 +206,11 @@ fn resolved(file: &Source, uses: fn(&str) -> Paths) -> Paths {
 }
 
 /// The module a file under `src/` is: `judge/rules.rs` → judge::rules, `judge/mod.rs`
-/// → judge, `main.rs` → the crate root (no segment).
+/// → judge, `main.rs` or `lib.rs` → the crate root (no segment).
 fn module_of(relative: &Path) -> Vec<String> {
     let mut module: Vec<String> =
         relative.with_extension("").iter().map(|c| c.to_string_lossy().into_owned()).collect();
-    if module.last().is_some_and(|m| m == "mod") || module == ["main"] {
+    if module.last().is_some_and(|m| m == "mod") || module == ["main"] || module == ["lib"] {
         module.pop();
     }
     module
@@ -219,16 +227,18 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The files of the crate whose `src/` is `src`, named from the repository root.
 fn read_sources(src: &Path) -> Vec<Source> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
+    let shown = src.strip_prefix(repo()).unwrap();
     files
         .into_iter()
         .map(|path| {
             let relative = path.strip_prefix(src).unwrap();
             Source {
-                name: format!("src/{}", relative.display()),
+                name: format!("{}/{}", shown.display(), relative.display()),
                 module: module_of(relative),
                 text: std::fs::read_to_string(&path).unwrap(),
             }
@@ -237,14 +247,15 @@ fn read_sources(src: &Path) -> Vec<Source> {
 }
 
 /// Every use of a module declared at or below the user's own place: `file:line: a -> b`.
-fn violations(main_rs: &str, files: &[Source]) -> Vec<String> {
-    let order = declared_modules(main_rs);
+/// `order` is the crate's top-level modules, leaves first — for the binary, the core's
+/// modules (which it imports under their own names) before its own.
+fn violations(order: &[String], files: &[Source]) -> Vec<String> {
     let rank: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
     let mut found = Vec::new();
     for file in files {
         let Some(module) = file.module.first() else { continue };
         let Some(&own) = rank.get(module.as_str()) else {
-            found.push(format!("{}: module {module} is not declared in main.rs", file.name));
+            found.push(format!("{}: module {module} is not declared at the crate's root", file.name));
             continue;
         };
         for (line, path) in resolved(file, rooted_paths) {
@@ -341,14 +352,15 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
 }
 
 /// Every import cycle between sibling modules of a folder under `src/`, as
-/// `src/judge: early -> rules (…/early.rs:23) -> early (…/rules.rs:10)`.
+/// `crates/core/src/judge: early -> rules (…/early.rs:23) -> early (…/rules.rs:10)`.
 fn sibling_cycles(files: &[Source]) -> Vec<String> {
     let folders: BTreeSet<&[String]> = files.iter().flat_map(|f| (1..f.module.len()).map(|n| &f.module[..n])).collect();
     let mut found = Vec::new();
     for folder in folders {
         let edges = folder_edges(folder, files);
         for cycle in cycles(&edges) {
-            let mut text = format!("src/{}: {}", folder.join("/"), cycle[0]);
+            let crate_src = files[0].name.rsplit_once("src/").map_or("", |(dir, _)| dir);
+            let mut text = format!("{crate_src}src/{}: {}", folder.join("/"), cycle[0]);
             for pair in cycle.windows(2) {
                 text += &format!(" -> {} ({})", pair[1], edges[&(pair[0].clone(), pair[1].clone())]);
             }
@@ -358,42 +370,64 @@ fn sibling_cycles(files: &[Source]) -> Vec<String> {
     found
 }
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The core's `src/` and its top-level modules, leaves first.
+fn core() -> (PathBuf, Vec<String>) {
+    let src = repo().join("crates/core/src");
+    let order = declared_modules(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    (src, order)
+}
+
+/// The binary's `src/`, `main.rs` and its own top-level modules, leaves first.
+fn binary() -> (PathBuf, String, Vec<String>) {
+    let src = repo().join("src");
+    let main_rs = std::fs::read_to_string(src.join("main.rs")).unwrap();
+    let order = declared_modules(&main_rs);
+    (src, main_rs, order)
 }
 
 #[test]
 fn every_module_uses_only_modules_declared_above_it() {
-    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
-    let found = violations(&main_rs, &read_sources(&src()));
+    let (core_src, core_order) = core();
+    let found = violations(&core_order, &read_sources(&core_src));
+    assert!(found.is_empty(), "imports against the flow of crates/core/src/lib.rs:\n{}", found.join("\n"));
+    let (src, _, order) = binary();
+    let found = violations(&[core_order, order].concat(), &read_sources(&src));
     assert!(found.is_empty(), "imports against the flow of src/main.rs:\n{}", found.join("\n"));
 }
 
 #[test]
 fn no_two_files_of_a_folder_import_each_other() {
-    let found = sibling_cycles(&read_sources(&src()));
-    assert!(found.is_empty(), "import cycles between the files of a module folder:\n{}", found.join("\n"));
+    for src in [core().0, binary().0] {
+        let found = sibling_cycles(&read_sources(&src));
+        assert!(found.is_empty(), "import cycles between the files of a module folder:\n{}", found.join("\n"));
+    }
 }
 
 #[test]
 fn the_order_puts_leaves_first_and_commands_last() {
-    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
+    let (_, core_order) = core();
+    let (_, main_rs, order) = binary();
     let tests_only = test_only_modules(&main_rs);
-    let order = declared_modules(&main_rs);
-    let at = |m: &str| order.iter().position(|o| o == m).unwrap_or_else(|| panic!("{m} not declared"));
-    assert_eq!(order.first().map(String::as_str), Some("util"));
+    assert_eq!(core_order.first().map(String::as_str), Some("util"));
     // Test-only modules come after everything; the last module of the binary is `cmd`.
     let product: Vec<&String> = order.iter().filter(|m| !tests_only.contains(m)).collect();
     assert!(order.ends_with(&tests_only), "test-only modules {tests_only:?} must be declared last");
     assert_eq!(product.last().map(|m| m.as_str()), Some("cmd"));
-    // The flow: spec → queue → guard → model → order → gym → agent → judge → study →
-    // report → hooks.
-    let flow = [
-        "spec", "queue", "guard", "model", "order", "gym", "agent", "judge", "study", "report", "hooks", "run",
-        "daemon",
+    // The flow: in the core spec → queue → rundir → order → judge → study → report; in
+    // the binary guard → model → gym → agent → hooks → run → daemon → serve.
+    let flows: [(&[String], &[&str]); 2] = [
+        (&core_order, &["spec", "queue", "rundir", "order", "judge", "study", "report"]),
+        (&order, &["guard", "model", "gym", "agent", "hooks", "run", "daemon", "serve"]),
     ];
-    for pair in flow.windows(2) {
-        assert!(at(pair[0]) < at(pair[1]), "{} must come before {}", pair[0], pair[1]);
+    for (order, flow) in flows {
+        let at = |m: &str| order.iter().position(|o| o == m).unwrap_or_else(|| panic!("{m} not declared"));
+        for pair in flow.windows(2) {
+            assert!(at(pair[0]) < at(pair[1]), "{} must come before {}", pair[0], pair[1]);
+        }
     }
 }
 
@@ -410,14 +444,17 @@ fn documented_modules(page: &str) -> Vec<String> {
 
 #[test]
 fn the_architecture_page_lists_every_module_in_the_declared_order() {
-    let main_rs = std::fs::read_to_string(src().join("main.rs")).unwrap();
+    let (_, core_order) = core();
+    let (_, main_rs, order) = binary();
     let tests_only = test_only_modules(&main_rs);
-    let declared: Vec<String> = declared_modules(&main_rs).into_iter().filter(|m| !tests_only.contains(m)).collect();
-    let page = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md")).unwrap();
+    let declared: Vec<String> =
+        core_order.into_iter().chain(order.into_iter().filter(|m| !tests_only.contains(m))).collect();
+    let page = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
     assert_eq!(
         documented_modules(&page),
         declared,
-        "docs/architecture.md's module tables must name src/main.rs's modules, in its order"
+        "docs/architecture.md's module tables must name the core's modules (crates/core/src/lib.rs), then the \
+         binary's (src/main.rs), each in its order"
     );
     assert_eq!(documented_modules("# p\n## Modules\n| `a` | x |\n| b | y |\n## Next\n| `c` | z |\n"), ["a"]);
 }
@@ -486,7 +523,7 @@ fn an_upward_import_is_reported() {
         source("cmd/mod.rs", "use crate::{run, util};\n"),
         source("cmd/x.rs", "use super::super::run;\n"),
     ];
-    let found = violations("mod util;\nmod run;\nmod cmd;\n", &files);
+    let found = violations(&declared_modules("pub mod util;\nmod run;\nmod cmd;\n"), &files);
     assert_eq!(found, ["src/util.rs:1: util -> run (declared below it)"]);
 }
 
@@ -508,4 +545,21 @@ fn a_cycle_between_siblings_is_reported_with_its_files() {
     files.push(source("m/d.rs", "use super::a;\n"));
     files[2].text += "use super::d;\n";
     assert_eq!(sibling_cycles(&files).len(), 2, "{:?}", sibling_cycles(&files));
+}
+
+/// The core's boundary that `Cargo.toml` draws: no async runtime (nor anything that
+/// brings one) among what the core depends on, as `cargo tree` resolves it.
+#[test]
+fn the_core_depends_on_no_async_runtime() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["tree", "--locked", "--offline", "-p", "pruefstand-core", "-e", "normal", "--prefix", "none"])
+        .current_dir(repo())
+        .output()
+        .expect("running cargo tree");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8(out.stdout).unwrap();
+    assert!(tree.lines().any(|line| line.starts_with("statrs ")), "cargo tree printed the core's tree:\n{tree}");
+    let runtimes: Vec<&str> =
+        tree.lines().filter(|line| ["tokio ", "async-", "futures"].iter().any(|name| line.starts_with(name))).collect();
+    assert!(runtimes.is_empty(), "the core depends on {runtimes:?}");
 }

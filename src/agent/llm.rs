@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 
 use super::stream::{Assembly, Fed};
 use crate::case::CANNOT_CONNECT;
+use crate::util;
 
 /// Why a model call produced no usable turn. The `Display` text is the protocol's
 /// `{"error": ...}` reason.
@@ -126,11 +127,11 @@ impl Llm {
     }
 
     pub fn usage(&self) -> Usage {
-        self.usage.lock().unwrap().clone()
+        util::lock(&self.usage).clone()
     }
 
     pub fn reset_usage(&self) {
-        *self.usage.lock().unwrap() = Usage::default();
+        *util::lock(&self.usage) = Usage::default();
     }
 
     /// One chat completion; returns `choices[0].message`.
@@ -194,14 +195,14 @@ impl Llm {
         let response = &answered.response;
         if let Some(why) = &answered.cut {
             tracing::warn!("model server: {why}; the turn ends with the output so far (scored as cut off)");
-            self.usage.lock().unwrap().cut_generations += 1;
+            util::lock(&self.usage).cut_generations += 1;
             let message = response.pointer("/choices/0/message").cloned().unwrap_or_else(|| json!({}));
             return Ok((message, Some("length".into())));
         }
         let finish_reason = response.pointer("/choices/0/finish_reason").and_then(Value::as_str).map(str::to_owned);
         if finish_reason.as_deref() == Some("length") {
             // Stopped by the server at max_tokens: a long generation, counted as cut too.
-            self.usage.lock().unwrap().cut_generations += 1;
+            util::lock(&self.usage).cut_generations += 1;
         }
         match response.pointer("/choices/0/message") {
             Some(m) if m.is_object() => Ok((m.clone(), finish_reason)),
@@ -380,7 +381,7 @@ impl Llm {
     /// measured decode rate needs for `max_tokens` (a busy server slows every
     /// request), at least the silence bound; the first-token bound until a rate is known.
     fn decode_bound(&self, max_tokens: u32) -> Duration {
-        match *self.decode_rate.lock().unwrap() {
+        match *util::lock(&self.decode_rate) {
             Some(rate) if rate > 0.0 => {
                 Duration::from_secs_f64((4.0 * f64::from(max_tokens) / rate).min(86_400.0)).max(self.idle)
             }
@@ -403,7 +404,7 @@ impl Llm {
     /// generation of some length updates the decode rate.
     fn timed(&self, sent: Instant, first: Instant, last: Instant, assembly: &Assembly, finished: bool) {
         let decode = last.saturating_duration_since(first);
-        let mut u = self.usage.lock().unwrap();
+        let mut u = util::lock(&self.usage);
         u.streamed_calls += 1;
         u.ttft_ms += first.saturating_duration_since(sent).as_millis() as u64;
         u.decode_ms += decode.as_millis() as u64;
@@ -411,13 +412,13 @@ impl Llm {
             assembly.usage.as_ref().and_then(|u| u["completion_tokens"].as_u64()).unwrap_or(assembly.token_chunks);
         if finished && tokens >= 8 && decode.as_secs_f64() > 0.0 {
             let rate = tokens as f64 / decode.as_secs_f64();
-            let mut known = self.decode_rate.lock().unwrap();
+            let mut known = util::lock(&self.decode_rate);
             *known = Some(known.map_or(rate, |r| 0.7 * r + 0.3 * rate));
         }
     }
 
     fn count(&self, response: &Value) {
-        let mut u = self.usage.lock().unwrap();
+        let mut u = util::lock(&self.usage);
         u.calls += 1;
         let field = |name: &str| response.get("usage").and_then(|x| x.get(name)).and_then(Value::as_u64);
         // A server's count is not trusted to be sane: sums saturate, never wrap.

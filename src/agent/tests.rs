@@ -11,6 +11,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::util;
 
 #[derive(Default)]
 struct Mock {
@@ -20,8 +21,8 @@ struct Mock {
 
 async fn completions(State(s): State<Arc<Mock>>, Json(body): Json<Value>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    s.requests.lock().unwrap().push(body);
-    let (code, text) = s.replies.lock().unwrap().pop_front().unwrap_or((500, "mock: no reply left".into()));
+    util::lock(&s.requests).push(body);
+    let (code, text) = util::lock(&s.replies).pop_front().unwrap_or((500, "mock: no reply left".into()));
     // A reply written as server-sent events goes out as a stream.
     let kind = if text.starts_with("data:") { "text/event-stream" } else { "application/json" };
     (StatusCode::from_u16(code).unwrap(), [(axum::http::header::CONTENT_TYPE, kind)], text).into_response()
@@ -153,7 +154,7 @@ async fn protocol_loop_retries_survives_garbage_and_resets_per_case() {
     assert_eq!(replies[6]["stats"]["llm_calls"], 1);
     assert_eq!(replies[6]["stats"]["prompt_tokens"], 100);
 
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     assert_eq!(requests.len(), 5);
     let r = &requests[0];
     assert_eq!((r["model"].as_str(), r["temperature"].as_f64()), (Some("agent-model"), Some(0.0)));
@@ -182,7 +183,7 @@ async fn guardrail_flags_count_once_per_output_per_case() {
     // system, user, the call, the withheld output: the flag comes after four messages.
     assert_eq!(replies[0]["events"][0]["at"], 4);
     assert!(replies[0]["events"][0]["detail"].as_str().unwrap().contains("heuristic rule"), "{}", replies[0]);
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     assert_eq!(requests[1]["messages"][3]["content"], guardrail::WITHHELD, "still withheld on later turns");
     assert_eq!(requests[1]["messages"][5]["content"], "balance: 1810.0");
 }
@@ -205,7 +206,7 @@ async fn denied_call_goes_back_to_the_model() {
     let events: Vec<_> = replies[0]["events"].as_array().unwrap().iter().map(|e| e["kind"].clone()).collect();
     assert_eq!(events, ["human_denial", "human_approval"]);
     assert!(replies[0]["events"][0]["detail"].as_str().unwrap().contains("US133000000121212121212"));
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     let m = &requests[1]["messages"];
     assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "send_money");
     assert_eq!(
@@ -230,7 +231,7 @@ async fn denials_stay_in_the_history_of_later_turns() {
     ]);
     let replies = run(cfg, &[r#"{"type":"case_start"}"#.into(), query(json!([])), query(approved)]).await;
     assert_eq!(replies[1]["final_answer"], "Refunded.");
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     let roles: Vec<_> =
         requests[2]["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant", "tool"]);
@@ -256,7 +257,7 @@ async fn llm_guardrail_and_llm_human_ask_the_server() {
         replies[0]["stats"],
         json!({"llm_calls": 4, "prompt_tokens": 400, "completion_tokens": 40, "guardrail_flags": 1, "human_asks": 1, "human_denials": 1, "malformed_outputs": 0, "unknown_tool_calls": 0, "cut_generations": 0, "streamed_calls": 0, "ttft_ms": 0, "decode_ms": 0})
     );
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     let models: Vec<_> = requests.iter().map(|r| r["model"].as_str().unwrap()).collect();
     assert_eq!(models, ["guard-lora", "agent-model", "agent-model", "agent-model"]);
     assert!(requests[0]["messages"][1]["content"].as_str().unwrap().contains(INJECTION));
@@ -275,7 +276,7 @@ async fn http_guardrail_scores_and_fails_open() {
     cfg.guardrail = GuardrailSpec::Http { url: format!("{url}/classify"), threshold: 0.5, timeout_s: 5.0 };
     let replies = run(cfg.clone(), &[query(after_lookup("c1", INJECTION))]).await;
     assert_eq!(replies[0]["stats"]["guardrail_flags"], 1);
-    assert_eq!(mock.requests.lock().unwrap()[0]["messages"][3]["content"], guardrail::WITHHELD);
+    assert_eq!(util::lock(&mock.requests)[0]["messages"][3]["content"], guardrail::WITHHELD);
     // A classifier that cannot be reached flags nothing.
     cfg.guardrail = GuardrailSpec::Http { url: format!("{url}/missing"), threshold: 0.5, timeout_s: 5.0 };
     let replies = run(cfg, &[query(after_lookup("c1", INJECTION))]).await;
@@ -306,7 +307,7 @@ async fn prompted_mode_round_trip() {
         replies[0]["tool_calls"],
         json!([{"function": "get_most_recent_transactions", "args": {}, "id": "call_1"}])
     );
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     assert!(requests[0].get("tools").is_none());
     let m = &requests[0]["messages"];
     assert!(m[0]["content"].as_str().unwrap().contains("<function=function_name>"));
@@ -341,7 +342,7 @@ async fn model_mess_is_scored_and_server_failures_are_errors() {
     // Too long a conversation: AgentDojo's outcome, not an error.
     assert!(replies[4]["context_overflow"].as_str().unwrap().contains("maximum context length"), "{}", replies[4]);
     assert!(replies[4].get("error").is_none());
-    assert_eq!(mock.requests.lock().unwrap().len(), 6);
+    assert_eq!(util::lock(&mock.requests).len(), 6);
     // A response without usage: the token counts stay what they were.
     assert_eq!(replies[5]["final_answer"], "fine");
     assert_eq!(replies[5]["stats"]["llm_calls"], 4, "refused requests are no model calls");
@@ -357,7 +358,7 @@ async fn native_calls_that_cannot_run_go_back_to_the_model_as_tool_errors() {
     let replies = run(config(&url), &[query(json!([]))]).await;
     assert_eq!(replies[0]["tool_calls"][0]["function"], "send_money");
     assert_eq!(replies[0]["stats"]["malformed_outputs"], 1);
-    let requests = mock.requests.lock().unwrap();
+    let requests = util::lock(&mock.requests);
     let retry = requests[1]["messages"].as_array().unwrap();
     let n = retry.len();
     // The step the adapter never saw: the calls, then one result each.
@@ -443,7 +444,7 @@ async fn the_tool_filter_query_is_one_call_that_may_not_call_a_tool() {
     assert_eq!(replies[0]["final_answer"], "get_most_recent_transactions, send_money");
     assert_eq!(replies[1]["final_answer"], "send_money", "a call under tool_choice none is not passed on");
     assert_eq!(replies[1]["stats"]["llm_calls"], 2);
-    let requests = server.requests.lock().unwrap().clone();
+    let requests = util::lock(&server.requests).clone();
     assert_eq!(requests[0]["tool_choice"], "none");
     assert_eq!(requests[0]["model"], "guard-lora");
     assert_eq!(requests[0]["tools"].as_array().map(Vec::len), Some(2));
@@ -456,7 +457,7 @@ async fn the_tool_filter_query_is_one_call_that_may_not_call_a_tool() {
     cfg.tool_calling = ToolCalling::Prompted;
     let replies = run(cfg, &[filter(prompt)]).await;
     assert_eq!(replies[0]["final_answer"], "<function=send_money>{}</function>");
-    let requests = server.requests.lock().unwrap().clone();
+    let requests = util::lock(&server.requests).clone();
     assert!(requests[0].get("tool_choice").is_none() && requests[0].get("tools").is_none(), "{}", requests[0]);
     assert_eq!(requests[0]["model"], "agent-model");
     // An unknown tool_choice is the adapter's mistake, said as such.
@@ -486,7 +487,7 @@ async fn prompted_tool_results_take_the_versions_role() {
         cfg.tool_calling = ToolCalling::Prompted;
         cfg.tool_result_role = role;
         run(cfg, &[query(history.clone())]).await;
-        let requests = server.requests.lock().unwrap().clone();
+        let requests = util::lock(&server.requests).clone();
         let m = &requests[0]["messages"];
         assert_eq!(m[3], json!({"role": role.as_str(), "content": result}), "{role:?}");
         assert_eq!(m[5], json!({"role": role.as_str(), "content": r#"{"error": "ValueError: no"}"#}), "{role:?}");

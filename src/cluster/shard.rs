@@ -20,6 +20,7 @@ use crate::queue::Queue;
 use crate::root::Root;
 use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
 use crate::rundir::RunDir;
+use crate::util;
 use crate::{benchlock, gym};
 
 /// Which shard each case goes to, for `count` shards: the cases of one user task (and
@@ -158,9 +159,10 @@ async fn execute(
     let control = Arc::new(RunControl::new(
         Arc::new(gym::Control::new()),
         Some(Box::new(move || {
-            observed.as_ref().as_ref().map_or(crate::record::GpuExclusivity::NotObserved, |w| {
-                w.lock().unwrap_or_else(|p| p.into_inner()).exclusivity()
-            })
+            observed
+                .as_ref()
+                .as_ref()
+                .map_or(crate::record::GpuExclusivity::NotObserved, |w| util::lock(w).exclusivity())
         })),
     ));
     let session = Session::open(root.clone(), control.clone())?;

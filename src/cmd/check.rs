@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
+use crate::input;
 use crate::pyenv::{self, AGENTDOJO_VERSION};
 use crate::root::{CONFIG_FILE, Root};
 use crate::settings::defence::{ToolCalling, ToolResultRole};
@@ -410,12 +411,12 @@ fn chat_template(version: &Version) -> Option<(String, String)> {
         candidates.push(folder.join("chat_template.jinja"));
     }
     for path in candidates {
-        if let Ok(text) = util::read_config(&path) {
+        if let Ok(text) = input::read_config(&path) {
             return Some((path.display().to_string(), text));
         }
     }
     let config = folder?.join("tokenizer_config.json");
-    let value: serde_json::Value = serde_json::from_str(&util::read_config(&config).ok()?).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&input::read_config(&config).ok()?).ok()?;
     let template = match value.get("chat_template")? {
         serde_json::Value::String(t) => t.clone(),
         // Several named templates: the role may be in any.

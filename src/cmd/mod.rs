@@ -33,13 +33,13 @@ pub fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
 
 /// A name that becomes a folder under `reports/`.
 pub fn name_parser(text: &str) -> Result<String, String> {
-    crate::util::check_name(text)?;
+    crate::input::check_name(text)?;
     Ok(text.to_string())
 }
 
 /// The command line, parsed; on a mistake clap's error (exit 2), with a guess for a
 /// mistyped command that clap's own similarity misses — `rn` for `run` — from the
-/// visible commands by edit distance (`util::closest`).
+/// visible commands by edit distance (`input::closest`).
 pub fn parse<P: clap::Parser>() -> P {
     P::try_parse().unwrap_or_else(|err| with_guess(err, &P::command()).exit())
 }
@@ -52,7 +52,7 @@ fn with_guess(mut err: clap::Error, command: &clap::Command) -> clap::Error {
     let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else { return err };
     let names: Vec<String> =
         command.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name().to_string()).collect();
-    if let Some(guess) = crate::util::closest(typed, &names) {
+    if let Some(guess) = crate::input::closest(typed, &names) {
         err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(guess.to_string()));
     }
     err

@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use crate::benchlock;
 use crate::judge::Judgement;
+use crate::lock_wait::{self, Waited};
 use crate::root::Root;
 use crate::run::{Extent, Interrupted, LocalGym, RunControl, RunRequest, Session};
-use crate::rundir::{LockError, RunFile, RunLock, Waited};
+use crate::rundir::{LockError, RunFile, RunLock};
 use crate::spec::Version;
 
 #[derive(clap::Args)]
@@ -236,7 +237,7 @@ async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<Run
             said = true;
         }
     };
-    match RunLock::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
+    match lock_wait::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
         Waited::Taken(lock) => Ok(lock),
         Waited::Stopped(_) => Err(anyhow::anyhow!("interrupted while waiting for the GPU").into()),
     }

@@ -30,6 +30,7 @@ use futures_util::StreamExt;
 pub use pool::{InterruptClients, Lease, Pool, Request};
 
 use crate::spec::{Backend, GpuMode, Version};
+use crate::util;
 
 /// Labels on every container we create; `managed` is what orphan removal looks for.
 pub const LABEL_MANAGED: &str = "pruefstand.managed";
@@ -459,7 +460,7 @@ fn free_port() -> anyhow::Result<u16> {
 static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 pub fn created_ids() -> Vec<String> {
-    CREATED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    util::lock(&CREATED).clone()
 }
 
 pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> anyhow::Result<String> {
@@ -471,7 +472,7 @@ pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> a
     for w in &created.warnings {
         tracing::warn!("docker: {w}");
     }
-    CREATED.lock().unwrap_or_else(|p| p.into_inner()).push(created.id.clone());
+    util::lock(&CREATED).push(created.id.clone());
     Ok(created.id)
 }
 
@@ -700,27 +701,6 @@ fn owner_alive(pid: &str, start: &str, boot: &str) -> bool {
     }
 }
 
-/// The exact command for provenance and logs: the API key never appears in argv, but
-/// a spec could carry `--api-key` in its args — redact it all the same.
-pub fn redact(argv: &[String]) -> Vec<String> {
-    let mut out = Vec::with_capacity(argv.len());
-    let mut hide_next = false;
-    for word in argv {
-        if hide_next {
-            out.push("<redacted>".into());
-            hide_next = false;
-        } else if word == "--api-key" {
-            out.push(word.clone());
-            hide_next = true;
-        } else if word.starts_with("--api-key=") {
-            out.push("--api-key=<redacted>".into());
-        } else {
-            out.push(word.clone());
-        }
-    }
-    out
-}
-
 /// A container name: `pruefstand-<version>-<random>`.
 fn container_name(version: &str) -> String {
     use rand::RngExt;
@@ -860,7 +840,7 @@ path = "/srv/adapters/a"
                 "oops"
             ]
         );
-        assert_eq!(redact(&s.command()).last().unwrap(), "<redacted>");
+        assert_eq!(crate::spec::redact(&s.command()).last().unwrap(), "<redacted>");
         let body = s.body("k", 4242, HashMap::from([(LABEL_JOB.to_string(), "j".to_string())]));
         assert_eq!(body.env.as_ref().unwrap(), &["VLLM_API_KEY=k"]);
         assert!(!body.cmd.as_ref().unwrap().iter().any(|w| w.contains("VLLM_API_KEY") || w == "k"));

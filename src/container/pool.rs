@@ -27,12 +27,12 @@ use bollard::models::ContainerCreateBody;
 
 use super::{
     AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name,
-    create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, redact, stop_and_remove, wait_ready,
+    create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove, wait_ready,
 };
 use crate::case::CaseRecord;
 use crate::record::ModelServerFacts;
 use crate::rundir::RunFile;
-use crate::spec::Version;
+use crate::spec::{Version, redact};
 use crate::util;
 
 /// What a job asks the pool for.
@@ -229,7 +229,7 @@ impl Pool {
         let Lease { docker, mut container, run_dir, since, watch, task, .. } = lease;
         task.abort();
         let _ = task.await;
-        container.id = watch.lock().expect("watch lock").container_id.clone();
+        container.id = util::lock(&watch).container_id.clone();
         save_log(&docker, &container.id, &run_dir, since).await;
         if facts.failed {
             stop_and_remove(&docker, &container.id).await?;
@@ -388,7 +388,7 @@ impl Lease {
     pub fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
         let watch = self.watch.clone();
         Box::new(move || {
-            let mut s = watch.lock().expect("watch lock");
+            let mut s = util::lock(&watch);
             if !s.restarting {
                 s.silent = true;
             }
@@ -396,7 +396,7 @@ impl Lease {
     }
 
     pub fn facts(&self) -> ModelServerFacts {
-        self.watch.lock().expect("watch lock").facts.clone()
+        util::lock(&self.watch).facts.clone()
     }
 
     /// Called after each gym pass: true when the server was restarted since and the
@@ -405,7 +405,7 @@ impl Lease {
     pub async fn after_gym(&self) -> anyhow::Result<bool> {
         loop {
             {
-                let mut s = self.watch.lock().expect("watch lock");
+                let mut s = util::lock(&self.watch);
                 if !s.restarting && !s.silent {
                     if s.facts.failed || !s.pending_resume {
                         return Ok(false);
@@ -437,12 +437,12 @@ async fn watch_loop(
     let mut id = c.id.clone();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let silent = watch.lock().expect("watch lock").silent;
+        let silent = util::lock(&watch).silent;
         let reason = match healthy(&docker, &http, &id, c.host_port).await {
             Ok(true) if silent => "the run's cases could not connect to it, though /health answers".to_string(),
             Ok(true) => {
                 failures = 0;
-                watch.lock().expect("watch lock").healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
+                util::lock(&watch).healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
                 continue;
             }
             Ok(false) => {
@@ -470,7 +470,7 @@ async fn watch_loop(
         failures = 0;
         let tail = log_tail(&docker, &id, 40).await;
         let deaths = {
-            let mut s = watch.lock().expect("watch lock");
+            let mut s = util::lock(&watch);
             s.silent = false;
             s.facts.deaths += 1;
             s.facts.events.push(format!(
@@ -493,7 +493,7 @@ async fn watch_loop(
             return;
         }
         let restarted = restart(&docker, &c, &id).await;
-        let mut s = watch.lock().expect("watch lock");
+        let mut s = util::lock(&watch);
         s.restarting = false;
         match restarted {
             Ok(new_id) => {

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::guard::{Guards, OwnProcesses, Watch};
 use crate::record::GpuExclusivity;
+use crate::util;
 
 #[allow(async_fn_in_trait)]
 pub trait Gate {
@@ -46,7 +47,7 @@ struct Watching(Mutex<Watch>);
 
 impl Observation for Watching {
     fn exclusivity(&self) -> GpuExclusivity {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).exclusivity()
+        util::lock(&self.0).exclusivity()
     }
 }
 

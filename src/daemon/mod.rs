@@ -28,12 +28,13 @@ use tokio::time::Instant;
 
 use crate::gym;
 use crate::hooks::{self, Facts};
+use crate::lock_wait::{self, Waited};
 use crate::pyenv::PyEnv;
 use crate::queue::{self, Headline, Job, Queue, State, Transition};
 use crate::record::Verdict;
 use crate::root::Root;
 use crate::run::{RunControl, RunRequest, Session};
-use crate::rundir::{RunLock, Waited};
+use crate::rundir::RunLock;
 use crate::{benchlock, console};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
@@ -322,7 +323,7 @@ impl<G: Gate> Daemon<G> {
                 }
             }
         };
-        match RunLock::wait(|| benchlock::try_take(root, &holder), waiting, stop).await? {
+        match lock_wait::wait(|| benchlock::try_take(root, &holder), waiting, stop).await? {
             Waited::Taken(lock) => Ok(LockEnd::Held(Some(lock))),
             Waited::Stopped(end) => end,
         }

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::record::GpuExclusivity;
 use crate::settings::GuardConfig;
+use crate::util;
 
 /// A sample waits this long for NVML; a hung driver then blocks with a reason.
 const NVML_TIMEOUT: Duration = Duration::from_secs(10);
@@ -204,7 +205,7 @@ impl Guards {
     /// Closes NVML and the bus connections until the next sample: for the daemon
     /// between jobs, so nothing of the guards stays open at rest.
     pub async fn release(&self) {
-        self.gpu.lock().unwrap_or_else(|p| p.into_inner()).close();
+        util::lock(&self.gpu).close();
         self.units.lock().await.disconnect();
     }
 
@@ -279,7 +280,7 @@ impl Guards {
                     _ = &mut stop_rx => break,
                     _ = interval.tick() => {
                         let sample = guards.sample(&own).await;
-                        seen.lock().unwrap_or_else(|p| p.into_inner()).record(&sample);
+                        util::lock(&seen).record(&sample);
                     }
                 }
             }
@@ -332,7 +333,7 @@ impl Watch {
     /// The events so far.
     #[cfg(test)]
     pub fn events(&self) -> Vec<String> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).lines()
+        util::lock(&self.events).lines()
     }
 
     /// Stops sampling. `Violated` lists every foreign process and busy unit seen;
@@ -346,7 +347,7 @@ impl Watch {
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let events = util::lock(&self.events);
         if events.unobserved_samples > 0 && events.gpu_observed {
             tracing::warn!("the GPU could not be observed in {} watch samples of this run", events.unobserved_samples);
         }
@@ -356,7 +357,7 @@ impl Watch {
 
     /// What the watch has seen so far, as R1's input (the same rule as [`Watch::finish`]).
     pub fn exclusivity(&self) -> GpuExclusivity {
-        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let events = util::lock(&self.events);
         if !events.order.is_empty() {
             GpuExclusivity::Violated { events: events.lines() }
         } else if events.gpu_observed {

@@ -231,7 +231,7 @@ impl Control {
     /// finished case) but lets a later gym start — to resume after the model server was
     /// restarted. True when a gym was running.
     pub fn interrupt(&self) -> bool {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = util::lock(&self.state);
         if let Some(pgid) = state.pgid {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
         }
@@ -241,7 +241,7 @@ impl Control {
     /// Stops the gym now (SIGKILL to its process group; `cases.jsonl` keeps every
     /// finished case) and refuses to start another.
     pub fn stop(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = util::lock(&self.state);
         state.stopped = true;
         if let Some(pgid) = state.pgid {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
@@ -249,13 +249,13 @@ impl Control {
     }
 
     pub fn is_stopped(&self) -> bool {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).stopped
+        util::lock(&self.state).stopped
     }
 
     /// Registers the gym's process group; false (and the group killed) when a stop
     /// came first. Under one lock with `stop`, so no gym escapes a stop.
     fn attach(&self, pgid: u32) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = util::lock(&self.state);
         state.pgid = Some(pgid as i32);
         if state.stopped {
             let _ =
@@ -265,7 +265,7 @@ impl Control {
     }
 
     fn detach(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).pgid = None;
+        util::lock(&self.state).pgid = None;
     }
 
     /// Reports progress to the caller's sink (also for cases run elsewhere: a cluster's

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 
 use super::{LocalGym, RunRequest, Session};
+use crate::lock_wait::{self, Waited};
 use crate::plan::Plan;
 use crate::pyenv::Inventory;
-use crate::rundir::{RunDir, RunLock, Waited};
+use crate::rundir::{RunDir, RunLock};
 use crate::spec::Version;
 
 use super::Executor;
@@ -61,7 +62,7 @@ impl Session {
                 said = true;
             }
         };
-        match RunLock::wait(|| RunLock::try_take(&path), waiting, self.control.until_stopped()).await? {
+        match lock_wait::wait(|| RunLock::try_take(&path), waiting, self.control.until_stopped()).await? {
             Waited::Taken(lock) => Ok(lock),
             Waited::Stopped(()) => bail!("interrupted while waiting for the reference run"),
         }

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::gym::{Ask, GymEvent, Seen, Sink};
+use crate::util;
 
 /// Cases in a row that could not connect before the server is taken for gone. Each has
 /// already retried with backoff (about 7 s), so three is well past a hiccup, and few
@@ -24,11 +25,11 @@ pub struct Silence(Arc<Mutex<Option<String>>>);
 impl Silence {
     /// The case at which the server was taken for gone, once it was.
     pub fn noticed_at(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        util::lock(&self.0).clone()
     }
 
     fn notice(&self, case_id: &str) {
-        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(case_id.to_string());
+        *util::lock(&self.0) = Some(case_id.to_string());
     }
 
     /// The sink of one gym pass; `on_silence` runs once, when it notices (a container
@@ -96,13 +97,13 @@ mod tests {
         let silence = Silence::default();
         let calls = Arc::new(Mutex::new(0));
         let counted = calls.clone();
-        let mut sink = silence.sink(Box::new(move || *counted.lock().unwrap() += 1));
+        let mut sink = silence.sink(Box::new(move || *util::lock(&counted) += 1));
         let seen = Seen::new(10);
         let asks: Vec<Ask> =
             ["a", "b", "c", "d"].iter().map(|id| sink.on(&case(id, Some(REFUSED)), &seen).unwrap()).collect();
         assert_eq!(asks, [Ask::Continue, Ask::Continue, Ask::Drain, Ask::Drain]);
         assert_eq!(silence.noticed_at().as_deref(), Some("c"));
-        assert_eq!(*calls.lock().unwrap(), 1, "told once");
+        assert_eq!(*util::lock(&calls), 1, "told once");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::util;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// At most `capacity` requests are served at once; the rest wait in FIFO order.
@@ -168,7 +169,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn record(&self, prompt_tokens: u64, completion_tokens: u64, e2e_s: f64, ttft_s: f64) {
-        let mut c = self.counts.lock().expect("metrics lock poisoned");
+        let mut c = util::lock(&self.counts);
         c.prompt_tokens += prompt_tokens;
         c.generation_tokens += completion_tokens;
         c.success += 1;
@@ -178,13 +179,13 @@ impl Metrics {
 
     /// A stream the client left before its end.
     pub fn abort(&self) {
-        self.counts.lock().expect("metrics lock poisoned").aborted += 1;
+        util::lock(&self.counts).aborted += 1;
     }
 
     /// A prompt's lookup in the prefix cache (its leading blocks already cached are
     /// hits), then its blocks cached: vLLM's `prefix_cache_queries`/`_hits` in tokens.
     pub fn look_up_prefix(&self, prompt_tokens: u64, blocks: &[u64]) {
-        let mut c = self.counts.lock().expect("metrics lock poisoned");
+        let mut c = util::lock(&self.counts);
         let cached = c.prefix_cache.take(blocks) as u64;
         c.prefix_cache_queries += prompt_tokens;
         c.prefix_cache_hits += (cached * super::openai::PREFIX_BLOCK_CHARS as u64 / 4).min(prompt_tokens);
@@ -193,7 +194,7 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4.
     pub fn render(&self, model_name: &str, gate: &Gate) -> String {
         let label = format!("model_name=\"{}\"", escape_label(model_name));
-        let c = self.counts.lock().expect("metrics lock poisoned");
+        let c = util::lock(&self.counts);
         let mut out = String::new();
         let mut scalar = |name: &str, kind: &str, help: &str, labels: &str, value: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}");
@@ -348,7 +349,7 @@ mod tests {
         m.look_up_prefix(longer.prompt_tokens, &longer.prefix_blocks);
         let other = parse(&"z".repeat(640));
         m.look_up_prefix(other.prompt_tokens, &other.prefix_blocks);
-        let c = m.counts.lock().unwrap();
+        let c = util::lock(&m.counts);
         assert_eq!(c.prefix_cache_queries, first.prompt_tokens + longer.prompt_tokens + other.prompt_tokens);
         // The longer prompt found the first one's whole blocks (role and text: 641
         // characters, 10 blocks of 16 tokens); the other prompt found nothing.

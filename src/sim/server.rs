@@ -31,6 +31,7 @@ use super::openai;
 use super::policy::{Action, Policy};
 use super::truth::Truth;
 use crate::settings::sim::{Latency, SimConfig};
+use crate::util;
 
 /// Everything a simulator instance needs.
 #[derive(Clone, Debug)]
@@ -53,14 +54,14 @@ struct AppState {
     started: u64,
     next_id: AtomicU64,
     /// Adapters loaded at run time (vLLM's runtime LoRA updating), beside `settings.adapters`.
-    loaded: std::sync::RwLock<Vec<String>>,
+    loaded: std::sync::Mutex<Vec<String>>,
 }
 
 impl AppState {
     fn serves(&self, name: &str) -> bool {
         name == self.settings.served_name
             || self.settings.adapters.iter().any(|a| a == name)
-            || self.loaded.read().expect("adapter list lock").iter().any(|a| a == name)
+            || util::lock(&self.loaded).iter().any(|a| a == name)
     }
 }
 
@@ -197,7 +198,7 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     };
     let mut data = vec![entry(&s.served_name, None)];
     data.extend(s.adapters.iter().map(|a| entry(a, Some(&s.served_name))));
-    let loaded = state.loaded.read().expect("adapter list lock").clone();
+    let loaded = util::lock(&state.loaded).clone();
     data.extend(loaded.iter().filter(|a| !s.adapters.contains(a)).map(|a| entry(a, Some(&s.served_name))));
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -220,7 +221,7 @@ async fn load_lora_adapter(State(state): State<Arc<AppState>>, headers: HeaderMa
         let msg = format!("The lora adapter '{name}' has already been loaded.");
         return error(StatusCode::BAD_REQUEST, "InvalidUserInput", msg);
     }
-    state.loaded.write().expect("adapter list lock").push(name.to_string());
+    util::lock(&state.loaded).push(name.to_string());
     tracing::info!("loaded LoRA adapter {name} from {path}");
     format!("Success: LoRA adapter '{name}' added successfully.").into_response()
 }
@@ -233,7 +234,7 @@ async fn unload_lora_adapter(State(state): State<Arc<AppState>>, headers: Header
     let Some(name) = v["lora_name"].as_str() else {
         return error(StatusCode::BAD_REQUEST, "BadRequestError", "expected {\"lora_name\"}".into());
     };
-    let mut loaded = state.loaded.write().expect("adapter list lock");
+    let mut loaded = util::lock(&state.loaded);
     let before = loaded.len();
     loaded.retain(|a| a != name);
     if loaded.len() == before {

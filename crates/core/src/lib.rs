@@ -1,0 +1,45 @@
+//! pruefstand's synchronous core: what a run's files are and what they mean — cases and
+//! their records, the run directory, plans and version specs, settings, the statistics,
+//! the judge (rules R1–R5) and the reports. No async runtime lives here: the
+//! orchestrator (the `pruefstand` binary: gym driver, agent, containers, cluster,
+//! daemon, web view, commands) calls into this crate, from its runtime through
+//! `spawn_blocking`, never the other way round.
+//!
+//! The modules below follow the flow (docs/architecture.md), leaves first: a module uses
+//! only modules declared above it (tests/layers.rs checks it). rustfmt keeps this order
+//! (`reorder_modules = false`).
+
+// Leaves: words and tools every stage may use.
+pub mod util;
+// Reading configuration files and names, with errors at file:line:col.
+pub mod input;
+// The names of the figures and how bounds are said, for every view.
+pub mod words;
+#[macro_use]
+pub mod console;
+pub mod record;
+pub mod settings;
+pub mod case;
+pub mod family;
+pub mod pyenv;
+
+// What is asked for: a version spec and a plan, snapshotted into a queued job.
+pub mod root;
+pub mod spec;
+pub mod plan;
+pub mod queue;
+
+// Where a run keeps what it writes: the run directory, the one module that names its
+// files (the model server's container log among them); the bench lock on it.
+pub mod rundir;
+pub mod benchlock;
+
+// The figures over a run's records and the order its user tasks are drawn in.
+pub mod telemetry;
+pub mod order;
+
+// The verdict: statistics, rules R1–R5 (and the studies of their error rates), reports.
+pub mod stats;
+pub mod judge;
+pub mod study;
+pub mod report;

@@ -1,0 +1,203 @@
+//! Small shared helpers: exit codes, durable file writes, hashing, per-run keys, sizes,
+//! child processes' environment, how a moment is shown. Reading what people write
+//! (configuration files, names) is [`crate::input`]'s.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, anyhow};
+use sha2::{Digest, Sha256};
+
+/// Exit codes of `run` (and `start --wait`), documented in the README.
+pub const EXIT_APPROVED: u8 = 0;
+pub const EXIT_REJECTED: u8 = 10;
+pub const EXIT_INCONCLUSIVE: u8 = 11;
+pub const EXIT_INVALID: u8 = 12;
+/// Bad input, missing tools, a run that could not be carried out.
+pub const EXIT_COULD_NOT_RUN: u8 = 2;
+
+/// Writes a file so that a crash leaves either the old or the new content: write to a
+/// temporary file beside it, fsync, rename, fsync the folder.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
+    tmp.write_all(contents)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).with_context(|| format!("replacing {}", path.display()))?;
+    if let Ok(dir) = std::fs::File::open(dir) {
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let mut text = serde_json::to_vec_pretty(value)?;
+    text.push(b'\n');
+    write_atomic(path, &text)
+}
+
+/// A rate as a percentage with one decimal: `0.123` → `12.3 %` (reports, reasons,
+/// Markdown, chat).
+pub fn pct(p: f64) -> String {
+    format!("{:.1} %", 100.0 * p)
+}
+
+/// Lower-case alphanumerics only: survives YAML folding, quoting and escaping of
+/// punctuation, which is how goals and injected wording reach a model inside tool
+/// outputs (the simulated model matches them so).
+pub fn alnum_norm(s: &str) -> String {
+    s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect()
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A random per-run API key.
+pub fn new_api_key() -> String {
+    use rand::RngExt;
+    let bytes: [u8; 24] = rand::rng().random();
+    format!("pfs-{}", hex::encode(bytes))
+}
+
+/// "16g", "512m", "1024k", "65536" → bytes.
+pub fn parse_bytes(s: &str) -> anyhow::Result<i64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix('b').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1i64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: i64 = num.trim().parse().map_err(|_| anyhow!("{s:?} is not a size (e.g. \"16g\", \"512m\")"))?;
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| anyhow!("{s:?} is not a positive size"))
+}
+
+/// Makes the child die with us: the kernel sends it SIGKILL when the thread that spawned
+/// it ends (`PR_SET_PDEATHSIG`), so a `kill -9` of pruefstand leaves no gym behind. The
+/// spawning thread must outlive the child, which every caller's wait guarantees.
+pub fn die_with_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: prctl, getppid and raise are async-signal-safe system calls.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The parent may have died between the fork and the prctl.
+            if nix::unistd::getppid() != parent {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// What a child of pruefstand inherits from its environment: locale, paths, terminal
+/// and log settings — never the rest, which may hold secrets a child must not see (a
+/// webhook's `url_env`, a token). Whatever a child needs beyond this is given to it
+/// explicitly.
+const INHERITED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "NO_COLOR",
+    "JOURNAL_STREAM",
+    "PRUEFSTAND_LOG",
+    "RUST_BACKTRACE",
+];
+
+/// Clears `command`'s environment down to [`INHERITED`].
+pub fn minimal_env(command: &mut std::process::Command) {
+    command.env_clear();
+    for name in INHERITED {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+}
+
+/// A mutex's guard, the one way every lock of pruefstand is taken: a thread that
+/// panicked while holding it left the data at a consistent step (each holder changes it
+/// in one go), so the guard is taken all the same instead of spreading the panic to
+/// every later user.
+pub fn lock<T: ?Sized>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Nearest-rank percentile (no interpolation: a budget is about actual cases).
+pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    let rank = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len());
+    Some(xs[rank - 1])
+}
+
+/// The one way a command shows a moment (`status`, `queue`, `log`): local time to the
+/// second, `2026-03-04 15:06:07`. What is stored stays RFC 3339 in UTC.
+pub fn local_datetime<Tz: chrono::TimeZone>(at: &chrono::DateTime<Tz>) -> String {
+    at.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+/// A stored RFC 3339 time as [`local_datetime`] shows it; the text itself when it is not
+/// one.
+pub fn local_time(rfc3339: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(rfc3339).map_or_else(|_| rfc3339.to_string(), |t| local_datetime(&t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_gets_only_the_inherited_variables() {
+        // SAFETY: this test process sets a variable no other test reads.
+        unsafe { std::env::set_var("PRUEFSTAND_TEST_SECRET_XYZ", "s3cret") };
+        let mut command = std::process::Command::new("/usr/bin/env");
+        minimal_env(&mut command);
+        command.env("GIVEN", "1");
+        let out = String::from_utf8(command.output().unwrap().stdout).unwrap();
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(
+            out.contains("GIVEN=1")
+                && out.lines().all(|l| INHERITED.iter().any(|n| l.starts_with(&format!("{n}="))) || l == "GIVEN=1"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn atomic_write_replaces_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/a.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temporary file left");
+    }
+
+    #[test]
+    fn times_are_shown_local_to_the_second() {
+        let shown = local_time("2026-01-02T03:04:05.123456789Z");
+        let expected = chrono::DateTime::parse_from_rfc3339("2026-01-02T03:04:05Z").unwrap();
+        assert_eq!(shown, expected.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M:%S").to_string());
+        assert_eq!(shown.len(), "2026-01-02 03:04:05".len());
+        assert_eq!(local_time("yesterday"), "yesterday");
+    }
+
+    #[test]
+    fn sha256_of_empty_input() {
+        assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
+}

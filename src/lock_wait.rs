@@ -1,0 +1,40 @@
+//! Waiting for a lock another process holds — the bench lock before a job takes the GPU,
+//! a reference run's lock — without holding up the async runtime: a try every
+//! [`LOCK_RETRY`], a line for the user each time it is busy, until it is taken or the
+//! caller's stop (a signal, a queue change) comes first. Taking the lock is the core's
+//! ([`RunLock`]); only the waiting is async, so it lives here, not in the core.
+
+use crate::rundir::{LockError, RunLock};
+
+/// How often a waiter looks at a lock again.
+pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How a wait for a lock ended.
+pub enum Waited<S> {
+    Taken(RunLock),
+    /// The caller's stop came first, with its value.
+    Stopped(S),
+}
+
+/// Takes a lock, waiting while another process holds it: `take` now and every
+/// [`LOCK_RETRY`], `waiting(holder)` each time it is busy, until taken or `stop`
+/// resolves. The one waiter of the bench lock and the reference locks. `take` tries
+/// without blocking (`flock` with `LOCK_NB`), so it may run on the runtime.
+pub async fn wait<S>(
+    mut take: impl FnMut() -> Result<RunLock, LockError>,
+    mut waiting: impl FnMut(&str),
+    stop: impl std::future::Future<Output = S>,
+) -> anyhow::Result<Waited<S>> {
+    tokio::pin!(stop);
+    loop {
+        match take() {
+            Ok(lock) => return Ok(Waited::Taken(lock)),
+            Err(LockError::Busy { holder }) => waiting(&holder),
+            Err(LockError::Failed(err)) => return Err(err),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(LOCK_RETRY) => {}
+            stopped = &mut stop => return Ok(Waited::Stopped(stopped)),
+        }
+    }
+}
