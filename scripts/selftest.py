@@ -347,6 +347,33 @@ def records_and_requests_conform_to_the_schemas_generated_from_rust():
 
 
 @check
+def the_gyms_modules_import_no_cycle():
+    import ast
+
+    package = HERE / "pruefstand_gym"
+    modules = {path.stem for path in package.glob("*.py")}
+    imports = {}
+    for name in modules:
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        relative = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1]
+        named = {node.module.split(".")[0] if node.module else alias.name for node in relative for alias in node.names}
+        imports[name] = named & modules
+
+    def cycle_from(name, path):
+        for imported in sorted(imports[name]):
+            if imported in path:
+                return path[path.index(imported):] + [imported]
+            found = cycle_from(imported, path + [imported])
+            if found:
+                return found
+        return None
+
+    for name in sorted(modules):
+        cycle = cycle_from(name, [name])
+        assert cycle is None, " → ".join(cycle)
+
+
+@check
 def a_huge_error_is_stored_cut_with_the_rest_counted():
     text = records.cut_error("e" * (records.MAX_ERROR_CHARS + 10))
     assert len(text) < records.MAX_ERROR_CHARS + 40 and text.endswith("… 10 characters more"), text[-40:]
