@@ -347,6 +347,23 @@ def records_and_requests_conform_to_the_schemas_generated_from_rust():
 
 
 @check
+def records_are_built_from_the_schema_alone():
+    assert set(protocol.STAT_KEYS) <= set(records.RECORD_FIELDS), "every counter of the protocol is a record field"
+    minimal = schema.build_record({"case_id": "c", "kind": "clean", "suite": "s", "duration_s": 1.0})
+    assert list(minimal) == list(records.RECORD_FIELDS) and minimal["trace"] is None
+    assert schema.problems(minimal, schema.load("case-record")) == []
+    for values in ({"case_id": "c", "kind": "clean", "suite": "s"}, dict(minimal, colour="red")):
+        try:
+            schema.build_record(values)
+        except ValueError:
+            continue
+        raise AssertionError(f"built a record of {values}")
+    assert records.KINDS == ("clean", "attacked", "injection_goal")
+    assert records.OUTCOMES == ("scored", "context_overflow", "error")
+    assert records.TRACES_DIR == "traces"
+
+
+@check
 def the_gyms_modules_import_no_cycle():
     import ast
 
