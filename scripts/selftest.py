@@ -347,6 +347,50 @@ def records_and_requests_conform_to_the_schemas_generated_from_rust():
 
 
 @check
+def records_are_built_from_the_schema_alone():
+    assert set(protocol.STAT_KEYS) <= set(records.RECORD_FIELDS), "every counter of the protocol is a record field"
+    minimal = schema.build_record({"case_id": "c", "kind": "clean", "suite": "s", "duration_s": 1.0})
+    assert list(minimal) == list(records.RECORD_FIELDS) and minimal["trace"] is None
+    assert schema.problems(minimal, schema.load("case-record")) == []
+    for values in ({"case_id": "c", "kind": "clean", "suite": "s"}, dict(minimal, colour="red")):
+        try:
+            schema.build_record(values)
+        except ValueError:
+            continue
+        raise AssertionError(f"built a record of {values}")
+    assert records.KINDS == ("clean", "attacked", "injection_goal")
+    assert records.OUTCOMES == ("scored", "context_overflow", "error")
+    assert records.TRACES_DIR == "traces"
+
+
+@check
+def the_gyms_modules_import_no_cycle():
+    import ast
+
+    package = HERE / "pruefstand_gym"
+    modules = {path.stem for path in package.glob("*.py")}
+    imports = {}
+    for name in modules:
+        tree = ast.parse((package / f"{name}.py").read_text(encoding="utf-8"))
+        relative = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1]
+        named = {node.module.split(".")[0] if node.module else alias.name for node in relative for alias in node.names}
+        imports[name] = named & modules
+
+    def cycle_from(name, path):
+        for imported in sorted(imports[name]):
+            if imported in path:
+                return path[path.index(imported):] + [imported]
+            found = cycle_from(imported, path + [imported])
+            if found:
+                return found
+        return None
+
+    for name in sorted(modules):
+        cycle = cycle_from(name, [name])
+        assert cycle is None, " → ".join(cycle)
+
+
+@check
 def a_huge_error_is_stored_cut_with_the_rest_counted():
     text = records.cut_error("e" * (records.MAX_ERROR_CHARS + 10))
     assert len(text) < records.MAX_ERROR_CHARS + 40 and text.endswith("… 10 characters more"), text[-40:]

@@ -17,7 +17,6 @@ from agentdojo.functions_runtime import EmptyEnv, Env, FunctionCall, FunctionsRu
 from agentdojo.types import ChatAssistantMessage, ChatMessage, get_text_content_as_str, text_content_block_from_string
 
 from . import protocol
-from .dojo import ApiMismatch, check_api  # noqa: F401  (re-exported: adapter.check_api)
 from .protocol import ProtocolError
 
 

@@ -1,4 +1,8 @@
-"""Cases, trace paths and case records (src/case.rs `CaseRecord`), without agentdojo."""
+"""Cases, trace paths and case records (src/case.rs `CaseRecord`), without agentdojo.
+
+What the Rust side defines is read from the generated contract (`schema.py`): a
+record's fields, their order and defaults, the kinds and outcomes, the case-id scheme
+and the traces' folder. This module says only where each value comes from."""
 
 from __future__ import annotations
 
@@ -9,14 +13,18 @@ from pathlib import Path
 from . import schema
 from .protocol import STAT_KEYS, empty_counters
 
-KINDS = ("clean", "attacked", "injection_goal")
+# What a case measures (src/case.rs `CaseKind`).
+KINDS = schema.choices("case-record", "CaseKind")
 
 # The record's fields in src/case.rs order, from the schema generated from that type.
 RECORD_FIELDS = schema.record_fields()
 
 # How a case ended: scored by AgentDojo's rules, scored as a context overflow (utility
 # false, the injection counted as landed), or an error of the bench (no scores).
-OUTCOMES = ("scored", "context_overflow", "error")
+OUTCOMES = schema.choices("case-record", "Outcome")
+
+# The run directory's folder of AgentDojo's traces (src/rundir.rs `RunFile::Traces`).
+TRACES_DIR = schema.run_file("Traces")
 
 # The most of a case's error text a record keeps: an agent's `{"error": …}` of 20 MB
 # would otherwise be stored whole in cases.jsonl and events.jsonl.
@@ -42,10 +50,8 @@ def pipeline_name(defence: str | None) -> str:
 
 
 def default_case_id(case: dict) -> str:
-    """The id src/case.rs gives a case (only used for messages; the request's id is kept)."""
-    if case["kind"] == "injection_goal":
-        return f"{case['suite']}/goal/{case.get('injection_task') or '-'}"
-    return f"{case['suite']}/{case.get('user_task') or '-'}/{case.get('attack') or 'none'}/{case.get('injection_task') or 'none'}"
+    """The id src/case.rs gives a case of this shape (the request's id is kept)."""
+    return schema.case_id_format(case["kind"]).format_map(case)
 
 
 def trace_relpath(case: dict, defence: str | None) -> str:
@@ -59,7 +65,7 @@ def trace_relpath(case: dict, defence: str | None) -> str:
         task, attack, inj = case["user_task"], "none", "none"
     else:
         task, attack, inj = case["user_task"], case["attack"], case["injection_task"]
-    return f"traces/{pipe}/{case['suite']}/{task}/{attack}/{inj}.json"
+    return f"{TRACES_DIR}/{pipe}/{case['suite']}/{task}/{attack}/{inj}.json"
 
 
 def check_case_shape(i: int, case: object) -> dict:
@@ -111,7 +117,8 @@ def make_record(
     context_overflow: bool = False,
     restarts: int = 0,
 ) -> dict:
-    """A case record in src/case.rs field order. Errors null utility/security."""
+    """A case record of `case` (its fields, in the schema's order: `schema.build_record`).
+    Errors null utility/security."""
     counters = counters if counters is not None else empty_counters()
     if error is not None:
         utility, security = None, None
@@ -119,24 +126,22 @@ def make_record(
         error = cut_error(error)
     else:
         outcome = "context_overflow" if context_overflow else "scored"
-    record = {
-        "case_id": case["id"],
-        "kind": case["kind"],
-        "suite": case["suite"],
-        "user_task": case.get("user_task"),
-        "injection_task": case.get("injection_task"),
-        "attack": case.get("attack"),
-        "utility": utility,
-        "security": security,
-        "outcome": outcome,
-        "error": error,
-        "duration_s": round(float(duration_s), 4),
-    }
-    for key in STAT_KEYS:
-        record[key] = counters.get(key)
-    record["restarts"] = int(restarts)
-    record["trace"] = trace
-    return record
+    return schema.build_record(
+        {
+            # The case's own fields that the record repeats, and its id as `case_id`.
+            **{key: value for key, value in case.items() if key in RECORD_FIELDS},
+            "case_id": case["id"],
+            "utility": utility,
+            "security": security,
+            "outcome": outcome,
+            "error": error,
+            "duration_s": round(float(duration_s), 4),
+            # The agent's counters (the protocol's stats, each a record field).
+            **{key: counters.get(key) for key in STAT_KEYS},
+            "restarts": int(restarts),
+            "trace": trace,
+        }
+    )
 
 
 def check_record(record: dict) -> list[str]:

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from . import families, schema
-from .records import RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
+from .records import TRACES_DIR, RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
 
 
 def emit(event: dict) -> None:
@@ -273,7 +273,7 @@ class _Slot(threading.Thread):
             # The logger stack is a ContextVar never .set(): every thread would share its
             # default list. A fresh one per thread, then this thread's own OutputLogger.
             LOGGER_STACK.set([])
-            with OutputLogger(str(Path(req["run_dir"]) / "traces")):
+            with OutputLogger(str(Path(req["run_dir"]) / TRACES_DIR)):
                 while True:
                     case = self.inbox.get()
                     if case is None:
@@ -372,7 +372,7 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
 
     req = shared.req
     run_dir = Path(req["run_dir"])
-    logdir = run_dir / "traces"
+    logdir = run_dir / TRACES_DIR
     bv = req["benchmark_version"]
     rel = trace_relpath(case, req["defence"])
     trace_path = run_dir / rel
@@ -568,7 +568,7 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
 
     # resume
     run_dir = Path(req["run_dir"])
-    (run_dir / "traces").mkdir(parents=True, exist_ok=True)
+    (run_dir / TRACES_DIR).mkdir(parents=True, exist_ok=True)
     by_id = {c["id"]: c for c in req["cases"]}
     skipped, reruns = [], []
     for cid in req["done"]:

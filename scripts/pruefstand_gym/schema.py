@@ -3,9 +3,14 @@
 validator for the subset of JSON Schema those files use: type, properties, required,
 items, minItems/maxItems, minimum/maximum, const, oneOf/anyOf, $ref into $defs.
 
+Beside them, `schemas/constants.json` (generated the same way, src/gym/contract.rs)
+holds what has no type to carry it: src/case.rs's case-id scheme and the names
+src/rundir.rs gives the run files the gym writes.
+
 Records and requests are checked against them by the selftest and by `gym.py validate`;
-`records.RECORD_FIELDS` and the in-flight bound are read from them, so nothing here
-restates a Rust type."""
+`records` builds a record from them (its fields, their order, what an unset one holds,
+the kinds and outcomes), takes the id scheme and the traces' folder from them, and the
+in-flight bound is read from them, so nothing here restates the Rust side."""
 
 from __future__ import annotations
 
@@ -84,6 +89,57 @@ def record_fields() -> tuple[str, ...]:
     """The case record's fields in src/case.rs order (the generator records it: the
     schema's own objects have their keys sorted)."""
     return tuple(load("case-record")["x-field-order"])
+
+
+def record_required() -> tuple[str, ...]:
+    """The fields every record has (the rest may be absent: null or their default)."""
+    return tuple(load("case-record")["required"])
+
+
+@lru_cache(maxsize=None)
+def record_defaults() -> dict:
+    """What each field a record may lack holds when it is not given: the schema's
+    `default`, else null (serde reads an absent `Option` as None)."""
+    properties = load("case-record")["properties"]
+    required = record_required()
+    return {field: properties[field].get("default") for field in record_fields() if field not in required}
+
+
+def build_record(values: dict) -> dict:
+    """The case record holding `values`, its fields in the schema's order, a field not
+    given at its default. A required field not given, or a name that is no field, is a
+    bug of the caller (ValueError)."""
+    fields = record_fields()
+    unknown = [key for key in values if key not in fields]
+    missing = [field for field in record_required() if field not in values]
+    if unknown or missing:
+        raise ValueError(f"case record: unknown fields {unknown}, required fields missing {missing}")
+    defaults = record_defaults()
+    return {field: values[field] if field in values else defaults[field] for field in fields}
+
+
+def choices(name: str, definition: str) -> tuple[str, ...]:
+    """The values of an enum of schema `name` (`CaseKind` of `case-record`), in the Rust
+    type's order."""
+    return tuple(variant["const"] for variant in load(name)["$defs"][definition]["oneOf"])
+
+
+@lru_cache(maxsize=None)
+def constants() -> dict:
+    """`schemas/constants.json`: `case_id` (the id scheme per kind) and `run_files`."""
+    return json.loads((DIR / "constants.json").read_text(encoding="utf-8"))
+
+
+def case_id_format(kind: str) -> str:
+    """src/case.rs's id of a case of `kind`, as a format string over the case's fields
+    (`{suite}/{user_task}/{attack}/{injection_task}`, …)."""
+    return constants()["case_id"][kind]
+
+
+def run_file(name: str) -> str:
+    """The name src/rundir.rs gives run file `name` (its `RunFile` variant: `Traces`),
+    relative to the run directory."""
+    return constants()["run_files"][name]
 
 
 def max_in_flight() -> int:

@@ -7,6 +7,8 @@
 //! It never reads AgentDojo's log folders: results arrive as events. Judging them is
 //! `telemetry`'s and `judge`'s job; deciding when to stop early is the run's.
 
+#[cfg(test)]
+mod contract;
 pub mod events;
 pub mod sinks;
 
@@ -476,52 +478,6 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use crate::case::Outcome;
-
-    /// Where the contract's schemas live, relative to `scripts/` (embedded with the gym).
-    const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
-
-    /// The JSON Schemas of the contract with the gym — the request pruefstand writes and
-    /// the case record the gym writes back — generated from the Rust types. They are
-    /// committed under `scripts/pruefstand_gym/schemas/` (a unit test keeps them equal to
-    /// these) and the gym validates against them, so the Python side cannot drift.
-    fn schemas() -> Vec<(&'static str, serde_json::Value)> {
-        // Keys sorted, so the committed files do not follow schemars' order of emitting.
-        let value = |schema: schemars::Schema| {
-            let mut value = schema.to_value();
-            value.sort_all_objects();
-            value
-        };
-        let mut record = value(schemars::schema_for!(CaseRecord));
-        // The schema's keys are sorted; the gym writes a record's fields in the struct's
-        // order, so the schema carries that order too.
-        let sample = serde_json::to_string(&CaseRecord::of(&Case::clean("s", "u"), None, None)).unwrap();
-        let fields = regex::Regex::new(r#""([a-z_0-9]+)":"#).unwrap();
-        let order: Vec<&str> = fields.captures_iter(&sample).map(|c| c.get(1).unwrap().as_str()).collect();
-        record["x-field-order"] = serde_json::json!(order);
-        vec![("case-record.schema.json", record), ("gym-request.schema.json", value(schemars::schema_for!(GymRequest)))]
-    }
-
-    /// `PRUEFSTAND_WRITE_SCHEMAS=1 cargo test --bin pruefstand schemas` writes them anew.
-    #[test]
-    fn the_committed_schemas_are_the_rust_types() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(SCHEMA_DIR);
-        for (name, schema) in schemas() {
-            let text = serde_json::to_string_pretty(&schema).unwrap() + "\n";
-            let path = dir.join(name);
-            if std::env::var_os("PRUEFSTAND_WRITE_SCHEMAS").is_some() {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, &text).unwrap();
-            }
-            let committed = std::fs::read_to_string(&path).unwrap_or_default();
-            assert!(
-                committed == text,
-                "{} differs from the Rust types: run PRUEFSTAND_WRITE_SCHEMAS=1 cargo test --bin pruefstand schemas",
-                path.display()
-            );
-        }
-        let request = &schemas()[1].1;
-        assert_eq!(request["properties"]["max_in_flight"]["maximum"], crate::settings::MAX_IN_FLIGHT);
-    }
 
     #[test]
     fn a_resume_runs_bench_errors_again_and_keeps_everything_else() {
