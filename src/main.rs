@@ -6,6 +6,8 @@
 // above it (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps
 // this order (`reorder_modules = false`).
 mod util;
+// The debug check that blocking work stays off the async runtime's workers.
+mod blocking;
 // The names of the figures and how bounds are said, for every view.
 mod words;
 #[macro_use]
@@ -25,6 +27,9 @@ mod queue;
 // Where a run keeps what it writes: the run directory, the one module that names its
 // files (the model server's container log among them).
 mod rundir;
+
+// The async runtime, and the one way blocking work is handed off its workers.
+mod runtime;
 
 // Before a job may use the GPU: the guards.
 mod guard;
@@ -154,8 +159,8 @@ fn main() -> ExitCode {
     // and the daemon's jobs run on it. An agent answers one query at a time (and there
     // are dozens of them), so it gets a single thread.
     let runtime = match &cli.command {
-        Command::Agent(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build(),
+        Command::Agent(_) => runtime::current_thread(),
+        _ => runtime::multi_thread(2),
     };
     let result = match runtime {
         Ok(runtime) => {

@@ -35,14 +35,15 @@ impl Session {
         // of its finished cases runs twice.
         let unfinished = newest_run(&reports, reference, plan, |run| !complete(run, plan));
         let path = unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name));
-        let claimed = RunDir::claim(&path, &request.identity())?;
+        let identity = request.identity();
+        let claimed = crate::runtime::blocking(move || RunDir::claim(&path, &identity)).await?;
         let run_dir = &claimed.dir;
         let (executed, served) = LocalGym.execute(self, request, &claimed).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
         }
-        self.record_and_judge(run_dir, request, None, served)?;
+        self.record_and_judge(run_dir, request, None, served).await?;
         if failed {
             bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
         }
@@ -61,7 +62,9 @@ impl Session {
                 said = true;
             }
         };
-        match RunLock::wait(|| RunLock::try_take(&path), waiting, self.control.until_stopped()).await? {
+        // A non-blocking flock (LOCK_NB) between the waiter's sleeps: it returns at once.
+        let try_take = || crate::blocking::section(|| RunLock::try_take(&path));
+        match RunLock::wait(try_take, waiting, self.control.until_stopped()).await? {
             Waited::Taken(lock) => Ok(lock),
             Waited::Stopped(()) => bail!("interrupted while waiting for the reference run"),
         }
