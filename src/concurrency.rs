@@ -205,6 +205,17 @@ pub struct Observer {
     task: tokio::task::JoinHandle<ConcurrencyFacts>,
 }
 
+/// The event side of an [`Observer`]: what the gym's events tell it (the steering sink
+/// holds one), apart from the task that the pass ends with [`Observer::finish`].
+#[derive(Clone)]
+pub struct Feed(Arc<Mutex<Live>>);
+
+impl Feed {
+    pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Where the observer's commands go: the gym's stdin (None: observe only, as with
 /// `--jobs`).
 pub type Commands = Option<Box<dyn AsyncWrite + Send + Unpin>>;
@@ -226,6 +237,11 @@ impl Observer {
 
     pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         util::lock(&self.live)
+    }
+
+    /// Its event side, for the gym's steering sink.
+    pub fn feed(&self) -> Feed {
+        Feed(self.live.clone())
     }
 
     /// Ends the task; what it saw.

@@ -112,7 +112,7 @@ fn names_file_and_line(err: &anyhow::Error, file: &Path, text: &str) -> Result<(
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime")
+    crate::runtime::current_thread().expect("a tokio runtime")
 }
 
 // ---------------------------------------------------------------- input shapes

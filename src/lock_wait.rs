@@ -4,6 +4,7 @@
 //! caller's stop (a signal, a queue change) comes first. Taking the lock is the core's
 //! ([`RunLock`]); only the waiting is async, so it lives here, not in the core.
 
+use crate::blocking;
 use crate::rundir::{LockError, RunLock};
 
 /// How often a waiter looks at a lock again.
@@ -19,7 +20,8 @@ pub enum Waited<S> {
 /// Takes a lock, waiting while another process holds it: `take` now and every
 /// [`LOCK_RETRY`], `waiting(holder)` each time it is busy, until taken or `stop`
 /// resolves. The one waiter of the bench lock and the reference locks. `take` tries
-/// without blocking (`flock` with `LOCK_NB`), so it may run on the runtime.
+/// without blocking (`flock` with `LOCK_NB` returns at once), so it runs right here on
+/// the runtime, as a [`blocking::section`] (the core's blocking check allows it).
 pub async fn wait<S>(
     mut take: impl FnMut() -> Result<RunLock, LockError>,
     mut waiting: impl FnMut(&str),
@@ -27,7 +29,7 @@ pub async fn wait<S>(
 ) -> anyhow::Result<Waited<S>> {
     tokio::pin!(stop);
     loop {
-        match take() {
+        match blocking::section(&mut take) {
             Ok(lock) => return Ok(Waited::Taken(lock)),
             Err(LockError::Busy { holder }) => waiting(&holder),
             Err(LockError::Failed(err)) => return Err(err),

@@ -9,15 +9,17 @@
 #[macro_use]
 extern crate pruefstand_core;
 use pruefstand_core::{
-    benchlock, case, console, family, input, judge, order, plan, pyenv, queue, record, report, root, rundir, settings,
-    spec, study, telemetry, util, words,
+    benchlock, blocking, case, console, family, input, judge, order, plan, pyenv, queue, record, report, root, rundir,
+    settings, spec, study, telemetry, util, words,
 };
 
 // The orchestrator: a module uses only the core and modules declared above it
 // (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order
 // (`reorder_modules = false`).
 
-// Waiting for a lock another process holds (the bench lock, a reference's).
+// The async runtime, and the one way blocking work is handed off its workers; waiting
+// for a lock another process holds (the bench lock, a reference's).
+mod runtime;
 mod lock_wait;
 
 // Before a job may use the GPU: the guards.
@@ -139,8 +141,8 @@ fn main() -> ExitCode {
     // and the daemon's jobs run on it. An agent answers one query at a time (and there
     // are dozens of them), so it gets a single thread.
     let runtime = match &cli.command {
-        Command::Agent(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build(),
+        Command::Agent(_) => runtime::current_thread(),
+        _ => runtime::multi_thread(2),
     };
     let result = match runtime {
         Ok(runtime) => {

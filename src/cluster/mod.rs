@@ -36,7 +36,7 @@ use crate::record::{GpuExclusivity, ModelServerFacts};
 use crate::root::Root;
 use crate::run::{Executor, LocalGym, RunControl, RunRequest, Served, Session};
 use crate::rundir::{Claimed, RunDir, RunFile};
-use crate::util;
+use crate::{runtime, util};
 use slurm::{ArrayId, Slurm, TaskState};
 
 /// How often the daemon looks at the array (a look is one `squeue` call).
@@ -207,47 +207,35 @@ impl Executor for SlurmArray {
 }
 
 impl SlurmArray {
+    /// Submits the array (or picks up an earlier start's), follows it, and merges the
+    /// shards. The Slurm tools and the run directory's writes block: each step runs on
+    /// the blocking pool.
     async fn run(
         &self,
         session: &Session,
         request: &RunRequest,
         claimed: &Claimed,
     ) -> anyhow::Result<(Executed, Served)> {
-        let (config, job) = (&session.root.config.cluster, self.job);
-        let slurm = Slurm::default();
-        let dir = &claimed.dir.path;
-        let mut state = match ArrayState::load(dir)? {
-            Some(state) => {
-                tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
-                state
-            }
-            None => {
-                let shards = shard::usable_shards(&request.plan.cases, config.shards);
-                let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
-                let root = session.root.path.canonicalize().context("resolving the bench root")?;
-                crate::queue::private_dir(&RunFile::Shards.path_in(dir))?;
-                let script = RunFile::ShardScript.path_in(dir);
-                util::write_atomic(&script, slurm::batch_script(&binary, &root, job, shards)?.as_bytes())?;
-                let indices: Vec<usize> = (0..shards).collect();
-                let output = RunFile::ShardOutput.path_in(dir);
-                let argv = slurm::sbatch_argv(config, job, &slurm::array_spec(&indices), &output, &script);
-                let array = slurm.submit(&argv)?;
-                let now = chrono::Utc::now().to_rfc3339();
-                let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
-                let state =
-                    ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
-                state.store(dir)?;
-                tracing::info!("submitted array {array}: {shards} shards of {} cases", request.plan.cases.len());
-                state
-            }
+        let follow = Follow {
+            slurm: Slurm::default(),
+            config: session.root.config.cluster.clone(),
+            dir: claimed.dir.path.clone(),
+            job: self.job,
+            queue: self.queue.clone(),
         };
-        let follow = Follow { control: &session.control, slurm: &slurm, config, dir, job, queue: &self.queue };
-        let failed = follow.until_done(&mut state, request.plan.cases.len()).await?;
-        let exits: BTreeMap<usize, ExitRecord> =
-            (0..state.shards).filter_map(|i| ExitRecord::load(&shard_dir(dir, i)).map(|e| (i, e))).collect();
-        let served = merge::merge(&claimed.dir, &request.plan, &request.inventory, &state, &exits, failed)?;
-        let executed = crate::run::executed_from_run_dir(&claimed.dir, request)?;
-        Ok((executed, served))
+        let (root, cases, planned) = (session.root.path.clone(), request.plan.cases.clone(), request.plan.cases.len());
+        let state = follow.off_runtime(move |follow| follow.array(&root, &cases)).await?;
+        let (state, failed) = follow.until_done(&session.control, state, planned).await?;
+        let (run_dir, plan, inventory) = (claimed.dir.clone(), request.plan.clone(), request.inventory.clone());
+        runtime::blocking(move || {
+            let exits: BTreeMap<usize, ExitRecord> = (0..state.shards)
+                .filter_map(|i| ExitRecord::load(&shard_dir(&run_dir.path, i)).map(|e| (i, e)))
+                .collect();
+            let served = merge::merge(&run_dir, &plan, &inventory, &state, &exits, failed)?;
+            let executed = crate::run::executed_from_run_dir(&run_dir, &plan)?;
+            Ok((executed, served))
+        })
+        .await
     }
 }
 
@@ -264,94 +252,172 @@ pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
 /// Follows the array until every shard is done or one failed twice (its reason, for
 /// R1); a dead shard is submitted again once. A stop ends the wait: a cancelled job's
 /// arrays are cancelled, an interrupted daemon leaves them running for the next start.
-struct Follow<'a> {
-    control: &'a RunControl,
-    slurm: &'a Slurm,
-    config: &'a crate::settings::cluster::ClusterConfig,
-    dir: &'a Path,
+#[derive(Clone)]
+struct Follow {
+    slurm: Slurm,
+    config: crate::settings::cluster::ClusterConfig,
+    /// The job's run directory.
+    dir: PathBuf,
     job: u64,
-    queue: &'a Queue,
+    queue: Queue,
 }
 
-impl Follow<'_> {
-    async fn until_done(&self, state: &mut ArrayState, planned: usize) -> anyhow::Result<Vec<String>> {
-        let Follow { control, slurm, config, dir, job, queue } = *self;
+/// One look at the array.
+struct Look {
+    /// Cases recorded so far over every shard: the daemon's progress and ETA.
+    recorded: usize,
+    /// Some when the array is over: the shards that failed for good (empty: all done).
+    ended: Option<Vec<String>>,
+}
+
+impl Follow {
+    /// Runs `f` on a copy of the follower on the blocking pool.
+    async fn off_runtime<R: Send + 'static>(&self, f: impl FnOnce(&Follow) -> R + Send + 'static) -> R {
+        let follow = self.clone();
+        runtime::blocking(move || f(&follow)).await
+    }
+
+    /// The array of an earlier start (`cluster.json`), or a new one submitted now and
+    /// recorded before it is followed.
+    fn array(&self, root: &Path, cases: &[crate::case::Case]) -> anyhow::Result<ArrayState> {
+        let Follow { slurm, config, dir, job, .. } = self;
+        if let Some(state) = ArrayState::load(dir)? {
+            tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
+            return Ok(state);
+        }
+        let shards = shard::usable_shards(cases, config.shards);
+        let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
+        let root = root.canonicalize().context("resolving the bench root")?;
+        crate::queue::private_dir(&RunFile::Shards.path_in(dir))?;
+        let script = RunFile::ShardScript.path_in(dir);
+        util::write_atomic(&script, slurm::batch_script(&binary, &root, *job, shards)?.as_bytes())?;
+        let indices: Vec<usize> = (0..shards).collect();
+        let output = RunFile::ShardOutput.path_in(dir);
+        let argv = slurm::sbatch_argv(config, *job, &slurm::array_spec(&indices), &output, &script);
+        let array = slurm.submit(&argv)?;
+        let now = chrono::Utc::now().to_rfc3339();
+        let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
+        let state = ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
+        state.store(dir)?;
+        tracing::info!("submitted array {array}: {shards} shards of {} cases", cases.len());
+        Ok(state)
+    }
+
+    /// Looks at the array every [`FOLLOW_INTERVAL`] until it is over or the run is
+    /// stopped; the array as it ended, and the shards that failed for good.
+    async fn until_done(
+        &self,
+        control: &RunControl,
+        mut state: ArrayState,
+        planned: usize,
+    ) -> anyhow::Result<(ArrayState, Vec<String>)> {
         loop {
             if control.is_stopped() {
-                if queue.load(job).is_ok_and(|j| j.cancel_requested) {
-                    cancel_arrays(dir)?;
-                    bail!("cancelled: array {:?} cancelled with scancel", state.arrays());
-                }
-                bail!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays());
+                return Err(self.off_runtime(move |follow| follow.stopped(&state)).await);
             }
-            let tasks = slurm.tasks(&state.arrays())?;
-            let submissions_before = state.submissions.len();
-            let mut counts = ShardCounts::default();
-            let mut failed = Vec::new();
-            for index in 0..state.shards {
-                let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
-                let exit = ExitRecord::load(&shard_dir(dir, index));
-                match standing(exit.as_ref(), task) {
-                    Standing::Done => counts.done += 1,
-                    Standing::Pending => counts.pending += 1,
-                    Standing::Running => counts.running += 1,
-                    Standing::Dead(why) => {
-                        let facts = state.latest(index).and_then(|array| slurm.task_facts(array, index));
-                        let why = match facts {
-                            Some(facts) => format!("{why}; Slurm: {facts}"),
-                            None => why,
-                        };
-                        if state.submissions_of(index) >= MAX_SUBMISSIONS {
-                            failed.push(format!("shard {index} failed twice: {why}"));
-                            continue;
-                        }
-                        let _ = std::fs::remove_file(RunFile::ShardExit.path_in(&shard_dir(dir, index)));
-                        let argv = slurm::sbatch_argv(
-                            config,
-                            job,
-                            &index.to_string(),
-                            &RunFile::ShardOutput.path_in(dir),
-                            &RunFile::ShardScript.path_in(dir),
-                        );
-                        let array = slurm.submit(&argv)?;
-                        tracing::warn!(
-                            "shard {index} died ({why}); requeued once as array {array}, it resumes into its directory"
-                        );
-                        let at = chrono::Utc::now().to_rfc3339();
-                        state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
-                        counts.pending += 1;
-                    }
-                }
-            }
-            // Cases recorded so far over every shard: the daemon's progress and ETA.
-            let recorded: usize = (0..state.shards)
-                .map(|i| {
-                    std::fs::read(RunFile::Cases.path_in(&shard_dir(dir, i)))
-                        .map_or(0, |b| crate::rundir::lines(&b).count())
+            let look;
+            (state, look) = self
+                .off_runtime(move |follow| {
+                    let look = follow.look(&mut state);
+                    (state, look)
                 })
-                .sum();
-            control.gym.report(dir, recorded.min(planned), planned);
-            let submitted = state.submissions.len();
-            if state.counts != counts || submitted != submissions_before {
-                state.counts = counts;
-                state.store(dir)?;
-                tracing::info!("{}", counts.line());
-            }
-            if !failed.is_empty() {
-                // The others are of no use to a run that is invalid anyway.
-                if let Err(err) = cancel_arrays(dir) {
-                    tracing::warn!("cancelling the rest of the array: {err:#}");
-                }
-                return Ok(failed);
-            }
-            if counts.done == state.shards {
-                return Ok(Vec::new());
+                .await;
+            let look = look?;
+            control.gym.report(&self.dir, look.recorded.min(planned), planned);
+            if let Some(failed) = look.ended {
+                return Ok((state, failed));
             }
             tokio::select! {
                 () = tokio::time::sleep(FOLLOW_INTERVAL) => {}
                 () = control.until_stopped() => {}
             }
         }
+    }
+
+    /// Why the follow ended on a stop: a cancelled job's arrays are cancelled, an
+    /// interrupted daemon's keep running.
+    fn stopped(&self, state: &ArrayState) -> anyhow::Error {
+        if self.queue.load(self.job).is_ok_and(|j| j.cancel_requested) {
+            if let Err(err) = cancel_arrays(&self.dir) {
+                return err;
+            }
+            return anyhow::anyhow!("cancelled: array {:?} cancelled with scancel", state.arrays());
+        }
+        anyhow::anyhow!("interrupted: array {:?} keeps running and is picked up at the next start", state.arrays())
+    }
+
+    /// One look (`squeue` and the exit records): a dead shard requeued once, the counts
+    /// stored when they changed, the rest cancelled once a shard failed for good.
+    fn look(&self, state: &mut ArrayState) -> anyhow::Result<Look> {
+        let dir = &self.dir;
+        let submissions_before = state.submissions.len();
+        let (counts, failed) = self.standings(state)?;
+        let recorded: usize = (0..state.shards)
+            .map(|i| {
+                std::fs::read(RunFile::Cases.path_in(&shard_dir(dir, i)))
+                    .map_or(0, |b| crate::rundir::lines(&b).count())
+            })
+            .sum();
+        if state.counts != counts || state.submissions.len() != submissions_before {
+            state.counts = counts;
+            state.store(dir)?;
+            tracing::info!("{}", counts.line());
+        }
+        if !failed.is_empty() {
+            // The others are of no use to a run that is invalid anyway.
+            if let Err(err) = cancel_arrays(dir) {
+                tracing::warn!("cancelling the rest of the array: {err:#}");
+            }
+            return Ok(Look { recorded, ended: Some(failed) });
+        }
+        let ended = (counts.done == state.shards).then(Vec::new);
+        Ok(Look { recorded, ended })
+    }
+
+    /// Each shard's standing, counted; a dead one submitted again (once), one dead a
+    /// second time failed for good (the reasons).
+    fn standings(&self, state: &mut ArrayState) -> anyhow::Result<(ShardCounts, Vec<String>)> {
+        let Follow { slurm, config, dir, job, .. } = self;
+        let tasks = slurm.tasks(&state.arrays())?;
+        let mut counts = ShardCounts::default();
+        let mut failed = Vec::new();
+        for index in 0..state.shards {
+            let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
+            let exit = ExitRecord::load(&shard_dir(dir, index));
+            let why = match standing(exit.as_ref(), task) {
+                Standing::Done => {
+                    counts.done += 1;
+                    continue;
+                }
+                Standing::Pending => {
+                    counts.pending += 1;
+                    continue;
+                }
+                Standing::Running => {
+                    counts.running += 1;
+                    continue;
+                }
+                Standing::Dead(why) => why,
+            };
+            let why = match state.latest(index).and_then(|array| slurm.task_facts(array, index)) {
+                Some(facts) => format!("{why}; Slurm: {facts}"),
+                None => why,
+            };
+            if state.submissions_of(index) >= MAX_SUBMISSIONS {
+                failed.push(format!("shard {index} failed twice: {why}"));
+                continue;
+            }
+            let _ = std::fs::remove_file(RunFile::ShardExit.path_in(&shard_dir(dir, index)));
+            let output = RunFile::ShardOutput.path_in(dir);
+            let argv =
+                slurm::sbatch_argv(config, *job, &index.to_string(), &output, &RunFile::ShardScript.path_in(dir));
+            let array = slurm.submit(&argv)?;
+            tracing::warn!("shard {index} died ({why}); requeued once as array {array}, it resumes into its directory");
+            let at = chrono::Utc::now().to_rfc3339();
+            state.submissions.push(Submission { array, indices: vec![index], at, reason: why });
+            counts.pending += 1;
+        }
+        Ok((counts, failed))
     }
 }
 

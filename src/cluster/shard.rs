@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use super::{ArrayState, ExitRecord};
 use crate::case::Case;
 use crate::guard::{Guards, OwnProcesses};
+use crate::plan::Filters;
 use crate::queue::Queue;
 use crate::root::Root;
 use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
@@ -165,9 +166,10 @@ async fn execute(
                 .map_or(crate::record::GpuExclusivity::NotObserved, |w| util::lock(w).exclusivity())
         })),
     ));
-    let session = Session::open(root.clone(), control.clone())?;
+    let session = Session::open(root.clone(), control.clone()).await?;
     let result = async {
-        let mut request = RunRequest::new(&session, version, &plan_path.to_string_lossy())?;
+        let plan = plan_path.to_string_lossy();
+        let mut request = RunRequest::resolved(&session, version, &plan, Filters::default()).await?;
         let assigned = slice(&request.plan.cases, count);
         let cases = request.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone());
         request.plan.cases = cases.collect();

@@ -83,8 +83,8 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     // A gym run's version is its name and agent, in place of a spec.
     let version = Version::of_agent_command(&args.name, agent_cmd, &args.display_name)?;
     let control = Arc::new(RunControl::default());
-    let session = Session::open(root, control.clone())?;
-    let mut request = RunRequest::filtered(&session, version, &args.plan, &filters)?;
+    let session = Session::open(root, control.clone()).await?;
+    let mut request = RunRequest::resolved(&session, version, &args.plan, filters).await?;
     request.reference = ReferencePolicy::Skip;
     request.extent = Extent::Full;
     request.jobs = args.jobs;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::benchlock;
 use crate::judge::Judgement;
 use crate::lock_wait::{self, Waited};
+use crate::plan::Filters;
 use crate::root::Root;
 use crate::run::{Extent, Interrupted, LocalGym, RunControl, RunRequest, Session};
 use crate::rundir::{LockError, RunFile, RunLock};
@@ -80,9 +81,9 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             control.stop();
         }
     });
-    let session = Session::open(root, control)?;
+    let session = Session::open(root, control).await?;
     let finished = async {
-        let mut request = RunRequest::new(&session, version, &args.plan)?;
+        let mut request = RunRequest::resolved(&session, version, &args.plan, Filters::default()).await?;
         request.jobs = args.jobs;
         request.out = args.out;
         request.extent = if args.full { Extent::Full } else { Extent::Plan };

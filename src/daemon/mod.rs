@@ -35,7 +35,7 @@ use crate::record::Verdict;
 use crate::root::Root;
 use crate::run::{RunControl, RunRequest, Session};
 use crate::rundir::RunLock;
-use crate::{benchlock, console};
+use crate::{benchlock, console, runtime};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
 use tracing::Instrument;
@@ -162,6 +162,51 @@ struct Daemon<G: Gate> {
 enum Flow {
     Continue,
     Exit,
+}
+
+/// How [`Daemon::start`] left a job.
+enum Started {
+    /// Its run is a task now, under this control.
+    Running(Arc<RunControl>),
+    /// It ended before its run started (failed, or cancelled meanwhile).
+    Ended(Flow),
+}
+
+/// What stopped a job's run before it ended by itself.
+enum Stop {
+    Cancel,
+    Signal(&'static str),
+}
+
+/// A started job's run: what its task needs.
+struct JobRun {
+    id: u64,
+    version: crate::spec::Version,
+    plan_path: PathBuf,
+    run_dir: PathBuf,
+    control: Arc<RunControl>,
+}
+
+impl JobRun {
+    /// The job's run, as `pruefstand run` makes one, judged. Making the venv ready (a
+    /// flock, maybe the pip build) and resolving the plan against the installed
+    /// AgentDojo (a Python process) block: they run on the blocking pool.
+    async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> anyhow::Result<Judged> {
+        let JobRun { id, version, plan_path, run_dir, control } = self;
+        let pyenv = runtime::blocking(PyEnv::ensure).await?;
+        let session = Session { pyenv, root, pool, control };
+        let plan = plan_path.to_string_lossy();
+        let mut request = RunRequest::resolved(&session, version, &plan, Default::default()).await?;
+        let executor = crate::cluster::executor(&session.root, id)?;
+        request.out = Some(run_dir);
+        let finished = session.run(&request, executor.as_ref()).await?;
+        Ok(Judged {
+            run_dir: finished.run_dir.path.clone(),
+            verdict: finished.judgement.verdict,
+            summary: finished.judgement.summary.clone(),
+            figures: Headline::of(&finished.judgement.figures),
+        })
+    }
 }
 
 impl<G: Gate> Daemon<G> {
@@ -329,6 +374,9 @@ impl<G: Gate> Daemon<G> {
         }
     }
 
+    /// One job, in three steps: [`Daemon::start`] (its log line, its state, its
+    /// snapshot, its run as a task), [`Daemon::follow`] (progress, a cancel, a signal,
+    /// until the run ends) and [`Daemon::settle`] (the ending's transitions and hooks).
     async fn run_job(&mut self, job: Job) -> anyhow::Result<Flow> {
         let id = job.id;
         let _log = match open_log(&self.queue.log_file(id)) {
@@ -338,21 +386,34 @@ impl<G: Gate> Daemon<G> {
                 None
             }
         };
+        let control = match self.start(job)? {
+            Started::Running(control) => control,
+            Started::Ended(flow) => return Ok(flow),
+        };
+        let (result, stop) = self.follow(id, &control).await;
+        self.settle(id, result, stop).await
+    }
+
+    /// Marks the job running, loads its snapshot and starts its run as a task; the
+    /// run's control, or how the job ended before it could start.
+    fn start(&mut self, job: Job) -> anyhow::Result<Started> {
+        let id = job.id;
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
         if job.attempt >= queue::MAX_ATTEMPTS {
-            return self.failed(id, format!("gave up after {} attempts that ended in a crash", job.attempt));
+            let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
+            return self.failed(id, error).map(Started::Ended);
         }
         let job = match self.queue.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
             Ok(job) => job,
             // Cancelled between the pick and now.
             Err(err) => {
                 tracing::info!("job {id} not started: {err:#}");
-                return Ok(Flow::Continue);
+                return Ok(Started::Ended(Flow::Continue));
             }
         };
         let (version, plan_path) = match self.queue.materialise(&self.root, &job) {
             Ok(loaded) => loaded,
-            Err(err) => return self.failed(id, format!("{err:#}")),
+            Err(err) => return self.failed(id, format!("{err:#}")).map(Started::Ended),
         };
         self.state.set(Activity::Running(JobProgress {
             job: id,
@@ -364,61 +425,59 @@ impl<G: Gate> Daemon<G> {
             eta_s: None,
             started_at: queue::now(),
         }));
+        let control = self.control();
+        self.spawn_run(JobRun { id, version, plan_path, run_dir, control: control.clone() });
+        Ok(Started::Running(control))
+    }
 
+    /// A job's control: its progress reaches the inbox, and the guards' watch says
+    /// whether the GPU stayed ours.
+    fn control(&mut self) -> Arc<RunControl> {
         let observation = self.gate.watch();
         let progress_tx = self.tx.clone();
-        let control = Arc::new(RunControl::new(
+        Arc::new(RunControl::new(
             Arc::new(gym::Control::with_progress(move |run_dir, done, total| {
                 let _ = progress_tx.send(Event::Progress { run_dir: run_dir.to_path_buf(), done, total });
             })),
             Some(Box::new(move || observation.exclusivity())),
-        ));
-        // The job runs as a task on the daemon's own runtime (its Docker client and the
-        // warm pool live there), in the job's span so its messages carry the job id.
+        ))
+    }
+
+    /// The job runs as a task on the daemon's own runtime (its Docker client and the
+    /// warm pool live there), in the job's span so its messages carry the job id; its
+    /// end arrives in the inbox.
+    fn spawn_run(&self, run: JobRun) {
         let (root, tx, pool) = (self.root.clone(), self.tx.clone(), self.pool.clone());
-        let session_control = control.clone();
-        let job_run = async move {
-            let session = Session { pyenv: PyEnv::ensure()?, root, pool, control: session_control };
-            let executor = crate::cluster::executor(&session.root, id)?;
-            let mut request = RunRequest::new(&session, version, &plan_path.to_string_lossy())?;
-            request.out = Some(run_dir);
-            let finished = session.run(&request, executor.as_ref()).await?;
-            anyhow::Ok(Judged {
-                run_dir: finished.run_dir.path.clone(),
-                verdict: finished.judgement.verdict,
-                summary: finished.judgement.summary.clone(),
-                figures: Headline::of(&finished.judgement.figures),
-            })
-        };
         tokio::spawn(
             async move {
-                let result = job_run.await;
+                let result = run.run(root, pool).await;
                 let result =
                     result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
                 let _ = tx.send(Event::Ended(result));
             }
             .instrument(tracing::Span::current()),
         );
+    }
 
-        enum Stop {
-            Cancel,
-            Signal(&'static str),
-        }
+    /// Waits for the job's run to end, reporting its progress and stopping it on a
+    /// cancel or a signal (a signal gives it [`STOP_GRACE`]); how it ended, and what
+    /// stopped it.
+    async fn follow(&mut self, id: u64, control: &RunControl) -> (Result<Judged, JobError>, Option<Stop>) {
         let mut stop: Option<Stop> = None;
         let mut deadline = None;
-        let result = loop {
+        loop {
             let event = match deadline {
                 Some(at) => tokio::select! {
                     event = self.inbox.next() => event,
                     _ = tokio::time::sleep_until(at) => {
-                        break Err(JobError { message: "did not stop in time".into(), disk_full: false })
+                        return (Err(JobError { message: "did not stop in time".into(), disk_full: false }), stop)
                     }
                 },
                 None => self.inbox.next().await,
             };
             match event {
                 Event::Progress { run_dir, done, total } => self.state.progress(&run_dir, done, total),
-                Event::Ended(result) => break result,
+                Event::Ended(result) => return (result, stop),
                 Event::Queue if stop.is_none() && self.queue.load(id).is_ok_and(|j| j.cancel_requested) => {
                     tracing::info!("job {id}: cancel requested, stopping the run");
                     self.state.set(Activity::Stopping { reason: format!("job {id} cancelled") });
@@ -435,23 +494,15 @@ impl<G: Gate> Daemon<G> {
                 }
                 _ => {}
             }
-        };
+        }
+    }
 
-        // Each ending's line goes into the job's log before its state changes: `log
-        // --follow` ends once it reads a final state, and must have the line by then.
+    /// Records how the job ended. Each ending's line goes into the job's log before its
+    /// state changes: `log --follow` ends once it reads a final state, and must have the
+    /// line by then.
+    async fn settle(&mut self, id: u64, result: Result<Judged, JobError>, stop: Option<Stop>) -> anyhow::Result<Flow> {
         match (result, stop) {
-            (Ok(outcome), _) => {
-                tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
-                let finish = Transition::Finish {
-                    verdict: outcome.verdict,
-                    summary: outcome.summary.clone(),
-                    figures: outcome.figures.clone(),
-                };
-                let job = self.record(id, finish).await?;
-                let Headline { utility, utility_under_attack, asr, .. } = outcome.figures;
-                self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
-                Ok(Flow::Continue)
-            }
+            (Ok(outcome), _) => self.finished(id, outcome).await,
             (Err(_), Some(Stop::Signal(name))) => {
                 tracing::info!("job {id}: interrupted; back in the queue at the next start");
                 self.record(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false }).await?;
@@ -473,6 +524,20 @@ impl<G: Gate> Daemon<G> {
             }
             (Err(error), None) => self.failed(id, error.message),
         }
+    }
+
+    /// A judged job: its verdict recorded, its hooks fired.
+    async fn finished(&mut self, id: u64, outcome: Judged) -> anyhow::Result<Flow> {
+        tracing::info!("job {id}: done, {} ({})", outcome.verdict.as_str(), outcome.run_dir.display());
+        let finish = Transition::Finish {
+            verdict: outcome.verdict,
+            summary: outcome.summary.clone(),
+            figures: outcome.figures.clone(),
+        };
+        let job = self.record(id, finish).await?;
+        let Headline { utility, utility_under_attack, asr, .. } = outcome.figures;
+        self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
+        Ok(Flow::Continue)
     }
 
     fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {

@@ -4,6 +4,8 @@
 //! to each [`Sink`] in turn. A sink may ask the gym to drain (start no new case, let
 //! the ones in flight finish) — early stop does. What the sinks do with the events is
 //! theirs (`gym::sinks`, `run::early`); nothing here writes a file or steers anything.
+//! The driver hands each sink every line as printed too, before it is an event (the
+//! events log keeps them).
 
 use serde::Deserialize;
 
@@ -72,6 +74,12 @@ pub enum Ask {
 /// A consumer of the gym's events. An error ends the pass (the gym is killed; every
 /// case recorded so far stays recorded).
 pub trait Sink: Send {
+    /// Each line the gym printed, as printed, before it is read as an event (the
+    /// events log keeps them all); most sinks want only the events.
+    fn line(&mut self, _line: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask>;
 }
 

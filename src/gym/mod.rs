@@ -1,8 +1,10 @@
 //! Drives the Python gym (`scripts/gym.py`, docs/protocol.md §2): runs a plan's cases
 //! through it as a child process on the runtime (`tokio::process`), reads its event
 //! stream line by line as typed [`GymEvent`]s and fans each out to the pass's sinks —
-//! the records, the progress, the concurrency steering, and whatever the caller adds
-//! (early stop, the daemon's status). A sink that asks to drain gets the gym told once.
+//! the events log, the records, the progress, the daemon's status, whatever the caller
+//! adds (early stop) and the concurrency steering. A sink that asks to drain gets the
+//! gym told once. The sinks and the run directory's reads and writes (fsync'd) run on
+//! the blocking pool, never on a runtime worker.
 //!
 //! It never reads AgentDojo's log folders: results arrive as events. Judging them is
 //! `telemetry`'s and `judge`'s job; deciding when to stop early is the run's.
@@ -25,7 +27,7 @@ use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{ConcurrencyFacts, Wording};
 use crate::rundir::{PlanFile, RunDir, RunFile};
-use crate::{family, telemetry, util};
+use crate::{family, runtime, telemetry, util};
 pub use events::{Ask, GymEvent, Seen, Sink};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
@@ -65,7 +67,8 @@ pub async fn execute(
     inventory: &Inventory,
     settings: GymSettings,
 ) -> anyhow::Result<Executed> {
-    run_dir.write_plan(&PlanFile::new(plan, inventory))?;
+    let plan_file = PlanFile::new(plan, inventory);
+    blocking_in(run_dir, move |run_dir| run_dir.write_plan(&plan_file)).await?;
     tracing::info!("run directory: {}", run_dir.path.display());
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
@@ -94,8 +97,13 @@ pub async fn execute(
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
     }
-    let telemetry = write_telemetry(run_dir, plan, &outcome.records)?;
-    Ok(Executed { gym: outcome, telemetry })
+    let plan = plan.clone();
+    let (outcome, telemetry) = blocking_in(run_dir, move |run_dir| {
+        let telemetry = write_telemetry(run_dir, &plan, &outcome.records);
+        (outcome, telemetry)
+    })
+    .await;
+    Ok(Executed { gym: outcome, telemetry: telemetry? })
 }
 
 /// `telemetry.json` and `telemetry.md` over a run's records.
@@ -279,15 +287,65 @@ impl Control {
     }
 }
 
-/// Runs `request.cases` into `run_dir`, resuming what is already recorded there.
+/// Runs `request.cases` into `run_dir`, resuming what is already recorded there: the
+/// resume state, the gym started, the environment handshake, its events followed
+/// through the pass's sinks, then the records compacted.
 /// `agent_env` (the model's URL and key) reaches the agents only: the gym reads it from
 /// its stdin and adds it to their environments, never to its own.
 /// With a `control`, the gym runs in its own process group so it can be stopped.
-pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass: Pass) -> anyhow::Result<GymOutcome> {
-    let control = pass.control.as_deref();
-    if control.is_some_and(Control::is_stopped) {
+pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pass) -> anyhow::Result<GymOutcome> {
+    let control = pass.control.clone();
+    if control.as_deref().is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");
     }
+    let request = blocking_in(run_dir, move |run_dir| resume(run_dir, request)).await?;
+    let planned = request.cases.len();
+    let mut child = spawn(pyenv, run_dir, control.is_some())?;
+    let commands = hand_over(child.stdin.take().expect("piped stdin"), &pass.agent_env, &pass.concurrency).await?;
+    let observer = Observer::spawn(&pass.concurrency, pass.metrics_url.clone(), commands, planned);
+    if let (Some(control), Some(pid)) = (&control, child.id()) {
+        control.attach(pid);
+    }
+    let (caller, feed) = (pass.sinks, observer.feed());
+    let follow = blocking_in(run_dir, move |run_dir| Follow::open(run_dir, control, caller, feed, planned)).await?;
+    let (follow, result) = follow_events(&mut child, follow).await;
+    if result.is_err() {
+        let _ = child.start_kill();
+    }
+    let status = child.wait().await?;
+    let Follow { fanout, tally, .. } = follow;
+    // The progress bar ends with its sink, before anything more is said.
+    drop(fanout);
+    let concurrency = Some(observer.finish().await).filter(|f| f.peak_in_flight > 0);
+    if let Some(control) = pass.control.as_deref() {
+        control.detach();
+        if control.is_stopped() {
+            bail!(
+                "stopped on request (the gym was killed; finished cases are kept in {})",
+                run_dir.cases_file().display()
+            );
+        }
+    }
+    result?;
+    let log_path = run_dir.path_of(RunFile::GymLog);
+    if !status.success() || !tally.finished {
+        bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
+    }
+    let (cases, drained) = (request.cases, tally.not_started.is_some());
+    let records = blocking_in(run_dir, move |run_dir| compact(run_dir, &cases, drained)).await?;
+    Ok(GymOutcome { records, skipped: tally.skipped, rerun: tally.rerun, concurrency, not_started: tally.not_started })
+}
+
+/// Runs `f` over the run directory on the blocking pool (`crate::runtime::blocking`).
+async fn blocking_in<R: Send + 'static>(run_dir: &RunDir, f: impl FnOnce(&RunDir) -> R + Send + 'static) -> R {
+    let run_dir = run_dir.clone();
+    runtime::blocking(move || f(&run_dir)).await
+}
+
+/// The resume state: which recorded cases the gym skips (all planned ones but those
+/// that ended in a bench error, which run again), written with the request where the
+/// gym reads it (`gym-request.json`).
+fn resume(run_dir: &RunDir, mut request: GymRequest) -> anyhow::Result<GymRequest> {
     let stored = run_dir.read_cases_lenient()?;
     for damage in &stored.damaged {
         tracing::warn!("{damage} (that case runs again)");
@@ -298,135 +356,161 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, mut request: GymRequest, pass:
         tracing::info!("{bench_errors} recorded cases ended in a bench error (server, timeout, agent): they run again");
     }
     request.done = done;
-    let request_path = run_dir.path_of(RunFile::GymRequest);
-    util::write_json_atomic(&request_path, &request)?;
+    util::write_json_atomic(&run_dir.path_of(RunFile::GymRequest), &request)?;
+    Ok(request)
+}
 
-    let log_path = run_dir.path_of(RunFile::GymLog);
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+/// Starts `gym.py run` on the run directory's request, its stderr appended to the gym's
+/// log, its stdin and stdout piped.
+fn spawn(pyenv: &PyEnv, run_dir: &RunDir, own_group: bool) -> anyhow::Result<tokio::process::Child> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.path_of(RunFile::GymLog))?;
     let mut command = tokio::process::Command::from(pyenv.gym_command());
-    if control.is_some() {
+    if own_group {
         // Its own group: a stop kills workers and agents too, and a terminal's Ctrl-C
         // reaches the daemon only, which then stops the gym itself.
         command.process_group(0);
     }
-    let mut child = command
+    command
         .arg("run")
         .arg("--request")
-        .arg(&request_path)
+        .arg(run_dir.path_of(RunFile::GymRequest))
         .arg("--agent-env-stdin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting the gym with {}", pyenv.python.display()))?;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    {
-        let agent_env: std::collections::BTreeMap<&str, &str> =
-            pass.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let mut line = serde_json::to_vec(&serde_json::json!({ "agent_env": agent_env }))?;
-        line.push(b'\n');
-        // A gym that died at once shows in its status below; this write must not hide it.
-        if let Err(err) = stdin.write_all(&line).await {
-            tracing::debug!("handing the agent environment to the gym: {err}");
-        }
+        .with_context(|| format!("starting the gym with {}", pyenv.python.display()))
+}
+
+/// The environment handshake: the agents' environment is the first line on the gym's
+/// stdin. Then the gym reads commands from its stdin: the steering's, or none for a
+/// fixed count (closed here: EOF).
+async fn hand_over(
+    mut stdin: tokio::process::ChildStdin,
+    agent_env: &[(String, String)],
+    concurrency: &Concurrency,
+) -> anyhow::Result<crate::concurrency::Commands> {
+    let agent_env: std::collections::BTreeMap<&str, &str> =
+        agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut line = serde_json::to_vec(&serde_json::json!({ "agent_env": agent_env }))?;
+    line.push(b'\n');
+    // A gym that died at once shows in its status later; this write must not hide it.
+    if let Err(err) = stdin.write_all(&line).await {
+        tracing::debug!("handing the agent environment to the gym: {err}");
     }
-    // Then the gym reads commands from its stdin; a fixed count needs none (closed: EOF).
-    let commands: crate::concurrency::Commands = match pass.concurrency {
+    Ok(match concurrency {
         Concurrency::Auto { .. } => Some(Box::new(stdin)),
         Concurrency::Fixed(_) => None,
-    };
-    let mut steering = sinks::Steering::new(Observer::spawn(
-        &pass.concurrency,
-        pass.metrics_url.clone(),
-        commands,
-        request.cases.len(),
-    ));
-    let gym_pid = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
-    if let (Some(control), Some(pid)) = (control, child.id()) {
-        control.attach(pid);
-    }
+    })
+}
 
-    // The pass's standard sinks, then the caller's (steering apart: its task is ended
-    // and read after the pass).
-    let mut fanout: Vec<Box<dyn Sink>> =
-        vec![Box::new(sinks::Records::open(run_dir)?), Box::new(sinks::Progress::new(request.cases.len()))];
-    if let Some(control) = &pass.control {
-        fanout.push(Box::new(sinks::Report::new(control.clone(), run_dir)));
-    }
-    fanout.extend(pass.sinks);
-    let mut events_log =
-        std::fs::OpenOptions::new().create(true).append(true).open(run_dir.path_of(RunFile::Events))?;
-    let mut tally = Tally::default();
-    let mut seen = Seen::new(request.cases.len());
-    let mut started = std::collections::HashSet::new();
-    let mut drain_asked = false;
+/// Reads the gym's stdout to its end, each line taken by the pass's [`Follow`] on the
+/// blocking pool (the records sink fsyncs every case); the first drain a sink asks for
+/// is passed on to the gym (SIGUSR1). The fan-out comes back also when reading failed.
+async fn follow_events(child: &mut tokio::process::Child, mut follow: Follow) -> (Follow, anyhow::Result<()>) {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let gym_pid = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
     let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let result: anyhow::Result<()> = async {
-        while let Some(line) = lines.next_line().await.context("reading the gym's events")? {
-            if line.trim().is_empty() {
-                continue;
-            }
-            std::io::Write::write_all(&mut events_log, format!("{line}\n").as_bytes())?;
-            let event: GymEvent = match serde_json::from_str(&line) {
-                Ok(event) => event,
-                Err(err) => {
-                    tracing::warn!("ignoring a gym output line that is not an event ({err}): {line}");
-                    continue;
-                }
-            };
-            seen.take(&event, &mut started);
-            tally.take(&event);
-            let mut ask = Ask::Continue;
-            let all = fanout.iter_mut().map(|s| s.as_mut() as &mut dyn Sink);
-            for sink in all.chain(std::iter::once(&mut steering as &mut dyn Sink)) {
-                if sink.on(&event, &seen)? == Ask::Drain {
-                    ask = Ask::Drain;
-                }
-            }
-            if ask == Ask::Drain && !drain_asked {
+    let mut drain_asked = false;
+    loop {
+        let line = match lines.next_line().await.context("reading the gym's events") {
+            Ok(Some(line)) if line.trim().is_empty() => continue,
+            Ok(Some(line)) => line,
+            Ok(None) => return (follow, Ok(())),
+            Err(err) => return (follow, Err(err)),
+        };
+        let ask;
+        (follow, ask) = runtime::blocking(move || {
+            let ask = follow.take(&line);
+            (follow, ask)
+        })
+        .await;
+        match ask {
+            Err(err) => return (follow, Err(err)),
+            Ok(Ask::Drain) if !drain_asked => {
                 drain_asked = true;
                 tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
                 if let Some(pid) = gym_pid {
                     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1);
                 }
             }
-        }
-        Ok(())
-    }
-    .await;
-    if result.is_err() {
-        let _ = child.start_kill();
-    }
-    let status = child.wait().await?;
-    // The progress bar ends with its sink, before anything more is said.
-    drop(fanout);
-    let concurrency = steering.finish().await;
-    if let Some(control) = control {
-        control.detach();
-        if control.is_stopped() {
-            bail!(
-                "stopped on request (the gym was killed; finished cases are kept in {})",
-                run_dir.cases_file().display()
-            );
+            Ok(_) => {}
         }
     }
-    result?;
-    if !status.success() || !tally.finished {
-        bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
+}
+
+/// A pass's fan-out of sinks, and the counts the driver keeps over its events.
+struct Follow {
+    fanout: Vec<Box<dyn Sink>>,
+    seen: Seen,
+    /// The ids of the cases in flight.
+    started: std::collections::HashSet<String>,
+    tally: Tally,
+}
+
+impl Follow {
+    /// The pass's standard sinks (events log, records, progress, the caller's handle),
+    /// the caller's own (early stop), and the steering last.
+    fn open(
+        run_dir: &RunDir,
+        control: Option<std::sync::Arc<Control>>,
+        caller: Vec<Box<dyn Sink>>,
+        feed: crate::concurrency::Feed,
+        planned: usize,
+    ) -> anyhow::Result<Follow> {
+        let records = sinks::Records::open(run_dir)?;
+        let events = sinks::EventsLog::open(run_dir)?;
+        let mut fanout: Vec<Box<dyn Sink>> =
+            vec![Box::new(events), Box::new(records), Box::new(sinks::Progress::new(planned))];
+        if let Some(control) = control {
+            fanout.push(Box::new(sinks::Report::new(control, run_dir)));
+        }
+        fanout.extend(caller);
+        fanout.push(Box::new(sinks::Steering::new(feed)));
+        let seen = Seen::new(planned);
+        Ok(Follow { fanout, seen, started: Default::default(), tally: Tally::default() })
     }
+
+    /// One line of the gym's stdout: every sink gets it as printed, then — when it is an
+    /// event — counted and handed to every sink in turn; whether one asked to drain.
+    fn take(&mut self, line: &str) -> anyhow::Result<Ask> {
+        for sink in &mut self.fanout {
+            sink.line(line)?;
+        }
+        let event: GymEvent = match serde_json::from_str(line) {
+            Ok(event) => event,
+            Err(err) => {
+                tracing::warn!("ignoring a gym output line that is not an event ({err}): {line}");
+                return Ok(Ask::Continue);
+            }
+        };
+        self.seen.take(&event, &mut self.started);
+        self.tally.take(&event);
+        let mut ask = Ask::Continue;
+        for sink in &mut self.fanout {
+            if sink.on(&event, &self.seen)? == Ask::Drain {
+                ask = Ask::Drain;
+            }
+        }
+        Ok(ask)
+    }
+}
+
+/// The pass's records in plan order, `cases.jsonl` compacted to them; a planned case
+/// without one fails the pass, unless the gym drained.
+fn compact(run_dir: &RunDir, cases: &[Case], drained: bool) -> anyhow::Result<Vec<CaseRecord>> {
     let stored = run_dir.read_cases_lenient()?;
-    let records = run_dir.compact_cases(&request.cases, &stored)?;
-    if records.len() != request.cases.len() && tally.not_started.is_none() {
+    let records = run_dir.compact_cases(cases, &stored)?;
+    if records.len() != cases.len() && !drained {
         bail!(
             "the gym finished but {} of {} planned cases have no record (see {})",
-            request.cases.len() - records.len(),
-            request.cases.len(),
-            log_path.display()
+            cases.len() - records.len(),
+            cases.len(),
+            run_dir.path_of(RunFile::GymLog).display()
         );
     }
-    Ok(GymOutcome { records, skipped: tally.skipped, rerun: tally.rerun, concurrency, not_started: tally.not_started })
+    Ok(records)
 }
 
 /// What the driver itself keeps of a pass's events for its outcome.

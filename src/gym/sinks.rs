@@ -1,8 +1,9 @@
-//! The sinks every gym pass has: the run directory's records (`cases.jsonl`, the
-//! environment check), the console's progress, the caller's progress handle (the
-//! daemon's status) and the concurrency steering. Each takes the typed events on its
-//! own; none knows the others. Early stop, the one sink that may end a pass, is the
-//! run's (`run::early`).
+//! The sinks every gym pass has: the events log (`events.jsonl`), the run directory's
+//! records (`cases.jsonl`, the environment check), the console's progress, the
+//! caller's progress handle (the daemon's status) and the concurrency steering. Each
+//! takes the typed events on its own; none knows the others. Early stop, the one sink
+//! that may end a pass, is the run's (`run::early`). The driver calls them on the
+//! blocking pool: the records sink fsyncs every case.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,10 +11,31 @@ use std::sync::Arc;
 use super::Control;
 use super::events::{Ask, GymEvent, Seen, Sink};
 use crate::case::CaseRecord;
-use crate::concurrency::Observer;
+use crate::concurrency::Feed;
 use crate::console;
-use crate::record::ConcurrencyFacts;
-use crate::rundir::{CasesWriter, RunDir};
+use crate::rundir::{CasesWriter, RunDir, RunFile};
+
+/// Appends every line the gym printed to `events.jsonl`, as printed (lines that are no
+/// event too): the pass's raw account, for reading after the fact.
+pub struct EventsLog(std::fs::File);
+
+impl EventsLog {
+    pub fn open(run_dir: &RunDir) -> anyhow::Result<EventsLog> {
+        let path = run_dir.path_of(RunFile::Events);
+        Ok(EventsLog(std::fs::OpenOptions::new().create(true).append(true).open(path)?))
+    }
+}
+
+impl Sink for EventsLog {
+    fn line(&mut self, line: &str) -> anyhow::Result<()> {
+        std::io::Write::write_all(&mut self.0, format!("{line}\n").as_bytes())?;
+        Ok(())
+    }
+
+    fn on(&mut self, _: &GymEvent, _: &Seen) -> anyhow::Result<Ask> {
+        Ok(Ask::Continue)
+    }
+}
 
 /// Appends each finished case to `cases.jsonl` the moment it arrives (fsync'd), and
 /// keeps the gym's environment check.
@@ -91,17 +113,13 @@ impl Sink for Report {
 
 /// Feeds the concurrency observer (a task on the runtime that reads the server's
 /// gauges and sends the gym its target) what only the events show: cases in flight,
-/// cases left to start, time per model call.
-pub struct Steering(Observer);
+/// cases left to start, time per model call. The driver ends the observer after the
+/// pass.
+pub struct Steering(Feed);
 
 impl Steering {
-    pub fn new(observer: Observer) -> Steering {
-        Steering(observer)
-    }
-
-    /// Ends the observer; how many cases were in flight (None when none ran).
-    pub async fn finish(self) -> Option<ConcurrencyFacts> {
-        Some(self.0.finish().await).filter(|f| f.peak_in_flight > 0)
+    pub fn new(feed: Feed) -> Steering {
+        Steering(feed)
     }
 }
 

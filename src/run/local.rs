@@ -14,6 +14,7 @@ use super::{Executor, Extent, RunRequest, Served, Session, early, silence};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::AcquireError;
 use crate::gym::{self, Executed, GymSettings};
+use crate::plan::Plan;
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
 use crate::rundir::{Claimed, RunDir, RunFile, VersionFile};
 use crate::settings::defence::{GuardrailSpec, PI_DETECTOR};
@@ -46,12 +47,7 @@ impl Local<'_> {
     async fn execute(self) -> anyhow::Result<(Executed, Served)> {
         let (session, request, run_dir) = (self.session, self.request, &self.claimed.dir);
         let (version, plan, control) = (&request.version, &request.plan, &session.control);
-        let started_at = judge::read_run_meta(&run_dir.path)
-            .ok()
-            .and_then(|meta| meta.started_at)
-            .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
-        run_dir.write_version(&VersionFile::new(version)?)?;
-        let truth = pyenv::truth_file(&session.pyenv, &plan.benchmark_version)?;
+        let (started_at, truth) = self.prepare().await?;
         let run_id = root::run_id(&run_dir.path);
         let job = format!("run-{}", std::process::id());
         let gym = control.gym.clone();
@@ -80,7 +76,7 @@ impl Local<'_> {
                     ..ModelServerFacts::default()
                 };
                 self.write_provenance(None);
-                let executed = executed_from_run_dir(run_dir, request)?;
+                let executed = self.executed_so_far().await?;
                 let served = Served { model_server: Some(facts), started_at, ..Served::default() };
                 return Ok((executed, served));
             }
@@ -130,7 +126,7 @@ impl Local<'_> {
             // The gym was stopped because the server died for good: judge what exists.
             Err(err) if failed => {
                 tracing::info!("gym ended with the model server: {err:#}");
-                executed_from_run_dir(run_dir, request)?
+                self.executed_so_far().await?
             }
             Err(err) => return Err(err),
         };
@@ -145,6 +141,30 @@ impl Local<'_> {
             self.remember_capacity(facts);
         }
         Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
+    }
+
+    /// What the run starts from, read and written on the blocking pool: when it began
+    /// (a resumed run keeps its first start), `version.json`, and the ground truth's
+    /// file (a gym subcommand's answer, cached).
+    async fn prepare(&self) -> anyhow::Result<(String, std::path::PathBuf)> {
+        let (run_dir, version) = (self.claimed.dir.clone(), self.request.version.clone());
+        let (pyenv, benchmark_version) = (self.session.pyenv.clone(), self.request.plan.benchmark_version.clone());
+        crate::runtime::blocking(move || {
+            let started_at = judge::read_run_meta(&run_dir.path)
+                .ok()
+                .and_then(|meta| meta.started_at)
+                .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
+            run_dir.write_version(&VersionFile::new(&version)?)?;
+            let truth = pyenv::truth_file(&pyenv, &benchmark_version)?;
+            Ok((started_at, truth))
+        })
+        .await
+    }
+
+    /// [`executed_from_run_dir`] on the blocking pool.
+    async fn executed_so_far(&self) -> anyhow::Result<Executed> {
+        let (run_dir, plan) = (self.claimed.dir.clone(), self.request.plan.clone());
+        crate::runtime::blocking(move || executed_from_run_dir(&run_dir, &plan)).await
     }
 
     /// One gym pass, with early stop's order and sink when the plan and extent ask for it.
@@ -299,8 +319,7 @@ impl Local<'_> {
 
 /// The run's records as they stand (a run cut short, or merged from shards): what
 /// `judge` needs to say why.
-pub fn executed_from_run_dir(run_dir: &RunDir, request: &RunRequest) -> anyhow::Result<Executed> {
-    let plan = &request.plan;
+pub fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Executed> {
     if !run_dir.cases_file().exists() {
         util::write_atomic(&run_dir.cases_file(), b"")?;
     }

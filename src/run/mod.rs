@@ -117,16 +117,29 @@ pub struct RunRequest {
 }
 
 impl RunRequest {
-    /// A candidate's run of `version` on `plan` (`schnell`, `voll` or a plan file),
-    /// checked against the installed AgentDojo.
-    pub fn new(session: &Session, version: Version, plan: &str) -> anyhow::Result<RunRequest> {
-        RunRequest::filtered(session, version, plan, &Filters::default())
+    /// A run of `version` on `plan` (`schnell`, `voll` or a plan file) for the plan's
+    /// cases that `filters` keep (`pruefstand gym --suite …`; all by default), checked
+    /// against the installed AgentDojo — on the blocking pool: resolving the plan asks
+    /// it (a Python process, unless its answer is cached).
+    pub async fn resolved(
+        session: &Session,
+        version: Version,
+        plan: &str,
+        filters: Filters,
+    ) -> anyhow::Result<RunRequest> {
+        let (root, pyenv, plan) = (session.root.clone(), session.pyenv.clone(), plan.to_string());
+        crate::runtime::blocking(move || RunRequest::resolve(&root, &pyenv, version, &plan, &filters)).await
     }
 
-    /// The same for the plan's cases that `filters` keep (`pruefstand gym --suite …`).
-    pub fn filtered(session: &Session, version: Version, plan: &str, filters: &Filters) -> anyhow::Result<RunRequest> {
-        let (plan_path, profile, _) = Profile::load_named(&session.root.path, plan)?;
-        let inventory = Inventory::load(&session.pyenv, profile.benchmark_version.get_ref())?;
+    fn resolve(
+        root: &Root,
+        pyenv: &PyEnv,
+        version: Version,
+        plan: &str,
+        filters: &Filters,
+    ) -> anyhow::Result<RunRequest> {
+        let (plan_path, profile, _) = Profile::load_named(&root.path, plan)?;
+        let inventory = Inventory::load(pyenv, profile.benchmark_version.get_ref())?;
         let plan = Plan::resolve(&plan_path, &inventory, filters)?;
         Ok(RunRequest {
             version,
@@ -268,8 +281,9 @@ pub struct Session {
 impl Session {
     /// A session with a pool of its own, for one command (`run`, a shard): end it with
     /// [`Session::shutdown`].
-    pub fn open(root: Root, control: Arc<RunControl>) -> anyhow::Result<Session> {
-        let pyenv = PyEnv::ensure()?;
+    /// Making the venv ready (a flock, maybe the pip build) runs on the blocking pool.
+    pub async fn open(root: Root, control: Arc<RunControl>) -> anyhow::Result<Session> {
+        let pyenv = crate::runtime::blocking(PyEnv::ensure).await?;
         let pool = Arc::new(Pool::new(pyenv.cache.join("container")));
         Ok(Session { root, pyenv, pool, control })
     }
@@ -288,7 +302,7 @@ impl Session {
             self.preflight(request).await?;
         }
         // The run directory first: a wrong --out is refused before anything runs.
-        let claimed = self.claim(request)?;
+        let claimed = self.claim(request).await?;
         let finished = async {
             // R4 compares with the reference on the same plan: make sure its run exists first.
             let reference = match request.reference_version(&self.root)? {
@@ -297,7 +311,7 @@ impl Session {
             };
             let (executed, served) = executor.execute(self, request, &claimed).await?;
             let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-            let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served)?;
+            let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served).await?;
             Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
         }
         .await;
@@ -318,17 +332,18 @@ impl Session {
         if executor.runs_here() {
             self.preflight(request).await?;
         }
-        let claimed = self.claim(request)?;
+        let claimed = self.claim(request).await?;
         let (executed, served) = executor.execute(self, request, &claimed).await?;
         Ok((claimed.dir, executed, served))
     }
 
     /// The request's run directory (`out`, or a new one under `reports/`), claimed with
-    /// its identity and seed.
-    fn claim(&self, request: &RunRequest) -> anyhow::Result<Claimed> {
+    /// its identity and seed (a flock: on the blocking pool).
+    async fn claim(&self, request: &RunRequest) -> anyhow::Result<Claimed> {
         let path =
             request.out.clone().unwrap_or_else(|| self.root.new_run_dir(&request.version.name, &request.plan.name));
-        RunDir::claim_seeded(&path, &request.identity(), request.seed)
+        let (identity, seed) = (request.identity(), request.seed);
+        crate::runtime::blocking(move || RunDir::claim_seeded(&path, &identity, seed)).await
     }
 
     /// Before anything starts, for Docker versions (this one and its reference):
@@ -350,8 +365,9 @@ impl Session {
     }
 
     /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
-    /// writes the reports — the same path `pruefstand judge` takes later.
-    pub fn record_and_judge(
+    /// writes the reports — the same path `pruefstand judge` takes later; the writing
+    /// and judging on the blocking pool.
+    pub async fn record_and_judge(
         &self,
         run_dir: &RunDir,
         request: &RunRequest,
@@ -359,7 +375,7 @@ impl Session {
         served: Served,
     ) -> anyhow::Result<Judgement> {
         let plan = &request.plan;
-        let meta = RunMeta {
+        let mut meta = RunMeta {
             run_id: root::run_id(&run_dir.path),
             version: request.version.name.clone(),
             plan: plan.name.clone(),
@@ -374,14 +390,19 @@ impl Session {
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
             concurrency: served.concurrency,
-            early_stop: early::read(run_dir)?,
+            early_stop: None,
             shards: served.shards,
             attack_families: request.attack_families(),
         };
-        run_dir.write_run_meta(&meta)?;
-        run_dir.write_thresholds(&plan.profile.rules)?;
-        let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;
-        report::write(&run_dir.path, &judgement, &input, Some(&self.root.reports()))?;
-        Ok(judgement)
+        let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
+        crate::runtime::blocking(move || {
+            meta.early_stop = early::read(&run_dir)?;
+            run_dir.write_run_meta(&meta)?;
+            run_dir.write_thresholds(&thresholds)?;
+            let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;
+            report::write(&run_dir.path, &judgement, &input, Some(&reports))?;
+            Ok(judgement)
+        })
+        .await
     }
 }

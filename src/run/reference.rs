@@ -36,14 +36,15 @@ impl Session {
         // of its finished cases runs twice.
         let unfinished = newest_run(&reports, reference, plan, |run| !complete(run, plan));
         let path = unfinished.unwrap_or_else(|| self.root.new_run_dir(&reference.name, &plan.name));
-        let claimed = RunDir::claim(&path, &request.identity())?;
+        let identity = request.identity();
+        let claimed = crate::runtime::blocking(move || RunDir::claim(&path, &identity)).await?;
         let run_dir = &claimed.dir;
         let (executed, served) = LocalGym.execute(self, request, &claimed).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
         }
-        self.record_and_judge(run_dir, request, None, served)?;
+        self.record_and_judge(run_dir, request, None, served).await?;
         if failed {
             bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
         }

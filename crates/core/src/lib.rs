@@ -11,6 +11,8 @@
 
 // Leaves: words and tools every stage may use.
 pub mod util;
+// The debug check that blocking work stays off the async runtime's workers.
+pub mod blocking;
 // Reading configuration files and names, with errors at file:line:col.
 pub mod input;
 // The names of the figures and how bounds are said, for every view.

@@ -32,6 +32,7 @@ pub struct PyEnv {
 impl PyEnv {
     /// The venv, created if missing (with progress on stderr).
     pub fn ensure() -> anyhow::Result<PyEnv> {
+        crate::blocking::assert_may_block("PyEnv::ensure (a flock, maybe the pip build)");
         let venv = venv_dir()?;
         let requirements = gym_file("requirements.txt")?;
         let ready_marker = venv.join(".pruefstand-ready");
@@ -78,6 +79,7 @@ impl PyEnv {
     /// Runs a gym subcommand that prints one JSON document, cached under `cache_key`
     /// (the answers only change with the scripts, which are part of the cache path).
     pub fn gym_json_cached(&self, cache_key: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        crate::blocking::assert_may_block("a gym subcommand's wait");
         let cache_file = self.cache.join(format!("{cache_key}.json"));
         if let Ok(text) = std::fs::read_to_string(&cache_file)
             && let Ok(value) = serde_json::from_str(&text)

@@ -277,6 +277,7 @@ impl RunLock {
 
     /// [`RunLock::try_take`], naming the holder as `holder` (and since when).
     pub fn try_take_as(path: &std::path::Path, holder: &str) -> Result<RunLock, LockError> {
+        crate::blocking::assert_may_block("a run lock's flock");
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -642,6 +643,7 @@ pub struct CasesWriter {
 impl CasesWriter {
     /// Appends one record and makes it durable before returning.
     pub fn append(&mut self, record: &CaseRecord) -> anyhow::Result<()> {
+        crate::blocking::assert_may_block("the fsync of cases.jsonl");
         let mut line = serde_json::to_vec(record)?;
         line.push(b'\n');
         self.file.write_all(&line).with_context(|| format!("writing {}", self.path.display()))?;

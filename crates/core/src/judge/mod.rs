@@ -307,6 +307,7 @@ pub fn judge_dir(
     profile: Option<&Path>,
     reference: Option<&Path>,
 ) -> anyhow::Result<(Judgement, JudgeInput)> {
+    crate::blocking::assert_may_block("judging a run directory");
     let input = load::load_input(run_dir, profile, reference)?;
     let judgement = judge(&input);
     Ok((judgement, input))
