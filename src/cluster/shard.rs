@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 
 use super::{ArrayState, ExitRecord};
 use crate::case::Case;
-use crate::guard::{Guards, OwnProcesses};
+use crate::guard::{Guards, OwnProcesses, Watch};
 use crate::plan::Filters;
 use crate::queue::Queue;
 use crate::root::Root;
@@ -115,6 +115,26 @@ fn node_name() -> String {
         .unwrap_or_default()
 }
 
+/// The node's own guards, waited on until clear, then watching the run: a foreign GPU
+/// user or a busy unit here delays this shard only. (Slurm's GRES allocation keeps other
+/// jobs off the GPU; the bench lock is per machine and stays the daemon's.)
+async fn node_guards(root: &Root, index: usize) -> std::sync::Mutex<Watch> {
+    let guards = Guards::new(&root.config.guard);
+    let own = OwnProcesses::none().with_containers_from(crate::container::created_ids);
+    let mut last = String::new();
+    guards
+        .wait_until_clear(&own, |status| {
+            let line = status.line();
+            if line != last {
+                tracing::info!("shard {index}: {line}");
+                last = line;
+            }
+        })
+        .await;
+    guards.release().await;
+    std::sync::Mutex::new(guards.watch(own))
+}
+
 /// What a shard's run leaves for its exit record.
 struct Ran {
     cases: usize,
@@ -134,27 +154,7 @@ async fn execute(
     count: usize,
 ) -> anyhow::Result<Ran> {
     let (version, plan_path) = queue.materialise(root, job)?;
-    // The node's own guards: a foreign GPU user or a busy unit here delays this shard
-    // only. (Slurm's GRES allocation keeps other jobs off the GPU; the bench lock is
-    // per machine and stays the daemon's.)
-    let guards = Guards::new(&root.config.guard);
-    let watch = if benchlock::needs_gpu(root, &version)? {
-        let own = OwnProcesses::none().with_containers_from(crate::container::created_ids);
-        let mut last = String::new();
-        guards
-            .wait_until_clear(&own, |status| {
-                let line = status.line();
-                if line != last {
-                    tracing::info!("shard {index}: {line}");
-                    last = line;
-                }
-            })
-            .await;
-        guards.release().await;
-        Some(std::sync::Mutex::new(guards.watch(own)))
-    } else {
-        None
-    };
+    let watch = if benchlock::needs_gpu(root, &version)? { Some(node_guards(root, index).await) } else { None };
     let watch = Arc::new(watch);
     let observed = watch.clone();
     let control = Arc::new(RunControl::new(

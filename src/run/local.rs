@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 
 use super::{Executor, Extent, RunRequest, Served, Session, early, silence};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
-use crate::container::AcquireError;
+use crate::container::{AcquireError, ServerFailure};
 use crate::gym::{self, Executed, GymSettings};
 use crate::plan::Plan;
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
@@ -44,10 +44,35 @@ struct Local<'a> {
 }
 
 impl Local<'_> {
+    /// Up, the gym passes (and the adaptive attacker), down — each a step below.
     async fn execute(self) -> anyhow::Result<(Executed, Served)> {
-        let (session, request, run_dir) = (self.session, self.request, &self.claimed.dir);
-        let (version, plan, control) = (&request.version, &request.plan, &session.control);
         let (started_at, truth) = self.prepare().await?;
+        let endpoint = match self.bring_up(&truth).await? {
+            Ok(endpoint) => endpoint,
+            Err(failure) => return self.never_up(&failure, started_at).await,
+        };
+        self.write_provenance(Some(&endpoint));
+        let image_digest = endpoint.container().map(|c| c.image.digest());
+        let result = self.serve(&endpoint).await;
+        let (executed, model_server, silent) = self.bring_down(endpoint, result).await?;
+        // Cases left unstarted for a silent server are no early stop.
+        if !silent {
+            early::settle(&self.claimed.dir, &self.request.plan, &executed)?;
+        }
+        let concurrency = executed.gym.concurrency.clone();
+        if let Some(facts) = &concurrency
+            && !model_server.as_ref().is_some_and(|f| f.failed)
+        {
+            self.remember_capacity(facts);
+        }
+        Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
+    }
+
+    /// The version's model server up: the endpoint, or why the server failed (an error
+    /// of the bench itself, or a stop while it started, is this function's error).
+    async fn bring_up(&self, truth: &std::path::Path) -> anyhow::Result<Result<model::Endpoint, ServerFailure>> {
+        let (session, version, control) = (self.session, &self.request.version, &self.session.control);
+        let run_dir = &self.claimed.dir;
         let run_id = root::run_id(&run_dir.path);
         let job = format!("run-{}", std::process::id());
         let gym = control.gym.clone();
@@ -59,34 +84,40 @@ impl Local<'_> {
             interrupt_clients: Arc::new(move || gym.interrupt()),
         };
         let up = tokio::select! {
-            up = model::up(version, &truth, &ctx) => up,
+            up = model::up(version, truth, &ctx) => up,
             () = control.until_stopped(), if control.stop_abandons_start => {
                 bail!("interrupted while the model server started (a container left behind is removed at the next start)")
             }
         };
-        let endpoint = match up {
-            Ok(endpoint) => endpoint,
-            Err(AcquireError::Bench(err)) => return Err(err),
-            Err(AcquireError::Server(failure)) => {
-                tracing::error!("{}: {failure}", version.name);
-                let facts = ModelServerFacts {
-                    failed: true,
-                    events: vec![failure.message.clone()],
-                    log_tail: failure.log_tail.clone(),
-                    ..ModelServerFacts::default()
-                };
-                self.write_provenance(None);
-                let executed = self.executed_so_far().await?;
-                let served = Served { model_server: Some(facts), started_at, ..Served::default() };
-                return Ok((executed, served));
-            }
+        match up {
+            Ok(endpoint) => Ok(Ok(endpoint)),
+            Err(AcquireError::Bench(err)) => Err(err),
+            Err(AcquireError::Server(failure)) => Ok(Err(failure)),
+        }
+    }
+
+    /// A server that never came up is no error here: the run is recorded with `failed`
+    /// facts (R1 fails it) and what it had finished before.
+    async fn never_up(&self, failure: &ServerFailure, started_at: String) -> anyhow::Result<(Executed, Served)> {
+        tracing::error!("{}: {failure}", self.request.version.name);
+        let facts = ModelServerFacts {
+            failed: true,
+            events: vec![failure.message.clone()],
+            log_tail: failure.log_tail.clone(),
+            ..ModelServerFacts::default()
         };
-        self.write_provenance(Some(&endpoint));
-        let image_digest = endpoint.container().map(|c| c.image.digest());
-        let mut result = self.run_gym(&endpoint).await;
+        self.write_provenance(None);
+        let executed = self.executed_so_far().await?;
+        Ok((executed, Served { model_server: Some(facts), started_at, ..Served::default() }))
+    }
+
+    /// The gym passes against the endpoint — another after each restart of a server
+    /// that died — then the adaptive attacker, which runs after the whole plan.
+    async fn serve(&self, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
+        let mut result = self.run_gym(endpoint).await;
         loop {
             match endpoint.after_gym().await {
-                Ok(true) => result = self.run_gym(&endpoint).await,
+                Ok(true) => result = self.run_gym(endpoint).await,
                 Ok(false) => break,
                 Err(err) => {
                     result = Err(err);
@@ -94,18 +125,28 @@ impl Local<'_> {
                 }
             }
         }
-        // The adaptive attacker runs after the whole plan, against the same server.
         let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
         if whole
-            && plan.adaptive.is_some()
-            && !control.is_stopped()
-            && let Err(err) = self.run_adaptive(&endpoint).await
+            && self.request.plan.adaptive.is_some()
+            && !self.session.control.is_stopped()
+            && let Err(err) = self.run_adaptive(endpoint).await
         {
             result = Err(err);
         }
+        result
+    }
+
+    /// The server down, and what the run executed: the gym's result, or — when the
+    /// server died for good — what exists, judged as it is. Also whether an external
+    /// server fell silent (the run then ends invalid with what it finished).
+    async fn bring_down(
+        &self,
+        endpoint: model::Endpoint,
+        result: anyhow::Result<Executed>,
+    ) -> anyhow::Result<(Executed, Option<ModelServerFacts>, bool)> {
         let silent_at = self.silence.noticed_at().filter(|_| !endpoint.is_restartable());
         let url = endpoint.base_url.clone();
-        let mut model_server = endpoint.down(&session.pool).await?;
+        let mut model_server = endpoint.down(&self.session.pool).await?;
         if let Some(case_id) = &silent_at {
             // An external server: nothing here can bring it back, so the run ends
             // invalid with what it finished (resumable with --out once it answers).
@@ -114,10 +155,10 @@ impl Local<'_> {
             model_server =
                 Some(ModelServerFacts { failed: true, events: vec![message], ..ModelServerFacts::default() });
         }
-        if control.is_stopped() {
+        if self.session.control.is_stopped() {
             bail!(
                 "interrupted: the gym and the model server are stopped; finished cases are kept in {}",
-                run_dir.path.display()
+                self.claimed.dir.path.display()
             );
         }
         let failed = model_server.as_ref().is_some_and(|f| f.failed);
@@ -130,17 +171,7 @@ impl Local<'_> {
             }
             Err(err) => return Err(err),
         };
-        // Cases left unstarted for a silent server are no early stop.
-        if silent_at.is_none() {
-            early::settle(run_dir, plan, &executed)?;
-        }
-        let concurrency = executed.gym.concurrency.clone();
-        if let Some(facts) = &concurrency
-            && !failed
-        {
-            self.remember_capacity(facts);
-        }
-        Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
+        Ok((executed, model_server, silent_at.is_some()))
     }
 
     /// What the run starts from, read and written on the blocking pool: when it began
