@@ -1,4 +1,4 @@
-"""Cases, trace paths and case records (src/case.rs `CaseRecord`), without agentdojo.
+"""Cases, trace paths and case records (crates/core/src/case.rs `CaseRecord`), without agentdojo.
 
 What the Rust side defines is read from the generated contract (`schema.py`): a
 record's fields, their order and defaults, the kinds and outcomes, the case-id scheme
@@ -13,17 +13,17 @@ from pathlib import Path
 from . import schema
 from .protocol import STAT_KEYS, empty_counters
 
-# What a case measures (src/case.rs `CaseKind`).
+# What a case measures (crates/core/src/case.rs `CaseKind`).
 KINDS = schema.choices("case-record", "CaseKind")
 
-# The record's fields in src/case.rs order, from the schema generated from that type.
+# The record's fields in crates/core/src/case.rs order, from the schema generated from that type.
 RECORD_FIELDS = schema.record_fields()
 
 # How a case ended: scored by AgentDojo's rules, scored as a context overflow (utility
 # false, the injection counted as landed), or an error of the bench (no scores).
 OUTCOMES = schema.choices("case-record", "Outcome")
 
-# The run directory's folder of AgentDojo's traces (src/rundir.rs `RunFile::Traces`).
+# The run directory's folder of AgentDojo's traces (crates/core/src/rundir.rs `RunFile::Traces`).
 TRACES_DIR = schema.run_file("Traces")
 
 # The most of a case's error text a record keeps: an agent's `{"error": …}` of 20 MB
@@ -50,7 +50,7 @@ def pipeline_name(defence: str | None) -> str:
 
 
 def default_case_id(case: dict) -> str:
-    """The id src/case.rs gives a case of this shape (the request's id is kept)."""
+    """The id crates/core/src/case.rs gives a case of this shape (the request's id is kept)."""
     return schema.case_id_format(case["kind"]).format_map(case)
 
 
@@ -92,11 +92,9 @@ def check_case_shape(i: int, case: object) -> dict:
             raise RequestError(f"{where} ({c['id']}): `{key}` must be a non-empty string or null")
     if c["attack"] == "none":
         c["attack"] = None
-    need = {
-        "clean": {"user_task": True, "injection_task": False, "attack": False},
-        "attacked": {"user_task": True, "injection_task": True, "attack": True},
-        "injection_goal": {"user_task": False, "injection_task": True, "attack": False},
-    }[kind]
+    # A kind needs exactly the fields its id is made of (crates/core/src/case.rs's scheme).
+    id_format = schema.case_id_format(kind)
+    need = {key: "{" + key + "}" in id_format for key in ("user_task", "injection_task", "attack")}
     for key, required in need.items():
         if required and c[key] is None:
             raise RequestError(f"{where} ({c['id']}): kind {kind} needs `{key}`")

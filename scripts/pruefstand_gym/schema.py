@@ -4,8 +4,8 @@ validator for the subset of JSON Schema those files use: type, properties, requi
 items, minItems/maxItems, minimum/maximum, const, oneOf/anyOf, $ref into $defs.
 
 Beside them, `schemas/constants.json` (generated the same way, src/gym/contract.rs)
-holds what has no type to carry it: src/case.rs's case-id scheme and the names
-src/rundir.rs gives the run files the gym writes.
+holds what has no type to carry it: crates/core/src/case.rs's case-id scheme and the
+names crates/core/src/rundir.rs gives the run files the gym writes.
 
 Records and requests are checked against them by the selftest and by `gym.py validate`;
 `records` builds a record from them (its fields, their order, what an unset one holds,
@@ -86,7 +86,7 @@ def problems(value: object, schema: dict, root: dict | None = None, where: str =
 
 
 def record_fields() -> tuple[str, ...]:
-    """The case record's fields in src/case.rs order (the generator records it: the
+    """The case record's fields in crates/core/src/case.rs order (the generator records it: the
     schema's own objects have their keys sorted)."""
     return tuple(load("case-record")["x-field-order"])
 
@@ -131,14 +131,14 @@ def constants() -> dict:
 
 
 def case_id_format(kind: str) -> str:
-    """src/case.rs's id of a case of `kind`, as a format string over the case's fields
-    (`{suite}/{user_task}/{attack}/{injection_task}`, …)."""
+    """crates/core/src/case.rs's id of a case of `kind`, as a format string over the
+    case's fields (`{suite}/{user_task}/{attack}/{injection_task}`, …)."""
     return constants()["case_id"][kind]
 
 
 def run_file(name: str) -> str:
-    """The name src/rundir.rs gives run file `name` (its `RunFile` variant: `Traces`),
-    relative to the run directory."""
+    """The name crates/core/src/rundir.rs gives run file `name` (its `RunFile` variant:
+    `Traces`), relative to the run directory."""
     return constants()["run_files"][name]
 
 

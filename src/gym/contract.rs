@@ -53,7 +53,7 @@ fn record_schema() -> Value {
 }
 
 /// A case of `kind` whose fields hold their own names in braces (`{suite}`, …): its id
-/// is then the id scheme of src/case.rs as a Python format string.
+/// is then the id scheme of crates/core/src/case.rs as a Python format string.
 fn placeholder_case(kind: CaseKind) -> Case {
     match kind {
         CaseKind::Clean => Case::clean("{suite}", "{user_task}"),
