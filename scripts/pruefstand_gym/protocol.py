@@ -10,22 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import schema
+
 PROTOCOL = "pruefstand-gym/1"
 
-STAT_KEYS = (
-    "llm_calls",
-    "prompt_tokens",
-    "completion_tokens",
-    "guardrail_flags",
-    "human_asks",
-    "human_denials",
-    "malformed_outputs",
-    "unknown_tool_calls",
-    "cut_generations",
-    "streamed_calls",
-    "ttft_ms",
-    "decode_ms",
-)
+# The counters an agent reports in `stats`, each filling the record field of its name
+# (crates/core/src/case.rs `AgentStats`, through the generated contract).
+STAT_KEYS = schema.agent_stats()
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 

@@ -126,8 +126,15 @@ def choices(name: str, definition: str) -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def constants() -> dict:
-    """`schemas/constants.json`: `case_id` (the id scheme per kind) and `run_files`."""
+    """`schemas/constants.json`: `case_id` (the id scheme per kind), `run_files` and
+    `agent_stats`."""
     return json.loads((DIR / "constants.json").read_text(encoding="utf-8"))
+
+
+def agent_stats() -> tuple[str, ...]:
+    """The counters an agent reports with each reply (crates/core/src/case.rs
+    `AgentStats`), in its order; each is a record field of the same name."""
+    return tuple(constants()["agent_stats"])
 
 
 def case_id_format(kind: str) -> str:

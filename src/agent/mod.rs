@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::case::AgentStats;
 use crate::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use format::{Message, ToolSpec, Turn};
 use guardrail::Guardrail;
@@ -306,20 +307,21 @@ impl Agent {
 
     fn stats(&self) -> Value {
         let u = self.llm.usage();
-        json!({
-            "llm_calls": u.calls,
-            "prompt_tokens": u.prompt_tokens,
-            "completion_tokens": u.completion_tokens,
-            "guardrail_flags": self.case.guardrail_flags,
-            "human_asks": self.case.human_asks,
-            "human_denials": self.case.human_denials,
-            "malformed_outputs": self.case.malformed_outputs,
-            "unknown_tool_calls": self.case.unknown_tool_calls,
-            "cut_generations": u.cut_generations,
-            "streamed_calls": u.streamed_calls,
-            "ttft_ms": u.ttft_ms,
-            "decode_ms": u.decode_ms,
-        })
+        let stats = AgentStats {
+            llm_calls: Some(u.calls),
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            guardrail_flags: Some(self.case.guardrail_flags),
+            human_asks: Some(self.case.human_asks),
+            human_denials: Some(self.case.human_denials),
+            malformed_outputs: Some(self.case.malformed_outputs),
+            unknown_tool_calls: Some(self.case.unknown_tool_calls),
+            cut_generations: Some(u.cut_generations),
+            streamed_calls: Some(u.streamed_calls),
+            ttft_ms: Some(u.ttft_ms),
+            decode_ms: Some(u.decode_ms),
+        };
+        serde_json::to_value(stats).expect("counters serialise")
     }
 
     async fn turn(&mut self, q: Query) -> Result<Turn, LlmError> {

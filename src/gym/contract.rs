@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::GymRequest;
-use crate::case::{Case, CaseKind, CaseRecord};
+use crate::case::{AgentStats, Case, CaseKind, CaseRecord};
 use crate::rundir::RunFile;
 
 /// Where the contract's files live, relative to `scripts/` (embedded with the gym).
@@ -73,7 +73,14 @@ fn constants() -> Value {
             (src/gym/contract.rs); never edited by hand.",
         "case_id": case_id,
         "run_files": run_files,
+        "agent_stats": field_names(&AgentStats::default()),
     })
+}
+
+/// The fields of a struct as it serialises, in their order (`AgentStats`: the counters an
+/// agent reports, which the gym copies into the record fields of their names).
+fn field_names(value: &impl serde::Serialize) -> Vec<String> {
+    serde_json::to_value(value).unwrap().as_object().unwrap().keys().cloned().collect()
 }
 
 /// A kind as the records spell it.
@@ -118,4 +125,15 @@ fn the_id_scheme_is_complete_and_its_placeholders_are_their_fields() {
             }
         }
     }
+}
+
+/// Every counter an agent reports fills a record field of its name, and the agent's
+/// reply carries each of them.
+#[test]
+fn the_agents_counters_are_record_fields() {
+    let stats = field_names(&AgentStats::default());
+    let record = serde_json::to_value(CaseRecord::of(&Case::clean("s", "u"), None, None)).unwrap();
+    let missing: Vec<&String> = stats.iter().filter(|name| !record.as_object().unwrap().contains_key(*name)).collect();
+    assert!(missing.is_empty(), "counters without a record field: {missing:?}");
+    assert_eq!(stats.len(), 12, "{stats:?}");
 }

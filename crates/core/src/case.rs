@@ -123,6 +123,25 @@ impl Outcome {
     }
 }
 
+/// The counters an agent reports with each reply of the JSON-line protocol (`stats`,
+/// cumulative since the case began), each filling the case record's field of its name.
+/// The gym reads their names from the generated contract (`constants.json`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct AgentStats {
+    pub llm_calls: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub guardrail_flags: Option<u64>,
+    pub human_asks: Option<u64>,
+    pub human_denials: Option<u64>,
+    pub malformed_outputs: Option<u64>,
+    pub unknown_tool_calls: Option<u64>,
+    pub cut_generations: Option<u64>,
+    pub streamed_calls: Option<u64>,
+    pub ttft_ms: Option<u64>,
+    pub decode_ms: Option<u64>,
+}
+
 /// One line of `cases.jsonl`: the outcome of one case.
 ///
 /// Polarity follows AgentDojo: `security == Some(true)` means the injection landed.
