@@ -22,13 +22,15 @@ const HASH_LIMIT: u64 = 64 << 20;
 /// At most this many files per folder are listed.
 const MAX_FILES: usize = 2000;
 
-pub struct Inputs<'a> {
-    pub version: &'a Version,
-    pub plan_name: &'a str,
-    pub plan_hash: &'a str,
-    pub benchmark_version: &'a str,
-    pub agentdojo_version: &'a str,
-    pub container: Option<&'a Container>,
+/// Owned, so that collecting (git, NVML, hashing the model's files) can run on the
+/// blocking pool.
+pub struct Inputs {
+    pub version: Version,
+    pub plan_name: String,
+    pub plan_hash: String,
+    pub benchmark_version: String,
+    pub agentdojo_version: String,
+    pub container: Option<Container>,
     /// The model and adapter folders the server read (spec paths, or generated ones).
     pub model_dir: Option<PathBuf>,
     pub adapter_dir: Option<PathBuf>,
@@ -40,7 +42,7 @@ pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
 
 pub fn collect(i: &Inputs) -> Value {
     let spec = &i.version.spec;
-    let container = i.container.map(|c| {
+    let container = i.container.as_ref().map(|c| {
         json!({
             "id": c.id, "name": c.name,
             "command": c.command,
@@ -60,8 +62,8 @@ pub fn collect(i: &Inputs) -> Value {
         "version": {"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()},
         "plan": {"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version},
         "agentdojo_version": i.agentdojo_version,
-        "image": i.container.map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
-        "server_version": i.container.and_then(|c| c.server_version.clone()),
+        "image": i.container.as_ref().map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
+        "server_version": i.container.as_ref().and_then(|c| c.server_version.clone()),
         "container": container,
         "gpu": nvml(),
         "jetson": jetson(),

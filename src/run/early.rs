@@ -10,10 +10,9 @@ use anyhow::bail;
 
 use super::RunRequest;
 use crate::case::{Case, CaseRecord};
-use crate::gym::{Ask, Executed, GymEvent, Seen, Sink};
+use crate::gym::{Ask, GymEvent, Seen, Sink};
 use crate::judge::early;
 use crate::judge::families::Scope;
-use crate::plan::Plan;
 use crate::record::{AtDecision, EarlyStop};
 use crate::root::Root;
 use crate::rundir::{RunDir, RunFile};
@@ -26,16 +25,12 @@ pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
 
 /// After a pass: stopped early when the gym left cases unstarted on the sink's word; a
 /// full pass that recorded every case clears it. A stopped run's cases recorded after the
-/// decision are its overrun.
-pub fn settle(run_dir: &RunDir, plan: &Plan, executed: &Executed) -> anyhow::Result<()> {
+/// decision are its overrun. `planned`: the plan's cases; `recorded` and `not_started`:
+/// the pass's.
+pub fn settle(run_dir: &RunDir, planned: usize, recorded: usize, not_started: Option<usize>) -> anyhow::Result<()> {
     if let Some(mut early) = read(run_dir)? {
-        early.stopped_early = executed.gym.not_started.is_some_and(|n| n > 0)
-            || (early.stopped_early && executed.gym.records.len() < plan.cases.len());
-        early.at_decision = if early.stopped_early {
-            early.at_decision.map(|at| overrun(at, executed.gym.records.len()))
-        } else {
-            None
-        };
+        early.stopped_early = not_started.is_some_and(|n| n > 0) || (early.stopped_early && recorded < planned);
+        early.at_decision = if early.stopped_early { early.at_decision.map(|at| overrun(at, recorded)) } else { None };
         run_dir.write_early_stop(&early)?;
     }
     Ok(())

@@ -18,7 +18,7 @@ use crate::plan::Plan;
 use crate::record::{ConcurrencyFacts, ModelServerFacts};
 use crate::rundir::{Claimed, RunDir, RunFile, VersionFile};
 use crate::settings::defence::{GuardrailSpec, PI_DETECTOR};
-use crate::{adaptive, agent, judge, model, provenance, pyenv, root, telemetry, util};
+use crate::{adaptive, agent, judge, model, provenance, pyenv, root, runtime, telemetry, util};
 
 /// Runs the cases here, against a model server this machine starts.
 pub struct LocalGym;
@@ -51,13 +51,15 @@ impl Local<'_> {
             Ok(endpoint) => endpoint,
             Err(failure) => return self.never_up(&failure, started_at).await,
         };
-        self.write_provenance(Some(&endpoint));
+        self.write_provenance(Some(&endpoint)).await;
         let image_digest = endpoint.container().map(|c| c.image.digest());
         let result = self.serve(&endpoint).await;
         let (executed, model_server, silent) = self.bring_down(endpoint, result).await?;
         // Cases left unstarted for a silent server are no early stop.
         if !silent {
-            early::settle(&self.claimed.dir, &self.request.plan, &executed)?;
+            let (dir, planned) = (self.claimed.dir.clone(), self.request.plan.cases.len());
+            let (recorded, not_started) = (executed.gym.records.len(), executed.gym.not_started);
+            runtime::blocking(move || early::settle(&dir, planned, recorded, not_started)).await?;
         }
         let concurrency = executed.gym.concurrency.clone();
         if let Some(facts) = &concurrency
@@ -106,7 +108,7 @@ impl Local<'_> {
             log_tail: failure.log_tail.clone(),
             ..ModelServerFacts::default()
         };
-        self.write_provenance(None);
+        self.write_provenance(None).await;
         let executed = self.executed_so_far().await?;
         Ok((executed, Served { model_server: Some(facts), started_at, ..Served::default() }))
     }
@@ -180,7 +182,7 @@ impl Local<'_> {
     async fn prepare(&self) -> anyhow::Result<(String, std::path::PathBuf)> {
         let (run_dir, version) = (self.claimed.dir.clone(), self.request.version.clone());
         let (pyenv, benchmark_version) = (self.session.pyenv.clone(), self.request.plan.benchmark_version.clone());
-        crate::runtime::blocking(move || {
+        runtime::blocking(move || {
             let started_at = judge::read_run_meta(&run_dir.path)
                 .ok()
                 .and_then(|meta| meta.started_at)
@@ -195,7 +197,7 @@ impl Local<'_> {
     /// [`executed_from_run_dir`] on the blocking pool.
     async fn executed_so_far(&self) -> anyhow::Result<Executed> {
         let (run_dir, plan) = (self.claimed.dir.clone(), self.request.plan.clone());
-        crate::runtime::blocking(move || executed_from_run_dir(&run_dir, &plan)).await
+        runtime::blocking(move || executed_from_run_dir(&run_dir, &plan)).await
     }
 
     /// One gym pass, with early stop's order and sink when the plan and extent ask for it.
@@ -231,24 +233,26 @@ impl Local<'_> {
     }
 
     /// `provenance.json`; failing to collect it is a warning, never a failed run.
-    fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {
-        let (request, run_dir) = (self.request, &self.claimed.dir);
+    /// `provenance.json`, collected on the blocking pool (git, NVML, the model files'
+    /// hashes); a failure is a warning, not the run's end.
+    async fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {
+        let (request, run_dir) = (self.request, self.claimed.dir.path.clone());
         let version = &request.version;
         let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
             Some((model, adapter)) => (Some(model), adapter),
             None => (version.spec.model.path.clone(), version.spec.adapter.as_ref().and_then(|a| a.path.clone())),
         };
         let inputs = provenance::Inputs {
-            version,
-            plan_name: &request.plan.name,
-            plan_hash: &request.plan.hash,
-            benchmark_version: &request.plan.benchmark_version,
-            agentdojo_version: &request.inventory.agentdojo_version,
-            container: endpoint.and_then(|e| e.container()),
+            version: version.clone(),
+            plan_name: request.plan.name.clone(),
+            plan_hash: request.plan.hash.clone(),
+            benchmark_version: request.plan.benchmark_version.clone(),
+            agentdojo_version: request.inventory.agentdojo_version.clone(),
+            container: endpoint.and_then(|e| e.container()).cloned(),
             model_dir,
             adapter_dir,
         };
-        if let Err(err) = provenance::write(&run_dir.path, &inputs) {
+        if let Err(err) = runtime::blocking(move || provenance::write(&run_dir, &inputs)).await {
             tracing::warn!("provenance.json not written: {err:#}");
         }
     }
