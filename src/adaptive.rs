@@ -13,12 +13,12 @@
 use std::collections::BTreeMap;
 
 use crate::case::Case;
-use crate::family;
 use crate::gym::{self, GymSettings};
 use crate::plan::{Adaptive, Plan};
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
 use crate::rundir::{RunDir, RunFile};
+use crate::{family, runtime};
 
 // The search's steps on its log: the log is plain data (`record`), how it grows is
 // this module's.
@@ -151,7 +151,8 @@ pub async fn search(
         let executed = gym::execute(pyenv, &dir, &sub, inventory, settings).await?;
         let outcomes = executed.gym.records.iter().map(|r| (r.case_id.clone(), r.security)).collect();
         record(&mut log, &outcomes);
-        run_dir.write_search_log(&log)?;
+        let (run_dir, written) = (run_dir.clone(), log.clone());
+        runtime::blocking(move || run_dir.write_search_log(&written)).await?;
     }
     Ok(log)
 }
