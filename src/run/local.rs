@@ -65,7 +65,7 @@ impl Local<'_> {
         if let Some(facts) = &concurrency
             && !model_server.as_ref().is_some_and(|f| f.failed)
         {
-            self.remember_capacity(facts);
+            self.remember_capacity(facts).await;
         }
         Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
     }
@@ -334,7 +334,7 @@ impl Local<'_> {
     }
 
     /// Remembers where a server-steered run settled, for the next run of that model.
-    fn remember_capacity(&self, facts: &ConcurrencyFacts) {
+    async fn remember_capacity(&self, facts: &ConcurrencyFacts) {
         if facts.mode == crate::record::ConcurrencyMode::Fixed {
             return;
         }
@@ -346,7 +346,8 @@ impl Local<'_> {
             run_id: root::run_id(&self.claimed.dir.path),
             updated_at: chrono::Utc::now().to_rfc3339(),
         };
-        if let Err(err) = concurrency::store_capacity(&self.session.root.state(), &observed) {
+        let state = self.session.root.state();
+        if let Err(err) = runtime::blocking(move || concurrency::store_capacity(&state, &observed)).await {
             tracing::warn!("observed capacity not stored: {err:#}");
         }
     }
