@@ -84,6 +84,19 @@ fn out_dir(bench: &Bench, name: &str) -> PathBuf {
     bench.path().join("reports").join(name).join("run")
 }
 
+/// `run NAME --plan PLAN` into [`out_dir`], started in the background with its output
+/// kept for the end: the run's folder and the child.
+fn start_run(bench: &Bench, name: &str, plan: &str) -> (PathBuf, std::process::Child) {
+    let out = out_dir(bench, name);
+    let child = bench
+        .cmd(&["run", name, "--plan", plan, "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (out, child)
+}
+
 /// The one running container of a version (by label), once it exists.
 fn container_of(version: &str) -> String {
     wait_for(60, &format!("a running container of {version}"), || {
@@ -146,13 +159,7 @@ fn labels_local_port_read_only_mounts_key_by_env_then_one_death_is_survived() {
     let plan = plan(&bench, 3);
     version(&bench, "dock-kill1", "docker", "inj-harden-r3", "", 300);
     version(&bench, "inproc-kill1", "sim", "inj-harden-r3", "", 0);
-    let out = out_dir(&bench, "dock-kill1");
-    let child = bench
-        .cmd(&["run", "dock-kill1", "--plan", &plan, "--out", out.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (out, child) = start_run(&bench, "dock-kill1", &plan);
 
     let id = container_of("dock-kill1");
     let info = docker::inspect(&id);
@@ -207,13 +214,7 @@ fn a_second_death_ends_the_run_invalid_with_the_log_tail() {
     let bench = Bench::new();
     let plan = plan(&bench, 6);
     version(&bench, "dock-kill2", "docker", "inj-harden-r3", "", 600);
-    let out = out_dir(&bench, "dock-kill2");
-    let child = bench
-        .cmd(&["run", "dock-kill2", "--plan", &plan, "--out", out.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (out, child) = start_run(&bench, "dock-kill2", &plan);
     let id = container_of("dock-kill2");
     wait_for(60, "a first recorded case", || (docker::recorded(&out) >= 1).then_some(()));
     let started = docker::inspect(&id).state.unwrap().started_at;
@@ -491,20 +492,15 @@ fn close_connections_to(port: u16, keep: u32) {
 fn a_server_that_answers_health_but_no_new_connection_is_restarted_on_the_death_path() {
     // A server only the run's own process still reaches, on the connection its watch
     // keeps for /health: the agents (kept across cases, with connections of their own)
-    // can no longer connect, so only the cases notice. Three of them in a row that could not connect are the run's silence; on a
-    // container that is a death like any other — restarted once, the gym resumed, and
-    // the cases that could not connect run again.
+    // can no longer connect, so only the cases notice. Three of them in a row that
+    // could not connect are the run's silence; on a container that is a death like any
+    // other — restarted once, the gym resumed, and the cases that could not connect
+    // run again.
     let bench = Bench::new();
     let plan = plan(&bench, 6);
     version(&bench, "dock-silent", "docker", "inj-harden-r3", "", 300);
     version(&bench, "inproc-silent", "sim", "inj-harden-r3", "", 0);
-    let out = out_dir(&bench, "dock-silent");
-    let child = bench
-        .cmd(&["run", "dock-silent", "--plan", &plan, "--out", out.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (out, child) = start_run(&bench, "dock-silent", &plan);
     let id = container_of("dock-silent");
     wait_for(60, "a first recorded case", || (docker::recorded(&out) >= 1).then_some(()));
     let info = docker::inspect(&id);
