@@ -71,6 +71,10 @@ pub fn collect(i: &Inputs) -> Value {
             "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
             "model": i.model_dir.as_deref().map(fingerprint),
             "adapter": i.adapter_dir.as_deref().map(fingerprint),
+            "chat_template": i.version.chat_template().map(|file| {
+                let sha256 = std::fs::read(&file).ok().map(|b| util::sha256_hex(&b));
+                json!({"path": file, "sha256": sha256})
+            }),
         },
     })
 }

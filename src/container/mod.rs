@@ -53,6 +53,7 @@ pub const COMPILE_CACHE_VOLUME: &str = "pruefstand-compile-cache";
 const COMPILE_CACHE_TARGET: &str = "/root/.cache/vllm";
 const MODEL_TARGET: &str = "/model";
 const ADAPTERS_TARGET: &str = "/adapters";
+const CHAT_TEMPLATE_TARGET: &str = "/chat_template.jinja";
 /// vLLM handles SIGTERM; NVIDIA's notes stop it with ~30 s.
 pub const STOP_GRACE_S: i32 = 30;
 const DEFAULT_READY_TIMEOUT_S: f64 = 900.0;
@@ -242,6 +243,9 @@ pub struct Setup {
     pub runtime_lora: bool,
     pub ready_timeout: Duration,
     pub pull: bool,
+    /// The spec's chat template on the host, and its sha256 (a changed template is
+    /// another server: the reuse key holds the content, not the path).
+    pub chat_template: Option<(PathBuf, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -325,6 +329,16 @@ impl Setup {
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
             pull: m.pull,
+            chat_template: version
+                .chat_template()
+                .map(|file| {
+                    let text = std::fs::read(&file).with_context(|| {
+                        format!("{}: model.chat_template {}", version.path.display(), file.display())
+                    })?;
+                    let file = std::path::absolute(&file)?;
+                    anyhow::Ok((file, crate::util::sha256_hex(&text)))
+                })
+                .transpose()?,
         })
     }
 
@@ -340,6 +354,9 @@ impl Setup {
         }
         if let Some(a) = &self.adapter {
             cmd.extend(["--lora-modules".into(), format!("{}={}", a.name, a.container_path)]);
+        }
+        if self.chat_template.is_some() {
+            cmd.extend(["--chat-template".into(), CHAT_TEMPLATE_TARGET.into()]);
         }
         cmd.extend(self.args.iter().cloned());
         cmd
@@ -357,6 +374,7 @@ impl Setup {
             "image": self.image, "model": self.model_host, "served": self.served_name, "prefix": self.prefix,
             "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ipc": self.ipc, "ulimits": self.ulimits,
             "runtime_lora": self.runtime_lora, "adapter": adapter,
+            "chat_template": self.chat_template.as_ref().map(|(_, sha256)| sha256),
         });
         crate::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
     }
@@ -381,6 +399,9 @@ impl Setup {
         let mut mounts = vec![bind(&self.model_host, MODEL_TARGET)];
         if let Some(a) = &self.adapter {
             mounts.push(bind(&a.mount_source, &a.mount_target));
+        }
+        if let Some((file, _)) = &self.chat_template {
+            mounts.push(bind(file, CHAT_TEMPLATE_TARGET));
         }
         mounts.push(Mount {
             source: Some(COMPILE_CACHE_VOLUME.into()),
@@ -858,6 +879,31 @@ path = "/srv/adapters/a"
         assert_eq!(labels[LABEL_OWNER_PID], std::process::id().to_string());
         assert!(owner_alive(&labels[LABEL_OWNER_PID], &labels[LABEL_OWNER_START], &labels[LABEL_OWNER_BOOT]));
         assert!(!owner_alive("999999999", "1", ""));
+    }
+
+    #[test]
+    fn a_chat_template_is_mounted_read_only_and_its_content_is_in_the_reuse_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("v.toml");
+        std::fs::write(&spec, SPEC.replace("gpu = ", "chat_template = \"tools.jinja\"\ngpu = ")).unwrap();
+        let err = Version::load(dir.path(), spec.to_str().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("v.toml:") && err.contains("model.chat_template") && err.contains("tools.jinja"), "{err}");
+        std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
+        let v = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
+        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+        let command = s.command();
+        let at = command.iter().position(|w| w == "--chat-template").expect("--chat-template passed");
+        assert_eq!(command[at + 1], CHAT_TEMPLATE_TARGET);
+        let mounts = s.mounts();
+        let template = mounts.iter().find(|m| m.target.as_deref() == Some(CHAT_TEMPLATE_TARGET)).unwrap();
+        assert_eq!(template.source.as_deref(), Some(dir.path().join("tools.jinja").to_str().unwrap()));
+        assert_eq!(template.read_only, Some(true));
+        // Another template is another server; the same one is the same server.
+        let key = s.key();
+        std::fs::write(dir.path().join("tools.jinja"), "{{ messages | tojson }}").unwrap();
+        assert_ne!(Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap().key(), key);
+        std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
+        assert_eq!(Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap().key(), key);
     }
 
     #[test]

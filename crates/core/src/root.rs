@@ -125,7 +125,8 @@ pub fn create(dir: &Path, from: &Path) -> anyhow::Result<Vec<PathBuf>> {
             .with_context(|| format!("reading {}", source.display()))?
             .flatten()
             .map(|e| e.file_name())
-            .filter(|n| n.to_string_lossy().ends_with(".toml"))
+            // Specs and plans, and the chat templates specs name beside them.
+            .filter(|n| n.to_string_lossy().ends_with(".toml") || n.to_string_lossy().ends_with(".jinja"))
             .collect();
         names.sort();
         for name in names {

@@ -134,6 +134,12 @@ pub struct ModelSpec {
     /// Seconds the server may take to serve after start (cold start); default 900.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_timeout_s: Option<f64>,
+    /// A chat template of the bench root's own (a Jinja file; relative to the spec's
+    /// folder), mounted read-only into the container and passed as `--chat-template`:
+    /// the template decides how the model is asked for tool calls, and so which
+    /// tool-call parser can read them. The server's (the model folder's) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<Spanned<PathBuf>>,
     /// Pull the image when it is not present locally. Off by default: a missing image
     /// is an error naming it (the Jetson's network may have no registry).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -211,6 +217,13 @@ impl Version {
         self.spec.adapter.as_ref().map_or(&self.spec.model.served_name, |a| &a.name)
     }
 
+    /// The chat template's file on this machine: `model.chat_template` resolved against
+    /// the spec's folder.
+    pub fn chat_template(&self) -> Option<PathBuf> {
+        let template = self.spec.model.chat_template.as_ref()?.get_ref();
+        Some(self.path.parent().unwrap_or(Path::new(".")).join(template))
+    }
+
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
     }
@@ -265,6 +278,18 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                     "model.ready_timeout_s must be a positive number of seconds",
                 ));
             }
+            if let Some(template) = &model.chat_template {
+                let file = path.parent().unwrap_or(Path::new(".")).join(template.get_ref());
+                if !file.is_file() {
+                    return Err(bad(
+                        template.span().start,
+                        &format!(
+                            "model.chat_template: {} is not a file (a Jinja chat template; relative paths start at the spec's folder)",
+                            file.display()
+                        ),
+                    ));
+                }
+            }
             if let Some(adapter) = &spec.adapter
                 && adapter.path.is_none()
                 && !generated
@@ -274,6 +299,13 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                     "backend \"docker\" needs adapter.path (the host folder of the LoRA)",
                 ));
             }
+        }
+        _ if model.chat_template.is_some() => {
+            let at = model.chat_template.as_ref().map_or(0, |t| t.span().start);
+            return Err(bad(
+                at,
+                "model.chat_template is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own --chat-template)",
+            ));
         }
         Backend::External => {
             if model.url.is_none() {
