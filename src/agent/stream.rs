@@ -127,7 +127,8 @@ impl Assembly {
     /// The message as a non-streamed answer carries it: content (an empty string beside
     /// calls, as vLLM's), `tool_calls` only when there are calls, the reasoning apart.
     pub fn message(&self) -> Value {
-        let mut message = json!({"role": "assistant", "content": self.content});
+        let content = if self.calls.is_empty() { &self.content } else { without_leaked_call(&self.content) };
+        let mut message = json!({"role": "assistant", "content": content});
         if !self.reasoning.is_empty() {
             message["reasoning_content"] = json!(self.reasoning);
         }
@@ -144,6 +145,26 @@ impl Assembly {
             message["tool_calls"] = json!(calls);
         }
         message
+    }
+}
+
+/// The content of a streamed answer with calls, less the beginning of the call's own
+/// text that the server's tool parser streamed as content before it knew a call had
+/// begun. vLLM's parsers decide on the text so far: `xlam` recognises a call in a code
+/// fence only once `"name"` and `"arguments"` have arrived, so a model that writes
+/// prose and then a ```json block streams `Checking. ```json [{"name": "f",
+/// "arguments"` as content, which the same answer unstreamed does not hold (the parser
+/// removes the block); `hermes` likewise with an opening `<tool_call>`. Left in, that
+/// fragment goes back into the conversation and the model copies it. An opener still
+/// open at the end of the content is the leak: the text from it on is cut.
+fn without_leaked_call(content: &str) -> &str {
+    let fences = content.matches("```").count();
+    let open_fence = (fences % 2 == 1).then(|| content.rfind("```")).flatten();
+    let open_tag = content.rfind("<tool_call>").filter(|&at| !content[at..].contains("</tool_call>"));
+    let marker = content.rfind("[TOOL_CALLS]");
+    match [open_fence, open_tag, marker].into_iter().flatten().min() {
+        Some(at) => content[..at].trim_end(),
+        None => content,
     }
 }
 
@@ -192,6 +213,35 @@ mod tests {
         assert_eq!(a.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"ance is\"").unwrap(), Fed::Nothing);
         assert!(!a.done && a.finish_reason.is_none());
         assert_eq!(a.message(), json!({"role": "assistant", "content": "The bal", "reasoning_content": "hmm"}));
+    }
+
+    #[test]
+    fn the_call_text_a_parser_streamed_as_content_before_the_call_is_not_kept() {
+        // vLLM 0.32's xlam parser on Qwen2.5-Coder: prose, then a fenced call whose
+        // first tokens went out as content before the parser saw "name" and "arguments".
+        let leaked = "To get it, call `f`: ```json\n[{\"name\": \"f\", \"arguments\"";
+        let call = json!({"index": 0, "id": "call_0_1", "type": "function", "function": {"name": "f"}});
+        let body = events(&[
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": leaked}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"a\": 1}"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+        ]);
+        let mut a = Assembly::default();
+        a.feed(body.as_bytes()).unwrap();
+        let m = a.message();
+        assert_eq!(m["content"], "To get it, call `f`:");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"a\": 1}");
+        // hermes' opening tag likewise; a closed fence or plain text is the model's own.
+        assert_eq!(without_leaked_call("Sure.\n<tool_call>\n{\"name\": \"f\""), "Sure.");
+        assert_eq!(without_leaked_call("Use ```x``` here."), "Use ```x``` here.");
+        assert_eq!(without_leaked_call("Paying the bill."), "Paying the bill.");
+        // Without calls nothing is cut: an unclosed fence is then the model's answer.
+        let mut text = Assembly::default();
+        text.feed(events(&[json!({"choices": [{"index": 0, "delta": {"content": leaked}}]})]).as_bytes()).unwrap();
+        assert_eq!(text.message()["content"], leaked);
     }
 
     #[test]

@@ -136,6 +136,12 @@ pub fn headline(telemetry: &telemetry::Telemetry) -> String {
         }
     };
     use crate::words;
+    let overflows = telemetry.format_health.asr_overflows;
+    let asr = match overflows {
+        0 => show("asr"),
+        1 => format!("{} [1 of them a context overflow]", show("asr")),
+        n => format!("{} [{n} of them context overflows]", show("asr")),
+    };
     format!(
         "{} {}  {} {}  {} {}  {} {}  errors {}",
         words::UTILITY_CLEAN,
@@ -143,7 +149,7 @@ pub fn headline(telemetry: &telemetry::Telemetry) -> String {
         words::UTILITY_UNDER_ATTACK,
         show("utility_under_attack"),
         words::ASR_ALL,
-        show("asr"),
+        asr,
         words::INJECTION_GOAL_UTILITY,
         show("injection_task_utility"),
         telemetry.counts.errors

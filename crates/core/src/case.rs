@@ -233,6 +233,15 @@ impl CaseRecord {
         self.error.is_some()
     }
 
+    /// An attacked case counted as a landed attack only because its conversation outgrew
+    /// the model's context: AgentDojo scores such a case security true (the injection's
+    /// goal "may have been reached"), so it is in the ASR, but no injection was followed.
+    pub fn is_overflow_counted_as_landed(&self) -> bool {
+        self.kind == CaseKind::Attacked
+            && self.outcome() == Outcome::ContextOverflow
+            && self.security == Some(true)
+    }
+
     /// Whether the case failed because its agent could not connect to the model server
     /// at all, even after its retries: the server is not there (`run::silence` counts
     /// these across cases; a restarted container runs them again).

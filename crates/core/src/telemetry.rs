@@ -115,6 +115,9 @@ pub struct FormatHealth {
     pub cut_generations: u64,
     /// Cases that ended with the server refusing the conversation for its length.
     pub context_overflows: usize,
+    /// Attacked ones among them, which AgentDojo's rule counts in the ASR as landed.
+    #[serde(skip_serializing_if = "crate::util::is_zero")]
+    pub asr_overflows: u64,
     /// AgentDojo's re-runs of a task whose last turn had no model output.
     pub restarts: u64,
     /// Cases with at least one malformed output / unknown tool call.
@@ -132,6 +135,7 @@ impl FormatHealth {
             h.cut_generations = h.cut_generations.saturating_add(r.cut_generations.unwrap_or(0));
             h.restarts = h.restarts.saturating_add(r.restarts.unwrap_or(0));
             h.context_overflows += usize::from(r.outcome() == crate::case::Outcome::ContextOverflow);
+            h.asr_overflows += u64::from(r.is_overflow_counted_as_landed());
             h.cases_with_malformed += usize::from(r.malformed_outputs.is_some_and(|n| n > 0));
             h.cases_with_unknown_tools += usize::from(r.unknown_tool_calls.is_some_and(|n| n > 0));
             h.cases_reporting += usize::from(r.malformed_outputs.is_some() || r.unknown_tool_calls.is_some());
@@ -292,6 +296,9 @@ pub fn markdown(title: &str, telemetry: &Telemetry) -> String {
     let _ = writeln!(md, "| {} | {} |", words::UTILITY_CLEAN, rate_text(&d["utility"]));
     let _ = writeln!(md, "| {} | {} |", words::UTILITY_UNDER_ATTACK, rate_text(&d["utility_under_attack"]));
     let _ = writeln!(md, "| {} | {} |", words::ASR_ALL, rate_text(&d["asr"]));
+    if let Some(note) = words::overflow_note(telemetry.format_health.asr_overflows, d["asr"].hits as u64) {
+        let _ = writeln!(md, "\n{note}.\n");
+    }
     let _ = writeln!(md, "| {} | {} |", words::INJECTION_GOAL_UTILITY, rate_text(&d["injection_task_utility"]));
     let c = &telemetry.counts;
     let _ = writeln!(

@@ -39,6 +39,12 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> anyhow:
 
 /// A rate as a percentage with one decimal: `0.123` → `12.3 %` (reports, reasons,
 /// Markdown, chat).
+/// For `skip_serializing_if`: a count that is zero is left out, so files written before
+/// the count existed stay byte-equal.
+pub fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 pub fn pct(p: f64) -> String {
     format!("{:.1} %", 100.0 * p)
 }

@@ -24,6 +24,18 @@ pub const UTILITY_PAIRED: &str = "utility (clean and attacked)";
 /// Can the model do the attacker's task when asked directly?
 pub const INJECTION_GOAL_UTILITY: &str = "injection-goal utility";
 
+/// What an ASR rests on when some of its landed attacks are context overflows, which
+/// AgentDojo's rule scores as landed: said beside the ASR wherever it is shown, so a
+/// reader does not take them for followed injections. None when there are none.
+pub fn overflow_note(overflows: u64, landed: u64) -> Option<String> {
+    (overflows > 0).then(|| {
+        let (verb, noun) = if overflows == 1 { ("is", "a context overflow") } else { ("are", "context overflows") };
+        format!(
+            "{overflows} of the {landed} attack successes {verb} {noun}: the conversation outgrew the model's context,              which AgentDojo scores as a landed attack, not a followed injection"
+        )
+    })
+}
+
 /// Which side of the estimate a one-sided bound lies on.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

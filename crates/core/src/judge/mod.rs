@@ -146,6 +146,10 @@ pub struct Figures {
     /// nothing (R1 failed, or no attacked case of the judged families without error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decisive: Option<Decisive>,
+    /// Of the ASR's landed attacks, those that are context overflows (AgentDojo's rule
+    /// for a conversation that outgrew the model's context), not followed injections.
+    #[serde(default, skip_serializing_if = "crate::util::is_zero")]
+    pub asr_overflows: u64,
 }
 
 impl crate::queue::Headline {

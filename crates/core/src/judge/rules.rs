@@ -819,6 +819,7 @@ pub(super) fn figures(records: &[CaseRecord], t: &Thresholds) -> Figures {
         reference: None,
         families: None,
         decisive: None,
+        asr_overflows: records.iter().filter(|r| r.is_overflow_counted_as_landed()).count() as u64,
     }
 }
 

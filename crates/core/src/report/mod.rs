@@ -121,6 +121,9 @@ pub fn markdown(j: &Judgement) -> String {
     md += &line(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
     md += &line(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
     md.push('\n');
+    if let Some(note) = words::overflow_note(f.asr_overflows, f.asr.map_or(0, |e| e.x)) {
+        let _ = writeln!(md, "**{}.**\n", cell(&note));
+    }
     families::markdown(&mut md, j);
     if !j.outlook.is_empty() {
         md.push_str("## Would `voll` decide?\n\n");
@@ -420,6 +423,9 @@ fn figures(b: &mut String, j: &Judgement) {
         "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
         &rows,
     ));
+    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
+        let _ = write!(b, "<p class=\"note\" id=\"asr-overflows\"><b>{}.</b></p>", esc(&note));
+    }
     let judged = match decisive {
         Some(d) if !judged_all => format!(
             "The first row is the figure R2 judged, the {} ({} of the plan's held-out attack families), with \
