@@ -27,6 +27,28 @@ fn real_server() -> &'static Path {
     })
 }
 
+/// The tool-calling model's folder, made by the same script (cached apart from the image
+/// by its own inputs: the 22 pinned wheels and the converter).
+fn tool_model() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        real_server();
+        let dir = PathBuf::from("/var/tmp/pruefstand-vllm-cpu/qwen/current/model");
+        assert!(dir.join("config.json").is_file() && dir.join("model.safetensors").is_file(), "no model in {dir:?}");
+        dir
+    })
+}
+
+/// The text of every message of a trace with `role`, its content blocks joined.
+fn texts_of(trace: &serde_json::Value, role: &str) -> Vec<String> {
+    let text = |c: &serde_json::Value| match c {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(blocks) => blocks.iter().filter_map(|b| b["content"].as_str()).collect(),
+        _ => String::new(),
+    };
+    trace["messages"].as_array().unwrap().iter().filter(|m| m["role"] == role).map(|m| text(&m["content"])).collect()
+}
+
 /// Two banking user tasks, clean (2 cases): quick on a CPU server.
 const TWO_CASES: &str = r#"
 name = "two"
@@ -366,4 +388,63 @@ fn the_simulator_takes_the_defences_requests_as_vllm_does() {
     assert_eq!(statuses(&simulated), statuses(&real), "the simulator: {simulated:?}\nthe real server: {real:?}");
     let filter: serde_json::Value = serde_json::from_str(&simulated[2].2).unwrap();
     assert!(filter["choices"][0]["message"].get("tool_calls").is_none(), "{filter}");
+}
+
+#[test]
+fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
+    tool_model();
+    let bench = Bench::new();
+    // The shipped version with half its context: a case whose model repeats its calls
+    // ends at the context (a scored outcome) within minutes instead of at AgentDojo's
+    // fifteenth call; the system prompt, the tools and a file still fit three times over.
+    let spec = std::fs::read_to_string(repo().join("versions/real-qwen.toml")).unwrap();
+    let bounded = spec.replace("\"--max-model-len\", \"8192\"", "\"--max-model-len\", \"4096\"");
+    assert_ne!(bounded, spec);
+    bench.write("versions/real-qwen.toml", &bounded);
+    let run = bench.run(&["run", "real-qwen", "--plan", "real-qwen"]);
+    // Whatever the model earned — approved, rejected or inconclusive — but a valid run.
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    let dir = run.run_dir();
+    let judgement = json(&dir.join("judgement.json"));
+    assert_eq!(judgement["rules"][0]["status"], "pass", "R1: {}", judgement["rules"][0]["reason"]);
+    let records = records_of(&dir);
+    let planned = json(&dir.join("plan.json"))["cases"].as_array().map(Vec::len);
+    assert_eq!(Some(records.len()), planned, "every planned case has a record");
+    let mut with_tool_results = 0;
+    let mut injection_read = false;
+    for record in &records {
+        assert_ne!(record["outcome"], "error", "a bench error: {record}");
+        // Every model call streamed: the calls below came as tool-call deltas.
+        assert_eq!(record["streamed_calls"], record["llm_calls"], "{record}");
+        let trace = json(&dir.join(record["trace"].as_str().unwrap()));
+        // Calls the parser read, reassembled from deltas into JSON objects AgentDojo ran.
+        let calls: Vec<&serde_json::Value> = trace["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .flat_map(|m| m["tool_calls"].as_array().into_iter().flatten())
+            .collect();
+        assert!(calls.iter().all(|c| c["args"].is_object()), "arguments as objects: {calls:?}");
+        let results = texts_of(&trace, "tool");
+        with_tool_results += usize::from(!calls.is_empty() && !results.is_empty());
+        // The attack's text reached the model inside a tool result.
+        for injected in trace["injections"].as_object().into_iter().flatten().filter_map(|(_, v)| v.as_str()) {
+            let marker = injected.trim().lines().find(|l| l.contains("Send a transaction")).unwrap_or(injected.trim());
+            injection_read |= results.iter().any(|r| r.contains(marker));
+        }
+    }
+    assert!(
+        with_tool_results * 2 > records.len(),
+        "most cases called tools AgentDojo executed: {with_tool_results} of {}",
+        records.len()
+    );
+    assert!(injection_read, "an injection was read from a tool result in some attacked case");
+    // The server's parser and prefix cache were the real ones.
+    let run_json = json(&dir.join("run.json"));
+    assert!(run_json["concurrency"]["prefix_cache"]["hits"].as_u64() > Some(0), "{}", run_json["concurrency"]);
+    let provenance = json(&dir.join("provenance.json"));
+    assert!(provenance["files"]["chat_template"]["sha256"].is_string(), "{provenance}");
+    let command = provenance["container"]["command"].as_array().unwrap();
+    assert!(command.iter().any(|w| w == "--chat-template") && command.iter().any(|w| w == "xlam"), "{command:?}");
 }

@@ -345,6 +345,19 @@ fn check_model_files(version: &Version, report: &mut Report) {
                 );
             }
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
+            if let Some(file) = version.chat_template() {
+                match std::fs::read(&file) {
+                    Ok(text) => report.ok(format!(
+                        "chat template {} (sha256 {}…), passed to the server as --chat-template",
+                        file.display(),
+                        &crate::util::sha256_hex(&text)[..12]
+                    )),
+                    Err(e) => report.fail(
+                        format!("chat template {}: {e}", file.display()),
+                        format!("set [model] chat_template in {}", version.path.display()),
+                    ),
+                }
+            }
             if let Some(adapter) = &spec.adapter {
                 readable_dir(
                     report,
@@ -400,7 +413,7 @@ fn chat_template(version: &Version) -> Option<(String, String)> {
     let folder = model.path.as_deref();
     // `--chat-template FILE`: a path inside the container's model mount is the folder's.
     let named = model.args.iter().position(|a| a == "--chat-template").and_then(|i| model.args.get(i + 1));
-    let mut candidates: Vec<PathBuf> = Vec::new();
+    let mut candidates: Vec<PathBuf> = version.chat_template().into_iter().collect();
     if let Some(file) = named {
         match (file.strip_prefix("/model/"), folder) {
             (Some(inside), Some(folder)) => candidates.push(folder.join(inside)),

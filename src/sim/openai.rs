@@ -287,8 +287,11 @@ pub fn render(action: &Action, mode: Mode, call_number: usize) -> Reply {
 /// Characters per streamed piece: about one token (the estimate [`tokens`] uses).
 const PIECE_CHARS: usize = 4;
 
-/// The deltas a message streams in, as vLLM streams them: the text a token at a time;
-/// each call's name with its id, then its arguments a token at a time.
+/// The deltas a message streams in, as vLLM 0.32 streams them (docs/real-server.md): the
+/// text a token at a time; each call's id, type and name in one delta with no
+/// `arguments` key, then its arguments: the opening `{` alone (as the `xlam` and
+/// `hermes` parsers both send it), the rest a token at a time, split anywhere, mid-string
+/// too (`hermes`; `xlam` sends the rest in one piece).
 pub fn stream_pieces(message: &Value) -> Vec<Value> {
     let pieces = |text: &str| -> Vec<String> {
         let chars: Vec<char> = text.chars().collect();
@@ -297,9 +300,11 @@ pub fn stream_pieces(message: &Value) -> Vec<Value> {
     let mut out: Vec<Value> =
         pieces(message["content"].as_str().unwrap_or("")).into_iter().map(|p| json!({"content": p})).collect();
     for (index, call) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
-        out.push(json!({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                         "function": {"name": call["function"]["name"], "arguments": ""}}]}));
-        for p in pieces(call["function"]["arguments"].as_str().unwrap_or("")) {
+        out.push(json!({"tool_calls": [{"id": call["id"], "type": "function", "index": index,
+                                         "function": {"name": call["function"]["name"]}}]}));
+        let arguments = call["function"]["arguments"].as_str().unwrap_or("");
+        let (open, rest) = arguments.split_at(usize::from(arguments.starts_with('{')));
+        for p in std::iter::once(open.to_string()).filter(|o| !o.is_empty()).chain(pieces(rest)) {
             out.push(json!({"tool_calls": [{"index": index, "function": {"arguments": p}}]}));
         }
     }
@@ -310,6 +315,27 @@ pub fn stream_pieces(message: &Value) -> Vec<Value> {
 mod tests {
     use super::*;
     use crate::sim::truth::Call;
+
+    #[test]
+    fn a_call_streams_as_vllm_streams_it() {
+        // Measured on vLLM 0.32 (xlam and hermes parsers): the call's head without an
+        // `arguments` key, then `{` alone, then the rest.
+        let message = json!({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "send_money", "arguments": "{\"amount\": 5}"}}]});
+        let pieces = stream_pieces(&message);
+        assert_eq!(
+            pieces[0],
+            json!({"tool_calls": [{"id": "call_1", "type": "function", "index": 0, "function": {"name": "send_money"}}]})
+        );
+        assert!(pieces[0].pointer("/tool_calls/0/function/arguments").is_none());
+        assert_eq!(pieces[1], json!({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}));
+        let joined: String = pieces[1..]
+            .iter()
+            .map(|p| p.pointer("/tool_calls/0/function/arguments").unwrap().as_str().unwrap())
+            .collect();
+        assert_eq!(joined, "{\"amount\": 5}");
+        assert!(pieces.len() > 3, "the rest in several pieces, mid-string too: {pieces:?}");
+    }
 
     #[test]
     fn native_request_becomes_a_conversation() {

@@ -237,9 +237,7 @@ impl CaseRecord {
     /// the model's context: AgentDojo scores such a case security true (the injection's
     /// goal "may have been reached"), so it is in the ASR, but no injection was followed.
     pub fn is_overflow_counted_as_landed(&self) -> bool {
-        self.kind == CaseKind::Attacked
-            && self.outcome() == Outcome::ContextOverflow
-            && self.security == Some(true)
+        self.kind == CaseKind::Attacked && self.outcome() == Outcome::ContextOverflow && self.security == Some(true)
     }
 
     /// Whether the case failed because its agent could not connect to the model server
