@@ -394,14 +394,23 @@ fn the_simulator_takes_the_defences_requests_as_vllm_does() {
 fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     tool_model();
     let bench = Bench::new();
-    // The shipped version with half its context: a case whose model repeats its calls
-    // ends at the context (a scored outcome) within minutes instead of at AgentDojo's
-    // fifteenth call; the system prompt, the tools and a file still fit three times over.
+    // The shipped version with less context: this model repeats its last call after
+    // it acted (measured: `update_user_info` or `get_user_info` to AgentDojo's
+    // fifteenth call, minutes a turn on two loaded cores), so a case ends at the context
+    // (a scored outcome) a few turns after the injection was read and acted on. 2,560
+    // tokens hold the system prompt and the banking tools (~1,700), the file and the
+    // injection (~400) and a few turns.
     let spec = std::fs::read_to_string(repo().join("versions/real-qwen.toml")).unwrap();
-    let bounded = spec.replace("\"--max-model-len\", \"8192\"", "\"--max-model-len\", \"4096\"");
+    let bounded = spec.replace("\"--max-model-len\", \"8192\"", "\"--max-model-len\", \"2560\"");
     assert_ne!(bounded, spec);
     bench.write("versions/real-qwen.toml", &bounded);
-    let run = bench.run(&["run", "real-qwen", "--plan", "real-qwen"]);
+    // The shipped plan's first user task, clean and attacked: its first step reads the
+    // file that holds the injection (the model read it in every run seen).
+    let plan = std::fs::read_to_string(repo().join("profiles/real-qwen.toml")).unwrap();
+    let two = plan.replace("[\"user_task_12\", \"user_task_13\"]", "[\"user_task_12\"]").replace("jobs = 4", "jobs = 2");
+    assert_ne!(two, plan);
+    let plan = bench.write("real-qwen-two.toml", &two);
+    let run = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap()]);
     // Whatever the model earned — approved, rejected or inconclusive — but a valid run.
     assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
     let dir = run.run_dir();

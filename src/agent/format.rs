@@ -314,7 +314,14 @@ pub fn parse_native(message: &Value, finish_reason: Option<&str>, ids: &mut impl
         let id =
             c.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned).unwrap_or_else(&mut *ids);
         let args = match f.and_then(|f| f.get("arguments")) {
-            None | Some(Value::Null) => Ok(Map::new()),
+            // A call whose arguments never came: vLLM's `xlam` parser streams the name
+            // at once but the arguments only when its pattern matches a whole object
+            // (one level of nesting at most), so a call it cannot read arrives as its
+            // name alone. Run with `{}` it would look like the model's own empty call.
+            None => Err(format!(
+                "the arguments of {name} never arrived (the server's tool parser could not read them)"
+            )),
+            Some(Value::Null) => Ok(Map::new()),
             Some(Value::String(s)) if s.trim().is_empty() => Ok(Map::new()),
             Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
                 Ok(Value::Object(o)) => Ok(o),
@@ -650,6 +657,9 @@ mod tests {
         assert!(bad.malformed);
         assert_eq!(bad.rejected.len(), 2);
         assert!(bad.rejected[0].1.contains("not valid JSON") && bad.rejected[1].1.contains("not a JSON object"));
+        // The name alone, as a streaming parser sends a call it could not read.
+        let nameless = parse_native(&json!({"tool_calls": [{"function": {"name": "send_money"}}]}), None, &mut ids());
+        assert!(nameless.malformed && nameless.rejected[0].1.contains("never arrived"), "{:?}", nameless.rejected);
         assert_eq!(
             parse_native(&json!({"content": " done ", "tool_calls": []}), Some("stop"), &mut ids()).turn,
             Turn::Final("done".into())
