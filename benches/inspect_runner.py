@@ -14,6 +14,7 @@ suites, and it has no "injection task as user task" samples, so the injection go
 a pruefstand plan have no counterpart here.
 
     python inspect_runner.py --case-set FILE.json --model vllm/NAME --log-dir DIR --out RESULT.json
+        [--from-logs LOG.eval …]   (no run: what those logs hold, e.g. of a stopped run)
 
 FILE.json: {"suites": {"banking": {"user_tasks": ["user_task_1", …], "injection_tasks": [...]}}}.
 The server: VLLM_BASE_URL (…/v1) and VLLM_API_KEY in the environment. Prints nothing
@@ -40,25 +41,33 @@ def main() -> int:
     ap.add_argument("--log-dir", required=True)
     ap.add_argument("--attack", default="important_instructions")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--from-logs", nargs="*", default=None,
+                    help="read these .eval logs (e.g. of a stopped run) instead of running inspect")
     args = ap.parse_args()
     t0 = time.monotonic()
     with open(args.case_set, encoding="utf-8") as f:
         case_set = json.load(f)["suites"]
 
-    from inspect_ai import eval as inspect_eval
-    from inspect_evals.agentdojo import agentdojo
-
-    t_imported = time.monotonic()
     tasks = []
-    for suite, v in case_set.items():
-        users = [task_no(u) for u in v["user_tasks"]]
-        injections = [task_no(i) for i in v.get("injection_tasks", [])]
-        tasks.append(agentdojo(attack=args.attack, with_sandbox_tasks="no", workspace=suite,
-                               user_task_ids=users, with_injections=False))
-        if injections:
+    if args.from_logs is not None:
+        from inspect_ai.log import read_eval_log
+
+        t_imported = time.monotonic()
+        logs = [read_eval_log(p) for p in args.from_logs]
+    else:
+        from inspect_ai import eval as inspect_eval
+        from inspect_evals.agentdojo import agentdojo
+
+        t_imported = time.monotonic()
+        for suite, v in case_set.items():
+            users = [task_no(u) for u in v["user_tasks"]]
+            injections = [task_no(i) for i in v.get("injection_tasks", [])]
             tasks.append(agentdojo(attack=args.attack, with_sandbox_tasks="no", workspace=suite,
-                                   user_task_ids=users, injection_task_ids=injections, with_injections=True))
-    logs = inspect_eval(tasks, model=args.model, log_dir=args.log_dir, display="plain")
+                                   user_task_ids=users, with_injections=False))
+            if injections:
+                tasks.append(agentdojo(attack=args.attack, with_sandbox_tasks="no", workspace=suite,
+                                       user_task_ids=users, injection_task_ids=injections, with_injections=True))
+        logs = inspect_eval(tasks, model=args.model, log_dir=args.log_dir, display="plain")
     t_done = time.monotonic()
 
     samples = []
