@@ -283,11 +283,10 @@ async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> R
 async fn check_external_server(version: &Version, report: &mut Report) {
     let model = &version.spec.model;
     let (Backend::External, Some(url)) = (model.backend.get_ref(), &model.url) else { return };
-    let url = url.trim_end_matches('/');
     let wanted = version.request_model();
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build();
     let mut request = match client {
-        Ok(client) => client.get(format!("{url}/models")),
+        Ok(client) => client.get(url.join("models").expose()),
         Err(err) => return report.fail(format!("model server at {url}: {err}"), "see the error"),
     };
     if let Some(key) = model.api_key_env.as_ref().and_then(|var| std::env::var(var).ok()) {
@@ -301,7 +300,7 @@ async fn check_external_server(version: &Version, report: &mut Report) {
             } else if err.is_timeout() {
                 "no answer within 10 s".to_string()
             } else {
-                format!("{err}")
+                format!("{}", err.without_url())
             };
             return report.fail(
                 format!("model server at {url}: {why}"),
@@ -355,9 +354,10 @@ fn check_model_files(version: &Version, report: &mut Report) {
             }
         }
         Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
-        Backend::External => {
-            report.ok(format!("model: external server {} (not probed)", spec.model.url.as_deref().unwrap_or("?")))
-        }
+        Backend::External => report.ok(format!(
+            "model: external server {} (not probed)",
+            spec.model.url.as_ref().map_or("?".to_string(), |u| u.to_string())
+        )),
     }
 }
 
