@@ -386,3 +386,38 @@ fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
     let leaks = files_containing(bench.path(), &secrets);
     assert!(leaks.is_empty(), "{leaks:#?}");
 }
+
+/// A model URL that is not http(s) is refused at its line before any case runs, and
+/// an adapter folder that resolves elsewhere (a symlink to /etc) is judged where it
+/// leads: no adapter_config.json there, no adapter.
+#[test]
+fn a_file_url_and_an_adapter_linked_to_etc_are_refused() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let spec = bench.write(
+        "versions/local-file.toml",
+        "[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"file:///etc/passwd\"\n",
+    );
+    let run = bench.run(&["run", "local-file", "--plan", "tiny"]).code(2);
+    let want = format!("{}:4:7: url: file:///etc/passwd is no http:// or https:// URL", spec.display());
+    assert!(run.stderr.contains(&want), "{want}\n{}", run.stderr);
+    assert!(!bench.path().join("reports/local-file").exists(), "no case ran");
+
+    let link = bench.path().join("lora-link");
+    std::os::unix::fs::symlink("/etc", &link).unwrap();
+    let spec = bench.write(
+        "versions/linked.toml",
+        &format!(
+            "[model]\nbackend = \"docker\"\nimage = \"img\"\npath = \"/etc\"\nserved_name = \"m\"\n\n[adapter]\nname = \"lora\"\npath = \"{}\"\n",
+            link.display()
+        ),
+    );
+    let check = bench.run(&["check", "linked"]).code(2);
+    let want = format!(
+        "FAIL  {}:9:1: adapter.path {} (resolved: /etc) holds no adapter_config.json",
+        spec.display(),
+        link.display()
+    );
+    assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    assert!(!check.stdout.contains("adapter lora path"), "{}", check.stdout);
+}

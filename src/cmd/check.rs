@@ -89,6 +89,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         Ok(root) => {
             report.ok(format!("bench root {}", root.path.display()));
             check_config_permissions(&root, &mut report);
+            check_hooks(&root, &mut report);
             Some(root)
         }
         Err(err) => {
@@ -195,6 +196,22 @@ fn check_config_permissions(root: &Root, report: &mut Report) {
         );
     } else {
         report.ok(format!("{CONFIG_FILE} permissions (mode {mode:03o}, {hooks} hook(s))"));
+    }
+}
+
+/// The hooks as the daemon takes them and as each delivery would go from here: a FAIL
+/// per problem, naming pruefstand.toml, the line and the field.
+fn check_hooks(root: &Root, report: &mut Report) {
+    let problems = crate::hooks::problems(root, true);
+    let hooks = root.config.hooks.len();
+    if problems.is_empty() && hooks > 0 {
+        report.ok(format!("{hooks} hook(s): outcomes, programs and variables found"));
+    }
+    for problem in problems {
+        report.fail(
+            problem,
+            format!("fix the hook in {CONFIG_FILE}, or set the variable where the daemon runs and here"),
+        );
     }
 }
 
@@ -345,12 +362,7 @@ fn check_model_files(version: &Version, report: &mut Report) {
             }
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
             if let Some(adapter) = &spec.adapter {
-                readable_dir(
-                    report,
-                    &format!("adapter {}", adapter.name),
-                    adapter.path.as_deref(),
-                    "set [adapter] path to the LoRA's folder",
-                );
+                adapter_dir(report, version, &adapter.name, adapter.path.as_deref());
             }
         }
         Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
@@ -441,6 +453,40 @@ fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str)
             format!("{what} path {}: {err}", path.display()),
             format!("make it a folder this user can read, or {fix}"),
         ),
+    }
+}
+
+/// An adapter folder as vLLM would load it: the path resolved (a symlink to `/etc` is
+/// `/etc`), and a LoRA there only with PEFT's `adapter_config.json`.
+fn adapter_dir(report: &mut Report, version: &Version, name: &str, path: Option<&Path>) {
+    let field = || {
+        let text = std::fs::read_to_string(&version.path).unwrap_or_default();
+        let offset = input::table_key_offset(&text, "adapter", "path").unwrap_or(0);
+        input::at(&version.path, &text, offset, "adapter.path").to_string()
+    };
+    let Some(path) = path else {
+        return report.fail(format!("{}: the spec names none", field()), "set [adapter] path to the LoRA's folder");
+    };
+    let resolved = match path.canonicalize() {
+        Ok(resolved) => resolved,
+        Err(err) => {
+            return report.fail(
+                format!("{} {}: {err}", field(), path.display()),
+                "make it a folder this user can read, or set [adapter] path to the LoRA's folder",
+            );
+        }
+    };
+    let shown = match resolved == path {
+        true => path.display().to_string(),
+        false => format!("{} (resolved: {})", path.display(), resolved.display()),
+    };
+    if resolved.join("adapter_config.json").is_file() {
+        report.ok(format!("adapter {name} path {shown} holds a LoRA adapter (adapter_config.json)"));
+    } else {
+        report.fail(
+            format!("{} {shown} holds no adapter_config.json: not a LoRA adapter folder", field()),
+            "point [adapter] path at the folder PEFT's save_pretrained wrote",
+        );
     }
 }
 
