@@ -110,7 +110,10 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
                 Some(version)
             }
             Err(err) => {
-                report.fail(format!("version {name}: {err:#}"), "fix the spec, or name one in versions/");
+                report.fail(
+                    format!("version {}: {err:#}", util::cut(name, 80)),
+                    "fix the spec, or name one in versions/",
+                );
                 None
             }
         },
