@@ -667,14 +667,23 @@ fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
 /// started with, so an edit gets a log line saying a restart applies it — once per new
 /// content (an editor's save is several events; a save that changes nothing is none).
 fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWatcher> {
-    use notify::Watcher;
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::{EventKind, Watcher};
     let file = root.join(CONFIG_FILE);
     let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| crate::util::sha256_hex(&bytes));
     let mut last = read(&file);
     let watched = file.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if !(event.kind.is_modify() || event.kind.is_create()) || !event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
+        // A write is read once it is closed (a truncated, half-written file is no new
+        // config); an editor's save by rename arrives as a create or a rename.
+        let complete = matches!(
+            event.kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Modify(ModifyKind::Name(_))
+        );
+        if !complete || !event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
             return;
         }
         let now = read(&watched);
