@@ -13,7 +13,7 @@
 //! [[hooks]]
 //! name = "team"
 //! kind = "slack"                  # slack | mattermost | discord | matrix | ntfy | json | exec
-//! url_env = "PRUEFSTAND_SLACK"    # or url = "https://…" (then keep the file 0600)
+//! url_env = "PRUEFSTAND_SLACK"    # or url = "https://…" (http(s) only; then keep the file 0600)
 //! on = ["rejected", "invalid", "failed"]   # default: every outcome
 //! timeout_s = 10
 //! retries = 3
@@ -39,31 +39,97 @@ use serde::Serialize;
 use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
 use crate::rundir::RunFile;
+use crate::settings::url::SecretUrl;
 use crate::settings::{HookConfig, Kind, Secret};
 use crate::util;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
-/// Checks the `[[hooks]]` of the root's config; errors name pruefstand.toml and the hook.
+/// Checks the `[[hooks]]` of the root's config as the daemon and `start` do: the first
+/// of [`problems`] without the delivery checks.
 pub fn validate(root: &Root) -> anyhow::Result<()> {
+    match problems(root, false).into_iter().next() {
+        Some(problem) => bail!("{problem}"),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with the `[[hooks]]`, one message each naming pruefstand.toml, the
+/// line, the hook and the field. With `deliveries`, also what would fail every
+/// delivery from this environment (`check`): an exec program not found on `PATH`, a
+/// `url_env`/`token_env` not set, a URL in `url_env` that is not http(s).
+pub fn problems(root: &Root, deliveries: bool) -> Vec<String> {
     let file = root.path.join(CONFIG_FILE);
-    for hook in &root.config.hooks {
-        let at = || format!("{}: hook {:?}", file.display(), hook.name);
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let mut found = Vec::new();
+    for (index, hook) in root.config.hooks.iter().enumerate() {
+        let mut bad = |key: &str, message: String| {
+            let line = hook_key_line(&text, index, key).map(|l| format!(":{l}")).unwrap_or_default();
+            found.push(format!("{}{line}: hook {:?}: {message}", file.display(), util::cut(&hook.name, 80)));
+        };
         if hook.kind == Kind::Exec {
-            if hook.argv.is_empty() {
-                bail!("{}: an exec hook needs argv = [\"program\", …]", at());
+            match hook.argv.first() {
+                None => bad("argv", "an exec hook needs argv = [\"program\", …]".into()),
+                Some(program) if deliveries && !runnable(program) => {
+                    bad("argv", format!("argv: program {program:?} is not found or not executable"))
+                }
+                Some(_) => {}
             }
         } else if hook.url.is_some() == hook.url_env.is_some() {
-            bail!("{}: a {} hook needs exactly one of url and url_env", at(), hook.kind.as_str());
+            bad("url", format!("a {} hook needs exactly one of url and url_env", hook.kind.as_str()));
         }
         if hook.kind == Kind::Matrix && hook.token.is_none() && hook.token_env.is_none() {
-            bail!("{}: a matrix hook needs token or token_env (the access token)", at());
+            bad("token", "a matrix hook needs token or token_env (the access token)".into());
         }
-        if let Some(bad) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
-            bail!("{}: on = {bad:?} is not one of {}", at(), OUTCOMES.join(", "));
+        if let Some(outcome) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
+            bad("on", format!("on = {:?} is not one of {}", util::cut(outcome, 80), OUTCOMES.join(", ")));
+        }
+        if !deliveries {
+            continue;
+        }
+        for (key, var) in [("url_env", &hook.url_env), ("token_env", &hook.token_env)] {
+            let Some(var) = var else { continue };
+            match std::env::var(var) {
+                Err(_) => bad(key, format!("{key} names {var}, which is not set")),
+                Ok(url) if key == "url_env" && SecretUrl::parse(&url).is_err() => {
+                    bad(key, format!("{key}: {var} holds no http:// or https:// URL"))
+                }
+                Ok(_) => {}
+            }
         }
     }
-    Ok(())
+    found
+}
+
+/// Whether `program` can be started as `exec` starts it: a path, or a name on `PATH`.
+fn runnable(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        return executable(Path::new(program));
+    }
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
+}
+
+/// The line (1-based) of `key` in the `index`-th `[[hooks]]` table of `text`; that
+/// table's header when the key is not written there.
+fn hook_key_line(text: &str, index: usize, key: &str) -> Option<usize> {
+    let (mut seen, mut inside, mut header) = (0, false, None);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.starts_with('[') {
+            let name = line.strip_prefix("[[").and_then(|rest| rest.trim_start().strip_prefix("hooks"));
+            let is_hook = name.is_some_and(|rest| rest.trim_start().starts_with("]]"));
+            inside = is_hook && seen == index;
+            if inside {
+                header = Some(n + 1);
+            }
+            seen += usize::from(is_hook);
+        } else if inside && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('=')) {
+            return Some(n + 1);
+        }
+    }
+    header
 }
 
 /// A warning when pruefstand.toml holds webhook secrets and others can read it.
@@ -371,6 +437,15 @@ fn redact(text: &str, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hook_key_is_found_in_its_own_table() {
+        let text = "[guard]\nx = 1\n[[hooks]]\nname = \"a\"\non = [\"x\"]\n[[ hooks ]]\nname = \"b\"\n[run]\non = 1\n";
+        assert_eq!(hook_key_line(text, 0, "on"), Some(5));
+        assert_eq!(hook_key_line(text, 1, "on"), Some(6), "the header when the key is not in the table");
+        assert_eq!(hook_key_line(text, 1, "name"), Some(7));
+        assert_eq!(hook_key_line(text, 2, "on"), None);
+    }
 
     #[test]
     fn secrets_do_not_debug_print() {

@@ -259,3 +259,28 @@ fn status_watch_follows_a_running_job_case_by_case() {
     idle.wait().unwrap();
     assert!(woke < 50, "an idle status --watch woke {woke} times in 3 s");
 }
+
+/// The daemon keeps the config it started with; an edit of pruefstand.toml under it is
+/// logged once per new content with the word that a restart applies it.
+#[test]
+fn an_edited_config_is_noticed_and_a_restart_named() {
+    let bench = Bench::new();
+    let daemon = bench.daemon();
+    let file = bench.path().join("pruefstand.toml");
+    let config = std::fs::read_to_string(&file).unwrap();
+    let noticed = |n: usize| {
+        wait_until(&format!("{n} notice(s) of the edit"), 30, || {
+            daemon.log().matches("pruefstand.toml changed").count() >= n
+        })
+    };
+    let edited = format!("{config}# an edit\n");
+    std::fs::write(&file, &edited).unwrap();
+    noticed(1);
+    std::fs::write(&file, &edited).unwrap(); // the same content again: nothing new
+    std::fs::write(&file, format!("{edited}# another\n")).unwrap();
+    noticed(2);
+    let log = daemon.log();
+    let line = log.lines().find(|l| l.contains("pruefstand.toml changed")).unwrap();
+    assert!(line.contains(&format!("{} changed: restart the daemon to apply it", file.display())), "{line}");
+    assert_eq!(log.matches("pruefstand.toml changed").count(), 2, "{log}");
+}

@@ -224,3 +224,39 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `check` refuses the hooks the daemon would refuse or never deliver: an outcome that
+/// does not exist, an exec program that is not there, a `url_env` not set — each a
+/// FAIL naming pruefstand.toml, the line and the field; a hook URL that is not
+/// http(s) is refused when the file is read.
+#[test]
+fn check_refuses_hooks_the_daemon_would_not_deliver() {
+    let bench = Bench::new();
+    let shipped = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    let first = shipped.lines().count() + 2;
+    let config = format!(
+        "{shipped}\n[[hooks]]\nname = \"team\"\nkind = \"slack\"\nurl_env = \"PRUEFSTAND_TEST_UNSET_HOOK_URL\"\non = [\"reject\"]\n\
+         \n[[hooks]]\nname = \"notify\"\nkind = \"exec\"\nargv = [\"/nonexistent/bench-notify\", \"--x\"]\n"
+    );
+    bench.write("pruefstand.toml", &config);
+    let check = bench.run(&["check"]).code(2);
+    let file = bench.path().join("pruefstand.toml");
+    for (line, what) in [
+        (first + 3, "hook \"team\": url_env names PRUEFSTAND_TEST_UNSET_HOOK_URL, which is not set"),
+        (first + 4, "hook \"team\": on = \"reject\" is not one of approved, rejected"),
+        (first + 9, "hook \"notify\": argv: program \"/nonexistent/bench-notify\" is not found"),
+    ] {
+        let want = format!("FAIL  {}:{line}: {what}", file.display());
+        assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    }
+    assert!(check.stdout.contains("3 FAIL"), "{}", check.stdout);
+
+    bench.write(
+        "pruefstand.toml",
+        &format!("{shipped}\n[[hooks]]\nname = \"x\"\nkind = \"json\"\nurl = \"file:///etc/passwd\"\n"),
+    );
+    let check = bench.run(&["check"]).code(2);
+    let want = format!("{}:{}:7: url: only http:// and https:// URLs", file.display(), first + 3);
+    assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    assert!(!check.stdout.contains("passwd"), "{}", check.stdout);
+}

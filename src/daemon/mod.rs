@@ -13,6 +13,9 @@
 //! nodes' own), else on the local gym.
 //!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
+//!
+//! `pruefstand.toml` is read once, at start: an edit while it runs is logged (once per
+//! new content) with the word that a restart applies it.
 
 pub mod gate;
 pub mod state;
@@ -32,7 +35,7 @@ use crate::lock_wait::{self, Waited};
 use crate::pyenv::PyEnv;
 use crate::queue::{self, Headline, Job, Queue, State, Transition};
 use crate::record::Verdict;
-use crate::root::Root;
+use crate::root::{CONFIG_FILE, Root};
 use crate::run::{RunControl, RunRequest, Session};
 use crate::rundir::RunLock;
 use crate::{benchlock, console, runtime};
@@ -155,8 +158,9 @@ struct Daemon<G: Gate> {
     hooks: tokio::task::JoinSet<()>,
     /// Model containers kept warm from one job to the next (same image, model, args).
     pool: Arc<crate::container::Pool>,
-    /// Kept alive for its inotify thread.
+    /// Kept alive for their inotify threads.
     _watcher: notify::RecommendedWatcher,
+    _config_watcher: notify::RecommendedWatcher,
 }
 
 enum Flow {
@@ -213,6 +217,7 @@ impl<G: Gate> Daemon<G> {
     fn new(root: Root, queue: Queue, gate: G) -> anyhow::Result<Daemon<G>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = watch_jobs(&queue, tx.clone())?;
+        let config_watcher = watch_config(&root.path)?;
         for (kind, name) in [
             (tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
             (tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
@@ -239,6 +244,7 @@ impl<G: Gate> Daemon<G> {
             hooks: tokio::task::JoinSet::new(),
             pool: Arc::new(crate::container::Pool::new(pool_dir)),
             _watcher: watcher,
+            _config_watcher: config_watcher,
         })
     }
 
@@ -655,6 +661,43 @@ fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))
+}
+
+/// inotify on the root's folder for `pruefstand.toml`: the daemon keeps the config it
+/// started with, so an edit gets a log line saying a restart applies it — once per new
+/// content (an editor's save is several events; a save that changes nothing is none).
+fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWatcher> {
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::{EventKind, Watcher};
+    let file = root.join(CONFIG_FILE);
+    let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| crate::util::sha256_hex(&bytes));
+    let mut last = read(&file);
+    let watched = file.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        // A write is read once it is closed (a truncated, half-written file is no new
+        // config); an editor's save by rename arrives as a create or a rename.
+        let complete = matches!(
+            event.kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Modify(ModifyKind::Name(_))
+        );
+        if !complete || !event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
+            return;
+        }
+        let now = read(&watched);
+        if now.is_some() && now != last {
+            tracing::warn!(
+                "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
+                watched.display()
+            );
+            last = now;
+        }
+    })
+    .context("starting inotify")?;
+    watcher.watch(root, notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", root.display()))?;
+    Ok(watcher)
 }
 
 /// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps

@@ -533,8 +533,10 @@ impl Queue {
 
     /// Resolves `<job>` as typed: an id.
     pub fn find(&self, arg: &str) -> anyhow::Result<Job> {
-        let id: u64 =
-            arg.trim().parse().with_context(|| format!("{arg:?} is not a job id (see `pruefstand queue`)"))?;
+        let id: u64 = arg
+            .trim()
+            .parse()
+            .with_context(|| format!("{} is not a job id (see `pruefstand queue`)", crate::input::quoted(arg)))?;
         self.load(id)
     }
 
