@@ -4,7 +4,8 @@
 //! (any verdict, `invalid` included) or fails.
 //!
 //! Each hook runs in its own background task with a timeout per attempt and retries
-//! with exponential backoff. Failures are logged and change nothing else: not the
+//! with exponential backoff. An exec hook runs in its own process group, killed whole
+//! when its attempt times out. Failures are logged and change nothing else: not the
 //! verdict, not the queue, not the next job. Webhook URLs and tokens are secrets: logs
 //! name a hook by its `name` and kind only, errors are stripped of URLs, and `Debug`
 //! prints `***`.
@@ -333,14 +334,32 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
 }
 
 async fn exec(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
+    use std::os::unix::process::CommandExt;
     // Only the verdict's facts: other hooks' secrets stay out of this one's environment.
     let mut command = std::process::Command::new(&hook.argv[0]);
     crate::util::minimal_env(&mut command);
     command.args(&hook.argv[1..]).envs(facts.env()).stdin(std::process::Stdio::null());
+    // Its own process group: a hook that times out is killed with everything it started.
+    command.process_group(0);
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
-    let status = command.status().await.map_err(|e| Failure::Final(format!("cannot start {}: {e}", hook.argv[0])))?;
+    let mut child = command.spawn().map_err(|e| Failure::Final(format!("cannot start {}: {e}", hook.argv[0])))?;
+    let group = child.id().map(|pid| GroupKill(pid as i32));
+    let status = child.wait().await.map_err(|e| Failure::Retry(format!("waiting for {}: {e}", hook.argv[0])))?;
+    // Ended by itself: what it left running in the background is its own business.
+    std::mem::forget(group);
     if status.success() { Ok(()) } else { Err(Failure::Retry(format!("{} exited with {status}", hook.argv[0]))) }
+}
+
+/// Kills an exec hook's process group when its attempt is dropped unfinished (a
+/// timeout, the daemon's exit): a hanging script's children go with it.
+struct GroupKill(i32);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        let _ = killpg(nix::unistd::Pid::from_raw(self.0), Signal::SIGKILL);
+    }
 }
 
 /// A reqwest error with its sources, without the URL.

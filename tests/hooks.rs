@@ -224,3 +224,56 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A queued job of a version whose reference is removed right after `start`: it fails
+/// at once, and its `failed` notification fires. The job id.
+fn failing_job(bench: &Bench) -> u64 {
+    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml"))
+        .unwrap();
+    bench.write(
+        "versions/orphan.toml",
+        &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml"))
+            .unwrap()
+            .replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""),
+    );
+    let id = bench.start(&["orphan", "--plan", "mini"]);
+    std::fs::remove_file(bench.path().join("versions/tmp-ref.toml")).unwrap();
+    id
+}
+
+/// Whether a process still runs (a zombie waiting for its reaper has ended).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+#[test]
+fn a_timed_out_exec_hook_is_killed_with_everything_it_started() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let pids = bench.path().join("hook-pids.txt");
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    // Two `sleep` children in the background, its own pid, then it hangs on them.
+    config += &format!(
+        r#"
+[[hooks]]
+name = "hang"
+kind = "exec"
+argv = ["/bin/sh", "-c", "sleep 300 & echo $! >> \"$0\"; sleep 300 & echo $! >> \"$0\"; echo $$ >> \"$0\"; wait", "{}"]
+timeout_s = 1
+retries = 1
+backoff_s = 0.1
+"#,
+        pids.display()
+    );
+    bench.write("pruefstand.toml", &config);
+    let daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("the hook to give up", 30, || daemon.log().contains("hook \"hang\" (exec): gave up after 2 attempts"));
+    let recorded: Vec<u32> =
+        std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(recorded.len(), 6, "two attempts, three processes each: {recorded:?}");
+    // The kill is synchronous with the timeout; a moment for the kernel to deliver it.
+    wait_until("every process of the hook's groups to end", 10, || recorded.iter().all(|pid| !alive(*pid)));
+}
