@@ -277,3 +277,72 @@ backoff_s = 0.1
     // The kill is synchronous with the timeout; a moment for the kernel to deliver it.
     wait_until("every process of the hook's groups to end", 10, || recorded.iter().all(|pid| !alive(*pid)));
 }
+
+/// A receiver that answers 500 until `accept` is set, then 200; every request recorded.
+fn receiver() -> (u16, Arc<std::sync::atomic::AtomicBool>, Arc<Mutex<Vec<(Request, bool)>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (accepting, record) = (accept.clone(), seen.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let Some((line, headers, body)) = read_request(&mut reader) else { continue };
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let ok = accepting.load(std::sync::atomic::Ordering::SeqCst);
+            let request = Request { method: "POST".into(), path, headers, body: String::from_utf8_lossy(&body).into() };
+            record.lock().unwrap().push((request, ok));
+            let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+            let mut stream = stream;
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    (port, accept, seen)
+}
+
+#[test]
+fn a_notification_owed_at_a_stop_is_sent_after_the_restart_with_the_same_key() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let (port, accept, seen) = receiver();
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    config += &format!(
+        "\n[[hooks]]\nname = \"team\"\nkind = \"json\"\nurl = \"http://127.0.0.1:{port}/hook\"\nretries = 20\nbackoff_s = 0.2\n"
+    );
+    bench.write("pruefstand.toml", &config);
+    let mut daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("two failed attempts", 30, || seen.lock().unwrap().len() >= 2);
+    // A stop mid-retry: the daemon says what is still owed.
+    daemon.signal_and_wait("TERM");
+    let log = daemon.log();
+    assert!(log.contains(&format!("job {id}: the notification to hook \"team\" is still owed")), "{log}");
+    let ledger = json(&bench.path().join(format!(".pruefstand/jobs/{id}/notifications.json")));
+    assert_eq!(ledger["hooks"][0]["state"], "owed", "{ledger}");
+    let before = seen.lock().unwrap().len();
+
+    accept.store(true, std::sync::atomic::Ordering::SeqCst);
+    let daemon = bench.daemon();
+    wait_until("the owed notification delivered", 30, || seen.lock().unwrap().iter().any(|(_, ok)| *ok));
+    let requests = seen.lock().unwrap().clone();
+    let keys: Vec<&str> = requests.iter().map(|(r, _)| r.headers["idempotency-key"].as_str()).collect();
+    assert!(keys.iter().all(|k| *k == format!("{id}-failed")), "one key for every attempt: {keys:?}");
+    let (delivered, _) = requests.iter().find(|(_, ok)| *ok).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&delivered.body).unwrap()["job"], id);
+    assert!(requests.len() > before);
+    wait_until("the ledger to say delivered", 10, || {
+        json(&bench.path().join(format!(".pruefstand/jobs/{id}/notifications.json")))["hooks"][0]["state"]
+            == "delivered"
+    });
+    assert!(daemon.log().contains(&format!("job {id}: notifications still owed, sent again: \"team\"")));
+
+    // `log JOB` shows each attempt: the failed ones before the stop, the delivery after.
+    let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
+    let attempts = shown.lines().filter(|l| l.contains("hook \"team\" (json): attempt ")).count();
+    assert!(attempts >= 2, "{shown}");
+    assert!(shown.contains("failed: HTTP 500 Internal Server Error; retrying in"), "{shown}");
+    assert!(shown.contains("is still owed"), "{shown}");
+    assert!(shown.lines().any(|l| l.contains("hook \"team\" (json): delivered (attempt ")), "{shown}");
+}

@@ -13,6 +13,8 @@
 //! nodes' own), else on the local gym.
 //!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
+//! A job's notifications are written down in its folder before the first attempt, and
+//! what a stop or crash left owed is sent again when the daemon starts.
 
 pub mod gate;
 pub mod state;
@@ -153,6 +155,8 @@ struct Daemon<G: Gate> {
     tx: mpsc::UnboundedSender<Event>,
     state: Publisher,
     hooks: tokio::task::JoinSet<()>,
+    /// The notifications of those hooks, to say at exit what is still owed.
+    ledgers: Vec<Arc<hooks::Ledger>>,
     /// Model containers kept warm from one job to the next (same image, model, args).
     pool: Arc<crate::container::Pool>,
     /// Kept alive for its inotify thread.
@@ -237,6 +241,7 @@ impl<G: Gate> Daemon<G> {
             tx,
             state,
             hooks: tokio::task::JoinSet::new(),
+            ledgers: Vec::new(),
             pool: Arc::new(crate::container::Pool::new(pool_dir)),
             _watcher: watcher,
         })
@@ -244,12 +249,14 @@ impl<G: Gate> Daemon<G> {
 
     async fn serve(&mut self) -> anyhow::Result<()> {
         self.recover()?;
+        self.resend_owed()?;
         self.remove_orphans().await;
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
         self.inbox.ping_if_due();
         tracing::info!("daemon ready for {} (pid {})", self.root.path.display(), std::process::id());
         loop {
             while self.hooks.try_join_next().is_some() {}
+            self.ledgers.retain(|ledger| !ledger.owed().is_empty());
             if self.queue.is_paused() {
                 self.state.set(Activity::Paused);
                 match self.inbox.next().await {
@@ -315,6 +322,24 @@ impl<G: Gate> Daemon<G> {
             if self.queue.load(id)?.state == State::Interrupted {
                 self.queue.transition(id, Transition::Requeue)?;
                 tracing::info!("job {id} back in the queue; it resumes into its run directory");
+            }
+        }
+        Ok(())
+    }
+
+    /// Notifications a previous daemon still owed (it stopped mid-retry, or crashed)
+    /// are sent again, with the attempts it made counted.
+    fn resend_owed(&mut self) -> anyhow::Result<()> {
+        for job in self.queue.list()? {
+            match hooks::Ledger::read(&self.queue.job_dir(job.id)) {
+                Ok(Some(ledger)) if !ledger.owed().is_empty() => {
+                    let names: Vec<String> = ledger.owed().iter().map(|(name, _)| format!("{name:?}")).collect();
+                    let text = format!("job {}: notifications still owed, sent again: {}", job.id, names.join(", "));
+                    ledger.say(tracing::Level::INFO, &text);
+                    self.send(ledger);
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!("job {}: {err:#}", job.id),
             }
         }
         Ok(())
@@ -590,10 +615,20 @@ impl<G: Gate> Daemon<G> {
         }
     }
 
+    /// The job's notifications, written down in its folder before the first attempt (a
+    /// stop or a crash from here on cannot lose them), then sent in the background.
     fn fire_hooks(&mut self, facts: Facts) {
-        if !self.root.config.hooks.is_empty() {
-            self.hooks.spawn(hooks::fire_all(self.root.config.hooks.clone(), facts));
+        let dir = self.queue.job_dir(facts.job);
+        let Some(ledger) = hooks::Ledger::new(Some(dir), &self.root.config.hooks, facts) else { return };
+        if let Err(err) = ledger.save() {
+            tracing::warn!("job {}: cannot write down its notifications (sent all the same): {err:#}", ledger.job());
         }
+        self.send(ledger);
+    }
+
+    fn send(&mut self, ledger: Arc<hooks::Ledger>) {
+        self.ledgers.push(ledger.clone());
+        self.hooks.spawn(hooks::fire_all(self.root.config.hooks.clone(), ledger));
     }
 
     /// Model containers left by a daemon or run that died (`kill -9`, a reboot) are
@@ -615,6 +650,17 @@ impl<G: Gate> Daemon<G> {
         if !self.hooks.is_empty() {
             let hooks = &mut self.hooks;
             let _ = tokio::time::timeout(HOOK_GRACE, async { while hooks.join_next().await.is_some() {} }).await;
+            hooks.abort_all();
+            while hooks.join_next().await.is_some() {}
+        }
+        for ledger in &self.ledgers {
+            for (hook, made) in ledger.owed() {
+                let text = format!(
+                    "job {}: the notification to hook {hook:?} is still owed ({made} attempts made); it is sent when the daemon starts again",
+                    ledger.job()
+                );
+                ledger.say(tracing::Level::WARN, &text);
+            }
         }
         if let Err(err) = self.pool.shutdown().await {
             tracing::warn!("stopping the warm model container: {err:#}");

@@ -12,6 +12,7 @@
 //!   locks/gpu.lock      the bench lock: held while a GPU-backed run runs (`benchlock`)
 //!   jobs/<id>/job.json  the job: state, attempts, run dir, verdict, history
 //!   jobs/<id>/log       the daemon's lines about the job (`pruefstand log`)
+//!   jobs/<id>/notifications.json  its hooks' notifications, each delivered or still owed
 //!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
 //!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
 //! ```
