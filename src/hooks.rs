@@ -119,8 +119,10 @@ impl Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
         let report =
             [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
+        // A job failed at its verdict (its file damaged) keeps the verdict it reached.
+        let failed = job.state == crate::queue::State::Failed;
         Facts {
-            outcome: verdict.clone().unwrap_or_else(|| "failed".into()),
+            outcome: verdict.clone().filter(|_| !failed).unwrap_or_else(|| "failed".into()),
             job: job.id,
             version: job.version.clone(),
             plan: job.plan.clone(),
@@ -132,7 +134,7 @@ impl Facts {
             decisive: job.figures.as_ref().and_then(|h| h.decisive.as_deref().cloned()),
             run_dir: Some(run_dir.to_path_buf()),
             report,
-            error: None,
+            error: job.error.clone().filter(|_| failed),
         }
     }
 

@@ -155,6 +155,9 @@ struct Daemon<G: Gate> {
     tx: mpsc::UnboundedSender<Event>,
     state: Publisher,
     hooks: tokio::task::JoinSet<()>,
+    /// The last copy of the job being started or run, as the daemon wrote it: what a
+    /// job file damaged meanwhile is written again from.
+    known: Option<Job>,
     /// The notifications of those hooks, to say at exit what is still owed.
     ledgers: Vec<Arc<hooks::Ledger>>,
     /// Model containers kept warm from one job to the next (same image, model, args).
@@ -241,6 +244,7 @@ impl<G: Gate> Daemon<G> {
             tx,
             state,
             hooks: tokio::task::JoinSet::new(),
+            known: None,
             ledgers: Vec::new(),
             pool: Arc::new(crate::container::Pool::new(pool_dir)),
             _watcher: watcher,
@@ -424,11 +428,18 @@ impl<G: Gate> Daemon<G> {
     fn start(&mut self, job: Job) -> anyhow::Result<Started> {
         let id = job.id;
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
-        if job.attempt >= queue::MAX_ATTEMPTS {
-            let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
+        let attempts = job.attempt;
+        self.known = Some(job);
+        if attempts >= queue::MAX_ATTEMPTS {
+            let error = format!("gave up after {attempts} attempts that ended in a crash");
             return self.failed(id, error).map(Started::Ended);
         }
-        let job = match self.queue.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+        let job = match self.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+            Ok(job) if job.state == State::Failed => {
+                let error = job.error.clone().unwrap_or_default();
+                self.fire_hooks(Facts::failed(&job, &error));
+                return Ok(Started::Ended(Flow::Continue));
+            }
             Ok(job) => job,
             // Cancelled between the pick and now.
             Err(err) => {
@@ -543,8 +554,10 @@ impl<G: Gate> Daemon<G> {
                 tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
                 self.wait_for_space().await?;
                 let reason = "the disk was full".to_string();
-                self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
-                self.record(id, Transition::Requeue).await?;
+                let job = self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
+                if job.state == State::Interrupted {
+                    self.record(id, Transition::Requeue).await?;
+                }
                 Ok(Flow::Continue)
             }
             (Err(error), None) => self.failed(id, error.message),
@@ -567,16 +580,44 @@ impl<G: Gate> Daemon<G> {
 
     fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {
         tracing::warn!("job {id} failed: {error}");
-        let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
+        let job = self.transition(id, Transition::Fail { error: error.clone() })?;
+        let error = job.error.clone().unwrap_or(error);
         self.fire_hooks(Facts::failed(&job, &error));
         Ok(Flow::Continue)
+    }
+
+    /// Applies a transition to the job as stored. When its file no longer loads (it was
+    /// damaged while the job ran), the job is failed instead, from the daemon's last
+    /// copy, naming the file and why, with the verdict it reached: one bad file must not
+    /// stop the queue.
+    fn transition(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
+        let err = match self.queue.transition(id, transition.clone()) {
+            Ok(job) => {
+                self.known = Some(job.clone());
+                return Ok(job);
+            }
+            Err(err) => err,
+        };
+        let known = self.known.clone().filter(|job| job.id == id);
+        let damaged = || self.queue.job_dir(id).join("job.json").exists() && self.queue.load(id).is_err();
+        let Some(mut job) = known.filter(|_| !is_disk_full(&err) && damaged()) else {
+            return Err(err);
+        };
+        let _ = job.apply(transition);
+        let error =
+            format!("{err:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
+        job.apply(Transition::Damaged { error })?;
+        self.queue.replace_damaged(&job)?;
+        tracing::warn!("job {id} failed: {}", job.error.as_deref().unwrap_or_default());
+        self.known = Some(job.clone());
+        Ok(job)
     }
 
     /// Records a job's transition; on a full disk it waits for space first instead of
     /// exiting — systemd would restart the daemon and count a crash against the job.
     async fn record(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
         loop {
-            match self.queue.transition(id, transition.clone()) {
+            match self.transition(id, transition.clone()) {
                 Ok(job) => return Ok(job),
                 Err(err) if is_disk_full(&err) => {
                     tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
