@@ -85,9 +85,9 @@ pub async fn main(root: Root) -> anyhow::Result<()> {
     {
         use std::io::{Seek, Write};
         let mut file: &std::fs::File = &lock;
-        file.set_len(0)?;
-        file.rewind()?;
-        write!(file, "{}", std::process::id())?;
+        let path = queue.daemon_lock_file();
+        let noted = file.set_len(0).and_then(|()| file.rewind()).and_then(|_| write!(file, "{}", std::process::id()));
+        noted.with_context(|| format!("writing the daemon's pid into {}", path.display()))?;
     }
     if let Some(warning) = hooks::permission_warning(&root) {
         tracing::warn!("{warning}");
@@ -550,9 +550,9 @@ impl<G: Gate> Daemon<G> {
                 Ok(Flow::Continue)
             }
             // The gym's own write failing shows only as its exit: look at the disk too.
-            (Err(error), None) if error.disk_full || !self.has_space() => {
+            (Err(error), None) if error.disk_full || self.full_disk().is_some() => {
                 tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
-                self.wait_for_space().await?;
+                self.wait_for_space(Some(id)).await?;
                 let reason = "the disk was full".to_string();
                 let job = self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
                 if job.state == State::Interrupted {
@@ -621,31 +621,37 @@ impl<G: Gate> Daemon<G> {
                 Ok(job) => return Ok(job),
                 Err(err) if is_disk_full(&err) => {
                     tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
-                    self.wait_for_space().await?;
+                    self.wait_for_space(Some(id)).await?;
                 }
                 Err(err) => return Err(err),
             }
         }
     }
 
-    /// Whether a small file can be written under the queue.
-    fn has_space(&self) -> bool {
-        let probe = self.queue.daemon_state_file().with_file_name("space-probe");
-        let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
-        let _ = std::fs::remove_file(&probe);
-        written.is_ok()
+    /// The folder without room for a small file: the queue's, or the running job's run
+    /// directory (it may lie on another disk); None when both have room.
+    fn full_disk(&self) -> Option<PathBuf> {
+        let run_dir = self.known.as_ref().and_then(|job| job.run_dir.clone()).filter(|dir| dir.is_dir());
+        [Some(self.queue.dir.clone()), run_dir].into_iter().flatten().find(|dir| {
+            let probe = dir.join(".space-probe");
+            let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+            let _ = std::fs::remove_file(&probe);
+            written.is_err()
+        })
     }
 
     /// Returns once there is space again, checking with a back-off up to a minute; a
-    /// signal ends the wait (and the daemon).
-    async fn wait_for_space(&mut self) -> anyhow::Result<()> {
+    /// signal ends the wait (and the daemon). Meanwhile the state says where the disk
+    /// is full and how much is free there.
+    async fn wait_for_space(&mut self, job: Option<u64>) -> anyhow::Result<()> {
         let mut wait = Duration::from_secs(1);
         loop {
-            if self.has_space() {
+            let Some(path) = self.full_disk() else {
                 tracing::info!("there is disk space again");
                 return Ok(());
-            }
-            self.state.set(Activity::Stopping { reason: "waiting for disk space".into() });
+            };
+            let free_bytes = free_bytes(&path);
+            self.state.set(Activity::WaitingForSpace { job, path, free_bytes });
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 event = self.inbox.next() => if let Event::Signal(name) = event {
@@ -709,6 +715,11 @@ impl<G: Gate> Daemon<G> {
         self.state.set(Activity::Stopped);
         Ok(())
     }
+}
+
+/// The bytes an unprivileged writer may still use on `path`'s file system.
+fn free_bytes(path: &std::path::Path) -> u64 {
+    nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() as u64 * s.fragment_size() as u64)
 }
 
 /// ENOSPC or EDQUOT anywhere in the chain.

@@ -329,7 +329,7 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
     result?;
     let log_path = run_dir.path_of(RunFile::GymLog);
     if !status.success() || !tally.finished {
-        bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
+        bail!("the gym failed ({status}); {}", log_quote(&log_path));
     }
     let (cases, drained) = (request.cases, tally.not_started.is_some());
     let records = blocking_in(run_dir, move |run_dir| compact(run_dir, &cases, drained)).await?;
@@ -552,6 +552,15 @@ fn resumable(
     (done, errors)
 }
 
+/// The end of the gym's log for an error, or why there is none: never an empty quote.
+fn log_quote(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => format!("its log {}:\n{}", path.display(), tail(path, 20)),
+        Ok(_) => format!("its log {} is empty (nothing written: a full disk, or a kill before a word)", path.display()),
+        Err(err) => format!("its log {} cannot be read: {err}", path.display()),
+    }
+}
+
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
@@ -562,6 +571,17 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use crate::case::Outcome;
+
+    #[test]
+    fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gym.log");
+        std::fs::write(&log, "").unwrap();
+        assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
+        std::fs::write(&log, "one\ntwo\n").unwrap();
+        assert_eq!(log_quote(&log), format!("its log {}:\none\ntwo", log.display()));
+        assert!(log_quote(&dir.path().join("missing")).contains("cannot be read"));
+    }
 
     #[test]
     fn a_resume_runs_bench_errors_again_and_keeps_everything_else() {
