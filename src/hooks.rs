@@ -236,14 +236,14 @@ struct Delivery {
     hook: String,
     /// Attempts made so far, across restarts.
     attempts: u32,
-    state: Delivered,
+    state: Standing,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-enum Delivered {
+enum Standing {
     Owed,
     Delivered,
     GivenUp,
@@ -263,7 +263,7 @@ impl Ledger {
         let hooks: Vec<Delivery> = hooks
             .iter()
             .filter(|h| h.on.as_ref().is_none_or(|on| on.contains(&facts.outcome)))
-            .map(|h| Delivery { hook: h.name.clone(), attempts: 0, state: Delivered::Owed, last: None })
+            .map(|h| Delivery { hook: h.name.clone(), attempts: 0, state: Standing::Owed, last: None })
             .collect();
         (!hooks.is_empty())
             .then(|| Arc::new(Ledger { dir, notes: Mutex::new(Notifications { key: facts.key(), facts, hooks }) }))
@@ -299,7 +299,7 @@ impl Ledger {
     /// The hooks still owed, with the attempts made for each.
     pub fn owed(&self) -> Vec<(String, u32)> {
         let notes = util::lock(&self.notes);
-        notes.hooks.iter().filter(|d| d.state == Delivered::Owed).map(|d| (d.hook.clone(), d.attempts)).collect()
+        notes.hooks.iter().filter(|d| d.state == Standing::Owed).map(|d| (d.hook.clone(), d.attempts)).collect()
     }
 
     fn facts(&self) -> Facts {
@@ -307,7 +307,7 @@ impl Ledger {
     }
 
     /// Records an attempt's end (or a hook's end without one, `attempted` false).
-    fn record(&self, hook: &str, attempted: bool, state: Delivered, last: Option<String>) {
+    fn record(&self, hook: &str, attempted: bool, state: Standing, last: Option<String>) {
         {
             let mut notes = util::lock(&self.notes);
             if let Some(delivery) = notes.hooks.iter_mut().find(|d| d.hook == hook) {
@@ -350,7 +350,7 @@ pub async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
             None => {
                 let why = "no longer in pruefstand.toml";
                 ledger.say(tracing::Level::WARN, &format!("hook {name:?}: not sent, {why} (job {})", ledger.job()));
-                ledger.record(&name, false, Delivered::GivenUp, Some(why.into()));
+                ledger.record(&name, false, Standing::GivenUp, Some(why.into()));
             }
         }
     }
@@ -368,7 +368,7 @@ pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
     use tracing::Level;
     if made >= attempts {
         say(Level::WARN, format!("gave up after {made} attempts"));
-        return ledger.record(&hook.name, false, Delivered::GivenUp, None);
+        return ledger.record(&hook.name, false, Standing::GivenUp, None);
     }
     for attempt in made + 1..=attempts {
         let result = match tokio::time::timeout(Duration::from_secs_f64(hook.timeout_s), deliver(&hook, &facts)).await {
@@ -378,21 +378,21 @@ pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
         match result {
             Ok(()) => {
                 say(Level::INFO, format!("delivered (attempt {attempt}/{attempts})"));
-                return ledger.record(&hook.name, true, Delivered::Delivered, None);
+                return ledger.record(&hook.name, true, Standing::Delivered, None);
             }
             Err(Failure::Final(why)) => {
                 say(Level::WARN, format!("attempt {attempt}/{attempts} failed, not retried: {why}"));
-                return ledger.record(&hook.name, true, Delivered::GivenUp, Some(why));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
             }
             Err(Failure::Retry(why)) if attempt < attempts => {
                 let wait = (hook.backoff_s * 2f64.powi(attempt as i32 - 1)).min(300.0);
                 say(Level::WARN, format!("attempt {attempt}/{attempts} failed: {why}; retrying in {wait:.1} s"));
-                ledger.record(&hook.name, true, Delivered::Owed, Some(why));
+                ledger.record(&hook.name, true, Standing::Owed, Some(why));
                 tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
             Err(Failure::Retry(why)) => {
                 say(Level::WARN, format!("gave up after {attempts} attempts: {why}"));
-                return ledger.record(&hook.name, true, Delivered::GivenUp, Some(why));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
             }
         }
     }

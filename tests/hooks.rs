@@ -278,8 +278,11 @@ backoff_s = 0.1
     wait_until("every process of the hook's groups to end", 10, || recorded.iter().all(|pid| !alive(*pid)));
 }
 
+/// Every request a receiver got, and whether it answered 200.
+type Received = Arc<Mutex<Vec<(Request, bool)>>>;
+
 /// A receiver that answers 500 until `accept` is set, then 200; every request recorded.
-fn receiver() -> (u16, Arc<std::sync::atomic::AtomicBool>, Arc<Mutex<Vec<(Request, bool)>>>) {
+fn receiver() -> (u16, Arc<std::sync::atomic::AtomicBool>, Received) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let accept = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -719,7 +719,7 @@ impl<G: Gate> Daemon<G> {
 
 /// The bytes an unprivileged writer may still use on `path`'s file system.
 fn free_bytes(path: &std::path::Path) -> u64 {
-    nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() as u64 * s.fragment_size() as u64)
+    nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() * s.fragment_size())
 }
 
 /// ENOSPC or EDQUOT anywhere in the chain.
