@@ -407,12 +407,12 @@ async fn hand_over(
 
 /// Reads the gym's stdout to its end, each line taken by the pass's [`Follow`] on the
 /// blocking pool (the records sink fsyncs every case); the first drain a sink asks for
-/// is passed on to the gym (SIGUSR1). The fan-out comes back also when reading failed.
+/// is passed on to the gym (SIGUSR1), and a stop (SIGUSR2). The fan-out comes back also when reading failed.
 async fn follow_events(child: &mut tokio::process::Child, mut follow: Follow) -> (Follow, anyhow::Result<()>) {
     let stdout = child.stdout.take().expect("piped stdout");
     let gym_pid = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
     let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let mut drain_asked = false;
+    let mut asked = Ask::Continue;
     loop {
         let line = match lines.next_line().await.context("reading the gym's events") {
             Ok(Some(line)) if line.trim().is_empty() => continue,
@@ -426,13 +426,23 @@ async fn follow_events(child: &mut tokio::process::Child, mut follow: Follow) ->
             (follow, ask)
         })
         .await;
+        use nix::sys::signal::Signal;
         match ask {
             Err(err) => return (follow, Err(err)),
-            Ok(Ask::Drain) if !drain_asked => {
-                drain_asked = true;
-                tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
+            Ok(ask) if ask > asked => {
+                asked = ask;
+                let signal = match ask {
+                    Ask::Stop => {
+                        tracing::info!("the verdict is decided: no new case starts, the cases in flight are stopped");
+                        Signal::SIGUSR2
+                    }
+                    _ => {
+                        tracing::info!("no new case starts, the cases in flight finish");
+                        Signal::SIGUSR1
+                    }
+                };
                 if let Some(pid) = gym_pid {
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1);
+                    let _ = nix::sys::signal::kill(pid, signal);
                 }
             }
             Ok(_) => {}
@@ -489,9 +499,7 @@ impl Follow {
         self.tally.take(&event);
         let mut ask = Ask::Continue;
         for sink in &mut self.fanout {
-            if sink.on(&event, &self.seen)? == Ask::Drain {
-                ask = Ask::Drain;
-            }
+            ask = ask.max(sink.on(&event, &self.seen)?);
         }
         Ok(ask)
     }
@@ -531,7 +539,13 @@ impl Tally {
                 self.rerun.push(case_id.clone());
             }
             GymEvent::Warning { message } => tracing::warn!("{message}"),
-            GymEvent::Drained { not_started } => self.not_started = Some(*not_started),
+            GymEvent::Drained { not_started, stopped } => {
+                // A stop after a drain says so in a second event: both count.
+                self.not_started = Some(self.not_started.unwrap_or(0) + not_started);
+                if *stopped > 0 {
+                    tracing::info!("{stopped} cases in flight stopped: the verdict was decided without them");
+                }
+            }
             GymEvent::Done => self.finished = true,
             _ => {}
         }
