@@ -88,8 +88,10 @@ pub fn parse_metrics(text: &str) -> Option<ServerLoad> {
 /// http only: a TLS endpoint is someone else's server, steered by latency.
 pub fn metrics_url(base_url: &str) -> Option<String> {
     let rest = base_url.strip_prefix("http://")?;
-    let authority = rest.split('/').next().filter(|a| !a.is_empty())?;
-    Some(format!("http://{authority}/metrics"))
+    let authority = rest.split(['/', '?']).next().filter(|a| !a.is_empty())?;
+    // vLLM's /metrics takes no credentials: none to carry into the observer's errors.
+    let host = authority.rsplit('@').next()?;
+    Some(format!("http://{host}/metrics"))
 }
 
 /// `/metrics` as text; a status other than 200 is an error naming it.
@@ -490,6 +492,7 @@ mod tests {
         assert_eq!(metrics_url("http://127.0.0.1:8000/v1").as_deref(), Some("http://127.0.0.1:8000/metrics"));
         assert_eq!(metrics_url("http://host:9/").as_deref(), Some("http://host:9/metrics"));
         assert_eq!(metrics_url("https://api.example.com/v1"), None);
+        assert_eq!(metrics_url("http://u:pw@host:9/v1?t=x").as_deref(), Some("http://host:9/metrics"));
     }
 
     #[test]

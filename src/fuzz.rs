@@ -941,7 +941,8 @@ fn webhook_responses_never_panic_and_end_in_time() {
             ))
             .expect("a hook");
             // A hang guard, not a timing: delivery may take 0.3 s per attempt.
-            let ended = tokio::time::timeout(Duration::from_secs(60), hooks::fire(hook, facts)).await;
+            let ledger = hooks::Ledger::new(None, std::slice::from_ref(&hook), facts).expect("a hook without `on`");
+            let ended = tokio::time::timeout(Duration::from_secs(60), hooks::fire(hook, ledger)).await;
             endpoint.abort();
             check(ended.is_ok(), || "delivery never ended".into())
         })

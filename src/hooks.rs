@@ -4,7 +4,11 @@
 //! (any verdict, `invalid` included) or fails.
 //!
 //! Each hook runs in its own background task with a timeout per attempt and retries
-//! with exponential backoff. Failures are logged and change nothing else: not the
+//! with exponential backoff. An exec hook runs in its own process group, killed whole
+//! when its attempt times out. A job's notifications are written down in its folder
+//! ([`LEDGER_FILE`]) before the first attempt and after each, so the daemon sends what a
+//! stop left owed after its next start; every request carries the same idempotency key
+//! (the job and its outcome), and each attempt is a line of the job's log. Failures are logged and change nothing else: not the
 //! verdict, not the queue, not the next job. Webhook URLs and tokens are secrets: logs
 //! name a hook by its `name` and kind only, errors are stripped of URLs, and `Debug`
 //! prints `***`.
@@ -13,7 +17,7 @@
 //! [[hooks]]
 //! name = "team"
 //! kind = "slack"                  # slack | mattermost | discord | matrix | ntfy | json | exec
-//! url_env = "PRUEFSTAND_SLACK"    # or url = "https://…" (then keep the file 0600)
+//! url_env = "PRUEFSTAND_SLACK"    # or url = "https://…" (http(s) only; then keep the file 0600)
 //! on = ["rejected", "invalid", "failed"]   # default: every outcome
 //! timeout_s = 10
 //! retries = 3
@@ -31,39 +35,106 @@
 //! `url` is the topic URL; an optional `token` goes in as a bearer token.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::bail;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::queue::Job;
 use crate::root::{CONFIG_FILE, Root};
 use crate::rundir::RunFile;
+use crate::settings::url::SecretUrl;
 use crate::settings::{HookConfig, Kind, Secret};
 use crate::util;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
-/// Checks the `[[hooks]]` of the root's config; errors name pruefstand.toml and the hook.
+/// Checks the `[[hooks]]` of the root's config as the daemon and `start` do: the first
+/// of [`problems`] without the delivery checks.
 pub fn validate(root: &Root) -> anyhow::Result<()> {
+    match problems(root, false).into_iter().next() {
+        Some(problem) => bail!("{problem}"),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with the `[[hooks]]`, one message each naming pruefstand.toml, the
+/// line, the hook and the field. With `deliveries`, also what would fail every
+/// delivery from this environment (`check`): an exec program not found on `PATH`, a
+/// `url_env`/`token_env` not set, a URL in `url_env` that is not http(s).
+pub fn problems(root: &Root, deliveries: bool) -> Vec<String> {
     let file = root.path.join(CONFIG_FILE);
-    for hook in &root.config.hooks {
-        let at = || format!("{}: hook {:?}", file.display(), hook.name);
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let mut found = Vec::new();
+    for (index, hook) in root.config.hooks.iter().enumerate() {
+        let mut bad = |key: &str, message: String| {
+            let line = hook_key_line(&text, index, key).map(|l| format!(":{l}")).unwrap_or_default();
+            found.push(format!("{}{line}: hook {:?}: {message}", file.display(), util::cut(&hook.name, 80)));
+        };
         if hook.kind == Kind::Exec {
-            if hook.argv.is_empty() {
-                bail!("{}: an exec hook needs argv = [\"program\", …]", at());
+            match hook.argv.first() {
+                None => bad("argv", "an exec hook needs argv = [\"program\", …]".into()),
+                Some(program) if deliveries && !runnable(program) => {
+                    bad("argv", format!("argv: program {program:?} is not found or not executable"))
+                }
+                Some(_) => {}
             }
         } else if hook.url.is_some() == hook.url_env.is_some() {
-            bail!("{}: a {} hook needs exactly one of url and url_env", at(), hook.kind.as_str());
+            bad("url", format!("a {} hook needs exactly one of url and url_env", hook.kind.as_str()));
         }
         if hook.kind == Kind::Matrix && hook.token.is_none() && hook.token_env.is_none() {
-            bail!("{}: a matrix hook needs token or token_env (the access token)", at());
+            bad("token", "a matrix hook needs token or token_env (the access token)".into());
         }
-        if let Some(bad) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
-            bail!("{}: on = {bad:?} is not one of {}", at(), OUTCOMES.join(", "));
+        if let Some(outcome) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
+            bad("on", format!("on = {:?} is not one of {}", util::cut(outcome, 80), OUTCOMES.join(", ")));
+        }
+        if !deliveries {
+            continue;
+        }
+        for (key, var) in [("url_env", &hook.url_env), ("token_env", &hook.token_env)] {
+            let Some(var) = var else { continue };
+            match std::env::var(var) {
+                Err(_) => bad(key, format!("{key} names {var}, which is not set")),
+                Ok(url) if key == "url_env" && SecretUrl::parse(&url).is_err() => {
+                    bad(key, format!("{key}: {var} holds no http:// or https:// URL"))
+                }
+                Ok(_) => {}
+            }
         }
     }
-    Ok(())
+    found
+}
+
+/// Whether `program` can be started as `exec` starts it: a path, or a name on `PATH`.
+fn runnable(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if program.contains('/') {
+        return executable(Path::new(program));
+    }
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
+}
+
+/// The line (1-based) of `key` in the `index`-th `[[hooks]]` table of `text`; that
+/// table's header when the key is not written there.
+fn hook_key_line(text: &str, index: usize, key: &str) -> Option<usize> {
+    let (mut seen, mut inside, mut header) = (0, false, None);
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.starts_with('[') {
+            let name = line.strip_prefix("[[").and_then(|rest| rest.trim_start().strip_prefix("hooks"));
+            let is_hook = name.is_some_and(|rest| rest.trim_start().starts_with("]]"));
+            inside = is_hook && seen == index;
+            if inside {
+                header = Some(n + 1);
+            }
+            seen += usize::from(is_hook);
+        } else if inside && line.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('=')) {
+            return Some(n + 1);
+        }
+    }
+    header
 }
 
 /// A warning when pruefstand.toml holds webhook secrets and others can read it.
@@ -81,7 +152,7 @@ pub fn permission_warning(root: &Root) -> Option<String> {
 }
 
 /// The facts a hook reports.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct Facts {
     /// approved | rejected | inconclusive | invalid | failed
     pub outcome: String,
@@ -114,8 +185,10 @@ impl Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
         let report =
             [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
+        // A job failed at its verdict (its file damaged) keeps the verdict it reached.
+        let failed = job.state == crate::queue::State::Failed;
         Facts {
-            outcome: verdict.clone().unwrap_or_else(|| "failed".into()),
+            outcome: verdict.clone().filter(|_| !failed).unwrap_or_else(|| "failed".into()),
             job: job.id,
             version: job.version.clone(),
             plan: job.plan.clone(),
@@ -127,7 +200,7 @@ impl Facts {
             decisive: job.figures.as_ref().and_then(|h| h.decisive.as_deref().cloned()),
             run_dir: Some(run_dir.to_path_buf()),
             report,
-            error: None,
+            error: job.error.clone().filter(|_| failed),
         }
     }
 
@@ -178,6 +251,12 @@ impl Facts {
         text
     }
 
+    /// The same on every attempt and after a restart, for receivers that de-duplicate:
+    /// the job and its outcome.
+    pub fn key(&self) -> String {
+        format!("{}-{}", self.job, self.outcome)
+    }
+
     fn env(&self) -> Vec<(String, String)> {
         let opt = |v: Option<f64>| v.map(|v| format!("{v:.6}")).unwrap_or_default();
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
@@ -197,6 +276,7 @@ impl Facts {
             ("RUN_DIR", path(&self.run_dir)),
             ("REPORT", path(&self.report)),
             ("ERROR", self.error.clone().unwrap_or_default()),
+            ("IDEMPOTENCY_KEY", self.key()),
         ]
         .into_iter()
         .map(|(k, v)| (format!("PRUEFSTAND_{k}"), v))
@@ -204,48 +284,181 @@ impl Facts {
     }
 }
 
-/// Fires every hook whose `on` takes the outcome, concurrently; returns when all are
-/// delivered or given up.
-pub async fn fire_all(hooks: Vec<HookConfig>, facts: Facts) {
+/// The file in a job's folder that holds its notifications and how far each got.
+pub const LEDGER_FILE: &str = "notifications.json";
+
+/// One job's notifications: written down before the first attempt and after each, so
+/// a daemon that stops mid-retry sends what is still owed after its next start.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Notifications {
+    key: String,
+    facts: Facts,
+    hooks: Vec<Delivery>,
+}
+
+/// How far one hook's notification got.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Delivery {
+    hook: String,
+    /// Attempts made so far, across restarts.
+    attempts: u32,
+    state: Standing,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Standing {
+    Owed,
+    Delivered,
+    GivenUp,
+}
+
+/// A job's notifications in flight: [`LEDGER_FILE`] and the job's own log (`pruefstand
+/// log`) in its folder, or neither (`dir` None).
+pub struct Ledger {
+    dir: Option<PathBuf>,
+    notes: Mutex<Notifications>,
+}
+
+impl Ledger {
+    /// The notifications of `facts` owed to each hook whose `on` takes its outcome, not
+    /// yet written down; None when no hook takes it.
+    pub fn new(dir: Option<PathBuf>, hooks: &[HookConfig], facts: Facts) -> Option<Arc<Ledger>> {
+        let hooks: Vec<Delivery> = hooks
+            .iter()
+            .filter(|h| h.on.as_ref().is_none_or(|on| on.contains(&facts.outcome)))
+            .map(|h| Delivery { hook: h.name.clone(), attempts: 0, state: Standing::Owed, last: None })
+            .collect();
+        (!hooks.is_empty())
+            .then(|| Arc::new(Ledger { dir, notes: Mutex::new(Notifications { key: facts.key(), facts, hooks }) }))
+    }
+
+    /// The ledger a job's folder holds, if any.
+    pub fn read(dir: &Path) -> anyhow::Result<Option<Arc<Ledger>>> {
+        use anyhow::Context;
+        let path = dir.join(LEDGER_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
+        };
+        let notes =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a notification ledger", path.display()))?;
+        Ok(Some(Arc::new(Ledger { dir: Some(dir.to_path_buf()), notes: Mutex::new(notes) })))
+    }
+
+    /// Writes the ledger down (a whole-file atomic replace).
+    pub fn save(&self) -> anyhow::Result<()> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let notes = util::lock(&self.notes).clone();
+        let mut bytes = serde_json::to_vec_pretty(&notes)?;
+        bytes.push(b'\n');
+        crate::queue::write_private(&dir.join(LEDGER_FILE), &bytes)
+    }
+
+    pub fn job(&self) -> u64 {
+        util::lock(&self.notes).facts.job
+    }
+
+    /// The hooks still owed, with the attempts made for each.
+    pub fn owed(&self) -> Vec<(String, u32)> {
+        let notes = util::lock(&self.notes);
+        notes.hooks.iter().filter(|d| d.state == Standing::Owed).map(|d| (d.hook.clone(), d.attempts)).collect()
+    }
+
+    fn facts(&self) -> Facts {
+        util::lock(&self.notes).facts.clone()
+    }
+
+    /// Records an attempt's end (or a hook's end without one, `attempted` false).
+    fn record(&self, hook: &str, attempted: bool, state: Standing, last: Option<String>) {
+        {
+            let mut notes = util::lock(&self.notes);
+            if let Some(delivery) = notes.hooks.iter_mut().find(|d| d.hook == hook) {
+                delivery.attempts += u32::from(attempted);
+                delivery.state = state;
+                delivery.last = last;
+            }
+        }
+        if let Err(err) = self.save() {
+            tracing::warn!("job {}: cannot write down its notifications: {err:#}", self.job());
+        }
+    }
+
+    /// A line in the daemon's log and in the job's own, as `pruefstand log` shows it.
+    pub fn say(&self, level: tracing::Level, text: &str) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        match level {
+            tracing::Level::INFO => tracing::info!("{text}"),
+            _ => tracing::warn!("{text}"),
+        }
+        let Some(dir) = &self.dir else { return };
+        let line = format!("{} {level:>5} {text}\n", chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ"));
+        // One write per line, like the job's other lines; a full disk costs the line only.
+        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(dir.join("log")) {
+            let _ = file.write_all(line.as_bytes());
+        }
+    }
+}
+
+/// Sends what the ledger still owes, each hook concurrently; returns when all are
+/// delivered or given up. A hook no longer in pruefstand.toml is given up.
+pub async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
     let mut set = tokio::task::JoinSet::new();
-    for hook in hooks {
-        if hook.on.as_ref().is_none_or(|on| on.contains(&facts.outcome)) {
-            set.spawn(fire(hook, facts.clone()));
+    for (name, _) in ledger.owed() {
+        match hooks.iter().find(|h| h.name == name) {
+            Some(hook) => {
+                set.spawn(fire(hook.clone(), ledger.clone()));
+            }
+            None => {
+                let why = "no longer in pruefstand.toml";
+                ledger.say(tracing::Level::WARN, &format!("hook {name:?}: not sent, {why} (job {})", ledger.job()));
+                ledger.record(&name, false, Standing::GivenUp, Some(why.into()));
+            }
         }
     }
     while set.join_next().await.is_some() {}
 }
 
-/// One hook, with retries. Logs by name and kind only.
-pub async fn fire(hook: HookConfig, facts: Facts) {
+/// One hook, with retries counted across restarts. Logs by name and kind only.
+pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
     let label = format!("hook {:?} ({})", hook.name, hook.kind.as_str());
+    let facts = ledger.facts();
     let attempts = hook.retries + 1;
-    for attempt in 1..=attempts {
-        match tokio::time::timeout(Duration::from_secs_f64(hook.timeout_s), deliver(&hook, &facts)).await {
-            Ok(Ok(())) => {
-                tracing::info!("{label}: delivered (job {}, {})", facts.job, facts.outcome);
-                return;
+    let made = ledger.owed().into_iter().find(|(name, _)| *name == hook.name).map_or(0, |(_, made)| made);
+    let say =
+        |level, text: String| ledger.say(level, &format!("{label}: {text} (job {}, {})", facts.job, facts.outcome));
+    use tracing::Level;
+    if made >= attempts {
+        say(Level::WARN, format!("gave up after {made} attempts"));
+        return ledger.record(&hook.name, false, Standing::GivenUp, None);
+    }
+    for attempt in made + 1..=attempts {
+        let result = match tokio::time::timeout(Duration::from_secs_f64(hook.timeout_s), deliver(&hook, &facts)).await {
+            Ok(result) => result,
+            Err(_) => Err(Failure::Retry(format!("timed out after {} s", hook.timeout_s))),
+        };
+        match result {
+            Ok(()) => {
+                say(Level::INFO, format!("delivered (attempt {attempt}/{attempts})"));
+                return ledger.record(&hook.name, true, Standing::Delivered, None);
             }
-            Ok(Err(Failure::Final(why))) => {
-                tracing::warn!("{label}: failed, not retried: {why}");
-                return;
+            Err(Failure::Final(why)) => {
+                say(Level::WARN, format!("attempt {attempt}/{attempts} failed, not retried: {why}"));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
             }
-            Ok(Err(Failure::Retry(why))) if attempt < attempts => {
+            Err(Failure::Retry(why)) if attempt < attempts => {
                 let wait = (hook.backoff_s * 2f64.powi(attempt as i32 - 1)).min(300.0);
-                tracing::warn!("{label}: attempt {attempt}/{attempts} failed: {why}; retrying in {wait:.1} s");
+                say(Level::WARN, format!("attempt {attempt}/{attempts} failed: {why}; retrying in {wait:.1} s"));
+                ledger.record(&hook.name, true, Standing::Owed, Some(why));
                 tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
-            Ok(Err(Failure::Retry(why))) => tracing::warn!("{label}: gave up after {attempts} attempts: {why}"),
-            Err(_) if attempt < attempts => {
-                let wait = (hook.backoff_s * 2f64.powi(attempt as i32 - 1)).min(300.0);
-                tracing::warn!(
-                    "{label}: attempt {attempt}/{attempts} timed out after {} s; retrying in {wait:.1} s",
-                    hook.timeout_s
-                );
-                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-            }
-            Err(_) => {
-                tracing::warn!("{label}: gave up after {attempts} attempts: timed out after {} s", hook.timeout_s)
+            Err(Failure::Retry(why)) => {
+                say(Level::WARN, format!("gave up after {attempts} attempts: {why}"));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
             }
         }
     }
@@ -321,6 +534,7 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
         Kind::Json => client.post(&url).json(facts),
         Kind::Exec => unreachable!("handled above"),
     };
+    let request = request.header("Idempotency-Key", facts.key());
     let response = request.send().await.map_err(|e| Failure::Retry(redact(&error_chain(e), &url)))?;
     let status = response.status();
     if status.is_success() {
@@ -333,14 +547,32 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
 }
 
 async fn exec(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
+    use std::os::unix::process::CommandExt;
     // Only the verdict's facts: other hooks' secrets stay out of this one's environment.
     let mut command = std::process::Command::new(&hook.argv[0]);
     crate::util::minimal_env(&mut command);
     command.args(&hook.argv[1..]).envs(facts.env()).stdin(std::process::Stdio::null());
+    // Its own process group: a hook that times out is killed with everything it started.
+    command.process_group(0);
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
-    let status = command.status().await.map_err(|e| Failure::Final(format!("cannot start {}: {e}", hook.argv[0])))?;
+    let mut child = command.spawn().map_err(|e| Failure::Final(format!("cannot start {}: {e}", hook.argv[0])))?;
+    let group = child.id().map(|pid| GroupKill(pid as i32));
+    let status = child.wait().await.map_err(|e| Failure::Retry(format!("waiting for {}: {e}", hook.argv[0])))?;
+    // Ended by itself: what it left running in the background is its own business.
+    std::mem::forget(group);
     if status.success() { Ok(()) } else { Err(Failure::Retry(format!("{} exited with {status}", hook.argv[0]))) }
+}
+
+/// Kills an exec hook's process group when its attempt is dropped unfinished (a
+/// timeout, the daemon's exit): a hanging script's children go with it.
+struct GroupKill(i32);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        let _ = killpg(nix::unistd::Pid::from_raw(self.0), Signal::SIGKILL);
+    }
 }
 
 /// A reqwest error with its sources, without the URL.
@@ -371,6 +603,15 @@ fn redact(text: &str, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hook_key_is_found_in_its_own_table() {
+        let text = "[guard]\nx = 1\n[[hooks]]\nname = \"a\"\non = [\"x\"]\n[[ hooks ]]\nname = \"b\"\n[run]\non = 1\n";
+        assert_eq!(hook_key_line(text, 0, "on"), Some(5));
+        assert_eq!(hook_key_line(text, 1, "on"), Some(6), "the header when the key is not in the table");
+        assert_eq!(hook_key_line(text, 1, "name"), Some(7));
+        assert_eq!(hook_key_line(text, 2, "on"), None);
+    }
 
     #[test]
     fn secrets_do_not_debug_print() {

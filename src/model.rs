@@ -12,6 +12,7 @@ use anyhow::Context;
 
 use crate::container::{self, AcquireError};
 use crate::record::ModelServerFacts;
+use crate::settings::url::SecretUrl;
 use crate::sim;
 use crate::spec::{Backend, Version};
 use crate::util;
@@ -28,8 +29,8 @@ pub struct UpContext<'a> {
 
 /// Where the agent finds the model, and what keeps it alive.
 pub struct Endpoint {
-    /// OpenAI base URL, e.g. `http://127.0.0.1:41234/v1`.
-    pub base_url: String,
+    /// OpenAI base URL, e.g. `http://127.0.0.1:41234/v1`; shown without credentials.
+    pub base_url: SecretUrl,
     /// Per-run key, given to the agent by environment (never argv or reports).
     pub api_key: Option<String>,
     server: Option<sim::Server>,
@@ -99,7 +100,12 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Re
             let server = sim::Server::start(settings, "127.0.0.1:0".parse().expect("valid address"))
                 .await
                 .context("starting the simulated model")?;
-            Ok(Endpoint { base_url: server.base_url(), api_key: Some(api_key), server: Some(server), lease: None })
+            Ok(Endpoint {
+                base_url: SecretUrl::own(server.base_url()),
+                api_key: Some(api_key),
+                server: Some(server),
+                lease: None,
+            })
         }
         Backend::External => {
             let url = model.url.clone().context("backend \"external\" needs model.url")?;
@@ -109,7 +115,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Re
                 })?),
                 None => None,
             };
-            Ok(Endpoint { base_url: url.trim_end_matches('/').to_string(), api_key, server: None, lease: None })
+            Ok(Endpoint { base_url: url, api_key, server: None, lease: None })
         }
         Backend::Docker => {
             let request = container::Request {
@@ -122,7 +128,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Re
             };
             let lease = ctx.pool.acquire(&request).await?;
             Ok(Endpoint {
-                base_url: lease.base_url(),
+                base_url: SecretUrl::own(lease.base_url()),
                 api_key: Some(lease.container.api_key.clone()),
                 server: None,
                 lease: Some(lease),

@@ -60,6 +60,9 @@ pub fn collect(i: &Inputs) -> Value {
         "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "pruefstand": ours(),
         "version": {"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()},
+        // The spec hash sees the URL redacted: its sha256 tells two credentials apart
+        // without revealing either.
+        "model_url": spec.model.url.as_ref().map(|u| json!({"shown": u, "sha256": u.sha256()})),
         "plan": {"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version},
         "agentdojo_version": i.agentdojo_version,
         "image": i.container.as_ref().map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),

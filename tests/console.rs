@@ -98,3 +98,19 @@ fn a_killed_run_leaves_none_of_its_processes_behind_and_resumes() {
     assert!(run.stderr.contains(&format!("{recorded} already recorded")), "{}", run.stderr);
     assert_eq!(cases(&out).len(), MINI_CASES);
 }
+
+/// The plain progress line counts what is in flight: with one case at a time, the
+/// next case is in flight when the line is said, until none is left to start.
+#[test]
+fn the_progress_line_counts_the_case_in_flight_until_none_is_left() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let run = bench.run(&["run", "demo-baseline", "--plan", "tiny", "--jobs", "1"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    let lines: Vec<&str> = run.stderr.lines().filter(|l| l.contains("progress: ")).collect();
+    assert_eq!(lines.len(), 4, "a line per case of 4: {}", run.stderr);
+    for (n, line) in lines.iter().enumerate() {
+        let in_flight = if n + 1 < 4 { 1 } else { 0 };
+        assert!(line.contains(&format!("progress: {}/4 cases, {in_flight} in flight, ", n + 1)), "{line}");
+    }
+}

@@ -259,3 +259,59 @@ fn status_watch_follows_a_running_job_case_by_case() {
     idle.wait().unwrap();
     assert!(woke < 50, "an idle status --watch woke {woke} times in 3 s");
 }
+
+/// The daemon keeps the config it started with; an edit of pruefstand.toml under it is
+/// logged once per new content with the word that a restart applies it.
+#[test]
+fn an_edited_config_is_noticed_and_a_restart_named() {
+    let bench = Bench::new();
+    let daemon = bench.daemon();
+    let file = bench.path().join("pruefstand.toml");
+    let config = std::fs::read_to_string(&file).unwrap();
+    let noticed = |n: usize| {
+        wait_until(&format!("{n} notice(s) of the edit"), 30, || {
+            daemon.log().matches("pruefstand.toml changed").count() >= n
+        })
+    };
+    let edited = format!("{config}# an edit\n");
+    std::fs::write(&file, &edited).unwrap();
+    noticed(1);
+    std::fs::write(&file, &edited).unwrap(); // the same content again: nothing new
+    std::fs::write(&file, format!("{edited}# another\n")).unwrap();
+    noticed(2);
+    let log = daemon.log();
+    let line = log.lines().find(|l| l.contains("pruefstand.toml changed")).unwrap();
+    assert!(line.contains(&format!("{} changed: restart the daemon to apply it", file.display())), "{line}");
+    assert_eq!(log.matches("pruefstand.toml changed").count(), 2, "{log}");
+}
+
+#[test]
+fn a_job_file_damaged_mid_run_fails_that_job_keeps_its_verdict_and_the_queue_goes_on() {
+    let bench = bench_with_slow(100);
+    // A damaged job folder from before: warned about once per change, not at every look.
+    let stray = bench.write(".pruefstand/jobs/90/job.json", "{ not json");
+    let daemon = bench.daemon();
+    let first = bench.start(&["slow", "--plan", "mini"]);
+    let second = bench.start(&["slow", "--plan", "mini"]);
+    bench.wait_cases(first, 1);
+    let file = bench.path().join(format!(".pruefstand/jobs/{first}/job.json"));
+    std::fs::write(&file, "garbage, not a job").unwrap();
+
+    let job2 = bench.wait_job(second, "done", 180);
+    assert!(job2["verdict"].is_string(), "{job2}");
+    let job1 = bench.job(first);
+    assert_eq!(job1["state"], "failed", "{job1}");
+    let error = job1["error"].as_str().unwrap();
+    assert!(error.contains(&format!("jobs/{first}/job.json: not a job")), "the file and the reason: {error}");
+    assert!(job1["verdict"].is_string(), "the verdict it reached is kept: {job1}");
+    let kept = std::fs::read_to_string(file.with_file_name("job.json.damaged")).unwrap();
+    assert_eq!(kept, "garbage, not a job");
+    assert!(daemon.log().contains(&format!("job {first} failed: ")), "{}", daemon.log());
+
+    let skipped = |log: &str| log.matches("skipping job 90: ").count();
+    assert_eq!(skipped(&daemon.log()), 1, "{}", daemon.log());
+    std::fs::write(&stray, "{ still not json, changed").unwrap();
+    let third = bench.start(&["slow", "--plan", "mini"]);
+    bench.wait_job(third, "done", 180);
+    assert_eq!(skipped(&daemon.log()), 2, "once more for the changed file\n{}", daemon.log());
+}

@@ -224,3 +224,164 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// `check` refuses the hooks the daemon would refuse or never deliver: an outcome that
+/// does not exist, an exec program that is not there, a `url_env` not set — each a
+/// FAIL naming pruefstand.toml, the line and the field; a hook URL that is not
+/// http(s) is refused when the file is read.
+#[test]
+fn check_refuses_hooks_the_daemon_would_not_deliver() {
+    let bench = Bench::new();
+    let shipped = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    let first = shipped.lines().count() + 2;
+    let config = format!(
+        "{shipped}\n[[hooks]]\nname = \"team\"\nkind = \"slack\"\nurl_env = \"PRUEFSTAND_TEST_UNSET_HOOK_URL\"\non = [\"reject\"]\n\
+         \n[[hooks]]\nname = \"notify\"\nkind = \"exec\"\nargv = [\"/nonexistent/bench-notify\", \"--x\"]\n"
+    );
+    bench.write("pruefstand.toml", &config);
+    let check = bench.run(&["check"]).code(2);
+    let file = bench.path().join("pruefstand.toml");
+    for (line, what) in [
+        (first + 3, "hook \"team\": url_env names PRUEFSTAND_TEST_UNSET_HOOK_URL, which is not set"),
+        (first + 4, "hook \"team\": on = \"reject\" is not one of approved, rejected"),
+        (first + 9, "hook \"notify\": argv: program \"/nonexistent/bench-notify\" is not found"),
+    ] {
+        let want = format!("FAIL  {}:{line}: {what}", file.display());
+        assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    }
+    assert!(check.stdout.contains("3 FAIL"), "{}", check.stdout);
+
+    bench.write(
+        "pruefstand.toml",
+        &format!("{shipped}\n[[hooks]]\nname = \"x\"\nkind = \"json\"\nurl = \"file:///etc/passwd\"\n"),
+    );
+    let check = bench.run(&["check"]).code(2);
+    let want = format!("{}:{}:7: url: only http:// and https:// URLs", file.display(), first + 3);
+    assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    assert!(!check.stdout.contains("passwd"), "{}", check.stdout);
+}
+
+/// A queued job of a version whose reference is removed right after `start`: it fails
+/// at once, and its `failed` notification fires. The job id.
+fn failing_job(bench: &Bench) -> u64 {
+    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml"))
+        .unwrap();
+    bench.write(
+        "versions/orphan.toml",
+        &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml"))
+            .unwrap()
+            .replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""),
+    );
+    let id = bench.start(&["orphan", "--plan", "mini"]);
+    std::fs::remove_file(bench.path().join("versions/tmp-ref.toml")).unwrap();
+    id
+}
+
+/// Whether a process still runs (a zombie waiting for its reaper has ended).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+#[test]
+fn a_timed_out_exec_hook_is_killed_with_everything_it_started() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let pids = bench.path().join("hook-pids.txt");
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    // Two `sleep` children in the background, its own pid, then it hangs on them.
+    config += &format!(
+        r#"
+[[hooks]]
+name = "hang"
+kind = "exec"
+argv = ["/bin/sh", "-c", "sleep 300 & echo $! >> \"$0\"; sleep 300 & echo $! >> \"$0\"; echo $$ >> \"$0\"; wait", "{}"]
+timeout_s = 1
+retries = 1
+backoff_s = 0.1
+"#,
+        pids.display()
+    );
+    bench.write("pruefstand.toml", &config);
+    let daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("the hook to give up", 30, || daemon.log().contains("hook \"hang\" (exec): gave up after 2 attempts"));
+    let recorded: Vec<u32> =
+        std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(recorded.len(), 6, "two attempts, three processes each: {recorded:?}");
+    // The kill is synchronous with the timeout; a moment for the kernel to deliver it.
+    wait_until("every process of the hook's groups to end", 10, || recorded.iter().all(|pid| !alive(*pid)));
+}
+
+/// Every request a receiver got, and whether it answered 200.
+type Received = Arc<Mutex<Vec<(Request, bool)>>>;
+
+/// A receiver that answers 500 until `accept` is set, then 200; every request recorded.
+fn receiver() -> (u16, Arc<std::sync::atomic::AtomicBool>, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (accepting, record) = (accept.clone(), seen.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let Some((line, headers, body)) = read_request(&mut reader) else { continue };
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            let ok = accepting.load(std::sync::atomic::Ordering::SeqCst);
+            let request = Request { method: "POST".into(), path, headers, body: String::from_utf8_lossy(&body).into() };
+            record.lock().unwrap().push((request, ok));
+            let status = if ok { "200 OK" } else { "500 Internal Server Error" };
+            let mut stream = stream;
+            let _ = write!(stream, "HTTP/1.1 {status}\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    (port, accept, seen)
+}
+
+#[test]
+fn a_notification_owed_at_a_stop_is_sent_after_the_restart_with_the_same_key() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let (port, accept, seen) = receiver();
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    config += &format!(
+        "\n[[hooks]]\nname = \"team\"\nkind = \"json\"\nurl = \"http://127.0.0.1:{port}/hook\"\nretries = 20\nbackoff_s = 0.2\n"
+    );
+    bench.write("pruefstand.toml", &config);
+    let mut daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("two failed attempts", 30, || seen.lock().unwrap().len() >= 2);
+    // A stop mid-retry: the daemon says what is still owed.
+    daemon.signal_and_wait("TERM");
+    let log = daemon.log();
+    assert!(log.contains(&format!("job {id}: the notification to hook \"team\" is still owed")), "{log}");
+    let ledger = json(&bench.path().join(format!(".pruefstand/jobs/{id}/notifications.json")));
+    assert_eq!(ledger["hooks"][0]["state"], "owed", "{ledger}");
+    let before = seen.lock().unwrap().len();
+
+    accept.store(true, std::sync::atomic::Ordering::SeqCst);
+    let daemon = bench.daemon();
+    wait_until("the owed notification delivered", 30, || seen.lock().unwrap().iter().any(|(_, ok)| *ok));
+    let requests = seen.lock().unwrap().clone();
+    let keys: Vec<&str> = requests.iter().map(|(r, _)| r.headers["idempotency-key"].as_str()).collect();
+    assert!(keys.iter().all(|k| *k == format!("{id}-failed")), "one key for every attempt: {keys:?}");
+    let (delivered, _) = requests.iter().find(|(_, ok)| *ok).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&delivered.body).unwrap()["job"], id);
+    assert!(requests.len() > before);
+    wait_until("the ledger to say delivered", 10, || {
+        json(&bench.path().join(format!(".pruefstand/jobs/{id}/notifications.json")))["hooks"][0]["state"]
+            == "delivered"
+    });
+    assert!(daemon.log().contains(&format!("job {id}: notifications still owed, sent again: \"team\"")));
+
+    // `log JOB` shows each attempt: the failed ones before the stop, the delivery after.
+    let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
+    let attempts = shown.lines().filter(|l| l.contains("hook \"team\" (json): attempt ")).count();
+    assert!(attempts >= 2, "{shown}");
+    assert!(shown.contains("failed: HTTP 500 Internal Server Error; retrying in"), "{shown}");
+    assert!(shown.contains("is still owed"), "{shown}");
+    assert!(shown.lines().any(|l| l.contains("hook \"team\" (json): delivered (attempt ")), "{shown}");
+}

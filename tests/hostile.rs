@@ -305,3 +305,119 @@ fn a_hostile_model_server_is_held_at_every_boundary() {
     assert!(report.contains("U+202E") && !report.contains('\u{202e}'), "a bidi override is shown, not obeyed");
     assert!(!report.contains('\u{1b}') && !report.contains('\u{7}'), "raw ESC/BEL never reach the page");
 }
+
+/// Every file under `dir` (recursively) whose bytes contain any of `needles`.
+fn files_containing(dir: &Path, needles: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                stack.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                let text = String::from_utf8_lossy(&bytes);
+                found.extend(needles.iter().filter(|n| text.contains(*n)).map(|n| format!("{}: {n}", path.display())));
+            }
+        }
+    }
+    found
+}
+
+/// A password and a token in an external model's URL reach the server and nothing
+/// else: not `check`'s or `run`'s output, not a file of the run or the index, not the
+/// daemon's log or the queue; the run and the judgement show the URL redacted.
+#[test]
+fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://alice:S3CRETPW@127.0.0.1:{port}/v1?token=T0KEN");
+    let shown = format!("http://***@127.0.0.1:{port}/v1?token=***");
+    let spec = format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n");
+    let spec_file = bench.write("versions/elsewhere.toml", &spec);
+    let model = bench.path().join("sim-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
+    std::fs::copy(truth_file(), model.join("truth.json")).unwrap();
+    let mut server = bench
+        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "m", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the simulator to answer", 60, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+
+    let check = bench.run(&["check", "elsewhere"]);
+    let run = bench.run(&["run", "elsewhere", "--plan", "tiny"]);
+    let daemon = bench.daemon();
+    let id = bench.start(&["elsewhere", "--plan", "tiny"]);
+    let job = bench.wait_job(id, "done", 300);
+    let queue = bench.run(&["queue"]);
+    drop(daemon);
+    let _ = server.kill();
+    let _ = server.wait();
+
+    assert!(check.stdout.contains(&format!("model server at {shown} serves m")), "{}", check.stdout);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    assert!(job["verdict"].is_string(), "{job}");
+    // The cases reached the server through the URL: none is an error.
+    let dir = run.run_dir();
+    assert!(cases(&dir).iter().all(|r| r["error"].is_null()), "{:?}", cases(&dir));
+    assert_eq!(json(&dir.join("version.json"))["spec"]["model"]["url"], shown.as_str());
+    let provenance = std::fs::read_to_string(dir.join("provenance.json")).unwrap();
+    let identity = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
+    assert!(provenance.contains(&identity), "provenance tells the credentials apart: {provenance}");
+
+    let secrets = ["S3CRETPW", "T0KEN"];
+    for (what, text) in [
+        ("check", &check.stdout),
+        ("check's stderr", &check.stderr),
+        ("run", &run.stdout),
+        ("run's stderr", &run.stderr),
+        ("queue", &queue.stdout),
+    ] {
+        assert!(!secrets.iter().any(|s| text.contains(s)), "{what}: {text}");
+    }
+    // The spec itself and the queued job's copy of it (the daemon connects from it)
+    // hold the URL whole; nothing else may.
+    std::fs::remove_file(&spec_file).unwrap();
+    std::fs::remove_file(bench.path().join(format!(".pruefstand/jobs/{id}/snapshot/version/elsewhere.toml"))).unwrap();
+    let leaks = files_containing(bench.path(), &secrets);
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
+/// A model URL that is not http(s) is refused at its line before any case runs, and
+/// an adapter folder that resolves elsewhere (a symlink to /etc) is judged where it
+/// leads: no adapter_config.json there, no adapter.
+#[test]
+fn a_file_url_and_an_adapter_linked_to_etc_are_refused() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let spec = bench.write(
+        "versions/local-file.toml",
+        "[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"file:///etc/passwd\"\n",
+    );
+    let run = bench.run(&["run", "local-file", "--plan", "tiny"]).code(2);
+    let want = format!("{}:4:7: url: file:///etc/passwd is no http:// or https:// URL", spec.display());
+    assert!(run.stderr.contains(&want), "{want}\n{}", run.stderr);
+    assert!(!bench.path().join("reports/local-file").exists(), "no case ran");
+
+    let link = bench.path().join("lora-link");
+    std::os::unix::fs::symlink("/etc", &link).unwrap();
+    let spec = bench.write(
+        "versions/linked.toml",
+        &format!(
+            "[model]\nbackend = \"docker\"\nimage = \"img\"\npath = \"/etc\"\nserved_name = \"m\"\n\n[adapter]\nname = \"lora\"\npath = \"{}\"\n",
+            link.display()
+        ),
+    );
+    let check = bench.run(&["check", "linked"]).code(2);
+    let want = format!(
+        "FAIL  {}:9:1: adapter.path {} (resolved: /etc) holds no adapter_config.json",
+        spec.display(),
+        link.display()
+    );
+    assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
+    assert!(!check.stdout.contains("adapter lora path"), "{}", check.stdout);
+}

@@ -330,6 +330,37 @@ impl Drop for Tmpfs {
     }
 }
 
+/// The live page's first `status` event from `serve` on `root`: its line.
+fn live_line(root: &Path) -> String {
+    use std::io::{BufRead, Read};
+    let mut serve = Command::new(BIN)
+        .arg("--root")
+        .arg(root)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut address = String::new();
+    BufReader::new(serve.stdout.take().unwrap()).read_line(&mut address).unwrap();
+    let address = address.trim().trim_start_matches("http://").trim_end_matches('/').to_string();
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    write!(stream, "GET /events HTTP/1.1\r\nHost: {address}\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains("\"line\":") || !seen[seen.find("\"line\":").unwrap()..].contains('\n') {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended: {seen}");
+        seen += &String::from_utf8_lossy(&buf[..n]);
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let data = seen.lines().find(|l| l.starts_with("data: ") && l.contains("\"line\":")).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&data["data: ".len()..]).unwrap();
+    status["line"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn a_full_disk_pauses_a_daemon_job_without_using_up_its_attempts() {
     let bench = Bench::new();
@@ -351,8 +382,9 @@ fn a_full_disk_pauses_a_daemon_job_without_using_up_its_attempts() {
     };
     // The daemon's log lives off the small disk, so it can tell what happened.
     let log = bench.path().join("daemon.log");
-    let mut daemon =
-        pf(&["daemon"]).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    // Killed on drop, also when an assertion fails.
+    let child = pf(&["daemon"]).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap()).spawn().unwrap();
+    let mut daemon = Daemon { child, log: log.clone() };
     let job_file = root.join(".pruefstand/jobs/1/job.json");
     let started = Run::from(pf(&["start", "slow", "--plan", "tiny"]).output().unwrap()).ok();
     assert_eq!(started.stdout.lines().next(), Some("1"));
@@ -376,10 +408,27 @@ fn a_full_disk_pauses_a_daemon_job_without_using_up_its_attempts() {
     });
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert!(
-        daemon.try_wait().unwrap().is_none(),
+        daemon.child.try_wait().unwrap().is_none(),
         "the daemon is still there:\n{}",
         std::fs::read_to_string(&log).unwrap()
     );
+    // `status` and the live page say the job waits for space, where, and how much is
+    // free — not a running job with a stale ETA.
+    let waiting = format!("waiting for disk space: {}/.pruefstand has ", root.display());
+    wait_until("status to say the job waits for space", 30, || {
+        Run::from(pf(&["status"]).output().unwrap()).stdout.contains(&waiting)
+    });
+    let status = Run::from(pf(&["status"]).output().unwrap()).ok().stdout;
+    assert!(status.contains(" free; job 1 resumes then") && !status.contains("ETA"), "{status}");
+    let state: serde_json::Value =
+        serde_json::from_str(&Run::from(pf(&["status", "--json"]).output().unwrap()).ok().stdout).unwrap();
+    assert_eq!(state["state"]["state"], "waiting_for_space", "{state}");
+    assert!(state["state"]["free_bytes"].is_u64(), "{state}");
+    let line = live_line(&root);
+    assert!(line.starts_with(&waiting), "{line}");
+    // A gym error never ends with an empty quote of its log.
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.lines().any(|l| l.trim_end().ends_with("gym.log:")), "an empty log quote:\n{text}");
 
     std::fs::remove_file(&filler).unwrap();
     wait_until("the job done", 180, || {
@@ -391,6 +440,18 @@ fn a_full_disk_pauses_a_daemon_job_without_using_up_its_attempts() {
     let ids: std::collections::BTreeSet<String> =
         cases(&run_dir).iter().map(|c| c["case_id"].as_str().unwrap().to_string()).collect();
     assert_eq!((ids.len(), cases(&run_dir).len()), (4, 4), "every case once");
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
+
+    // A daemon started on a full disk, in a fresh root: its error names the file.
+    let fresh = root.join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    std::fs::copy(root.join("pruefstand.toml"), fresh.join("pruefstand.toml")).unwrap();
+    let mut file = std::fs::File::create(&filler).unwrap();
+    while file.write_all(&[0u8; 1 << 12]).is_ok() {}
+    drop(file);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--root").arg(&fresh).arg("daemon").current_dir(repo()).stdin(Stdio::null());
+    let started = Run::from(cmd.output().unwrap()).code(2);
+    let lock = fresh.join(".pruefstand/daemon.lock");
+    assert!(started.stderr.contains(&format!("{}: No space left on device", lock.display())), "{}", started.stderr);
 }

@@ -194,3 +194,25 @@ fn the_eta_says_estimating_until_the_first_wave_has_finished() {
     assert!(progress[..progress.len() - 1].iter().all(|l| l.ends_with("ETA estimating")), "{progress:#?}");
     assert!(progress.last().unwrap().ends_with("ETA 0 s"), "{progress:#?}");
 }
+
+/// The demo's own config watches no units and ignores a missing NVML: `check` says so
+/// in OK lines and ends without a warning, whatever buses and driver this machine has.
+#[test]
+fn check_of_the_demo_warns_about_nothing_it_was_not_asked_to_watch() {
+    let bench = Bench::new();
+    let config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    let config = config.replace("nvml = \"ignore\"", "nvml = \"ignore\"\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"");
+    bench.write("pruefstand.toml", &config);
+    let nowhere = format!("unix:path={}", bench.path().join("no-bus").display());
+    let mut cmd = bench.cmd(&["check", "demo-kandidat"]);
+    cmd.env("DBUS_SESSION_BUS_ADDRESS", &nowhere).env("DBUS_SYSTEM_BUS_ADDRESS", &nowhere);
+    let check = Run::from(cmd.output().unwrap()).ok();
+    for want in [
+        "OK    NVML: cannot load NVML from /nonexistent/libnvidia-ml.so.1",
+        "OK    D-Bus user bus: no busy units configured (not asked)",
+        "OK    D-Bus system bus: no busy units configured (not asked)",
+    ] {
+        assert!(check.stdout.lines().any(|l| l.starts_with(want)), "{want}\n{}", check.stdout);
+    }
+    assert_eq!(check.stdout.lines().last(), Some("0 FAIL, 0 WARN"), "{}", check.stdout);
+}

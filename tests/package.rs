@@ -282,3 +282,53 @@ fn init_copies_the_examples_and_refuses_any_part_of_a_root() {
     assert!(missing.stderr.contains("holds no bench root examples (pass --from DIR)"), "{}", missing.stderr);
     assert!(!dir.path().join("x").exists());
 }
+
+/// `scripts/package --target aarch64-unknown-linux-gnu` on an x86_64 workstation names
+/// the cross linker itself (the host's `cc` cannot link aarch64), and leaves one the
+/// caller set alone. Driven with stand-ins for cargo, cargo-deb and the linker on
+/// `PATH`: the build they record is the script's, nothing is compiled.
+#[test]
+fn the_package_script_sets_the_cross_linker_for_an_arm64_package() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(tools.join("cargo-deb-3.8.0/bin")).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    let seen = dir.path().join("linker.txt");
+    let script = |path: &Path, text: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    // cargo: the metadata the script asks for, and a build that records the linker.
+    script(
+        &bin.join("cargo"),
+        &format!(
+            "#!/bin/sh\ncase \"$1\" in\n  metadata) echo '{{\"target_directory\": \"{}\"}}' ;;\n  build) echo \"linker=${{CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER:-}}\" > {}; exit 3 ;;\nesac\n",
+            dir.path().join("target").display(),
+            seen.display()
+        ),
+    );
+    for stand_in in ["dpkg-shlibdeps", "aarch64-linux-gnu-gcc"] {
+        script(&bin.join(stand_in), "#!/bin/sh\nexit 0\n");
+    }
+    script(&tools.join("cargo-deb-3.8.0/bin/cargo-deb"), "#!/bin/sh\nexit 0\n");
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let package = |linker: Option<&str>| {
+        let mut cmd = Command::new(repo().join("scripts/package"));
+        cmd.args(["--target", "aarch64-unknown-linux-gnu"])
+            .env("PATH", &path)
+            .env("PRUEFSTAND_TOOLS", &tools)
+            .env_remove("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER");
+        if let Some(linker) = linker {
+            cmd.env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", linker);
+        }
+        let run = Run::from(cmd.output().unwrap());
+        assert_ne!(run.code, Some(0), "the stand-in build fails: {}", run.stderr);
+        std::fs::read_to_string(&seen).unwrap_or_else(|_| panic!("no build ran: {}", run.stderr))
+    };
+    let host = String::from_utf8(Command::new("uname").arg("-m").output().unwrap().stdout).unwrap();
+    let own = if host.trim() == "x86_64" { "linker=aarch64-linux-gnu-gcc\n" } else { "linker=\n" };
+    assert_eq!(package(None), own, "on {host}");
+    assert_eq!(package(Some("/opt/cross/gcc")), "linker=/opt/cross/gcc\n");
+}

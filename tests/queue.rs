@@ -47,14 +47,65 @@ fn a_paused_queue_starts_nothing_until_resumed_and_the_job_log_follows_the_job()
     assert!(done_line.contains(&format!("[job={id}]")), "{done_line}");
 
     let queue = bench.run(&["queue"]).ok().stdout;
-    let row = queue.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap();
+    let row = job_lines(&queue, id);
     assert!(job["figures"]["asr"].is_number(), "the job records its ASR: {job}");
     // The figure R2 judged first, by its name (judge::words).
     let decisive = &job["figures"]["decisive"];
     let first = format!("{} {:.1} %", decisive["name"].as_str().unwrap(), decisive["rate"].as_f64().unwrap() * 100.0);
     assert!(row.contains(&format!("{first} · utility (clean) ")), "headline figures in {row}");
-    assert!(row.contains(" s ") || row.contains(" min "), "a duration in {row}");
-    assert!(queue.lines().next().unwrap().contains("started") && queue.contains("finished"), "{queue}");
+    let took = row.lines().next().unwrap();
+    assert!(took.ends_with(" s") || took.contains(" min "), "a duration in {row}");
+    assert!(queue.lines().nth(1).unwrap().contains("started · finished"), "{queue}");
+}
+
+/// A job's lines in `queue`: its row (starting with the id) and the indented lines
+/// after it, joined.
+fn job_lines(queue: &str, id: u64) -> String {
+    let mut lines = queue.lines().skip_while(|l| !l.trim_start().starts_with(&format!("{id} ")));
+    let row = lines.next().unwrap_or_else(|| panic!("no job {id} in\n{queue}"));
+    let rest: Vec<&str> = lines.take_while(|l| l.starts_with("      ")).collect();
+    format!("{row}\n{}", rest.join("\n"))
+}
+
+/// What an operator reads: `queue` within 100 columns with a long name cut, a job
+/// whose daemon was killed shown as such in `queue` and `status`, `log` without an id
+/// showing the last job, and a 10,000-character name not echoed whole.
+#[test]
+fn the_queue_fits_100_columns_and_a_job_without_its_daemon_says_so() {
+    let bench = bench_with_tiny(400);
+    let long = format!("slow-{}", "x".repeat(95));
+    std::fs::copy(bench.path().join("versions/slow.toml"), bench.path().join(format!("versions/{long}.toml"))).unwrap();
+    let none = bench.run(&["log"]).code(2);
+    assert!(none.stderr.contains("no jobs in "), "{}", none.stderr);
+    let first = bench.start(&["slow", "--plan", "tiny"]);
+    let id = bench.start(&[&long, "--plan", "tiny", "--priority", "-1"]);
+    let daemon = bench.daemon();
+    bench.wait_job(first, "done", 120);
+    bench.wait_cases(id, 1);
+    drop(daemon); // SIGKILL: the job stays `running` in its file
+
+    let queue = bench.run(&["queue"]).ok().stdout;
+    for line in queue.lines() {
+        assert!(line.chars().count() <= 100, "{} columns: {line}", line.chars().count());
+    }
+    let row = job_lines(&queue, id);
+    assert!(row.contains("slow-xxxxxxxxxxxxxxxxxx…") && !row.contains(&long), "{row}");
+    assert!(row.contains("daemon gone") && !row.contains("running"), "{row}");
+    assert!(job_lines(&queue, first).contains(" done "), "{queue}");
+    let status = bench.run(&["status"]).ok().stdout;
+    assert!(status.contains(&format!("job {id} (slow-")) && status.contains("daemon gone"), "{status}");
+
+    let last = bench.run(&["log"]).ok();
+    assert_eq!(last.stdout, bench.run(&["log", &id.to_string()]).ok().stdout);
+    assert!(last.stdout.contains(&format!("running job {id}")), "{}", last.stdout);
+    assert!(last.stderr.contains(&format!("job {id}, the last one started")), "{}", last.stderr);
+
+    let huge = "y".repeat(10_000);
+    for args in [vec!["run", huge.as_str()], vec!["log", huge.as_str()], vec!["check", huge.as_str()]] {
+        let out = bench.cmd(&args).output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(said.contains("yyyy…") && !said.contains(&"y".repeat(100)), "{}: {said}", args[0]);
+    }
 }
 
 #[test]
@@ -92,8 +143,8 @@ fn priority_restart_and_clean_and_refusals_in_plain_words() {
     // The tries count on across the restart (the crash count alone begins anew).
     assert_eq!(job["starts"], 2, "{job}");
     let queue = bench.run(&["queue"]).ok().stdout;
-    let row: Vec<&str> =
-        queue.lines().find(|l| l.trim_start().starts_with(&format!("{first} "))).unwrap().split_whitespace().collect();
+    let lines = job_lines(&queue, first);
+    let row: Vec<&str> = lines.split_whitespace().collect();
     assert_eq!(row[5], "2", "the try column: {row:?}");
     let (starts, skips) = case_starts(Path::new(&run_dir));
     assert!(starts.values().all(|n| *n == 1) && skips >= starts.len(), "{starts:?}, {skips} skips");
@@ -111,7 +162,7 @@ fn typos_in_version_and_plan_names_get_the_list_and_a_guess() {
     assert!(out.stderr.contains("did you mean \"demo-kandidat\"?") && out.stderr.contains("demo-baseline"));
     let out = bench.run(&["run", "demo-kandidat", "--plan", "schnel"]).code(2);
     assert!(out.stderr.contains("no plan \"schnel\"") && out.stderr.contains("did you mean \"schnell\"?"));
-    assert!(out.stderr.contains("There are: real-small, schnell, voll"), "{}", out.stderr);
+    assert!(out.stderr.contains("There are: real-qwen, real-small, schnell, voll"), "{}", out.stderr);
     assert!(bench.run(&["run", "demo-kandidat", "--jobs", "0"]).code(2).stderr.contains("0 is not in 1..="));
 }
 
@@ -230,8 +281,8 @@ fn status_queue_and_log_show_times_one_way_local_to_the_second() {
     let since = status.lines().next().unwrap().split_once(", since ").expect("since when").1;
     assert!(time.is_match(since) && since.len() == "2026-01-02 03:04:05".len(), "{status}");
     let queue = bench.run(&["queue"]).ok().stdout;
-    let row = queue.lines().find(|l| l.trim_start().starts_with(&format!("{id} "))).unwrap();
-    assert_eq!(time.find_iter(row).count(), 2, "started and finished: {row}");
+    let row = job_lines(&queue, id);
+    assert_eq!(time.find_iter(&row).count(), 2, "started and finished: {row}");
     let log = bench.run(&["log", &id.to_string()]).ok().stdout;
     for line in log.lines() {
         assert!(time.find(line).is_some_and(|m| m.start() == 0), "{line}");

@@ -407,7 +407,8 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     // The shipped plan's first user task, clean and attacked: its first step reads the
     // file that holds the injection (the model read it in every run seen).
     let plan = std::fs::read_to_string(repo().join("profiles/real-qwen.toml")).unwrap();
-    let two = plan.replace("[\"user_task_12\", \"user_task_13\"]", "[\"user_task_12\"]").replace("jobs = 4", "jobs = 2");
+    let two =
+        plan.replace("[\"user_task_12\", \"user_task_13\"]", "[\"user_task_12\"]").replace("jobs = 4", "jobs = 2");
     assert_ne!(two, plan);
     let plan = bench.write("real-qwen-two.toml", &two);
     let run = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap()]);

@@ -484,8 +484,19 @@ fn a_clear_cut_run_stops_early_and_full_continues_it() {
     assert_eq!((status("R1"), status("R2"), status("R4")), ("pass".into(), "fail".into(), "inconclusive".into()));
     assert!(run.stdout.contains("verdict: rejected"), "{}", run.stdout);
 
+    // At the decision the gym was stopped: nothing new started, and the cases in flight
+    // were ended unrecorded — no record follows the stop, and every planned case is
+    // either recorded or counted as not run.
+    let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    let events: Vec<serde_json::Value> = events.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let at_stop = events.iter().position(|e| e["event"] == "drained").expect("a drained event");
+    assert!(events[at_stop]["stopped"].is_u64(), "the stop counts the cases it ended: {}", events[at_stop]);
+    let not_run = events[at_stop]["not_started"].as_u64().unwrap() as usize;
+    assert_eq!(ran.len() + not_run, planned, "{}", events[at_stop]);
+    assert!(!events[at_stop..].iter().any(|e| e["event"] == "case"), "a case recorded after the stop");
+
     // The user tasks run are the first ones of the recorded order (the cases in flight
-    // at the stop finished, nothing else started), those up to the decision whole.
+    // at the stop ended, nothing else started), those up to the decision whole.
     let record = json(&dir.join("early_stop.json"));
     assert_eq!(record["stopped_early"], true);
     let order: Vec<String> =

@@ -165,6 +165,34 @@ impl Events {
 }
 
 #[test]
+fn serve_caps_its_connections_and_answers_again_once_stalled_clients_leave() {
+    let bench = Bench::new();
+    let page = format!("<html><head></head><body>{}</body></html>", "0123456789".repeat(60_000));
+    bench.write("reports/big/report.html", &page);
+    let serve = Serve::start(&bench, &["--max-connections", "4"]);
+    // Four clients ask for a 600 KB report and never read the answer.
+    let stalled: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&serve.addr).unwrap();
+            write!(stream, "GET /reports/big/report.html HTTP/1.1\r\nHost: {}\r\n\r\n", serve.addr).unwrap();
+            stream
+        })
+        .collect();
+    // The fifth is told the server is busy, not kept waiting.
+    let refused = serve.get("/");
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(refused.body.contains("--max-connections"), "{}", refused.body);
+    assert_eq!(refused.headers.get("retry-after").map(String::as_str), Some("1"));
+
+    drop(stalled);
+    // Their slots come free as the server notices the closed connections.
+    wait_until("a normal answer after the stalled clients left", 30, || serve.get("/api/status").status == 200);
+    let report = serve.get("/reports/big/report.html");
+    assert_eq!((report.status, report.body.len()), (200, page.len()), "the whole report, streamed in chunks");
+    assert!(report.body == page);
+}
+
+#[test]
 fn serve_gives_nothing_outside_reports_and_takes_nothing() {
     let bench = Bench::new();
     let outside = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();

@@ -505,12 +505,15 @@ def read_agent_env(line: str) -> dict:
     return env
 
 
-# Early stopping: SIGUSR1 asks the parent to start no new case (docs/protocol.md §2).
-_DRAIN = {"asked": False}
+# SIGUSR1 asks the parent to start no new case; SIGUSR2 (early stopping: the verdict is
+# decided) also to end the cases in flight (docs/protocol.md §2).
+_DRAIN = {"asked": False, "stop": False}
 
 
 def _ask_drain(signum, frame) -> None:
     _DRAIN["asked"] = True
+    if signum == signal.SIGUSR2:
+        _DRAIN["stop"] = True
 
 
 def dispatch_order(to_run: list[dict], order: list[str] | None, suites: dict) -> list[dict]:
@@ -526,6 +529,7 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
     t_start = time.monotonic()
     # before anything can send it: the default action of SIGUSR1 is to die
     signal.signal(signal.SIGUSR1, _ask_drain)
+    signal.signal(signal.SIGUSR2, _ask_drain)
     if agent_env_stdin:
         # The model's URL and key travel to the agents without entering our own
         # environment (or the request file, which is kept in the run directory).
@@ -743,19 +747,34 @@ class Dispatcher:
                 return
         log(f"ignoring an unknown or malformed command: {command!r}")
 
-    def drain(self) -> None:
-        """Early stopping: nothing new starts; what is in flight finishes."""
+    def drain(self, stop: bool) -> None:
+        """Nothing new starts; what is in flight finishes, or with `stop` (the verdict is
+        decided, they cannot change it) ends unrecorded: its workers are stopped, their
+        agents killed. Records already on their way are dropped with them."""
         self.stopping = True
+        not_started = len(self.queue)
         for case in self.queue:
             self.pending.pop(case["id"], None)
-        emit({"event": "drained", "not_started": len(self.queue)})
-        log(f"drained: {len(self.queue)} cases not started, {len(self.pending)} in flight finish")
         self.queue.clear()
+        stopped = 0
+        for w in self.workers if stop else []:
+            if w.alive and w.cases:
+                stopped += len(w.cases)
+                for cid in w.cases:
+                    self.pending.pop(cid, None)
+                w.cases.clear()
+                w.alive = False
+                try:
+                    os.kill(w.proc.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        emit({"event": "drained", "not_started": not_started + stopped, "stopped": stopped})
+        log(f"drained: {not_started} cases not started, {stopped} in flight stopped, {len(self.pending)} in flight finish")
 
     def collect(self) -> None:
         while self.pending and any(w.alive for w in self.workers):
-            if _DRAIN["asked"] and not self.stopping:
-                self.drain()
+            if _DRAIN["asked"] and not self.stopping or _DRAIN["stop"] and any(w.alive and w.cases for w in self.workers):
+                self.drain(stop=_DRAIN["stop"])
                 if not self.pending:
                     break
             self.fill()

@@ -318,9 +318,9 @@ pub fn parse_native(message: &Value, finish_reason: Option<&str>, ids: &mut impl
             // at once but the arguments only when its pattern matches a whole object
             // (one level of nesting at most), so a call it cannot read arrives as its
             // name alone. Run with `{}` it would look like the model's own empty call.
-            None => Err(format!(
-                "the arguments of {name} never arrived (the server's tool parser could not read them)"
-            )),
+            None => {
+                Err(format!("the arguments of {name} never arrived (the server's tool parser could not read them)"))
+            }
             Some(Value::Null) => Ok(Map::new()),
             Some(Value::String(s)) if s.trim().is_empty() => Ok(Map::new()),
             Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {

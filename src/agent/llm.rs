@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 
 use super::stream::{Assembly, Fed};
 use crate::case::CANNOT_CONNECT;
+use crate::settings::url::SecretUrl;
 use crate::util;
 
 /// Why a model call produced no usable turn. The `Display` text is the protocol's
@@ -82,7 +83,8 @@ struct Answered {
 
 pub struct Llm {
     http: reqwest::Client,
-    url: String,
+    /// Shown without credentials (`Display`); exposed only to send.
+    url: SecretUrl,
     api_key: Option<String>,
     max_retries: u32,
     backoff: Duration,
@@ -108,7 +110,7 @@ impl Llm {
         let http = reqwest::Client::builder().connect_timeout(first_token.min(Duration::from_secs(10))).build()?;
         Ok(Self {
             http,
-            url: format!("{}/chat/completions", cfg.base_url.trim_end_matches('/')),
+            url: SecretUrl::own(cfg.resolved_base_url()?).join("chat/completions"),
             api_key: std::env::var("PRUEFSTAND_API_KEY").ok().filter(|k| !k.is_empty()),
             max_retries: cfg.max_retries,
             backoff: seconds("retry_backoff_s", cfg.retry_backoff_s)?,
@@ -240,16 +242,18 @@ impl Llm {
 
     async fn post(&self, body: &Value, max_tokens: u32) -> Result<Answered, Attempt> {
         let sent = Instant::now();
-        let mut req = self.http.post(&self.url).json(body);
+        let mut req = self.http.post(self.url.expose()).json(body);
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
         let resp = match tokio::time::timeout(self.first_token, req.send()).await {
             Ok(resp) => resp.map_err(|e| {
-                let msg = error_chain(&e); // names the URL already
-                if e.is_builder() {
+                // reqwest's message names the URL whole: ours, redacted, instead.
+                let (builder, connect) = (e.is_builder(), e.is_connect());
+                let msg = format!("{} (url {})", error_chain(&e.without_url()), self.url);
+                if builder {
                     Attempt::Fatal(msg)
-                } else if e.is_connect() {
+                } else if connect {
                     Attempt::Transient(format!("{CANNOT_CONNECT}: {msg}"))
                 } else {
                     Attempt::Transient(msg)
@@ -297,7 +301,7 @@ impl Llm {
                     return Err(Attempt::Transient(format!(
                         "reading the response of {}: {}",
                         self.url,
-                        error_chain(&e)
+                        error_chain(&e.without_url())
                     )));
                 }
                 Err(_) => return Ok(self.no_answer()),
@@ -330,9 +334,13 @@ impl Llm {
                 Ok(Ok(Some(chunk))) => chunk,
                 Ok(Ok(None)) => break None,
                 Ok(Err(e)) if first.is_none() => {
-                    return Err(Attempt::Transient(format!("reading the stream of {}: {}", self.url, error_chain(&e))));
+                    return Err(Attempt::Transient(format!(
+                        "reading the stream of {}: {}",
+                        self.url,
+                        error_chain(&e.without_url())
+                    )));
                 }
-                Ok(Err(e)) => break Some(format!("the stream broke off ({})", error_chain(&e))),
+                Ok(Err(e)) => break Some(format!("the stream broke off ({})", error_chain(&e.without_url()))),
                 Err(_) if first.is_none() => return Err(Attempt::Transient(self.no_first_token())),
                 Err(_) => {
                     let t = first.expect("after the first token");

@@ -42,6 +42,10 @@ pub struct AgentConfig {
     /// OpenAI-compatible base URL, e.g. `http://127.0.0.1:8000/v1`.
     #[serde(default = "default_base_url")]
     pub base_url: String,
+    /// The variable holding the base URL when it carries credentials: then `base_url`
+    /// is only its redacted form, for the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url_env: Option<String>,
     /// The served model name; the adapter's name when the version has one (vLLM serves
     /// LoRAs under their own names).
     pub model: String,
@@ -107,6 +111,16 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
+    /// The base URL to connect to: from `base_url_env` when set (a URL with
+    /// credentials), else `base_url`.
+    pub fn resolved_base_url(&self) -> anyhow::Result<String> {
+        match &self.base_url_env {
+            Some(var) => std::env::var(var)
+                .map_err(|_| anyhow::anyhow!("agent config: base_url_env names {var}, which is not set")),
+            None => Ok(self.base_url.clone()),
+        }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
         let cfg: Self =

@@ -89,6 +89,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         Ok(root) => {
             report.ok(format!("bench root {}", root.path.display()));
             check_config_permissions(&root, &mut report);
+            check_hooks(&root, &mut report);
             Some(root)
         }
         Err(err) => {
@@ -109,7 +110,10 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
                 Some(version)
             }
             Err(err) => {
-                report.fail(format!("version {name}: {err:#}"), "fix the spec, or name one in versions/");
+                report.fail(
+                    format!("version {}: {err:#}", util::cut(name, 80)),
+                    "fix the spec, or name one in versions/",
+                );
                 None
             }
         },
@@ -198,6 +202,22 @@ fn check_config_permissions(root: &Root, report: &mut Report) {
     }
 }
 
+/// The hooks as the daemon takes them and as each delivery would go from here: a FAIL
+/// per problem, naming pruefstand.toml, the line and the field.
+fn check_hooks(root: &Root, report: &mut Report) {
+    let problems = crate::hooks::problems(root, true);
+    let hooks = root.config.hooks.len();
+    if problems.is_empty() && hooks > 0 {
+        report.ok(format!("{hooks} hook(s): outcomes, programs and variables found"));
+    }
+    for problem in problems {
+        report.fail(
+            problem,
+            format!("fix the hook in {CONFIG_FILE}, or set the variable where the daemon runs and here"),
+        );
+    }
+}
+
 fn check_venv(report: &mut Report) {
     match pyenv::inspect() {
         Ok((python, version)) if version == AGENTDOJO_VERSION => {
@@ -283,11 +303,10 @@ async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> R
 async fn check_external_server(version: &Version, report: &mut Report) {
     let model = &version.spec.model;
     let (Backend::External, Some(url)) = (model.backend.get_ref(), &model.url) else { return };
-    let url = url.trim_end_matches('/');
     let wanted = version.request_model();
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build();
     let mut request = match client {
-        Ok(client) => client.get(format!("{url}/models")),
+        Ok(client) => client.get(url.join("models").expose()),
         Err(err) => return report.fail(format!("model server at {url}: {err}"), "see the error"),
     };
     if let Some(key) = model.api_key_env.as_ref().and_then(|var| std::env::var(var).ok()) {
@@ -301,7 +320,7 @@ async fn check_external_server(version: &Version, report: &mut Report) {
             } else if err.is_timeout() {
                 "no answer within 10 s".to_string()
             } else {
-                format!("{err}")
+                format!("{}", err.without_url())
             };
             return report.fail(
                 format!("model server at {url}: {why}"),
@@ -359,18 +378,14 @@ fn check_model_files(version: &Version, report: &mut Report) {
                 }
             }
             if let Some(adapter) = &spec.adapter {
-                readable_dir(
-                    report,
-                    &format!("adapter {}", adapter.name),
-                    adapter.path.as_deref(),
-                    "set [adapter] path to the LoRA's folder",
-                );
+                adapter_dir(report, version, &adapter.name, adapter.path.as_deref());
             }
         }
         Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
-        Backend::External => {
-            report.ok(format!("model: external server {} (not probed)", spec.model.url.as_deref().unwrap_or("?")))
-        }
+        Backend::External => report.ok(format!(
+            "model: external server {} (not probed)",
+            spec.model.url.as_ref().map_or("?".to_string(), |u| u.to_string())
+        )),
     }
 }
 
@@ -457,6 +472,40 @@ fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str)
     }
 }
 
+/// An adapter folder as vLLM would load it: the path resolved (a symlink to `/etc` is
+/// `/etc`), and a LoRA there only with PEFT's `adapter_config.json`.
+fn adapter_dir(report: &mut Report, version: &Version, name: &str, path: Option<&Path>) {
+    let field = || {
+        let text = std::fs::read_to_string(&version.path).unwrap_or_default();
+        let offset = input::table_key_offset(&text, "adapter", "path").unwrap_or(0);
+        input::at(&version.path, &text, offset, "adapter.path").to_string()
+    };
+    let Some(path) = path else {
+        return report.fail(format!("{}: the spec names none", field()), "set [adapter] path to the LoRA's folder");
+    };
+    let resolved = match path.canonicalize() {
+        Ok(resolved) => resolved,
+        Err(err) => {
+            return report.fail(
+                format!("{} {}: {err}", field(), path.display()),
+                "make it a folder this user can read, or set [adapter] path to the LoRA's folder",
+            );
+        }
+    };
+    let shown = match resolved == path {
+        true => path.display().to_string(),
+        false => format!("{} (resolved: {})", path.display(), resolved.display()),
+    };
+    if resolved.join("adapter_config.json").is_file() {
+        report.ok(format!("adapter {name} path {shown} holds a LoRA adapter (adapter_config.json)"));
+    } else {
+        report.fail(
+            format!("{} {shown} holds no adapter_config.json: not a LoRA adapter folder", field()),
+            "point [adapter] path at the folder PEFT's save_pretrained wrote",
+        );
+    }
+}
+
 async fn check_gpu(config: &GuardConfig) -> Report {
     let mut report = Report::default();
     let gpu_config = config.gpu.clone();
@@ -467,18 +516,23 @@ async fn check_gpu(config: &GuardConfig) -> Report {
         Ok(Err(err)) => Err(format!("probe failed: {err}")),
         Err(_) => Err(format!("no answer within {} s (driver hung?)", NVML_TIMEOUT.as_secs())),
     };
+    // Under nvml = "ignore" a missing NVML is what the config asked for: said, not warned.
     let (level, consequence) = match policy {
         Unavailable::Block => (Level::Fail, "jobs would wait forever"),
-        Unavailable::Ignore => (Level::Warn, "ignored by config: runs are not guarded, R1 says not observed"),
+        Unavailable::Ignore => (Level::Ok, "ignored by config: runs are not guarded, R1 says not observed"),
+    };
+    let fix = match policy {
+        Unavailable::Block => Some("install the NVIDIA driver, point [guard.gpu] library at libnvidia-ml.so.1, or set [guard.gpu] nvml = \"ignore\" on a machine without a GPU".to_string()),
+        Unavailable::Ignore => None,
     };
     let info = match info {
         Ok(info) if !info.devices.is_empty() => info,
         Ok(info) => {
-            report.add(level, format!("NVML {} sees no GPU: {consequence}", info.library), Some(nvml_fix(policy)));
+            report.add(level, format!("NVML {} sees no GPU: {consequence}", info.library), fix);
             return report;
         }
         Err(err) => {
-            report.add(level, format!("NVML: {err}: {consequence}"), Some(nvml_fix(policy)));
+            report.add(level, format!("NVML: {err}: {consequence}"), fix);
             return report;
         }
     };
@@ -495,7 +549,7 @@ async fn check_gpu(config: &GuardConfig) -> Report {
             (false, false) => report.add(
                 level,
                 format!("{what}: neither utilization nor compute processes readable: {consequence}"),
-                Some(nvml_fix(policy)),
+                fix.clone(),
             ),
         }
     }
@@ -510,29 +564,20 @@ async fn check_gpu(config: &GuardConfig) -> Report {
     report
 }
 
-fn nvml_fix(policy: Unavailable) -> String {
-    match policy {
-        Unavailable::Block => "install the NVIDIA driver, point [guard.gpu] library at libnvidia-ml.so.1, or set [guard.gpu] nvml = \"ignore\" on a machine without a GPU".into(),
-        Unavailable::Ignore => "install the NVIDIA driver or set [guard.gpu] library, to guard the GPU".into(),
-    }
-}
-
 async fn check_dbus(config: &GuardConfig) -> Report {
     let mut report = Report::default();
     let units = &config.units;
     for (bus, patterns) in [(Bus::User, &units.user), (Bus::System, &units.system)] {
+        // Nothing to watch there: whether the bus answers matters to no job.
+        if patterns.is_empty() {
+            report.ok(format!("D-Bus {bus} bus: no busy units configured (not asked)"));
+            continue;
+        }
         let mut client = BusClient::new(bus);
-        // A pattern that matches nothing: reachability without listing every unit.
-        let probe =
-            if patterns.is_empty() { vec!["pruefstand-check-probe.none".to_string()] } else { patterns.clone() };
-        let listed = match client.list(&probe).await {
+        let listed = match client.list(patterns).await {
             Ok(listed) => {
                 report.ok(format!("D-Bus {bus} bus: systemd answers"));
                 listed
-            }
-            Err(err) if patterns.is_empty() => {
-                report.warn(format!("D-Bus {err} (no busy units configured on it)"), None);
-                continue;
             }
             Err(err) => {
                 let (level, then) = match units.unreachable {

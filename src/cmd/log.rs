@@ -1,5 +1,5 @@
-//! `pruefstand log <job> [--follow]`: the daemon's lines about one job (its own log,
-//! `.pruefstand/jobs/<id>/log`, across attempts). `--follow` keeps printing new lines
+//! `pruefstand log [<job>] [--follow]`: the daemon's lines about one job (its own log,
+//! `.pruefstand/jobs/<id>/log`, across attempts); without an id, the last job started. `--follow` keeps printing new lines
 //! (inotify on the job's folder) until the job has ended. Each line's time is shown as
 //! in every other view (`util::local_time`); the file keeps RFC 3339 in UTC.
 
@@ -15,8 +15,8 @@ use crate::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The job id (see `pruefstand queue`).
-    pub job: String,
+    /// The job id (see `pruefstand queue`); without it, the last job started.
+    pub job: Option<String>,
     /// Keep printing new lines until the job has ended.
     #[arg(long, short)]
     pub follow: bool,
@@ -25,7 +25,10 @@ pub struct Args {
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
-    let id = queue.find(&args.job)?.id;
+    let id = match &args.job {
+        Some(job) => queue.find(job)?.id,
+        None => last_started(&queue)?,
+    };
     let path = queue.log_file(id);
     if !args.follow {
         if !path.exists() {
@@ -57,6 +60,20 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
             Err(err) => return Err(err).context("inotify ended"),
         }
+    }
+}
+
+/// The job with the highest id that has a log (has started), else the newest job.
+fn last_started(queue: &Queue) -> anyhow::Result<u64> {
+    let mut ids: Vec<u64> = queue.list()?.iter().map(|j| j.id).collect();
+    ids.sort_unstable();
+    let started = ids.iter().rev().find(|id| queue.log_file(**id).exists());
+    match started.or(ids.last()) {
+        Some(id) => {
+            tracing::info!("job {id}, the last one started (`pruefstand log ID` for another)");
+            Ok(*id)
+        }
+        None => anyhow::bail!("no jobs in {} yet: `pruefstand start` queues one", queue.dir.display()),
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use crate::daemon::state::human_secs;
 use crate::queue::{self, Headline, Job, Queue};
 use crate::root::Root;
-use crate::util::local_time;
+use crate::util::{self, local_time};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,55 +31,81 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         outln!("no jobs");
         return Ok(ExitCode::SUCCESS);
     }
-    outln!(
-        "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<FIGURES_W$}  {}",
-        "id",
-        "state",
-        "prio",
-        "version",
-        "plan",
-        "try",
-        "verdict",
-        "started",
-        "finished",
-        "took",
-        "figures (R2's first)",
-        "run dir / error"
-    );
+    outln!("{}", header());
     let now = chrono::Utc::now();
+    let daemon = crate::daemon::state::lock_held(&queue)?;
     for job in jobs {
-        let detail = match (&job.error, &job.run_dir) {
-            (Some(error), _) => error.lines().next().unwrap_or("").to_string(),
-            (None, Some(dir)) => dir.display().to_string(),
-            (None, None) => format!("queued {}", local_time(&job.enqueued_at)),
-        };
-        let (started, finished) = queue::started_finished(&job);
-        outln!(
-            "{:>4}  {:<11} {:>4}  {:<20} {:<8} {:>3}  {:<12}  {:<19}  {:<19}  {:>9}  {:<FIGURES_W$}  {detail}",
-            job.id,
-            job.state.as_str(),
-            job.priority,
-            job.version,
-            job.plan,
-            job.starts.max(job.attempt),
-            job.verdict.map_or("", |v| v.as_str()),
-            started.map(local_time).unwrap_or_default(),
-            finished.map(local_time).unwrap_or_default(),
-            took(&job, now),
-            job.figures.as_ref().map(headline).unwrap_or_default(),
-        );
+        for line in rows(&job, now, daemon) {
+            outln!("{line}");
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The widest a line gets: a terminal of 100 columns shows the queue unwrapped.
+const WIDTH: usize = 100;
+/// Where a job's second and later lines begin.
+const INDENT: &str = "      ";
+
+fn header() -> String {
+    format!(
+        "{:>4}  {:<11} {:>4}  {:<VERSION_W$} {:<PLAN_W$} {:>3}  {:<12}  {:>9}\n{INDENT}started · finished / figures (R2's first) / run dir or error",
+        "id", "state", "prio", "version", "plan", "try", "verdict", "took"
+    )
+}
+
+const VERSION_W: usize = 24;
+/// The state shown for a job left `running` with no daemon holding the lock.
+pub const DAEMON_GONE: &str = "daemon gone";
+const PLAN_W: usize = 12;
+
+/// A job's lines: its row (id, state, priority, version and plan — long names cut with
+/// `…` —, tries, verdict, time taken), then when it started and finished, its figures,
+/// and its run directory or error, each within [`WIDTH`]. A job left `running` by a
+/// daemon that is gone (killed, a power cut) says so: nothing runs it now.
+fn rows(job: &Job, now: chrono::DateTime<chrono::Utc>, daemon: bool) -> Vec<String> {
+    let stranded = job.state == queue::State::Running && !daemon;
+    let state = if stranded { DAEMON_GONE } else { job.state.as_str() };
+    let mut lines = vec![format!(
+        "{:>4}  {:<11} {:>4}  {:<VERSION_W$} {:<PLAN_W$} {:>3}  {:<12}  {:>9}",
+        job.id,
+        state,
+        job.priority,
+        util::cut(&job.version, VERSION_W),
+        util::cut(&job.plan, PLAN_W),
+        job.starts.max(job.attempt),
+        job.verdict.map_or("", |v| v.as_str()),
+        took(job, now),
+    )];
+    let (started, finished) = queue::started_finished(job);
+    lines.push(match (started, finished) {
+        (None, _) => format!("{INDENT}queued {}", local_time(&job.enqueued_at)),
+        (Some(started), None) => format!("{INDENT}started {}", local_time(started)),
+        (Some(started), Some(finished)) => {
+            format!("{INDENT}started {} · finished {}", local_time(started), local_time(finished))
+        }
+    });
+    if stranded {
+        lines.push(format!("{INDENT}its daemon is gone: it resumes when one starts (`pruefstand daemon`)"));
+    }
+    if let Some(figures) = job.figures.as_ref() {
+        lines.push(format!("{INDENT}{}", headline(figures)));
+    }
+    let detail = match (&job.error, &job.run_dir) {
+        (Some(error), _) => error.lines().next().unwrap_or("").to_string(),
+        (None, Some(dir)) => dir.display().to_string(),
+        (None, None) => String::new(),
+    };
+    if !detail.is_empty() {
+        lines.push(format!("{INDENT}{}", util::cut(&detail, WIDTH - INDENT.len())));
+    }
+    lines
 }
 
 /// Every try's running time summed (restarts and resumes included).
 fn took(job: &Job, now: chrono::DateTime<chrono::Utc>) -> String {
     queue::running_secs(job, now).map(human_secs).unwrap_or_default()
 }
-
-/// The figures column's width: the longest, "ASR (all attacks) 100.0 % · utility (clean)
-/// 100.0 % · utility under attack 100.0 %".
-const FIGURES_W: usize = 82;
 
 /// The figure R2 judged first, by its name (`held-out ASR` when the plan held families
 /// out, else `ASR (all attacks)`), then the utilities by theirs (`judge::words`); `–` for
@@ -104,6 +130,11 @@ fn headline(h: &Headline) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The figures' widest line: "ASR (all attacks) 100.0 % · utility (clean) 100.0 % ·
+    /// utility under attack 100.0 %", within [`WIDTH`] after the indent.
+    const FIGURES_W: usize = 82;
+    const _: () = assert!(INDENT.len() + FIGURES_W <= WIDTH);
 
     #[test]
     fn headline_figures_read_as_percentages_with_their_names() {

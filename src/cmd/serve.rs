@@ -21,6 +21,9 @@ pub struct Args {
     /// put the view behind your own proxy with a login instead (docs/serve.md).
     #[arg(long)]
     pub allow_remote: bool,
+    /// Connections open at once; one more is answered 503 (busy) and closed.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_connections: u16,
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
@@ -45,7 +48,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     };
     outln!("http://{host}/");
     tracing::info!("serving {} read-only on http://{host}/ (Ctrl-C ends it)", root.path.display());
-    crate::serve::serve(&root, listener, async {
+    crate::serve::serve(&root, listener, args.max_connections.into(), async {
         let signal = stop.await;
         tracing::info!("{signal}: shutting down");
     })

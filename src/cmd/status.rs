@@ -34,7 +34,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if args.watch {
         return watch(&queue);
     }
-    let overview = Overview::read(&queue, &queue.list()?)?;
+    let jobs = queue.list()?;
+    let overview = Overview::read(&queue, &jobs)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&overview.to_json())?);
         return Ok(ExitCode::SUCCESS);
@@ -49,6 +50,17 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         (true, None) => outln!("daemon: starting"),
         (false, _) => {
             outln!("daemon: not running (start it: `pruefstand daemon` or `systemctl --user start pruefstand`)")
+        }
+    }
+    if !overview.running {
+        for job in jobs.iter().filter(|j| j.state == crate::queue::State::Running) {
+            outln!(
+                "job {} ({} on {}): {} — it was running when its daemon went away; it resumes when one starts",
+                job.id,
+                crate::util::cut(&job.version, 40),
+                crate::util::cut(&job.plan, 40),
+                crate::cmd::queue::DAEMON_GONE
+            );
         }
     }
     if let Some(counts) = overview.shards {

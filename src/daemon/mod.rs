@@ -13,6 +13,11 @@
 //! nodes' own), else on the local gym.
 //!
 //! Hooks fire in background tasks: a slow or dead endpoint never delays the next job.
+//! A job's notifications are written down in its folder before the first attempt, and
+//! what a stop or crash left owed is sent again when the daemon starts.
+//!
+//! `pruefstand.toml` is read once, at start: an edit while it runs is logged (once per
+//! new content) with the word that a restart applies it.
 
 pub mod gate;
 pub mod state;
@@ -32,7 +37,7 @@ use crate::lock_wait::{self, Waited};
 use crate::pyenv::PyEnv;
 use crate::queue::{self, Headline, Job, Queue, State, Transition};
 use crate::record::Verdict;
-use crate::root::Root;
+use crate::root::{CONFIG_FILE, Root};
 use crate::run::{RunControl, RunRequest, Session};
 use crate::rundir::RunLock;
 use crate::{benchlock, console, runtime};
@@ -83,9 +88,9 @@ pub async fn main(root: Root) -> anyhow::Result<()> {
     {
         use std::io::{Seek, Write};
         let mut file: &std::fs::File = &lock;
-        file.set_len(0)?;
-        file.rewind()?;
-        write!(file, "{}", std::process::id())?;
+        let path = queue.daemon_lock_file();
+        let noted = file.set_len(0).and_then(|()| file.rewind()).and_then(|_| write!(file, "{}", std::process::id()));
+        noted.with_context(|| format!("writing the daemon's pid into {}", path.display()))?;
     }
     if let Some(warning) = hooks::permission_warning(&root) {
         tracing::warn!("{warning}");
@@ -153,10 +158,16 @@ struct Daemon<G: Gate> {
     tx: mpsc::UnboundedSender<Event>,
     state: Publisher,
     hooks: tokio::task::JoinSet<()>,
+    /// The last copy of the job being started or run, as the daemon wrote it: what a
+    /// job file damaged meanwhile is written again from.
+    known: Option<Job>,
+    /// The notifications of those hooks, to say at exit what is still owed.
+    ledgers: Vec<Arc<hooks::Ledger>>,
     /// Model containers kept warm from one job to the next (same image, model, args).
     pool: Arc<crate::container::Pool>,
-    /// Kept alive for its inotify thread.
+    /// Kept alive for their inotify threads.
     _watcher: notify::RecommendedWatcher,
+    _config_watcher: notify::RecommendedWatcher,
 }
 
 enum Flow {
@@ -213,6 +224,7 @@ impl<G: Gate> Daemon<G> {
     fn new(root: Root, queue: Queue, gate: G) -> anyhow::Result<Daemon<G>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = watch_jobs(&queue, tx.clone())?;
+        let config_watcher = watch_config(&root.path)?;
         for (kind, name) in [
             (tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
             (tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
@@ -237,19 +249,24 @@ impl<G: Gate> Daemon<G> {
             tx,
             state,
             hooks: tokio::task::JoinSet::new(),
+            known: None,
+            ledgers: Vec::new(),
             pool: Arc::new(crate::container::Pool::new(pool_dir)),
             _watcher: watcher,
+            _config_watcher: config_watcher,
         })
     }
 
     async fn serve(&mut self) -> anyhow::Result<()> {
         self.recover()?;
+        self.resend_owed()?;
         self.remove_orphans().await;
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
         self.inbox.ping_if_due();
         tracing::info!("daemon ready for {} (pid {})", self.root.path.display(), std::process::id());
         loop {
             while self.hooks.try_join_next().is_some() {}
+            self.ledgers.retain(|ledger| !ledger.owed().is_empty());
             if self.queue.is_paused() {
                 self.state.set(Activity::Paused);
                 match self.inbox.next().await {
@@ -315,6 +332,24 @@ impl<G: Gate> Daemon<G> {
             if self.queue.load(id)?.state == State::Interrupted {
                 self.queue.transition(id, Transition::Requeue)?;
                 tracing::info!("job {id} back in the queue; it resumes into its run directory");
+            }
+        }
+        Ok(())
+    }
+
+    /// Notifications a previous daemon still owed (it stopped mid-retry, or crashed)
+    /// are sent again, with the attempts it made counted.
+    fn resend_owed(&mut self) -> anyhow::Result<()> {
+        for job in self.queue.list()? {
+            match hooks::Ledger::read(&self.queue.job_dir(job.id)) {
+                Ok(Some(ledger)) if !ledger.owed().is_empty() => {
+                    let names: Vec<String> = ledger.owed().iter().map(|(name, _)| format!("{name:?}")).collect();
+                    let text = format!("job {}: notifications still owed, sent again: {}", job.id, names.join(", "));
+                    ledger.say(tracing::Level::INFO, &text);
+                    self.send(ledger);
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!("job {}: {err:#}", job.id),
             }
         }
         Ok(())
@@ -399,11 +434,18 @@ impl<G: Gate> Daemon<G> {
     fn start(&mut self, job: Job) -> anyhow::Result<Started> {
         let id = job.id;
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
-        if job.attempt >= queue::MAX_ATTEMPTS {
-            let error = format!("gave up after {} attempts that ended in a crash", job.attempt);
+        let attempts = job.attempt;
+        self.known = Some(job);
+        if attempts >= queue::MAX_ATTEMPTS {
+            let error = format!("gave up after {attempts} attempts that ended in a crash");
             return self.failed(id, error).map(Started::Ended);
         }
-        let job = match self.queue.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+        let job = match self.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+            Ok(job) if job.state == State::Failed => {
+                let error = job.error.clone().unwrap_or_default();
+                self.fire_hooks(Facts::failed(&job, &error));
+                return Ok(Started::Ended(Flow::Continue));
+            }
             Ok(job) => job,
             // Cancelled between the pick and now.
             Err(err) => {
@@ -514,12 +556,14 @@ impl<G: Gate> Daemon<G> {
                 Ok(Flow::Continue)
             }
             // The gym's own write failing shows only as its exit: look at the disk too.
-            (Err(error), None) if error.disk_full || !self.has_space() => {
+            (Err(error), None) if error.disk_full || self.full_disk().is_some() => {
                 tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
-                self.wait_for_space().await?;
+                self.wait_for_space(Some(id)).await?;
                 let reason = "the disk was full".to_string();
-                self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
-                self.record(id, Transition::Requeue).await?;
+                let job = self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
+                if job.state == State::Interrupted {
+                    self.record(id, Transition::Requeue).await?;
+                }
                 Ok(Flow::Continue)
             }
             (Err(error), None) => self.failed(id, error.message),
@@ -542,44 +586,78 @@ impl<G: Gate> Daemon<G> {
 
     fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {
         tracing::warn!("job {id} failed: {error}");
-        let job = self.queue.transition(id, Transition::Fail { error: error.clone() })?;
+        let job = self.transition(id, Transition::Fail { error: error.clone() })?;
+        let error = job.error.clone().unwrap_or(error);
         self.fire_hooks(Facts::failed(&job, &error));
         Ok(Flow::Continue)
+    }
+
+    /// Applies a transition to the job as stored. When its file no longer loads (it was
+    /// damaged while the job ran), the job is failed instead, from the daemon's last
+    /// copy, naming the file and why, with the verdict it reached: one bad file must not
+    /// stop the queue.
+    fn transition(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
+        let err = match self.queue.transition(id, transition.clone()) {
+            Ok(job) => {
+                self.known = Some(job.clone());
+                return Ok(job);
+            }
+            Err(err) => err,
+        };
+        let known = self.known.clone().filter(|job| job.id == id);
+        let damaged = || self.queue.job_dir(id).join("job.json").exists() && self.queue.load(id).is_err();
+        let Some(mut job) = known.filter(|_| !is_disk_full(&err) && damaged()) else {
+            return Err(err);
+        };
+        let _ = job.apply(transition);
+        let error =
+            format!("{err:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
+        job.apply(Transition::Damaged { error })?;
+        self.queue.replace_damaged(&job)?;
+        tracing::warn!("job {id} failed: {}", job.error.as_deref().unwrap_or_default());
+        self.known = Some(job.clone());
+        Ok(job)
     }
 
     /// Records a job's transition; on a full disk it waits for space first instead of
     /// exiting — systemd would restart the daemon and count a crash against the job.
     async fn record(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
         loop {
-            match self.queue.transition(id, transition.clone()) {
+            match self.transition(id, transition.clone()) {
                 Ok(job) => return Ok(job),
                 Err(err) if is_disk_full(&err) => {
                     tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
-                    self.wait_for_space().await?;
+                    self.wait_for_space(Some(id)).await?;
                 }
                 Err(err) => return Err(err),
             }
         }
     }
 
-    /// Whether a small file can be written under the queue.
-    fn has_space(&self) -> bool {
-        let probe = self.queue.daemon_state_file().with_file_name("space-probe");
-        let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
-        let _ = std::fs::remove_file(&probe);
-        written.is_ok()
+    /// The folder without room for a small file: the queue's, or the running job's run
+    /// directory (it may lie on another disk); None when both have room.
+    fn full_disk(&self) -> Option<PathBuf> {
+        let run_dir = self.known.as_ref().and_then(|job| job.run_dir.clone()).filter(|dir| dir.is_dir());
+        [Some(self.queue.dir.clone()), run_dir].into_iter().flatten().find(|dir| {
+            let probe = dir.join(".space-probe");
+            let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+            let _ = std::fs::remove_file(&probe);
+            written.is_err()
+        })
     }
 
     /// Returns once there is space again, checking with a back-off up to a minute; a
-    /// signal ends the wait (and the daemon).
-    async fn wait_for_space(&mut self) -> anyhow::Result<()> {
+    /// signal ends the wait (and the daemon). Meanwhile the state says where the disk
+    /// is full and how much is free there.
+    async fn wait_for_space(&mut self, job: Option<u64>) -> anyhow::Result<()> {
         let mut wait = Duration::from_secs(1);
         loop {
-            if self.has_space() {
+            let Some(path) = self.full_disk() else {
                 tracing::info!("there is disk space again");
                 return Ok(());
-            }
-            self.state.set(Activity::Stopping { reason: "waiting for disk space".into() });
+            };
+            let free_bytes = free_bytes(&path);
+            self.state.set(Activity::WaitingForSpace { job, path, free_bytes });
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 event = self.inbox.next() => if let Event::Signal(name) = event {
@@ -590,10 +668,20 @@ impl<G: Gate> Daemon<G> {
         }
     }
 
+    /// The job's notifications, written down in its folder before the first attempt (a
+    /// stop or a crash from here on cannot lose them), then sent in the background.
     fn fire_hooks(&mut self, facts: Facts) {
-        if !self.root.config.hooks.is_empty() {
-            self.hooks.spawn(hooks::fire_all(self.root.config.hooks.clone(), facts));
+        let dir = self.queue.job_dir(facts.job);
+        let Some(ledger) = hooks::Ledger::new(Some(dir), &self.root.config.hooks, facts) else { return };
+        if let Err(err) = ledger.save() {
+            tracing::warn!("job {}: cannot write down its notifications (sent all the same): {err:#}", ledger.job());
         }
+        self.send(ledger);
+    }
+
+    fn send(&mut self, ledger: Arc<hooks::Ledger>) {
+        self.ledgers.push(ledger.clone());
+        self.hooks.spawn(hooks::fire_all(self.root.config.hooks.clone(), ledger));
     }
 
     /// Model containers left by a daemon or run that died (`kill -9`, a reboot) are
@@ -615,6 +703,17 @@ impl<G: Gate> Daemon<G> {
         if !self.hooks.is_empty() {
             let hooks = &mut self.hooks;
             let _ = tokio::time::timeout(HOOK_GRACE, async { while hooks.join_next().await.is_some() {} }).await;
+            hooks.abort_all();
+            while hooks.join_next().await.is_some() {}
+        }
+        for ledger in &self.ledgers {
+            for (hook, made) in ledger.owed() {
+                let text = format!(
+                    "job {}: the notification to hook {hook:?} is still owed ({made} attempts made); it is sent when the daemon starts again",
+                    ledger.job()
+                );
+                ledger.say(tracing::Level::WARN, &text);
+            }
         }
         if let Err(err) = self.pool.shutdown().await {
             tracing::warn!("stopping the warm model container: {err:#}");
@@ -622,6 +721,11 @@ impl<G: Gate> Daemon<G> {
         self.state.set(Activity::Stopped);
         Ok(())
     }
+}
+
+/// The bytes an unprivileged writer may still use on `path`'s file system.
+fn free_bytes(path: &std::path::Path) -> u64 {
+    nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() * s.fragment_size())
 }
 
 /// ENOSPC or EDQUOT anywhere in the chain.
@@ -655,6 +759,43 @@ fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("opening {}", path.display()))
+}
+
+/// inotify on the root's folder for `pruefstand.toml`: the daemon keeps the config it
+/// started with, so an edit gets a log line saying a restart applies it — once per new
+/// content (an editor's save is several events; a save that changes nothing is none).
+fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWatcher> {
+    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::{EventKind, Watcher};
+    let file = root.join(CONFIG_FILE);
+    let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| crate::util::sha256_hex(&bytes));
+    let mut last = read(&file);
+    let watched = file.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        // A write is read once it is closed (a truncated, half-written file is no new
+        // config); an editor's save by rename arrives as a create or a rename.
+        let complete = matches!(
+            event.kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Modify(ModifyKind::Name(_))
+        );
+        if !complete || !event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
+            return;
+        }
+        let now = read(&watched);
+        if now.is_some() && now != last {
+            tracing::warn!(
+                "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
+                watched.display()
+            );
+            last = now;
+        }
+    })
+    .context("starting inotify")?;
+    watcher.watch(root, notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", root.display()))?;
+    Ok(watcher)
 }
 
 /// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps

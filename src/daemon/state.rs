@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::queue;
@@ -31,6 +32,12 @@ pub enum Activity {
         reason: String,
     },
     Running(JobProgress),
+    /// The disk is full: the job (if one ran) resumes once `path` has space again.
+    WaitingForSpace {
+        job: Option<u64>,
+        path: PathBuf,
+        free_bytes: u64,
+    },
     Stopping {
         reason: String,
     },
@@ -75,6 +82,10 @@ impl Activity {
                 };
                 format!("running job {} ({} on {}): {done}{eta}{of}", p.job, p.version, p.plan)
             }
+            Activity::WaitingForSpace { job, path, free_bytes } => {
+                let then = job.map(|id| format!("; job {id} resumes then")).unwrap_or_default();
+                format!("waiting for disk space: {} has {} free{then}", path.display(), human_bytes(*free_bytes))
+            }
             Activity::Stopping { reason } => format!("stopping: {reason}"),
             Activity::Stopped => "stopped".into(),
         }
@@ -88,6 +99,18 @@ pub fn human_secs(s: f64) -> String {
         60..3600 => format!("{} min {} s", s / 60, s % 60),
         _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
     }
+}
+
+/// A size in words: `0 B`, `12.0 KiB`, `3.5 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    let mut value = bytes as f64;
+    for unit in ["B", "KiB", "MiB", "GiB"] {
+        if value < 1024.0 {
+            return if unit == "B" { format!("{bytes} B") } else { format!("{value:.1} {unit}") };
+        }
+        value /= 1024.0;
+    }
+    format!("{value:.1} TiB")
 }
 
 /// Writes the state file and STATUS= lines; works out the ETA from progress.
@@ -148,10 +171,31 @@ impl Publisher {
             Ok(text) => text,
             Err(err) => return tracing::warn!("cannot serialise the daemon state: {err}"),
         };
-        if let Err(err) = queue::write_private(&self.path, &text) {
+        if let Err(err) =
+            queue::write_private(&self.path, &text).or_else(|err| overwrite_in_place(&self.path, &text, err))
+        {
             tracing::warn!("cannot publish the daemon state: {err:#}");
         }
     }
+}
+
+/// On a full disk the atomic replace has no room for its temporary file, yet the state
+/// must say that the daemon waits for space: it is written over the old file instead,
+/// within the blocks that file already holds, padded with spaces (still JSON).
+fn overwrite_in_place(path: &Path, text: &[u8], err: anyhow::Error) -> anyhow::Result<()> {
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).map_err(|_| err)?;
+    let meta = file.metadata()?;
+    anyhow::ensure!(
+        text.len() as u64 <= meta.blocks() * 512,
+        "{}: no room for the state, the disk is full",
+        path.display()
+    );
+    let mut bytes = text.to_vec();
+    bytes.resize(bytes.len().max(meta.len() as usize), b' ');
+    file.rewind()?;
+    file.write_all(&bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Reads the published state (`None` when no daemon ever wrote one).
@@ -248,6 +292,17 @@ pub(crate) mod tests {
             eta_s: None,
             started_at: String::new(),
         })
+    }
+
+    #[test]
+    fn a_full_disk_says_where_and_how_much_is_free() {
+        let waiting =
+            Activity::WaitingForSpace { job: Some(4), path: "/srv/bench/.pruefstand".into(), free_bytes: 12 * 1024 };
+        assert_eq!(
+            waiting.line(),
+            "waiting for disk space: /srv/bench/.pruefstand has 12.0 KiB free; job 4 resumes then"
+        );
+        assert_eq!(human_bytes(0), "0 B");
     }
 
     #[test]

@@ -16,14 +16,36 @@ use crate::record::EnvCheck;
 #[derive(Deserialize, Debug)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum GymEvent {
-    Start { total: usize, to_run: usize, jobs: usize, processes: Option<usize> },
+    Start {
+        total: usize,
+        to_run: usize,
+        jobs: usize,
+        processes: Option<usize>,
+    },
     Skip {},
-    Rerun { case_id: String, reason: String },
-    CaseStart { case_id: String },
-    Case { record: Box<CaseRecord> },
-    EnvironmentCheck { checks: Vec<EnvCheck> },
-    Warning { message: String },
-    Drained { not_started: usize },
+    Rerun {
+        case_id: String,
+        reason: String,
+    },
+    CaseStart {
+        case_id: String,
+    },
+    Case {
+        record: Box<CaseRecord>,
+    },
+    EnvironmentCheck {
+        checks: Vec<EnvCheck>,
+    },
+    Warning {
+        message: String,
+    },
+    /// `not_started` counts the cases that will not run, `stopped` those of them that
+    /// were in flight and were ended (a stop, not a drain).
+    Drained {
+        not_started: usize,
+        #[serde(default)]
+        stopped: usize,
+    },
     Done,
 }
 
@@ -63,12 +85,16 @@ impl Seen {
     }
 }
 
-/// What a sink asks of the gym after an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a sink asks of the gym after an event; of several sinks' asks the last listed
+/// here wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Ask {
     Continue,
     /// Start no new case; the cases in flight finish (asked of the gym once).
     Drain,
+    /// Start no new case and end the cases in flight unrecorded: nothing they could
+    /// record would change what was decided (early stop).
+    Stop,
 }
 
 /// A consumer of the gym's events. An error ends the pass (the gym is killed; every
@@ -107,7 +133,7 @@ mod tests {
     #[test]
     fn events_parse_from_the_gyms_lines() {
         let event: GymEvent = serde_json::from_str(r#"{"event":"drained","not_started":3}"#).unwrap();
-        assert!(matches!(event, GymEvent::Drained { not_started: 3 }));
+        assert!(matches!(event, GymEvent::Drained { not_started: 3, stopped: 0 }));
         assert!(serde_json::from_str::<GymEvent>(r#"{"event":"nonsense"}"#).is_err());
     }
 }

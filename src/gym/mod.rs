@@ -329,7 +329,7 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
     result?;
     let log_path = run_dir.path_of(RunFile::GymLog);
     if !status.success() || !tally.finished {
-        bail!("the gym failed ({status}); its log {}:\n{}", log_path.display(), tail(&log_path, 20));
+        bail!("the gym failed ({status}); {}", log_quote(&log_path));
     }
     let (cases, drained) = (request.cases, tally.not_started.is_some());
     let records = blocking_in(run_dir, move |run_dir| compact(run_dir, &cases, drained)).await?;
@@ -407,12 +407,12 @@ async fn hand_over(
 
 /// Reads the gym's stdout to its end, each line taken by the pass's [`Follow`] on the
 /// blocking pool (the records sink fsyncs every case); the first drain a sink asks for
-/// is passed on to the gym (SIGUSR1). The fan-out comes back also when reading failed.
+/// is passed on to the gym (SIGUSR1), and a stop (SIGUSR2). The fan-out comes back also when reading failed.
 async fn follow_events(child: &mut tokio::process::Child, mut follow: Follow) -> (Follow, anyhow::Result<()>) {
     let stdout = child.stdout.take().expect("piped stdout");
     let gym_pid = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
     let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let mut drain_asked = false;
+    let mut asked = Ask::Continue;
     loop {
         let line = match lines.next_line().await.context("reading the gym's events") {
             Ok(Some(line)) if line.trim().is_empty() => continue,
@@ -426,13 +426,23 @@ async fn follow_events(child: &mut tokio::process::Child, mut follow: Follow) ->
             (follow, ask)
         })
         .await;
+        use nix::sys::signal::Signal;
         match ask {
             Err(err) => return (follow, Err(err)),
-            Ok(Ask::Drain) if !drain_asked => {
-                drain_asked = true;
-                tracing::info!("the verdict is decided: no new case starts, the cases in flight finish");
+            Ok(ask) if ask > asked => {
+                asked = ask;
+                let signal = match ask {
+                    Ask::Stop => {
+                        tracing::info!("the verdict is decided: no new case starts, the cases in flight are stopped");
+                        Signal::SIGUSR2
+                    }
+                    _ => {
+                        tracing::info!("no new case starts, the cases in flight finish");
+                        Signal::SIGUSR1
+                    }
+                };
                 if let Some(pid) = gym_pid {
-                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1);
+                    let _ = nix::sys::signal::kill(pid, signal);
                 }
             }
             Ok(_) => {}
@@ -489,9 +499,7 @@ impl Follow {
         self.tally.take(&event);
         let mut ask = Ask::Continue;
         for sink in &mut self.fanout {
-            if sink.on(&event, &self.seen)? == Ask::Drain {
-                ask = Ask::Drain;
-            }
+            ask = ask.max(sink.on(&event, &self.seen)?);
         }
         Ok(ask)
     }
@@ -531,7 +539,13 @@ impl Tally {
                 self.rerun.push(case_id.clone());
             }
             GymEvent::Warning { message } => tracing::warn!("{message}"),
-            GymEvent::Drained { not_started } => self.not_started = Some(*not_started),
+            GymEvent::Drained { not_started, stopped } => {
+                // A stop after a drain says so in a second event: both count.
+                self.not_started = Some(self.not_started.unwrap_or(0) + not_started);
+                if *stopped > 0 {
+                    tracing::info!("{stopped} cases in flight stopped: the verdict was decided without them");
+                }
+            }
             GymEvent::Done => self.finished = true,
             _ => {}
         }
@@ -552,6 +566,15 @@ fn resumable(
     (done, errors)
 }
 
+/// The end of the gym's log for an error, or why there is none: never an empty quote.
+fn log_quote(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => format!("its log {}:\n{}", path.display(), tail(path, 20)),
+        Ok(_) => format!("its log {} is empty (nothing written: a full disk, or a kill before a word)", path.display()),
+        Err(err) => format!("its log {} cannot be read: {err}", path.display()),
+    }
+}
+
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
@@ -562,6 +585,17 @@ fn tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use crate::case::Outcome;
+
+    #[test]
+    fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gym.log");
+        std::fs::write(&log, "").unwrap();
+        assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
+        std::fs::write(&log, "one\ntwo\n").unwrap();
+        assert_eq!(log_quote(&log), format!("its log {}:\none\ntwo", log.display()));
+        assert!(log_quote(&dir.path().join("missing")).contains("cannot be read"));
+    }
 
     #[test]
     fn a_resume_runs_bench_errors_again_and_keeps_everything_else() {

@@ -78,7 +78,7 @@ impl Sink for Progress {
             }
             GymEvent::CaseStart { case_id } => {
                 tracing::debug!("case {case_id} started");
-                self.0.in_flight(seen.in_flight);
+                self.0.case_started(seen.in_flight);
             }
             GymEvent::Case { record } => {
                 self.0.in_flight(seen.in_flight);

@@ -1,7 +1,8 @@
 //! Early stop as the run carries it out: the user-task order (drawn once from the run's
 //! seed and kept in `early_stop.json`, so a resumed run keeps it) and a sink on the
 //! gym's events that asks `judge::early` again each time a user task's last case is
-//! recorded, and asks the gym to drain once the verdict is decided. When a run may
+//! recorded, and asks the gym to stop once the verdict is decided: nothing new starts,
+//! and the cases in flight end unrecorded (nothing they could record would change it). When a run may
 //! stop is `judge::early`'s; this only watches and records.
 
 use std::collections::{HashMap, HashSet};
@@ -162,7 +163,7 @@ impl Sink for EarlyStopSink {
                 // finishes after.
                 self.early.at_decision = Some(at_decision(&self.cases, &self.order, stop_at, &self.records));
                 self.run_dir.write_early_stop(&self.early)?;
-                Ask::Drain
+                Ask::Stop
             }
             None => Ask::Continue,
         })
@@ -203,7 +204,7 @@ mod tests {
             let case = cases.iter().find(|c| &c.id == id).unwrap();
             let security = (case.kind == crate::case::CaseKind::Attacked).then_some(false);
             let record = Box::new(CaseRecord::of(case, Some(true), security));
-            if sink.on(&GymEvent::Case { record }, &seen).unwrap() == Ask::Drain {
+            if sink.on(&GymEvent::Case { record }, &seen).unwrap() == Ask::Stop {
                 return Some(n + 1);
             }
         }

@@ -152,7 +152,7 @@ impl Local<'_> {
         if let Some(case_id) = &silent_at {
             // An external server: nothing here can bring it back, so the run ends
             // invalid with what it finished (resumable with --out once it answers).
-            let message = silence::Silence::message(&url, case_id);
+            let message = silence::Silence::message(&url.redacted(), case_id);
             tracing::error!("{message}");
             model_server =
                 Some(ModelServerFacts { failed: true, events: vec![message], ..ModelServerFacts::default() });
@@ -265,7 +265,7 @@ impl Local<'_> {
         let (version, plan) = (&request.version, &request.plan);
         let spec = &version.spec;
         let mut agent_env = vec![
-            ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.clone()),
+            ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.expose().to_string()),
             ("PRUEFSTAND_MODEL_NAME".to_string(), version.request_model().to_string()),
         ];
         if let Some(key) = &endpoint.api_key {
@@ -275,7 +275,9 @@ impl Local<'_> {
             Some(argv) => argv.clone(),
             None => {
                 let config = agent::AgentConfig {
-                    base_url: endpoint.base_url.clone(),
+                    // agent.json is a file of the run: credentials stay in the environment.
+                    base_url: endpoint.base_url.redacted(),
+                    base_url_env: endpoint.base_url.has_secrets().then(|| "PRUEFSTAND_MODEL_URL".to_string()),
                     model: version.request_model().to_string(),
                     tool_calling: spec.model.tool_calling,
                     tool_result_role: spec.model.tool_result_role,
@@ -295,14 +297,14 @@ impl Local<'_> {
         let (defence, detector) = match &spec.guardrail {
             GuardrailSpec::Agentdojo { defence, .. } => (Some(defence.as_str().to_string()), None),
             GuardrailSpec::Classifier(c) => {
-                (Some(PI_DETECTOR.to_string()), Some(gym::DetectorRequest::of(c, &endpoint.base_url)))
+                (Some(PI_DETECTOR.to_string()), Some(gym::DetectorRequest::of(c, endpoint.base_url.expose())))
             }
             _ => (None, None),
         };
         Ok(GymSettings {
             agent_cmd,
             concurrency: self.concurrency(),
-            metrics_url: concurrency::metrics_url(&endpoint.base_url),
+            metrics_url: concurrency::metrics_url(endpoint.base_url.expose()),
             display_name: spec.model.display_name.clone(),
             case_timeout_s: plan.case_timeout_s,
             seed: self.claimed.seed,

@@ -17,12 +17,29 @@ pub const STRICT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img
 
 /// The largest file served (a run's traces and records are far smaller).
 const MAX_BYTES: u64 = 256 << 20;
+/// How much of a page is read for its policy (a report's head is a few KiB).
+const HEAD_BYTES: u64 = 64 << 10;
+
+/// A file's content: made here (a folder's listing), or a file opened, streamed to the
+/// client in chunks as it reads them, so a client that stops reading holds one chunk,
+/// not the whole file.
+#[derive(Debug)]
+pub enum Content {
+    Bytes(Vec<u8>),
+    Open(std::fs::File),
+}
+
+impl PartialEq for Content {
+    fn eq(&self, other: &Content) -> bool {
+        matches!((self, other), (Content::Bytes(a), Content::Bytes(b)) if a == b)
+    }
+}
 
 /// What a request under `/reports` comes to.
 #[derive(Debug, PartialEq)]
 pub enum Lookup {
     File {
-        bytes: Vec<u8>,
+        content: Content,
         content_type: &'static str,
         csp: String,
     },
@@ -122,7 +139,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
 <style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\
 <body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>"
     );
-    Lookup::File { bytes: html.into_bytes(), content_type: HTML, csp: LISTING_CSP.to_string() }
+    Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: LISTING_CSP.to_string() }
 }
 
 /// A run folder's verdict, from its `judgement.json`.
@@ -144,19 +161,24 @@ fn plain_segment(segment: &str) -> bool {
 fn read_file(real: &PathBuf) -> Option<Lookup> {
     use std::os::unix::fs::OpenOptionsExt;
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
+    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > MAX_BYTES {
         return None;
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_BYTES).read_to_end(&mut bytes).ok()?;
     let content_type = content_type(real);
     let csp = match content_type {
-        HTML => page_csp(&String::from_utf8_lossy(&bytes)).unwrap_or_else(|| STRICT_CSP.to_string()),
+        // The page's policy sits in its head: read for it, then sent from the start. A
+        // head longer than HEAD_BYTES gets the strict policy.
+        HTML => {
+            let mut bytes = Vec::with_capacity(HEAD_BYTES as usize);
+            (&file).take(HEAD_BYTES).read_to_end(&mut bytes).ok()?;
+            std::io::Seek::rewind(&mut file).ok()?;
+            page_csp(&String::from_utf8_lossy(&bytes)).unwrap_or_else(|| STRICT_CSP.to_string())
+        }
         _ => STRICT_CSP.to_string(),
     };
-    Some(Lookup::File { bytes, content_type, csp })
+    Some(Lookup::File { content: Content::Open(file), content_type, csp })
 }
 
 const HTML: &str = "text/html; charset=utf-8";
@@ -242,7 +264,12 @@ mod tests {
 
     fn body(found: Lookup) -> String {
         match found {
-            Lookup::File { bytes, .. } => String::from_utf8(bytes).unwrap(),
+            Lookup::File { content: Content::Bytes(bytes), .. } => String::from_utf8(bytes).unwrap(),
+            Lookup::File { content: Content::Open(mut file), .. } => {
+                let mut text = String::new();
+                file.read_to_string(&mut text).unwrap();
+                text
+            }
             other => panic!("not a file: {other:?}"),
         }
     }

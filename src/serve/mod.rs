@@ -8,6 +8,7 @@
 //! the user's own proxy's job (docs/serve.md). Not the argument checks (`cmd::serve`).
 
 mod files;
+mod limit;
 mod live;
 mod page;
 
@@ -35,6 +36,8 @@ use live::Feeds;
 
 /// How long a shutdown waits for answers in flight before it leaves anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// What one read of a served file holds in memory.
+const CHUNK: usize = 16 * 1024;
 
 #[derive(Clone)]
 struct App {
@@ -46,11 +49,13 @@ struct App {
     loopback_only: bool,
 }
 
-/// Serves the bench root on `listener` until `stop` completes, then closes the event
-/// streams and waits up to [`SHUTDOWN_GRACE`] for answers in flight.
+/// Serves the bench root on `listener`, at most `max_connections` at once, until `stop`
+/// completes, then closes the event streams and waits up to [`SHUTDOWN_GRACE`] for
+/// answers in flight.
 pub async fn serve(
     root: &Root,
     listener: tokio::net::TcpListener,
+    max_connections: usize,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let queue = Queue::open(root)?;
@@ -78,7 +83,7 @@ pub async fn serve(
         drop(live);
         let _ = closed_tx.send(());
     };
-    let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
+    let server = axum::serve(limit::Capped::new(listener, max_connections), router).with_graceful_shutdown(shutdown);
     let server = tokio::spawn(async move { server.await });
     let _ = closed_rx.await;
     match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
@@ -175,9 +180,13 @@ async fn report_file(State(app): State<App>, uri: Uri) -> Response {
     let reports = app.reports.clone();
     let found = tokio::task::spawn_blocking(move || files::find(&reports, &raw)).await.unwrap_or(Lookup::NotFound);
     match found {
-        Lookup::File { bytes, content_type, csp } => {
+        Lookup::File { content, content_type, csp } => {
             let csp = HeaderValue::from_str(&csp).unwrap_or(HeaderValue::from_static(files::STRICT_CSP));
-            let response = ([(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], Body::from(bytes));
+            let body = match content {
+                files::Content::Bytes(bytes) => Body::from(bytes),
+                files::Content::Open(file) => Body::from_stream(chunks(tokio::fs::File::from_std(file))),
+            };
+            let response = ([(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body);
             let mut response = response.into_response();
             response.headers_mut().insert(header::CONTENT_SECURITY_POLICY, csp);
             response
@@ -189,6 +198,24 @@ async fn report_file(State(app): State<App>, uri: Uri) -> Response {
         Lookup::BadPath => (StatusCode::BAD_REQUEST, "not a path below reports/\n").into_response(),
         Lookup::NotFound => (StatusCode::NOT_FOUND, "not found\n").into_response(),
     }
+}
+
+/// A file's bytes in chunks of [`CHUNK`], each read only when the connection has sent
+/// the one before.
+fn chunks(file: tokio::fs::File) -> impl Stream<Item = std::io::Result<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut chunk = vec![0; CHUNK];
+        match file.read(&mut chunk).await {
+            Ok(0) => None,
+            Ok(n) => {
+                chunk.truncate(n);
+                Some((Ok(chunk), Some(file)))
+            }
+            Err(err) => Some((Err(err), None)),
+        }
+    })
 }
 
 async fn fallback() -> Response {

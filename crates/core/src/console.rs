@@ -277,6 +277,9 @@ pub struct Progress {
     last_line: usize,
     /// Cases in flight at first (`--jobs`): they start, and mostly finish, together.
     jobs: usize,
+    /// A plain progress line waiting for the finished case's slot to be refilled: said
+    /// at the record, it would count that slot as empty while cases remain.
+    line_due: bool,
 }
 
 impl Progress {
@@ -304,6 +307,7 @@ impl Progress {
             run_this_time: 0,
             last_line: 0,
             jobs: 1,
+            line_due: false,
         }
     }
 
@@ -331,6 +335,26 @@ impl Progress {
         self.show_message();
     }
 
+    /// A case started, `n` in flight now: a line held for the refill is said.
+    pub fn case_started(&mut self, n: usize) {
+        self.in_flight(n);
+        if self.line_due {
+            self.line();
+        }
+    }
+
+    fn line(&mut self) {
+        self.line_due = false;
+        tracing::info!(
+            "progress: {}/{} cases, {} in flight, {} errors, {}",
+            self.done,
+            self.total,
+            self.in_flight,
+            self.errors,
+            self.eta()
+        );
+    }
+
     fn show_message(&self) {
         if let Some(bar) = &self.bar {
             let errors = if self.errors > 0 { format!(", {} errors", self.errors) } else { String::new() };
@@ -353,14 +377,15 @@ impl Progress {
                 let step = (self.total / 10).max(1);
                 if self.done - self.last_line >= step || self.done == self.total {
                     self.last_line = self.done;
-                    tracing::info!(
-                        "progress: {}/{} cases, {} in flight, {} errors, {}",
-                        self.done,
-                        self.total,
-                        self.in_flight,
-                        self.errors,
-                        self.eta()
-                    );
+                    // With cases still to start, the next start refills the slot this
+                    // one left: the line waits for it (a later line due replaces it; a
+                    // drain's is said when the progress ends).
+                    let unstarted = self.total.saturating_sub(self.done + self.in_flight);
+                    if unstarted > 0 {
+                        self.line_due = true;
+                    } else {
+                        self.line();
+                    }
                 }
             }
         }
@@ -397,6 +422,9 @@ const ETA_MIN_CASES: usize = 3;
 
 impl Drop for Progress {
     fn drop(&mut self) {
+        if self.line_due {
+            self.line();
+        }
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
             *util::lock(&BAR) = None;

@@ -93,6 +93,17 @@ pub fn read_config(path: &std::path::Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// A word someone typed, for a message: quoted, and cut to 80 characters with `…` (a
+/// 10,000-character name echoed whole would bury the message).
+pub fn quoted(word: &str) -> String {
+    format!("{:?}", crate::util::cut(word, 80))
+}
+
+/// A path someone gave, for a message: cut to 160 characters with `…`.
+pub fn shown_path(path: &Path) -> String {
+    crate::util::cut(&path.display().to_string(), 160)
+}
+
 /// A command-line word naming a configuration file of some kind (a version, a plan):
 /// a name, looked up in the root's folder for that kind, or — only when it looks like
 /// one, containing `/` or ending in `.toml` — a path, relative to the working directory.
@@ -118,9 +129,9 @@ impl<'a> Named<'a> {
     /// What was used, for a message: the name in its folder, or the file given.
     pub fn describe(&self) -> String {
         if Named::is_path(self.word) {
-            format!("{} file {} (given as a path)", self.kind, self.path.display())
+            format!("{} file {} (given as a path)", self.kind, shown_path(&self.path))
         } else {
-            format!("{} {:?} from {}", self.kind, self.word, self.dir.display())
+            format!("{} {} from {}", self.kind, quoted(self.word), self.dir.display())
         }
     }
 
@@ -140,17 +151,17 @@ impl<'a> Named<'a> {
             let cwd = std::env::current_dir().map_or_else(|_| "?".into(), |d| d.display().to_string());
             let relative = if self.path.is_relative() { format!(", relative to {cwd}") } else { String::new() };
             format!(
-                "no {} file {}: {:?} was taken as a path (it contains '/' or ends in .toml){relative}; \
+                "no {} file {}: {} was taken as a path (it contains '/' or ends in .toml){relative}; \
                  a {} name is looked up in {}",
                 self.kind,
-                self.path.display(),
-                self.word,
+                shown_path(&self.path),
+                quoted(self.word),
                 self.kind,
                 self.dir.display()
             )
         } else {
             unknown_name(self.kind, self.word, self.dir).unwrap_or_else(|| {
-                format!("no {} {:?} in {} (it has no .toml files)", self.kind, self.word, self.dir.display())
+                format!("no {} {} in {} (it has no .toml files)", self.kind, quoted(self.word), self.dir.display())
             })
         }
     }
@@ -164,13 +175,13 @@ pub fn check_name(name: &str) -> Result<(), String> {
         return Err("a name cannot be empty".into());
     }
     if name.starts_with('.') {
-        return Err(format!("{name:?} starts with '.'"));
+        return Err(format!("{} starts with '.'", quoted(name)));
     }
     if name.len() > 100 {
-        return Err(format!("{name:?} is longer than 100 characters"));
+        return Err(format!("{} is longer than 100 characters", quoted(name)));
     }
     match name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        Some(c) => Err(format!("{name:?} holds {c:?}: use letters, digits, '.', '_' and '-'")),
+        Some(c) => Err(format!("{} holds {c:?}: use letters, digits, '.', '_' and '-'", quoted(name))),
         None => Ok(()),
     }
 }
@@ -256,7 +267,7 @@ pub fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
         return None;
     }
     let guess = closest(name, &names).map_or(".".to_string(), |g| format!("; did you mean {g:?}?"));
-    Some(format!("no {kind} {name:?} in {}{guess} There are: {}", dir.display(), names.join(", ")))
+    Some(format!("no {kind} {} in {}{guess} There are: {}", quoted(name), dir.display(), names.join(", ")))
 }
 
 /// The candidate nearest to `typed` by edit distance, if it is near enough to be a typo

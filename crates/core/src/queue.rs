@@ -12,6 +12,7 @@
 //!   locks/gpu.lock      the bench lock: held while a GPU-backed run runs (`benchlock`)
 //!   jobs/<id>/job.json  the job: state, attempts, run dir, verdict, history
 //!   jobs/<id>/log       the daemon's lines about the job (`pruefstand log`)
+//!   jobs/<id>/notifications.json  its hooks' notifications, each delivered or still owed
 //!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
 //!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
 //! ```
@@ -91,6 +92,9 @@ pub enum Transition {
     /// done | failed | cancelled → pending, with its attempts and result cleared; it
     /// resumes into its run directory (`pruefstand restart`).
     Restart,
+    /// Any state → failed: the job's file no longer loads, and the daemon writes it
+    /// again from its last copy ([`Queue::replace_damaged`]). A verdict it reached stays.
+    Damaged { error: String },
 }
 
 /// The figures a finished job shows in `queue` and its hooks (rates, 0–1): `asr` is the
@@ -212,6 +216,10 @@ impl Job {
                 self.error = None;
                 self.cancel_requested = false;
                 (Pending, "restarted".into())
+            }
+            (_, Transition::Damaged { error }) => {
+                self.error = Some(error.clone());
+                (Failed, error.clone())
             }
             (state, transition) => bail!("{}", refusal(self.id, state, transition)),
         };
@@ -489,7 +497,7 @@ impl Queue {
             };
             match self.load(id) {
                 Ok(job) => jobs.push(job),
-                Err(err) => tracing::warn!("skipping job {id}: {err:#}"),
+                Err(err) => warn_once(&self.job_dir(id).join("job.json"), &format!("skipping job {id}: {err:#}")),
             }
         }
         jobs.sort_by_key(|j| j.id);
@@ -515,6 +523,22 @@ impl Queue {
         Ok(job)
     }
 
+    /// Writes `job` (the daemon's last copy, [`Transition::Damaged`] applied) over a
+    /// job file that no longer loads, under the queue lock; the damaged file is kept
+    /// beside it as `job.json.damaged`.
+    pub fn replace_damaged(&self, job: &Job) -> anyhow::Result<()> {
+        let _lock = self.lock()?;
+        let path = self.job_dir(job.id).join("job.json");
+        anyhow::ensure!(self.load(job.id).is_err(), "{}: loads; not replacing it", path.display());
+        let kept = path.with_file_name("job.json.damaged");
+        if let Err(err) = std::fs::rename(&path, &kept)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(err).with_context(|| format!("keeping {} as {}", path.display(), kept.display()));
+        }
+        self.store(job)
+    }
+
     fn store(&self, job: &Job) -> anyhow::Result<()> {
         write_private(&self.job_dir(job.id).join("job.json"), &json_bytes(job)?)?;
         self.touch();
@@ -533,8 +557,10 @@ impl Queue {
 
     /// Resolves `<job>` as typed: an id.
     pub fn find(&self, arg: &str) -> anyhow::Result<Job> {
-        let id: u64 =
-            arg.trim().parse().with_context(|| format!("{arg:?} is not a job id (see `pruefstand queue`)"))?;
+        let id: u64 = arg
+            .trim()
+            .parse()
+            .with_context(|| format!("{} is not a job id (see `pruefstand queue`)", crate::input::quoted(arg)))?;
         self.load(id)
     }
 
@@ -546,6 +572,19 @@ impl Queue {
         let version = Version::load(&root.versions(), &spec.to_string_lossy())
             .with_context(|| format!("job {}: its spec snapshot", job.id))?;
         Ok((version, dir.join(&job.snapshot.plan)))
+    }
+}
+
+/// A warning about a damaged file, once for each state of the file (its size and time
+/// of change): `queue`, `serve` and the daemon list the jobs often, and one damaged file
+/// must not fill their logs.
+fn warn_once(path: &Path, text: &str) {
+    static WARNED: std::sync::Mutex<std::collections::BTreeMap<PathBuf, (Option<std::time::SystemTime>, u64)>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let meta = std::fs::metadata(path).ok();
+    let state = (meta.as_ref().and_then(|m| m.modified().ok()), meta.as_ref().map_or(0, |m| m.len()));
+    if util::lock(&WARNED).insert(path.to_path_buf(), state) != Some(state) {
+        tracing::warn!("{text}");
     }
 }
 

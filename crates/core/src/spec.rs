@@ -14,6 +14,7 @@ use crate::family;
 use crate::input;
 use crate::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use crate::settings::sim::SimConfig;
+use crate::settings::url::SecretUrl;
 use crate::util;
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -91,10 +92,12 @@ pub struct ModelSpec {
     /// when `user`, so specs written before it keep their hash.
     #[serde(default, skip_serializing_if = "ToolResultRole::is_user")]
     pub tool_result_role: ToolResultRole,
-    /// Base URL of an `external` server, e.g. `http://127.0.0.1:8000/v1`.
+    /// Base URL of an `external` server, e.g. `http://127.0.0.1:8000/v1`; shown and
+    /// recorded with its userinfo and query values hidden.
     #[serde(default)]
-    pub url: Option<String>,
-    /// Environment variable holding the `external` server's API key.
+    pub url: Option<SecretUrl>,
+    /// Environment variable holding the `external` server's API key (preferred over
+    /// credentials in `url`).
     #[serde(default)]
     pub api_key_env: Option<String>,
     /// The name AgentDojo's important_instructions attacks address the model by.

@@ -133,6 +133,15 @@ pub fn minimal_env(command: &mut std::process::Command) {
     }
 }
 
+/// `text` cut to `max` characters, the cut marked with `…`: a name someone typed is
+/// echoed in messages and tables, and a 10,000-character one must not fill them.
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max.saturating_sub(1)) {
+        Some((at, _)) if text.chars().count() > max => format!("{}…", &text[..at]),
+        _ => text.to_string(),
+    }
+}
+
 /// A mutex's guard, the one way every lock of pruefstand is taken: a thread that
 /// panicked while holding it left the data at a consistent step (each holder changes it
 /// in one go), so the guard is taken all the same instead of spreading the panic to
@@ -166,6 +175,14 @@ pub fn local_time(rfc3339: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cut_keeps_short_text_and_marks_a_cut() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcd", 3), "ab…");
+        assert_eq!(cut("äöüß", 2), "ä…");
+        assert_eq!(cut(&"x".repeat(10_000), 40).chars().count(), 40);
+    }
 
     #[test]
     fn a_child_gets_only_the_inherited_variables() {

@@ -666,6 +666,23 @@ mod tests {
     use crate::judge;
 
     #[test]
+    fn attack_successes_that_are_context_overflows_are_said_beside_the_asr() {
+        let mut input = judge::tests::schnell(3);
+        let landed = input.records.iter().position(|r| r.security == Some(true)).unwrap();
+        input.records[landed].outcome = Some(crate::case::Outcome::ContextOverflow);
+        let j = judge::judge(&input);
+        let said = "1 of the 3 attack successes is a context overflow";
+        assert!(markdown(&j).contains(said), "{}", markdown(&j));
+        let dir = tempfile::tempdir().unwrap();
+        write_run_report(dir.path(), &j, &input).unwrap();
+        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
+        assert!(html.contains(r#"id="asr-overflows""#) && html.contains(said));
+        // None: nothing said.
+        let j = judge::judge(&judge::tests::schnell(3));
+        assert!(!markdown(&j).contains("context overflow"));
+    }
+
+    #[test]
     fn run_report_is_self_contained_and_escaped() {
         let mut input = judge::tests::schnell(3);
         // A hostile task name, renamed consistently (the ids say the same), so the run

@@ -1,6 +1,7 @@
 //! Every configuration type, in one place: `pruefstand.toml` (paths, the guards, the
 //! hooks, `[cluster]`), a version's defence layers (`defence`), the simulated model's `[sim]` table
-//! (`sim`), and a profile's rule thresholds (`thresholds`). Types and their validation
+//! (`sim`), a profile's rule thresholds (`thresholds`), and a URL that may carry
+//! credentials (`url`). Types and their validation
 //! only: reading the files and acting on them belongs to `root`, `spec`, `plan`, the
 //! guards, the hooks and the judge.
 
@@ -8,6 +9,7 @@ pub mod cluster;
 pub mod defence;
 pub mod sim;
 pub mod thresholds;
+pub mod url;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -235,7 +237,7 @@ pub struct HookConfig {
     /// Names the hook in logs (the URL never appears there).
     pub name: String,
     pub kind: Kind,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "url::http_secret")]
     pub url: Option<Secret>,
     /// The variable holding the URL, for keeping it out of the file.
     #[serde(default)]

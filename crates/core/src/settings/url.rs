@@ -1,0 +1,180 @@
+//! A URL that may carry credentials (`http://user:password@host/…?token=…`), as a spec
+//! or pruefstand.toml gives it: kept whole for connecting, shown and serialized with its
+//! userinfo and query values as `***`. It is redacted where it enters, so no writer
+//! after it (files of a run, reports, logs, `check`) can forget to.
+//!
+//! Not for URLs whose path is the secret (Slack's and Discord's webhook URLs): those
+//! are [`super::Secret`]s, never shown at all.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// An `http://` or `https://` URL with a host. `Display`, `Debug` and `Serialize` give
+/// [`SecretUrl::redacted`]; [`SecretUrl::expose`] the URL itself, for connecting.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Refuses anything but an http(s) URL with a host: `file:///etc/passwd` or a bare
+    /// `localhost:8000` would only turn every case into an error later.
+    pub fn parse(text: &str) -> Result<SecretUrl, String> {
+        let rest = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
+        let host = rest.map(|rest| authority(rest).rsplit('@').next().unwrap_or_default());
+        match host {
+            Some(host) if !host.is_empty() && !host.starts_with(':') => Ok(SecretUrl(text.to_string())),
+            Some(_) => Err(format!("{} has no host", redact(text))),
+            None => Err(format!("{} is no http:// or https:// URL", redact(text))),
+        }
+    }
+
+    /// A URL taken as it is: one pruefstand made for a server of its own, or one a
+    /// spec's check has passed already. Shown redacted all the same.
+    pub fn own(url: String) -> SecretUrl {
+        SecretUrl(url)
+    }
+
+    /// The URL itself, for the places that connect to it (and the agents' environment).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with userinfo and query values as `***`.
+    pub fn redacted(&self) -> String {
+        redact(&self.0)
+    }
+
+    /// Whether the URL carries anything [`SecretUrl::redacted`] hides.
+    pub fn has_secrets(&self) -> bool {
+        self.redacted() != self.0
+    }
+
+    /// An identity of the whole URL that does not reveal it: provenance tells two
+    /// credentials apart by it.
+    pub fn sha256(&self) -> String {
+        crate::util::sha256_hex(self.0.as_bytes())
+    }
+
+    /// The same URL with `path` appended (`…/v1` + `/models`), before its query.
+    pub fn join(&self, path: &str) -> SecretUrl {
+        let (base, query) = match self.0.find(['?', '#']) {
+            Some(at) => self.0.split_at(at),
+            None => (self.0.as_str(), ""),
+        };
+        SecretUrl(format!("{}/{}{query}", base.trim_end_matches('/'), path.trim_start_matches('/')))
+    }
+}
+
+/// What follows `scheme://` up to the path, query or fragment.
+fn authority(rest: &str) -> &str {
+    rest.split(['/', '?', '#']).next().unwrap_or_default()
+}
+
+/// `scheme://***@host/path?key=***#***`: userinfo, every query value and the fragment
+/// hidden; scheme, host, port, path and query keys kept, so an operator still sees
+/// which server it is. Text that is no URL comes back as it is.
+pub fn redact(text: &str) -> String {
+    let Some(scheme_end) = text.find("://") else { return text.to_string() };
+    let (scheme, rest) = (&text[..scheme_end + 3], &text[scheme_end + 3..]);
+    let authority = authority(rest);
+    let after = &rest[authority.len()..];
+    let host = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => authority.to_string(),
+    };
+    let (before_fragment, fragment) = match after.split_once('#') {
+        Some((before, _)) => (before, "#***"),
+        None => (after, ""),
+    };
+    let (path, query) = match before_fragment.split_once('?') {
+        Some((path, query)) => {
+            let hidden: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) => format!("{key}=***"),
+                    None if pair.is_empty() => String::new(),
+                    None => "***".to_string(),
+                })
+                .collect();
+            (path, format!("?{}", hidden.join("&")))
+        }
+        None => (before_fragment, String::new()),
+    };
+    format!("{scheme}{host}{path}{query}{fragment}")
+}
+
+impl std::fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+impl Serialize for SecretUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.redacted())
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        SecretUrl::parse(&text).map_err(|err| serde::de::Error::custom(format!("url: {err}")))
+    }
+}
+
+/// A whole-secret URL ([`super::Secret`], a webhook's) refused unless http(s), like a
+/// [`SecretUrl`], without showing any of it.
+pub fn http_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<super::Secret>, D::Error> {
+    let text = String::deserialize(d)?;
+    match SecretUrl::parse(&text) {
+        Ok(_) => Ok(Some(super::Secret(text))),
+        Err(_) => Err(serde::de::Error::custom("url: only http:// and https:// URLs with a host are taken")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn userinfo_query_values_and_fragment_are_hidden_and_the_server_still_shows() {
+        for (url, shown) in [
+            ("http://alice:S3CRETPW@127.0.0.1:8000/v1?token=T0KEN", "http://***@127.0.0.1:8000/v1?token=***"),
+            ("https://key@host/v1?a=1&b&c=2#frag", "https://***@host/v1?a=***&***&c=***#***"),
+            ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+            ("http://host?x=1", "http://host?x=***"),
+            ("http://a@b@host/p@q", "http://***@host/p@q"),
+        ] {
+            let secret = SecretUrl::parse(url).unwrap();
+            assert_eq!((secret.to_string(), format!("{secret:?}")), (shown.to_string(), format!("{shown:?}")));
+            assert_eq!(serde_json::to_value(&secret).unwrap(), serde_json::json!(shown));
+            assert_eq!(secret.expose(), url);
+            assert_eq!(secret.has_secrets(), url != shown);
+        }
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_are_taken_and_the_refusal_hides_credentials() {
+        for bad in
+            ["file:///etc/passwd", "localhost:8000/v1", "ftp://u:pw@host/", "http://", "http:///v1", "http://u:pw@/"]
+        {
+            let err = SecretUrl::parse(bad).unwrap_err();
+            assert!(!err.contains("pw@"), "{bad}: {err}");
+            assert!(err.contains("no http://") || err.contains("no host"), "{bad}: {err}");
+        }
+        assert!(SecretUrl::parse("https://example.org").is_ok());
+    }
+
+    #[test]
+    fn join_appends_before_the_query_and_the_identity_tells_credentials_apart() {
+        let url = SecretUrl::parse("http://u:p@h/v1/?k=v").unwrap();
+        assert_eq!(url.join("/models").expose(), "http://u:p@h/v1/models?k=v");
+        let other = SecretUrl::parse("http://u:q@h/v1/?k=v").unwrap();
+        assert_eq!(url.redacted(), other.redacted());
+        assert_ne!(url.sha256(), other.sha256());
+    }
+}
