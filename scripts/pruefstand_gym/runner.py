@@ -10,6 +10,7 @@ process-wide list (so each worker enters its own OutputLogger on a fresh stack).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import multiprocessing as mp
@@ -628,6 +629,13 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
         dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, req["order"], suites), plan, req)
         threading.Thread(target=_read_commands, args=(result_q,), daemon=True).start()
 
+    # Registered after multiprocessing's own exit hook, so it runs first: a SIGTERM that
+    # lands while that hook joins the workers (the run was killed as the gym ended) must
+    # not raise into it, which prints "Exception ignored in atexit callback" and a
+    # traceback into the log.
+    exiting = {"now": False}
+    atexit.register(lambda: exiting.update(now=True))
+
     def stop_workers(signum=None, frame=None):
         for w in dispatcher.workers if dispatcher else []:
             if w.proc.is_alive():
@@ -636,6 +644,8 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
                 except OSError:
                     pass
         if signum is not None:
+            if exiting["now"]:
+                os._exit(128 + signum)
             raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop_workers)
