@@ -99,20 +99,11 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
         env_out.display()
     );
     bench.write("pruefstand.toml", &config);
-    // A version whose reference disappears after `start`: its job fails, and that fires too.
-    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml"))
-        .unwrap();
-    bench.write(
-        "versions/orphan.toml",
-        &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml"))
-            .unwrap()
-            .replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""),
-    );
 
     let daemon = bench.daemon();
     let first = bench.start(&["demo-baseline", "--plan", "mini"]);
-    let second = bench.start(&["orphan", "--plan", "mini"]);
-    std::fs::remove_file(bench.path().join("versions/tmp-ref.toml")).unwrap();
+    // A version whose reference disappears after `start`: its job fails, and that fires too.
+    let second = failing_job(&bench);
     let job1 = bench.wait_job(first, "done", 120);
     let job2 = bench.wait_job(second, "failed", 60);
     assert!(job2["error"].as_str().unwrap().contains("tmp-ref"), "{job2}");

@@ -336,17 +336,7 @@ fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
     let shown = format!("http://***@127.0.0.1:{port}/v1?token=***");
     let spec = format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n");
     let spec_file = bench.write("versions/elsewhere.toml", &spec);
-    let model = bench.path().join("sim-model");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
-    std::fs::copy(truth_file(), model.join("truth.json")).unwrap();
-    let mut server = bench
-        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "m", "--port", &port.to_string()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the simulator to answer", 60, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let mut server = bench.sim_serve("m", port);
 
     let check = bench.run(&["check", "elsewhere"]);
     let run = bench.run(&["run", "elsewhere", "--plan", "tiny"]);

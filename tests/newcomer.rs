@@ -43,17 +43,7 @@ fn a_dead_model_server_is_named_by_check_and_ends_the_run_invalid_and_resumable(
 
     // The server comes (the simulator, under the served name) and the same command
     // finishes the run: every case once, none an error.
-    let model = bench.path().join("sim-model");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
-    std::fs::copy(truth_file(), model.join("truth.json")).unwrap();
-    let mut server = bench
-        .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", "m", "--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the simulator to answer", 60, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let mut server = bench.sim_serve("m", port);
     let check = bench.run(&["check", "elsewhere"]);
     assert!(check.stdout.contains(&format!("model server at {url} serves m")), "{}", check.stdout);
     let resumed = bench.run(&args);

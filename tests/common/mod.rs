@@ -79,6 +79,23 @@ impl Bench {
     pub fn run(&self, args: &[&str]) -> Run {
         Run::from(self.cmd(args).output().expect("pruefstand runs"))
     }
+
+    /// `pruefstand sim-serve` on `port` under the served name `served` (seed 1, the
+    /// shipped ground truth), once it answers. The caller kills it.
+    pub fn sim_serve(&self, served: &str, port: u16) -> std::process::Child {
+        let model = self.path().join("sim-model");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("sim.toml"), "seed = 1\n").unwrap();
+        std::fs::copy(truth_file(), model.join("truth.json")).unwrap();
+        let server = self
+            .cmd(&["sim-serve", model.to_str().unwrap(), "--served-model-name", served, "--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_until("the simulator to answer", 60, || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        server
+    }
 }
 
 /// A finished command with its output as text.
