@@ -589,7 +589,7 @@ mod tests {
     #[test]
     fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("gym.log");
+        let log = crate::rundir::RunFile::GymLog.path_in(dir.path());
         std::fs::write(&log, "").unwrap();
         assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
         std::fs::write(&log, "one\ntwo\n").unwrap();
