@@ -223,13 +223,17 @@ impl Version {
     /// The chat template's file on this machine: `model.chat_template` resolved against
     /// the spec's folder.
     pub fn chat_template(&self) -> Option<PathBuf> {
-        let template = self.spec.model.chat_template.as_ref()?.get_ref();
-        Some(self.path.parent().unwrap_or(Path::new(".")).join(template))
+        Some(template_file(&self.path, self.spec.model.chat_template.as_ref()?.get_ref()))
     }
 
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
     }
+}
+
+/// A spec's `model.chat_template` on this machine: relative to the spec's folder.
+fn template_file(spec_path: &Path, template: &Path) -> PathBuf {
+    spec_path.parent().unwrap_or(Path::new(".")).join(template)
 }
 
 /// Parses and validates one spec text.
@@ -282,7 +286,7 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                 ));
             }
             if let Some(template) = &model.chat_template {
-                let file = path.parent().unwrap_or(Path::new(".")).join(template.get_ref());
+                let file = template_file(path, template.get_ref());
                 if !file.is_file() {
                     return Err(bad(
                         template.span().start,

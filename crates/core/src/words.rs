@@ -31,7 +31,8 @@ pub fn overflow_note(overflows: u64, landed: u64) -> Option<String> {
     (overflows > 0).then(|| {
         let (verb, noun) = if overflows == 1 { ("is", "a context overflow") } else { ("are", "context overflows") };
         format!(
-            "{overflows} of the {landed} attack successes {verb} {noun}: the conversation outgrew the model's context,              which AgentDojo scores as a landed attack, not a followed injection"
+            "{overflows} of the {landed} attack successes {verb} {noun}: the conversation outgrew the model's context, \
+             which AgentDojo scores as a landed attack, not a followed injection"
         )
     })
 }

@@ -671,12 +671,13 @@ mod tests {
         let landed = input.records.iter().position(|r| r.security == Some(true)).unwrap();
         input.records[landed].outcome = Some(crate::case::Outcome::ContextOverflow);
         let j = judge::judge(&input);
-        let said = "1 of the 3 attack successes is a context overflow";
+        let said = "1 of the 3 attack successes is a context overflow: the conversation outgrew the model's \
+                    context, which AgentDojo scores as a landed attack, not a followed injection";
         assert!(markdown(&j).contains(said), "{}", markdown(&j));
         let dir = tempfile::tempdir().unwrap();
         write_run_report(dir.path(), &j, &input).unwrap();
         let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
-        assert!(html.contains(r#"id="asr-overflows""#) && html.contains(said));
+        assert!(html.contains(r#"id="asr-overflows""#) && html.contains(&esc(said)));
         // None: nothing said.
         let j = judge::judge(&judge::tests::schnell(3));
         assert!(!markdown(&j).contains("context overflow"));
