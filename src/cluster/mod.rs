@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use futures_util::future::BoxFuture;
 
-use crate::gym::Executed;
+use crate::gym::{self, Executed};
 use crate::queue::Queue;
 use crate::record::{GpuExclusivity, ModelServerFacts};
 use crate::root::Root;
@@ -323,7 +323,8 @@ impl Follow {
                 })
                 .await;
             let look = look?;
-            control.gym.report(&self.dir, look.recorded.min(planned), planned);
+            let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0 };
+            control.gym.report(&self.dir, counts);
             if let Some(failed) = look.ended {
                 return Ok((state, failed));
             }

@@ -57,8 +57,7 @@ enum Event {
     Signal(&'static str),
     Progress {
         run_dir: PathBuf,
-        done: usize,
-        total: usize,
+        counts: gym::Counts,
     },
     Ended(Result<Judged, JobError>),
 }
@@ -478,8 +477,8 @@ impl<G: Gate> Daemon<G> {
         let observation = self.gate.watch();
         let progress_tx = self.tx.clone();
         Arc::new(RunControl::new(
-            Arc::new(gym::Control::with_progress(move |run_dir, done, total| {
-                let _ = progress_tx.send(Event::Progress { run_dir: run_dir.to_path_buf(), done, total });
+            Arc::new(gym::Control::with_progress(move |run_dir, counts| {
+                let _ = progress_tx.send(Event::Progress { run_dir: run_dir.to_path_buf(), counts });
             })),
             Some(Box::new(move || observation.exclusivity())),
         ))
@@ -518,7 +517,7 @@ impl<G: Gate> Daemon<G> {
                 None => self.inbox.next().await,
             };
             match event {
-                Event::Progress { run_dir, done, total } => self.state.progress(&run_dir, done, total),
+                Event::Progress { run_dir, counts } => self.state.progress(&run_dir, counts),
                 Event::Ended(result) => return (result, stop),
                 Event::Queue if stop.is_none() && self.queue.load(id).is_ok_and(|j| j.cancel_requested) => {
                     tracing::info!("job {id}: cancel requested, stopping the run");

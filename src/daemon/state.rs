@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::gym;
 use crate::queue;
+use pruefstand_core::eta::Eta;
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct DaemonState {
@@ -118,9 +120,9 @@ pub struct Publisher {
     path: PathBuf,
     state: DaemonState,
     last_write: Option<Instant>,
-    /// (run dir, cases done, when) at the first progress report of a run: the rate
-    /// counts only cases run by this daemon, not the ones resumed.
-    rate_base: Option<(PathBuf, usize, Instant)>,
+    /// (run dir, cases done) at the first progress report of a run, and its cases'
+    /// finish times: the rate counts only cases run by this daemon, not the ones resumed.
+    rate: Option<(PathBuf, usize, Eta)>,
 }
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -130,7 +132,7 @@ impl Publisher {
         let now = queue::now();
         let state =
             DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
-        Publisher { path, state, last_write: None, rate_base: None }
+        Publisher { path, state, last_write: None, rate: None }
     }
 
     pub fn set(&mut self, activity: Activity) {
@@ -140,16 +142,16 @@ impl Publisher {
         }
     }
 
-    pub fn progress(&mut self, run_dir: &Path, done: usize, total: usize) {
+    pub fn progress(&mut self, run_dir: &Path, counts: gym::Counts) {
         let Activity::Running(progress) = &mut self.state.activity else { return };
+        let gym::Counts { done, total, in_flight } = counts;
         let now = Instant::now();
-        if self.rate_base.as_ref().is_none_or(|(dir, _, _)| dir != run_dir) {
-            self.rate_base = Some((run_dir.to_path_buf(), done, now));
+        if self.rate.as_ref().is_none_or(|(dir, _, _)| dir != run_dir) {
+            self.rate = Some((run_dir.to_path_buf(), done, Eta::new(now)));
         }
-        let (_, done0, t0) = self.rate_base.as_ref().expect("set above");
-        let elapsed = now.duration_since(*t0).as_secs_f64();
-        progress.eta_s =
-            (done > *done0 && elapsed > 0.0).then(|| (total - done) as f64 * elapsed / (done - done0) as f64);
+        let (_, done0, eta) = self.rate.as_mut().expect("set above");
+        eta.observe(done.saturating_sub(*done0), in_flight, now);
+        progress.eta_s = eta.remaining_s(total.saturating_sub(done), now);
         progress.run_dir = Some(run_dir.to_path_buf());
         progress.done = done;
         progress.total = total;

@@ -208,7 +208,7 @@ pub struct Pass {
 }
 
 /// `progress(run_dir, cases done, cases planned)`.
-type ProgressSink = dyn Fn(&Path, usize, usize) + Send + Sync;
+type ProgressSink = dyn Fn(&Path, Counts) + Send + Sync;
 
 /// A caller's handle on a running gym (the daemon's): a progress sink, and a stop
 /// switch that kills the gym's whole process group — its workers and the agents they
@@ -227,8 +227,8 @@ struct ControlState {
 }
 
 impl Control {
-    /// `progress(run_dir, cases done, cases planned)` after the start and every case.
-    pub fn with_progress(progress: impl Fn(&Path, usize, usize) + Send + Sync + 'static) -> Control {
+    /// `progress(run_dir, counts)` after the start and every case.
+    pub fn with_progress(progress: impl Fn(&Path, Counts) + Send + Sync + 'static) -> Control {
         Control { progress: Some(Box::new(progress)), state: Default::default() }
     }
 
@@ -280,11 +280,21 @@ impl Control {
 
     /// Reports progress to the caller's sink (also for cases run elsewhere: a cluster's
     /// shards).
-    pub fn report(&self, run_dir: &Path, done: usize, total: usize) {
+    pub fn report(&self, run_dir: &Path, counts: Counts) {
         if let Some(progress) = &self.progress {
-            progress(run_dir, done, total);
+            progress(run_dir, counts);
         }
     }
+}
+
+/// A run's cases at a progress report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Recorded, this time or before (a resumed run's).
+    pub done: usize,
+    pub total: usize,
+    /// Running now (0 where not known: a cluster's shards).
+    pub in_flight: usize,
 }
 
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there: the

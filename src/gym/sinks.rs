@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::Control;
 use super::events::{Ask, GymEvent, Seen, Sink};
+use super::{Control, Counts};
 use crate::case::CaseRecord;
 use crate::concurrency::Feed;
 use crate::console;
@@ -105,7 +105,8 @@ impl Report {
 impl Sink for Report {
     fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask> {
         if matches!(event, GymEvent::Start { .. } | GymEvent::Case { .. }) {
-            self.control.report(&self.run_dir, seen.done, seen.total);
+            self.control
+                .report(&self.run_dir, Counts { done: seen.done, total: seen.total, in_flight: seen.in_flight });
         }
         Ok(Ask::Continue)
     }

@@ -26,6 +26,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::eta::Eta;
 use crate::util;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -272,11 +273,9 @@ pub struct Progress {
     done: usize,
     errors: usize,
     in_flight: usize,
-    started: Instant,
     run_this_time: usize,
     last_line: usize,
-    /// Cases in flight at first (`--jobs`): they start, and mostly finish, together.
-    jobs: usize,
+    eta: Eta,
     /// A plain progress line waiting for the finished case's slot to be refilled: said
     /// at the record, it would count that slot as empty while cases remain.
     line_due: bool,
@@ -303,10 +302,9 @@ impl Progress {
             done: 0,
             errors: 0,
             in_flight: 0,
-            started: Instant::now(),
             run_this_time: 0,
             last_line: 0,
-            jobs: 1,
+            eta: Eta::new(Instant::now()),
             line_due: false,
         }
     }
@@ -317,8 +315,9 @@ impl Progress {
         self.total = total;
         self.done = total - to_run;
         self.last_line = self.done;
-        self.jobs = jobs.max(1);
-        self.started = Instant::now();
+        // The first `jobs` cases start, and mostly finish, together.
+        self.eta = Eta::new(Instant::now());
+        self.eta.observe(0, jobs, Instant::now());
         if let Some(bar) = &self.bar {
             bar.set_length(total as u64);
             bar.set_position(self.done as u64);
@@ -332,6 +331,7 @@ impl Progress {
     /// Cases running now (shown on the bar; in the plain progress lines).
     pub fn in_flight(&mut self, n: usize) {
         self.in_flight = n;
+        self.eta.observe(self.run_this_time, n, Instant::now());
         self.show_message();
     }
 
@@ -365,6 +365,7 @@ impl Progress {
     pub fn case_done(&mut self, errored: bool) {
         self.done += 1;
         self.run_this_time += 1;
+        self.eta.observe(self.run_this_time, self.in_flight, Instant::now());
         if errored {
             self.errors += 1;
         }
@@ -395,30 +396,16 @@ impl Progress {
 impl Progress {
     /// `ETA 42 s`, or `ETA estimating` while the rate would mislead.
     fn eta(&self) -> String {
-        eta_text(self.run_this_time, self.total - self.done, self.started.elapsed().as_secs_f64(), self.jobs)
+        eta_text(self.eta.remaining_s(self.total - self.done, Instant::now()))
     }
 }
 
-/// The ETA from the cases finished this time over the time taken, once that rate can
-/// be trusted: the first `jobs` cases start together and finish close together, so a
-/// rate from them alone counts one case's latency as if the cases ran one after
-/// another (the first one done after 10 s with 8 in flight reads as 0.1 case/s, not
-/// ~0.8). So: "estimating" until more than `jobs` cases have finished (the second wave
-/// has begun to finish) and at least [`ETA_MIN_CASES`]; nothing left is `ETA 0 s`.
-fn eta_text(finished: usize, remaining: usize, elapsed_s: f64, jobs: usize) -> String {
-    if remaining == 0 {
-        return "ETA 0 s".into();
+fn eta_text(seconds: Option<f64>) -> String {
+    match seconds {
+        Some(s) => format!("ETA {s:.0} s"),
+        None => "ETA estimating".into(),
     }
-    if finished <= jobs.max(1) || finished < ETA_MIN_CASES {
-        return "ETA estimating".into();
-    }
-    let rate = finished as f64 / elapsed_s.max(1e-6);
-    format!("ETA {:.0} s", remaining as f64 / rate.max(1e-9))
 }
-
-/// The fewest finished cases an ETA is worked out from (one slow or fast case alone
-/// would swing it).
-const ETA_MIN_CASES: usize = 3;
 
 impl Drop for Progress {
     fn drop(&mut self) {
@@ -472,18 +459,7 @@ mod tests {
     }
 
     #[test]
-    fn the_eta_waits_for_a_rate_it_can_trust() {
-        // 8 in flight: the first 8 cases finish together; their rate is no rate yet.
-        for finished in 0..=8 {
-            assert_eq!(eta_text(finished, 100, 10.0, 8), "ETA estimating", "{finished} finished");
-        }
-        assert_eq!(eta_text(10, 90, 10.0, 8), "ETA 90 s", "1 case/s, 90 to go");
-        // One at a time: still not from one or two cases.
-        assert_eq!(eta_text(1, 16, 2.0, 1), "ETA estimating");
-        assert_eq!(eta_text(2, 15, 4.0, 1), "ETA estimating");
-        assert_eq!(eta_text(3, 14, 6.0, 1), "ETA 28 s");
-        assert_eq!(eta_text(2, 0, 4.0, 8), "ETA 0 s", "nothing left: done, whatever the rate");
-        assert_eq!(eta_text(5, 5, 5.0, 0), "ETA 5 s", "jobs 0 counts as 1");
+    fn the_first_line_of_a_run_has_no_eta_yet() {
         let mut progress = Progress::new(0);
         progress.start(20, 20, 4, 1);
         progress.case_done(false);

@@ -17,6 +17,8 @@ pub mod blocking;
 pub mod input;
 // The names of the figures and how bounds are said, for every view.
 pub mod words;
+// How long the cases left will take, for the console and the daemon alike.
+pub mod eta;
 #[macro_use]
 pub mod console;
 pub mod record;
