@@ -334,7 +334,10 @@ fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://alice:S3CRETPW@127.0.0.1:{port}/v1?token=T0KEN");
     let shown = format!("http://***@127.0.0.1:{port}/v1?token=***");
-    let spec = format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n");
+    // The detector's URL is the model server's `/classify`: it carries the credentials too.
+    let spec = format!(
+        "[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"{url}\"\n[guardrail]\nkind = \"classifier\"\n"
+    );
     let spec_file = bench.write("versions/elsewhere.toml", &spec);
     let mut server = bench.sim_serve("m", port);
 
@@ -354,6 +357,8 @@ fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
     // The cases reached the server through the URL: none is an error.
     let dir = run.run_dir();
     assert!(cases(&dir).iter().all(|r| r["error"].is_null()), "{:?}", cases(&dir));
+    let request = json(&dir.join("gym-request.json"));
+    assert_eq!(request["detector"]["url"], format!("http://***@127.0.0.1:{port}/classify?token=***"), "{request}");
     assert_eq!(json(&dir.join("version.json"))["spec"]["model"]["url"], shown.as_str());
     let provenance = std::fs::read_to_string(dir.join("provenance.json")).unwrap();
     let identity = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));

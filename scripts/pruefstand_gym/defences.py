@@ -13,9 +13,11 @@ Import only where agentdojo is wanted.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 
@@ -88,18 +90,22 @@ _ATTEMPTS = 3
 
 def classify(detector: dict, text: str, api_key: str | None) -> tuple[str, float]:
     """(label, score) of the top class, as Hugging Face's `text-classification` pipeline
-    gives them: POST `{"model", "input": [text]}` to `detector["url"]`, answered with
-    vLLM's `{"data": [{"label", "probs"}]}`; score = max(probs)."""
+    gives them: POST `{"model", "input": [text]}` to `detector["url"]` (or the whole URL
+    in `connect_url`, which is never said), answered with vLLM's
+    `{"data": [{"label", "probs"}]}`; score = max(probs)."""
     body = json.dumps({"model": detector["model"], "input": [text]}).encode("utf-8")
     headers = {"content-type": "application/json"}
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     url = detector["url"]
+    connect, basic = without_userinfo(detector.get("connect_url") or url)
+    if basic and not api_key:
+        headers["authorization"] = f"Basic {basic}"
     last = ""
     for attempt in range(_ATTEMPTS):
         if attempt:
             time.sleep(0.5 * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(connect, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=detector["timeout_s"]) as resp:
                 answer = json.loads(resp.read(1 << 20))
@@ -122,6 +128,19 @@ def classify(detector: dict, text: str, api_key: str | None) -> tuple[str, float
             ) from None
         return label, max(probs)
     raise DetectorError(f"classifier {url}: {last} after {_ATTEMPTS} attempts")
+
+
+def without_userinfo(url: str) -> tuple[str, str | None]:
+    """`url` without `user:password@`, and those as HTTP basic credentials (urllib would
+    take them for part of the host name; the agent's HTTP client sends them so)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    basic = base64.b64encode(f"{user}:{password}".encode("utf-8")).decode("ascii")
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), basic
 
 
 class HttpPIDetector(PromptInjectionDetector):

@@ -317,6 +317,10 @@ def build_pipeline(element, defence: str | None, model_display_name: str, detect
         if detector is None:
             raise RequestError("defence pi_detector needs `detector` (the classifier's endpoint)")
         key = adapter.AGENT_ENV.get("PRUEFSTAND_API_KEY") if detector.get("model_server_key") else None
+        if detector.get("url_env"):
+            # The request names the URL with its credentials as ***; the whole one
+            # travels in the agents' environment, never in a file of the run.
+            detector = {**detector, "connect_url": adapter.AGENT_ENV.get(detector["url_env"], detector["url"])}
         element.detector_active = True
         tools_loop = ToolsExecutionLoop([ToolsExecutor(), HttpPIDetector(detector, element, key), element])
         pipeline = AgentPipeline([SystemMessage(system_message), InitQuery(), element, tools_loop])

@@ -27,6 +27,7 @@ use crate::plan::Plan;
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{ConcurrencyFacts, Wording};
 use crate::rundir::{PlanFile, RunDir, RunFile};
+use crate::settings::url::SecretUrl;
 use crate::{family, runtime, telemetry, util};
 pub use events::{Ask, GymEvent, Seen, Sink};
 
@@ -153,8 +154,13 @@ pub struct GymRequest {
 /// `{"data": [{"label", "probs"}]}`.
 #[derive(Serialize, schemars::JsonSchema, Debug, Clone, PartialEq)]
 pub struct DetectorRequest {
-    /// The endpoint, e.g. `http://127.0.0.1:8001/classify`.
+    /// The endpoint, e.g. `http://127.0.0.1:8001/classify`, its credentials as `***`
+    /// (the request is a file of the run).
     pub url: String,
+    /// The agents' environment variable holding the whole URL, when it carries
+    /// credentials: the gym connects with that one and names `url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_env: Option<String>,
     pub model: String,
     pub safe_label: String,
     /// A text is an injection when P(`safe_label`) < threshold.
@@ -168,18 +174,35 @@ pub struct DetectorRequest {
 
 impl DetectorRequest {
     /// The request for a version's `[guardrail] kind = "classifier"`, its model server at
-    /// `base_url` (`…/v1`): vLLM serves `/classify` beside `/v1`, not under it.
-    pub fn of(spec: &crate::settings::defence::ClassifierSpec, base_url: &str) -> Self {
-        let own = || format!("{}/classify", base_url.trim_end_matches('/').trim_end_matches("/v1"));
-        DetectorRequest {
-            url: spec.url.clone().unwrap_or_else(own),
+    /// `base_url` (`…/v1`): vLLM serves `/classify` beside `/v1`, not under it. With it,
+    /// the variable for the agents' environment that holds a URL with credentials.
+    pub fn of(
+        spec: &crate::settings::defence::ClassifierSpec,
+        base_url: &SecretUrl,
+    ) -> (Self, Option<(String, String)>) {
+        let url = spec.url.clone().unwrap_or_else(|| classify_url(base_url));
+        let env = url.has_secrets().then(|| (DETECTOR_URL_ENV.to_string(), url.expose().to_string()));
+        let request = DetectorRequest {
+            url: url.redacted(),
+            url_env: env.as_ref().map(|(name, _)| name.clone()),
             model: spec.model.clone(),
             safe_label: spec.safe_label.clone(),
             threshold: spec.threshold,
             timeout_s: spec.timeout_s,
             model_server_key: spec.url.is_none(),
-        }
+        };
+        (request, env)
     }
+}
+
+/// The agents' environment variable holding a classifier URL with credentials.
+pub const DETECTOR_URL_ENV: &str = "PRUEFSTAND_DETECTOR_URL";
+
+/// `/classify` beside a model server's `…/v1`, its query (a token) kept.
+fn classify_url(base_url: &SecretUrl) -> SecretUrl {
+    let text = base_url.expose();
+    let (path, query) = text.split_at(text.find(['?', '#']).unwrap_or(text.len()));
+    SecretUrl::own(format!("{}/classify{query}", path.trim_end_matches('/').trim_end_matches("/v1")))
 }
 
 /// What a finished gym run leaves behind.
@@ -207,7 +230,7 @@ pub struct Pass {
     pub sinks: Vec<Box<dyn Sink>>,
 }
 
-/// `progress(run_dir, cases done, cases planned)`.
+/// `progress(run_dir, counts)`.
 type ProgressSink = dyn Fn(&Path, Counts) + Send + Sync;
 
 /// A caller's handle on a running gym (the daemon's): a progress sink, and a stop

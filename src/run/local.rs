@@ -297,7 +297,9 @@ impl Local<'_> {
         let (defence, detector) = match &spec.guardrail {
             GuardrailSpec::Agentdojo { defence, .. } => (Some(defence.as_str().to_string()), None),
             GuardrailSpec::Classifier(c) => {
-                (Some(PI_DETECTOR.to_string()), Some(gym::DetectorRequest::of(c, endpoint.base_url.expose())))
+                let (detector, url_env) = gym::DetectorRequest::of(c, &endpoint.base_url);
+                agent_env.extend(url_env);
+                (Some(PI_DETECTOR.to_string()), Some(detector))
             }
             _ => (None, None),
         };

@@ -59,9 +59,10 @@ pub enum GuardrailSpec {
 #[serde(deny_unknown_fields)]
 pub struct ClassifierSpec {
     /// The classification endpoint, e.g. `http://127.0.0.1:8001/classify` (vLLM serving
-    /// the classifier). Absent: `/classify` of the version's own model server.
+    /// the classifier). Absent: `/classify` of the version's own model server. Its
+    /// credentials, if any, are redacted wherever it is shown or written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub url: Option<super::url::SecretUrl>,
     /// The classifier's served name (the request's `model`).
     #[serde(default = "default_classifier_model")]
     pub model: String,
