@@ -86,6 +86,10 @@ pub fn problems(root: &Root, deliveries: bool) -> Vec<String> {
         if hook.kind == Kind::Matrix && hook.token.is_none() && hook.token_env.is_none() {
             bad("token", "a matrix hook needs token or token_env (the access token)".into());
         }
+        // A job's owed notifications are kept by hook name: two of one name would share one.
+        if root.config.hooks[..index].iter().any(|earlier| earlier.name == hook.name) {
+            bad("name", "another hook above has this name; each hook needs its own".into());
+        }
         if let Some(outcome) = hook.on.iter().flatten().find(|o| !OUTCOMES.contains(&o.as_str())) {
             bad("on", format!("on = {:?} is not one of {}", util::cut(outcome, 80), OUTCOMES.join(", ")));
         }

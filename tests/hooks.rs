@@ -227,7 +227,8 @@ fn check_refuses_hooks_the_daemon_would_not_deliver() {
     let first = shipped.lines().count() + 2;
     let config = format!(
         "{shipped}\n[[hooks]]\nname = \"team\"\nkind = \"slack\"\nurl_env = \"PRUEFSTAND_TEST_UNSET_HOOK_URL\"\non = [\"reject\"]\n\
-         \n[[hooks]]\nname = \"notify\"\nkind = \"exec\"\nargv = [\"/nonexistent/bench-notify\", \"--x\"]\n"
+         \n[[hooks]]\nname = \"notify\"\nkind = \"exec\"\nargv = [\"/nonexistent/bench-notify\", \"--x\"]\n\
+         \n[[hooks]]\nname = \"team\"\nkind = \"exec\"\nargv = [\"true\"]\n"
     );
     bench.write("pruefstand.toml", &config);
     let check = bench.run(&["check"]).code(2);
@@ -236,11 +237,12 @@ fn check_refuses_hooks_the_daemon_would_not_deliver() {
         (first + 3, "hook \"team\": url_env names PRUEFSTAND_TEST_UNSET_HOOK_URL, which is not set"),
         (first + 4, "hook \"team\": on = \"reject\" is not one of approved, rejected"),
         (first + 9, "hook \"notify\": argv: program \"/nonexistent/bench-notify\" is not found"),
+        (first + 12, "hook \"team\": another hook above has this name"),
     ] {
         let want = format!("FAIL  {}:{line}: {what}", file.display());
         assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
     }
-    assert!(check.stdout.contains("3 FAIL"), "{}", check.stdout);
+    assert!(check.stdout.contains("4 FAIL"), "{}", check.stdout);
 
     bench.write(
         "pruefstand.toml",
