@@ -395,6 +395,9 @@ fn check_guardrail(guardrail: &GuardrailSpec, bad: &dyn Fn(&str, &str) -> anyhow
             if !(c.timeout_s > 0.0 && c.timeout_s <= 600.0) {
                 return Err(bad("timeout_s", &format!("{} is not a number of seconds in (0, 600]", c.timeout_s)));
             }
+            if let Some(Err(err)) = c.url.as_ref().map(|url| SecretUrl::parse(url.expose())) {
+                return Err(bad("url", &err));
+            }
             for (key, value) in [("model", &c.model), ("safe_label", &c.safe_label)] {
                 if value.trim().is_empty() {
                     return Err(bad(key, "must not be empty"));
@@ -641,7 +644,7 @@ susceptibility = 0.02
                 "kind = \"classifier\"\nthreshold = 1.5\n",
                 "DIR/cand.toml:13:1: guardrail.threshold: 1.5 is not a probability",
             ),
-            ("kind = \"classifier\"\nurl = \"ftp://x\"\n", "DIR/cand.toml:13:1: guardrail.url: \"ftp://x\" is no http"),
+            ("kind = \"classifier\"\nurl = \"ftp://x\"\n", "DIR/cand.toml:13:1: guardrail.url: ftp://x is no http"),
             ("kind = \"classifier\"\ntimeout_s = 0\n", "DIR/cand.toml:13:1: guardrail.timeout_s: 0 is not"),
             (
                 "kind = \"classifier\"\nsafe_label = \" \"\n",

@@ -61,7 +61,7 @@ pub struct ClassifierSpec {
     /// The classification endpoint, e.g. `http://127.0.0.1:8001/classify` (vLLM serving
     /// the classifier). Absent: `/classify` of the version's own model server. Its
     /// credentials, if any, are redacted wherever it is shown or written.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "super::url::deserialize_unchecked")]
     pub url: Option<super::url::SecretUrl>,
     /// The classifier's served name (the request's `model`).
     #[serde(default = "default_classifier_model")]
