@@ -263,6 +263,8 @@ pub(super) fn r1_validity(
     if !unpinned.is_empty() {
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
     }
+    // A held-out family the adapter was trained on is not held out (docs/training.md).
+    problems.extend(super::contamination::problems(&run.attack_families));
     if blank(run.image_digest.as_deref()) {
         // Only a container has an image; the simulated model runs in-process, an
         // external server is the user's.
@@ -296,6 +298,7 @@ pub(super) fn r1_validity(
         "image_digest": run.image_digest,
         "model_server": run.model_server,
         "shards": run.shards,
+        "trained_on_exports": run.attack_families.trained_on_exports,
     });
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {
