@@ -44,14 +44,15 @@ fn guard_plan(name: &str, families: &[&str], held_out: &str) -> String {
     )
 }
 
-struct DemoRuns {
-    bench: Bench,
-    baseline: PathBuf,
-    kandidat: PathBuf,
+pub struct DemoRuns {
+    pub bench: Bench,
+    pub baseline: PathBuf,
+    pub kandidat: PathBuf,
 }
 
-/// One run of each demo version on [`PLAN`], shared by the tests of this module.
-fn demo_runs() -> &'static DemoRuns {
+/// One run of each demo version on [`PLAN`], shared by the tests of this module and
+/// the real tokenizer's (`real_server`).
+pub fn demo_runs() -> &'static DemoRuns {
     static RUNS: OnceLock<DemoRuns> = OnceLock::new();
     RUNS.get_or_init(|| {
         let bench = Bench::new();
@@ -64,7 +65,7 @@ fn demo_runs() -> &'static DemoRuns {
 }
 
 /// `pruefstand export --format FORMAT <both runs> --out OUT`, its rows and manifest.
-fn export(bench: &Bench, format: &str, out: &Path) -> (Vec<Value>, Value) {
+pub fn export(bench: &Bench, format: &str, out: &Path) -> (Vec<Value>, Value) {
     let runs = demo_runs();
     let (a, b) = (runs.baseline.to_str().unwrap(), runs.kandidat.to_str().unwrap());
     let run = bench.run(&["export", "--format", format, a, b, "--out", out.to_str().unwrap()]).ok();

@@ -18,6 +18,7 @@ use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
 use crate::input;
+use crate::judge::contamination;
 use crate::plan::Profile;
 use crate::pyenv::{self, AGENTDOJO_VERSION};
 use crate::root::{CONFIG_FILE, Root};
@@ -399,7 +400,9 @@ fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, rep
             Err(_) => continue,
         };
         let held_out: Vec<String> = profile.held_out.iter().map(|f| f.get_ref().clone()).collect();
-        let clashes = crate::judge::contamination::clashes(&held_out, &exports);
+        let trained_on: Vec<String> = version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect();
+        let held_out = contamination::held_out_for(&held_out, &trained_on);
+        let clashes = contamination::clashes(&held_out, &exports);
         for clash in &clashes {
             let what = format!("plan {name}: {} (version {})", clash.describe(), version.name);
             match plan {

@@ -1,7 +1,8 @@
 //! The held-out guard at the bench: a version whose adapter was trained on an export
 //! (`[adapter] trained_on_exports`, docs/training.md) holding rows of a family the plan
 //! holds out has seen that family, and its held-out ASR bounds nothing. R1 fails on it;
-//! `pruefstand check --plan` says the same before the run.
+//! `pruefstand check --plan` says the same before the run. A family the version
+//! declares `trained_on` is seen for it, not held out (as R2 takes it), so no clash.
 //!
 //! Pure: the exports' families come from their manifests, read when the run was
 //! recorded (`export::trained_exports`); nothing is read here.
@@ -40,9 +41,17 @@ pub fn clashes(held_out: &[String], exports: &[TrainedExport]) -> Vec<Clash> {
         .collect()
 }
 
+/// The families a plan holds out from a version: the plan's `held_out` less what the
+/// version declares `trained_on` (declared, a family is seen, as R2 takes it; the
+/// guard is against training on one that is still taken for held out).
+pub fn held_out_for(held_out: &[String], trained_on: &[String]) -> Vec<String> {
+    held_out.iter().filter(|f| !trained_on.contains(f)).cloned().collect()
+}
+
 /// R1's problems for a run's families: one line per clash.
 pub fn problems(families: &AttackFamilies) -> Vec<String> {
-    clashes(&families.held_out, &families.trained_on_exports).iter().map(Clash::describe).collect()
+    let held_out = held_out_for(&families.held_out, &families.trained_on);
+    clashes(&held_out, &families.trained_on_exports).iter().map(Clash::describe).collect()
 }
 
 #[cfg(test)]
@@ -67,6 +76,16 @@ mod tests {
         let problems = problems(&families);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("b.jsonl") && problems[0].contains("roleplay"), "{}", problems[0]);
+    }
+
+    #[test]
+    fn a_family_the_version_declares_trained_on_is_seen_not_a_clash() {
+        let families = AttackFamilies {
+            held_out: vec!["roleplay".into()],
+            trained_on: vec!["roleplay".into()],
+            trained_on_exports: vec![export("b.jsonl", &["roleplay"])],
+        };
+        assert!(problems(&families).is_empty());
     }
 
     #[test]
