@@ -332,8 +332,10 @@ fn scored(record: &CaseRecord) -> bool {
 
 /// Preference rows: see the module's description.
 fn dpo(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
+    // (suite, user task, injection task, family) → (resisted, followed), each a run's case.
     type Key = (String, String, String, String);
-    let mut sides: BTreeMap<Key, (Vec<(&Source, &CaseRecord)>, Vec<(&Source, &CaseRecord)>)> = BTreeMap::new();
+    type Side<'a> = (&'a Source, &'a CaseRecord);
+    let mut sides: BTreeMap<Key, (Vec<Side>, Vec<Side>)> = BTreeMap::new();
     for source in sources {
         for record in source.records.iter().filter(|r| r.kind == CaseKind::Attacked && scored(r)) {
             let (Some(user), Some(injection), Some(family), Some(landed)) =
