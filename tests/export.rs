@@ -109,22 +109,39 @@ fn strings(rows: &[Value]) -> Vec<String> {
     out
 }
 
-/// No held-out injection text in the export's bytes (as JSON writes it) or in any of
-/// its strings; and the seen family's texts are found the same way (the search works).
-fn assert_no_held_out_text(out: &Path, rows: &[Value], must_find_seen: bool) {
+fn collapse(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The lines of injected texts, whitespace collapsed and quotes trimmed (tool outputs
+/// re-indent and quote what they carry), of 12 characters or more.
+fn lines_of(texts: &BTreeSet<String>) -> BTreeSet<String> {
+    let lines = texts.iter().flat_map(|t| t.lines().map(|l| collapse(l.trim().trim_matches(['\'', '"']))));
+    lines.filter(|l| l.len() >= 12).collect()
+}
+
+/// No held-out injection text in the export: neither whole in its bytes (as JSON writes
+/// it) nor any of its lines that the seen family's texts do not share (the injection
+/// task's goal is worded alike in both) in any of its strings, whitespace collapsed.
+/// The seen family's own lines are found the same way: the search works.
+fn assert_no_held_out_text(out: &Path, rows: &[Value]) {
     let bytes = std::fs::read_to_string(out).unwrap();
-    let all = strings(rows);
-    let held_out = injection_texts("tool_output_spoof");
-    assert!(!held_out.is_empty(), "the runs read no held-out injection");
+    let all: Vec<String> = strings(rows).iter().map(|s| collapse(s)).collect();
+    let (held_out, seen) = (injection_texts("tool_output_spoof"), injection_texts("important_instructions"));
+    assert!(!held_out.is_empty() && !seen.is_empty(), "the runs read no injection of a family");
     for text in &held_out {
         let escaped = serde_json::to_string(text).unwrap();
         assert!(!bytes.contains(escaped.trim_matches('"')), "held-out text in {}: {text}", out.display());
-        assert!(!all.iter().any(|s| s.contains(text.as_str())), "held-out text in a row of {}: {text}", out.display());
     }
-    if must_find_seen {
-        let seen = injection_texts("important_instructions");
-        assert!(seen.iter().any(|t| all.iter().any(|s| s.contains(t.as_str()))), "no seen injection found either");
+    let (held_out_lines, seen_lines) = (lines_of(&held_out), lines_of(&seen));
+    let own: Vec<&String> = held_out_lines.difference(&seen_lines).collect();
+    assert!(!own.is_empty(), "the held-out texts have no line of their own");
+    for line in own {
+        assert!(!all.iter().any(|s| s.contains(line.as_str())), "held-out line in {}: {line}", out.display());
     }
+    let seen_own: Vec<&String> = seen_lines.difference(&held_out_lines).collect();
+    let found = seen_own.iter().any(|line| all.iter().any(|s| s.contains(line.as_str())));
+    assert!(found, "no line of a seen injection found in {} either: the search is blind", out.display());
 }
 
 #[test]
@@ -133,6 +150,7 @@ fn dpo_pairs_of_the_demo_runs_part_at_the_injection_and_carry_tools_and_provenan
     let out = runs.bench.path().join("exports/dpo.jsonl");
     let (rows, manifest) = export(&runs.bench, "dpo", &out);
     assert!(!rows.is_empty(), "no DPO row; manifest: {manifest:#}");
+    assert_no_held_out_text(&out, &rows);
     assert_eq!(manifest["format"], "dpo");
     assert_eq!(manifest["rows"], rows.len());
     assert_eq!(manifest["families"], serde_json::json!({"important_instructions": rows.len()}));
@@ -163,7 +181,6 @@ fn dpo_pairs_of_the_demo_runs_part_at_the_injection_and_carry_tools_and_provenan
         let tools = row["tools"].as_array().unwrap();
         assert!(tools.iter().any(|t| t["type"] == "function" && t["function"]["parameters"].is_object()), "{row}");
     }
-    assert_no_held_out_text(&out, &rows, true);
 }
 
 #[test]
@@ -191,7 +208,7 @@ fn sft_rows_are_the_conversations_that_kept_utility_and_resisted_never_a_held_ou
         assert_eq!(record["utility"], true, "{provenance}");
         assert_ne!(record["security"], true, "{provenance}");
     }
-    assert_no_held_out_text(&out, &rows, false);
+    assert_no_held_out_text(&out, &rows);
 }
 
 #[test]

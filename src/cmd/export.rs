@@ -4,8 +4,9 @@
 //! the export's sha256). The rows and what is refused are `export`'s; this reads the
 //! command line, keeps runs that are still being written out, and says what was written.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use crate::export::{self, Format};
 use crate::rundir::{LockError, RunFile, RunLock};
@@ -39,17 +40,8 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     let mut locks = Vec::new();
     for dir in &args.run_dirs {
         let path = RunFile::Lock.path_in(dir);
-        if !path.is_file() {
-            continue;
-        }
-        match RunLock::try_take(&path) {
-            Ok(lock) => locks.push(lock),
-            Err(LockError::Busy { holder }) => anyhow::bail!(
-                "{} is being written by {}: export it when that run has ended",
-                dir.display(),
-                holder.trim()
-            ),
-            Err(LockError::Failed(err)) => return Err(err),
+        if path.is_file() {
+            locks.push(take_lock(dir, &path)?);
         }
     }
     let format = match args.format {
@@ -75,4 +67,36 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     }
     outln!("manifest: {} ({refused} refused)", export::manifest_path(&args.out).display());
     Ok(ExitCode::SUCCESS)
+}
+
+/// How an export names itself in a run's lock while it reads: another export's hold
+/// is waited for (they read a run for a second or two), a run's is refused.
+const HOLDER: &str = "pruefstand export";
+
+/// How long an export waits for another export reading the same run.
+const EXPORT_WAIT: Duration = Duration::from_secs(60);
+
+/// The run's lock, taken for reading it; an error naming the run when a run holds it.
+fn take_lock(dir: &Path, path: &Path) -> anyhow::Result<RunLock> {
+    let holder = format!("{HOLDER} (pid {})", std::process::id());
+    let started = Instant::now();
+    loop {
+        match RunLock::try_take_as(path, &holder) {
+            Ok(lock) => return Ok(lock),
+            // (A holder not yet written reads "another process": the moment another
+            // export took it.)
+            Err(LockError::Busy { holder })
+                if (holder.trim().starts_with(HOLDER) || holder == "another process")
+                    && started.elapsed() < EXPORT_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(LockError::Busy { holder }) => anyhow::bail!(
+                "{} is being written by {}: export it when that run has ended",
+                dir.display(),
+                holder.trim()
+            ),
+            Err(LockError::Failed(err)) => return Err(err),
+        }
+    }
 }
