@@ -581,12 +581,12 @@ mod tests {
     /// A run directory with one attacked case per family given: (family, landed).
     fn run_dir(dir: &Path, name: &str, held_out: &[&str], cases: &[(&str, bool)]) -> PathBuf {
         let run = dir.join(name);
-        std::fs::create_dir_all(run.join("traces")).unwrap();
+        std::fs::create_dir_all(RunFile::Traces.path_in(&run)).unwrap();
         let mut meta = RunMeta { run_id: name.into(), version: name.into(), plan: "p".into(), ..RunMeta::default() };
         meta.attack_families.held_out = held_out.iter().map(|f| f.to_string()).collect();
-        std::fs::write(run.join("run.json"), serde_json::to_vec(&meta).unwrap()).unwrap();
+        std::fs::write(RunFile::RunMeta.path_in(&run), serde_json::to_vec(&meta).unwrap()).unwrap();
         let version = json!({"name": name, "hash": format!("hash-{name}")});
-        std::fs::write(run.join("version.json"), version.to_string()).unwrap();
+        std::fs::write(RunFile::Version.path_in(&run), version.to_string()).unwrap();
         let mut lines = String::new();
         for (i, (family, landed)) in cases.iter().enumerate() {
             let case =
@@ -598,7 +598,7 @@ mod tests {
             record.trace = Some(rel);
             lines += &(serde_json::to_string(&record).unwrap() + "\n");
         }
-        std::fs::write(run.join("cases.jsonl"), lines).unwrap();
+        std::fs::write(RunFile::Cases.path_in(&run), lines).unwrap();
         run
     }
 
@@ -651,6 +651,7 @@ mod tests {
         let err = format!("{:#}", Source::read(&gone).err().unwrap());
         assert!(err.contains(&gone.display().to_string()), "{err}");
         let err = format!("{:#}", Source::read(dir.path()).err().unwrap());
-        assert!(err.contains("run.json") && err.contains(&dir.path().display().to_string()), "{err}");
+        let run_json = RunFile::RunMeta.name();
+        assert!(err.contains(run_json) && err.contains(&dir.path().display().to_string()), "{err}");
     }
 }
