@@ -274,7 +274,7 @@ pub(super) fn r1_validity(
         notes.push(why.clone());
     }
 
-    let measured = json!({
+    let mut measured = json!({
         "planned": planned.len(),
         "results": records.len(),
         "missing": missing.len(),
@@ -298,8 +298,11 @@ pub(super) fn r1_validity(
         "image_digest": run.image_digest,
         "model_server": run.model_server,
         "shards": run.shards,
-        "trained_on_exports": run.attack_families.trained_on_exports,
     });
+    // Only where there are any, so the judgement of a run without stays as it was.
+    if !run.attack_families.trained_on_exports.is_empty() {
+        measured["trained_on_exports"] = json!(run.attack_families.trained_on_exports);
+    }
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {
         let mut reason = format!(
