@@ -9,8 +9,8 @@
 #[macro_use]
 extern crate pruefstand_core;
 use pruefstand_core::{
-    benchlock, blocking, case, console, family, input, judge, order, plan, pyenv, queue, record, report, root, rundir,
-    settings, spec, study, telemetry, util, words,
+    benchlock, blocking, case, console, export, family, input, judge, order, plan, pyenv, queue, record, report, root,
+    rundir, settings, spec, study, telemetry, util, words,
 };
 
 // The orchestrator: a module uses only the core and modules declared above it
@@ -108,6 +108,9 @@ enum Command {
     Judge(cmd::judge::Args),
     /// Two runs side by side in one page: spec diff, figures, R4's pairing, changed cases.
     Compare(cmd::compare::Args),
+    /// Hand runs back as training data: DPO pairs or SFT conversations, never of
+    /// held-out families (JSON lines and a manifest).
+    Export(cmd::export::Args),
     /// Run a plan's cases against any agent that speaks the JSON-line protocol.
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
@@ -169,6 +172,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Gym(args) => cmd::gym::main(root, args).await,
         Command::Judge(args) => cmd::judge::main(root, args),
         Command::Compare(args) => cmd::compare::main(args),
+        Command::Export(args) => cmd::export::main(args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Serve(args) => cmd::serve::main(root, args).await,

@@ -18,6 +18,7 @@ mod daemon;
 mod daemon_guards;
 mod defences;
 mod docs;
+mod export;
 mod faults;
 mod guards;
 mod gym;

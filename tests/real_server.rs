@@ -458,3 +458,31 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     let command = provenance["container"]["command"].as_array().unwrap();
     assert!(command.iter().any(|w| w == "--chat-template") && command.iter().any(|w| w == "xlam"), "{command:?}");
 }
+
+#[test]
+fn every_exported_row_renders_through_the_real_qwen_chat_template_with_its_tools() {
+    // The demo runs' exports (tests/export.rs), rendered as docs/training.md prepares
+    // them for TRL: the model folder's own tokenizer and chat template, tools included.
+    let model = tool_model();
+    let runs = crate::export::demo_runs();
+    let out = tempfile::Builder::new().prefix("pruefstand-export-").tempdir().unwrap();
+    let mut rows = 0;
+    for format in ["dpo", "sft"] {
+        let (exported, _) = crate::export::export(&runs.bench, format, &out.path().join(format!("{format}.jsonl")));
+        assert!(!exported.is_empty(), "no {format} rows to render");
+        rows += exported.len();
+    }
+    let mut render = std::process::Command::new("docker");
+    render.args(["run", "--rm", "--network", "none", "-e", "HF_HUB_OFFLINE=1", "-e", "TRANSFORMERS_OFFLINE=1"]);
+    render.arg("-v").arg(format!("{}:/model:ro", model.display()));
+    render.arg("-v").arg(format!("{}:/export:ro", out.path().display()));
+    render.arg("-v").arg(format!("{}:/fixture:ro", repo().join("tests/fixtures/export").display()));
+    render.args(["--entrypoint", "python", "pruefstand-vllm-cpu:current", "/fixture/render.py", "/model"]);
+    render.args(["/export/dpo.jsonl", "/export/sft.jsonl"]);
+    let done = render.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
+    assert!(done.status.success(), "render.py failed:\n{stdout}\n{stderr}");
+    let counts: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(counts["rows"], rows, "{counts}");
+    assert!(counts["calls"].as_u64().unwrap() > 0, "rows with tool calls were rendered: {counts}");
+}

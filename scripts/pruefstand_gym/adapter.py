@@ -289,6 +289,10 @@ class ExternalAgentElement(BasePipelineElement):
         self.restarts = 0
         self.context_overflow = False
         self.events: list[dict] = []
+        # The tools the model was last offered in this case, as OpenAI tool schemas:
+        # written into the trace (`pruefstand_tools`) so an export of the conversation
+        # carries the schemas a chat template renders (docs/training.md).
+        self.tools: list[dict] = []
         # Tool outputs the gym's own detector replaced in this case, and whether the
         # pipeline has one (then every record reports `guardrail_flags`, 0 included).
         self.gym_flags = 0
@@ -309,6 +313,7 @@ class ExternalAgentElement(BasePipelineElement):
         self.restarts = 0
         self.context_overflow = False
         self.events = []
+        self.tools = []
         self.gym_flags = 0
         self.deadline = time.monotonic() + self.case_timeout_s
         self.ensure_agent()
@@ -406,7 +411,9 @@ class ExternalAgentElement(BasePipelineElement):
             # The trace keeps only the last try: the events of earlier ones are gone too.
             self.events = [{"kind": "restart", "at": 0,
                             "detail": f"AgentDojo found no model output and ran the task again (try {self.restarts + 1})"}]
-        request = protocol.query(query, self._tools(runtime), [message_to_plain(m) for m in messages], **extra)
+        tools = self._tools(runtime)
+        self.tools = openai_tools(tools)
+        request = protocol.query(query, tools, [message_to_plain(m) for m in messages], **extra)
         self.agent.send(request)
         line = self.agent.recv_line(self.deadline, self.case_timeout_s)
         self.turns += 1
@@ -435,6 +442,15 @@ class ExternalAgentElement(BasePipelineElement):
         the reply's own message goes)."""
         for event in events:
             self.events.append({**event, "at": min(event.get("at", messages), messages)})
+
+
+def openai_tools(tools: list[dict]) -> list[dict]:
+    """The protocol's tool list (`name`, `description`, `parameters_schema`) as OpenAI
+    tool schemas, the shape chat templates and trainers take."""
+    return [
+        {"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["parameters_schema"]}}
+        for t in tools
+    ]
 
 
 def context_length_error(message: str) -> Exception:

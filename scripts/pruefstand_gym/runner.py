@@ -430,6 +430,10 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
                 # withheld output), for the report to mark where it happened.
                 data["pruefstand_events"] = element.events
                 changed = True
+            if element.tools:
+                # The schemas of the tools the model was offered (an export's `tools`).
+                data["pruefstand_tools"] = element.tools
+                changed = True
             if changed:
                 # make the trace self-describing (atomic rewrite)
                 write_json_atomic(trace_path, data)

@@ -18,6 +18,8 @@ use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
 use crate::input;
+use crate::judge::contamination;
+use crate::plan::Profile;
 use crate::pyenv::{self, AGENTDOJO_VERSION};
 use crate::root::{CONFIG_FILE, Root};
 use crate::settings::defence::{ToolCalling, ToolResultRole};
@@ -32,6 +34,11 @@ const NVML_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Args {
     /// Also check what this version needs (image, model and adapter paths).
     pub version: Option<String>,
+    /// The plan about to run (a name under profiles/ or a path): FAIL when an export
+    /// the version's adapter was trained on holds a family it holds out. Without it,
+    /// a WARN for each shipped profile that would clash.
+    #[arg(long, requires = "version")]
+    pub plan: Option<String>,
     /// The lines as JSON on stdout (`[{"level", "what", "fix"}]`).
     #[arg(long)]
     pub json: bool,
@@ -146,6 +153,9 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         check_external_server(version, &mut report).await;
         check_model_files(version, &mut report);
         check_tool_result_role(version, &mut report);
+        if let Some(root) = &root {
+            check_trained_exports(root, version, args.plan.as_deref(), &mut report);
+        }
     }
     report.extend(gpu);
     report.extend(dbus);
@@ -351,6 +361,82 @@ async fn check_external_server(version: &Version, report: &mut Report) {
             "serve the model (or its adapter) under that name, or fix served_name / adapter.name",
         );
     }
+}
+
+/// The held-out guard before a run (docs/training.md): the exports the adapter was
+/// trained on must hold no family the plan holds out — FAIL for the plan named, WARN
+/// for each shipped profile without one; R1 fails the same clash after a run.
+fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, report: &mut Report) {
+    let paths = version.trained_on_exports();
+    if paths.is_empty() {
+        if let Some(plan) = plan {
+            report.ok(format!("plan {plan}: version {} names no export its adapter was trained on", version.name));
+        }
+        return;
+    }
+    let exports = match crate::export::trained_exports(&paths) {
+        Ok(exports) => exports,
+        Err(err) => {
+            return report.fail(
+                format!("trained_on_exports: {err:#}"),
+                format!("export again with `pruefstand export`, or fix [adapter] in {}", version.path.display()),
+            );
+        }
+    };
+    let fix = "train on an export of runs whose plans hold this family out (`pruefstand export` refuses their held-out families), or run a plan that does not hold it out";
+    let plans: Vec<(String, Result<Profile, String>)> = match plan {
+        Some(name) => {
+            let profile = Profile::load_named(&root.path, name).map(|(_, p, _)| p).map_err(|e| format!("{e:#}"));
+            vec![(name.to_string(), profile)]
+        }
+        None => shipped_profiles(root),
+    };
+    for (name, profile) in plans {
+        let profile = match profile {
+            Ok(profile) => profile,
+            Err(err) if plan.is_some() => {
+                return report.fail(format!("plan {name}: {err}"), "name a plan in profiles/");
+            }
+            Err(_) => continue,
+        };
+        let held_out: Vec<String> = profile.held_out.iter().map(|f| f.get_ref().clone()).collect();
+        let trained_on: Vec<String> = version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect();
+        let held_out = contamination::held_out_for(&held_out, &trained_on);
+        let clashes = contamination::clashes(&held_out, &exports);
+        for clash in &clashes {
+            let what = format!("plan {name}: {} (version {})", clash.describe(), version.name);
+            match plan {
+                Some(_) => report.fail(what, fix),
+                None => report.warn(what, Some(fix.to_string())),
+            }
+        }
+        if clashes.is_empty() && plan.is_some() {
+            report.ok(format!(
+                "plan {name}: the {} export(s) the adapter was trained on hold none of its held-out families ({})",
+                exports.len(),
+                if held_out.is_empty() { "none".to_string() } else { held_out.join(", ") }
+            ));
+        }
+    }
+}
+
+/// The profiles under `<root>/profiles/`, by name, each parsed or why not.
+fn shipped_profiles(root: &Root) -> Vec<(String, Result<Profile, String>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.path.join("profiles"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+            (name, Profile::load(&path).map(|(p, _)| p).map_err(|e| format!("{e:#}")))
+        })
+        .collect()
 }
 
 fn check_model_files(version: &Version, report: &mut Report) {

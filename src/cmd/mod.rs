@@ -8,6 +8,7 @@ pub mod clean;
 pub mod compare;
 pub mod completions;
 pub mod daemon;
+pub mod export;
 pub mod gym;
 pub mod init;
 pub mod install_units;

@@ -33,7 +33,7 @@ use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServe
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, RunDir};
 use crate::spec::{Backend, Version};
-use crate::{judge, report};
+use crate::{export, judge, report};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
 
@@ -183,6 +183,8 @@ impl RunRequest {
         AttackFamilies {
             held_out: self.plan.held_out.clone(),
             trained_on: self.version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect(),
+            // Read from their manifests when the run is recorded (`record_and_judge`).
+            trained_on_exports: Vec::new(),
         }
     }
 
@@ -298,6 +300,11 @@ impl Session {
     /// the judgement.
     pub async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> anyhow::Result<Finished> {
         executor.check(request)?;
+        // The exports the adapter was trained on, read before anything runs: a missing
+        // or changed one stops the run here, not after the night (R1 judges what they
+        // hold; docs/training.md).
+        let exports = request.version.trained_on_exports();
+        crate::runtime::blocking(move || export::trained_exports(&exports)).await?;
         if executor.runs_here() {
             self.preflight(request).await?;
         }
@@ -395,8 +402,11 @@ impl Session {
             attack_families: request.attack_families(),
         };
         let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
+        let exports = request.version.trained_on_exports();
         crate::runtime::blocking(move || {
             meta.early_stop = early::read(&run_dir)?;
+            // Recorded by path and hash, with the families each holds (R1's guard).
+            meta.attack_families.trained_on_exports = export::trained_exports(&exports)?;
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
             let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;

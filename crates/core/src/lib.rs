@@ -42,8 +42,13 @@ pub mod benchlock;
 pub mod telemetry;
 pub mod order;
 
-// The verdict: statistics, rules R1–R5 (and the studies of their error rates), reports.
+// The verdict: statistics, rules R1–R5 (and the studies of their error rates).
 pub mod stats;
 pub mod judge;
 pub mod study;
+
+// What a run hands on: its conversations as training data, never of held-out families.
+pub mod export;
+
+// The reports of a judgement.
 pub mod report;

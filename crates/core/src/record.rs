@@ -122,19 +122,34 @@ pub struct ShardNode {
     pub submissions: usize,
 }
 
-/// Held-out and trained-on attack families of a run (family names).
+/// Held-out and trained-on attack families of a run (family names), and the exports
+/// the version's adapter was trained on.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct AttackFamilies {
     #[serde(default)]
     pub held_out: Vec<String>,
     #[serde(default)]
     pub trained_on: Vec<String>,
+    /// The version's `[adapter] trained_on_exports`, as read when the run was recorded:
+    /// R1 fails when one of them holds a family `held_out` names (`judge::contamination`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_on_exports: Vec<TrainedExport>,
 }
 
 impl AttackFamilies {
     pub fn is_empty(&self) -> bool {
-        self.held_out.is_empty() && self.trained_on.is_empty()
+        self.held_out.is_empty() && self.trained_on.is_empty() && self.trained_on_exports.is_empty()
     }
+}
+
+/// One export (`pruefstand export`) an adapter was trained on: where it was, its
+/// sha256, and the attack families it holds rows of (from its manifest).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct TrainedExport {
+    pub path: String,
+    pub sha256: String,
+    #[serde(default)]
+    pub families: Vec<String>,
 }
 
 /// What steered the number of cases in flight.

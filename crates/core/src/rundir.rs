@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::de::DeserializeOwned;
@@ -603,6 +603,31 @@ impl RunDir {
     pub fn read_search_log(&self) -> anyhow::Result<Option<SearchLog>> {
         self.read_json(RunFile::AdaptiveLog)
     }
+}
+
+/// A trace path that may be read: relative, inside the run directory.
+pub fn readable_trace(path: &str) -> bool {
+    !path.is_empty() && Path::new(path).components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// The most of one trace that is read (a report shows it, an export takes it): a
+/// conversation of a `voll` case is tens of kilobytes; a model that wrote megabytes is
+/// refused.
+pub const MAX_TRACE_BYTES: u64 = 4 << 20;
+
+/// A trace file of the run: never through a link (a link in `traces/` could show a
+/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
+pub fn read_trace(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other("a link, not followed"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TRACE_BYTES {
+        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
+    }
+    Ok(text)
 }
 
 /// The non-blank lines of a JSON-lines file with their 1-based numbers, as bytes: a

@@ -161,6 +161,11 @@ pub struct AdapterSpec {
     /// Host folder of the adapter, mounted read-only (required for `docker`).
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// The exports (`pruefstand export`, docs/training.md) the adapter was trained on,
+    /// relative to the spec's folder: `check` and R1 fail when one holds rows of a
+    /// family the plan holds out. Skipped when empty, so older specs keep their hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_on_exports: Vec<Spanned<PathBuf>>,
 }
 
 /// A loaded, validated version.
@@ -226,12 +231,20 @@ impl Version {
         Some(template_file(&self.path, self.spec.model.chat_template.as_ref()?.get_ref()))
     }
 
+    /// The adapter's `trained_on_exports` on this machine, resolved against the spec's
+    /// folder.
+    pub fn trained_on_exports(&self) -> Vec<PathBuf> {
+        let exports = self.spec.adapter.iter().flat_map(|a| &a.trained_on_exports);
+        exports.map(|e| template_file(&self.path, e.get_ref())).collect()
+    }
+
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
     }
 }
 
-/// A spec's `model.chat_template` on this machine: relative to the spec's folder.
+/// A file a spec names (`model.chat_template`, an adapter's export) on this machine:
+/// relative to the spec's folder.
 fn template_file(spec_path: &Path, template: &Path) -> PathBuf {
     spec_path.parent().unwrap_or(Path::new(".")).join(template)
 }
@@ -344,6 +357,18 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             return Err(bad(
                 reference.span().start,
                 &format!("reference {name:?} names no version: {} does not exist", reference_path.display()),
+            ));
+        }
+    }
+    for export in spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
+        let file = template_file(path, export.get_ref());
+        if !file.is_file() {
+            return Err(bad(
+                export.span().start,
+                &format!(
+                    "adapter.trained_on_exports: {} is not a file (an export `pruefstand export` wrote; relative paths start at the spec's folder)",
+                    file.display()
+                ),
             ));
         }
     }
@@ -528,6 +553,31 @@ susceptibility = 0.02
         assert_eq!(spec.human, HumanSpec::TaskScoped);
         assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility, 0.02);
         assert_eq!(spec.model.display_name, "Local model");
+    }
+
+    #[test]
+    fn an_adapters_exports_resolve_against_the_spec_folder_and_a_missing_one_is_refused_at_its_line() {
+        let with_export = |path: &str| {
+            GOOD.replace(
+                "name = \"inj-harden-r3\"",
+                &format!("name = \"inj-harden-r3\"\ntrained_on_exports = [{path:?}]"),
+            )
+        };
+        let err = error(&with_export("exports/dpo.jsonl"));
+        assert!(
+            err.starts_with("DIR/cand.toml:10:23: adapter.trained_on_exports: DIR/exports/dpo.jsonl is not a file"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("base.toml"), "").unwrap();
+        std::fs::create_dir(dir.path().join("exports")).unwrap();
+        std::fs::write(dir.path().join("exports/dpo.jsonl"), "").unwrap();
+        let path = dir.path().join("cand.toml");
+        let spec = parse(&path, &with_export("exports/dpo.jsonl"), dir.path()).unwrap();
+        let version = Version { name: "cand".into(), path, spec, hash: String::new() };
+        assert_eq!(version.trained_on_exports(), [dir.path().join("exports/dpo.jsonl")]);
+        let plain = check(GOOD).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("trained_on_exports"), "older specs keep their hash");
     }
 
     #[test]

@@ -552,6 +552,7 @@ mod tests {
         let facts = crate::record::AttackFamilies {
             held_out: vec!["roleplay".into()],
             trained_on: vec!["important_instructions".into()],
+            trained_on_exports: Vec::new(),
         };
         let scope = super::super::families::scope(&facts, &records);
         let seq = decide(&cases, &order, &records, &Thresholds::default(), None, &scope);

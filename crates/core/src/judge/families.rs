@@ -270,7 +270,7 @@ mod tests {
 
     fn facts(held_out: &[&str], trained_on: &[&str]) -> AttackFamilies {
         let own = |names: &[&str]| names.iter().map(|s| s.to_string()).collect();
-        AttackFamilies { held_out: own(held_out), trained_on: own(trained_on) }
+        AttackFamilies { held_out: own(held_out), trained_on: own(trained_on), trained_on_exports: Vec::new() }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 mod checks;
 mod clustering;
+pub mod contamination;
 pub mod early;
 pub mod families;
 mod load;

@@ -263,6 +263,8 @@ pub(super) fn r1_validity(
     if !unpinned.is_empty() {
         problems.push(format!("not pinned: {}", unpinned.join(", ")));
     }
+    // A held-out family the adapter was trained on is not held out (docs/training.md).
+    problems.extend(super::contamination::problems(&run.attack_families));
     if blank(run.image_digest.as_deref()) {
         // Only a container has an image; the simulated model runs in-process, an
         // external server is the user's.
@@ -272,7 +274,7 @@ pub(super) fn r1_validity(
         notes.push(why.clone());
     }
 
-    let measured = json!({
+    let mut measured = json!({
         "planned": planned.len(),
         "results": records.len(),
         "missing": missing.len(),
@@ -297,6 +299,10 @@ pub(super) fn r1_validity(
         "model_server": run.model_server,
         "shards": run.shards,
     });
+    // Only where there are any, so the judgement of a run without stays as it was.
+    if !run.attack_families.trained_on_exports.is_empty() {
+        measured["trained_on_exports"] = json!(run.attack_families.trained_on_exports);
+    }
     let threshold = json!({"max_error_rate": t.max_error_rate});
     let (status, reason) = if problems.is_empty() {
         let mut reason = format!(

@@ -5,12 +5,13 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use std::path::{Component, Path};
+use std::path::Path;
 
 use serde_json::Value;
 
 use super::html::esc;
 use crate::case::CaseRecord;
+use crate::rundir::{read_trace, readable_trace};
 
 /// A tool result longer than this many characters is shortened: its injected lines
 /// are always kept, other lines until this budget is spent (a `voll` report carries
@@ -202,30 +203,6 @@ pub fn of_case(run_dir: Option<&Path>, r: &CaseRecord, room: usize) -> String {
         }
         _ => r#"<p class="note">no trace recorded</p>"#.to_string(),
     }
-}
-
-/// A trace path that may be read: relative, inside the run directory.
-fn readable_trace(path: &str) -> bool {
-    !path.is_empty() && Path::new(path).components().all(|c| matches!(c, Component::Normal(_)))
-}
-
-/// The most of one trace a report reads: a conversation of a `voll` case is tens of
-/// kilobytes; a model that wrote megabytes is shown cut.
-const MAX_TRACE_BYTES: u64 = 4 << 20;
-
-/// A trace file of the run: never through a link (a link in `traces/` could show a
-/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
-fn read_trace(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Err(std::io::Error::other("a link, not followed"));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_TRACE_BYTES {
-        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
-    }
-    Ok(text)
 }
 
 /// The conversation of a trace as HTML, in at most about `room` bytes (a turn's markup

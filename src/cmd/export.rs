@@ -1,0 +1,102 @@
+//! `pruefstand export --format dpo|sft RUN_DIR… --out FILE`: hands runs back as
+//! training data (docs/training.md) — JSON lines at FILE and `FILE.manifest.json`
+//! beside it (counts, refused held-out families, sources with their `run.json` hashes,
+//! the export's sha256). The rows and what is refused are `export`'s; this reads the
+//! command line, keeps runs that are still being written out, and says what was written.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::export::{self, Format};
+use crate::rundir::{LockError, RunFile, RunLock};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatArg {
+    /// Preference pairs: prompt up to the injected tool result, chosen (resisted),
+    /// rejected (followed).
+    Dpo,
+    /// Whole conversations that kept utility and resisted.
+    Sft,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// What the rows are.
+    #[arg(long, value_enum)]
+    pub format: FormatArg,
+    /// The run directories to read (each holds run.json, version.json, cases.jsonl and
+    /// traces/); a DPO pair takes its two sides from two of them.
+    #[arg(required = true)]
+    pub run_dirs: Vec<PathBuf>,
+    /// The export file (JSON lines); its manifest is written beside it as
+    /// FILE.manifest.json.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn main(args: Args) -> anyhow::Result<ExitCode> {
+    // A run still writing its directory holds run.lock: its records are not all there.
+    let mut locks = Vec::new();
+    for dir in &args.run_dirs {
+        let path = RunFile::Lock.path_in(dir);
+        if path.is_file() {
+            locks.push(take_lock(dir, &path)?);
+        }
+    }
+    let format = match args.format {
+        FormatArg::Dpo => Format::Dpo,
+        FormatArg::Sft => Format::Sft,
+    };
+    let manifest = export::write(format, &args.run_dirs, &args.out)?;
+    let refused: usize = manifest.refused_held_out.values().sum();
+    let skipped: usize = manifest.skipped.values().sum();
+    outln!("{} {} row(s) → {}", manifest.rows, format.as_str(), args.out.display());
+    for (family, n) in &manifest.families {
+        outln!("  {family}: {n} row(s)");
+    }
+    if manifest.clean_rows > 0 {
+        outln!("  clean: {} row(s)", manifest.clean_rows);
+    }
+    for (family, n) in &manifest.refused_held_out {
+        outln!("  refused (held out): {family}: {n}");
+    }
+    if skipped > 0 {
+        let why: Vec<String> = manifest.skipped.iter().map(|(why, n)| format!("{why}: {n}")).collect();
+        outln!("  skipped: {skipped} ({})", why.join("; "));
+    }
+    outln!("manifest: {} ({refused} refused)", export::manifest_path(&args.out).display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How an export names itself in a run's lock while it reads: another export's hold
+/// is waited for (they read a run for a second or two), a run's is refused.
+const HOLDER: &str = "pruefstand export";
+
+/// How long an export waits for another export reading the same run.
+const EXPORT_WAIT: Duration = Duration::from_secs(60);
+
+/// The run's lock, taken for reading it; an error naming the run when a run holds it.
+fn take_lock(dir: &Path, path: &Path) -> anyhow::Result<RunLock> {
+    let holder = format!("{HOLDER} (pid {})", std::process::id());
+    let started = Instant::now();
+    loop {
+        match RunLock::try_take_as(path, &holder) {
+            Ok(lock) => return Ok(lock),
+            // (A holder not yet written reads "another process": the moment another
+            // export took it.)
+            Err(LockError::Busy { holder })
+                if (holder.trim().starts_with(HOLDER) || holder == "another process")
+                    && started.elapsed() < EXPORT_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(LockError::Busy { holder }) => anyhow::bail!(
+                "{} is being written by {}: export it when that run has ended",
+                dir.display(),
+                holder.trim()
+            ),
+            Err(LockError::Failed(err)) => return Err(err),
+        }
+    }
+}
