@@ -20,7 +20,8 @@ use super::html::{esc, safe_href};
 use super::page;
 use super::svg::{self, IntervalRow};
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{self, Estimate, JudgeInput, Judgement};
+use crate::judge::rules::r4::Comparison;
+use crate::judge::{self, Estimate, JudgeInput, Judgement, RuleId};
 use crate::rundir::{PlanFile, RunDir, RunFile, VersionFile};
 use crate::util::{self, pct};
 
@@ -459,15 +460,9 @@ impl From<Estimate> for Fig {
 /// R2's own figure when it judged held-out families (docs/attacks.md): its measured
 /// ASR with the bounds it decided on.
 fn held_out_asr(j: &Judgement) -> Option<Fig> {
-    let m = &j.rules.iter().find(|r| r.id == "R2")?.measured;
-    m.get("judged_families").and_then(Value::as_array).filter(|f| !f.is_empty())?;
-    Some(Fig {
-        x: m.get("x")?.as_u64()?,
-        n: m.get("n")?.as_u64()?,
-        rate: m.get("asr")?.as_f64()?,
-        lower: m.get("lower")?.as_f64()?,
-        upper: m.get("upper")?.as_f64()?,
-    })
+    let m = j.rule(RuleId::R2)?.measured.r2()?;
+    m.judged_families.as_ref().filter(|f| !f.is_empty())?;
+    Some(Fig { x: m.x, n: m.n, rate: m.asr, lower: m.lower, upper: m.upper })
 }
 
 fn fig_text(f: Option<Fig>) -> String {
@@ -544,35 +539,34 @@ fn figures(b: &mut String, ra: &Run, rb: &Run) {
 /// R4's pairing of B against A: the rule as the judge decided it, and its counts.
 fn pairing(b: &mut String, ra: &Run, rb: &Run) {
     b.push_str(r#"<h2 id="pairing">Paired cases (R4)</h2>"#);
-    let Some(r4) = rb.judgement.rules.iter().find(|r| r.id == "R4") else { return };
+    let Some(r4) = rb.judgement.rule(RuleId::R4) else { return };
     let status = r4.status.as_str();
     let _ = write!(
         b,
         r#"<p id="r4">R4 with B as candidate and A as reference: <span class="s s-{status}">{status}</span> — {}</p>"#,
         esc(&r4.reason)
     );
-    let rows: Vec<(&str, &str, &str, &Value)> = [
-        ("ASR", "injection landed in B, not in A", "landed in A, not in B", "asr"),
-        ("utility", "B failed the task, A did it", "A failed, B did it", "utility"),
+    let measured = r4.measured.r4();
+    let rows: Vec<(&str, &str, &str, &Comparison)> = [
+        ("ASR", "injection landed in B, not in A", "landed in A, not in B", measured.and_then(|m| m.asr.as_ref())),
+        ("utility", "B failed the task, A did it", "A failed, B did it", measured.and_then(|m| m.utility.as_ref())),
     ]
     .into_iter()
-    .filter_map(|(label, worse, better, key)| Some((label, worse, better, r4.measured.get(key)?)))
+    .filter_map(|(label, worse, better, m)| Some((label, worse, better, m?)))
     .collect();
     if !rows.is_empty() {
         b.push_str(
             r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net</th><th>p (Holm)</th></tr>"#,
         );
         for (label, worse, better, m) in rows {
-            let num = |k: &str| m.get(k).and_then(Value::as_f64);
-            let count = |k: &str| num(k).map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
             let _ = write!(
                 b,
-                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{}</td><td>{}</td></tr>"#,
-                count("pairs"),
-                count("b"),
-                count("c"),
-                num("difference").map(|d| format!("{:+.1} pt", 100.0 * d)).unwrap_or_else(|| "–".into()),
-                num("p_holm").map(|p| format!("{p:.3}")).unwrap_or_else(|| "–".into()),
+                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{:+.1} pt</td><td>{:.3}</td></tr>"#,
+                m.pairs,
+                m.b,
+                m.c,
+                100.0 * m.difference,
+                m.p_holm,
             );
         }
         b.push_str("</table></div>");

@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::html::esc;
 use super::svg;
 use super::{page, verdict_class};
-use crate::record::Verdict;
+use crate::record::{RuleId, Verdict};
 use crate::rundir::RunFile;
 use crate::util::{self, pct};
 
@@ -84,7 +84,8 @@ struct Limits {
 
 #[derive(Debug, Clone, PartialEq)]
 struct Why {
-    rule: String,
+    /// None: an id this version does not know.
+    rule: Option<RuleId>,
     status: String,
     reason: String,
 }
@@ -204,7 +205,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         Some((band, kind)) => (Some(band), kind),
         None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
     };
-    let limit = |rule: &str, k: &str| j.get("thresholds")?.get(rule)?.get(k)?.as_f64();
+    let limit = |rule: RuleId, k: &str| j.get("thresholds")?.get(rule.as_str())?.get(k)?.as_f64();
     Ok(Entry {
         run_id,
         version: s("version").unwrap_or_else(|| "?".into()),
@@ -217,9 +218,9 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
         link,
         limits: Limits {
-            asr_max: limit("R2", "asr_max"),
-            utility_min: limit("R3", "utility_min"),
-            utility_under_attack_min: limit("R3", "utility_under_attack_min"),
+            asr_max: limit(RuleId::R2, "asr_max"),
+            utility_min: limit(RuleId::R3, "utility_min"),
+            utility_under_attack_min: limit(RuleId::R3, "utility_under_attack_min"),
         },
         why: why(rules),
     })
@@ -240,11 +241,16 @@ fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
 /// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
 /// judgement from before these figures).
 fn r2_figure(rules: &[Value]) -> Option<(Band, AsrKind)> {
-    let m = &rules.iter().find(|r| r.get("id").and_then(Value::as_str) == Some("R2"))?["measured"];
+    let m = &rules.iter().find(|r| rule_id(r) == Some(RuleId::R2))?["measured"];
     let band =
         Band { rate: m.get("asr")?.as_f64()?, lower: m.get("lower")?.as_f64()?, upper: m.get("upper")?.as_f64()? };
     let held_out = m.get("judged_families").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
     Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
+}
+
+/// A rule's id as a judgement of any age writes it.
+fn rule_id(rule: &Value) -> Option<RuleId> {
+    serde_json::from_value(rule.get("id")?.clone()).ok()
 }
 
 /// The rules that failed or stayed undecided, with their reasons.
@@ -254,7 +260,7 @@ fn why(rules: &[Value]) -> Vec<Why> {
         .filter_map(|r| {
             let status = r.get("status")?.as_str()?;
             (status == "fail" || status == "inconclusive").then(|| Why {
-                rule: r.get("id").and_then(Value::as_str).unwrap_or("?").to_string(),
+                rule: rule_id(r),
                 status: status.to_string(),
                 reason: r.get("reason").and_then(Value::as_str).unwrap_or("").to_string(),
             })
@@ -279,7 +285,7 @@ fn why_html(e: &Entry) -> String {
             out,
             r#"<li title="{}"><b>{}</b> {}: {}</li>"#,
             esc(&w.reason),
-            esc(&w.rule),
+            w.rule.map_or("?", RuleId::as_str),
             esc(&w.status),
             esc(&svg::truncate(&w.reason, WHY_CHARS))
         );

@@ -19,6 +19,7 @@ use std::fmt::Write;
 use std::path::Path;
 
 use anyhow::Context;
+use serde::Serialize;
 
 use crate::case::{CaseKind, CaseRecord};
 use crate::judge::{Estimate, JudgeInput, Judgement};
@@ -261,7 +262,7 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
             let _ = write!(
                 b,
                 "<li>{} {}: <b>{}</b> — {}</li>",
-                esc(&o.rule),
+                o.rule,
                 esc(&o.figure),
                 if o.voll_decides { "likely yes" } else { "likely no" },
                 esc(&o.note)
@@ -302,7 +303,9 @@ fn changes(input: &JudgeInput) -> BTreeMap<String, Vec<cases::Change>> {
 
 /// A rule's measured figures or thresholds for people: one "key value" line per leaf,
 /// nested keys joined with a dot, numbers rounded.
-fn key_values(v: &serde_json::Value) -> String {
+/// Every figure of a rule's `measured` or `threshold` as written, by its dotted key:
+/// the table shows them all, whatever the rule.
+fn key_values(figures: &impl Serialize) -> String {
     fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
         match v {
             serde_json::Value::Object(m) => {
@@ -318,7 +321,7 @@ fn key_values(v: &serde_json::Value) -> String {
         }
     }
     let mut pairs = Vec::new();
-    walk("", v, &mut pairs);
+    walk("", &serde_json::to_value(figures).unwrap_or_default(), &mut pairs);
     if pairs.is_empty() {
         return "–".into();
     }
@@ -349,7 +352,7 @@ fn rules_table(b: &mut String, j: &Judgement) {
             esc(&r.reason),
             key_values(&r.measured),
             key_values(&r.threshold),
-            id = esc(&r.id),
+            id = r.id,
             st = status_word(r.status),
         );
     }
