@@ -3,7 +3,8 @@
 //! case when the plan holds none out — the ASR of each family with its bounds, and the
 //! generalisation gap (held-out minus seen) with its interval.
 //!
-//! Not for running attacks or wording them (`family`, the gym).
+//! Not for running attacks or wording them (`family`, the gym), nor for naming the
+//! families in R2's result (`rules::r2`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

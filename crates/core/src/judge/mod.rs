@@ -21,6 +21,7 @@ pub mod rules;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
@@ -295,19 +296,58 @@ impl Judgement {
     }
 }
 
+/// A judged run: the judgement, what it judged, and its records as judged, which the
+/// reports show beside it.
+pub struct Judged {
+    pub judgement: Judgement,
+    pub input: JudgeInput,
+    pub records: JudgedRecords,
+}
+
+/// The records as the judge counts them: the last record of each case id, the run's
+/// and its reference's — de-duplicated here, once.
+pub struct JudgedRecords {
+    pub run: Vec<CaseRecord>,
+    pub reference: Option<Vec<CaseRecord>>,
+}
+
+impl JudgedRecords {
+    pub fn of(input: &JudgeInput) -> JudgedRecords {
+        JudgedRecords { run: dedup(&input.records), reference: input.reference.as_ref().map(|r| dedup(&r.records)) }
+    }
+
+    /// The run's cases paired with the reference's (see [`pair_with_reference`]);
+    /// none without a reference.
+    pub fn pairs(&self) -> Vec<(&CaseRecord, &CaseRecord)> {
+        self.reference.as_ref().map(|reference| pair_with_reference(&self.run, reference)).unwrap_or_default()
+    }
+}
+
+/// Judges a run held in memory, keeping what it judged.
+pub fn judged(input: JudgeInput) -> Judged {
+    let records = JudgedRecords::of(&input);
+    let judgement = judge_records(&input, &records);
+    Judged { judgement, input, records }
+}
+
 /// Loads a run directory and judges it: its records and facts, the thresholds (from the
 /// profile file `profile` when given, else the run's `thresholds.json`) and the
 /// reference run (`reference` when given, else the one `run.json` names). Returns the
-/// judgement and what it judged, which the reports show beside it.
-pub fn judge_dir(
-    run_dir: &Path,
-    profile: Option<&Path>,
-    reference: Option<&Path>,
-) -> anyhow::Result<(Judgement, JudgeInput)> {
+/// judgement with what it judged, which the reports show beside it.
+pub fn judge_dir(run_dir: &Path, profile: Option<&Path>, reference: Option<&Path>) -> anyhow::Result<Judged> {
     crate::blocking::assert_may_block("judging a run directory");
     let input = load::load_input(run_dir, profile, reference)?;
-    let judgement = judge(&input);
-    Ok((judgement, input))
+    Ok(judged(input))
+}
+
+/// Two stored runs judged each against the other, with their own thresholds: `a` with
+/// `b` as its reference and `b` with `a` as its — what `compare` shows side by side.
+pub fn judge_against_each_other(a: &Path, b: &Path) -> anyhow::Result<(Judged, Judged)> {
+    let judge = |dir: &Path, other: &Path| {
+        judge_dir(dir, None, Some(other))
+            .with_context(|| format!("judging {} against {}", dir.display(), other.display()))
+    };
+    Ok((judge(a, b)?, judge(b, a)?))
 }
 
 /// What R2 judges and what stands beside it: the scope of its families, their
@@ -351,7 +391,7 @@ impl R2Scope {
 }
 
 /// The reference run with its records deduplicated.
-type Reference<'a> = Option<(&'a ReferenceRun, Vec<CaseRecord>)>;
+type Reference<'a> = Option<(&'a ReferenceRun, &'a Vec<CaseRecord>)>;
 
 /// R1 to R5 on the run: every rule but R1 unjudged when R1 fails; for a run that
 /// stopped early, R2, R3 and (with a reference) R4 as the betting tests decided.
@@ -396,13 +436,18 @@ fn rule_results(
 /// Judges a run. A case recorded twice makes R1 fail; for the figures beside that
 /// verdict the last record of a case counts.
 pub fn judge(input: &JudgeInput) -> Judgement {
-    let records = dedup(&input.records);
-    let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
+    judge_records(input, &JudgedRecords::of(input))
+}
+
+/// [`judge`] on the records as judged.
+fn judge_records(input: &JudgeInput, judged: &JudgedRecords) -> Judgement {
+    let records = &judged.run;
+    let reference = input.reference.as_ref().zip(judged.reference.as_ref());
     let t = &input.thresholds;
-    let early = early_summary(input, &records);
-    let r2 = R2Scope::of(input, &records);
-    let mut figures = rules::figures(&records, t);
-    let list = rule_results(input, &records, &reference, &r2, figures.asr, early.as_ref());
+    let early = early_summary(input, records, judged.reference.as_deref());
+    let r2 = R2Scope::of(input, records);
+    let mut figures = rules::figures(records, t);
+    let list = rule_results(input, records, &reference, &r2, figures.asr, early.as_ref());
     let verdict = verdict_of(&list);
     figures.families = r2.family_figures.clone();
     let r2_judged = list.iter().any(|r| r.id == RuleId::R2 && r.status != RuleStatus::NotApplicable);
@@ -419,7 +464,7 @@ pub fn judge(input: &JudgeInput) -> Judgement {
         figures.reference = Some(Box::new(of_reference));
     }
     let outlook = if verdict == Verdict::Inconclusive {
-        rules::outlook(&input.run.plan, &records, &r2.records, &list, t)
+        rules::outlook(&input.run.plan, records, &r2.records, &list, t)
     } else {
         vec![]
     };
@@ -452,19 +497,23 @@ pub fn judge(input: &JudgeInput) -> Judgement {
 /// For a run that says it stopped early: the sequential decision on its records, in
 /// its recorded order, against the plan's cases (`plan.json`; without them nothing
 /// can be decided, which R1 then fails).
-fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStopSummary> {
+fn early_summary(
+    input: &JudgeInput,
+    records: &[CaseRecord],
+    reference_records: Option<&[CaseRecord]>,
+) -> Option<EarlyStopSummary> {
     let stop = input.run.early_stop.as_ref().filter(|e| e.stopped_early)?;
     let plan = input.plan_cases.as_deref().unwrap_or(&[]);
     let scope = families::scope(&input.run.attack_families, records);
     // R4 compares only a trusted reference of the same plan and benchmark; another pairs
     // with nothing here, so it never lets the run be approved early.
-    let reference = input.reference.as_ref().map(|r| {
+    let reference = input.reference.as_ref().zip(reference_records).map(|(r, records)| {
         let comparable = r.plan_hash == input.run.plan_hash
             && r.benchmark_version == input.run.benchmark_version
             && r.untrusted.is_none();
-        if comparable { dedup(&r.records) } else { Vec::new() }
+        if comparable { records } else { &[] }
     });
-    let seq = early::decide(plan, &stop.order, records, &input.thresholds, reference.as_deref(), &scope);
+    let seq = early::decide(plan, &stop.order, records, &input.thresholds, reference, &scope);
     let planned: std::collections::BTreeSet<&str> = input.run.planned_case_ids.iter().map(String::as_str).collect();
     let deciding = [&seq.asr, &seq.utility_clean, &seq.utility_under_attack]
         .iter()

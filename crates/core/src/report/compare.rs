@@ -3,7 +3,8 @@
 //! profile), their headline figures with the rules' bounds, R4's pairing of B against
 //! A, and every case whose outcome changed with both conversations beside each other.
 //! A is taken as the reference, B as the candidate: each is judged against the other by
-//! the judge ([`judge::judge_dir`]); nothing is decided here.
+//! the judge ([`crate::judge::judge_against_each_other`], which its caller runs);
+//! nothing is decided here.
 //!
 //! [`side_by_side`] is the one way a case of two runs is shown beside each other, here
 //! and in a run's report. Not for the conversation itself (`conversation`).
@@ -21,7 +22,7 @@ use super::page;
 use super::svg::{self, IntervalRow};
 use crate::case::{CaseKind, CaseRecord};
 use crate::judge::rules::r4::Comparison;
-use crate::judge::{self, Estimate, JudgeInput, Judgement, RuleId};
+use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId};
 use crate::rundir::{PlanFile, RunDir, RunFile, VersionFile};
 use crate::util::{self, pct};
 
@@ -151,6 +152,8 @@ struct Run {
     dir: PathBuf,
     judgement: Judgement,
     input: JudgeInput,
+    /// Its records as judged (the last of each case) and the other run's as its reference.
+    records: JudgedRecords,
     version: Option<VersionFile>,
     plan: Option<PlanFile>,
     provenance: Option<Value>,
@@ -163,13 +166,13 @@ struct Run {
 }
 
 impl Run {
-    fn load(dir: &Path, other: &Path, page_dir: &Path, letter: &str) -> anyhow::Result<Run> {
-        let (judgement, input) = judge::judge_dir(dir, None, Some(other))
-            .with_context(|| format!("judging {} against {}", dir.display(), other.display()))?;
+    /// Run `dir` as `judged` against the other, with its descriptive files.
+    fn load(dir: &Path, judged: Judged, page_dir: &Path, letter: &str) -> Run {
+        let Judged { judgement, input, records } = judged;
         let run = RunDir::new(dir);
         // Descriptive files: one that cannot be read leaves its rows empty.
         let lenient = |file: RunFile| run.read_json::<Value>(file).ok().flatten();
-        Ok(Run {
+        Run {
             dir: dir.to_path_buf(),
             label: format!("{letter}: {}", input.run.version),
             version: run.read_version().ok().flatten(),
@@ -179,7 +182,8 @@ impl Run {
             href: relative_dir(page_dir, dir),
             judgement,
             input,
-        })
+            records,
+        }
     }
 
     /// A link to one of the run's files, as the page reaches it.
@@ -188,14 +192,21 @@ impl Run {
     }
 }
 
-/// Writes the compare page of run `a` (the reference) and run `b` (the candidate) to
-/// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
-/// its path. Refuses to write over a file that is not a compare page of pruefstand's.
-/// A folder it makes is user-only, the page too (it shows model output).
-pub fn write_compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// Run directories `a` and `b` resolved for a compare page: both must exist and differ.
+pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     let resolve = |p: &Path| p.canonicalize().with_context(|| format!("run directory {}", p.display()));
     let (a, b) = (resolve(a)?, resolve(b)?);
     anyhow::ensure!(a != b, "{} is compared with itself: name two runs", a.display());
+    Ok((a, b))
+}
+
+/// Writes the compare page of run `a` (the reference) and run `b` (the candidate), as
+/// the judge judged each against the other ([`crate::judge::judge_against_each_other`]), to
+/// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
+/// its path. Refuses to write over a file that is not a compare page of pruefstand's.
+/// A folder it makes is user-only, the page too (it shows model output).
+pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let (a, b) = compare_dirs(a, b)?;
     let out = match out {
         None => b.join(COMPARE_FILE),
         Some(p) if p.is_dir() => p.join(COMPARE_FILE),
@@ -216,8 +227,8 @@ pub fn write_compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<P
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
-    let run_a = Run::load(&a, &b, &page_dir, "A")?;
-    let run_b = Run::load(&b, &a, &page_dir, "B")?;
+    let run_a = Run::load(&a, judged.0, &page_dir, "A");
+    let run_b = Run::load(&b, judged.1, &page_dir, "B");
     let html = render(&run_a, &run_b).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
     util::write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     Ok(out)
@@ -581,7 +592,7 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
 /// Every case whose outcome changed from A to B, with both conversations.
 fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
     // The judge's pairing (R4's), as the run's own report shows changes.
-    let changes = super::changes(&rb.input);
+    let changes = super::changes(&rb.records);
     let records_a: BTreeMap<&str, &CaseRecord> = ra.input.records.iter().map(|r| (r.case_id.as_str(), r)).collect();
     let records_b: BTreeMap<&str, (usize, &CaseRecord)> =
         rb.input.records.iter().enumerate().map(|(i, r)| (r.case_id.as_str(), (i, r))).collect();
@@ -635,6 +646,11 @@ fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
 mod tests {
     use super::*;
     use crate::judge::tests::{schnell, write_run_dir};
+
+    /// What `compare` does: judge the two runs against each other, write the page.
+    fn compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+        write_compare(a, b, crate::judge::judge_against_each_other(a, b)?, out)
+    }
 
     #[test]
     fn api_keys_in_a_specs_command_lines_are_redacted() {
@@ -708,7 +724,7 @@ mod tests {
             let t = serde_json::json!({"messages": [{"role": "assistant", "content": text}]});
             std::fs::write(path, t.to_string()).unwrap();
         }
-        let out = write_compare(&dir_a, &dir_b, None).unwrap();
+        let out = compare(&dir_a, &dir_b, None).unwrap();
         assert_eq!(out, dir_b.canonicalize().unwrap().join(COMPARE_FILE));
         let html = std::fs::read_to_string(&out).unwrap();
         assert!(html.contains(COMPARE_MARK) && html.contains("Content-Security-Policy"));
@@ -743,16 +759,16 @@ mod tests {
         );
 
         // Written again over its own page; never over someone else's, nor a run with itself.
-        assert!(write_compare(&dir_a, &dir_b, None).is_ok());
+        assert!(compare(&dir_a, &dir_b, None).is_ok());
         let foreign = tmp.path().join("notes.html");
         std::fs::write(&foreign, "my notes").unwrap();
-        let err = write_compare(&dir_a, &dir_b, Some(&foreign)).unwrap_err().to_string();
+        let err = compare(&dir_a, &dir_b, Some(&foreign)).unwrap_err().to_string();
         assert!(err.contains("not a compare page"), "{err}");
         assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "my notes");
-        assert!(write_compare(&dir_a, &dir_a, None).unwrap_err().to_string().contains("with itself"));
+        assert!(compare(&dir_a, &dir_a, None).unwrap_err().to_string().contains("with itself"));
         // A new folder for --out is user-only; so is the page.
         use std::os::unix::fs::PermissionsExt;
-        let out = write_compare(&dir_a, &dir_b, Some(&tmp.path().join("new/sub/c.html"))).unwrap();
+        let out = compare(&dir_a, &dir_b, Some(&tmp.path().join("new/sub/c.html"))).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!((mode(out.parent().unwrap()), mode(&out)), (0o700, 0o600));
     }

@@ -615,9 +615,9 @@ mod tests {
             input.run.run_id = format!("run-{i}");
             input.run.version = version.into();
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
-            let j = judge::judge(&input);
+            let judged = judge::judged(input.clone());
             let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &j, &input).unwrap();
+            super::super::write_run_report(&run_dir, &judged).unwrap();
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
@@ -653,9 +653,9 @@ mod tests {
             input.run.version = version.into();
             input.run.attack_families.held_out = vec!["important_instructions".into()];
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
-            let j = judge::judge(&input);
+            let judged = judge::judged(input.clone());
             let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &j, &input).unwrap();
+            super::super::write_run_report(&run_dir, &judged).unwrap();
         }
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();

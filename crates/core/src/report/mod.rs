@@ -22,13 +22,13 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{Estimate, JudgeInput, Judgement};
+use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
 use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
 use crate::words::{self, BoundSide};
 
-pub use compare::write_compare;
+pub use compare::{compare_dirs, write_compare};
 use html::{esc, safe_href};
 pub use index::{INDEX_FILE, write_index};
 pub use publish::write;
@@ -36,11 +36,11 @@ use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
-pub fn write_run_report(run_dir: &Path, judgement: &Judgement, input: &JudgeInput) -> anyhow::Result<()> {
-    let run = RunDir::new(run_dir);
+pub fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
+    let (run, judgement) = (RunDir::new(run_dir), &judged.judgement);
     run.write_json(RunFile::Judgement, judgement)?;
     util::write_atomic(&run.path_of(RunFile::JudgementMarkdown), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run.path_of(RunFile::Report), html(judgement, input, Some(run_dir)).as_bytes())
+    util::write_atomic(&run.path_of(RunFile::Report), html(judged, Some(run_dir)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -217,7 +217,8 @@ pub fn sha256_base64(bytes: &[u8]) -> String {
 
 /// The self-contained run report; conversations are read from the traces below
 /// `run_dir` when given.
-pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String {
+pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
+    let (j, input) = (&judged.judgement, &judged.input);
     let mut b = String::new();
     let _ = write!(
         b,
@@ -272,10 +273,10 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
     }
     let ordered = cases::ordered(&input.records);
     let anchors = cases::anchors(&ordered);
-    let changes = changes(input);
+    let changes = changes(&judged.records);
     figures(&mut b, j);
     families::html(&mut b, j);
-    breakdowns(&mut b, j, input, &anchors);
+    breakdowns(&mut b, j, input, judged.records.reference.as_deref(), &anchors);
     operations(&mut b, &input.records);
     telemetry(&mut b, &input.records);
     // Every conversation on the page shares the report's room: the changed cases show
@@ -291,10 +292,9 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
 
 /// Each case that differs from the reference's same case, with how; the pairing is the
 /// judge's (R4's).
-fn changes(input: &JudgeInput) -> BTreeMap<String, Vec<cases::Change>> {
-    let Some(reference) = &input.reference else { return BTreeMap::new() };
-    let (records, reference) = (crate::judge::dedup(&input.records), crate::judge::dedup(&reference.records));
-    crate::judge::pair_with_reference(&records, &reference)
+fn changes(judged: &JudgedRecords) -> BTreeMap<String, Vec<cases::Change>> {
+    judged
+        .pairs()
         .into_iter()
         .map(|(c, r)| (c.case_id.clone(), cases::Change::between(c, r)))
         .filter(|(_, list)| !list.is_empty())
@@ -480,20 +480,25 @@ fn asr_by(records: &[CaseRecord], key: &dyn Fn(&CaseRecord) -> String) -> BTreeM
     by
 }
 
-fn breakdowns(b: &mut String, j: &Judgement, input: &JudgeInput, anchors: &BTreeMap<String, String>) {
+fn breakdowns(
+    b: &mut String,
+    j: &Judgement,
+    input: &JudgeInput,
+    reference: Option<&[CaseRecord]>,
+    anchors: &BTreeMap<String, String>,
+) {
     let records = &input.records;
     let attacked: Vec<&CaseRecord> = records.iter().filter(|r| r.kind == CaseKind::Attacked).collect();
     if attacked.is_empty() {
         return;
     }
-    let reference = input.reference.as_ref().map(|r| crate::judge::dedup(&r.records));
     let mut series = vec![(j.version.clone(), CANDIDATE)];
     if reference.is_some() {
         series.push((format!("{} (reference)", j.reference_version.as_deref().unwrap_or("reference")), REFERENCE));
     }
     let rows = |key: &dyn Fn(&CaseRecord) -> String| -> Vec<BarRow> {
         let cand = asr_by(records, key);
-        let refr = reference.as_deref().map(|r| asr_by(r, key)).unwrap_or_default();
+        let refr = reference.map(|r| asr_by(r, key)).unwrap_or_default();
         let mut labels: Vec<&String> = cand.keys().chain(refr.keys()).collect();
         labels.sort_by(|a, b| cases::natural_cmp(a, b));
         labels.dedup();
@@ -678,7 +683,7 @@ mod tests {
                     context, which AgentDojo scores as a landed attack, not a followed injection";
         assert!(markdown(&j).contains(said), "{}", markdown(&j));
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &j, &input).unwrap();
+        write_run_report(dir.path(), &judge::judged(input.clone())).unwrap();
         let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
         assert!(html.contains(r#"id="asr-overflows""#) && html.contains(&esc(said)));
         // None: nothing said.
@@ -699,9 +704,9 @@ mod tests {
         input.run.planned_case_ids = input.records.iter().map(|r| r.case_id.clone()).collect();
         input.reference = Some(judge::tests::reference_of(&input, input.records.clone()));
         input.records[0].trace = Some("javascript:alert(1)".into());
-        let j = judge::judge(&input);
+        let judged = judge::judged(input.clone());
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &j, &input).unwrap();
+        write_run_report(dir.path(), &judged).unwrap();
         let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
@@ -762,8 +767,8 @@ mod tests {
         std::fs::create_dir(dir.path().join("traces")).unwrap();
         std::fs::write(dir.path().join("traces/rambling.json"), serde_json::json!({"messages": turns}).to_string())
             .unwrap();
-        let j = judge::judge(&input);
-        write_run_report(dir.path(), &j, &input).unwrap();
+        let judged = judge::judged(input.clone());
+        write_run_report(dir.path(), &judged).unwrap();
         let size = std::fs::metadata(RunFile::Report.path_in(dir.path())).unwrap().len();
         let conversations =
             html_size_of_conversations(&std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap());
