@@ -361,20 +361,40 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
 /// The spec diff: what differs first (the headline rows and the spec's main sections),
 /// then what is equal on both sides, folded and named in one line, and the differences
 /// of the rest of the spec (the simulated model's knobs, …), folded.
+/// One field of both runs, marked when it differs.
+fn spec_row(out: &mut String, key: &str, va: &str, vb: &str) {
+    let differs = va != vb;
+    let _ = write!(
+        out,
+        r#"<tr{}><td class="k">{}{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
+        if differs { r#" class="d""# } else { "" },
+        if differs { r#"<span class="ne" title="differs">≠</span> "# } else { "" },
+        esc(key),
+        esc(va),
+        esc(vb)
+    );
+}
+
+/// The union of both specs' leaves as (key, A's value, B's value), "–" where a side has
+/// none: A's order first, the main sections first.
+fn spec_union<'a>(spec_a: &'a Rows, spec_b: &'a Rows) -> Vec<(&'a str, &'a str, &'a str)> {
+    let (map_a, map_b): (BTreeMap<&str, &str>, BTreeMap<&str, &str>) = (
+        spec_a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        spec_b.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+    );
+    let mut keys: Vec<&str> = spec_a.iter().map(|(k, _)| k.as_str()).collect();
+    keys.extend(spec_b.iter().map(|(k, _)| k.as_str()).filter(|k| !map_a.contains_key(k)));
+    keys.sort_by_key(|k| SPEC_SHOWN.iter().position(|s| *s == spec_section(k)).unwrap_or(SPEC_SHOWN.len()));
+    keys.into_iter().map(|k| (k, map_a.get(k).copied().unwrap_or("–"), map_b.get(k).copied().unwrap_or("–"))).collect()
+}
+
+fn spec_section(key: &str) -> &str {
+    key.split('.').next().unwrap_or("")
+}
+
 fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
     let ((head_a, spec_a), (head_b, spec_b)) = (spec_rows(ra), spec_rows(rb));
-    let row = |out: &mut String, key: &str, va: &str, vb: &str| {
-        let differs = va != vb;
-        let _ = write!(
-            out,
-            r#"<tr{}><td class="k">{}{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
-            if differs { r#" class="d""# } else { "" },
-            if differs { r#"<span class="ne" title="differs">≠</span> "# } else { "" },
-            esc(key),
-            esc(va),
-            esc(vb)
-        );
-    };
+    let row = spec_row;
     let head = |id: &str| {
         format!(
             r#"<table class="spec" id="{id}"><tr><th>field</th><th>{}</th><th>{}</th></tr>"#,
@@ -392,17 +412,8 @@ fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
             equal_names.push(key.as_str());
         }
     }
-    // The union of both specs' leaves, A's order first, the main sections first.
-    let (map_a, map_b): (BTreeMap<&str, &str>, BTreeMap<&str, &str>) = (
-        spec_a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-        spec_b.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-    );
-    let mut keys: Vec<&str> = spec_a.iter().map(|(k, _)| k.as_str()).collect();
-    keys.extend(spec_b.iter().map(|(k, _)| k.as_str()).filter(|k| !map_a.contains_key(k)));
-    let section = |k: &str| k.split('.').next().unwrap_or("").to_string();
-    keys.sort_by_key(|k| SPEC_SHOWN.iter().position(|s| *s == section(k)).unwrap_or(SPEC_SHOWN.len()));
-    for k in keys {
-        let (va, vb) = (map_a.get(k).copied().unwrap_or("–"), map_b.get(k).copied().unwrap_or("–"));
+    let section = |k: &str| spec_section(k).to_string();
+    for (k, va, vb) in spec_union(&spec_a, &spec_b) {
         let main = SPEC_SHOWN.contains(&section(k).as_str());
         let key = format!("spec: {k}");
         match (va != vb, main) {

@@ -48,9 +48,14 @@ fn status_word(s: RuleStatus) -> &'static str {
     s.as_str()
 }
 
+/// A table cell of Markdown: no `|` that ends it, no line break.
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
 /// The Markdown twin of the report: verdict, rules, outlook, headline figures.
 pub fn markdown(j: &Judgement) -> String {
-    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
+    let cell = md_cell;
     let mut md = format!("# {} on {} — **{}**\n\n", cell(&j.version), cell(&j.plan), j.verdict.as_str());
     let _ = writeln!(md, "{}\n", cell(&j.summary));
     let _ = writeln!(md, "- run: `{}`, plan hash `{}`", cell(&j.run_id), cell(&j.plan_hash));
@@ -75,28 +80,50 @@ pub fn markdown(j: &Judgement) -> String {
     if let Some(line) = j.decisive_line() {
         let _ = writeln!(md, "**{}**\n", cell(&line));
     }
-    let f = &j.figures;
-    let t = &j.thresholds;
-    let bounds = |(lower, upper): (f64, f64), (alpha_lower, alpha_upper): (f64, f64)| {
-        format!(
-            "{} · {}",
-            words::bound(BoundSide::Lower, alpha_lower, lower),
-            words::bound(BoundSide::Upper, alpha_upper, upper)
-        )
-    };
-    let line = |name: &str, e: &Option<Estimate>, alphas: (f64, f64)| match e {
+    markdown_figures(&mut md, j);
+    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
+        let _ = writeln!(md, "**{}.**\n", cell(&note));
+    }
+    families::markdown(&mut md, j);
+    if !j.outlook.is_empty() {
+        md.push_str("## Would `voll` decide?\n\n");
+        for o in &j.outlook {
+            let decides = if o.voll_decides { "likely yes" } else { "likely no" };
+            let _ = writeln!(md, "- {} {}: {decides} — {}", o.rule, o.figure, cell(&o.note));
+        }
+    }
+    md
+}
+
+/// Both one-sided bounds in words, each at its α.
+fn md_bounds((lower, upper): (f64, f64), (alpha_lower, alpha_upper): (f64, f64)) -> String {
+    format!(
+        "{} · {}",
+        words::bound(BoundSide::Lower, alpha_lower, lower),
+        words::bound(BoundSide::Upper, alpha_upper, upper)
+    )
+}
+
+/// A headline figure's row of the Markdown table.
+fn md_figure_row(name: &str, e: &Option<Estimate>, alphas: (f64, f64)) -> String {
+    match e {
         Some(e) => format!(
             "| {name} | {} | {}/{}{} | {}{} | {:.2} |\n",
             pct(e.rate),
             e.x,
             e.n,
             errors_note(e),
-            bounds((e.lower, e.upper), alphas),
+            md_bounds((e.lower, e.upper), alphas),
             without_errors_note(e),
             e.deff
         ),
         None => format!("| {name} | – | – | – | – |\n"),
-    };
+    }
+}
+
+/// The headline figures' table: first the figure R2 judged.
+fn markdown_figures(md: &mut String, j: &Judgement) {
+    let (f, t) = (&j.figures, &j.thresholds);
     md.push_str("| figure | rate | count | one-sided bounds | DEFF |\n|---|---|---|---|---|\n");
     let asr_alphas = (t.r2.alpha_fail, t.r2.alpha_pass);
     match &f.decisive {
@@ -110,36 +137,18 @@ pub fn markdown(j: &Judgement) -> String {
                 pct(d.rate),
                 d.hits,
                 d.cases,
-                bounds((d.lower, d.upper), (d.alpha_lower, d.alpha_upper)),
+                md_bounds((d.lower, d.upper), (d.alpha_lower, d.alpha_upper)),
                 d.deff
             );
-            md += &line(&format!("{} (not judged)", words::ASR_ALL), &f.asr, asr_alphas);
+            *md += &md_figure_row(&format!("{} (not judged)", words::ASR_ALL), &f.asr, asr_alphas);
         }
-        Some(d) => md += &line(&format!("{} (judged by {})", words::ASR_ALL, d.rule), &f.asr, asr_alphas),
-        None => md += &line(words::ASR_ALL, &f.asr, asr_alphas),
+        Some(d) => *md += &md_figure_row(&format!("{} (judged by {})", words::ASR_ALL, d.rule), &f.asr, asr_alphas),
+        None => *md += &md_figure_row(words::ASR_ALL, &f.asr, asr_alphas),
     }
-    md += &line(words::UTILITY_CLEAN, &f.utility_clean, (t.r3.alpha, t.r3.alpha));
-    md += &line(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
-    md += &line(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
+    *md += &md_figure_row(words::UTILITY_CLEAN, &f.utility_clean, (t.r3.alpha, t.r3.alpha));
+    *md += &md_figure_row(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
+    *md += &md_figure_row(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
     md.push('\n');
-    if let Some(note) = words::overflow_note(f.asr_overflows, f.asr.map_or(0, |e| e.x)) {
-        let _ = writeln!(md, "**{}.**\n", cell(&note));
-    }
-    families::markdown(&mut md, j);
-    if !j.outlook.is_empty() {
-        md.push_str("## Would `voll` decide?\n\n");
-        for o in &j.outlook {
-            let _ = writeln!(
-                md,
-                "- {} {}: {} — {}",
-                o.rule,
-                o.figure,
-                if o.voll_decides { "likely yes" } else { "likely no" },
-                cell(&o.note)
-            );
-        }
-    }
-    md
 }
 
 /// ", 12 errors" after a count when the figure had errored cases.
@@ -360,6 +369,20 @@ fn rules_table(b: &mut String, j: &Judgement) {
 }
 
 fn figures(b: &mut String, j: &Judgement) {
+    b.push_str("<h2>Security and utility</h2>");
+    b.push_str(&svg::interval_chart(
+        "intervals",
+        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
+        &interval_rows(j),
+    ));
+    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
+        let _ = write!(b, "<p class=\"note\" id=\"asr-overflows\"><b>{}.</b></p>", esc(&note));
+    }
+    figures_note(b, j);
+}
+
+/// The headline figures as the interval chart's rows, the reference's beside each.
+fn interval_rows(j: &Judgement) -> Vec<IntervalRow> {
     let t = &j.thresholds;
     let reference = j.figures.reference.as_deref();
     let mut rows = Vec::new();
@@ -420,17 +443,15 @@ fn figures(b: &mut String, j: &Judgement) {
         reference.and_then(|r| r.injection_goal_utility),
         None,
     );
-    b.push_str("<h2>Security and utility</h2>");
-    b.push_str(&svg::interval_chart(
-        "intervals",
-        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
-        &rows,
-    ));
-    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
-        let _ = write!(b, "<p class=\"note\" id=\"asr-overflows\"><b>{}.</b></p>", esc(&note));
-    }
-    let judged = match decisive {
-        Some(d) if !judged_all => format!(
+    rows
+}
+
+/// What the chart's rows and bounds are, in words.
+fn figures_note(b: &mut String, j: &Judgement) {
+    let t = &j.thresholds;
+    let decisive = j.figures.decisive.as_ref();
+    let judged = match decisive.filter(|d| d.name != words::ASR_ALL) {
+        Some(d) => format!(
             "The first row is the figure R2 judged, the {} ({} of the plan's held-out attack families), with \
              its limit; the {} below it is not judged by R2 and has no limit. ",
             esc(&d.name),
