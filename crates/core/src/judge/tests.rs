@@ -454,8 +454,14 @@ fn judgement_json_has_the_contract_keys() {
         assert!(v["rules"][0].get(k).is_some(), "{k}");
     }
     assert_eq!(v["rules"][3]["status"], "not_applicable");
-    let back: Judgement = serde_json::from_value(v).unwrap();
+    let ids: Vec<&str> = v["rules"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["R1", "R2", "R3", "R4", "R5"]);
+    let judgement = judge(&schnell(0));
+    let back: Judgement = serde_json::from_value(serde_json::to_value(&judgement).unwrap()).unwrap();
     assert_eq!(back.verdict, Verdict::Approved);
+    // Every rule's figures read back as its own type, equal to what was written.
+    assert_eq!(back.rules, judgement.rules);
+    assert!(back.rules.iter().all(|r| !matches!(r.measured, Measured::Unread(_))), "{:?}", back.rules);
 }
 
 #[test]

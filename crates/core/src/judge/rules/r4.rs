@@ -81,8 +81,11 @@ fn paired(pairs: impl Iterator<Item = (String, bool, bool)>) -> Paired {
     Paired { n: outcomes.len() as u64, b, c, d: by.into_values().collect() }
 }
 
+/// R4's result; a comparison that measured nothing writes `{}`, as a rule not judged.
 fn rule(status: RuleStatus, measured: Regression, t: &thresholds::R4, reason: String) -> RuleResult {
-    RuleResult::new(RuleId::R4, status, Measured::R4(Box::new(measured)), Threshold::R4(t.clone()), reason)
+    let measured =
+        if measured == Regression::default() { Measured::nothing() } else { Measured::R4(Box::new(measured)) };
+    RuleResult::new(RuleId::R4, status, measured, Threshold::R4(t.clone()), reason)
 }
 
 /// Why the reference is not comparable, when it is not: another plan or benchmark.
@@ -214,9 +217,12 @@ pub(in crate::judge) fn stopped_r4() -> RuleResult {
 pub(in crate::judge) fn sequential_r4(mut rule: RuleResult, r4: &SequentialR4) -> RuleResult {
     let decided: Vec<String> = r4.tracks().iter().filter_map(|t| t.describe()).collect();
     let undecided: Vec<&str> = r4.tracks().iter().filter(|t| t.decision.is_none()).map(|t| t.figure.as_str()).collect();
-    if let Measured::R4(m) = &mut rule.measured {
-        m.sequential = Some(r4.clone());
-        m.fixed_sample_status = Some(rule.status);
-    }
+    let mut measured = match &rule.measured {
+        Measured::R4(m) => (**m).clone(),
+        _ => Regression::default(),
+    };
+    measured.sequential = Some(r4.clone());
+    measured.fixed_sample_status = Some(rule.status);
+    rule.measured = Measured::R4(Box::new(measured));
     decided_early(rule, r4.status(), "paired user-task differences", &decided, &undecided)
 }
