@@ -627,7 +627,7 @@ mod tests {
     #[test]
     fn the_chat_text_names_the_figure_r2_judged_and_the_others_by_their_names() {
         let decisive = crate::judge::Decisive {
-            rule: "R2".into(),
+            rule: crate::judge::RuleId::R2,
             name: "held-out ASR".into(),
             rate: 17.0 / 64.0,
             hits: 17,

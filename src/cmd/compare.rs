@@ -1,14 +1,15 @@
 //! `pruefstand compare RUN_A RUN_B`: one self-contained page of two runs side by side —
 //! what differs between their versions and plans, their figures with the rules' bounds,
 //! R4's pairing of B against A, and every changed case with both conversations. Reads
-//! the run directories, judges each against the other (`judge::judge_dir`, nothing
-//! written there but the page) and writes the page with `report::write_compare`.
+//! the run directories, judges each against the other
+//! (`judge::judge_against_each_other`, nothing written there but the page) and writes
+//! the page with `report::write_compare`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::report;
 use crate::rundir::{LockError, RunFile, RunLock};
+use crate::{judge, report};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -41,7 +42,9 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
             Err(LockError::Failed(err)) => return Err(err),
         }
     }
-    let page = report::write_compare(&args.run_a, &args.run_b, args.out.as_deref())?;
+    let (a, b) = report::compare_dirs(&args.run_a, &args.run_b)?;
+    let judged = judge::judge_against_each_other(&a, &b)?;
+    let page = report::write_compare(&a, &b, judged, args.out.as_deref())?;
     outln!("{}", page.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -46,8 +46,9 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         Some(Err(LockError::Failed(err))) => return Err(err),
     };
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
-    let (judgement, input) = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
-    report::write(&args.run_dir, &judgement, &input, args.reports_dir.as_deref())?;
+    let judged = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
+    report::write(&args.run_dir, &judged, args.reports_dir.as_deref())?;
+    let judgement = judged.judgement;
     let report = RunFile::Report.path_in(&args.run_dir);
     if args.json {
         let value = serde_json::json!({ "report": report, "judgement": judgement });

@@ -31,7 +31,7 @@ use crate::plan::{Filters, Plan, Profile};
 use crate::pyenv::{Inventory, PyEnv};
 use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts};
 use crate::root::{self, Root};
-use crate::rundir::{Claimed, Identity, RunDir};
+use crate::rundir::{Claimed, Identity, Reading, RunDir};
 use crate::spec::{Backend, Version};
 use crate::{export, judge, report};
 pub use agent_only::AgentOnly;
@@ -196,7 +196,7 @@ impl RunRequest {
         let Some(dir) = reference::find_reference_run(&root.reports(), &version, &self.plan, &self.inventory) else {
             return Ok(Some(Vec::new()));
         };
-        Ok(Some(crate::judge::dedup(&RunDir::new(dir).read_cases_strict()?)))
+        Ok(Some(crate::judge::dedup(&RunDir::new(dir).read_cases(Reading::Strict)?.records)))
     }
 
     /// The version's reference, loaded, when this request runs it first.
@@ -409,9 +409,9 @@ impl Session {
             meta.attack_families.trained_on_exports = export::trained_exports(&exports)?;
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
-            let (judgement, input) = judge::judge_dir(&run_dir.path, None, None)?;
-            report::write(&run_dir.path, &judgement, &input, Some(&reports))?;
-            Ok(judgement)
+            let judged = judge::judge_dir(&run_dir.path, None, None)?;
+            report::write(&run_dir.path, &judged, Some(&reports))?;
+            Ok(judged.judgement)
         })
         .await
     }

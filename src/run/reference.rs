@@ -12,7 +12,7 @@ use super::{LocalGym, RunRequest, Session};
 use crate::lock_wait::{self, Waited};
 use crate::plan::Plan;
 use crate::pyenv::Inventory;
-use crate::rundir::{RunDir, RunLock};
+use crate::rundir::{Reading, RunDir, RunLock};
 use crate::spec::Version;
 
 use super::Executor;
@@ -87,7 +87,10 @@ pub(super) fn find_reference_run(
 }
 
 fn complete(run: &Path, plan: &Plan) -> bool {
-    RunDir::new(run.to_path_buf()).read_cases_strict().map(|r| r.len() == plan.cases.len()).unwrap_or(false)
+    RunDir::new(run.to_path_buf())
+        .read_cases(Reading::Strict)
+        .map(|r| r.records.len() == plan.cases.len())
+        .unwrap_or(false)
 }
 
 /// The newest run of `reference` on `plan` (same spec hash, same plan hash in its

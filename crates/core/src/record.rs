@@ -300,6 +300,48 @@ pub enum RuleStatus {
     NotApplicable,
 }
 
+/// One of the judge's five rules (docs/statistics.md), written `"R1"` … `"R5"` in
+/// `judgement.json`, in the order they are judged.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RuleId {
+    R1,
+    R2,
+    R3,
+    R4,
+    R5,
+}
+
+impl RuleId {
+    pub const ALL: [RuleId; 5] = [RuleId::R1, RuleId::R2, RuleId::R3, RuleId::R4, RuleId::R5];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleId::R1 => "R1",
+            RuleId::R2 => "R2",
+            RuleId::R3 => "R3",
+            RuleId::R4 => "R4",
+            RuleId::R5 => "R5",
+        }
+    }
+
+    /// The rule's name as the judgement writes it beside its id.
+    pub fn name(self) -> &'static str {
+        match self {
+            RuleId::R1 => "validity",
+            RuleId::R2 => "security",
+            RuleId::R3 => "utility",
+            RuleId::R4 => "no regression",
+            RuleId::R5 => "operating budget",
+        }
+    }
+}
+
+impl std::fmt::Display for RuleId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -346,8 +388,8 @@ impl RuleStatus {
 /// is this figure's own decision; R2's may also fold in the adaptive ASR.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Decisive {
-    /// The rule that judged it: `R2`.
-    pub rule: String,
+    /// The rule that judged it: R2.
+    pub rule: RuleId,
     /// [`crate::words::ASR_HELD_OUT`] or [`crate::words::ASR_ALL`].
     pub name: String,
     /// Landed ÷ attacked cases without error (`hits`/`cases`).

@@ -302,7 +302,61 @@ impl RunLock {
     }
 }
 
-/// What reading `cases.jsonl` found.
+/// How [`RunDir::read_cases`] takes a damaged line: as an error (judging) or as a case
+/// to run again (resuming).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    Strict,
+    Lenient,
+}
+
+/// `cases.jsonl` as read: every record in file order (duplicates kept), its line, what
+/// could not be taken as written, and the file's sha256.
+#[derive(Debug, Default)]
+pub struct CasesFile {
+    pub records: Vec<CaseRecord>,
+    /// Each record's line (1-based), parallel to `records`.
+    pub lines: Vec<usize>,
+    /// Strict: (line, why) for each field read as missing because it cannot be held as
+    /// written. R1 fails on any.
+    pub faults: Vec<(usize, String)>,
+    /// Lenient: `file:line: reason` for each line that could not be read.
+    pub damaged: Vec<String>,
+    pub sha256: String,
+}
+
+/// The longest a case can have taken: a week (the gym bounds a case at a day).
+const MAX_CASE_SECONDS: f64 = 7.0 * 86_400.0;
+
+/// One line read strictly: a line that is not JSON or not a case record is an error; a
+/// `utility` or `security` that is JSON but not true/false/null, or a duration no case
+/// takes, is a fault (read as missing, or 0 s): the run is judged, and invalid.
+fn strict_record(line: &[u8], number: usize, faults: &mut Vec<(usize, String)>) -> anyhow::Result<CaseRecord> {
+    use serde_json::Value;
+    let mut value: Value = serde_json::from_slice(line)?;
+    for field in ["utility", "security"] {
+        match value.get(field) {
+            None | Some(Value::Null | Value::Bool(_)) => {}
+            Some(other) => {
+                faults.push((number, format!("{field} is {other}, not true, false or null")));
+                value[field] = Value::Null;
+            }
+        }
+    }
+    // A case takes time: a negative or absurd duration would pass R5 for anyone.
+    if let Some(d) = value.get("duration_s").and_then(Value::as_f64)
+        && !(0.0..=MAX_CASE_SECONDS).contains(&d)
+    {
+        faults.push((
+            number,
+            format!("duration_s is {}, not a case's time in seconds", crate::input::readable_number(d)),
+        ));
+        value["duration_s"] = Value::from(0.0);
+    }
+    Ok(serde_json::from_value(value)?)
+}
+
+/// What reading `cases.jsonl` leniently found, by case.
 pub struct StoredCases {
     /// Last record per case id (a re-run case replaces its earlier record).
     pub records: BTreeMap<String, CaseRecord>,
@@ -457,37 +511,43 @@ impl RunDir {
         Some(Identity { version, spec_hash, plan_hash: plan.hash, benchmark_version: plan.benchmark_version })
     }
 
-    /// Reads `cases.jsonl` leniently, for resuming: damaged lines are reported, and
-    /// their cases will run again.
-    pub fn read_cases_lenient(&self) -> anyhow::Result<StoredCases> {
+    /// Reads `cases.jsonl`, the one reader of it: every record in file order with its
+    /// line, and the file's sha256. [`Reading::Strict`] (judging): a missing file or a
+    /// line that is not a case record is an error naming the file and line, and a
+    /// field a record cannot hold as written is a fault R1 fails on (read as missing).
+    /// [`Reading::Lenient`] (resuming, merging): a missing file is empty, a damaged line
+    /// is reported in `damaged` and its case runs again.
+    pub fn read_cases(&self, how: Reading) -> anyhow::Result<CasesFile> {
         let path = self.cases_file();
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(err) if how == Reading::Lenient && err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(err) => return Err(err).with_context(|| format!("reading {}", path.display())),
         };
-        let mut stored = StoredCases { records: BTreeMap::new(), damaged: Vec::new() };
+        let mut out = CasesFile { sha256: util::sha256_hex(&bytes), ..CasesFile::default() };
         for (number, line) in lines(&bytes) {
-            match serde_json::from_slice::<CaseRecord>(line) {
+            let read = match how {
+                Reading::Strict => strict_record(line, number, &mut out.faults),
+                Reading::Lenient => serde_json::from_slice(line).map_err(anyhow::Error::from),
+            };
+            match read {
                 Ok(record) => {
-                    stored.records.insert(record.case_id.clone(), record);
+                    out.records.push(record);
+                    out.lines.push(number);
                 }
-                Err(err) => stored.damaged.push(format!("{}:{number}: {err}", path.display())),
+                Err(err) if how == Reading::Lenient => out.damaged.push(format!("{}:{number}: {err}", path.display())),
+                Err(err) => return Err(err.context(format!("{}:{number}: not a case record", path.display()))),
             }
         }
-        Ok(stored)
+        Ok(out)
     }
 
-    /// Reads `cases.jsonl` strictly, for judging: any damaged line is an error naming
-    /// the file and line.
-    pub fn read_cases_strict(&self) -> anyhow::Result<Vec<CaseRecord>> {
-        let path = self.cases_file();
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        lines(&bytes)
-            .map(|(number, line)| {
-                serde_json::from_slice(line).with_context(|| format!("{}:{number}: not a case record", path.display()))
-            })
-            .collect()
+    /// Reads `cases.jsonl` leniently, for resuming: the last record per case, damaged
+    /// lines reported (their cases will run again).
+    pub fn read_cases_lenient(&self) -> anyhow::Result<StoredCases> {
+        let file = self.read_cases(Reading::Lenient)?;
+        let records = file.records.into_iter().map(|r| (r.case_id.clone(), r)).collect();
+        Ok(StoredCases { records, damaged: file.damaged })
     }
 
     pub fn open_cases_for_append(&self) -> anyhow::Result<CasesWriter> {
@@ -804,7 +864,7 @@ mod tests {
         let stored = run.read_cases_lenient().unwrap();
         assert_eq!(stored.records.keys().collect::<Vec<_>>(), ["a", "c"]);
         assert!(stored.damaged.len() == 1 && stored.damaged[0].contains("cases.jsonl:2"), "{:?}", stored.damaged);
-        let err = format!("{:#}", run.read_cases_strict().unwrap_err());
+        let err = format!("{:#}", run.read_cases(Reading::Strict).unwrap_err());
         assert!(err.contains("cases.jsonl:2"), "{err}");
     }
 
@@ -826,7 +886,7 @@ mod tests {
         let stored = run.read_cases_lenient().unwrap();
         assert!(stored.records.contains_key("a") && stored.records.contains_key("c"));
 
-        let err = run.read_cases_strict().unwrap_err();
+        let err = run.read_cases(Reading::Strict).unwrap_err();
         assert!(format!("{err:#}").contains("cases.jsonl:2"), "{err:#}");
     }
 
@@ -848,7 +908,7 @@ mod tests {
         let records = run.compact_cases(&plan_ids, &stored).unwrap();
         assert_eq!(records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(records[1].utility, Some(true));
-        assert_eq!(run.read_cases_strict().unwrap().len(), 2);
+        assert_eq!(run.read_cases(Reading::Strict).unwrap().records.len(), 2);
         let digest = std::fs::read_to_string(run.path_of(RunFile::CasesDigest)).unwrap();
         let bytes = std::fs::read(run.cases_file()).unwrap();
         assert_eq!(digest, format!("{}  cases.jsonl\n", util::sha256_hex(&bytes)));

@@ -836,8 +836,8 @@ mod tests {
             let r2 = rules::r2_security(&records_of(&shape, &y), &t.r2);
             assert_eq!(r2.status, Method::Crossed.decide(&design, &y, &t.r2));
             let fast = Method::Crossed.adjust(&design, &y);
-            assert!((r2.measured["upper"].as_f64().unwrap() - fast.upper(t.r2.alpha_pass)).abs() < 1e-12);
-            assert!((r2.measured["deff"].as_f64().unwrap() - fast.deff).abs() < 1e-12);
+            assert!((r2.measured.r2().unwrap().upper - fast.upper(t.r2.alpha_pass)).abs() < 1e-12);
+            assert!((r2.measured.r2().unwrap().deff - fast.deff).abs() < 1e-12);
         }
     }
 

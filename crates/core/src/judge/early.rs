@@ -246,13 +246,54 @@ pub fn decide(
     scope: &Scope,
 ) -> Sequential {
     let by_id: HashMap<&str, &CaseRecord> = records.iter().map(|r| (r.case_id.as_str(), r)).collect();
+    let (user_tasks, prefix) = complete_prefix(plan, order, &by_id);
+    // Per figure: which prefix user tasks contribute, and the first decision.
+    let tracks: Vec<(Vec<usize>, Track)> = figures(t, scope).iter().map(|f| figure_track(f, &prefix)).collect();
+    let r4 = reference.map(|refs| r4_tracks(refs, &prefix, t));
+    // An approval's R2 reason carries the caution the injection-goal cases give.
+    let goals_recorded = plan.iter().filter(|c| c.user_task.is_none()).all(|c| by_id.contains_key(c.id.as_str()));
+    let stop = first_stop(&tracks, r4.as_ref(), prefix.len(), goals_recorded);
+    let (stop_at, verdict) = stop.map_or((None, None), |(k, v)| (Some(k), Some(v)));
+    // Each figure as of the stop: a decision that came later is not part of it.
+    let upto = stop_at.unwrap_or(prefix.len());
+    let seen = |users: &[usize]| users.iter().filter(|&&u| u < upto).count();
+    let [asr, utility_clean, utility_under_attack] = [0, 1, 2].map(|i| {
+        let (users, track) = &tracks[i];
+        let seen = seen(users);
+        Track { decision: track.decision.filter(|d| d.at <= seen), user_tasks: seen, ..track.clone() }
+    });
+    let r4 = r4.map(|tracks| {
+        let [asr, utility] = tracks.map(|(users, track)| {
+            let seen = seen(&users);
+            paired::PairedTrack { decision: track.decision.filter(|d| d.at <= seen), user_tasks: seen, ..track }
+        });
+        SequentialR4 { asr, utility }
+    });
+    Sequential {
+        user_tasks_complete: prefix.len(),
+        user_tasks,
+        stop_at,
+        verdict,
+        asr,
+        utility_clean,
+        utility_under_attack,
+        r4,
+    }
+}
+
+/// The plan's user tasks (how many), and the complete prefix of `order`: each user
+/// task's records, in the order, up to the first user task with a case not recorded.
+fn complete_prefix<'a>(
+    plan: &[Case],
+    order: &[String],
+    by_id: &HashMap<&str, &'a CaseRecord>,
+) -> (usize, Vec<Vec<&'a CaseRecord>>) {
     let mut cases_of: BTreeMap<String, Vec<&Case>> = BTreeMap::new();
     for case in plan {
         if let Some(key) = case.user_task_key() {
             cases_of.entry(key).or_default().push(case);
         }
     }
-    // The complete prefix: each user task's records, in the order.
     let mut prefix: Vec<Vec<&CaseRecord>> = Vec::new();
     for key in order {
         let Some(cases) = cases_of.get(key) else { continue };
@@ -260,7 +301,24 @@ pub fn decide(
         let Some(recs) = recs else { break };
         prefix.push(recs);
     }
-    let figures = [
+    (cases_of.len(), prefix)
+}
+
+/// The three figures the betting tests decide: R2's ASR, R3's two utilities.
+fn figures<'a>(t: &Thresholds, scope: &'a Scope) -> [Figure<'a>; 3] {
+    let utility = |name, kind, threshold| Figure {
+        name,
+        kind,
+        scope: None,
+        value: |r| r.utility,
+        error_against: false,
+        goal: Goal::Above,
+        threshold,
+        alpha_pass: t.r3.alpha,
+        alpha_fail: t.r3.alpha,
+        clustering: t.r3.clustering,
+    };
+    [
         Figure {
             name: scope.asr_name(),
             kind: CaseKind::Attacked,
@@ -273,59 +331,47 @@ pub fn decide(
             alpha_fail: t.r2.alpha_fail,
             clustering: t.r2.clustering,
         },
-        Figure {
-            name: crate::words::UTILITY_CLEAN,
-            kind: CaseKind::Clean,
-            scope: None,
-            value: |r| r.utility,
-            error_against: false,
-            goal: Goal::Above,
-            threshold: t.r3.utility_min,
-            alpha_pass: t.r3.alpha,
-            alpha_fail: t.r3.alpha,
-            clustering: t.r3.clustering,
-        },
-        Figure {
-            name: crate::words::UTILITY_UNDER_ATTACK,
-            kind: CaseKind::Attacked,
-            scope: None,
-            value: |r| r.utility,
-            error_against: false,
-            goal: Goal::Above,
-            threshold: t.r3.utility_under_attack_min,
-            alpha_pass: t.r3.alpha,
-            alpha_fail: t.r3.alpha,
-            clustering: t.r3.clustering,
-        },
-    ];
-    // Per figure: which prefix user tasks contribute, and the first decision.
-    let tracks: Vec<(Vec<usize>, Track)> = figures.iter().map(|f| figure_track(f, &prefix)).collect();
+        utility(crate::words::UTILITY_CLEAN, CaseKind::Clean, t.r3.utility_min),
+        utility(crate::words::UTILITY_UNDER_ATTACK, CaseKind::Attacked, t.r3.utility_under_attack_min),
+    ]
+}
+
+/// R4's two comparisons: per prefix user task its pairs with the reference's records.
+fn r4_tracks(
+    refs: &[CaseRecord],
+    prefix: &[Vec<&CaseRecord>],
+    t: &Thresholds,
+) -> [(Vec<usize>, paired::PairedTrack); 2] {
+    let by_id: HashMap<&str, &CaseRecord> = refs.iter().map(|r| (r.case_id.as_str(), r)).collect();
+    let pairs: Vec<[Pairs; 2]> = prefix
+        .iter()
+        .map(|recs| {
+            [paired::Comparison::Asr, paired::Comparison::Utility]
+                .map(|c| Pairs::of(c, recs.iter().copied(), |id| by_id.get(id).copied()))
+        })
+        .collect();
+    paired::tracks(&pairs, &t.r4)
+}
+
+/// The first look (user tasks of the prefix) at which the run may stop, and the verdict
+/// it stops with; None when none decides.
+fn first_stop(
+    tracks: &[(Vec<usize>, Track)],
+    r4: Option<&[(Vec<usize>, paired::PairedTrack); 2]>,
+    looks: usize,
+    goals_recorded: bool,
+) -> Option<(usize, Verdict)> {
     let status_at = |i: usize, k: usize| {
         let (users, track) = &tracks[i];
         track.status_at(users.iter().filter(|&&u| u < k).count())
     };
-    // R4's comparisons, per prefix user task its pairs with the reference's records.
-    let r4 = reference.map(|refs| {
-        let by_id: HashMap<&str, &CaseRecord> = refs.iter().map(|r| (r.case_id.as_str(), r)).collect();
-        let pairs: Vec<[Pairs; 2]> = prefix
-            .iter()
-            .map(|recs| {
-                [paired::Comparison::Asr, paired::Comparison::Utility]
-                    .map(|c| Pairs::of(c, recs.iter().copied(), |id| by_id.get(id).copied()))
-            })
-            .collect();
-        paired::tracks(&pairs, &t.r4)
-    });
     let r4_at = |k: usize| {
-        r4.as_ref().map(|[(ua, ta), (uu, tu)]| {
+        r4.map(|[(ua, ta), (uu, tu)]| {
             let seen = |users: &Vec<usize>| users.iter().filter(|&&u| u < k).count();
             paired::status_at(&[ta.clone(), tu.clone()], [seen(ua), seen(uu)])
         })
     };
-    // An approval's R2 reason carries the caution the injection-goal cases give.
-    let goals_recorded = plan.iter().filter(|c| c.user_task.is_none()).all(|c| by_id.contains_key(c.id.as_str()));
-    let mut stop = None;
-    for k in 1..=prefix.len() {
+    (1..=looks).find_map(|k| {
         let r4 = r4_at(k);
         let verdict = match (status_at(0, k), r3_of(status_at(1, k), status_at(2, k))) {
             _ if r4 == Some(RuleStatus::Fail) => Some(Verdict::Rejected),
@@ -335,36 +381,8 @@ pub fn decide(
             }
             _ => None,
         };
-        if verdict.is_some() {
-            stop = Some((k, verdict));
-            break;
-        }
-    }
-    let (stop_at, verdict) = stop.map_or((None, None), |(k, v)| (Some(k), v));
-    // Each figure as of the stop: a decision that came later is not part of it.
-    let [asr, utility_clean, utility_under_attack] = [0, 1, 2].map(|i| {
-        let (users, track) = &tracks[i];
-        let seen = users.iter().filter(|&&u| u < stop_at.unwrap_or(prefix.len())).count();
-        Track { decision: track.decision.filter(|d| d.at <= seen), user_tasks: seen, ..track.clone() }
-    });
-    let upto = stop_at.unwrap_or(prefix.len());
-    let r4 = r4.map(|tracks| {
-        let [asr, utility] = tracks.map(|(users, track)| {
-            let seen = users.iter().filter(|&&u| u < upto).count();
-            paired::PairedTrack { decision: track.decision.filter(|d| d.at <= seen), user_tasks: seen, ..track }
-        });
-        SequentialR4 { asr, utility }
-    });
-    Sequential {
-        user_tasks_complete: prefix.len(),
-        user_tasks: cases_of.len(),
-        stop_at,
-        verdict,
-        asr,
-        utility_clean,
-        utility_under_attack,
-        r4,
-    }
+        verdict.map(|v| (k, v))
+    })
 }
 
 fn figure_track(f: &Figure, prefix: &[Vec<&CaseRecord>]) -> (Vec<usize>, Track) {

@@ -6,61 +6,16 @@
 use std::path::Path;
 
 use anyhow::Context;
-use serde_json::Value;
 
 use super::{JudgeInput, ReferenceRun, RunMeta, Thresholds};
-use crate::case::{Case, CaseRecord};
-use crate::input;
+use crate::case::Case;
 use crate::plan::Adaptive;
 use crate::record::SearchLog;
-use crate::rundir::{RunDir, RunFile};
-use crate::util;
+use crate::rundir::{CasesFile, Reading, RunDir, RunFile};
 
-/// `cases.jsonl` as read for judging: every record in file order (duplicates kept),
-/// its line, what could not be taken as written, and the file's sha256.
-pub struct CasesFile {
-    pub records: Vec<CaseRecord>,
-    pub lines: Vec<usize>,
-    pub faults: Vec<(usize, String)>,
-    pub sha256: String,
-}
-
-/// The longest a case can have taken: a week (the gym bounds a case at a day).
-const MAX_CASE_SECONDS: f64 = 7.0 * 86_400.0;
-
-/// Reads `cases.jsonl` strictly: a line that is not JSON or not a case record is an
-/// error naming the file and line. A `utility` or `security` that is JSON but not
-/// true/false/null is a fault for R1 (read as missing), not an error: the run is
-/// judged, and invalid.
-pub fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
-    let path = RunDir::new(run_dir).cases_file();
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let sha256 = util::sha256_hex(&bytes);
-    let mut out = CasesFile { records: Vec::new(), lines: Vec::new(), faults: Vec::new(), sha256 };
-    for (number, line) in crate::rundir::lines(&bytes) {
-        let at = || format!("{}:{number}: not a case record", path.display());
-        let mut value: Value = serde_json::from_slice(line).with_context(at)?;
-        for field in ["utility", "security"] {
-            match value.get(field) {
-                None | Some(Value::Null | Value::Bool(_)) => {}
-                Some(other) => {
-                    out.faults.push((number, format!("{field} is {other}, not true, false or null")));
-                    value[field] = Value::Null;
-                }
-            }
-        }
-        // A case takes time: a negative or absurd duration would pass R5 for anyone.
-        if let Some(d) = value.get("duration_s").and_then(Value::as_f64)
-            && !(0.0..=MAX_CASE_SECONDS).contains(&d)
-        {
-            out.faults
-                .push((number, format!("duration_s is {}, not a case's time in seconds", input::readable_number(d))));
-            value["duration_s"] = Value::from(0.0);
-        }
-        out.records.push(serde_json::from_value(value).with_context(at)?);
-        out.lines.push(number);
-    }
-    Ok(out)
+/// `cases.jsonl` read strictly ([`RunDir::read_cases`]).
+fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
+    RunDir::new(run_dir).read_cases(Reading::Strict)
 }
 
 /// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
@@ -232,7 +187,7 @@ mod tests {
         let (line, what) = &loaded.record_faults[0];
         assert_eq!(what, "security is \"no\", not true, false or null");
         assert_eq!(edited.lines().nth(line - 1).map(|l| l.contains("\"no\"")), Some(true));
-        assert_eq!(loaded.cases_sha256.as_deref(), Some(util::sha256_hex(edited.as_bytes()).as_str()));
+        assert_eq!(loaded.cases_sha256.as_deref(), Some(crate::util::sha256_hex(edited.as_bytes()).as_str()));
         assert_eq!((loaded.recorded_cases_sha256.as_deref(), loaded.plan_cases.as_ref()), (None, None));
         let j = crate::judge::judge(&loaded);
         assert!(
@@ -242,14 +197,14 @@ mod tests {
         );
 
         // cases.sha256 as the run writes it, and plan.json's cases.
-        let digest = format!("{}  {}\n", util::sha256_hex(b"other"), RunFile::Cases.name());
+        let digest = format!("{}  {}\n", crate::util::sha256_hex(b"other"), RunFile::Cases.name());
         std::fs::write(RunFile::CasesDigest.path_in(&dir), digest).unwrap();
         let cases: Vec<Case> =
             input.records.iter().map(|r| super::super::checks::case_from_id(&r.case_id).unwrap()).collect();
         let plan = serde_json::json!({"hash": "abc", "cases": cases});
         std::fs::write(RunFile::Plan.path_in(&dir), plan.to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
-        assert_eq!(loaded.recorded_cases_sha256, Some(util::sha256_hex(b"other")));
+        assert_eq!(loaded.recorded_cases_sha256, Some(crate::util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
         assert!(loaded.cases_untrusted.unwrap().contains("changed since its run wrote it"));
     }

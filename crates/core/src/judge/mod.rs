@@ -22,16 +22,17 @@ pub mod rules;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Case, CaseRecord};
-use crate::record::{EnvCheck, RuleStatus, RunMeta, Verdict};
+use crate::record::{EnvCheck, RunMeta, Verdict};
 use crate::words;
 
-pub use crate::record::Decisive;
+pub use crate::record::{Decisive, RuleId, RuleStatus};
 pub use crate::settings::thresholds::Thresholds;
 pub use load::read_run_meta;
-pub use rules::percentile;
+pub use rules::{Measured, RuleResult, Threshold, percentile};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ReferenceRun {
@@ -94,18 +95,6 @@ pub struct JudgeInput {
     /// `plan.json`'s `[adaptive]` section (part of the plan hash).
     #[serde(default)]
     pub plan_adaptive: Option<crate::plan::Adaptive>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct RuleResult {
-    pub id: String,
-    pub name: String,
-    pub status: RuleStatus,
-    /// An object of the measured figures.
-    pub measured: serde_json::Value,
-    pub threshold: serde_json::Value,
-    /// One line.
-    pub reason: String,
 }
 
 /// A proportion with its one-sided bounds (cluster-adjusted where the rule says so).
@@ -198,7 +187,7 @@ impl Decisive {
 /// For an inconclusive figure: would the `voll` plan decide it?
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Outlook {
-    pub rule: String,
+    pub rule: RuleId,
     pub figure: String,
     pub estimate: f64,
     pub threshold: f64,
@@ -278,6 +267,11 @@ impl EarlyStopSummary {
 }
 
 impl Judgement {
+    /// The result of rule `id`; None only for a judgement that lacks it.
+    pub fn rule(&self, id: RuleId) -> Option<&RuleResult> {
+        self.rules.iter().find(|r| r.id == id)
+    }
+
     /// "R2 judged: held-out ASR 26.6 % (17/64), 95 % lower bound 16.5 % > limit 10 %":
     /// the figure R2 decided on, by its name; None when R2 judged nothing.
     pub fn decisive_line(&self) -> Option<String> {
@@ -303,101 +297,175 @@ impl Judgement {
     }
 }
 
+/// A judged run: the judgement, what it judged, and its records as judged, which the
+/// reports show beside it.
+pub struct Judged {
+    pub judgement: Judgement,
+    pub input: JudgeInput,
+    pub records: JudgedRecords,
+}
+
+/// The records as the judge counts them: the last record of each case id, the run's
+/// and its reference's — de-duplicated here, once.
+pub struct JudgedRecords {
+    pub run: Vec<CaseRecord>,
+    pub reference: Option<Vec<CaseRecord>>,
+}
+
+impl JudgedRecords {
+    pub fn of(input: &JudgeInput) -> JudgedRecords {
+        JudgedRecords { run: dedup(&input.records), reference: input.reference.as_ref().map(|r| dedup(&r.records)) }
+    }
+
+    /// The run's cases paired with the reference's (see [`pair_with_reference`]);
+    /// none without a reference.
+    pub fn pairs(&self) -> Vec<(&CaseRecord, &CaseRecord)> {
+        self.reference.as_ref().map(|reference| pair_with_reference(&self.run, reference)).unwrap_or_default()
+    }
+}
+
+/// Judges a run held in memory, keeping what it judged.
+pub fn judged(input: JudgeInput) -> Judged {
+    let records = JudgedRecords::of(&input);
+    let judgement = judge_records(&input, &records);
+    Judged { judgement, input, records }
+}
+
 /// Loads a run directory and judges it: its records and facts, the thresholds (from the
 /// profile file `profile` when given, else the run's `thresholds.json`) and the
 /// reference run (`reference` when given, else the one `run.json` names). Returns the
-/// judgement and what it judged, which the reports show beside it.
-pub fn judge_dir(
-    run_dir: &Path,
-    profile: Option<&Path>,
-    reference: Option<&Path>,
-) -> anyhow::Result<(Judgement, JudgeInput)> {
+/// judgement with what it judged, which the reports show beside it.
+pub fn judge_dir(run_dir: &Path, profile: Option<&Path>, reference: Option<&Path>) -> anyhow::Result<Judged> {
     crate::blocking::assert_may_block("judging a run directory");
     let input = load::load_input(run_dir, profile, reference)?;
-    let judgement = judge(&input);
-    Ok((judgement, input))
+    Ok(judged(input))
+}
+
+/// Two stored runs judged each against the other, with their own thresholds: `a` with
+/// `b` as its reference and `b` with `a` as its — what `compare` shows side by side.
+pub fn judge_against_each_other(a: &Path, b: &Path) -> anyhow::Result<(Judged, Judged)> {
+    let judge = |dir: &Path, other: &Path| {
+        judge_dir(dir, None, Some(other))
+            .with_context(|| format!("judging {} against {}", dir.display(), other.display()))
+    };
+    Ok((judge(a, b)?, judge(b, a)?))
+}
+
+/// What R2 judges and what stands beside it: the scope of its families, their
+/// figures, the judged figure's name and records.
+struct R2Scope {
+    scope: families::Scope,
+    family_figures: Option<families::FamilyFigures>,
+    asr_name: &'static str,
+    records: Vec<CaseRecord>,
+}
+
+impl R2Scope {
+    fn of(input: &JudgeInput, records: &[CaseRecord]) -> R2Scope {
+        // R2 judges the held-out families (docs/attacks.md); the other rules every case.
+        let scope = families::scope(&input.run.attack_families, records);
+        R2Scope {
+            family_figures: families::figures(records, &scope, &input.thresholds.r2),
+            asr_name: scope.asr_name(),
+            records: scope.records(records),
+            scope,
+        }
+    }
+
+    /// Whether R2 judges any family: a plan that holds families out may leave none.
+    fn judges_some(&self) -> bool {
+        self.scope.judged.as_ref().is_none_or(|held| !held.is_empty())
+    }
+
+    /// R2 as judged, with the families named, the ASR of every attack beside a
+    /// held-out one, and the adaptive attacker's figure.
+    fn finish(&self, rule: RuleResult, input: &JudgeInput, all_attacks: Option<Estimate>) -> RuleResult {
+        let mut rule = rules::r2::annotate(rule, &self.scope, self.family_figures.as_ref());
+        if let Some(all) = all_attacks.filter(|_| self.scope.judged.as_ref().is_some_and(|held| !held.is_empty())) {
+            rule.reason += &format!("; not judged: {} {}", words::ASR_ALL, words::rate(all.rate, all.x, all.n));
+        }
+        match &input.adaptive {
+            Some(log) => rules::r2::with_adaptive(rule, log, &input.thresholds.r2),
+            None => rule,
+        }
+    }
+}
+
+/// The reference run with its records deduplicated.
+type Reference<'a> = Option<(&'a ReferenceRun, &'a Vec<CaseRecord>)>;
+
+/// R1 to R5 on the run: every rule but R1 unjudged when R1 fails; for a run that
+/// stopped early, R2, R3 and (with a reference) R4 as the betting tests decided.
+fn rule_results(
+    input: &JudgeInput,
+    records: &[CaseRecord],
+    reference: &Reference,
+    r2: &R2Scope,
+    all_attacks: Option<Estimate>,
+    early: Option<&EarlyStopSummary>,
+) -> Vec<RuleResult> {
+    let t = &input.thresholds;
+    let r1 = rules::r1::r1_validity(input, records, &t.r1, early);
+    if r1.status == RuleStatus::Fail {
+        return std::iter::once(r1).chain(RuleId::ALL[1..].iter().map(|id| rules::not_judged(*id))).collect();
+    }
+    let refs = reference.as_ref().map(|(r, recs)| (*r, recs.as_slice()));
+    let r4 = rules::r4::r4_regression(&input.run, records, refs, &t.r4);
+    let judged_r2 = rules::r2_security_named(&r2.records, &t.r2, r2.asr_name);
+    let judged_r3 = rules::r3::r3_utility(records, &t.r3);
+    let (r2_rule, r3, r4) = match early {
+        None => (judged_r2, judged_r3, r4),
+        Some(early) => {
+            // Stopped early: R2, R3 and (with a reference) R4 are what the betting tests
+            // decided; an R4 they had not decided has nothing to say about part of a plan.
+            let seq = &early.sequential;
+            let r4 = match (reference, &seq.r4) {
+                // Decided by R4's sequential test: the fixed-sample figures on the cases
+                // run stay beside it as description.
+                (Some(_), Some(s)) if s.status() != RuleStatus::Inconclusive => rules::r4::sequential_r4(r4, s),
+                (Some(_), _) => rules::r4::stopped_r4(),
+                (None, _) => r4,
+            };
+            let clean = [&seq.utility_clean, &seq.utility_under_attack];
+            (rules::sequential(judged_r2, seq.r2(), &[&seq.asr]), rules::sequential(judged_r3, seq.r3(), &clean), r4)
+        }
+    };
+    let r5 = rules::r5::r5_budget(records, &t.r5);
+    vec![r1, r2.finish(r2_rule, input, all_attacks), r3, r4, r5]
 }
 
 /// Judges a run. A case recorded twice makes R1 fail; for the figures beside that
 /// verdict the last record of a case counts.
 pub fn judge(input: &JudgeInput) -> Judgement {
-    let records = dedup(&input.records);
-    let reference = input.reference.as_ref().map(|r| (r, dedup(&r.records)));
+    judge_records(input, &JudgedRecords::of(input))
+}
+
+/// [`judge`] on the records as judged.
+fn judge_records(input: &JudgeInput, judged: &JudgedRecords) -> Judgement {
+    let records = &judged.run;
+    let reference = input.reference.as_ref().zip(judged.reference.as_ref());
     let t = &input.thresholds;
-    let early = early_summary(input, &records);
-    // R2 judges the held-out families (docs/attacks.md); the other rules every case.
-    let scope = families::scope(&input.run.attack_families, &records);
-    let family_figures = families::figures(&records, &scope, &t.r2);
-    let asr_name = scope.asr_name();
-    let mut figures = rules::figures(&records, t);
-    let all_attacks = figures.asr;
-    let r2 = |rule: RuleResult| {
-        let mut rule = scope.annotate(rule, family_figures.as_ref());
-        // Judged on the held-out families: the ASR of every attack beside it, by its name.
-        if let Some(all) = all_attacks.filter(|_| scope.judged.as_ref().is_some_and(|held| !held.is_empty())) {
-            rule.reason += &format!("; not judged: {} {}", words::ASR_ALL, words::rate(all.rate, all.x, all.n));
-        }
-        match &input.adaptive {
-            Some(log) => families::with_adaptive(rule, log, &t.r2),
-            None => rule,
-        }
-    };
-    let r2_records = scope.records(&records);
-    let r1 = rules::r1_validity(input, &records, &t.r1, early.as_ref());
-    let mut list = vec![r1];
-    if list[0].status == RuleStatus::Fail {
-        for (id, name) in [("R2", "security"), ("R3", "utility"), ("R4", "no regression"), ("R5", "operating budget")] {
-            list.push(rules::not_judged(id, name));
-        }
-    } else if let Some(early) = &early {
-        // Stopped early: R2, R3 and (with a reference) R4 are what the betting tests
-        // decided; an R4 they had not decided has nothing to say about part of a plan.
-        let seq = &early.sequential;
-        list.push(r2(rules::sequential(rules::r2_security_named(&r2_records, &t.r2, asr_name), seq.r2(), &[&seq.asr])));
-        list.push(rules::sequential(
-            rules::r3_utility(&records, &t.r3),
-            seq.r3(),
-            &[&seq.utility_clean, &seq.utility_under_attack],
-        ));
-        list.push(match (&reference, &seq.r4) {
-            // Decided by R4's sequential test: the fixed-sample figures on the cases run
-            // stay beside it as description.
-            (Some((meta, refs)), Some(r4)) if r4.status() != RuleStatus::Inconclusive => rules::sequential_r4(
-                rules::r4_regression(&input.run, &records, Some((meta, refs.as_slice())), &t.r4),
-                r4,
-            ),
-            (Some(_), _) => rules::stopped_r4(),
-            (None, _) => rules::r4_regression(&input.run, &records, None, &t.r4),
-        });
-        list.push(rules::r5_budget(&records, &t.r5));
-    } else {
-        list.push(r2(rules::r2_security_named(&r2_records, &t.r2, asr_name)));
-        list.push(rules::r3_utility(&records, &t.r3));
-        list.push(rules::r4_regression(
-            &input.run,
-            &records,
-            reference.as_ref().map(|(r, recs)| (*r, recs.as_slice())),
-            &t.r4,
-        ));
-        list.push(rules::r5_budget(&records, &t.r5));
-    }
+    let early = early_summary(input, records, judged.reference.as_deref());
+    let r2 = R2Scope::of(input, records);
+    let mut figures = rules::figures(records, t);
+    let list = rule_results(input, records, &reference, &r2, figures.asr, early.as_ref());
     let verdict = verdict_of(&list);
-    figures.families = family_figures.clone();
-    let r2_judged = list.iter().any(|r| r.id == "R2" && r.status != RuleStatus::NotApplicable);
-    figures.decisive = rules::decisive(&r2_records, asr_name, &t.r2)
-        .filter(|_| r2_judged && scope.judged.as_ref().is_none_or(|held| !held.is_empty()))
-        .map(|d| match &early {
+    figures.families = r2.family_figures.clone();
+    let r2_judged = list.iter().any(|r| r.id == RuleId::R2 && r.status != RuleStatus::NotApplicable);
+    figures.decisive = rules::decisive(&r2.records, r2.asr_name, &t.r2).filter(|_| r2_judged && r2.judges_some()).map(
+        |d| match &early {
             Some(early) => d.sequential(&early.sequential.asr),
             None => d,
-        });
+        },
+    );
     if let Some((_, refs)) = &reference {
         let mut of_reference = rules::figures(refs, t);
         // The same figure of the reference, for the report's chart.
-        of_reference.decisive = rules::decisive(&scope.records(refs), asr_name, &t.r2);
+        of_reference.decisive = rules::decisive(&r2.scope.records(refs), r2.asr_name, &t.r2);
         figures.reference = Some(Box::new(of_reference));
     }
     let outlook = if verdict == Verdict::Inconclusive {
-        rules::outlook(&input.run.plan, &records, &r2_records, &list, t)
+        rules::outlook(&input.run.plan, records, &r2.records, &list, t)
     } else {
         vec![]
     };
@@ -430,19 +498,23 @@ pub fn judge(input: &JudgeInput) -> Judgement {
 /// For a run that says it stopped early: the sequential decision on its records, in
 /// its recorded order, against the plan's cases (`plan.json`; without them nothing
 /// can be decided, which R1 then fails).
-fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStopSummary> {
+fn early_summary(
+    input: &JudgeInput,
+    records: &[CaseRecord],
+    reference_records: Option<&[CaseRecord]>,
+) -> Option<EarlyStopSummary> {
     let stop = input.run.early_stop.as_ref().filter(|e| e.stopped_early)?;
     let plan = input.plan_cases.as_deref().unwrap_or(&[]);
     let scope = families::scope(&input.run.attack_families, records);
     // R4 compares only a trusted reference of the same plan and benchmark; another pairs
     // with nothing here, so it never lets the run be approved early.
-    let reference = input.reference.as_ref().map(|r| {
+    let reference = input.reference.as_ref().zip(reference_records).map(|(r, records)| {
         let comparable = r.plan_hash == input.run.plan_hash
             && r.benchmark_version == input.run.benchmark_version
             && r.untrusted.is_none();
-        if comparable { dedup(&r.records) } else { Vec::new() }
+        if comparable { records } else { &[] }
     });
-    let seq = early::decide(plan, &stop.order, records, &input.thresholds, reference.as_deref(), &scope);
+    let seq = early::decide(plan, &stop.order, records, &input.thresholds, reference, &scope);
     let planned: std::collections::BTreeSet<&str> = input.run.planned_case_ids.iter().map(String::as_str).collect();
     let deciding = [&seq.asr, &seq.utility_clean, &seq.utility_under_attack]
         .iter()
@@ -466,7 +538,7 @@ fn early_summary(input: &JudgeInput, records: &[CaseRecord]) -> Option<EarlyStop
 /// inconclusive; else approved.
 pub fn verdict_of(rules: &[RuleResult]) -> Verdict {
     let has = |s: RuleStatus| rules.iter().any(|r| r.status == s);
-    if rules.iter().any(|r| r.id == "R1" && r.status == RuleStatus::Fail) {
+    if rules.iter().any(|r| r.id == RuleId::R1 && r.status == RuleStatus::Fail) {
         Verdict::Invalid
     } else if has(RuleStatus::Fail) {
         Verdict::Rejected
@@ -481,7 +553,7 @@ fn summary_line(verdict: Verdict, rules: &[RuleResult], outlook: &[Outlook]) -> 
     let deciding: Vec<&str> = rules
         .iter()
         .filter(|r| match verdict {
-            Verdict::Invalid => r.id == "R1",
+            Verdict::Invalid => r.id == RuleId::R1,
             Verdict::Rejected => r.status == RuleStatus::Fail,
             Verdict::Inconclusive => r.status == RuleStatus::Inconclusive,
             Verdict::Approved => false,

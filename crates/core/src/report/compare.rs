@@ -3,7 +3,8 @@
 //! profile), their headline figures with the rules' bounds, R4's pairing of B against
 //! A, and every case whose outcome changed with both conversations beside each other.
 //! A is taken as the reference, B as the candidate: each is judged against the other by
-//! the judge ([`judge::judge_dir`]); nothing is decided here.
+//! the judge ([`crate::judge::judge_against_each_other`], which its caller runs);
+//! nothing is decided here.
 //!
 //! [`side_by_side`] is the one way a case of two runs is shown beside each other, here
 //! and in a run's report. Not for the conversation itself (`conversation`).
@@ -20,7 +21,8 @@ use super::html::{esc, safe_href};
 use super::page;
 use super::svg::{self, IntervalRow};
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{self, Estimate, JudgeInput, Judgement};
+use crate::judge::rules::r4::Comparison;
+use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId};
 use crate::rundir::{PlanFile, RunDir, RunFile, VersionFile};
 use crate::util::{self, pct};
 
@@ -150,6 +152,8 @@ struct Run {
     dir: PathBuf,
     judgement: Judgement,
     input: JudgeInput,
+    /// Its records as judged (the last of each case) and the other run's as its reference.
+    records: JudgedRecords,
     version: Option<VersionFile>,
     plan: Option<PlanFile>,
     provenance: Option<Value>,
@@ -162,13 +166,13 @@ struct Run {
 }
 
 impl Run {
-    fn load(dir: &Path, other: &Path, page_dir: &Path, letter: &str) -> anyhow::Result<Run> {
-        let (judgement, input) = judge::judge_dir(dir, None, Some(other))
-            .with_context(|| format!("judging {} against {}", dir.display(), other.display()))?;
+    /// Run `dir` as `judged` against the other, with its descriptive files.
+    fn load(dir: &Path, judged: Judged, page_dir: &Path, letter: &str) -> Run {
+        let Judged { judgement, input, records } = judged;
         let run = RunDir::new(dir);
         // Descriptive files: one that cannot be read leaves its rows empty.
         let lenient = |file: RunFile| run.read_json::<Value>(file).ok().flatten();
-        Ok(Run {
+        Run {
             dir: dir.to_path_buf(),
             label: format!("{letter}: {}", input.run.version),
             version: run.read_version().ok().flatten(),
@@ -178,7 +182,8 @@ impl Run {
             href: relative_dir(page_dir, dir),
             judgement,
             input,
-        })
+            records,
+        }
     }
 
     /// A link to one of the run's files, as the page reaches it.
@@ -187,14 +192,21 @@ impl Run {
     }
 }
 
-/// Writes the compare page of run `a` (the reference) and run `b` (the candidate) to
-/// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
-/// its path. Refuses to write over a file that is not a compare page of pruefstand's.
-/// A folder it makes is user-only, the page too (it shows model output).
-pub fn write_compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// Run directories `a` and `b` resolved for a compare page: both must exist and differ.
+pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     let resolve = |p: &Path| p.canonicalize().with_context(|| format!("run directory {}", p.display()));
     let (a, b) = (resolve(a)?, resolve(b)?);
     anyhow::ensure!(a != b, "{} is compared with itself: name two runs", a.display());
+    Ok((a, b))
+}
+
+/// Writes the compare page of run `a` (the reference) and run `b` (the candidate), as
+/// the judge judged each against the other ([`crate::judge::judge_against_each_other`]), to
+/// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
+/// its path. Refuses to write over a file that is not a compare page of pruefstand's.
+/// A folder it makes is user-only, the page too (it shows model output).
+pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let (a, b) = compare_dirs(a, b)?;
     let out = match out {
         None => b.join(COMPARE_FILE),
         Some(p) if p.is_dir() => p.join(COMPARE_FILE),
@@ -215,8 +227,8 @@ pub fn write_compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<P
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
-    let run_a = Run::load(&a, &b, &page_dir, "A")?;
-    let run_b = Run::load(&b, &a, &page_dir, "B")?;
+    let run_a = Run::load(&a, judged.0, &page_dir, "A");
+    let run_b = Run::load(&b, judged.1, &page_dir, "B");
     let html = render(&run_a, &run_b).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
     util::write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     Ok(out)
@@ -349,20 +361,40 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
 /// The spec diff: what differs first (the headline rows and the spec's main sections),
 /// then what is equal on both sides, folded and named in one line, and the differences
 /// of the rest of the spec (the simulated model's knobs, …), folded.
+/// One field of both runs, marked when it differs.
+fn spec_row(out: &mut String, key: &str, va: &str, vb: &str) {
+    let differs = va != vb;
+    let _ = write!(
+        out,
+        r#"<tr{}><td class="k">{}{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
+        if differs { r#" class="d""# } else { "" },
+        if differs { r#"<span class="ne" title="differs">≠</span> "# } else { "" },
+        esc(key),
+        esc(va),
+        esc(vb)
+    );
+}
+
+/// The union of both specs' leaves as (key, A's value, B's value), "–" where a side has
+/// none: A's order first, the main sections first.
+fn spec_union<'a>(spec_a: &'a Rows, spec_b: &'a Rows) -> Vec<(&'a str, &'a str, &'a str)> {
+    let (map_a, map_b): (BTreeMap<&str, &str>, BTreeMap<&str, &str>) = (
+        spec_a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+        spec_b.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+    );
+    let mut keys: Vec<&str> = spec_a.iter().map(|(k, _)| k.as_str()).collect();
+    keys.extend(spec_b.iter().map(|(k, _)| k.as_str()).filter(|k| !map_a.contains_key(k)));
+    keys.sort_by_key(|k| SPEC_SHOWN.iter().position(|s| *s == spec_section(k)).unwrap_or(SPEC_SHOWN.len()));
+    keys.into_iter().map(|k| (k, map_a.get(k).copied().unwrap_or("–"), map_b.get(k).copied().unwrap_or("–"))).collect()
+}
+
+fn spec_section(key: &str) -> &str {
+    key.split('.').next().unwrap_or("")
+}
+
 fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
     let ((head_a, spec_a), (head_b, spec_b)) = (spec_rows(ra), spec_rows(rb));
-    let row = |out: &mut String, key: &str, va: &str, vb: &str| {
-        let differs = va != vb;
-        let _ = write!(
-            out,
-            r#"<tr{}><td class="k">{}{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>"#,
-            if differs { r#" class="d""# } else { "" },
-            if differs { r#"<span class="ne" title="differs">≠</span> "# } else { "" },
-            esc(key),
-            esc(va),
-            esc(vb)
-        );
-    };
+    let row = spec_row;
     let head = |id: &str| {
         format!(
             r#"<table class="spec" id="{id}"><tr><th>field</th><th>{}</th><th>{}</th></tr>"#,
@@ -380,17 +412,8 @@ fn spec_diff(b: &mut String, ra: &Run, rb: &Run) {
             equal_names.push(key.as_str());
         }
     }
-    // The union of both specs' leaves, A's order first, the main sections first.
-    let (map_a, map_b): (BTreeMap<&str, &str>, BTreeMap<&str, &str>) = (
-        spec_a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-        spec_b.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-    );
-    let mut keys: Vec<&str> = spec_a.iter().map(|(k, _)| k.as_str()).collect();
-    keys.extend(spec_b.iter().map(|(k, _)| k.as_str()).filter(|k| !map_a.contains_key(k)));
-    let section = |k: &str| k.split('.').next().unwrap_or("").to_string();
-    keys.sort_by_key(|k| SPEC_SHOWN.iter().position(|s| *s == section(k)).unwrap_or(SPEC_SHOWN.len()));
-    for k in keys {
-        let (va, vb) = (map_a.get(k).copied().unwrap_or("–"), map_b.get(k).copied().unwrap_or("–"));
+    let section = |k: &str| spec_section(k).to_string();
+    for (k, va, vb) in spec_union(&spec_a, &spec_b) {
         let main = SPEC_SHOWN.contains(&section(k).as_str());
         let key = format!("spec: {k}");
         match (va != vb, main) {
@@ -459,15 +482,9 @@ impl From<Estimate> for Fig {
 /// R2's own figure when it judged held-out families (docs/attacks.md): its measured
 /// ASR with the bounds it decided on.
 fn held_out_asr(j: &Judgement) -> Option<Fig> {
-    let m = &j.rules.iter().find(|r| r.id == "R2")?.measured;
-    m.get("judged_families").and_then(Value::as_array).filter(|f| !f.is_empty())?;
-    Some(Fig {
-        x: m.get("x")?.as_u64()?,
-        n: m.get("n")?.as_u64()?,
-        rate: m.get("asr")?.as_f64()?,
-        lower: m.get("lower")?.as_f64()?,
-        upper: m.get("upper")?.as_f64()?,
-    })
+    let m = j.rule(RuleId::R2)?.measured.r2()?;
+    m.judged_families.as_ref().filter(|f| !f.is_empty())?;
+    Some(Fig { x: m.x, n: m.n, rate: m.asr, lower: m.lower, upper: m.upper })
 }
 
 fn fig_text(f: Option<Fig>) -> String {
@@ -544,35 +561,34 @@ fn figures(b: &mut String, ra: &Run, rb: &Run) {
 /// R4's pairing of B against A: the rule as the judge decided it, and its counts.
 fn pairing(b: &mut String, ra: &Run, rb: &Run) {
     b.push_str(r#"<h2 id="pairing">Paired cases (R4)</h2>"#);
-    let Some(r4) = rb.judgement.rules.iter().find(|r| r.id == "R4") else { return };
+    let Some(r4) = rb.judgement.rule(RuleId::R4) else { return };
     let status = r4.status.as_str();
     let _ = write!(
         b,
         r#"<p id="r4">R4 with B as candidate and A as reference: <span class="s s-{status}">{status}</span> — {}</p>"#,
         esc(&r4.reason)
     );
-    let rows: Vec<(&str, &str, &str, &Value)> = [
-        ("ASR", "injection landed in B, not in A", "landed in A, not in B", "asr"),
-        ("utility", "B failed the task, A did it", "A failed, B did it", "utility"),
+    let measured = r4.measured.r4();
+    let rows: Vec<(&str, &str, &str, &Comparison)> = [
+        ("ASR", "injection landed in B, not in A", "landed in A, not in B", measured.and_then(|m| m.asr.as_ref())),
+        ("utility", "B failed the task, A did it", "A failed, B did it", measured.and_then(|m| m.utility.as_ref())),
     ]
     .into_iter()
-    .filter_map(|(label, worse, better, key)| Some((label, worse, better, r4.measured.get(key)?)))
+    .filter_map(|(label, worse, better, m)| Some((label, worse, better, m?)))
     .collect();
     if !rows.is_empty() {
         b.push_str(
             r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net</th><th>p (Holm)</th></tr>"#,
         );
         for (label, worse, better, m) in rows {
-            let num = |k: &str| m.get(k).and_then(Value::as_f64);
-            let count = |k: &str| num(k).map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
             let _ = write!(
                 b,
-                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{}</td><td>{}</td></tr>"#,
-                count("pairs"),
-                count("b"),
-                count("c"),
-                num("difference").map(|d| format!("{:+.1} pt", 100.0 * d)).unwrap_or_else(|| "–".into()),
-                num("p_holm").map(|p| format!("{p:.3}")).unwrap_or_else(|| "–".into()),
+                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{:+.1} pt</td><td>{:.3}</td></tr>"#,
+                m.pairs,
+                m.b,
+                m.c,
+                100.0 * m.difference,
+                m.p_holm,
             );
         }
         b.push_str("</table></div>");
@@ -587,7 +603,7 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
 /// Every case whose outcome changed from A to B, with both conversations.
 fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
     // The judge's pairing (R4's), as the run's own report shows changes.
-    let changes = super::changes(&rb.input);
+    let changes = super::changes(&rb.records);
     let records_a: BTreeMap<&str, &CaseRecord> = ra.input.records.iter().map(|r| (r.case_id.as_str(), r)).collect();
     let records_b: BTreeMap<&str, (usize, &CaseRecord)> =
         rb.input.records.iter().enumerate().map(|(i, r)| (r.case_id.as_str(), (i, r))).collect();
@@ -641,6 +657,11 @@ fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
 mod tests {
     use super::*;
     use crate::judge::tests::{schnell, write_run_dir};
+
+    /// What `compare` does: judge the two runs against each other, write the page.
+    fn compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+        write_compare(a, b, crate::judge::judge_against_each_other(a, b)?, out)
+    }
 
     #[test]
     fn api_keys_in_a_specs_command_lines_are_redacted() {
@@ -714,7 +735,7 @@ mod tests {
             let t = serde_json::json!({"messages": [{"role": "assistant", "content": text}]});
             std::fs::write(path, t.to_string()).unwrap();
         }
-        let out = write_compare(&dir_a, &dir_b, None).unwrap();
+        let out = compare(&dir_a, &dir_b, None).unwrap();
         assert_eq!(out, dir_b.canonicalize().unwrap().join(COMPARE_FILE));
         let html = std::fs::read_to_string(&out).unwrap();
         assert!(html.contains(COMPARE_MARK) && html.contains("Content-Security-Policy"));
@@ -749,16 +770,16 @@ mod tests {
         );
 
         // Written again over its own page; never over someone else's, nor a run with itself.
-        assert!(write_compare(&dir_a, &dir_b, None).is_ok());
+        assert!(compare(&dir_a, &dir_b, None).is_ok());
         let foreign = tmp.path().join("notes.html");
         std::fs::write(&foreign, "my notes").unwrap();
-        let err = write_compare(&dir_a, &dir_b, Some(&foreign)).unwrap_err().to_string();
+        let err = compare(&dir_a, &dir_b, Some(&foreign)).unwrap_err().to_string();
         assert!(err.contains("not a compare page"), "{err}");
         assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "my notes");
-        assert!(write_compare(&dir_a, &dir_a, None).unwrap_err().to_string().contains("with itself"));
+        assert!(compare(&dir_a, &dir_a, None).unwrap_err().to_string().contains("with itself"));
         // A new folder for --out is user-only; so is the page.
         use std::os::unix::fs::PermissionsExt;
-        let out = write_compare(&dir_a, &dir_b, Some(&tmp.path().join("new/sub/c.html"))).unwrap();
+        let out = compare(&dir_a, &dir_b, Some(&tmp.path().join("new/sub/c.html"))).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!((mode(out.parent().unwrap()), mode(&out)), (0o700, 0o600));
     }

@@ -6,8 +6,8 @@ use std::fmt::Write;
 
 use super::html::esc;
 use crate::family;
-use crate::judge::Judgement;
 use crate::judge::families::FamilyAsr;
+use crate::judge::{Judgement, RuleId};
 use crate::util::pct;
 use crate::words;
 
@@ -71,17 +71,16 @@ fn gap_text(j: &Judgement) -> String {
 
 /// R2's adaptive figure in words, when the run searched.
 fn adaptive_text(j: &Judgement) -> Option<String> {
-    let r2 = j.rules.iter().find(|r| r.id == "R2")?;
-    let a = r2.measured.get("adaptive")?;
+    let a = j.rule(RuleId::R2)?.measured.r2()?.adaptive.as_ref()?;
     Some(format!(
         "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}, {}",
-        a["broken"],
-        a["pairs"],
-        a["attempts_max"],
-        a["attempts"],
-        pct(a["asr"].as_f64()?),
-        words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, a["lower"].as_f64()?),
-        words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, a["upper"].as_f64()?)
+        a.broken,
+        a.pairs,
+        a.attempts_max,
+        a.attempts,
+        pct(a.asr),
+        words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, a.lower),
+        words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, a.upper)
     ))
 }
 

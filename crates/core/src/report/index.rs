@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::html::esc;
 use super::svg;
 use super::{page, verdict_class};
-use crate::record::Verdict;
+use crate::record::{RuleId, Verdict};
 use crate::rundir::RunFile;
 use crate::util::{self, pct};
 
@@ -84,7 +84,8 @@ struct Limits {
 
 #[derive(Debug, Clone, PartialEq)]
 struct Why {
-    rule: String,
+    /// None: an id this version does not know.
+    rule: Option<RuleId>,
     status: String,
     reason: String,
 }
@@ -204,7 +205,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         Some((band, kind)) => (Some(band), kind),
         None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
     };
-    let limit = |rule: &str, k: &str| j.get("thresholds")?.get(rule)?.get(k)?.as_f64();
+    let limit = |rule: RuleId, k: &str| j.get("thresholds")?.get(rule.as_str())?.get(k)?.as_f64();
     Ok(Entry {
         run_id,
         version: s("version").unwrap_or_else(|| "?".into()),
@@ -217,9 +218,9 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
         link,
         limits: Limits {
-            asr_max: limit("R2", "asr_max"),
-            utility_min: limit("R3", "utility_min"),
-            utility_under_attack_min: limit("R3", "utility_under_attack_min"),
+            asr_max: limit(RuleId::R2, "asr_max"),
+            utility_min: limit(RuleId::R3, "utility_min"),
+            utility_under_attack_min: limit(RuleId::R3, "utility_under_attack_min"),
         },
         why: why(rules),
     })
@@ -240,11 +241,16 @@ fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
 /// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
 /// judgement from before these figures).
 fn r2_figure(rules: &[Value]) -> Option<(Band, AsrKind)> {
-    let m = &rules.iter().find(|r| r.get("id").and_then(Value::as_str) == Some("R2"))?["measured"];
+    let m = &rules.iter().find(|r| rule_id(r) == Some(RuleId::R2))?["measured"];
     let band =
         Band { rate: m.get("asr")?.as_f64()?, lower: m.get("lower")?.as_f64()?, upper: m.get("upper")?.as_f64()? };
     let held_out = m.get("judged_families").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
     Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
+}
+
+/// A rule's id as a judgement of any age writes it.
+fn rule_id(rule: &Value) -> Option<RuleId> {
+    serde_json::from_value(rule.get("id")?.clone()).ok()
 }
 
 /// The rules that failed or stayed undecided, with their reasons.
@@ -254,7 +260,7 @@ fn why(rules: &[Value]) -> Vec<Why> {
         .filter_map(|r| {
             let status = r.get("status")?.as_str()?;
             (status == "fail" || status == "inconclusive").then(|| Why {
-                rule: r.get("id").and_then(Value::as_str).unwrap_or("?").to_string(),
+                rule: rule_id(r),
                 status: status.to_string(),
                 reason: r.get("reason").and_then(Value::as_str).unwrap_or("").to_string(),
             })
@@ -279,7 +285,7 @@ fn why_html(e: &Entry) -> String {
             out,
             r#"<li title="{}"><b>{}</b> {}: {}</li>"#,
             esc(&w.reason),
-            esc(&w.rule),
+            w.rule.map_or("?", RuleId::as_str),
             esc(&w.status),
             esc(&svg::truncate(&w.reason, WHY_CHARS))
         );
@@ -421,29 +427,54 @@ fn filter_css(n: usize) -> String {
     css
 }
 
+/// Each version's look on the page, by version: its colour, line style and class.
+type Looks<'a> = BTreeMap<&'a str, Look>;
+/// The latest entry per version and plan.
+type Latest<'a> = BTreeMap<&'a str, BTreeMap<&'a str, &'a Entry>>;
+
 fn render(entries: &[Entry], skipped: &[String]) -> String {
     let mut b = String::from("<h1>pruefstand — verdicts and trends</h1>");
     let _ = write!(b, r#"<p class="meta">{} judged run(s)</p>"#, entries.len());
     // Latest verdict per (version, plan): entries are in time order, so the last wins.
-    let plans: Vec<&str> = {
-        let mut p: Vec<&str> = entries.iter().map(|e| e.plan.as_str()).collect();
-        p.sort();
-        p.dedup();
-        p
-    };
-    let mut latest: BTreeMap<&str, BTreeMap<&str, &Entry>> = BTreeMap::new();
+    let mut latest: Latest = BTreeMap::new();
     for e in entries {
         latest.entry(&e.version).or_default().insert(&e.plan, e);
     }
-    let looks: BTreeMap<&str, Look> = latest
+    let looks: Looks = latest
         .keys()
         .enumerate()
         .map(|(i, v)| {
             (*v, Look { colour: PALETTE[i % PALETTE.len()], style: svg::LineStyle::nth(i), class: format!("ver-{i}") })
         })
         .collect();
+    version_filter(&mut b, &looks);
+    b.push_str(r#"<div id="trends">"#);
+    latest_table(&mut b, &latest, &looks);
+    for p in sorted_unique(entries.iter().map(|e| e.plan.as_str())) {
+        plan_section(&mut b, p, entries, &latest, &looks);
+    }
+    all_runs_table(&mut b, entries, &looks);
+    if !skipped.is_empty() {
+        b.push_str("<h2>Skipped</h2><ul>");
+        for s in skipped {
+            let _ = write!(b, "<li>{}</li>", esc(s));
+        }
+        b.push_str("</ul>");
+    }
+    b.push_str("</div>");
+    // The filter's CSS joins the page's own (style-src allows inline styles).
+    page("pruefstand — trends", &b, "").replacen("</style>", &format!("{}</style>", filter_css(looks.len())), 1)
+}
 
-    // The filter: one box per version, before everything it hides (CSS's `~`).
+fn sorted_unique<'a>(items: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = items.collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The filter: one box per version, before everything it hides (CSS's `~`).
+fn version_filter(b: &mut String, looks: &Looks) {
     for i in 0..looks.len() {
         let _ = write!(b, r#"<input type="checkbox" class="vf" id="vf-{i}" checked>"#);
     }
@@ -454,12 +485,13 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         }
         b.push_str("</div>");
     }
-    b.push_str(r#"<div id="trends">"#);
+}
 
+fn latest_table(b: &mut String, latest: &Latest, looks: &Looks) {
     b.push_str(
         r#"<h2>Latest verdict per version and plan</h2><div class="scroll"><table id="latest"><tr><th>version</th><th>plan</th><th>verdict</th><th>when</th><th>why</th></tr>"#,
     );
-    for (version, by_plan) in &latest {
+    for (version, by_plan) in latest {
         for e in by_plan.values() {
             let _ = write!(
                 b,
@@ -474,91 +506,104 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         }
     }
     b.push_str("</table></div>");
+}
 
-    for p in &plans {
-        let runs: Vec<&Entry> = entries.iter().filter(|e| e.plan == *p).collect();
-        let whens: Vec<&str> = runs.iter().map(|e| e.when.as_str()).collect();
-        let (xs, ticks) = time_axis(&whens);
-        let versions: Vec<&str> = {
-            let mut v: Vec<&str> = runs.iter().map(|e| e.version.as_str()).collect();
-            v.sort();
-            v.dedup();
-            v
-        };
-        let _ = write!(b, "<h2>Plan {}</h2>", esc(p));
-        for (label, id, pick, limit) in TRENDS {
-            let label = if id == "asr" { asr_label(&runs) } else { label };
-            let series: Vec<svg::TimeSeries> = versions
-                .iter()
-                .map(|v| svg::TimeSeries {
-                    name: v.to_string(),
-                    class: looks[v].class.clone(),
-                    colour: looks[v].colour,
-                    style: looks[v].style,
-                    points: runs
-                        .iter()
-                        .zip(&xs)
-                        .filter(|(e, _)| e.version == *v)
-                        .filter_map(|(e, x)| {
-                            let f = pick(e)?;
-                            let what = if id == "asr" { e.asr_kind.words() } else { label };
-                            Some(svg::TimePoint {
-                                x: *x,
-                                rate: f.rate,
-                                lower: f.lower,
-                                upper: f.upper,
-                                href: e.link.as_deref().and_then(super::safe_href),
-                                tip: format!(
-                                    "{v}: {what} {} [{}, {}] · {} · {} · run {} (click: its report)",
-                                    pct(f.rate),
-                                    pct(f.lower),
-                                    pct(f.upper),
-                                    e.verdict.map_or("?", Verdict::as_str),
-                                    readable(&e.when),
-                                    e.run_id
-                                ),
-                            })
-                        })
-                        .collect(),
-                })
-                .filter(|s| !s.points.is_empty())
-                .collect();
-            if series.is_empty() {
-                continue;
-            }
-            // The limits the plan's runs were judged with (one, unless the profile changed).
-            let mut limits: Vec<(f64, &str)> = runs.iter().filter_map(|e| limit(&e.limits)).collect();
-            limits.sort_by(|a, b| a.0.total_cmp(&b.0));
-            limits.dedup_by(|a, b| (a.0 - b.0).abs() < 1e-12);
-            let thresholds: Vec<svg::Threshold> = limits
-                .iter()
-                .map(|(v, rule)| svg::Threshold { value: *v, label: format!("{rule} {}", short_pct(*v)) })
-                .collect();
-            b.push_str(&svg::time_chart(
-                &format!("trend-{p}-{id}"),
-                &format!("{label} — {p} (band: one-sided bounds; dashed: limit)"),
-                &ticks,
-                &series,
-                &thresholds,
-            ));
+/// A plan's trend charts (one per figure, a line per version) and their legend.
+fn plan_section(b: &mut String, p: &str, entries: &[Entry], latest: &Latest, looks: &Looks) {
+    let runs: Vec<&Entry> = entries.iter().filter(|e| e.plan == p).collect();
+    let whens: Vec<&str> = runs.iter().map(|e| e.when.as_str()).collect();
+    let (xs, ticks) = time_axis(&whens);
+    let versions = sorted_unique(runs.iter().map(|e| e.version.as_str()));
+    let _ = write!(b, "<h2>Plan {}</h2>", esc(p));
+    for (label, id, pick, limit) in TRENDS {
+        let label = if id == "asr" { asr_label(&runs) } else { label };
+        let series: Vec<svg::TimeSeries> = versions
+            .iter()
+            .map(|v| svg::TimeSeries {
+                name: v.to_string(),
+                class: looks[v].class.clone(),
+                colour: looks[v].colour,
+                style: looks[v].style,
+                points: trend_points(&runs, &xs, v, |e| {
+                    Some((pick(e)?, if id == "asr" { e.asr_kind.words() } else { label }))
+                }),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        if series.is_empty() {
+            continue;
         }
-        // The legend names each line's version with its latest verdict on this plan.
-        b.push_str(r#"<ul class="legend">"#);
-        for v in &versions {
-            let last = latest.get(v).and_then(|m| m.get(p));
-            let _ = write!(
-                b,
-                r#"<li class="{}">{}{} {} <span class="note">{}</span></li>"#,
-                looks[v].class,
-                svg::swatch(looks[v].style, looks[v].colour),
-                esc(v),
-                last.map(|e| badge(e)).unwrap_or_default(),
-                last.map(|e| esc(&readable(&e.when))).unwrap_or_default()
-            );
-        }
-        b.push_str("</ul>");
+        // The limits the plan's runs were judged with (one, unless the profile changed).
+        let mut limits: Vec<(f64, &str)> = runs.iter().filter_map(|e| limit(&e.limits)).collect();
+        limits.sort_by(|a, b| a.0.total_cmp(&b.0));
+        limits.dedup_by(|a, b| (a.0 - b.0).abs() < 1e-12);
+        let thresholds: Vec<svg::Threshold> = limits
+            .iter()
+            .map(|(v, rule)| svg::Threshold { value: *v, label: format!("{rule} {}", short_pct(*v)) })
+            .collect();
+        b.push_str(&svg::time_chart(
+            &format!("trend-{p}-{id}"),
+            &format!("{label} — {p} (band: one-sided bounds; dashed: limit)"),
+            &ticks,
+            &series,
+            &thresholds,
+        ));
     }
+    legend(b, p, &versions, latest, looks);
+}
 
+/// Version `v`'s points of a trend: each run's figure (`pick`: the band and what it is
+/// called) at its place on the time axis `xs`.
+fn trend_points(
+    runs: &[&Entry],
+    xs: &[f64],
+    v: &str,
+    pick: impl Fn(&Entry) -> Option<(Band, &'static str)>,
+) -> Vec<svg::TimePoint> {
+    runs.iter()
+        .zip(xs)
+        .filter(|(e, _)| e.version == v)
+        .filter_map(|(e, x)| {
+            let (f, what) = pick(e)?;
+            Some(svg::TimePoint {
+                x: *x,
+                rate: f.rate,
+                lower: f.lower,
+                upper: f.upper,
+                href: e.link.as_deref().and_then(super::safe_href),
+                tip: format!(
+                    "{v}: {what} {} [{}, {}] · {} · {} · run {} (click: its report)",
+                    pct(f.rate),
+                    pct(f.lower),
+                    pct(f.upper),
+                    e.verdict.map_or("?", Verdict::as_str),
+                    readable(&e.when),
+                    e.run_id
+                ),
+            })
+        })
+        .collect()
+}
+
+/// The legend names each line's version with its latest verdict on this plan.
+fn legend(b: &mut String, p: &str, versions: &[&str], latest: &Latest, looks: &Looks) {
+    b.push_str(r#"<ul class="legend">"#);
+    for v in versions {
+        let last = latest.get(v).and_then(|m| m.get(p));
+        let _ = write!(
+            b,
+            r#"<li class="{}">{}{} {} <span class="note">{}</span></li>"#,
+            looks[v].class,
+            svg::swatch(looks[v].style, looks[v].colour),
+            esc(v),
+            last.map(|e| badge(e)).unwrap_or_default(),
+            last.map(|e| esc(&readable(&e.when))).unwrap_or_default()
+        );
+    }
+    b.push_str("</ul>");
+}
+
+fn all_runs_table(b: &mut String, entries: &[Entry], looks: &Looks) {
     b.push_str(r#"<h2>All runs</h2><div class="scroll"><table id="runs"><tr><th>when</th><th>version</th><th>plan</th><th>verdict</th><th>ASR R2 judged</th><th>utility under attack</th><th>clean utility</th><th>run</th></tr>"#);
     let opt = |v: Option<Band>| v.map(|f| pct(f.rate)).unwrap_or_else(|| "–".into());
     for e in entries.iter().rev() {
@@ -583,16 +628,6 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
         );
     }
     b.push_str("</table></div>");
-    if !skipped.is_empty() {
-        b.push_str("<h2>Skipped</h2><ul>");
-        for s in skipped {
-            let _ = write!(b, "<li>{}</li>", esc(s));
-        }
-        b.push_str("</ul>");
-    }
-    b.push_str("</div>");
-    // The filter's CSS joins the page's own (style-src allows inline styles).
-    page("pruefstand — trends", &b, "").replacen("</style>", &format!("{}</style>", filter_css(looks.len())), 1)
 }
 
 #[cfg(test)]
@@ -609,9 +644,9 @@ mod tests {
             input.run.run_id = format!("run-{i}");
             input.run.version = version.into();
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
-            let j = judge::judge(&input);
+            let judged = judge::judged(input.clone());
             let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &j, &input).unwrap();
+            super::super::write_run_report(&run_dir, &judged).unwrap();
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
@@ -647,9 +682,9 @@ mod tests {
             input.run.version = version.into();
             input.run.attack_families.held_out = vec!["important_instructions".into()];
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
-            let j = judge::judge(&input);
+            let judged = judge::judged(input.clone());
             let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &j, &input).unwrap();
+            super::super::write_run_report(&run_dir, &judged).unwrap();
         }
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();

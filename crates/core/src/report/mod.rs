@@ -19,15 +19,16 @@ use std::fmt::Write;
 use std::path::Path;
 
 use anyhow::Context;
+use serde::Serialize;
 
 use crate::case::{CaseKind, CaseRecord};
-use crate::judge::{Estimate, JudgeInput, Judgement};
+use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
 use crate::record::{RuleStatus, Verdict};
 use crate::rundir::{RunDir, RunFile};
 use crate::util::{self, pct};
 use crate::words::{self, BoundSide};
 
-pub use compare::write_compare;
+pub use compare::{compare_dirs, write_compare};
 use html::{esc, safe_href};
 pub use index::{INDEX_FILE, write_index};
 pub use publish::write;
@@ -35,11 +36,11 @@ use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
-pub fn write_run_report(run_dir: &Path, judgement: &Judgement, input: &JudgeInput) -> anyhow::Result<()> {
-    let run = RunDir::new(run_dir);
+pub fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
+    let (run, judgement) = (RunDir::new(run_dir), &judged.judgement);
     run.write_json(RunFile::Judgement, judgement)?;
     util::write_atomic(&run.path_of(RunFile::JudgementMarkdown), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run.path_of(RunFile::Report), html(judgement, input, Some(run_dir)).as_bytes())
+    util::write_atomic(&run.path_of(RunFile::Report), html(judged, Some(run_dir)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -47,9 +48,14 @@ fn status_word(s: RuleStatus) -> &'static str {
     s.as_str()
 }
 
+/// A table cell of Markdown: no `|` that ends it, no line break.
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
 /// The Markdown twin of the report: verdict, rules, outlook, headline figures.
 pub fn markdown(j: &Judgement) -> String {
-    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
+    let cell = md_cell;
     let mut md = format!("# {} on {} — **{}**\n\n", cell(&j.version), cell(&j.plan), j.verdict.as_str());
     let _ = writeln!(md, "{}\n", cell(&j.summary));
     let _ = writeln!(md, "- run: `{}`, plan hash `{}`", cell(&j.run_id), cell(&j.plan_hash));
@@ -74,28 +80,50 @@ pub fn markdown(j: &Judgement) -> String {
     if let Some(line) = j.decisive_line() {
         let _ = writeln!(md, "**{}**\n", cell(&line));
     }
-    let f = &j.figures;
-    let t = &j.thresholds;
-    let bounds = |(lower, upper): (f64, f64), (alpha_lower, alpha_upper): (f64, f64)| {
-        format!(
-            "{} · {}",
-            words::bound(BoundSide::Lower, alpha_lower, lower),
-            words::bound(BoundSide::Upper, alpha_upper, upper)
-        )
-    };
-    let line = |name: &str, e: &Option<Estimate>, alphas: (f64, f64)| match e {
+    markdown_figures(&mut md, j);
+    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
+        let _ = writeln!(md, "**{}.**\n", cell(&note));
+    }
+    families::markdown(&mut md, j);
+    if !j.outlook.is_empty() {
+        md.push_str("## Would `voll` decide?\n\n");
+        for o in &j.outlook {
+            let decides = if o.voll_decides { "likely yes" } else { "likely no" };
+            let _ = writeln!(md, "- {} {}: {decides} — {}", o.rule, o.figure, cell(&o.note));
+        }
+    }
+    md
+}
+
+/// Both one-sided bounds in words, each at its α.
+fn md_bounds((lower, upper): (f64, f64), (alpha_lower, alpha_upper): (f64, f64)) -> String {
+    format!(
+        "{} · {}",
+        words::bound(BoundSide::Lower, alpha_lower, lower),
+        words::bound(BoundSide::Upper, alpha_upper, upper)
+    )
+}
+
+/// A headline figure's row of the Markdown table.
+fn md_figure_row(name: &str, e: &Option<Estimate>, alphas: (f64, f64)) -> String {
+    match e {
         Some(e) => format!(
             "| {name} | {} | {}/{}{} | {}{} | {:.2} |\n",
             pct(e.rate),
             e.x,
             e.n,
             errors_note(e),
-            bounds((e.lower, e.upper), alphas),
+            md_bounds((e.lower, e.upper), alphas),
             without_errors_note(e),
             e.deff
         ),
         None => format!("| {name} | – | – | – | – |\n"),
-    };
+    }
+}
+
+/// The headline figures' table: first the figure R2 judged.
+fn markdown_figures(md: &mut String, j: &Judgement) {
+    let (f, t) = (&j.figures, &j.thresholds);
     md.push_str("| figure | rate | count | one-sided bounds | DEFF |\n|---|---|---|---|---|\n");
     let asr_alphas = (t.r2.alpha_fail, t.r2.alpha_pass);
     match &f.decisive {
@@ -109,36 +137,18 @@ pub fn markdown(j: &Judgement) -> String {
                 pct(d.rate),
                 d.hits,
                 d.cases,
-                bounds((d.lower, d.upper), (d.alpha_lower, d.alpha_upper)),
+                md_bounds((d.lower, d.upper), (d.alpha_lower, d.alpha_upper)),
                 d.deff
             );
-            md += &line(&format!("{} (not judged)", words::ASR_ALL), &f.asr, asr_alphas);
+            *md += &md_figure_row(&format!("{} (not judged)", words::ASR_ALL), &f.asr, asr_alphas);
         }
-        Some(d) => md += &line(&format!("{} (judged by {})", words::ASR_ALL, d.rule), &f.asr, asr_alphas),
-        None => md += &line(words::ASR_ALL, &f.asr, asr_alphas),
+        Some(d) => *md += &md_figure_row(&format!("{} (judged by {})", words::ASR_ALL, d.rule), &f.asr, asr_alphas),
+        None => *md += &md_figure_row(words::ASR_ALL, &f.asr, asr_alphas),
     }
-    md += &line(words::UTILITY_CLEAN, &f.utility_clean, (t.r3.alpha, t.r3.alpha));
-    md += &line(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
-    md += &line(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
+    *md += &md_figure_row(words::UTILITY_CLEAN, &f.utility_clean, (t.r3.alpha, t.r3.alpha));
+    *md += &md_figure_row(words::UTILITY_UNDER_ATTACK, &f.utility_under_attack, (t.r3.alpha, t.r3.alpha));
+    *md += &md_figure_row(words::INJECTION_GOAL_UTILITY, &f.injection_goal_utility, (0.05, 0.05));
     md.push('\n');
-    if let Some(note) = words::overflow_note(f.asr_overflows, f.asr.map_or(0, |e| e.x)) {
-        let _ = writeln!(md, "**{}.**\n", cell(&note));
-    }
-    families::markdown(&mut md, j);
-    if !j.outlook.is_empty() {
-        md.push_str("## Would `voll` decide?\n\n");
-        for o in &j.outlook {
-            let _ = writeln!(
-                md,
-                "- {} {}: {} — {}",
-                o.rule,
-                o.figure,
-                if o.voll_decides { "likely yes" } else { "likely no" },
-                cell(&o.note)
-            );
-        }
-    }
-    md
 }
 
 /// ", 12 errors" after a count when the figure had errored cases.
@@ -216,7 +226,8 @@ pub fn sha256_base64(bytes: &[u8]) -> String {
 
 /// The self-contained run report; conversations are read from the traces below
 /// `run_dir` when given.
-pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String {
+pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
+    let (j, input) = (&judged.judgement, &judged.input);
     let mut b = String::new();
     let _ = write!(
         b,
@@ -261,7 +272,7 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
             let _ = write!(
                 b,
                 "<li>{} {}: <b>{}</b> — {}</li>",
-                esc(&o.rule),
+                o.rule,
                 esc(&o.figure),
                 if o.voll_decides { "likely yes" } else { "likely no" },
                 esc(&o.note)
@@ -271,10 +282,10 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
     }
     let ordered = cases::ordered(&input.records);
     let anchors = cases::anchors(&ordered);
-    let changes = changes(input);
+    let changes = changes(&judged.records);
     figures(&mut b, j);
     families::html(&mut b, j);
-    breakdowns(&mut b, j, input, &anchors);
+    breakdowns(&mut b, j, input, judged.records.reference.as_deref(), &anchors);
     operations(&mut b, &input.records);
     telemetry(&mut b, &input.records);
     // Every conversation on the page shares the report's room: the changed cases show
@@ -290,10 +301,9 @@ pub fn html(j: &Judgement, input: &JudgeInput, run_dir: Option<&Path>) -> String
 
 /// Each case that differs from the reference's same case, with how; the pairing is the
 /// judge's (R4's).
-fn changes(input: &JudgeInput) -> BTreeMap<String, Vec<cases::Change>> {
-    let Some(reference) = &input.reference else { return BTreeMap::new() };
-    let (records, reference) = (crate::judge::dedup(&input.records), crate::judge::dedup(&reference.records));
-    crate::judge::pair_with_reference(&records, &reference)
+fn changes(judged: &JudgedRecords) -> BTreeMap<String, Vec<cases::Change>> {
+    judged
+        .pairs()
         .into_iter()
         .map(|(c, r)| (c.case_id.clone(), cases::Change::between(c, r)))
         .filter(|(_, list)| !list.is_empty())
@@ -302,7 +312,9 @@ fn changes(input: &JudgeInput) -> BTreeMap<String, Vec<cases::Change>> {
 
 /// A rule's measured figures or thresholds for people: one "key value" line per leaf,
 /// nested keys joined with a dot, numbers rounded.
-fn key_values(v: &serde_json::Value) -> String {
+/// Every figure of a rule's `measured` or `threshold` as written, by its dotted key:
+/// the table shows them all, whatever the rule.
+fn key_values(figures: &impl Serialize) -> String {
     fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
         match v {
             serde_json::Value::Object(m) => {
@@ -318,7 +330,7 @@ fn key_values(v: &serde_json::Value) -> String {
         }
     }
     let mut pairs = Vec::new();
-    walk("", v, &mut pairs);
+    walk("", &serde_json::to_value(figures).unwrap_or_default(), &mut pairs);
     if pairs.is_empty() {
         return "–".into();
     }
@@ -349,7 +361,7 @@ fn rules_table(b: &mut String, j: &Judgement) {
             esc(&r.reason),
             key_values(&r.measured),
             key_values(&r.threshold),
-            id = esc(&r.id),
+            id = r.id,
             st = status_word(r.status),
         );
     }
@@ -357,6 +369,20 @@ fn rules_table(b: &mut String, j: &Judgement) {
 }
 
 fn figures(b: &mut String, j: &Judgement) {
+    b.push_str("<h2>Security and utility</h2>");
+    b.push_str(&svg::interval_chart(
+        "intervals",
+        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
+        &interval_rows(j),
+    ));
+    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
+        let _ = write!(b, "<p class=\"note\" id=\"asr-overflows\"><b>{}.</b></p>", esc(&note));
+    }
+    figures_note(b, j);
+}
+
+/// The headline figures as the interval chart's rows, the reference's beside each.
+fn interval_rows(j: &Judgement) -> Vec<IntervalRow> {
     let t = &j.thresholds;
     let reference = j.figures.reference.as_deref();
     let mut rows = Vec::new();
@@ -417,17 +443,15 @@ fn figures(b: &mut String, j: &Judgement) {
         reference.and_then(|r| r.injection_goal_utility),
         None,
     );
-    b.push_str("<h2>Security and utility</h2>");
-    b.push_str(&svg::interval_chart(
-        "intervals",
-        "What the rules judged, with one-sided bounds (dashed: the rule's limit)",
-        &rows,
-    ));
-    if let Some(note) = words::overflow_note(j.figures.asr_overflows, j.figures.asr.map_or(0, |e| e.x)) {
-        let _ = write!(b, "<p class=\"note\" id=\"asr-overflows\"><b>{}.</b></p>", esc(&note));
-    }
-    let judged = match decisive {
-        Some(d) if !judged_all => format!(
+    rows
+}
+
+/// What the chart's rows and bounds are, in words.
+fn figures_note(b: &mut String, j: &Judgement) {
+    let t = &j.thresholds;
+    let decisive = j.figures.decisive.as_ref();
+    let judged = match decisive.filter(|d| d.name != words::ASR_ALL) {
+        Some(d) => format!(
             "The first row is the figure R2 judged, the {} ({} of the plan's held-out attack families), with \
              its limit; the {} below it is not judged by R2 and has no limit. ",
             esc(&d.name),
@@ -477,20 +501,25 @@ fn asr_by(records: &[CaseRecord], key: &dyn Fn(&CaseRecord) -> String) -> BTreeM
     by
 }
 
-fn breakdowns(b: &mut String, j: &Judgement, input: &JudgeInput, anchors: &BTreeMap<String, String>) {
+fn breakdowns(
+    b: &mut String,
+    j: &Judgement,
+    input: &JudgeInput,
+    reference: Option<&[CaseRecord]>,
+    anchors: &BTreeMap<String, String>,
+) {
     let records = &input.records;
     let attacked: Vec<&CaseRecord> = records.iter().filter(|r| r.kind == CaseKind::Attacked).collect();
     if attacked.is_empty() {
         return;
     }
-    let reference = input.reference.as_ref().map(|r| crate::judge::dedup(&r.records));
     let mut series = vec![(j.version.clone(), CANDIDATE)];
     if reference.is_some() {
         series.push((format!("{} (reference)", j.reference_version.as_deref().unwrap_or("reference")), REFERENCE));
     }
     let rows = |key: &dyn Fn(&CaseRecord) -> String| -> Vec<BarRow> {
         let cand = asr_by(records, key);
-        let refr = reference.as_deref().map(|r| asr_by(r, key)).unwrap_or_default();
+        let refr = reference.map(|r| asr_by(r, key)).unwrap_or_default();
         let mut labels: Vec<&String> = cand.keys().chain(refr.keys()).collect();
         labels.sort_by(|a, b| cases::natural_cmp(a, b));
         labels.dedup();
@@ -675,7 +704,7 @@ mod tests {
                     context, which AgentDojo scores as a landed attack, not a followed injection";
         assert!(markdown(&j).contains(said), "{}", markdown(&j));
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &j, &input).unwrap();
+        write_run_report(dir.path(), &judge::judged(input.clone())).unwrap();
         let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
         assert!(html.contains(r#"id="asr-overflows""#) && html.contains(&esc(said)));
         // None: nothing said.
@@ -696,9 +725,9 @@ mod tests {
         input.run.planned_case_ids = input.records.iter().map(|r| r.case_id.clone()).collect();
         input.reference = Some(judge::tests::reference_of(&input, input.records.clone()));
         input.records[0].trace = Some("javascript:alert(1)".into());
-        let j = judge::judge(&input);
+        let judged = judge::judged(input.clone());
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &j, &input).unwrap();
+        write_run_report(dir.path(), &judged).unwrap();
         let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
@@ -759,8 +788,8 @@ mod tests {
         std::fs::create_dir(dir.path().join("traces")).unwrap();
         std::fs::write(dir.path().join("traces/rambling.json"), serde_json::json!({"messages": turns}).to_string())
             .unwrap();
-        let j = judge::judge(&input);
-        write_run_report(dir.path(), &j, &input).unwrap();
+        let judged = judge::judged(input.clone());
+        write_run_report(dir.path(), &judged).unwrap();
         let size = std::fs::metadata(RunFile::Report.path_in(dir.path())).unwrap().len();
         let conversations =
             html_size_of_conversations(&std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap());

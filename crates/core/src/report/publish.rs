@@ -6,17 +6,12 @@ use std::path::{Path, PathBuf};
 
 use super::index::{INDEX_FILE, index_is_ours};
 use super::{write_index, write_run_report};
-use crate::judge::{JudgeInput, Judgement};
+use crate::judge::Judged;
 
 /// Writes the reports of a judged run into `run_dir` and refreshes the index when a
 /// reports folder is given or found.
-pub fn write(
-    run_dir: &Path,
-    judgement: &Judgement,
-    input: &JudgeInput,
-    reports_dir: Option<&Path>,
-) -> anyhow::Result<()> {
-    write_run_report(run_dir, judgement, input)?;
+pub fn write(run_dir: &Path, judged: &Judged, reports_dir: Option<&Path>) -> anyhow::Result<()> {
+    write_run_report(run_dir, judged)?;
     if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run_dir)) {
         // The run's own reports stand; an index that cannot be written is said, not fatal.
         if let Err(err) = write_index(&reports) {
@@ -54,10 +49,10 @@ mod tests {
         run_dir: &Path,
         profile: Option<&Path>,
         reference: Option<&Path>,
-    ) -> anyhow::Result<(Judgement, JudgeInput)> {
-        let (judgement, input) = crate::judge::judge_dir(run_dir, profile, reference)?;
-        write(run_dir, &judgement, &input, None)?;
-        Ok((judgement, input))
+    ) -> anyhow::Result<(crate::judge::Judgement, crate::judge::JudgeInput)> {
+        let judged = crate::judge::judge_dir(run_dir, profile, reference)?;
+        write(run_dir, &judged, None)?;
+        Ok((judged.judgement, judged.input))
     }
 
     #[test]

@@ -417,6 +417,26 @@ fn edge_offset(i: usize, n: usize, rate: f64) -> f64 {
     -(i as f64 - (n - 1) as f64 / 2.0) * step
 }
 
+/// Where a time chart plots: x from 0 to 1 over the plot's width, rates from 0 to 1
+/// up its height.
+#[derive(Clone, Copy)]
+struct Frame {
+    left: f64,
+    top: f64,
+    plot_w: f64,
+    plot_h: f64,
+}
+
+impl Frame {
+    fn px(&self, x: f64) -> f64 {
+        self.left + self.plot_w * x.clamp(0.0, 1.0)
+    }
+
+    fn py(&self, v: f64) -> f64 {
+        self.top + self.plot_h * (1.0 - v.clamp(0.0, 1.0))
+    }
+}
+
 /// Rates over time: one line per series with its band of bounds, a labelled time axis
 /// (`ticks`: position 0–1 and label), dashed thresholds. A point with an href links to
 /// its page; a point's tooltip says what it is.
@@ -428,12 +448,30 @@ pub fn time_chart(
     thresholds: &[Threshold],
 ) -> String {
     let (w, h, left, right, top, plot_h) = (720.0, 232.0, 46.0, 72.0, 28.0, 170.0);
-    let plot_w = w - left - right;
-    let px = |x: f64| left + plot_w * x.clamp(0.0, 1.0);
-    let py = |v: f64| top + plot_h * (1.0 - v.clamp(0.0, 1.0));
+    let frame = Frame { left, top, plot_w: w - left - right, plot_h };
     let mut out = open_chart(id, title, title, w, h);
+    time_axes(&mut out, frame, ticks);
+    time_thresholds(&mut out, frame, thresholds);
+    // Bands stay faint when many lines share the plot.
+    let band_opacity = if series.len() > 2 { 0.07 } else { 0.14 };
+    for (i, s) in series.iter().enumerate() {
+        time_series(
+            &mut out,
+            frame,
+            s,
+            |p: &TimePoint, v: f64| frame.py(v) + edge_offset(i, series.len(), p.rate),
+            band_opacity,
+        );
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// The rate grid (0–100 %) and the time axis's ticks.
+fn time_axes(out: &mut String, f: Frame, ticks: &[(f64, String)]) {
+    let Frame { left, top, plot_w, plot_h } = f;
     for tick in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        let y = py(tick);
+        let y = f.py(tick);
         let _ = write!(
             out,
             r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" font-size="10" text-anchor="end" fill="#666">{:.0} %</text>"##,
@@ -447,18 +485,22 @@ pub fn time_chart(
         let _ = write!(
             out,
             r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{1:.1}" stroke="#eee"/><text x="{0:.1}" y="{2:.1}" font-size="10" text-anchor="middle" fill="#666">{3}</text>"##,
-            px(*x),
+            f.px(*x),
             top + plot_h + 4.0,
             top + plot_h + 16.0,
             esc(label)
         );
     }
-    // Thresholds, highest first; a label keeps 11 px from the one above it.
+}
+
+/// Thresholds, highest first; a label keeps 11 px from the one above it.
+fn time_thresholds(out: &mut String, f: Frame, thresholds: &[Threshold]) {
+    let Frame { left, plot_w, .. } = f;
     let mut limits: Vec<&Threshold> = thresholds.iter().collect();
     limits.sort_by(|a, b| b.value.total_cmp(&a.value));
     let mut label_y = f64::NEG_INFINITY;
     for t in limits {
-        let y = py(t.value);
+        let y = f.py(t.value);
         label_y = (y + 3.0).max(label_y + 11.0);
         let _ = write!(
             out,
@@ -469,54 +511,51 @@ pub fn time_chart(
             esc(&truncate(&t.label, 12))
         );
     }
-    // Bands stay faint when many lines share the plot.
-    let band_opacity = if series.len() > 2 { 0.07 } else { 0.14 };
-    let n = series.len();
-    for (i, s) in series.iter().enumerate() {
-        let y_of = |p: &TimePoint, v: f64| py(v) + edge_offset(i, n, p.rate);
-        let _ = write!(out, r#"<g class="{}"><title>{}</title>"#, esc(&s.class), esc(&s.name));
-        if s.points.len() > 1 {
-            let upper: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.x), py(p.upper))).collect();
-            let lower: Vec<String> =
-                s.points.iter().rev().map(|p| format!("{:.1},{:.1}", px(p.x), py(p.lower))).collect();
-            let line: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", px(p.x), y_of(p, p.rate))).collect();
-            let _ = write!(
-                out,
-                r#"<polygon points="{} {}" fill="{c}" opacity="{band_opacity}"/><polyline fill="none" stroke="{c}" stroke-width="2" stroke-dasharray="{}" points="{}"/>"#,
-                upper.join(" "),
-                lower.join(" "),
-                s.style.dash,
-                line.join(" "),
-                c = s.colour
-            );
-        }
-        for p in &s.points {
-            let (x, y) = (px(p.x), y_of(p, p.rate));
-            let whisker = format!(
-                r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{c}" opacity="0.5"/>"#,
-                py(p.upper),
-                py(p.lower),
-                c = s.colour
-            );
-            // A larger transparent circle makes the point easy to hit.
-            let mark = format!(
-                r#"<title>{}</title>{}<circle cx="{x:.1}" cy="{y:.1}" r="8" fill="transparent"/>"#,
-                esc(&p.tip),
-                marker(s.style.marker, x, y, s.colour)
-            );
-            match &p.href {
-                Some(href) => {
-                    let _ = write!(out, r#"{whisker}<a class="pt" href="{href}">{mark}</a>"#);
-                }
-                None => {
-                    let _ = write!(out, r#"{whisker}<g class="pt">{mark}</g>"#);
-                }
+}
+
+/// One series: its band and line, and each point with its whisker and tooltip (`y_of`:
+/// a point's y, nudged apart from the other series at the edges).
+fn time_series(out: &mut String, f: Frame, s: &TimeSeries, y_of: impl Fn(&TimePoint, f64) -> f64, band_opacity: f64) {
+    let _ = write!(out, r#"<g class="{}"><title>{}</title>"#, esc(&s.class), esc(&s.name));
+    if s.points.len() > 1 {
+        let upper: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", f.px(p.x), f.py(p.upper))).collect();
+        let lower: Vec<String> =
+            s.points.iter().rev().map(|p| format!("{:.1},{:.1}", f.px(p.x), f.py(p.lower))).collect();
+        let line: Vec<String> = s.points.iter().map(|p| format!("{:.1},{:.1}", f.px(p.x), y_of(p, p.rate))).collect();
+        let _ = write!(
+            out,
+            r#"<polygon points="{} {}" fill="{c}" opacity="{band_opacity}"/><polyline fill="none" stroke="{c}" stroke-width="2" stroke-dasharray="{}" points="{}"/>"#,
+            upper.join(" "),
+            lower.join(" "),
+            s.style.dash,
+            line.join(" "),
+            c = s.colour
+        );
+    }
+    for p in &s.points {
+        let (x, y) = (f.px(p.x), y_of(p, p.rate));
+        let whisker = format!(
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{c}" opacity="0.5"/>"#,
+            f.py(p.upper),
+            f.py(p.lower),
+            c = s.colour
+        );
+        // A larger transparent circle makes the point easy to hit.
+        let mark = format!(
+            r#"<title>{}</title>{}<circle cx="{x:.1}" cy="{y:.1}" r="8" fill="transparent"/>"#,
+            esc(&p.tip),
+            marker(s.style.marker, x, y, s.colour)
+        );
+        match &p.href {
+            Some(href) => {
+                let _ = write!(out, r#"{whisker}<a class="pt" href="{href}">{mark}</a>"#);
+            }
+            None => {
+                let _ = write!(out, r#"{whisker}<g class="pt">{mark}</g>"#);
             }
         }
-        out.push_str("</g>");
     }
-    out.push_str("</svg>");
-    out
+    out.push_str("</g>");
 }
 
 #[cfg(test)]
