@@ -16,8 +16,8 @@ fn main() {
     let manifest_path = scripts.join("gym.manifest");
     println!("cargo:rerun-if-changed={}", manifest_path.display());
     println!("cargo:rerun-if-changed=gym_manifest.rs");
-    let text = std::fs::read_to_string(&manifest_path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", manifest_path.display()));
+    let text =
+        std::fs::read_to_string(&manifest_path).unwrap_or_else(|e| panic!("reading {}: {e}", manifest_path.display()));
     let files = gym_manifest::parse(&text).unwrap_or_else(|e| panic!("scripts/{e}"));
     if let Err(e) = gym_manifest::check_present(&scripts, &files) {
         panic!("{e}");

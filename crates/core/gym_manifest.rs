@@ -34,10 +34,9 @@ pub fn parse(text: &str) -> Result<Vec<String>, String> {
 /// The first listed path that is not a file under `scripts`, as an error naming it.
 pub fn check_present(scripts: &Path, paths: &[String]) -> Result<(), String> {
     match paths.iter().find(|rel| !scripts.join(rel).is_file()) {
-        Some(missing) => Err(format!(
-            "scripts/gym.manifest lists {missing}, but {} is not a file",
-            scripts.join(missing).display()
-        )),
+        Some(missing) => {
+            Err(format!("scripts/gym.manifest lists {missing}, but {} is not a file", scripts.join(missing).display()))
+        }
         None => Ok(()),
     }
 }
@@ -54,12 +53,9 @@ mod tests {
 
     #[test]
     fn a_path_out_of_scripts_or_listed_twice_is_refused_by_its_line() {
-        for (text, line) in [
-            ("gym.py\n../Cargo.toml\n", 2),
-            ("/etc/passwd\n", 1),
-            ("a//b.py\n", 1),
-            ("gym.py\n# x\ngym.py\n", 3),
-        ] {
+        for (text, line) in
+            [("gym.py\n../Cargo.toml\n", 2), ("/etc/passwd\n", 1), ("a//b.py\n", 1), ("gym.py\n# x\ngym.py\n", 3)]
+        {
             let err = parse(text).unwrap_err();
             assert!(err.starts_with(&format!("gym.manifest:{line}: ")), "{text:?}: {err}");
         }
