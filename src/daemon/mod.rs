@@ -40,6 +40,7 @@ use crate::record::Verdict;
 use crate::root::{CONFIG_FILE, Root};
 use crate::run::{RunControl, RunRequest, Session};
 use crate::rundir::RunLock;
+use crate::util::Failure;
 use crate::{benchlock, console, runtime};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
@@ -59,14 +60,9 @@ enum Event {
         run_dir: PathBuf,
         counts: gym::Counts,
     },
-    Ended(Result<Judged, JobError>),
-}
-
-/// Why a job's run ended without a verdict.
-struct JobError {
-    message: String,
-    /// The disk filled up: the job waits for space and resumes, it has not failed.
-    disk_full: bool,
+    /// The job's run ended: judged, or why not (a full disk: the job waits for space
+    /// and resumes, it has not failed).
+    Ended(Result<Judged, Failure>),
 }
 
 /// What the job's thread hands back: the judged run.
@@ -201,7 +197,7 @@ impl JobRun {
     /// The job's run, as `pruefstand run` makes one, judged. Making the venv ready (a
     /// flock, maybe the pip build) and resolving the plan against the installed
     /// AgentDojo (a Python process) block: they run on the blocking pool.
-    async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> anyhow::Result<Judged> {
+    async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> Result<Judged, Failure> {
         let JobRun { id, version, plan_path, run_dir, control } = self;
         let pyenv = runtime::blocking(PyEnv::ensure).await?;
         let session = Session { pyenv, root, pool, control };
@@ -491,10 +487,7 @@ impl<G: Gate> Daemon<G> {
         let (root, tx, pool) = (self.root.clone(), self.tx.clone(), self.pool.clone());
         tokio::spawn(
             async move {
-                let result = run.run(root, pool).await;
-                let result =
-                    result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
-                let _ = tx.send(Event::Ended(result));
+                let _ = tx.send(Event::Ended(run.run(root, pool).await));
             }
             .instrument(tracing::Span::current()),
         );
@@ -503,7 +496,7 @@ impl<G: Gate> Daemon<G> {
     /// Waits for the job's run to end, reporting its progress and stopping it on a
     /// cancel or a signal (a signal gives it [`STOP_GRACE`]); how it ended, and what
     /// stopped it.
-    async fn follow(&mut self, id: u64, control: &RunControl) -> (Result<Judged, JobError>, Option<Stop>) {
+    async fn follow(&mut self, id: u64, control: &RunControl) -> (Result<Judged, Failure>, Option<Stop>) {
         let mut stop: Option<Stop> = None;
         let mut deadline = None;
         loop {
@@ -511,7 +504,7 @@ impl<G: Gate> Daemon<G> {
                 Some(at) => tokio::select! {
                     event = self.inbox.next() => event,
                     _ = tokio::time::sleep_until(at) => {
-                        return (Err(JobError { message: "did not stop in time".into(), disk_full: false }), stop)
+                        return (Err(Failure::Other(anyhow::anyhow!("did not stop in time"))), stop)
                     }
                 },
                 None => self.inbox.next().await,
@@ -541,7 +534,7 @@ impl<G: Gate> Daemon<G> {
     /// Records how the job ended. Each ending's line goes into the job's log before its
     /// state changes: `log --follow` ends once it reads a final state, and must have the
     /// line by then.
-    async fn settle(&mut self, id: u64, result: Result<Judged, JobError>, stop: Option<Stop>) -> anyhow::Result<Flow> {
+    async fn settle(&mut self, id: u64, result: Result<Judged, Failure>, stop: Option<Stop>) -> anyhow::Result<Flow> {
         match (result, stop) {
             (Ok(outcome), _) => self.finished(id, outcome).await,
             (Err(_), Some(Stop::Signal(name))) => {
@@ -555,8 +548,8 @@ impl<G: Gate> Daemon<G> {
                 Ok(Flow::Continue)
             }
             // The gym's own write failing shows only as its exit: look at the disk too.
-            (Err(error), None) if error.disk_full || self.full_disk().is_some() => {
-                tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
+            (Err(failure), None) if matches!(failure, Failure::DiskFull(_)) || self.full_disk().is_some() => {
+                tracing::warn!("job {id}: the disk is full ({failure:#}); it resumes when there is space");
                 self.wait_for_space(Some(id)).await?;
                 let reason = "the disk was full".to_string();
                 let job = self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
@@ -565,7 +558,7 @@ impl<G: Gate> Daemon<G> {
                 }
                 Ok(Flow::Continue)
             }
-            (Err(error), None) => self.failed(id, error.message),
+            (Err(failure), None) => self.failed(id, format!("{failure:#}")),
         }
     }
 
@@ -595,22 +588,22 @@ impl<G: Gate> Daemon<G> {
     /// damaged while the job ran), the job is failed instead, from the daemon's last
     /// copy, naming the file and why, with the verdict it reached: one bad file must not
     /// stop the queue.
-    fn transition(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
-        let err = match self.queue.transition(id, transition.clone()) {
+    fn transition(&mut self, id: u64, transition: Transition) -> Result<Job, Failure> {
+        let failure = match self.queue.transition(id, transition.clone()) {
             Ok(job) => {
                 self.known = Some(job.clone());
                 return Ok(job);
             }
-            Err(err) => err,
+            Err(err) => Failure::of(err),
         };
         let known = self.known.clone().filter(|job| job.id == id);
         let damaged = || self.queue.job_dir(id).join("job.json").exists() && self.queue.load(id).is_err();
-        let Some(mut job) = known.filter(|_| !is_disk_full(&err) && damaged()) else {
-            return Err(err);
+        let Some(mut job) = known.filter(|_| !matches!(failure, Failure::DiskFull(_)) && damaged()) else {
+            return Err(failure);
         };
         let _ = job.apply(transition);
         let error =
-            format!("{err:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
+            format!("{failure:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
         job.apply(Transition::Damaged { error })?;
         self.queue.replace_damaged(&job)?;
         tracing::warn!("job {id} failed: {}", job.error.as_deref().unwrap_or_default());
@@ -624,11 +617,11 @@ impl<G: Gate> Daemon<G> {
         loop {
             match self.transition(id, transition.clone()) {
                 Ok(job) => return Ok(job),
-                Err(err) if is_disk_full(&err) => {
+                Err(Failure::DiskFull(err)) => {
                     tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
                     self.wait_for_space(Some(id)).await?;
                 }
-                Err(err) => return Err(err),
+                Err(failure) => return Err(failure.into()),
             }
         }
     }
@@ -725,16 +718,6 @@ impl<G: Gate> Daemon<G> {
 /// The bytes an unprivileged writer may still use on `path`'s file system.
 fn free_bytes(path: &std::path::Path) -> u64 {
     nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() * s.fragment_size())
-}
-
-/// ENOSPC or EDQUOT anywhere in the chain.
-fn is_disk_full(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .is_some_and(|code| code == nix::libc::ENOSPC || code == nix::libc::EDQUOT)
-    })
 }
 
 enum GateEnd {
