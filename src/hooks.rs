@@ -682,3 +682,6 @@ mod tests {
         assert!(!redact("GET /hook/SECRET failed", url).contains("SECRET"));
     }
 }
+
+#[cfg(test)]
+mod fuzz;
