@@ -102,6 +102,7 @@ pub enum ReferencePolicy {
 /// One run as asked for: the version, the plan it runs (resolved against the installed
 /// AgentDojo; a shard's is a slice of it), the reference policy, how many cases are in
 /// flight, how much of the plan, and where it lands.
+#[derive(Clone)]
 pub struct RunRequest {
     pub version: Version,
     pub plan: Plan,

@@ -77,6 +77,7 @@ impl std::error::Error for Failure {
 /// Writes a file so that a crash leaves either the old or the new content: write to a
 /// temporary file beside it, fsync, rename, fsync the folder.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    crate::blocking::assert_may_block("util::write_atomic (two fsyncs)");
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
