@@ -464,9 +464,13 @@ def trace_status_detects_missing_and_corrupt():
 
 
 def _request(**extra):
-    req = {"run_dir": "/tmp/x", "benchmark_version": "v1.2.2", "agent_cmd": ["agent"], "cases": []}
+    """A request as pruefstand writes one (every field of the schema), with `extra`
+    changed; a value None removes the field."""
+    req = {"run_dir": "/tmp/x", "benchmark_version": "v1.2.2", "jobs": 1, "max_in_flight": 1,
+           "agent_cmd": ["agent"], "model_display_name": "m", "case_timeout_s": 60.0, "seed": 7,
+           "defence": None, "cases": [], "done": [], "wording": {}}
     req.update(extra)
-    return runner.validate_request(req)
+    return runner.validate_request({k: v for k, v in req.items() if v is not None or k == "defence"})
 
 
 @check
@@ -476,16 +480,43 @@ def concurrency_is_bounded_by_the_ceiling_cores_and_cases():
     assert (plan["target"], plan["ceiling"]) == (4, 64), plan
     assert 1 <= plan["processes"] <= min(runner.MAX_PROCESSES, os.cpu_count() or 1), plan
     assert runner.concurrency_plan(req, 10)["ceiling"] == 10, "no more in flight than cases"
-    fixed = runner.concurrency_plan(_request(jobs=1), 44)
+    fixed = runner.concurrency_plan(_request(jobs=1, max_in_flight=1), 44)
     assert (fixed["target"], fixed["ceiling"], fixed["processes"]) == (1, 1, 1), fixed
-    assert runner.concurrency_plan(_request(jobs=8, max_in_flight=8, processes=3), 50)["processes"] == 3
-    for bad in ({"jobs": 0}, {"max_in_flight": 5000}, {"processes": True}, {"jobs": "4"}):
+
+
+@check
+def a_request_is_checked_against_its_generated_schema_naming_the_field():
+    # A field of the wrong type, out of range or missing is refused, naming it; the
+    # checks are the schema's (nothing in the runner restates a field's type).
+    for bad, says in [
+        ({"jobs": "4"}, "$.jobs: '4' is not integer"),
+        ({"jobs": 0}, "$.jobs: 0 < minimum 1"),
+        ({"max_in_flight": runner.MAX_IN_FLIGHT + 1}, "$.max_in_flight: "),
+        ({"seed": True}, "$.seed: True is not integer"),
+        ({"case_timeout_s": "60"}, "$.case_timeout_s: '60' is not number"),
+        ({"agent_cmd": "agent --x"}, "$.agent_cmd: 'agent --x' is not array"),
+        ({"cases": [{"id": "c", "kind": "clean", "suite": 3}]}, "$.cases[0].suite: 3 is not string"),
+        ({"wording": None}, "`wording` missing"),
+        ({"done": [1]}, "$.done[0]: 1 is not string"),
+        ({"defence": "pi_detector", "detector": {"url": "http://x"}}, "$.detector: "),
+    ]:
         try:
             _request(**bad)
         except records.RequestError as e:
-            assert next(iter(bad)) in str(e), str(e)
+            assert says in str(e), (str(e), says)
         else:
             raise AssertionError(f"accepted {bad}")
+    # What a schema cannot say is still checked by hand.
+    for bad, says in [({"run_dir": "rel"}, "`run_dir` must be absolute"), ({"agent_cmd": []}, "`agent_cmd`"),
+                      ({"case_timeout_s": 0.0}, "`case_timeout_s` must be a positive")]:
+        try:
+            _request(**bad)
+        except records.RequestError as e:
+            assert says in str(e), (str(e), says)
+        else:
+            raise AssertionError(f"accepted {bad}")
+    # A field the schema does not know (the gym once read `processes`) changes nothing.
+    assert "processes" not in _request(processes=3)
 
 
 class _FakeQueue(list):

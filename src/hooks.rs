@@ -324,6 +324,9 @@ enum Standing {
 pub struct Ledger {
     dir: Option<PathBuf>,
     notes: Mutex<Notifications>,
+    /// Held while the file is written, so the hooks of one job, each saving on the
+    /// blocking pool, write one after another and the last write holds the last state.
+    saving: Mutex<()>,
 }
 
 impl Ledger {
@@ -335,8 +338,10 @@ impl Ledger {
             .filter(|h| h.on.as_ref().is_none_or(|on| on.contains(&facts.outcome)))
             .map(|h| Delivery { hook: h.name.clone(), attempts: 0, state: Standing::Owed, last: None })
             .collect();
-        (!hooks.is_empty())
-            .then(|| Arc::new(Ledger { dir, notes: Mutex::new(Notifications { key: facts.key(), facts, hooks }) }))
+        (!hooks.is_empty()).then(|| {
+            let notes = Mutex::new(Notifications { key: facts.key(), facts, hooks });
+            Arc::new(Ledger { dir, notes, saving: Mutex::new(()) })
+        })
     }
 
     /// The ledger a job's folder holds, if any.
@@ -350,12 +355,13 @@ impl Ledger {
         };
         let notes =
             serde_json::from_str(&text).with_context(|| format!("{}: not a notification ledger", path.display()))?;
-        Ok(Some(Arc::new(Ledger { dir: Some(dir.to_path_buf()), notes: Mutex::new(notes) })))
+        Ok(Some(Arc::new(Ledger { dir: Some(dir.to_path_buf()), notes: Mutex::new(notes), saving: Mutex::new(()) })))
     }
 
-    /// Writes the ledger down (a whole-file atomic replace).
+    /// Writes the ledger down (a whole-file atomic replace: blocking, an fsync).
     pub fn save(&self) -> anyhow::Result<()> {
         let Some(dir) = &self.dir else { return Ok(()) };
+        let _saving = util::lock(&self.saving);
         let notes = util::lock(&self.notes).clone();
         let mut bytes = serde_json::to_vec_pretty(&notes)?;
         bytes.push(b'\n');
@@ -376,8 +382,9 @@ impl Ledger {
         util::lock(&self.notes).facts.clone()
     }
 
-    /// Records an attempt's end (or a hook's end without one, `attempted` false).
-    fn record(&self, hook: &str, attempted: bool, state: Standing, last: Option<String>) {
+    /// Records an attempt's end (or a hook's end without one, `attempted` false), the
+    /// file written on the blocking pool.
+    async fn record(self: &Arc<Self>, hook: &str, attempted: bool, state: Standing, last: Option<String>) {
         {
             let mut notes = util::lock(&self.notes);
             if let Some(delivery) = notes.hooks.iter_mut().find(|d| d.hook == hook) {
@@ -386,7 +393,8 @@ impl Ledger {
                 delivery.last = last;
             }
         }
-        if let Err(err) = self.save() {
+        let ledger = self.clone();
+        if let Err(err) = crate::runtime::blocking(move || ledger.save()).await {
             tracing::warn!("job {}: cannot write down its notifications: {err:#}", self.job());
         }
     }
@@ -420,7 +428,7 @@ pub async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
             None => {
                 let why = "no longer in pruefstand.toml";
                 ledger.say(tracing::Level::WARN, &format!("hook {name:?}: not sent, {why} (job {})", ledger.job()));
-                ledger.record(&name, false, Standing::GivenUp, Some(why.into()));
+                ledger.record(&name, false, Standing::GivenUp, Some(why.into())).await;
             }
         }
     }
@@ -438,7 +446,7 @@ pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
     use tracing::Level;
     if made >= attempts {
         say(Level::WARN, format!("gave up after {made} attempts"));
-        return ledger.record(&hook.name, false, Standing::GivenUp, None);
+        return ledger.record(&hook.name, false, Standing::GivenUp, None).await;
     }
     for attempt in made + 1..=attempts {
         let result = match tokio::time::timeout(Duration::from_secs_f64(hook.timeout_s), deliver(&hook, &facts)).await {
@@ -448,21 +456,21 @@ pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
         match result {
             Ok(()) => {
                 say(Level::INFO, format!("delivered (attempt {attempt}/{attempts})"));
-                return ledger.record(&hook.name, true, Standing::Delivered, None);
+                return ledger.record(&hook.name, true, Standing::Delivered, None).await;
             }
             Err(Failure::Final(why)) => {
                 say(Level::WARN, format!("attempt {attempt}/{attempts} failed, not retried: {why}"));
-                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why)).await;
             }
             Err(Failure::Retry(why)) if attempt < attempts => {
                 let wait = (hook.backoff_s * 2f64.powi(attempt as i32 - 1)).min(300.0);
                 say(Level::WARN, format!("attempt {attempt}/{attempts} failed: {why}; retrying in {wait:.1} s"));
-                ledger.record(&hook.name, true, Standing::Owed, Some(why));
+                ledger.record(&hook.name, true, Standing::Owed, Some(why)).await;
                 tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
             Err(Failure::Retry(why)) => {
                 say(Level::WARN, format!("gave up after {attempts} attempts: {why}"));
-                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why));
+                return ledger.record(&hook.name, true, Standing::GivenUp, Some(why)).await;
             }
         }
     }
@@ -682,3 +690,6 @@ mod tests {
         assert!(!redact("GET /hook/SECRET failed", url).contains("SECRET"));
     }
 }
+
+#[cfg(test)]
+mod fuzz;

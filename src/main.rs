@@ -12,6 +12,9 @@ use pruefstand_core::{
     benchlock, blocking, case, console, export, family, input, judge, order, plan, pyenv, queue, record, report, root,
     rundir, settings, spec, study, telemetry, util, words,
 };
+// The fuzzing harness the fuzz tests beside the binary's parsers share.
+#[cfg(test)]
+use pruefstand_core::fuzzing;
 
 // The orchestrator: a module uses only the core and modules declared above it
 // (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order
@@ -197,5 +200,3 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Man(args) => cmd::completions::man(args, Cli::command()),
     }
 }
-#[cfg(test)]
-mod fuzz;

@@ -37,7 +37,13 @@ fn demo_verdicts_on_schnell_follow_from_the_settings() {
     let plan = "schnell";
     let run = bench.run(&["run", "demo-kandidat", "--plan", plan, "--jobs", "3"]).code(0);
     let kandidat = run.run_dir();
-    let baseline = PathBuf::from(json(&kandidat.join("run.json"))["reference_run_dir"].as_str().unwrap());
+    let meta = json(&kandidat.join("run.json"));
+    let baseline = PathBuf::from(meta["reference_run_dir"].as_str().unwrap());
+    // A new run names the run store's format first (docs/reports.md).
+    assert_eq!(
+        meta.as_object().unwrap().iter().next(),
+        Some((&"store_format".to_string(), &serde_json::json!({"major": 1, "minor": 0})))
+    );
     assert_eq!(verdict(&baseline), "rejected", "{plan}: baseline");
     // schnell attacks travel, banking and slack pairs under two families: the
     // baseline's utility under attack (61 %) clusters more per user task, and its
@@ -413,6 +419,48 @@ fn a_reference_of_another_plan_is_not_compared() {
 
 /// judgement.json names the cases.jsonl it judged; a file changed after the run wrote
 /// it is judged all the same, and `judge` says so.
+/// A run from before the store had a format version (no `store_format`) is judged as
+/// ever, and so is one of this build's major with a newer minor; a newer major is
+/// refused, naming the run directory and both versions, before any file is written.
+#[test]
+fn a_run_in_a_newer_store_format_is_refused_and_an_older_one_judged() {
+    let bench = Bench::new();
+    let plan = PlanShape::profile("schnell");
+    let dir = runs::write_run(
+        &bench.path().join("reports/v/schnell/run-1"),
+        &plan,
+        "v",
+        &runs::records_with_landed(&plan, &[]),
+    );
+    let (code, out, _) = judge_dir(&bench, &dir, "schnell", &[]);
+    assert_eq!(code, 0, "a run without store_format: {out}");
+
+    let with_format = |major: u64, minor: u64| {
+        let meta = json(&dir.join("run.json"));
+        let mut versioned = serde_json::Map::new();
+        versioned.insert("store_format".into(), serde_json::json!({"major": major, "minor": minor}));
+        versioned.extend(meta.as_object().unwrap().clone().into_iter().filter(|(k, _)| k != "store_format"));
+        std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&versioned).unwrap()).unwrap();
+    };
+    with_format(1, 3);
+    let (code, out, _) = judge_dir(&bench, &dir, "schnell", &[]);
+    assert_eq!(code, 0, "a newer minor: {out}");
+
+    with_format(2, 0);
+    std::fs::remove_file(dir.join("judgement.json")).unwrap();
+    let run = bench.run(&["judge", dir.to_str().unwrap(), "--profile", "schnell"]);
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "{} is in the run store's format 2.0, newer than this pruefstand reads (1.0)",
+            dir.display()
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(!dir.join("judgement.json").exists(), "nothing judged");
+}
+
 #[test]
 fn the_judgement_names_what_it_judged_and_notices_edits() {
     let bench = Bench::new();

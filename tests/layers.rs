@@ -40,7 +40,7 @@ fn declared_modules(root_rs: &str) -> Vec<String> {
         .collect()
 }
 
-/// Modules declared under `#[cfg(test)]` (the fuzzing harness): they sit below `cmd`
+/// Modules declared under `#[cfg(test)]` (none now: tests sit beside their code): below `cmd`
 /// so they may use every module, and are not part of the flow.
 fn test_only_modules(main_rs: &str) -> Vec<String> {
     let lines: Vec<&str> = main_rs.lines().map(str::trim).collect();

@@ -57,53 +57,32 @@ def load_request(path: str) -> dict:
 
 
 def validate_request(req: dict) -> dict:
-    """Shape checks that need no agentdojo; returns a normalised request."""
+    """The request checked against its schema, generated from pruefstand's `GymRequest`
+    (schemas/gym-request.schema.json: every field's presence, type and range, refused
+    naming the field), then what a schema cannot say: an absolute run_dir, a non-empty
+    argv, a positive timeout, a known defence and its detector, each case's fields for
+    its kind, no case twice, an order of every case. Returns it normalised."""
     from .records import check_case_shape
 
-    def need(key, types, desc):
-        if key not in req:
-            raise RequestError(f"request: `{key}` missing ({desc})")
-        if not isinstance(req[key], types) or isinstance(req[key], bool) and bool not in (
-            types if isinstance(types, tuple) else (types,)
-        ):
-            raise RequestError(f"request: `{key}` must be {desc}, got {req[key]!r}")
-        return req[key]
-
-    run_dir = need("run_dir", str, "an absolute path")
+    found = schema.problems(req, schema.load("gym-request"))
+    if found:
+        raise RequestError("request: " + "; ".join(found))
+    run_dir = req["run_dir"]
     if not os.path.isabs(run_dir):
         raise RequestError(f"request: `run_dir` must be absolute, got {run_dir!r}")
-    bv = need("benchmark_version", str, "a benchmark version string")
-    def count(key, default, low):
-        value = req.get(key, default)
-        if value is None and default is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or value > MAX_IN_FLIGHT:
-            raise RequestError(f"request: `{key}` must be an integer {low}..{MAX_IN_FLIGHT}, got {value!r}")
-        return value
-
-    jobs = count("jobs", 1, 1)
-    max_in_flight = count("max_in_flight", None, 1)
-    processes = count("processes", None, 1)
-    argv = need("agent_cmd", list, "a non-empty argv list of strings")
-    if not argv or not all(isinstance(a, str) and a for a in argv):
+    argv = req["agent_cmd"]
+    if not argv or not all(argv):
         raise RequestError("request: `agent_cmd` must be a non-empty list of non-empty strings (argv, no shell)")
-    display = req.get("model_display_name") or "Local model"
-    if not isinstance(display, str):
-        raise RequestError("request: `model_display_name` must be a string")
-    timeout = req.get("case_timeout_s", 300)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    timeout = req["case_timeout_s"]
+    if timeout <= 0:
         raise RequestError(f"request: `case_timeout_s` must be a positive number, got {timeout!r}")
-    seed = req.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise RequestError(f"request: `seed` must be an integer, got {seed!r}")
     defence = req.get("defence")
     from .dojo import DEFENCES  # light: dojo imports yaml only at module level
 
     if defence is not None and defence not in DEFENCES:
         raise RequestError(f"request: unknown defence {defence!r}; valid: null, {', '.join(DEFENCES)}")
     detector = check_detector(req.get("detector"), defence)
-    cases_in = need("cases", list, "a list of cases")
-    cases = [check_case_shape(i, c) for i, c in enumerate(cases_in)]
+    cases = [check_case_shape(i, c) for i, c in enumerate(req["cases"])]
     seen_ids, seen_keys = set(), {}
     for c in cases:
         if c["id"] in seen_ids:
@@ -113,52 +92,43 @@ def validate_request(req: dict) -> dict:
         if key in seen_keys:
             raise RequestError(f"request: cases {seen_keys[key]!r} and {c['id']!r} are the same episode")
         seen_keys[key] = c["id"]
-    done = req.get("done", []) or []
-    if not isinstance(done, list) or not all(isinstance(d, str) for d in done):
-        raise RequestError("request: `done` must be a list of case ids")
     try:
-        wording = families.check_wording(req.get("wording") or {})
+        wording = families.check_wording(req["wording"])
     except ValueError as e:
         raise RequestError(f"request: {e}") from None
     order = req.get("order")
-    if order is not None:
-        if not isinstance(order, list) or sorted(order) != sorted(seen_ids):
-            raise RequestError("request: `order` must list every case id exactly once")
+    if order is not None and sorted(order) != sorted(seen_ids):
+        raise RequestError("request: `order` must list every case id exactly once")
     return {
         "run_dir": run_dir,
-        "benchmark_version": bv,
-        "jobs": jobs,
-        "max_in_flight": max_in_flight,
-        "processes": processes,
+        "benchmark_version": req["benchmark_version"],
+        "jobs": req["jobs"],
+        "max_in_flight": req["max_in_flight"],
         "agent_cmd": argv,
-        "model_display_name": display,
+        "model_display_name": req["model_display_name"] or "Local model",
         "case_timeout_s": float(timeout),
-        "seed": seed,
+        "seed": req["seed"],
         "defence": defence,
         "detector": detector,
         "cases": cases,
-        "done": done,
+        "done": req["done"],
         "order": order,
         "wording": wording,
     }
 
 
 def check_detector(detector, defence: str | None) -> dict | None:
-    """The classifier endpoint of `pi_detector` (schema: `DetectorRequest`), required by
-    that defence and refused with any other."""
+    """The classifier endpoint of `pi_detector` (its fields' types are the schema's
+    `DetectorRequest`), required by that defence and refused with any other."""
     if defence != "pi_detector":
         if detector is not None:
             raise RequestError(f"request: `detector` is only for defence pi_detector, not {defence!r}")
         return None
-    if not isinstance(detector, dict):
+    if detector is None:
         raise RequestError("request: defence pi_detector needs `detector` (url, model, safe_label, threshold, timeout_s)")
-    for key, types in (("url", str), ("model", str), ("safe_label", str), ("model_server_key", bool)):
-        if not isinstance(detector.get(key), types):
-            raise RequestError(f"request: detector.{key} must be a {types.__name__}, got {detector.get(key)!r}")
-    for key, low, high in (("threshold", 0.0, 1.0), ("timeout_s", 1e-3, 600.0)):
-        value = detector.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise RequestError(f"request: detector.{key} must be a number in [{low:g}, {high:g}], got {value!r}")
+    low, high = 1e-3, 600.0
+    if not low <= detector["timeout_s"] <= high:
+        raise RequestError(f"request: detector.timeout_s must be a number in [{low:g}, {high:g}], got {detector['timeout_s']!r}")
     if not detector["url"].startswith(("http://", "https://")):
         raise RequestError(f"request: detector.url must be an http(s) URL, got {detector['url']!r}")
     return dict(detector)
@@ -692,8 +662,7 @@ def concurrency_plan(req: dict, to_run: int) -> dict:
     ceiling = max(1, min(req["max_in_flight"] or req["jobs"], to_run))
     target = max(1, min(req["jobs"], ceiling))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    processes = req["processes"] or min(cores, MAX_PROCESSES)
-    return {"processes": max(1, min(processes, ceiling)), "target": target, "ceiling": ceiling}
+    return {"processes": max(1, min(cores, MAX_PROCESSES, ceiling)), "target": target, "ceiling": ceiling}
 
 
 def _read_commands(result_q) -> None:

@@ -7,7 +7,9 @@ Beside them, `schemas/constants.json` (generated the same way, src/gym/contract.
 holds what has no type to carry it: crates/core/src/case.rs's case-id scheme and the
 names crates/core/src/rundir.rs gives the run files the gym writes.
 
-Records and requests are checked against them by the selftest and by `gym.py validate`;
+The runner checks each request against its schema before anything else (`runner.
+validate_request`, which restates no field's type); records and requests are checked
+against them by the selftest and by `gym.py validate`;
 `records` builds a record from them (its fields, their order, what an unset one holds,
 the kinds and outcomes), takes the id scheme and the traces' folder from them, and the
 in-flight bound is read from them, so nothing here restates the Rust side."""

@@ -581,3 +581,5 @@ mod parity;
 mod pins;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod fuzz;

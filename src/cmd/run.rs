@@ -13,9 +13,10 @@ use crate::judge::Judgement;
 use crate::lock_wait::{self, Waited};
 use crate::plan::Filters;
 use crate::root::Root;
-use crate::run::{Extent, Interrupted, LocalGym, RunControl, RunRequest, Session};
+use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
 use crate::rundir::{LockError, RunFile, RunLock};
 use crate::spec::Version;
+use crate::util::Failure;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -95,13 +96,13 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let shutdown = session.shutdown().await;
     let finished = match finished {
         Ok(finished) => finished,
-        Err(err) => {
-            let Some(stopped) = err.downcast_ref::<Interrupted>() else { return Err(err) };
-            tracing::error!("{stopped}");
-            tracing::info!("resume with: {}", resume_command(std::env::args_os(), &stopped.run_dir));
+        Err(Failure::Interrupted { run_dir, cause }) => {
+            tracing::error!("{cause:#}");
+            tracing::info!("resume with: {}", resume_command(std::env::args_os(), &run_dir));
             shutdown?;
             return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
         }
+        Err(failure) => return Err(failure.into()),
     };
     shutdown?;
     let report = finished.run_dir.path_of(RunFile::Report);

@@ -102,7 +102,7 @@ impl Pool {
     /// [`AcquireError::Server`].
     pub async fn acquire(&self, req: &Request<'_>) -> Result<Lease, AcquireError> {
         let docker = self.docker().await?.clone();
-        let setup = self.setup_for(req)?;
+        let setup = self.setup_for(req).await?;
         let image = ensure_image(&docker, &setup.image, setup.pull)
             .await
             .with_context(|| req.version.path.display().to_string())?;
@@ -253,43 +253,51 @@ impl Pool {
     /// The setup for a request; for the simulated model's image (a `[sim]` table and no
     /// `model.path`) the model folder (sim.toml + truth.json) and empty adapter folders
     /// are generated under the pool's work folder, content-addressed, so equal specs
-    /// share them and a warm container stays reusable across runs.
-    fn setup_for(&self, req: &Request<'_>) -> anyhow::Result<Setup> {
-        let spec = &req.version.spec;
-        let model_host = match (&spec.model.path, &spec.sim) {
-            (Some(path), _) => path.clone(),
-            (None, Some(sim)) => self.sim_model_dir(sim, req.truth_file)?,
-            (None, None) => anyhow::bail!("{}: backend \"docker\" needs model.path", req.version.path.display()),
-        };
-        let adapter_host = match &spec.adapter {
-            Some(a) => Some(match &a.path {
-                Some(p) => p.clone(),
-                None => {
-                    let dir = self.work_dir.join("sim-adapters").join(super::path_word(&a.name));
-                    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                    util::write_atomic(&dir.join("adapter_config.json"), br#"{"simulated": true}"#)?;
-                    dir
-                }
-            }),
-            None => None,
-        };
-        Setup::new(req.version, model_host, adapter_host)
+    /// share them and a warm container stays reusable across runs. On the blocking pool:
+    /// it may write those files.
+    async fn setup_for(&self, req: &Request<'_>) -> anyhow::Result<Setup> {
+        let (work_dir, version, truth_file) =
+            (self.work_dir.clone(), req.version.clone(), req.truth_file.to_path_buf());
+        crate::runtime::blocking(move || setup(&work_dir, &version, &truth_file)).await
     }
+}
 
-    fn sim_model_dir(&self, sim: &crate::sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
-        let config = toml::to_string(sim).context("writing the simulator's settings")?;
-        let truth =
-            std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
-        let mut both = config.clone().into_bytes();
-        both.extend_from_slice(&truth);
-        let dir = self.work_dir.join("sim-models").join(&util::sha256_hex(&both)[..16]);
-        if !dir.join("truth.json").is_file() {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            util::write_atomic(&dir.join("sim.toml"), config.as_bytes())?;
-            util::write_atomic(&dir.join("truth.json"), &truth)?;
-        }
-        Ok(dir)
+/// [`Pool::setup_for`]'s work, under the pool's work folder `work_dir`. Blocking.
+fn setup(work_dir: &Path, version: &crate::spec::Version, truth_file: &Path) -> anyhow::Result<Setup> {
+    let spec = &version.spec;
+    let model_host = match (&spec.model.path, &spec.sim) {
+        (Some(path), _) => path.clone(),
+        (None, Some(sim)) => sim_model_dir(work_dir, sim, truth_file)?,
+        (None, None) => anyhow::bail!("{}: backend \"docker\" needs model.path", version.path.display()),
+    };
+    let adapter_host = match &spec.adapter {
+        Some(a) => Some(match &a.path {
+            Some(p) => p.clone(),
+            None => {
+                let dir = work_dir.join("sim-adapters").join(super::path_word(&a.name));
+                std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+                util::write_atomic(&dir.join("adapter_config.json"), br#"{"simulated": true}"#)?;
+                dir
+            }
+        }),
+        None => None,
+    };
+    Setup::new(version, model_host, adapter_host)
+}
+
+fn sim_model_dir(work_dir: &Path, sim: &crate::sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
+    let config = toml::to_string(sim).context("writing the simulator's settings")?;
+    let truth =
+        std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
+    let mut both = config.clone().into_bytes();
+    both.extend_from_slice(&truth);
+    let dir = work_dir.join("sim-models").join(&util::sha256_hex(&both)[..16]);
+    if !dir.join("truth.json").is_file() {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        util::write_atomic(&dir.join("sim.toml"), config.as_bytes())?;
+        util::write_atomic(&dir.join("truth.json"), &truth)?;
     }
+    Ok(dir)
 }
 
 /// The server's own word on its version (vLLM: `GET /version`, `{"version": "0.32.0"}`);
@@ -404,19 +412,26 @@ impl Lease {
     /// over (finished, or the server failed for good). Waits out a restart in progress.
     pub async fn after_gym(&self) -> anyhow::Result<bool> {
         loop {
-            {
+            let resume = {
                 let mut s = util::lock(&self.watch);
                 if !s.restarting && !s.silent {
                     if s.facts.failed || !s.pending_resume {
                         return Ok(false);
                     }
                     s.pending_resume = false;
-                    let dropped = drop_casualties(&self.run_dir, &s.before_death)?;
-                    tracing::info!(
-                        "model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)"
-                    );
-                    return Ok(true);
+                    Some(s.before_death.clone())
+                } else {
+                    None
                 }
+            };
+            if let Some(before) = resume {
+                // Rewrites cases.jsonl (an fsync): on the blocking pool.
+                let run_dir = self.run_dir.clone();
+                let dropped = crate::runtime::blocking(move || drop_casualties(&run_dir, &before)).await?;
+                tracing::info!(
+                    "model server restarted: resuming the gym ({dropped} case(s) that failed with it run again)"
+                );
+                return Ok(true);
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

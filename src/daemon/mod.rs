@@ -40,6 +40,7 @@ use crate::record::Verdict;
 use crate::root::{CONFIG_FILE, Root};
 use crate::run::{RunControl, RunRequest, Session};
 use crate::rundir::RunLock;
+use crate::util::Failure;
 use crate::{benchlock, console, runtime};
 use gate::{Gate, Guarded};
 use state::{Activity, JobProgress, Publisher};
@@ -59,14 +60,9 @@ enum Event {
         run_dir: PathBuf,
         counts: gym::Counts,
     },
-    Ended(Result<Judged, JobError>),
-}
-
-/// Why a job's run ended without a verdict.
-struct JobError {
-    message: String,
-    /// The disk filled up: the job waits for space and resumes, it has not failed.
-    disk_full: bool,
+    /// The job's run ended: judged, or why not (a full disk: the job waits for space
+    /// and resumes, it has not failed).
+    Ended(Result<Judged, Failure>),
 }
 
 /// What the job's thread hands back: the judged run.
@@ -201,7 +197,7 @@ impl JobRun {
     /// The job's run, as `pruefstand run` makes one, judged. Making the venv ready (a
     /// flock, maybe the pip build) and resolving the plan against the installed
     /// AgentDojo (a Python process) block: they run on the blocking pool.
-    async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> anyhow::Result<Judged> {
+    async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> Result<Judged, Failure> {
         let JobRun { id, version, plan_path, run_dir, control } = self;
         let pyenv = runtime::blocking(PyEnv::ensure).await?;
         let session = Session { pyenv, root, pool, control };
@@ -257,7 +253,8 @@ impl<G: Gate> Daemon<G> {
     }
 
     async fn serve(&mut self) -> anyhow::Result<()> {
-        self.recover()?;
+        let queue = self.queue.clone();
+        runtime::blocking(move || recover(&queue)).await?;
         self.resend_owed()?;
         self.remove_orphans().await;
         let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
@@ -309,31 +306,6 @@ impl<G: Gate> Daemon<G> {
                 tracing::warn!("stopping the warm model container: {err:#}");
             }
         }
-    }
-
-    /// Jobs a previous daemon left running crashed with it; interrupted ones go back
-    /// into the queue. Both resume into their run directory.
-    fn recover(&mut self) -> anyhow::Result<()> {
-        for job in self.queue.list()? {
-            let id = job.id;
-            if job.state == State::Running {
-                let transition = if job.cancel_requested {
-                    Transition::Stopped
-                } else {
-                    Transition::Interrupt {
-                        reason: "the daemon ended without finishing it (crash or kill)".into(),
-                        crashed: true,
-                    }
-                };
-                let job = self.queue.transition(id, transition)?;
-                tracing::warn!("job {id} was running when the daemon ended: now {}", job.state.as_str());
-            }
-            if self.queue.load(id)?.state == State::Interrupted {
-                self.queue.transition(id, Transition::Requeue)?;
-                tracing::info!("job {id} back in the queue; it resumes into its run directory");
-            }
-        }
-        Ok(())
     }
 
     /// Notifications a previous daemon still owed (it stopped mid-retry, or crashed)
@@ -420,7 +392,7 @@ impl<G: Gate> Daemon<G> {
                 None
             }
         };
-        let control = match self.start(job)? {
+        let control = match self.start(job).await? {
             Started::Running(control) => control,
             Started::Ended(flow) => return Ok(flow),
         };
@@ -430,19 +402,19 @@ impl<G: Gate> Daemon<G> {
 
     /// Marks the job running, loads its snapshot and starts its run as a task; the
     /// run's control, or how the job ended before it could start.
-    fn start(&mut self, job: Job) -> anyhow::Result<Started> {
+    async fn start(&mut self, job: Job) -> anyhow::Result<Started> {
         let id = job.id;
         let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
         let attempts = job.attempt;
         self.known = Some(job);
         if attempts >= queue::MAX_ATTEMPTS {
             let error = format!("gave up after {attempts} attempts that ended in a crash");
-            return self.failed(id, error).map(Started::Ended);
+            return self.failed(id, error).await.map(Started::Ended);
         }
-        let job = match self.transition(id, Transition::Start { run_dir: run_dir.clone() }) {
+        let job = match self.transition(id, Transition::Start { run_dir: run_dir.clone() }).await {
             Ok(job) if job.state == State::Failed => {
                 let error = job.error.clone().unwrap_or_default();
-                self.fire_hooks(Facts::failed(&job, &error));
+                self.fire_hooks(Facts::failed(&job, &error)).await;
                 return Ok(Started::Ended(Flow::Continue));
             }
             Ok(job) => job,
@@ -454,7 +426,7 @@ impl<G: Gate> Daemon<G> {
         };
         let (version, plan_path) = match self.queue.materialise(&self.root, &job) {
             Ok(loaded) => loaded,
-            Err(err) => return self.failed(id, format!("{err:#}")).map(Started::Ended),
+            Err(err) => return self.failed(id, format!("{err:#}")).await.map(Started::Ended),
         };
         self.state.set(Activity::Running(JobProgress {
             job: id,
@@ -491,10 +463,7 @@ impl<G: Gate> Daemon<G> {
         let (root, tx, pool) = (self.root.clone(), self.tx.clone(), self.pool.clone());
         tokio::spawn(
             async move {
-                let result = run.run(root, pool).await;
-                let result =
-                    result.map_err(|err| JobError { disk_full: is_disk_full(&err), message: format!("{err:#}") });
-                let _ = tx.send(Event::Ended(result));
+                let _ = tx.send(Event::Ended(run.run(root, pool).await));
             }
             .instrument(tracing::Span::current()),
         );
@@ -503,7 +472,7 @@ impl<G: Gate> Daemon<G> {
     /// Waits for the job's run to end, reporting its progress and stopping it on a
     /// cancel or a signal (a signal gives it [`STOP_GRACE`]); how it ended, and what
     /// stopped it.
-    async fn follow(&mut self, id: u64, control: &RunControl) -> (Result<Judged, JobError>, Option<Stop>) {
+    async fn follow(&mut self, id: u64, control: &RunControl) -> (Result<Judged, Failure>, Option<Stop>) {
         let mut stop: Option<Stop> = None;
         let mut deadline = None;
         loop {
@@ -511,7 +480,7 @@ impl<G: Gate> Daemon<G> {
                 Some(at) => tokio::select! {
                     event = self.inbox.next() => event,
                     _ = tokio::time::sleep_until(at) => {
-                        return (Err(JobError { message: "did not stop in time".into(), disk_full: false }), stop)
+                        return (Err(Failure::Other(anyhow::anyhow!("did not stop in time"))), stop)
                     }
                 },
                 None => self.inbox.next().await,
@@ -541,7 +510,7 @@ impl<G: Gate> Daemon<G> {
     /// Records how the job ended. Each ending's line goes into the job's log before its
     /// state changes: `log --follow` ends once it reads a final state, and must have the
     /// line by then.
-    async fn settle(&mut self, id: u64, result: Result<Judged, JobError>, stop: Option<Stop>) -> anyhow::Result<Flow> {
+    async fn settle(&mut self, id: u64, result: Result<Judged, Failure>, stop: Option<Stop>) -> anyhow::Result<Flow> {
         match (result, stop) {
             (Ok(outcome), _) => self.finished(id, outcome).await,
             (Err(_), Some(Stop::Signal(name))) => {
@@ -555,8 +524,11 @@ impl<G: Gate> Daemon<G> {
                 Ok(Flow::Continue)
             }
             // The gym's own write failing shows only as its exit: look at the disk too.
-            (Err(error), None) if error.disk_full || self.full_disk().is_some() => {
-                tracing::warn!("job {id}: the disk is full ({}); it resumes when there is space", error.message);
+            (Err(failure), None) => {
+                if !matches!(failure, Failure::DiskFull(_)) && self.full_disk().await.is_none() {
+                    return self.failed(id, format!("{failure:#}")).await;
+                }
+                tracing::warn!("job {id}: the disk is full ({failure:#}); it resumes when there is space");
                 self.wait_for_space(Some(id)).await?;
                 let reason = "the disk was full".to_string();
                 let job = self.record(id, Transition::Interrupt { reason, crashed: false }).await?;
@@ -565,7 +537,6 @@ impl<G: Gate> Daemon<G> {
                 }
                 Ok(Flow::Continue)
             }
-            (Err(error), None) => self.failed(id, error.message),
         }
     }
 
@@ -579,41 +550,23 @@ impl<G: Gate> Daemon<G> {
         };
         let job = self.record(id, finish).await?;
         let Headline { utility, utility_under_attack, asr, .. } = outcome.figures;
-        self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr));
+        self.fire_hooks(Facts::finished(&job, &outcome.run_dir, utility, utility_under_attack, asr)).await;
         Ok(Flow::Continue)
     }
 
-    fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {
+    async fn failed(&mut self, id: u64, error: String) -> anyhow::Result<Flow> {
         tracing::warn!("job {id} failed: {error}");
-        let job = self.transition(id, Transition::Fail { error: error.clone() })?;
+        let job = self.transition(id, Transition::Fail { error: error.clone() }).await?;
         let error = job.error.clone().unwrap_or(error);
-        self.fire_hooks(Facts::failed(&job, &error));
+        self.fire_hooks(Facts::failed(&job, &error)).await;
         Ok(Flow::Continue)
     }
 
-    /// Applies a transition to the job as stored. When its file no longer loads (it was
-    /// damaged while the job ran), the job is failed instead, from the daemon's last
-    /// copy, naming the file and why, with the verdict it reached: one bad file must not
-    /// stop the queue.
-    fn transition(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
-        let err = match self.queue.transition(id, transition.clone()) {
-            Ok(job) => {
-                self.known = Some(job.clone());
-                return Ok(job);
-            }
-            Err(err) => err,
-        };
-        let known = self.known.clone().filter(|job| job.id == id);
-        let damaged = || self.queue.job_dir(id).join("job.json").exists() && self.queue.load(id).is_err();
-        let Some(mut job) = known.filter(|_| !is_disk_full(&err) && damaged()) else {
-            return Err(err);
-        };
-        let _ = job.apply(transition);
-        let error =
-            format!("{err:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
-        job.apply(Transition::Damaged { error })?;
-        self.queue.replace_damaged(&job)?;
-        tracing::warn!("job {id} failed: {}", job.error.as_deref().unwrap_or_default());
+    /// Applies a transition to the job as stored ([`transition_or_repair`], on the
+    /// blocking pool: a flock and fsyncs), remembering the job as it now is.
+    async fn transition(&mut self, id: u64, transition: Transition) -> Result<Job, Failure> {
+        let (queue, known) = (self.queue.clone(), self.known.clone().filter(|job| job.id == id));
+        let job = runtime::blocking(move || transition_or_repair(&queue, known, id, transition)).await?;
         self.known = Some(job.clone());
         Ok(job)
     }
@@ -622,27 +575,24 @@ impl<G: Gate> Daemon<G> {
     /// exiting — systemd would restart the daemon and count a crash against the job.
     async fn record(&mut self, id: u64, transition: Transition) -> anyhow::Result<Job> {
         loop {
-            match self.transition(id, transition.clone()) {
+            match self.transition(id, transition.clone()).await {
                 Ok(job) => return Ok(job),
-                Err(err) if is_disk_full(&err) => {
+                Err(Failure::DiskFull(err)) => {
                     tracing::warn!("job {id}: cannot record its state, the disk is full: {err:#}");
                     self.wait_for_space(Some(id)).await?;
                 }
-                Err(err) => return Err(err),
+                Err(failure) => return Err(failure.into()),
             }
         }
     }
 
     /// The folder without room for a small file: the queue's, or the running job's run
-    /// directory (it may lie on another disk); None when both have room.
-    fn full_disk(&self) -> Option<PathBuf> {
-        let run_dir = self.known.as_ref().and_then(|job| job.run_dir.clone()).filter(|dir| dir.is_dir());
-        [Some(self.queue.dir.clone()), run_dir].into_iter().flatten().find(|dir| {
-            let probe = dir.join(".space-probe");
-            let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
-            let _ = std::fs::remove_file(&probe);
-            written.is_err()
-        })
+    /// directory (it may lie on another disk); None when both have room. Probed on the
+    /// blocking pool ([`has_space`] writes and fsyncs).
+    async fn full_disk(&self) -> Option<PathBuf> {
+        let run_dir = self.known.as_ref().and_then(|job| job.run_dir.clone());
+        let dirs: Vec<PathBuf> = [Some(self.queue.dir.clone()), run_dir].into_iter().flatten().collect();
+        runtime::blocking(move || dirs.into_iter().find(|dir| dir.is_dir() && !has_space(dir))).await
     }
 
     /// Returns once there is space again, checking with a back-off up to a minute; a
@@ -651,7 +601,7 @@ impl<G: Gate> Daemon<G> {
     async fn wait_for_space(&mut self, job: Option<u64>) -> anyhow::Result<()> {
         let mut wait = Duration::from_secs(1);
         loop {
-            let Some(path) = self.full_disk() else {
+            let Some(path) = self.full_disk().await else {
                 tracing::info!("there is disk space again");
                 return Ok(());
             };
@@ -669,10 +619,11 @@ impl<G: Gate> Daemon<G> {
 
     /// The job's notifications, written down in its folder before the first attempt (a
     /// stop or a crash from here on cannot lose them), then sent in the background.
-    fn fire_hooks(&mut self, facts: Facts) {
+    async fn fire_hooks(&mut self, facts: Facts) {
         let dir = self.queue.job_dir(facts.job);
         let Some(ledger) = hooks::Ledger::new(Some(dir), &self.root.config.hooks, facts) else { return };
-        if let Err(err) = ledger.save() {
+        let saving = ledger.clone();
+        if let Err(err) = runtime::blocking(move || saving.save()).await {
             tracing::warn!("job {}: cannot write down its notifications (sent all the same): {err:#}", ledger.job());
         }
         self.send(ledger);
@@ -722,19 +673,64 @@ impl<G: Gate> Daemon<G> {
     }
 }
 
+/// Jobs a previous daemon left running crashed with it; interrupted ones go back into
+/// the queue. Both resume into their run directory. Blocking: flocks and fsyncs.
+fn recover(queue: &Queue) -> anyhow::Result<()> {
+    for job in queue.list()? {
+        let id = job.id;
+        if job.state == State::Running {
+            let transition = if job.cancel_requested {
+                Transition::Stopped
+            } else {
+                Transition::Interrupt {
+                    reason: "the daemon ended without finishing it (crash or kill)".into(),
+                    crashed: true,
+                }
+            };
+            let job = queue.transition(id, transition)?;
+            tracing::warn!("job {id} was running when the daemon ended: now {}", job.state.as_str());
+        }
+        if queue.load(id)?.state == State::Interrupted {
+            queue.transition(id, Transition::Requeue)?;
+            tracing::info!("job {id} back in the queue; it resumes into its run directory");
+        }
+    }
+    Ok(())
+}
+
+/// Applies a transition to job `id` as stored. When its file no longer loads (it was
+/// damaged while the job ran), the job is failed instead, from the daemon's last copy
+/// (`known`), naming the file and why, with the verdict it reached: one bad file must
+/// not stop the queue. Blocking: a flock and fsyncs.
+fn transition_or_repair(queue: &Queue, known: Option<Job>, id: u64, transition: Transition) -> Result<Job, Failure> {
+    let failure = match queue.transition(id, transition.clone()) {
+        Ok(job) => return Ok(job),
+        Err(err) => Failure::of(err),
+    };
+    let damaged = || queue.job_dir(id).join("job.json").exists() && queue.load(id).is_err();
+    let Some(mut job) = known.filter(|_| !matches!(failure, Failure::DiskFull(_)) && damaged()) else {
+        return Err(failure);
+    };
+    let _ = job.apply(transition);
+    let error =
+        format!("{failure:#} (the daemon wrote it again from its own copy, the damaged file is job.json.damaged)");
+    job.apply(Transition::Damaged { error })?;
+    queue.replace_damaged(&job)?;
+    tracing::warn!("job {id} failed: {}", job.error.as_deref().unwrap_or_default());
+    Ok(job)
+}
+
+/// Whether `dir` has room for a small file: 64 KiB written (and fsynced) and removed.
+fn has_space(dir: &std::path::Path) -> bool {
+    let probe = dir.join(".space-probe");
+    let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+    let _ = std::fs::remove_file(&probe);
+    written.is_ok()
+}
+
 /// The bytes an unprivileged writer may still use on `path`'s file system.
 fn free_bytes(path: &std::path::Path) -> u64 {
     nix::sys::statvfs::statvfs(path).map_or(0, |s| s.blocks_available() * s.fragment_size())
-}
-
-/// ENOSPC or EDQUOT anywhere in the chain.
-fn is_disk_full(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .is_some_and(|code| code == nix::libc::ENOSPC || code == nix::libc::EDQUOT)
-    })
 }
 
 enum GateEnd {

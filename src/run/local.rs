@@ -203,10 +203,13 @@ impl Local<'_> {
     /// One gym pass, with early stop's order and sink when the plan and extent ask for it.
     async fn run_gym(&self, endpoint: &model::Endpoint) -> anyhow::Result<Executed> {
         let request = self.request;
-        let mut settings = self.gym_settings(endpoint)?;
+        let mut settings = self.gym_settings(endpoint).await?;
         settings.sinks.push(self.silence.sink(endpoint.silence_hook()));
         if request.extent == Extent::Plan && request.plan.profile.early_stop {
-            let (order, sink) = early::watch(&self.claimed.dir, request, settings.seed, &self.session.root)?;
+            // Reads both runs' records and writes early_stop.json: on the blocking pool.
+            let (dir, watched, seed, root) =
+                (self.claimed.dir.clone(), request.clone(), settings.seed, self.session.root.clone());
+            let (order, sink) = runtime::blocking(move || early::watch(&dir, &watched, seed, &root)).await?;
             settings.order = Some(order);
             settings.sinks.push(sink);
         }
@@ -217,7 +220,10 @@ impl Local<'_> {
     async fn run_adaptive(&self, endpoint: &model::Endpoint) -> anyhow::Result<()> {
         let request = self.request;
         let attempts = request.plan.adaptive.as_ref().map_or(0, |a| a.attempts);
-        let rounds = (0..attempts).map(|_| self.gym_settings(endpoint)).collect::<anyhow::Result<Vec<_>>>()?;
+        let mut rounds = Vec::new();
+        for _ in 0..attempts {
+            rounds.push(self.gym_settings(endpoint).await?);
+        }
         let log = adaptive::search(
             &self.session.pyenv,
             &self.claimed.dir,
@@ -260,7 +266,7 @@ impl Local<'_> {
     /// How the gym runs this version's cases. The agent it spawns: the version's own
     /// `agent_cmd`, or `pruefstand agent` configured from the spec. The API key travels
     /// by environment only.
-    fn gym_settings(&self, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
+    async fn gym_settings(&self, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
         let (request, run_dir) = (self.request, &self.claimed.dir);
         let (version, plan) = (&request.version, &request.plan);
         let spec = &version.spec;
@@ -289,7 +295,8 @@ impl Local<'_> {
                     ..agent::AgentConfig::default()
                 };
                 let path = run_dir.path_of(RunFile::AgentConfig);
-                util::write_json_atomic(&path, &config)?;
+                let written = path.clone();
+                runtime::blocking(move || util::write_json_atomic(&written, &config)).await?;
                 let exe = std::env::current_exe().context("finding the pruefstand binary for the agent")?;
                 vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
             }
@@ -305,7 +312,7 @@ impl Local<'_> {
         };
         Ok(GymSettings {
             agent_cmd,
-            concurrency: self.concurrency(),
+            concurrency: self.concurrency().await,
             metrics_url: concurrency::metrics_url(endpoint.base_url.expose()),
             display_name: spec.model.display_name.clone(),
             case_timeout_s: plan.case_timeout_s,
@@ -322,14 +329,15 @@ impl Local<'_> {
 
     /// `--jobs N` holds N cases in flight; without it the server steers, starting where
     /// the last run of the same served model settled (else at the plan's `jobs`).
-    fn concurrency(&self) -> Concurrency {
+    async fn concurrency(&self) -> Concurrency {
         let (root, request) = (&self.session.root, self.request);
         if let Some(jobs) = request.jobs {
             return Concurrency::Fixed(jobs);
         }
         let ceiling = root.config.run.max_in_flight;
         let served = request.version.request_model();
-        let stored = concurrency::load_capacity(&root.state(), served);
+        let (state, model) = (root.state(), served.to_string());
+        let stored = runtime::blocking(move || concurrency::load_capacity(&state, &model)).await;
         let start = stored.as_ref().map_or(request.plan.jobs, |c| c.settled).clamp(1, ceiling);
         if let Some(stored) = stored {
             tracing::info!("{served}: starting at {start} cases in flight (run {})", stored.run_id);

@@ -33,6 +33,7 @@ use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServe
 use crate::root::{self, Root};
 use crate::rundir::{Claimed, Identity, Reading, RunDir};
 use crate::spec::{Backend, Version};
+use crate::util::Failure;
 use crate::{export, judge, report};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
@@ -101,6 +102,7 @@ pub enum ReferencePolicy {
 /// One run as asked for: the version, the plan it runs (resolved against the installed
 /// AgentDojo; a shard's is a slice of it), the reference policy, how many cases are in
 /// flight, how much of the plan, and where it lands.
+#[derive(Clone)]
 pub struct RunRequest {
     pub version: Version,
     pub plan: Plan,
@@ -253,24 +255,6 @@ pub struct Finished {
     pub reference: Option<(PathBuf, bool)>,
 }
 
-/// A run its control stopped (Ctrl-C, SIGTERM, a cancel) after its directory was
-/// claimed: the finished cases are kept in `run_dir`, the directory to resume (`--out`)
-/// — the candidate's, also when the stop came during its reference's run. Shows as
-/// `cause`, which says where it stopped.
-#[derive(Debug)]
-pub struct Interrupted {
-    pub run_dir: PathBuf,
-    pub cause: anyhow::Error,
-}
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.cause)
-    }
-}
-
-impl std::error::Error for Interrupted {}
-
 /// What every run of one caller shares: the bench root, the venv, the container pool
 /// (warm across a daemon's jobs) and the caller's control.
 pub struct Session {
@@ -297,8 +281,9 @@ impl Session {
 
     /// Runs `request` to its judgement: the executor's check, the preflight, the run
     /// directory, the reference first when R4 needs one, the cases, the records and
-    /// the judgement.
-    pub async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> anyhow::Result<Finished> {
+    /// the judgement. A stop after the directory was claimed is
+    /// [`Failure::Interrupted`], a full disk [`Failure::DiskFull`].
+    pub async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> Result<Finished, Failure> {
         executor.check(request)?;
         // The exports the adapter was trained on, read before anything runs: a missing
         // or changed one stops the run here, not after the night (R1 judges what they
@@ -319,12 +304,12 @@ impl Session {
             let (executed, served) = executor.execute(self, request, &claimed).await?;
             let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
             let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served).await?;
-            Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
+            anyhow::Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
         }
         .await;
         finished.map_err(|cause| match self.control.is_stopped() {
-            true => Interrupted { run_dir: claimed.dir.path.clone(), cause }.into(),
-            false => cause,
+            true => Failure::Interrupted { run_dir: claimed.dir.path.clone(), cause },
+            false => Failure::of(cause),
         })
     }
 

@@ -15,6 +15,9 @@ pub mod policy;
 pub mod server;
 pub mod truth;
 
+#[cfg(test)]
+pub(crate) mod fuzz;
+
 pub use crate::settings::sim::SimConfig;
 pub use server::{Server, SimSettings};
 pub use truth::Truth;

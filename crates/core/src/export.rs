@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use crate::case::{CaseKind, CaseRecord, Outcome};
 use crate::family;
 use crate::record::{RunMeta, TrainedExport};
-use crate::rundir::{self, RunDir, RunFile, VersionFile};
+use crate::rundir::{self, Reading, RunDir, RunFile, VersionFile};
 use crate::util;
 
 /// The manifest's name beside its export: `FILE.manifest.json`.
@@ -129,7 +129,12 @@ impl Source {
             .with_context(|| format!("{}: its version.json", dir.display()))?
             .with_context(|| format!("{}: no {}", dir.display(), RunFile::Version.name()))?;
         let mut records: Vec<CaseRecord> = Vec::new();
-        for record in run_dir.read_cases_strict().with_context(|| format!("{}: its case records", dir.display()))? {
+        let cases =
+            run_dir.read_cases(Reading::Strict).with_context(|| format!("{}: its case records", dir.display()))?;
+        if let Some((line, why)) = cases.faults.first() {
+            bail!("{}:{line}: {why}", run_dir.cases_file().display());
+        }
+        for record in cases.records {
             records.retain(|r| r.case_id != record.case_id);
             records.push(record);
         }

@@ -13,6 +13,10 @@
 pub mod util;
 // The debug check that blocking work stays off the async runtime's workers.
 pub mod blocking;
+// For tests only: the fuzzing harness and its generators (the binary's tests too, by
+// the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+pub mod fuzzing;
 // Reading configuration files and names, with errors at file:line:col.
 pub mod input;
 // The names of the figures and how bounds are said, for every view.

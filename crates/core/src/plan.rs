@@ -635,3 +635,6 @@ attacks = ["important_instructions"]
         assert!(err.contains("unknown attack \"nope\"") && err.contains("important_instructions"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod fuzz;

@@ -311,3 +311,76 @@ pub fn truth_file(pyenv: &PyEnv, benchmark_version: &str) -> anyhow::Result<Path
         .context("exporting the tasks' ground truth")?;
     Ok(pyenv.cache.join(format!("{key}.json")))
 }
+
+/// The manifest's reader, the one `build.rs` embeds by: here for the tests that check
+/// the embedded list against the manifest.
+#[cfg(test)]
+#[path = "../gym_manifest.rs"]
+mod gym_manifest;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scripts() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+    }
+
+    fn embedded() -> Vec<&'static str> {
+        GYM_FILES.iter().map(|(path, _)| *path).collect()
+    }
+
+    #[test]
+    fn exactly_the_manifests_files_are_embedded() {
+        let manifest = std::fs::read_to_string(scripts().join("gym.manifest")).unwrap();
+        assert_eq!(embedded(), gym_manifest::parse(&manifest).unwrap());
+        for (path, bytes) in GYM_FILES {
+            assert_eq!(*bytes, std::fs::read(scripts().join(path)).unwrap().as_slice(), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_tools_beside_the_gym_do_not_ship() {
+        // Files in scripts/ that a deny-list by extension would have taken along.
+        for stray in ["README.md", "custom_suites/README.md", "vllm-cpu/convert_model.py", "vllm-cpu/constraints.txt"] {
+            assert!(scripts().join(stray).is_file(), "{stray} should exist for this test to mean something");
+            assert!(!embedded().contains(&stray), "{stray} is embedded");
+        }
+        for tool in ["test", "bench", "faults", "package", "gym.manifest"] {
+            assert!(!embedded().contains(&tool), "{tool} is embedded");
+        }
+    }
+
+    /// A new module of the gym that the manifest forgets would fail at run time, far
+    /// from its cause: every Python or JSON file in the gym's own folders is listed.
+    #[test]
+    fn every_file_of_the_gym_package_is_listed() {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() && !path.ends_with("__pycache__") {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "py" || e == "json" || e == "yaml") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        for folder in ["pruefstand_gym", "custom_suites", "examples"] {
+            walk(&scripts().join(folder), &mut files);
+        }
+        assert!(files.len() > 20, "{files:?}");
+        for file in files {
+            let rel = file.strip_prefix(scripts()).unwrap().to_string_lossy().into_owned();
+            assert!(embedded().contains(&rel.as_str()), "scripts/{rel} is not in scripts/gym.manifest");
+        }
+    }
+
+    #[test]
+    fn the_gyms_entry_points_are_embedded() {
+        for needed in ["gym.py", "requirements.txt", "pruefstand_gym/runner.py", "selftest.py"] {
+            assert!(gym_file(needed).is_ok(), "{needed}");
+        }
+        assert!(gym_file("bench").is_err());
+    }
+}

@@ -381,6 +381,7 @@ impl Queue {
     }
 
     pub fn lock(&self) -> anyhow::Result<QueueLock> {
+        crate::blocking::assert_may_block("Queue::lock (a flock)");
         let file = open_private(&self.dir.join("queue.lock"))?;
         let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| e)

@@ -61,7 +61,37 @@ pub struct ModelServerFacts {
     pub log_tail: Vec<String>,
 }
 
-/// `run.json` in a run directory, written by `run`, read by `pruefstand judge`.
+/// The run store's format, named by `run.json`'s first field (docs/reports.md): a new
+/// `major` is a change an older reader would misread, and such a reader refuses the run;
+/// a new `minor` adds what an older reader may ignore.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StoreFormat {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl StoreFormat {
+    /// The format this build writes, and the newest major it reads.
+    pub const CURRENT: StoreFormat = StoreFormat { major: 1, minor: 0 };
+    /// A `run.json` without the field: written before the store had a version, read as
+    /// it always was.
+    pub const BEFORE_VERSIONING: StoreFormat = StoreFormat { major: 0, minor: 0 };
+
+    /// Whether this build can read a run of this format: any older one, and a newer
+    /// minor of its own major.
+    pub fn readable(self) -> bool {
+        self.major <= StoreFormat::CURRENT.major
+    }
+}
+
+impl std::fmt::Display for StoreFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// `run.json` in a run directory, written by `run`, read by `pruefstand judge`; the file
+/// opens with the [`StoreFormat`], which `rundir` writes and checks.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct RunMeta {
     pub run_id: String,

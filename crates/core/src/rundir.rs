@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::case::{Case, CaseRecord};
 use crate::plan::{Adaptive, Plan};
 use crate::pyenv::Inventory;
-use crate::record::{EarlyStop, EnvCheck, RunMeta, SearchLog};
+use crate::record::{EarlyStop, EnvCheck, RunMeta, SearchLog, StoreFormat};
 use crate::settings::thresholds::Thresholds;
 use crate::spec::Version;
 use crate::util;
@@ -623,15 +623,28 @@ impl RunDir {
         self.read_json(RunFile::Version)
     }
 
-    /// `run.json`: the run's facts.
+    /// `run.json`: the run's facts, after the store format they are written in.
     pub fn write_run_meta(&self, meta: &RunMeta) -> anyhow::Result<()> {
-        self.write_json(RunFile::RunMeta, meta)
+        #[derive(Serialize)]
+        struct Versioned<'a> {
+            store_format: StoreFormat,
+            #[serde(flatten)]
+            meta: &'a RunMeta,
+        }
+        self.write_json(RunFile::RunMeta, &Versioned { store_format: StoreFormat::CURRENT, meta })
     }
 
-    /// `run.json`, which every run that was judged has: missing is an error.
+    /// `run.json`, which every run that was judged has: missing is an error, and so is
+    /// a run in a store format newer than this build reads (its `store_format` is read
+    /// first, so the refusal names the versions rather than a field it misread).
     pub fn read_run_meta(&self) -> anyhow::Result<RunMeta> {
         let path = self.path_of(RunFile::RunMeta);
-        self.read_json(RunFile::RunMeta)?.with_context(|| format!("reading {}: no such file", path.display()))
+        let bytes = match std::fs::read(&path) {
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!("reading {}: no such file", path.display()),
+            other => other.with_context(|| format!("reading {}", path.display()))?,
+        };
+        check_store_format(&self.path, &bytes)?;
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
     }
 
     /// `thresholds.json`: the thresholds of the run's plan.
@@ -737,6 +750,28 @@ impl CasesWriter {
     }
 }
 
+/// Refuses a `run.json` whose `store_format` is newer than this build reads, naming
+/// the run directory and both formats; one without the field is from before versioning.
+fn check_store_format(run_dir: &Path, run_json: &[u8]) -> anyhow::Result<StoreFormat> {
+    #[derive(Deserialize)]
+    struct FormatOnly {
+        #[serde(default)]
+        store_format: Option<StoreFormat>,
+    }
+    let named: FormatOnly = serde_json::from_slice(run_json)
+        .with_context(|| format!("parsing {}", RunFile::RunMeta.path_in(run_dir).display()))?;
+    let format = named.store_format.unwrap_or(StoreFormat::BEFORE_VERSIONING);
+    if !format.readable() {
+        bail!(
+            "{} is in the run store's format {format}, newer than this pruefstand reads ({}): read it with a \
+             newer pruefstand",
+            run_dir.display(),
+            StoreFormat::CURRENT
+        );
+    }
+    Ok(format)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -752,6 +787,43 @@ mod tests {
             plan_hash: "plan-hash-000000".into(),
             benchmark_version: "v1.2.2".into(),
         }
+    }
+
+    /// The format `run.json` names, after it was read whole.
+    fn format_of(run: &RunDir) -> StoreFormat {
+        run.read_run_meta().unwrap();
+        check_store_format(&run.path, &std::fs::read(run.path_of(RunFile::RunMeta)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn run_json_names_its_store_format_first_and_a_newer_major_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        run.write_run_meta(&RunMeta { run_id: "r".into(), ..RunMeta::default() }).unwrap();
+        let text = std::fs::read_to_string(run.path_of(RunFile::RunMeta)).unwrap();
+        assert!(text.starts_with("{\n  \"store_format\": {\n    \"major\": 1,\n    \"minor\": 0\n  },"), "{text}");
+        assert_eq!(format_of(&run), StoreFormat::CURRENT);
+
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value["store_format"]["minor"] = 7.into();
+        util::write_json_atomic(&run.path_of(RunFile::RunMeta), &value).unwrap();
+        assert_eq!(format_of(&run), StoreFormat { major: 1, minor: 7 }, "a newer minor is read");
+
+        // A newer major may have changed any field: refused before the rest is parsed.
+        value["store_format"]["major"] = 2.into();
+        value["planned_case_ids"] = "no longer a list".into();
+        util::write_json_atomic(&run.path_of(RunFile::RunMeta), &value).unwrap();
+        let err = format!("{:#}", run.read_run_meta().unwrap_err());
+        assert!(
+            err.contains(&dir.path().display().to_string())
+                && err.contains("format 2.7, newer than this pruefstand reads (1.0)"),
+            "{err}"
+        );
+
+        value.as_object_mut().unwrap().remove("store_format");
+        value["planned_case_ids"] = serde_json::json!([]);
+        util::write_json_atomic(&run.path_of(RunFile::RunMeta), &value).unwrap();
+        assert_eq!(format_of(&run), StoreFormat::BEFORE_VERSIONING, "a run from before versioning is read");
     }
 
     #[test]

@@ -758,3 +758,6 @@ susceptibility = 0.02
         assert!(err.contains("DIR/cand.toml:") && err.contains("heuristic") && err.contains("magic"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod fuzz;

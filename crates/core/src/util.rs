@@ -16,9 +16,68 @@ pub const EXIT_INVALID: u8 = 12;
 /// Bad input, missing tools, a run that could not be carried out.
 pub const EXIT_COULD_NOT_RUN: u8 = 2;
 
+/// How an operation failed, for the callers that act differently on each: the daemon
+/// waits out a full disk instead of failing the job, `run` says how to resume an
+/// interrupted run. Sorted once, where the error is made ([`Failure::of`]); callers
+/// match on it. `{}` shows the top message, `{:#}` the whole chain, and `?` turns it into
+/// an `anyhow::Error` that keeps the chain.
+#[derive(Debug)]
+pub enum Failure {
+    /// No room left: ENOSPC or EDQUOT somewhere in the cause. Worth retrying once
+    /// there is space.
+    DiskFull(anyhow::Error),
+    /// A run its control stopped (Ctrl-C, SIGTERM, a cancel) after its directory was
+    /// claimed: the finished cases are kept in `run_dir`, the directory to resume —
+    /// the candidate's, also when the stop came during its reference's run. `cause`
+    /// says where it stopped.
+    Interrupted { run_dir: std::path::PathBuf, cause: anyhow::Error },
+    /// Anything else.
+    Other(anyhow::Error),
+}
+
+impl Failure {
+    /// `err` sorted by its cause: a full disk when an I/O error in its chain says so,
+    /// otherwise [`Failure::Other`].
+    pub fn of(err: anyhow::Error) -> Failure {
+        let disk_full = err.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+                .is_some_and(|code| code == nix::libc::ENOSPC || code == nix::libc::EDQUOT)
+        });
+        if disk_full { Failure::DiskFull(err) } else { Failure::Other(err) }
+    }
+
+    /// The error underneath, whichever kind.
+    pub fn cause(&self) -> &anyhow::Error {
+        match self {
+            Failure::DiskFull(cause) | Failure::Interrupted { cause, .. } | Failure::Other(cause) => cause,
+        }
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Failure {
+        Failure::of(err)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if f.alternate() { write!(f, "{:#}", self.cause()) } else { write!(f, "{}", self.cause()) }
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause().source()
+    }
+}
+
 /// Writes a file so that a crash leaves either the old or the new content: write to a
 /// temporary file beside it, fsync, rename, fsync the folder.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    crate::blocking::assert_may_block("util::write_atomic (two fsyncs)");
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("writing into {}", dir.display()))?;
@@ -175,6 +234,23 @@ pub fn local_time(rfc3339: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_told_from_other_failures_through_any_context() {
+        let enospc = anyhow::Error::new(std::io::Error::from_raw_os_error(nix::libc::ENOSPC))
+            .context("writing cases.jsonl")
+            .context("recording case 7");
+        let failure = Failure::of(enospc);
+        assert!(matches!(failure, Failure::DiskFull(_)), "{failure:?}");
+        assert!(format!("{failure:#}").starts_with("recording case 7: writing cases.jsonl: "), "{failure:#}");
+        assert_eq!(failure.to_string(), "recording case 7");
+        // Back through `?` into anyhow, the chain (and so the kind) survives.
+        let again: anyhow::Error = failure.into();
+        assert!(matches!(Failure::of(again), Failure::DiskFull(_)));
+        let denied = anyhow::Error::new(std::io::Error::from_raw_os_error(nix::libc::EACCES)).context("writing");
+        assert!(matches!(Failure::of(denied), Failure::Other(_)));
+        assert!(matches!(Failure::of(anyhow!("no such version")), Failure::Other(_)));
+    }
 
     #[test]
     fn cut_keeps_short_text_and_marks_a_cut() {
