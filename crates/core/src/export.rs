@@ -121,6 +121,7 @@ impl Source {
         let bytes = std::fs::read(&run_json).with_context(|| {
             format!("{}: not a finished run directory: cannot read {}", dir.display(), run_json.display())
         })?;
+        rundir::check_store_format(dir, &bytes)?;
         let meta: RunMeta =
             serde_json::from_slice(&bytes).with_context(|| format!("{}: not a run's run.json", run_json.display()))?;
         let run_dir = RunDir::new(dir);

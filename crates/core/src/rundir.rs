@@ -752,7 +752,7 @@ impl CasesWriter {
 
 /// Refuses a `run.json` whose `store_format` is newer than this build reads, naming
 /// the run directory and both formats; one without the field is from before versioning.
-fn check_store_format(run_dir: &Path, run_json: &[u8]) -> anyhow::Result<StoreFormat> {
+pub(crate) fn check_store_format(run_dir: &Path, run_json: &[u8]) -> anyhow::Result<StoreFormat> {
     #[derive(Deserialize)]
     struct FormatOnly {
         #[serde(default)]
