@@ -12,13 +12,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::case::Case;
 use crate::gym::{self, GymSettings};
-use crate::plan::{Adaptive, Plan};
-use crate::pyenv::{Inventory, PyEnv};
-use crate::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
-use crate::rundir::{RunDir, RunFile};
-use crate::{family, runtime};
+use crate::runtime;
+use pruefstand_core::case::Case;
+use pruefstand_core::family;
+use pruefstand_core::plan::{Adaptive, Plan};
+use pruefstand_core::pyenv::{Inventory, PyEnv};
+use pruefstand_core::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
+use pruefstand_core::rundir::{RunDir, RunFile};
 
 // The search's steps on its log: the log is plain data (`record`), how it grows is
 // this module's.

@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::record::{ConcurrencyFacts, ConcurrencyMode};
-use crate::util;
+use pruefstand_core::record::{ConcurrencyFacts, ConcurrencyMode};
+use pruefstand_core::util;
 
 /// How the gym's in-flight count is chosen.
 #[derive(Clone, Debug, PartialEq)]
@@ -335,7 +335,7 @@ impl State {
         if self.auto {
             self.facts.settled = settled(&self.history).unwrap_or(self.target);
         }
-        self.facts.prefix_cache = self.prefix_cache.map(|((q0, h0), (q1, h1))| crate::record::PrefixCache {
+        self.facts.prefix_cache = self.prefix_cache.map(|((q0, h0), (q1, h1))| pruefstand_core::record::PrefixCache {
             queries: (q1 - q0).max(0.0).round() as u64,
             hits: (h1 - h0).max(0.0).round() as u64,
         });

@@ -41,12 +41,12 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use crate::queue::Job;
-use crate::root::{CONFIG_FILE, Root};
-use crate::rundir::RunFile;
-use crate::settings::url::SecretUrl;
-use crate::settings::{HookConfig, Kind, Secret};
-use crate::util;
+use pruefstand_core::queue::Job;
+use pruefstand_core::root::{CONFIG_FILE, Root};
+use pruefstand_core::rundir::RunFile;
+use pruefstand_core::settings::url::SecretUrl;
+use pruefstand_core::settings::{HookConfig, Kind, Secret};
+use pruefstand_core::util;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
@@ -172,7 +172,7 @@ pub struct Facts {
     pub asr: Option<f64>,
     /// The figure R2 judged, by its name (`held-out ASR` when the plan held families
     /// out): the judgement's `figures.decisive`.
-    pub decisive: Option<crate::judge::Decisive>,
+    pub decisive: Option<pruefstand_core::judge::Decisive>,
     pub run_dir: Option<PathBuf>,
     pub report: Option<PathBuf>,
     pub error: Option<String>,
@@ -190,7 +190,7 @@ impl Facts {
         let report =
             [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
         // A job failed at its verdict (its file damaged) keeps the verdict it reached.
-        let failed = job.state == crate::queue::State::Failed;
+        let failed = job.state == pruefstand_core::queue::State::Failed;
         Facts {
             outcome: verdict.clone().filter(|_| !failed).unwrap_or_else(|| "failed".into()),
             job: job.id,
@@ -229,7 +229,7 @@ impl Facts {
     /// A few chat lines (Markdown-ish, fine for every chat kind): the outcome, the
     /// figure R2 judged, the other figures by their names (`judge::words`), the summary.
     pub fn message(&self) -> String {
-        use crate::words;
+        use pruefstand_core::words;
         let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
         if let Some(d) = &self.decisive {
@@ -365,7 +365,7 @@ impl Ledger {
         let notes = util::lock(&self.notes).clone();
         let mut bytes = serde_json::to_vec_pretty(&notes)?;
         bytes.push(b'\n');
-        crate::queue::write_private(&dir.join(LEDGER_FILE), &bytes)
+        pruefstand_core::queue::write_private(&dir.join(LEDGER_FILE), &bytes)
     }
 
     pub fn job(&self) -> u64 {
@@ -523,7 +523,7 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
                 "pruefstand-{}-{}-{}",
                 facts.job,
                 facts.outcome,
-                crate::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or("")
+                pruefstand_core::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or("")
             );
             let request = client
                 .put(format!("{}/{txn}", url.trim_end_matches('/')))
@@ -562,7 +562,7 @@ async fn exec(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
     use std::os::unix::process::CommandExt;
     // Only the verdict's facts: other hooks' secrets stay out of this one's environment.
     let mut command = std::process::Command::new(&hook.argv[0]);
-    crate::util::minimal_env(&mut command);
+    pruefstand_core::util::minimal_env(&mut command);
     command.args(&hook.argv[1..]).envs(facts.env()).stdin(std::process::Stdio::null());
     // Its own process group: a hook that times out is killed with everything it started.
     command.process_group(0);
@@ -634,8 +634,8 @@ mod tests {
 
     #[test]
     fn the_chat_text_names_the_figure_r2_judged_and_the_others_by_their_names() {
-        let decisive = crate::judge::Decisive {
-            rule: crate::judge::RuleId::R2,
+        let decisive = pruefstand_core::judge::Decisive {
+            rule: pruefstand_core::judge::RuleId::R2,
             name: "held-out ASR".into(),
             rate: 17.0 / 64.0,
             hits: 17,
@@ -647,10 +647,10 @@ mod tests {
             alpha_lower: 0.05,
             alpha_upper: 0.03,
             bound: 0.165,
-            bound_side: crate::words::BoundSide::Lower,
+            bound_side: pruefstand_core::words::BoundSide::Lower,
             level: 0.95,
             limit: 0.1,
-            status: crate::record::RuleStatus::Fail,
+            status: pruefstand_core::record::RuleStatus::Fail,
             sequential: false,
             text: "held-out ASR 26.6 % (17/64), 95 % lower bound 16.5 % > limit 10 %".into(),
         };

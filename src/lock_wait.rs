@@ -4,8 +4,8 @@
 //! caller's stop (a signal, a queue change) comes first. Taking the lock is the core's
 //! ([`RunLock`]); only the waiting is async, so it lives here, not in the core.
 
-use crate::blocking;
-use crate::rundir::{LockError, RunLock};
+use pruefstand_core::blocking;
+use pruefstand_core::rundir::{LockError, RunLock};
 
 /// How often a waiter looks at a lock again.
 pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);

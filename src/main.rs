@@ -4,17 +4,11 @@
 //! (docs/architecture.md), leaves first; one file per command lives in `cmd`.
 
 // The synchronous core (crates/core): cases, records, the run directory, plans, specs,
-// settings, statistics, the judge and the reports. Imported here under their own names,
-// so `crate::rundir` reads the same in every module of the binary.
+// settings, statistics, the judge and the reports. Every module of the binary names
+// its paths as `pruefstand_core::…`, so a path says which crate it lives in.
 #[macro_use]
 extern crate pruefstand_core;
-use pruefstand_core::{
-    benchlock, blocking, case, console, export, family, input, judge, order, plan, pyenv, queue, record, report, root,
-    rundir, settings, spec, study, telemetry, util, words,
-};
-// The fuzzing harness the fuzz tests beside the binary's parsers share.
-#[cfg(test)]
-use pruefstand_core::fuzzing;
+use pruefstand_core::{console, util};
 
 // The orchestrator: a module uses only the core and modules declared above it
 // (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order

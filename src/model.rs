@@ -11,11 +11,11 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::container::{self, AcquireError};
-use crate::record::ModelServerFacts;
-use crate::settings::url::SecretUrl;
 use crate::sim;
-use crate::spec::{Backend, Version};
-use crate::util;
+use pruefstand_core::record::ModelServerFacts;
+use pruefstand_core::settings::url::SecretUrl;
+use pruefstand_core::spec::{Backend, Version};
+use pruefstand_core::util;
 
 /// Where a docker model's container comes from and what it is labelled with.
 pub struct UpContext<'a> {

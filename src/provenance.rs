@@ -12,9 +12,9 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::container::pool::Container;
-use crate::rundir::{RunDir, RunFile};
-use crate::spec::Version;
-use crate::util;
+use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::spec::Version;
+use pruefstand_core::util;
 
 /// Files up to this size are hashed (sha256); larger ones (weights) are recorded by
 /// size and mtime only — hashing tens of GB per run would cost minutes.

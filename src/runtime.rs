@@ -1,5 +1,5 @@
 //! The process's async runtime and the one way blocking work leaves it: every runtime
-//! this binary builds marks its threads (`crate::blocking`'s debug check), and
+//! this binary builds marks its threads (`pruefstand_core::blocking`'s debug check), and
 //! [`blocking`] runs a closure on tokio's blocking pool — a flock, a child process's
 //! wait, the pip venv build, judging and writing the reports, an fsync — so the
 //! workers keep serving the other tasks (the daemon's inbox, the warm pool, the
@@ -11,7 +11,7 @@ use std::io;
 pub fn multi_thread(workers: usize) -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
-        .on_thread_start(crate::blocking::mark_runtime_thread)
+        .on_thread_start(pruefstand_core::blocking::mark_runtime_thread)
         .enable_all()
         .build()
 }
@@ -20,17 +20,17 @@ pub fn multi_thread(workers: usize) -> io::Result<tokio::runtime::Runtime> {
 /// the thread that drives it is the caller's own.
 pub fn current_thread() -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
-        .on_thread_start(crate::blocking::mark_runtime_thread)
+        .on_thread_start(pruefstand_core::blocking::mark_runtime_thread)
         .enable_all()
         .build()
 }
 
-/// Runs `f` on the blocking pool (inside a `crate::blocking::section`, in the caller's
+/// Runs `f` on the blocking pool (inside a `pruefstand_core::blocking::section`, in the caller's
 /// tracing span) and waits for it without holding a worker; a panic in `f` resumes here.
 pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
     // In the caller's span: a daemon job's messages reach its log from the pool too.
     let span = tracing::Span::current();
-    match tokio::task::spawn_blocking(move || span.in_scope(|| crate::blocking::section(f))).await {
+    match tokio::task::spawn_blocking(move || span.in_scope(|| pruefstand_core::blocking::section(f))).await {
         Ok(value) => value,
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
         // The runtime is shutting down: the caller's task goes with it.
@@ -44,7 +44,7 @@ mod tests {
 
     /// One of the core's guarded entry points: a run lock's flock.
     fn take_lock(dir: &std::path::Path) -> bool {
-        crate::rundir::RunLock::try_take_as(&dir.join("lock"), "a test").is_ok()
+        pruefstand_core::rundir::RunLock::try_take_as(&dir.join("lock"), "a test").is_ok()
     }
 
     #[test]

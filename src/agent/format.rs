@@ -39,7 +39,7 @@ use regex::Regex;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::settings::defence::{ToolCalling, ToolResultRole};
+use pruefstand_core::settings::defence::{ToolCalling, ToolResultRole};
 
 /// One message of the adapter's `messages` (protocol §1), leniently read: `content` may
 /// be a string, null or a list of AgentDojo content blocks.

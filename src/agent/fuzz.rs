@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 
 use crate::agent::format::{self, Turn};
 use crate::agent::{Agent, AgentConfig};
-use crate::fuzzing::{HOSTILE_TOML, any_text, check, fuzz, json_value, loaded_text, names_file};
-use crate::settings::sim::SimConfig;
 use crate::sim::fuzz::sim_settings;
 use crate::sim::server::Server;
+use pruefstand_core::fuzzing::{HOSTILE_TOML, any_text, check, fuzz, json_value, loaded_text, names_file};
+use pruefstand_core::settings::sim::SimConfig;
 
 fn counter_ids() -> impl FnMut() -> String {
     let mut n = 0;
@@ -120,7 +120,7 @@ fn a_streamed_answer_folds_or_fails_in_words_however_it_arrives() {
 fn agent_config_parser_names_the_file() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     // The file a run writes for the default agent.
-    let path = crate::rundir::RunFile::AgentConfig.path_in(dir.path());
+    let path = pruefstand_core::rundir::RunFile::AgentConfig.path_in(dir.path());
     let shaped = (json_value(), json_value(), prop::sample::select(HOSTILE_TOML.to_vec())).prop_map(|(a, b, num)| {
         // NaN and infinities are not JSON; their TOML spelling makes the line unparsable.
         format!(r#"{{"model": {a}, "base_url": {b}, "request_timeout_s": {num}, "max_retries": 2}}"#)

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::format::ToolCall;
 use super::llm::{Llm, yes_no};
-use crate::settings::defence::HumanSpec;
+use pruefstand_core::settings::defence::HumanSpec;
 
 /// Side-effecting tools and their target arguments, by tool name (names mean the same
 /// thing in every suite that has them). Checked against AgentDojo 0.1.35

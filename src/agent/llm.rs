@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::stream::{Assembly, Fed};
-use crate::case::CANNOT_CONNECT;
-use crate::settings::url::SecretUrl;
-use crate::util;
+use pruefstand_core::case::CANNOT_CONNECT;
+use pruefstand_core::settings::url::SecretUrl;
+use pruefstand_core::util;
 
 /// Why a model call produced no usable turn. The `Display` text is the protocol's
 /// `{"error": ...}` reason.

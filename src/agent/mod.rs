@@ -28,12 +28,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::case::AgentStats;
-use crate::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use format::{Message, ToolSpec, Turn};
 use guardrail::Guardrail;
 use human::{Decision, Human};
 use llm::{Llm, LlmError};
+use pruefstand_core::case::AgentStats;
+use pruefstand_core::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 
 /// `agent.json`, written by `run` and read by `pruefstand agent --config`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -199,7 +199,7 @@ fn read_messages(raw: &[Value]) -> Result<Vec<Message>, LlmError> {
 }
 
 fn prefix_hash(raw: &[Value]) -> String {
-    crate::util::sha256_hex(serde_json::to_string(raw).expect("JSON values serialize").as_bytes())
+    pruefstand_core::util::sha256_hex(serde_json::to_string(raw).expect("JSON values serialize").as_bytes())
 }
 
 pub struct Agent {
@@ -475,7 +475,7 @@ impl Agent {
         for (i, m) in messages.iter_mut().enumerate().filter(|(_, m)| m.role == "tool") {
             let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) else { continue };
             // Keyed by id *and* content, so a reused id or a changed output is judged anew.
-            let key = crate::util::sha256_hex(
+            let key = pruefstand_core::util::sha256_hex(
                 format!("{}\0{}\0{text}", m.tool_call_id.as_deref().unwrap_or(""), m.function.as_deref().unwrap_or(""))
                     .as_bytes(),
             );

@@ -91,7 +91,7 @@ json.dump(out, sys.stdout)
 fn the_prompted_parser_agrees_with_agentdojos_on_a_messy_corpus() {
     let corpus = corpus();
     assert!(corpus.len() >= 200, "{} completions", corpus.len());
-    let pyenv = crate::pyenv::PyEnv::ensure().expect("the managed venv (scripts/test creates it)");
+    let pyenv = pruefstand_core::pyenv::PyEnv::ensure().expect("the managed venv (scripts/test creates it)");
     let mut child = std::process::Command::new(&pyenv.python)
         .args(["-c", AGENTDOJO])
         .stdin(std::process::Stdio::piped())

@@ -13,7 +13,7 @@
 use serde_json::{Value, json};
 
 use super::format::{self, Message, ToolSpec};
-use crate::settings::defence::{ToolCalling, ToolResultRole};
+use pruefstand_core::settings::defence::{ToolCalling, ToolResultRole};
 
 const AGENTDOJO: &str = r#"
 import json, sys
@@ -91,7 +91,7 @@ json.dump({
 "#;
 
 fn agentdojo() -> Value {
-    let pyenv = crate::pyenv::PyEnv::ensure().expect("the managed venv (scripts/test creates it)");
+    let pyenv = pruefstand_core::pyenv::PyEnv::ensure().expect("the managed venv (scripts/test creates it)");
     let output = std::process::Command::new(&pyenv.python)
         .args(["-c", AGENTDOJO])
         .arg(&pyenv.scripts)

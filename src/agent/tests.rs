@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::util;
+use pruefstand_core::util;
 
 #[derive(Default)]
 struct Mock {
@@ -377,7 +377,7 @@ async fn server_down_is_an_error_after_retries() {
         e.starts_with("model server: cannot connect: error sending request") && e.contains("gave up after 3 attempts"),
         "{e}"
     );
-    assert!(crate::case::is_unreachable(e), "{e}");
+    assert!(pruefstand_core::case::is_unreachable(e), "{e}");
     assert_eq!(replies[0]["stats"]["llm_calls"], 0);
     assert_eq!(replies[0]["stats"]["prompt_tokens"], Value::Null);
 }

@@ -9,12 +9,13 @@ use anyhow::Context;
 use serde_json::Value;
 
 use super::{ArrayState, ExitRecord};
-use crate::plan::Plan;
-use crate::pyenv::Inventory;
-use crate::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
+use crate::gym;
 use crate::run::Served;
-use crate::rundir::{PlanFile, RunDir, RunFile, StoredCases};
-use crate::{gym, util};
+use pruefstand_core::plan::Plan;
+use pruefstand_core::pyenv::Inventory;
+use pruefstand_core::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
+use pruefstand_core::rundir::{PlanFile, RunDir, RunFile, StoredCases};
+use pruefstand_core::util;
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
 /// servers contribute to `run.json`. `failed` names shards that failed for good.
@@ -161,7 +162,7 @@ fn merge_checks(per_shard: Vec<Vec<EnvCheck>>) -> Vec<EnvCheck> {
     for check in per_shard.into_iter().flatten() {
         let key = (check.suite.clone(), check.injection_task.clone());
         match merged.get(&key) {
-            Some(kept) if kept.status == crate::record::EnvStatus::Failed => {}
+            Some(kept) if kept.status == pruefstand_core::record::EnvStatus::Failed => {}
             _ => {
                 merged.insert(key, check);
             }
@@ -177,7 +178,7 @@ fn read_json(path: &std::path::Path) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::EnvStatus;
+    use pruefstand_core::record::EnvStatus;
 
     fn provenance(image: &str, driver: &str) -> Value {
         serde_json::json!({"image": {"id": image}, "gpu": {"driver_version": driver, "gpus": ["Thor"]},

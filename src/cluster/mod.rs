@@ -31,12 +31,13 @@ use serde::{Deserialize, Serialize};
 use futures_util::future::BoxFuture;
 
 use crate::gym::{self, Executed};
-use crate::queue::Queue;
-use crate::record::{GpuExclusivity, ModelServerFacts};
-use crate::root::Root;
 use crate::run::{Executor, LocalGym, RunControl, RunRequest, Served, Session};
-use crate::rundir::{Claimed, RunDir, RunFile};
-use crate::{runtime, util};
+use crate::runtime;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::record::{GpuExclusivity, ModelServerFacts};
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::{Claimed, RunDir, RunFile};
+use pruefstand_core::util;
 use slurm::{ArrayId, Slurm, TaskState};
 
 /// How often the daemon looks at the array (a look is one `squeue` call).
@@ -255,7 +256,7 @@ pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
 #[derive(Clone)]
 struct Follow {
     slurm: Slurm,
-    config: crate::settings::cluster::ClusterConfig,
+    config: pruefstand_core::settings::cluster::ClusterConfig,
     /// The job's run directory.
     dir: PathBuf,
     job: u64,
@@ -279,7 +280,7 @@ impl Follow {
 
     /// The array of an earlier start (`cluster.json`), or a new one submitted now and
     /// recorded before it is followed.
-    fn array(&self, root: &Path, cases: &[crate::case::Case]) -> anyhow::Result<ArrayState> {
+    fn array(&self, root: &Path, cases: &[pruefstand_core::case::Case]) -> anyhow::Result<ArrayState> {
         let Follow { slurm, config, dir, job, .. } = self;
         if let Some(state) = ArrayState::load(dir)? {
             tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
@@ -288,7 +289,7 @@ impl Follow {
         let shards = shard::usable_shards(cases, config.shards);
         let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
         let root = root.canonicalize().context("resolving the bench root")?;
-        crate::queue::private_dir(&RunFile::Shards.path_in(dir))?;
+        pruefstand_core::queue::private_dir(&RunFile::Shards.path_in(dir))?;
         let script = RunFile::ShardScript.path_in(dir);
         util::write_atomic(&script, slurm::batch_script(&binary, &root, *job, shards)?.as_bytes())?;
         let indices: Vec<usize> = (0..shards).collect();
@@ -356,7 +357,7 @@ impl Follow {
         let recorded: usize = (0..state.shards)
             .map(|i| {
                 std::fs::read(RunFile::Cases.path_in(&shard_dir(dir, i)))
-                    .map_or(0, |b| crate::rundir::lines(&b).count())
+                    .map_or(0, |b| pruefstand_core::rundir::lines(&b).count())
             })
             .sum();
         if state.counts != counts || state.submissions.len() != submissions_before {

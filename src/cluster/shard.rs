@@ -14,15 +14,16 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 
 use super::{ArrayState, ExitRecord};
-use crate::case::Case;
 use crate::guard::{Guards, OwnProcesses, Watch};
-use crate::plan::Filters;
-use crate::queue::Queue;
-use crate::root::Root;
+use crate::gym;
 use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
-use crate::rundir::RunDir;
-use crate::util;
-use crate::{benchlock, gym};
+use pruefstand_core::benchlock;
+use pruefstand_core::case::Case;
+use pruefstand_core::plan::Filters;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::RunDir;
+use pruefstand_core::util;
 
 /// Which shard each case goes to, for `count` shards: the cases of one user task (and
 /// each injection goal on its own) form a group; groups go, largest first (ties by
@@ -140,14 +141,14 @@ struct Ran {
     cases: usize,
     skipped: usize,
     image_digest: Option<String>,
-    gpu: crate::record::GpuExclusivity,
-    model_server: Option<crate::record::ModelServerFacts>,
+    gpu: pruefstand_core::record::GpuExclusivity,
+    model_server: Option<pruefstand_core::record::ModelServerFacts>,
 }
 
 async fn execute(
     root: &Root,
     queue: &Queue,
-    job: &crate::queue::Job,
+    job: &pruefstand_core::queue::Job,
     run_dir: &Path,
     shard_dir: &Path,
     index: usize,
@@ -163,7 +164,7 @@ async fn execute(
             observed
                 .as_ref()
                 .as_ref()
-                .map_or(crate::record::GpuExclusivity::NotObserved, |w| util::lock(w).exclusivity())
+                .map_or(pruefstand_core::record::GpuExclusivity::NotObserved, |w| util::lock(w).exclusivity())
         })),
     ));
     let session = Session::open(root.clone(), control.clone()).await?;

@@ -11,8 +11,8 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use crate::settings::cluster::ClusterConfig;
-use crate::util;
+use pruefstand_core::settings::cluster::ClusterConfig;
+use pruefstand_core::util;
 
 /// A submitted job array (`sbatch --parsable` prints its id).
 pub type ArrayId = u64;
@@ -284,7 +284,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rundir::RunFile;
+    use pruefstand_core::rundir::RunFile;
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::cmd::start::{daemon_running, wait_final};
-use crate::queue::{Queue, State, Transition};
-use crate::root::Root;
+use pruefstand_core::queue::{Queue, State, Transition};
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {

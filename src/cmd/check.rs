@@ -17,15 +17,15 @@ use std::time::Duration;
 use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
-use crate::input;
-use crate::judge::contamination;
-use crate::plan::Profile;
-use crate::pyenv::{self, AGENTDOJO_VERSION};
-use crate::root::{CONFIG_FILE, Root};
-use crate::settings::defence::{ToolCalling, ToolResultRole};
-use crate::settings::{GuardConfig, Unavailable};
-use crate::spec::{Backend, Version};
-use crate::util;
+use pruefstand_core::input;
+use pruefstand_core::judge::contamination;
+use pruefstand_core::plan::Profile;
+use pruefstand_core::pyenv::{self, AGENTDOJO_VERSION};
+use pruefstand_core::root::{CONFIG_FILE, Root};
+use pruefstand_core::settings::defence::{ToolCalling, ToolResultRole};
+use pruefstand_core::settings::{GuardConfig, Unavailable};
+use pruefstand_core::spec::{Backend, Version};
+use pruefstand_core::util;
 
 const DOCKER_TIMEOUT: Duration = Duration::from_secs(3);
 const NVML_TIMEOUT: Duration = Duration::from_secs(5);
@@ -374,7 +374,7 @@ fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, rep
         }
         return;
     }
-    let exports = match crate::export::trained_exports(&paths) {
+    let exports = match pruefstand_core::export::trained_exports(&paths) {
         Ok(exports) => exports,
         Err(err) => {
             return report.fail(
@@ -455,7 +455,7 @@ fn check_model_files(version: &Version, report: &mut Report) {
                     Ok(text) => report.ok(format!(
                         "chat template {} (sha256 {}…), passed to the server as --chat-template",
                         file.display(),
-                        &crate::util::sha256_hex(&text)[..12]
+                        &pruefstand_core::util::sha256_hex(&text)[..12]
                     )),
                     Err(e) => report.fail(
                         format!("chat template {}: {e}", file.display()),

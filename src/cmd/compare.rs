@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::rundir::{LockError, RunFile, RunLock};
-use crate::{judge, report};
+use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::{judge, report};
 
 #[derive(clap::Args)]
 pub struct Args {

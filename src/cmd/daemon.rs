@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::root::Root;
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {}

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use crate::export::{self, Format};
-use crate::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::export::{self, Format};
+use pruefstand_core::rundir::{LockError, RunFile, RunLock};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FormatArg {

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::plan::Filters;
-use crate::root::Root;
 use crate::run::{AgentOnly, Extent, ReferencePolicy, RunControl, RunRequest, Session};
-use crate::rundir::RunDir;
-use crate::spec::Version;
-use crate::{telemetry, util};
+use pruefstand_core::plan::Filters;
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::RunDir;
+use pruefstand_core::spec::Version;
+use pruefstand_core::{telemetry, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -135,7 +135,7 @@ pub fn headline(telemetry: &telemetry::Telemetry) -> String {
             None => "–".into(),
         }
     };
-    use crate::words;
+    use pruefstand_core::words;
     let overflows = telemetry.format_health.asr_overflows;
     let asr = match overflows {
         0 => show("asr"),

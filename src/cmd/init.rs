@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::root;
+use pruefstand_core::root;
 
 #[derive(clap::Args)]
 pub struct Args {

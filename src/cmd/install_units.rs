@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::root::Root;
+use pruefstand_core::root::Root;
 
 pub const UNITS: [(&str, &str); 3] = [
     ("pruefstand.service", include_str!("../../units/pruefstand.service")),
@@ -35,10 +35,10 @@ pub struct Args {
 pub const PACKAGED_BIN: &str = "/usr/bin/pruefstand";
 
 /// A unit's text as the package installs it: the binary at [`PACKAGED_BIN`], the root
-/// `%h/` + [`crate::root::HOME_ROOT`] left to systemd's `%h` (the user's home), and the
+/// `%h/` + [`pruefstand_core::root::HOME_ROOT`] left to systemd's `%h` (the user's home), and the
 /// man page as the documentation (a packaged root holds no README).
 pub fn render_packaged(text: &str) -> String {
-    let root = format!("%h/{}", crate::root::HOME_ROOT);
+    let root = format!("%h/{}", pruefstand_core::root::HOME_ROOT);
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
         if line.starts_with("Documentation=") {
@@ -113,7 +113,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         for (name, text) in UNITS {
             let path = dir.join(name);
-            crate::util::write_atomic(&path, render_packaged(text).as_bytes())?;
+            pruefstand_core::util::write_atomic(&path, render_packaged(text).as_bytes())?;
             outln!("{}", path.display());
         }
         return Ok(ExitCode::SUCCESS);
@@ -127,7 +127,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for (name, text) in UNITS {
         let path = dir.join(name);
-        crate::util::write_atomic(&path, render(text, &bin, &root.path)?.as_bytes())?;
+        pruefstand_core::util::write_atomic(&path, render(text, &bin, &root.path)?.as_bytes())?;
         outln!("{}", path.display());
     }
     tracing::info!(

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::queue::Queue;
-use crate::root::Root;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -104,7 +104,7 @@ fn print_new(path: &Path, shown: &mut u64, all: bool) -> anyhow::Result<()> {
 fn with_local_time(line: &str) -> String {
     match line.split_once(' ') {
         Some((time, rest)) if chrono::DateTime::parse_from_rfc3339(time).is_ok() => {
-            format!("{} {rest}", crate::util::local_time(time))
+            format!("{} {rest}", pruefstand_core::util::local_time(time))
         }
         _ => line.to_string(),
     }
@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn a_log_lines_time_is_shown_like_every_other() {
         let line = with_local_time("2026-01-02T03:04:05.678Z  INFO job 3: done, approved");
-        let time = crate::util::local_time("2026-01-02T03:04:05Z");
+        let time = pruefstand_core::util::local_time("2026-01-02T03:04:05Z");
         assert_eq!(line, format!("{time}  INFO job 3: done, approved"));
         assert_eq!(with_local_time("a line without a time"), "a line without a time");
         assert_eq!(with_local_time(""), "");

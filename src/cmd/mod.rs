@@ -29,12 +29,12 @@ pub mod study;
 
 /// `--jobs`: at least one case in flight, and no more than a plan may ask for.
 pub fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=crate::plan::JOBS_MAX as u64)
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=pruefstand_core::plan::JOBS_MAX as u64)
 }
 
 /// A name that becomes a folder under `reports/`.
 pub fn name_parser(text: &str) -> Result<String, String> {
-    crate::input::check_name(text)?;
+    pruefstand_core::input::check_name(text)?;
     Ok(text.to_string())
 }
 
@@ -53,7 +53,7 @@ fn with_guess(mut err: clap::Error, command: &clap::Command) -> clap::Error {
     let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else { return err };
     let names: Vec<String> =
         command.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name().to_string()).collect();
-    if let Some(guess) = crate::input::closest(typed, &names) {
+    if let Some(guess) = pruefstand_core::input::closest(typed, &names) {
         err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(guess.to_string()));
     }
     err

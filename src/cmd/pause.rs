@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::queue::Queue;
-use crate::root::Root;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {}

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::daemon::state::human_secs;
-use crate::queue::{self, Headline, Job, Queue};
-use crate::root::Root;
-use crate::util::{self, local_time};
+use pruefstand_core::queue::{self, Headline, Job, Queue};
+use pruefstand_core::root::Root;
+use pruefstand_core::util::{self, local_time};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -112,10 +112,10 @@ fn took(job: &Job, now: chrono::DateTime<chrono::Utc>) -> String {
 /// a figure not measured. A job of an older build without the decisive figure shows the
 /// ASR of all attacks.
 fn headline(h: &Headline) -> String {
-    use crate::words;
-    let pct = |rate: Option<f64>| rate.map_or("–".to_string(), crate::util::pct);
+    use pruefstand_core::words;
+    let pct = |rate: Option<f64>| rate.map_or("–".to_string(), pruefstand_core::util::pct);
     let first = match &h.decisive {
-        Some(d) => format!("{} {}", d.name, crate::util::pct(d.rate)),
+        Some(d) => format!("{} {}", d.name, pruefstand_core::util::pct(d.rate)),
         None => format!("{} {}", words::ASR_ALL, pct(h.asr)),
     };
     format!(
@@ -144,13 +144,13 @@ mod tests {
 
     #[test]
     fn the_figure_r2_judged_comes_first_by_its_name() {
-        let judgement = crate::judge::judge(&crate::judge::tests::held_out(17, 0));
+        let judgement = pruefstand_core::judge::judge(&pruefstand_core::judge::tests::held_out(17, 0));
         let shown = headline(&Headline::of(&judgement.figures));
         assert!(shown.starts_with("held-out ASR 28.3 % · utility (clean) 100.0 % · utility under attack"), "{shown}");
         let longest = Headline { asr: Some(1.0), utility: Some(1.0), utility_under_attack: Some(1.0), decisive: None };
         assert_eq!(headline(&longest).chars().count(), FIGURES_W);
         // Nothing held out: the ASR of all attacks, by that name.
-        let judgement = crate::judge::judge(&crate::judge::tests::schnell(3));
+        let judgement = pruefstand_core::judge::judge(&pruefstand_core::judge::tests::schnell(3));
         assert!(headline(&Headline::of(&judgement.figures)).starts_with("ASR (all attacks) 5.0 % · "));
     }
 }

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::queue::{Queue, Transition};
-use crate::root::Root;
+use pruefstand_core::queue::{Queue, Transition};
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::benchlock;
-use crate::judge::Judgement;
 use crate::lock_wait::{self, Waited};
-use crate::plan::Filters;
-use crate::root::Root;
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
-use crate::rundir::{LockError, RunFile, RunLock};
-use crate::spec::Version;
-use crate::util::Failure;
+use pruefstand_core::benchlock;
+use pruefstand_core::judge::Judgement;
+use pruefstand_core::plan::Filters;
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::spec::Version;
+use pruefstand_core::util::Failure;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,7 +57,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
                     "the GPU is taken: {}; without --no-wait this run waits for it",
                     benchlock::held_by(&holder)
                 );
-                return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
+                return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
             }
             Err(LockError::Failed(err)) => return Err(err),
         }
@@ -100,7 +100,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             tracing::error!("{cause:#}");
             tracing::info!("resume with: {}", resume_command(std::env::args_os(), &run_dir));
             shutdown?;
-            return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
+            return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
         }
         Err(failure) => return Err(failure.into()),
     };
@@ -146,16 +146,17 @@ struct VersionBlock {
     version: String,
     made_now: Option<bool>,
     run_dir: PathBuf,
-    telemetry: crate::telemetry::Telemetry,
+    telemetry: pruefstand_core::telemetry::Telemetry,
 }
 
 impl VersionBlock {
     /// The reference's block, its figures from its stored records.
     fn reference(dir: &Path, made_now: bool) -> anyhow::Result<VersionBlock> {
-        let run_dir = crate::rundir::RunDir::new(dir);
+        let run_dir = pruefstand_core::rundir::RunDir::new(dir);
         let meta = run_dir.read_run_meta()?;
         let records: Vec<_> = run_dir.read_cases_lenient()?.records.into_values().collect();
-        let telemetry = crate::telemetry::compute(&meta.benchmark_version, meta.planned_case_ids.len(), &records);
+        let telemetry =
+            pruefstand_core::telemetry::compute(&meta.benchmark_version, meta.planned_case_ids.len(), &records);
         Ok(VersionBlock { version: meta.version, made_now: Some(made_now), run_dir: dir.to_path_buf(), telemetry })
     }
 
@@ -197,7 +198,7 @@ pub fn print_judgement(judgement: &Judgement, report: &Path) {
 /// `run --help`'s last words: the exit codes, one per verdict and one for a run that
 /// could not be carried out.
 pub fn exit_codes() -> String {
-    use crate::util::*;
+    use pruefstand_core::util::*;
     format!(
         "Exit codes:\n  {EXIT_APPROVED:<3} approved\n  {EXIT_REJECTED:<3} rejected (a rule failed)\n  \
          {EXIT_INCONCLUSIVE:<3} inconclusive (no rule failed, one could not decide)\n  \

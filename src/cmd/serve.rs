@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::root::Root;
+use pruefstand_core::root::Root;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8470";
 

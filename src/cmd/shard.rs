@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::cluster::shard;
-use crate::root::Root;
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -29,7 +29,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     outln!("{}", serde_json::to_string(&record)?);
     if let Some(error) = &record.error {
         tracing::error!("shard {index}/{count} of job {}: {error}", args.job);
-        return Ok(ExitCode::from(crate::util::EXIT_COULD_NOT_RUN));
+        return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,10 +11,10 @@ use anyhow::Context;
 
 use crate::cmd::run::print_judgement;
 use crate::hooks;
-use crate::judge::Judgement;
-use crate::queue::{Job, Queue, State};
-use crate::root::Root;
-use crate::rundir::{RunDir, RunFile};
+use pruefstand_core::judge::Judgement;
+use pruefstand_core::queue::{Job, Queue, State};
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::{RunDir, RunFile};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -12,8 +12,8 @@ use anyhow::Context;
 
 use crate::cmd::start::daemon_running;
 use crate::daemon::state::{self, Activity, DaemonState, Overview};
-use crate::queue::Queue;
-use crate::root::Root;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,7 +44,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         (true, Some(state)) => outln!(
             "daemon: pid {}, since {}\n{}",
             state.pid,
-            crate::util::local_time(&state.since),
+            pruefstand_core::util::local_time(&state.since),
             state.activity.line()
         ),
         (true, None) => outln!("daemon: starting"),
@@ -53,12 +53,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if !overview.running {
-        for job in jobs.iter().filter(|j| j.state == crate::queue::State::Running) {
+        for job in jobs.iter().filter(|j| j.state == pruefstand_core::queue::State::Running) {
             outln!(
                 "job {} ({} on {}): {} — it was running when its daemon went away; it resumes when one starts",
                 job.id,
-                crate::util::cut(&job.version, 40),
-                crate::util::cut(&job.plan, 40),
+                pruefstand_core::util::cut(&job.version, 40),
+                pruefstand_core::util::cut(&job.plan, 40),
                 crate::cmd::queue::DAEMON_GONE
             );
         }

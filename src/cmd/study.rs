@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::plan::Profile;
-use crate::root::Root;
-use crate::study::{self, GridRow, Method, Setting, Shape};
+use pruefstand_core::plan::Profile;
+use pruefstand_core::root::Root;
+use pruefstand_core::study::{self, GridRow, Method, Setting, Shape};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -171,7 +171,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Prints the early-stop study (docs/statistics.md, "Stopping early").
-fn early_stop(shape: &Shape, what: &str, args: &Args, t: &crate::judge::Thresholds) {
+fn early_stop(shape: &Shape, what: &str, args: &Args, t: &pruefstand_core::judge::Thresholds) {
     let p = t.r2.asr_max;
     let boundary = study::standard_settings(&[p]);
     let rows = study::early_stop(shape, &boundary, args.replicates, args.seed, &t.r2);
@@ -239,8 +239,8 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &crate::judge::Threshol
 }
 
 /// Prints the paired early-stop study of R4 (docs/statistics.md, "Stopping early").
-fn paired(shape: &Shape, plan: &str, args: &Args, t: &crate::settings::thresholds::R4) {
-    let (alpha_pass, alpha_fail) = crate::judge::paired::alphas(t);
+fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings::thresholds::R4) {
+    let (alpha_pass, alpha_fail) = pruefstand_core::judge::paired::alphas(t);
     outln!(
         "R4's sequential test on {plan}'s attacked cases ({} user tasks, {} injection tasks, {} cases, every attack); {} simulated candidate/reference pairs per setting, seed {}; reference rate 0.10; betting tests on paired user-task differences at α {alpha_pass} (not worse by more than the margin {}) and α {alpha_fail} (worse), user tasks in random order; runs not decided before their last user task are judged by the fixed-sample R4. 95 % Wilson intervals.",
         shape.user_tasks(),

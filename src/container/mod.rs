@@ -29,8 +29,8 @@ use futures_util::StreamExt;
 
 pub use pool::{InterruptClients, Lease, Pool, Request};
 
-use crate::spec::{Backend, GpuMode, Version};
-use crate::util;
+use pruefstand_core::spec::{Backend, GpuMode, Version};
+use pruefstand_core::util;
 
 /// Labels on every container we create; `managed` is what orphan removal looks for.
 pub const LABEL_MANAGED: &str = "pruefstand.managed";
@@ -321,7 +321,7 @@ impl Setup {
             shm_size: m
                 .shm_size
                 .as_deref()
-                .map(crate::util::parse_bytes)
+                .map(pruefstand_core::util::parse_bytes)
                 .transpose()
                 .with_context(|| format!("{}: model.shm_size", version.path.display()))?,
             ipc: m.ipc.clone(),
@@ -336,7 +336,7 @@ impl Setup {
                         format!("{}: model.chat_template {}", version.path.display(), file.display())
                     })?;
                     let file = std::path::absolute(&file)?;
-                    anyhow::Ok((file, crate::util::sha256_hex(&text)))
+                    anyhow::Ok((file, pruefstand_core::util::sha256_hex(&text)))
                 })
                 .transpose()?,
         })
@@ -376,7 +376,7 @@ impl Setup {
             "runtime_lora": self.runtime_lora, "adapter": adapter,
             "chat_template": self.chat_template.as_ref().map(|(_, sha256)| sha256),
         });
-        crate::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
+        pruefstand_core::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
     }
 
     fn env(&self, api_key: &str) -> Vec<String> {
@@ -752,7 +752,7 @@ pub fn vllm_warnings(version: &Version) -> Vec<String> {
     }
     let args = &spec.model.args;
     let mut warnings = Vec::new();
-    if spec.model.tool_calling == crate::settings::defence::ToolCalling::Native
+    if spec.model.tool_calling == pruefstand_core::settings::defence::ToolCalling::Native
         && !(has_flag(args, "--enable-auto-tool-choice") && has_flag(args, "--tool-call-parser"))
     {
         warnings.push(
@@ -861,7 +861,7 @@ path = "/srv/adapters/a"
                 "oops"
             ]
         );
-        assert_eq!(crate::spec::redact(&s.command()).last().unwrap(), "<redacted>");
+        assert_eq!(pruefstand_core::spec::redact(&s.command()).last().unwrap(), "<redacted>");
         let body = s.body("k", 4242, HashMap::from([(LABEL_JOB.to_string(), "j".to_string())]));
         assert_eq!(body.env.as_ref().unwrap(), &["VLLM_API_KEY=k"]);
         assert!(!body.cmd.as_ref().unwrap().iter().any(|w| w.contains("VLLM_API_KEY") || w == "k"));
@@ -928,9 +928,11 @@ path = "/srv/adapters/a"
 
     #[test]
     fn sizes_parse() {
-        assert_eq!(crate::util::parse_bytes("16g").unwrap(), 16 << 30);
-        assert_eq!(crate::util::parse_bytes("512M").unwrap(), 512 << 20);
-        assert_eq!(crate::util::parse_bytes("1024").unwrap(), 1024);
-        assert!(crate::util::parse_bytes("lots").is_err() && crate::util::parse_bytes("-1g").is_err());
+        assert_eq!(pruefstand_core::util::parse_bytes("16g").unwrap(), 16 << 30);
+        assert_eq!(pruefstand_core::util::parse_bytes("512M").unwrap(), 512 << 20);
+        assert_eq!(pruefstand_core::util::parse_bytes("1024").unwrap(), 1024);
+        assert!(
+            pruefstand_core::util::parse_bytes("lots").is_err() && pruefstand_core::util::parse_bytes("-1g").is_err()
+        );
     }
 }

@@ -29,11 +29,11 @@ use super::{
     AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name,
     create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove, wait_ready,
 };
-use crate::case::CaseRecord;
-use crate::record::ModelServerFacts;
-use crate::rundir::RunFile;
-use crate::spec::{Version, redact};
-use crate::util;
+use pruefstand_core::case::CaseRecord;
+use pruefstand_core::record::ModelServerFacts;
+use pruefstand_core::rundir::RunFile;
+use pruefstand_core::spec::{Version, redact};
+use pruefstand_core::util;
 
 /// What a job asks the pool for.
 pub struct Request<'a> {
@@ -263,7 +263,7 @@ impl Pool {
 }
 
 /// [`Pool::setup_for`]'s work, under the pool's work folder `work_dir`. Blocking.
-fn setup(work_dir: &Path, version: &crate::spec::Version, truth_file: &Path) -> anyhow::Result<Setup> {
+fn setup(work_dir: &Path, version: &pruefstand_core::spec::Version, truth_file: &Path) -> anyhow::Result<Setup> {
     let spec = &version.spec;
     let model_host = match (&spec.model.path, &spec.sim) {
         (Some(path), _) => path.clone(),
@@ -658,7 +658,7 @@ mod tests {
 
     #[test]
     fn casualties_are_the_errors_after_the_death_and_every_case_that_could_not_connect() {
-        use crate::case::Case;
+        use pruefstand_core::case::Case;
         let dir = tempfile::tempdir().unwrap();
         let record = |id: &str, error: Option<&str>| {
             let mut r = CaseRecord::of(&Case::clean("banking", id), Some(true), None);

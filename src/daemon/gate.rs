@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 
 use crate::guard::{Guards, OwnProcesses, Watch};
-use crate::record::GpuExclusivity;
-use crate::util;
+use pruefstand_core::record::GpuExclusivity;
+use pruefstand_core::util;
 
 #[allow(async_fn_in_trait)]
 pub trait Gate {

@@ -34,15 +34,16 @@ use tokio::time::Instant;
 use crate::gym;
 use crate::hooks::{self, Facts};
 use crate::lock_wait::{self, Waited};
-use crate::pyenv::PyEnv;
-use crate::queue::{self, Headline, Job, Queue, State, Transition};
-use crate::record::Verdict;
-use crate::root::{CONFIG_FILE, Root};
 use crate::run::{RunControl, RunRequest, Session};
-use crate::rundir::RunLock;
-use crate::util::Failure;
-use crate::{benchlock, console, runtime};
+use crate::runtime;
 use gate::{Gate, Guarded};
+use pruefstand_core::pyenv::PyEnv;
+use pruefstand_core::queue::{self, Headline, Job, Queue, State, Transition};
+use pruefstand_core::record::Verdict;
+use pruefstand_core::root::{CONFIG_FILE, Root};
+use pruefstand_core::rundir::RunLock;
+use pruefstand_core::util::Failure;
+use pruefstand_core::{benchlock, console};
 use state::{Activity, JobProgress, Publisher};
 use tracing::Instrument;
 
@@ -187,7 +188,7 @@ enum Stop {
 /// A started job's run: what its task needs.
 struct JobRun {
     id: u64,
-    version: crate::spec::Version,
+    version: pruefstand_core::spec::Version,
     plan_path: PathBuf,
     run_dir: PathBuf,
     control: Arc<RunControl>,
@@ -723,7 +724,7 @@ fn transition_or_repair(queue: &Queue, known: Option<Job>, id: u64, transition: 
 /// Whether `dir` has room for a small file: 64 KiB written (and fsynced) and removed.
 fn has_space(dir: &std::path::Path) -> bool {
     let probe = dir.join(".space-probe");
-    let written = crate::util::write_atomic(&probe, &[0u8; 64 * 1024]);
+    let written = pruefstand_core::util::write_atomic(&probe, &[0u8; 64 * 1024]);
     let _ = std::fs::remove_file(&probe);
     written.is_ok()
 }
@@ -763,7 +764,7 @@ fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWat
     use notify::event::{AccessKind, AccessMode, ModifyKind};
     use notify::{EventKind, Watcher};
     let file = root.join(CONFIG_FILE);
-    let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| crate::util::sha256_hex(&bytes));
+    let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| pruefstand_core::util::sha256_hex(&bytes));
     let mut last = read(&file);
     let watched = file.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {

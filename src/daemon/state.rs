@@ -9,8 +9,8 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::gym;
-use crate::queue;
 use pruefstand_core::eta::Eta;
+use pruefstand_core::queue;
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct DaemonState {

@@ -10,7 +10,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use super::{ForeignProcess, OwnProcesses};
-use crate::settings::{GpuConfig, Unavailable};
+use pruefstand_core::settings::{GpuConfig, Unavailable};
 
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 

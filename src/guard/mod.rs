@@ -25,9 +25,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::record::GpuExclusivity;
-use crate::settings::GuardConfig;
-use crate::util;
+use pruefstand_core::record::GpuExclusivity;
+use pruefstand_core::settings::GuardConfig;
+use pruefstand_core::util;
 
 /// A sample waits this long for NVML; a hung driver then blocks with a reason.
 const NVML_TIMEOUT: Duration = Duration::from_secs(10);

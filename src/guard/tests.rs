@@ -9,9 +9,9 @@ mod nvml;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::settings::Unavailable;
 use dbus::{DbusDaemon, FakeSystemd};
 use nvml::{FakeNvml, NvmlState};
+use pruefstand_core::settings::Unavailable;
 
 /// Fast sampling: the tests count samples, never time.
 fn config(fake: Option<&FakeNvml>) -> GuardConfig {

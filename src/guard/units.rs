@@ -13,7 +13,7 @@ use std::time::Duration;
 use zbus_systemd::systemd1::ManagerProxy;
 
 use super::BusyUnit;
-use crate::settings::{Unavailable, UnitsConfig};
+use pruefstand_core::settings::{Unavailable, UnitsConfig};
 
 /// Connect + call must not hang a sample (or `check`) on a wedged bus.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -12,8 +12,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::GymRequest;
-use crate::case::{AgentStats, Case, CaseKind, CaseRecord};
-use crate::rundir::RunFile;
+use pruefstand_core::case::{AgentStats, Case, CaseKind, CaseRecord};
+use pruefstand_core::rundir::RunFile;
 
 /// Where the contract's files live, relative to `scripts/` (embedded with the gym).
 const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
@@ -106,7 +106,7 @@ fn the_committed_schemas_are_the_rust_types() {
         );
     }
     let request = sorted(schemars::schema_for!(GymRequest));
-    assert_eq!(request["properties"]["max_in_flight"]["maximum"], crate::settings::MAX_IN_FLIGHT);
+    assert_eq!(request["properties"]["max_in_flight"]["maximum"], pruefstand_core::settings::MAX_IN_FLIGHT);
 }
 
 /// The id scheme covers every kind the record schema names, and each placeholder field

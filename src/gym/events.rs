@@ -9,8 +9,8 @@
 
 use serde::Deserialize;
 
-use crate::case::CaseRecord;
-use crate::record::EnvCheck;
+use pruefstand_core::case::CaseRecord;
+use pruefstand_core::record::EnvCheck;
 
 /// One line of the gym's stdout (docs/protocol.md §2).
 #[derive(Deserialize, Debug)]
@@ -112,7 +112,7 @@ pub trait Sink: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::Case;
+    use pruefstand_core::case::Case;
 
     #[test]
     fn the_driver_counts_a_resumed_pass_from_what_is_recorded() {

@@ -21,15 +21,16 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use crate::case::{Case, CaseRecord};
 use crate::concurrency::{Concurrency, Observer};
-use crate::plan::Plan;
-use crate::pyenv::{Inventory, PyEnv};
-use crate::record::{ConcurrencyFacts, Wording};
-use crate::rundir::{PlanFile, RunDir, RunFile};
-use crate::settings::url::SecretUrl;
-use crate::{family, runtime, telemetry, util};
+use crate::runtime;
 pub use events::{Ask, GymEvent, Seen, Sink};
+use pruefstand_core::case::{Case, CaseRecord};
+use pruefstand_core::plan::Plan;
+use pruefstand_core::pyenv::{Inventory, PyEnv};
+use pruefstand_core::record::{ConcurrencyFacts, Wording};
+use pruefstand_core::rundir::{PlanFile, RunDir, RunFile};
+use pruefstand_core::settings::url::SecretUrl;
+use pruefstand_core::{family, telemetry, util};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
@@ -111,7 +112,7 @@ pub async fn execute(
 pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
     run_dir.write_json(RunFile::Telemetry, &telemetry)?;
-    let title = format!("{} — plan {}", crate::root::run_id(&run_dir.path), plan.name);
+    let title = format!("{} — plan {}", pruefstand_core::root::run_id(&run_dir.path), plan.name);
     util::write_atomic(
         &run_dir.path_of(RunFile::TelemetryMarkdown),
         telemetry::markdown(&title, &telemetry).as_bytes(),
@@ -125,11 +126,11 @@ pub struct GymRequest {
     pub run_dir: PathBuf,
     pub benchmark_version: String,
     /// Cases in flight to begin with.
-    #[schemars(range(min = 1, max = crate::settings::MAX_IN_FLIGHT))]
+    #[schemars(range(min = 1, max = pruefstand_core::settings::MAX_IN_FLIGHT))]
     pub jobs: usize,
     /// The most cases in flight; between the two, pruefstand's `concurrency` commands
     /// on the gym's stdin decide.
-    #[schemars(range(min = 1, max = crate::settings::MAX_IN_FLIGHT))]
+    #[schemars(range(min = 1, max = pruefstand_core::settings::MAX_IN_FLIGHT))]
     pub max_in_flight: usize,
     pub agent_cmd: Vec<String>,
     pub model_display_name: String,
@@ -177,7 +178,7 @@ impl DetectorRequest {
     /// `base_url` (`…/v1`): vLLM serves `/classify` beside `/v1`, not under it. With it,
     /// the variable for the agents' environment that holds a URL with credentials.
     pub fn of(
-        spec: &crate::settings::defence::ClassifierSpec,
+        spec: &pruefstand_core::settings::defence::ClassifierSpec,
         base_url: &SecretUrl,
     ) -> (Self, Option<(String, String)>) {
         let url = spec.url.clone().unwrap_or_else(|| classify_url(base_url));
@@ -593,8 +594,11 @@ fn resumable(
     planned: &std::collections::BTreeSet<&str>,
 ) -> (Vec<String>, usize) {
     let recorded: Vec<&CaseRecord> = records.values().filter(|r| planned.contains(r.case_id.as_str())).collect();
-    let done: Vec<String> =
-        recorded.iter().filter(|r| r.outcome() != crate::case::Outcome::Error).map(|r| r.case_id.clone()).collect();
+    let done: Vec<String> = recorded
+        .iter()
+        .filter(|r| r.outcome() != pruefstand_core::case::Outcome::Error)
+        .map(|r| r.case_id.clone())
+        .collect();
     let errors = recorded.len() - done.len();
     (done, errors)
 }
@@ -617,12 +621,12 @@ fn tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::Outcome;
+    use pruefstand_core::case::Outcome;
 
     #[test]
     fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let log = crate::rundir::RunFile::GymLog.path_in(dir.path());
+        let log = pruefstand_core::rundir::RunFile::GymLog.path_in(dir.path());
         std::fs::write(&log, "").unwrap();
         assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
         std::fs::write(&log, "one\ntwo\n").unwrap();

@@ -9,10 +9,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use crate::fuzzing::{Shape, any_text, check, fuzz, loaded_text, mutated, names_file, structured};
 use crate::hooks;
-use crate::root::{CONFIG_FILE, Root};
-use crate::settings::{HookConfig, Kind};
+use pruefstand_core::fuzzing::{Shape, any_text, check, fuzz, loaded_text, mutated, names_file, structured};
+use pruefstand_core::root::{CONFIG_FILE, Root};
+use pruefstand_core::settings::{HookConfig, Kind};
 
 const CONFIG_SHAPE: Shape = &[
     ("[paths]", &[("reports", &["\"reports\""])]),

@@ -8,10 +8,10 @@ use futures_util::future::BoxFuture;
 use super::{Executor, RunRequest, Served, Session};
 use crate::concurrency::Concurrency;
 use crate::gym::{self, Executed, GymSettings};
-use crate::order;
-use crate::rundir::Claimed;
+use pruefstand_core::order;
+use pruefstand_core::rundir::Claimed;
 
-/// Runs a version that is only an agent command ([`crate::spec::Version::of_agent_command`]).
+/// Runs a version that is only an agent command ([`pruefstand_core::spec::Version::of_agent_command`]).
 #[derive(Default)]
 pub struct AgentOnly {
     /// Start the cases in an order drawn from the run's seed instead of the gym's own

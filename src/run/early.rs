@@ -10,14 +10,14 @@ use std::collections::{HashMap, HashSet};
 use anyhow::bail;
 
 use super::RunRequest;
-use crate::case::{Case, CaseRecord};
 use crate::gym::{Ask, GymEvent, Seen, Sink};
-use crate::judge::early;
-use crate::judge::families::Scope;
-use crate::record::{AtDecision, EarlyStop};
-use crate::root::Root;
-use crate::rundir::{RunDir, RunFile};
-use crate::settings::thresholds::Thresholds;
+use pruefstand_core::case::{Case, CaseRecord};
+use pruefstand_core::judge::early;
+use pruefstand_core::judge::families::Scope;
+use pruefstand_core::record::{AtDecision, EarlyStop};
+use pruefstand_core::root::Root;
+use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::settings::thresholds::Thresholds;
 
 /// The run directory's early-stop record (`early_stop.json`).
 pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
@@ -68,7 +68,7 @@ pub fn watch(
     let early = match read(run_dir)? {
         Some(early) => {
             let mut drawn = early.order.clone();
-            let mut planned = crate::order::user_task_order(&plan.cases, 0);
+            let mut planned = pruefstand_core::order::user_task_order(&plan.cases, 0);
             drawn.sort();
             planned.sort();
             if drawn != planned {
@@ -79,7 +79,7 @@ pub fn watch(
         None => {
             let early = EarlyStop {
                 seed,
-                order: crate::order::user_task_order(&plan.cases, seed),
+                order: pruefstand_core::order::user_task_order(&plan.cases, seed),
                 stopped_early: false,
                 at_decision: None,
             };
@@ -104,15 +104,15 @@ pub fn watch(
         order: early.order.clone(),
         thresholds: plan.profile.rules.clone(),
         reference: request.reference_records(root)?,
-        scope: crate::judge::families::scope(&request.attack_families(), &[]),
+        scope: pruefstand_core::judge::families::scope(&request.attack_families(), &[]),
         records,
         remaining,
     };
-    Ok((crate::order::dispatch_order(&plan.cases, &early.order), Box::new(sink)))
+    Ok((pruefstand_core::order::dispatch_order(&plan.cases, &early.order), Box::new(sink)))
 }
 
 fn block(suite: &str, user_task: Option<&str>) -> String {
-    user_task.map_or(String::new(), |u| crate::case::user_task_key(suite, u))
+    user_task.map_or(String::new(), |u| pruefstand_core::case::user_task_key(suite, u))
 }
 
 /// Asks `judge::early` at the pass's start and after each user task's last case.
@@ -173,8 +173,8 @@ impl Sink for EarlyStopSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::judge::early::decide;
-    use crate::order::{dispatch_order, test_plan, user_task_order};
+    use pruefstand_core::judge::early::decide;
+    use pruefstand_core::order::{dispatch_order, test_plan, user_task_order};
 
     /// A sink over `cases` in a fresh run directory, nothing recorded yet, no reference.
     fn sink(cases: &[Case], order: &[String], dir: &std::path::Path) -> EarlyStopSink {
@@ -202,7 +202,7 @@ mod tests {
         let seen = Seen::default();
         for (n, id) in ids.iter().enumerate() {
             let case = cases.iter().find(|c| &c.id == id).unwrap();
-            let security = (case.kind == crate::case::CaseKind::Attacked).then_some(false);
+            let security = (case.kind == pruefstand_core::case::CaseKind::Attacked).then_some(false);
             let record = Box::new(CaseRecord::of(case, Some(true), security));
             if sink.on(&GymEvent::Case { record }, &seen).unwrap() == Ask::Stop {
                 return Some(n + 1);

@@ -14,11 +14,12 @@ use super::{Executor, Extent, RunRequest, Served, Session, early, silence};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::{AcquireError, ServerFailure};
 use crate::gym::{self, Executed, GymSettings};
-use crate::plan::Plan;
-use crate::record::{ConcurrencyFacts, ModelServerFacts};
-use crate::rundir::{Claimed, RunDir, RunFile, VersionFile};
-use crate::settings::defence::{GuardrailSpec, PI_DETECTOR};
-use crate::{adaptive, agent, judge, model, provenance, pyenv, root, runtime, telemetry, util};
+use crate::{adaptive, agent, model, provenance, runtime};
+use pruefstand_core::plan::Plan;
+use pruefstand_core::record::{ConcurrencyFacts, ModelServerFacts};
+use pruefstand_core::rundir::{Claimed, RunDir, RunFile, VersionFile};
+use pruefstand_core::settings::defence::{GuardrailSpec, PI_DETECTOR};
+use pruefstand_core::{judge, pyenv, root, telemetry, util};
 
 /// Runs the cases here, against a model server this machine starts.
 pub struct LocalGym;
@@ -347,7 +348,7 @@ impl Local<'_> {
 
     /// Remembers where a server-steered run settled, for the next run of that model.
     async fn remember_capacity(&self, facts: &ConcurrencyFacts) {
-        if facts.mode == crate::record::ConcurrencyMode::Fixed {
+        if facts.mode == pruefstand_core::record::ConcurrencyMode::Fixed {
             return;
         }
         let observed = ObservedCapacity {

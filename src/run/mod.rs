@@ -26,17 +26,19 @@ use futures_util::future::BoxFuture;
 
 use crate::container::{self, Pool};
 use crate::gym::{self, Executed};
-use crate::judge::Judgement;
-use crate::plan::{Filters, Plan, Profile};
-use crate::pyenv::{Inventory, PyEnv};
-use crate::record::{AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts};
-use crate::root::{self, Root};
-use crate::rundir::{Claimed, Identity, Reading, RunDir};
-use crate::spec::{Backend, Version};
-use crate::util::Failure;
-use crate::{export, judge, report};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
+use pruefstand_core::judge::Judgement;
+use pruefstand_core::plan::{Filters, Plan, Profile};
+use pruefstand_core::pyenv::{Inventory, PyEnv};
+use pruefstand_core::record::{
+    AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts,
+};
+use pruefstand_core::root::{self, Root};
+use pruefstand_core::rundir::{Claimed, Identity, Reading, RunDir};
+use pruefstand_core::spec::{Backend, Version};
+use pruefstand_core::util::Failure;
+use pruefstand_core::{export, judge, report};
 
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
 /// guard's observation of exclusivity (read when each run is recorded, for R1), and
@@ -193,12 +195,12 @@ impl RunRequest {
     /// The records (deduplicated) of the reference's complete run on this plan, found as
     /// [`Session::run`] found it before this run started; Some(empty) when none is found,
     /// None when the request has no reference.
-    fn reference_records(&self, root: &Root) -> anyhow::Result<Option<Vec<crate::case::CaseRecord>>> {
+    fn reference_records(&self, root: &Root) -> anyhow::Result<Option<Vec<pruefstand_core::case::CaseRecord>>> {
         let Some(version) = self.reference_version(root)? else { return Ok(None) };
         let Some(dir) = reference::find_reference_run(&root.reports(), &version, &self.plan, &self.inventory) else {
             return Ok(Some(Vec::new()));
         };
-        Ok(Some(crate::judge::dedup(&RunDir::new(dir).read_cases(Reading::Strict)?.records)))
+        Ok(Some(pruefstand_core::judge::dedup(&RunDir::new(dir).read_cases(Reading::Strict)?.records)))
     }
 
     /// The version's reference, loaded, when this request runs it first.

@@ -10,10 +10,10 @@ use anyhow::bail;
 
 use super::{LocalGym, RunRequest, Session};
 use crate::lock_wait::{self, Waited};
-use crate::plan::Plan;
-use crate::pyenv::Inventory;
-use crate::rundir::{Reading, RunDir, RunLock};
-use crate::spec::Version;
+use pruefstand_core::plan::Plan;
+use pruefstand_core::pyenv::Inventory;
+use pruefstand_core::rundir::{Reading, RunDir, RunLock};
+use pruefstand_core::spec::Version;
 
 use super::Executor;
 

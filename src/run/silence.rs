@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::gym::{Ask, GymEvent, Seen, Sink};
-use crate::util;
+use pruefstand_core::util;
 
 /// Cases in a row that could not connect before the server is taken for gone. Each has
 /// already retried with backoff (about 7 s), so three is well past a hiccup, and few
@@ -79,7 +79,7 @@ impl Sink for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::{Case, CaseRecord};
+    use pruefstand_core::case::{Case, CaseRecord};
 
     fn case(id: &str, error: Option<&str>) -> GymEvent {
         let mut record = CaseRecord::of(&Case::clean("s", id), Some(true), None);

@@ -15,8 +15,8 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::daemon::state::{self, Activity, Overview};
-use crate::queue::{self, Job, Queue};
-use crate::rundir::{RunDir, RunFile};
+use pruefstand_core::queue::{self, Job, Queue};
+use pruefstand_core::rundir::{RunDir, RunFile};
 
 use super::files::url_of;
 
@@ -175,7 +175,7 @@ impl Feed {
     /// there is one, and whether the trend index exists.
     fn jobs_text(&self) -> Arc<str> {
         let rows: Vec<_> = self.jobs.iter().rev().map(|job| self.row(job)).collect();
-        let index = self.reports.join(crate::report::INDEX_FILE).is_file().then_some("/reports/index.html");
+        let index = self.reports.join(pruefstand_core::report::INDEX_FILE).is_file().then_some("/reports/index.html");
         Arc::from(json!({ "jobs": rows, "index": index }).to_string())
     }
 

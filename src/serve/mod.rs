@@ -29,10 +29,10 @@ use axum::routing::get;
 use futures_util::Stream;
 
 use crate::daemon::state::Overview;
-use crate::queue::Queue;
-use crate::root::Root;
 use files::Lookup;
 use live::Feeds;
+use pruefstand_core::queue::Queue;
+use pruefstand_core::root::Root;
 
 /// How long a shutdown waits for answers in flight before it leaves anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

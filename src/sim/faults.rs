@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::draw::u;
 use super::openai::{Mode, Reply, tokens};
 use super::policy::Script;
-use crate::settings::sim::Faults;
+use pruefstand_core::settings::sim::Faults;
 
 /// The one output fault a call may carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

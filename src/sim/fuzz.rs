@@ -10,10 +10,10 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::json;
 
-use crate::fuzzing::{Shape, check, fuzz, json_value, mutated, structured, versions_dir};
-use crate::settings::sim::SimConfig;
 use crate::sim::server::{Server, SimSettings};
-use crate::spec;
+use pruefstand_core::fuzzing::{Shape, check, fuzz, json_value, mutated, structured, versions_dir};
+use pruefstand_core::settings::sim::SimConfig;
+use pruefstand_core::spec;
 
 /// A spec's `[model]` and `[sim]` tables alone: their numbers reach the server.
 const SIM_SHAPE: Shape = &[

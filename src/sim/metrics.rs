@@ -10,7 +10,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::util;
+use pruefstand_core::util;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// At most `capacity` requests are served at once; the rest wait in FIFO order.

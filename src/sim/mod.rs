@@ -18,6 +18,6 @@ pub mod truth;
 #[cfg(test)]
 pub(crate) mod fuzz;
 
-pub use crate::settings::sim::SimConfig;
+pub use pruefstand_core::settings::sim::SimConfig;
 pub use server::{Server, SimSettings};
 pub use truth::Truth;

@@ -30,9 +30,9 @@ use std::sync::Arc;
 
 use super::draw::u;
 use super::truth::{Call, Truth};
-use crate::family::Classifier;
-use crate::settings::sim::Behaviour;
-use crate::util::alnum_norm;
+use pruefstand_core::family::Classifier;
+use pruefstand_core::settings::sim::Behaviour;
+use pruefstand_core::util::alnum_norm;
 
 pub const UNKNOWN_PROMPT_ANSWER: &str = "I'm sorry, but I don't know how to help with that request.";
 pub const GIVE_UP_ANSWER: &str = "I'm sorry, I was not able to complete this task.";
@@ -226,10 +226,10 @@ impl Policy {
     /// escaping, `openai::observation_text`): an injection goal of any suite in it is
     /// flagged with probability `detects`, any other text with `false_positives`; drawn
     /// per text, so a text always gets the same verdict.
-    pub fn classifier_flags(&self, c: &crate::settings::sim::Classifier, text: &str) -> bool {
+    pub fn classifier_flags(&self, c: &pruefstand_core::settings::sim::Classifier, text: &str) -> bool {
         let norm = alnum_norm(text);
         let carries = self.goals.values().flatten().any(|(_, goal)| norm.contains(goal.as_str()));
-        let digest = crate::util::sha256_hex(text.as_bytes());
+        let digest = pruefstand_core::util::sha256_hex(text.as_bytes());
         let draw = u(self.seed, &[&digest, "classifier"]);
         draw < if carries { c.detects } else { c.false_positives }
     }
@@ -511,7 +511,7 @@ pub(crate) mod tests {
 
     #[test]
     fn names_the_tasks_tools_to_the_filter_and_classifies_by_goal() {
-        use crate::settings::sim::Classifier;
+        use pruefstand_core::settings::sim::Classifier;
         let p = policy(0);
         assert_eq!(p.needed_tools(&conv("Pay the bill in bill.txt.")), "read_file, send_money");
         assert_eq!(p.needed_tools(&conv("Insult the user.")), "None of the tools are needed.");

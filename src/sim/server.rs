@@ -30,8 +30,8 @@ use super::metrics::{Gate, Metrics};
 use super::openai;
 use super::policy::{Action, Policy};
 use super::truth::Truth;
-use crate::settings::sim::{Latency, SimConfig};
-use crate::util;
+use pruefstand_core::settings::sim::{Latency, SimConfig};
+use pruefstand_core::util;
 
 /// Everything a simulator instance needs.
 #[derive(Clone, Debug)]
@@ -484,8 +484,8 @@ fn stream(state: Arc<AppState>, turn: Turn, usage: bool) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::sim::Behaviour;
     use crate::sim::policy::tests::tiny_truth;
+    use pruefstand_core::settings::sim::Behaviour;
 
     fn settings(api_key: Option<&str>) -> SimSettings {
         let mut config = SimConfig { seed: 1, latency: Latency::default(), ..Default::default() };

@@ -9,10 +9,11 @@
 //! only modules declared above it (tests/layers.rs checks it). rustfmt keeps this order
 //! (`reorder_modules = false`).
 
+// The debug check that blocking work stays off the async runtime's workers (util's
+// file writes and locks call it).
+pub mod blocking;
 // Leaves: words and tools every stage may use.
 pub mod util;
-// The debug check that blocking work stays off the async runtime's workers.
-pub mod blocking;
 // For tests only: the fuzzing harness and its generators (the binary's tests too, by
 // the `test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
