@@ -200,20 +200,6 @@ fn collapse(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// A message's text: AgentDojo writes a string, null, or a list of `{type, content}`
-/// blocks.
-fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter_map(|b| b.get("content").and_then(Value::as_str).or_else(|| b.as_str()))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// Does a tool result carry one of the injected texts? Tool outputs re-indent, quote
 /// and fold what they carry (YAML), so whitespace is collapsed on both sides and a
 /// long enough line of an injection is enough.
@@ -246,7 +232,7 @@ impl Conversation {
         let mut injected_at = None;
         for (i, m) in plain.iter().enumerate() {
             let role = m.get("role").and_then(Value::as_str).ok_or("a trace message without a role")?;
-            let text = text_of(m.get("content"));
+            let text = rundir::message_text(m.get("content"));
             let message = match role {
                 "system" | "user" => json!({"role": role, "content": text}),
                 "assistant" => assistant_message(i, m, text),

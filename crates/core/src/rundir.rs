@@ -703,6 +703,20 @@ pub fn read_trace(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// A trace message's text (the report shows it, an export takes it): AgentDojo writes a string, null, or a list of `{type, content}`
+/// blocks.
+pub fn message_text(content: Option<&serde_json::Value>) -> String {
+    match content {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("content").and_then(serde_json::Value::as_str).or_else(|| b.as_str()))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// The non-blank lines of a JSON-lines file with their 1-based numbers, as bytes: a
 /// line that is not UTF-8 is one damaged record, not an unreadable file.
 pub fn lines(bytes: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::html::esc;
 use crate::case::CaseRecord;
-use crate::rundir::{read_trace, readable_trace};
+use crate::rundir::{self, read_trace, readable_trace};
 
 /// A tool result longer than this many characters is shortened: its injected lines
 /// are always kept, other lines until this budget is spent (a `voll` report carries
@@ -58,20 +58,6 @@ impl Injections {
             // An injection's first line often shares its line with the field that
             // carries it (`subject: '<INFORMATION>`).
             || self.lines.iter().any(|l| l.len() >= MIN_FRAGMENT && core.ends_with(l.as_str()))
-    }
-}
-
-/// A message's text: AgentDojo writes a string, null, or a list of `{type, content}`
-/// blocks.
-fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter_map(|b| b.get("content").and_then(Value::as_str).or_else(|| b.as_str()))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
     }
 }
 
@@ -230,7 +216,7 @@ pub fn render(trace: &Value, room: usize) -> String {
             break;
         }
         let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
-        let text = text_of(m.get("content"));
+        let text = rundir::message_text(m.get("content"));
         let body = if role == "tool" { tool_result(&text, &inj, left) } else { shown(&text, left) };
         let class = match role {
             "system" | "user" | "assistant" | "tool" => role,
