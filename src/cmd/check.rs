@@ -162,7 +162,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     if let Some(root) = root.as_ref().filter(|r| r.config.cluster.is_slurm()) {
         let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
         let slurm = crate::cluster::slurm::Slurm::default();
-        let probes = tokio::task::spawn_blocking(move || slurm.check(&config, &probe_dir)).await?;
+        let probes = crate::runtime::blocking(move || slurm.check(&config, &probe_dir)).await;
         for probe in probes {
             match probe.ok {
                 true => report.ok(probe.what),
@@ -596,7 +596,10 @@ async fn check_gpu(config: &GuardConfig) -> Report {
     let mut report = Report::default();
     let gpu_config = config.gpu.clone();
     let policy = gpu_config.nvml;
-    let probe = tokio::task::spawn_blocking(move || GpuGuard::new(gpu_config).info());
+    // Not `runtime::blocking`: a hung driver is waited for only NVML_TIMEOUT.
+    let probe = tokio::task::spawn_blocking(move || {
+        pruefstand_core::blocking::section(move || GpuGuard::new(gpu_config).info())
+    });
     let info = match tokio::time::timeout(NVML_TIMEOUT, probe).await {
         Ok(Ok(info)) => info,
         Ok(Err(err)) => Err(format!("probe failed: {err}")),

@@ -214,14 +214,16 @@ impl Guards {
         let gpu = {
             let guard = self.gpu.clone();
             let own = own.clone();
-            tokio::task::spawn_blocking(move || match guard.try_lock() {
-                Ok(mut gpu) => gpu.sample(&own),
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().sample(&own),
-                // An earlier call still hangs inside the driver: report it instead of
-                // queueing behind it (and stalling `wait_until_clear`'s status).
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    gpu::GpuSample::failed("NVML has not answered an earlier call (driver hung?)".into())
-                }
+            tokio::task::spawn_blocking(move || {
+                pruefstand_core::blocking::section(move || match guard.try_lock() {
+                    Ok(mut gpu) => gpu.sample(&own),
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().sample(&own),
+                    // An earlier call still hangs inside the driver: report it instead of
+                    // queueing behind it (and stalling `wait_until_clear`'s status).
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        gpu::GpuSample::failed("NVML has not answered an earlier call (driver hung?)".into())
+                    }
+                })
             })
         };
         let units = self.units.lock().await.sample().await;

@@ -168,7 +168,7 @@ async fn api_queue(State(app): State<App>) -> Response {
 }
 
 async fn blocking_json(read: impl FnOnce() -> anyhow::Result<serde_json::Value> + Send + 'static) -> Response {
-    match tokio::task::spawn_blocking(read).await {
+    match tokio::task::spawn_blocking(move || pruefstand_core::blocking::section(read)).await {
         Ok(Ok(value)) => axum::Json(value).into_response(),
         Ok(Err(err)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}\n")).into_response(),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")).into_response(),
@@ -178,7 +178,10 @@ async fn blocking_json(read: impl FnOnce() -> anyhow::Result<serde_json::Value> 
 async fn report_file(State(app): State<App>, uri: Uri) -> Response {
     let raw = uri.path().to_string();
     let reports = app.reports.clone();
-    let found = tokio::task::spawn_blocking(move || files::find(&reports, &raw)).await.unwrap_or(Lookup::NotFound);
+    let found =
+        tokio::task::spawn_blocking(move || pruefstand_core::blocking::section(move || files::find(&reports, &raw)))
+            .await
+            .unwrap_or(Lookup::NotFound);
     match found {
         Lookup::File { content, content_type, csp } => {
             let csp = HeaderValue::from_str(&csp).unwrap_or(HeaderValue::from_static(files::STRICT_CSP));
