@@ -499,16 +499,11 @@ def a_request_is_checked_against_its_generated_schema_naming_the_field():
         ({"wording": None}, "`wording` missing"),
         ({"done": [1]}, "$.done[0]: 1 is not string"),
         ({"defence": "pi_detector", "detector": {"url": "http://x"}}, "$.detector: "),
+        # What a schema cannot say is still checked by hand.
+        ({"run_dir": "rel"}, "`run_dir` must be absolute"),
+        ({"agent_cmd": []}, "`agent_cmd`"),
+        ({"case_timeout_s": 0.0}, "`case_timeout_s` must be a positive"),
     ]:
-        try:
-            _request(**bad)
-        except records.RequestError as e:
-            assert says in str(e), (str(e), says)
-        else:
-            raise AssertionError(f"accepted {bad}")
-    # What a schema cannot say is still checked by hand.
-    for bad, says in [({"run_dir": "rel"}, "`run_dir` must be absolute"), ({"agent_cmd": []}, "`agent_cmd`"),
-                      ({"case_timeout_s": 0.0}, "`case_timeout_s` must be a positive")]:
         try:
             _request(**bad)
         except records.RequestError as e:
