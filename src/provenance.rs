@@ -74,12 +74,16 @@ pub fn collect(i: &Inputs) -> Value {
             "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
             "model": i.model_dir.as_deref().map(fingerprint),
             "adapter": i.adapter_dir.as_deref().map(fingerprint),
-            "chat_template": i.version.chat_template().map(|file| {
-                let sha256 = std::fs::read(&file).ok().map(|b| util::sha256_hex(&b));
-                json!({"path": file, "sha256": sha256})
-            }),
+            "chat_template": i.version.chat_template().map(|file| served_file(&file)),
+            "tool_parser_plugin": i.version.tool_parser_plugin().map(|file| served_file(&file)),
         },
     })
+}
+
+/// A file of the bench root's that the server reads: where, and its sha256.
+fn served_file(file: &Path) -> Value {
+    let sha256 = std::fs::read(file).ok().map(|b| util::sha256_hex(&b));
+    json!({"path": file, "sha256": sha256})
 }
 
 /// Our version, and the git revision read at run time from the checkout the binary was

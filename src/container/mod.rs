@@ -54,6 +54,7 @@ const COMPILE_CACHE_TARGET: &str = "/root/.cache/vllm";
 const MODEL_TARGET: &str = "/model";
 const ADAPTERS_TARGET: &str = "/adapters";
 const CHAT_TEMPLATE_TARGET: &str = "/chat_template.jinja";
+const TOOL_PARSER_PLUGIN_TARGET: &str = "/tool_parser_plugin.py";
 /// vLLM handles SIGTERM; NVIDIA's notes stop it with ~30 s.
 pub const STOP_GRACE_S: i32 = 30;
 const DEFAULT_READY_TIMEOUT_S: f64 = 900.0;
@@ -243,9 +244,28 @@ pub struct Setup {
     pub runtime_lora: bool,
     pub ready_timeout: Duration,
     pub pull: bool,
-    /// The spec's chat template on the host, and its sha256 (a changed template is
-    /// another server: the reuse key holds the content, not the path).
-    pub chat_template: Option<(PathBuf, String)>,
+    /// The spec's chat template (a changed template is another server).
+    pub chat_template: Option<ServedFile>,
+    /// The spec's tool-parser plugin (likewise).
+    pub tool_parser_plugin: Option<ServedFile>,
+}
+
+/// A file of the bench root's that the server reads (a chat template, a tool-parser
+/// plugin): where it is on the host, and its sha256 — the reuse key holds the content,
+/// not the path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServedFile {
+    pub host: PathBuf,
+    pub sha256: String,
+}
+
+impl ServedFile {
+    fn read(version: &Version, field: &str, file: Option<PathBuf>) -> anyhow::Result<Option<ServedFile>> {
+        let Some(file) = file else { return Ok(None) };
+        let text = std::fs::read(&file)
+            .with_context(|| format!("{}: model.{field} {}", version.path.display(), file.display()))?;
+        Ok(Some(ServedFile { host: std::path::absolute(&file)?, sha256: pruefstand_core::util::sha256_hex(&text) }))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -329,16 +349,8 @@ impl Setup {
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
             pull: m.pull,
-            chat_template: version
-                .chat_template()
-                .map(|file| {
-                    let text = std::fs::read(&file).with_context(|| {
-                        format!("{}: model.chat_template {}", version.path.display(), file.display())
-                    })?;
-                    let file = std::path::absolute(&file)?;
-                    anyhow::Ok((file, pruefstand_core::util::sha256_hex(&text)))
-                })
-                .transpose()?,
+            chat_template: ServedFile::read(version, "chat_template", version.chat_template())?,
+            tool_parser_plugin: ServedFile::read(version, "tool_parser_plugin", version.tool_parser_plugin())?,
         })
     }
 
@@ -358,6 +370,9 @@ impl Setup {
         if self.chat_template.is_some() {
             cmd.extend(["--chat-template".into(), CHAT_TEMPLATE_TARGET.into()]);
         }
+        if self.tool_parser_plugin.is_some() {
+            cmd.extend(["--tool-parser-plugin".into(), TOOL_PARSER_PLUGIN_TARGET.into()]);
+        }
         cmd.extend(self.args.iter().cloned());
         cmd
     }
@@ -370,12 +385,16 @@ impl Setup {
             Some(a) => serde_json::json!({"name": a.name, "host": a.host}),
             None => serde_json::Value::Null,
         };
-        let key = serde_json::json!({
+        let mut key = serde_json::json!({
             "image": self.image, "model": self.model_host, "served": self.served_name, "prefix": self.prefix,
             "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ipc": self.ipc, "ulimits": self.ulimits,
             "runtime_lora": self.runtime_lora, "adapter": adapter,
-            "chat_template": self.chat_template.as_ref().map(|(_, sha256)| sha256),
+            "chat_template": self.chat_template.as_ref().map(|f| &f.sha256),
         });
+        // Only where there is one, so the keys of servers without it stay as they were.
+        if let Some(plugin) = &self.tool_parser_plugin {
+            key["tool_parser_plugin"] = plugin.sha256.clone().into();
+        }
         pruefstand_core::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
     }
 
@@ -400,8 +419,11 @@ impl Setup {
         if let Some(a) = &self.adapter {
             mounts.push(bind(&a.mount_source, &a.mount_target));
         }
-        if let Some((file, _)) = &self.chat_template {
-            mounts.push(bind(file, CHAT_TEMPLATE_TARGET));
+        if let Some(template) = &self.chat_template {
+            mounts.push(bind(&template.host, CHAT_TEMPLATE_TARGET));
+        }
+        if let Some(plugin) = &self.tool_parser_plugin {
+            mounts.push(bind(&plugin.host, TOOL_PARSER_PLUGIN_TARGET));
         }
         mounts.push(Mount {
             source: Some(COMPILE_CACHE_VOLUME.into()),
@@ -882,28 +904,35 @@ path = "/srv/adapters/a"
     }
 
     #[test]
-    fn a_chat_template_is_mounted_read_only_and_its_content_is_in_the_reuse_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let spec = dir.path().join("v.toml");
-        std::fs::write(&spec, SPEC.replace("gpu = ", "chat_template = \"tools.jinja\"\ngpu = ")).unwrap();
-        let err = Version::load(dir.path(), spec.to_str().unwrap()).unwrap_err().to_string();
-        assert!(err.contains("v.toml:") && err.contains("model.chat_template") && err.contains("tools.jinja"), "{err}");
-        std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
-        let v = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
-        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
-        let command = s.command();
-        let at = command.iter().position(|w| w == "--chat-template").expect("--chat-template passed");
-        assert_eq!(command[at + 1], CHAT_TEMPLATE_TARGET);
-        let mounts = s.mounts();
-        let template = mounts.iter().find(|m| m.target.as_deref() == Some(CHAT_TEMPLATE_TARGET)).unwrap();
-        assert_eq!(template.source.as_deref(), Some(dir.path().join("tools.jinja").to_str().unwrap()));
-        assert_eq!(template.read_only, Some(true));
-        // Another template is another server; the same one is the same server.
-        let key = s.key();
-        std::fs::write(dir.path().join("tools.jinja"), "{{ messages | tojson }}").unwrap();
-        assert_ne!(Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap().key(), key);
-        std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
-        assert_eq!(Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap().key(), key);
+    fn a_chat_template_and_a_tool_parser_plugin_are_mounted_read_only_and_their_content_is_in_the_reuse_key() {
+        let served = [
+            ("chat_template", "tools.jinja", "--chat-template", CHAT_TEMPLATE_TARGET),
+            ("tool_parser_plugin", "parser.py", "--tool-parser-plugin", TOOL_PARSER_PLUGIN_TARGET),
+        ];
+        for (field, name, flag, target) in served {
+            let dir = tempfile::tempdir().unwrap();
+            let spec = dir.path().join("v.toml");
+            std::fs::write(&spec, SPEC.replace("gpu = ", &format!("{field} = \"{name}\"\ngpu = "))).unwrap();
+            let err = Version::load(dir.path(), spec.to_str().unwrap()).unwrap_err().to_string();
+            assert!(err.contains("v.toml:") && err.contains(&format!("model.{field}")) && err.contains(name), "{err}");
+            std::fs::write(dir.path().join(name), "{{ messages }}").unwrap();
+            let v = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
+            let setup = || Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+            let s = setup();
+            let command = s.command();
+            let at = command.iter().position(|w| w == flag).unwrap_or_else(|| panic!("{flag} passed: {command:?}"));
+            assert_eq!(command[at + 1], target);
+            let mounts = s.mounts();
+            let file = mounts.iter().find(|m| m.target.as_deref() == Some(target)).unwrap();
+            assert_eq!(file.source.as_deref(), Some(dir.path().join(name).to_str().unwrap()));
+            assert_eq!(file.read_only, Some(true));
+            // Another file is another server; the same one is the same server.
+            let key = s.key();
+            std::fs::write(dir.path().join(name), "{{ messages | tojson }}").unwrap();
+            assert_ne!(setup().key(), key, "{field}");
+            std::fs::write(dir.path().join(name), "{{ messages }}").unwrap();
+            assert_eq!(setup().key(), key, "{field}");
+        }
     }
 
     #[test]

@@ -143,6 +143,13 @@ pub struct ModelSpec {
     /// tool-call parser can read them. The server's (the model folder's) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<Spanned<PathBuf>>,
+    /// A vLLM tool-parser plugin of the bench root's own (a Python file; relative to the
+    /// spec's folder), mounted read-only into the container and passed as
+    /// `--tool-parser-plugin`; `args` pick the parser it registers
+    /// (`--tool-call-parser NAME`). For a parser the server's own version lacks or gets
+    /// wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_parser_plugin: Option<Spanned<PathBuf>>,
     /// Pull the image when it is not present locally. Off by default: a missing image
     /// is an error naming it (the Jetson's network may have no registry).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -228,14 +235,20 @@ impl Version {
     /// The chat template's file on this machine: `model.chat_template` resolved against
     /// the spec's folder.
     pub fn chat_template(&self) -> Option<PathBuf> {
-        Some(template_file(&self.path, self.spec.model.chat_template.as_ref()?.get_ref()))
+        Some(spec_relative(&self.path, self.spec.model.chat_template.as_ref()?.get_ref()))
+    }
+
+    /// The tool-parser plugin's file on this machine: `model.tool_parser_plugin`
+    /// resolved against the spec's folder.
+    pub fn tool_parser_plugin(&self) -> Option<PathBuf> {
+        Some(spec_relative(&self.path, self.spec.model.tool_parser_plugin.as_ref()?.get_ref()))
     }
 
     /// The adapter's `trained_on_exports` on this machine, resolved against the spec's
     /// folder.
     pub fn trained_on_exports(&self) -> Vec<PathBuf> {
         let exports = self.spec.adapter.iter().flat_map(|a| &a.trained_on_exports);
-        exports.map(|e| template_file(&self.path, e.get_ref())).collect()
+        exports.map(|e| spec_relative(&self.path, e.get_ref())).collect()
     }
 
     pub fn reference(&self) -> Option<&str> {
@@ -243,10 +256,10 @@ impl Version {
     }
 }
 
-/// A file a spec names (`model.chat_template`, an adapter's export) on this machine:
-/// relative to the spec's folder.
-fn template_file(spec_path: &Path, template: &Path) -> PathBuf {
-    spec_path.parent().unwrap_or(Path::new(".")).join(template)
+/// A file a spec names (`model.chat_template`, `model.tool_parser_plugin`, an adapter's
+/// export) on this machine: relative to the spec's folder.
+fn spec_relative(spec_path: &Path, file: &Path) -> PathBuf {
+    spec_path.parent().unwrap_or(Path::new(".")).join(file)
 }
 
 /// Parses and validates one spec text.
@@ -298,16 +311,22 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                     "model.ready_timeout_s must be a positive number of seconds",
                 ));
             }
-            if let Some(template) = &model.chat_template {
-                let file = template_file(path, template.get_ref());
-                if !file.is_file() {
-                    return Err(bad(
-                        template.span().start,
-                        &format!(
-                            "model.chat_template: {} is not a file (a Jinja chat template; relative paths start at the spec's folder)",
-                            file.display()
-                        ),
-                    ));
+            let served_files = [
+                ("chat_template", &model.chat_template, "a Jinja chat template"),
+                ("tool_parser_plugin", &model.tool_parser_plugin, "a vLLM tool-parser plugin, a Python file"),
+            ];
+            for (field, named, what) in served_files {
+                if let Some(named) = named {
+                    let file = spec_relative(path, named.get_ref());
+                    if !file.is_file() {
+                        return Err(bad(
+                            named.span().start,
+                            &format!(
+                                "model.{field}: {} is not a file ({what}; relative paths start at the spec's folder)",
+                                file.display()
+                            ),
+                        ));
+                    }
                 }
             }
             if let Some(adapter) = &spec.adapter
@@ -320,11 +339,20 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                 ));
             }
         }
-        _ if model.chat_template.is_some() => {
-            let at = model.chat_template.as_ref().map_or(0, |t| t.span().start);
+        _ if model.chat_template.is_some() || model.tool_parser_plugin.is_some() => {
+            let (field, named, flag) = match &model.chat_template {
+                Some(named) => ("chat_template", named, "--chat-template"),
+                None => (
+                    "tool_parser_plugin",
+                    model.tool_parser_plugin.as_ref().expect("one is set"),
+                    "--tool-parser-plugin",
+                ),
+            };
             return Err(bad(
-                at,
-                "model.chat_template is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own --chat-template)",
+                named.span().start,
+                &format!(
+                    "model.{field} is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own {flag})"
+                ),
             ));
         }
         Backend::External => {
@@ -361,7 +389,7 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         }
     }
     for export in spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
-        let file = template_file(path, export.get_ref());
+        let file = spec_relative(path, export.get_ref());
         if !file.is_file() {
             return Err(bad(
                 export.span().start,
@@ -553,6 +581,19 @@ susceptibility = 0.02
         assert_eq!(spec.human, HumanSpec::TaskScoped);
         assert_eq!(spec.sim.unwrap().models["inj-harden-r3"].susceptibility, 0.02);
         assert_eq!(spec.model.display_name, "Local model");
+    }
+
+    #[test]
+    fn files_mounted_into_the_container_are_refused_at_their_line_without_one() {
+        for (field, flag) in [("chat_template", "--chat-template"), ("tool_parser_plugin", "--tool-parser-plugin")] {
+            let spec = GOOD.replace("served_name = \"sim/qwen3-8b\"", &format!("served_name = \"m\"\n{field} = \"f\""));
+            let err = error(&spec);
+            assert!(
+                err.starts_with(&format!("DIR/cand.toml:7:{}: model.{field} is mounted", field.len() + 4)),
+                "{err}"
+            );
+            assert!(err.contains(&format!("its own {flag}")), "{err}");
+        }
     }
 
     #[test]
