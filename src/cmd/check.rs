@@ -450,16 +450,21 @@ fn check_model_files(version: &Version, report: &mut Report) {
                 );
             }
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
-            if let Some(file) = version.chat_template() {
+            let served = [
+                ("chat template", "chat_template", "--chat-template", version.chat_template()),
+                ("tool-parser plugin", "tool_parser_plugin", "--tool-parser-plugin", version.tool_parser_plugin()),
+            ];
+            for (what, field, flag, file) in served {
+                let Some(file) = file else { continue };
                 match std::fs::read(&file) {
                     Ok(text) => report.ok(format!(
-                        "chat template {} (sha256 {}…), passed to the server as --chat-template",
+                        "{what} {} (sha256 {}…), passed to the server as {flag}",
                         file.display(),
                         &pruefstand_core::util::sha256_hex(&text)[..12]
                     )),
                     Err(e) => report.fail(
-                        format!("chat template {}: {e}", file.display()),
-                        format!("set [model] chat_template in {}", version.path.display()),
+                        format!("{what} {}: {e}", file.display()),
+                        format!("set [model] {field} in {}", version.path.display()),
                     ),
                 }
             }
