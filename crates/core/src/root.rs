@@ -125,8 +125,9 @@ pub fn create(dir: &Path, from: &Path) -> anyhow::Result<Vec<PathBuf>> {
             .with_context(|| format!("reading {}", source.display()))?
             .flatten()
             .map(|e| e.file_name())
-            // Specs and plans, and the chat templates specs name beside them.
-            .filter(|n| n.to_string_lossy().ends_with(".toml") || n.to_string_lossy().ends_with(".jinja"))
+            // Specs and plans, and the chat templates and tool-parser plugins specs name
+            // beside them.
+            .filter(|n| [".toml", ".jinja", ".py"].iter().any(|end| n.to_string_lossy().ends_with(end)))
             .collect();
         names.sort();
         for name in names {
