@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::container::pool::Container;
 use pruefstand_core::rundir::{RunDir, RunFile};
-use pruefstand_core::spec::Version;
+use pruefstand_core::spec::{ServedFileKind, Version};
 use pruefstand_core::util;
 
 /// Files up to this size are hashed (sha256); larger ones (weights) are recorded by
@@ -56,6 +56,26 @@ pub fn collect(i: &Inputs) -> Value {
             "max_model_len": crate::container::vllm_option(&c.command, "--max-model-len").and_then(|v| v.parse::<u64>().ok()),
         })
     });
+    let served_paths = i.version.served_files();
+    let mut files = json!({
+        "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
+        "model": i.model_dir.as_deref().map(fingerprint),
+        "adapter": i.adapter_dir.as_deref().map(fingerprint),
+    });
+    for kind in ServedFileKind::ALL {
+        files[kind.field()] = Value::Null;
+    }
+    // The server's own record of what it was given; read now only without a server.
+    let served: Vec<(ServedFileKind, &Path, Option<String>)> = match &i.container {
+        Some(c) => c.served_files().iter().map(|f| (f.kind, f.host.as_path(), Some(f.sha256.clone()))).collect(),
+        None => {
+            let read = |file: &Path| std::fs::read(file).ok().map(|b| util::sha256_hex(&b));
+            served_paths.iter().map(|(kind, file)| (*kind, file.as_path(), read(file))).collect()
+        }
+    };
+    for (kind, path, sha256) in served {
+        files[kind.field()] = json!({"path": path, "sha256": sha256});
+    }
     json!({
         "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "pruefstand": ours(),
@@ -70,20 +90,8 @@ pub fn collect(i: &Inputs) -> Value {
         "container": container,
         "gpu": nvml(),
         "jetson": jetson(),
-        "files": {
-            "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
-            "model": i.model_dir.as_deref().map(fingerprint),
-            "adapter": i.adapter_dir.as_deref().map(fingerprint),
-            "chat_template": i.version.chat_template().map(|file| served_file(&file)),
-            "tool_parser_plugin": i.version.tool_parser_plugin().map(|file| served_file(&file)),
-        },
+        "files": files,
     })
-}
-
-/// A file of the bench root's that the server reads: where, and its sha256.
-fn served_file(file: &Path) -> Value {
-    let sha256 = std::fs::read(file).ok().map(|b| util::sha256_hex(&b));
-    json!({"path": file, "sha256": sha256})
 }
 
 /// Our version, and the git revision read at run time from the checkout the binary was

@@ -24,7 +24,7 @@ use pruefstand_core::pyenv::{self, AGENTDOJO_VERSION};
 use pruefstand_core::root::{CONFIG_FILE, Root};
 use pruefstand_core::settings::defence::{ToolCalling, ToolResultRole};
 use pruefstand_core::settings::{GuardConfig, Unavailable};
-use pruefstand_core::spec::{Backend, Version};
+use pruefstand_core::spec::{Backend, ServedFileKind, Version};
 use pruefstand_core::util;
 
 const DOCKER_TIMEOUT: Duration = Duration::from_secs(3);
@@ -450,21 +450,18 @@ fn check_model_files(version: &Version, report: &mut Report) {
                 );
             }
             readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
-            let served = [
-                ("chat template", "chat_template", "--chat-template", version.chat_template()),
-                ("tool-parser plugin", "tool_parser_plugin", "--tool-parser-plugin", version.tool_parser_plugin()),
-            ];
-            for (what, field, flag, file) in served {
-                let Some(file) = file else { continue };
+            for (kind, file) in version.served_files() {
                 match std::fs::read(&file) {
                     Ok(text) => report.ok(format!(
-                        "{what} {} (sha256 {}…), passed to the server as {flag}",
+                        "{} {} (sha256 {}…), passed to the server as {}",
+                        kind.label(),
                         file.display(),
-                        &pruefstand_core::util::sha256_hex(&text)[..12]
+                        &pruefstand_core::util::sha256_hex(&text)[..12],
+                        kind.flag()
                     )),
                     Err(e) => report.fail(
-                        format!("{what} {}: {e}", file.display()),
-                        format!("set [model] {field} in {}", version.path.display()),
+                        format!("{} {}: {e}", kind.label(), file.display()),
+                        format!("set [model] {} in {}", kind.field(), version.path.display()),
                     ),
                 }
             }
@@ -519,7 +516,7 @@ fn chat_template(version: &Version) -> Option<(String, String)> {
     let folder = model.path.as_deref();
     // `--chat-template FILE`: a path inside the container's model mount is the folder's.
     let named = model.args.iter().position(|a| a == "--chat-template").and_then(|i| model.args.get(i + 1));
-    let mut candidates: Vec<PathBuf> = version.chat_template().into_iter().collect();
+    let mut candidates: Vec<PathBuf> = version.served_file(ServedFileKind::ChatTemplate).into_iter().collect();
     if let Some(file) = named {
         match (file.strip_prefix("/model/"), folder) {
             (Some(inside), Some(folder)) => candidates.push(folder.join(inside)),

@@ -29,7 +29,7 @@ use futures_util::StreamExt;
 
 pub use pool::{InterruptClients, Lease, Pool, Request};
 
-use pruefstand_core::spec::{Backend, GpuMode, Version};
+use pruefstand_core::spec::{Backend, GpuMode, ServedFileKind, Version};
 use pruefstand_core::util;
 
 /// Labels on every container we create; `managed` is what orphan removal looks for.
@@ -53,8 +53,6 @@ pub const COMPILE_CACHE_VOLUME: &str = "pruefstand-compile-cache";
 const COMPILE_CACHE_TARGET: &str = "/root/.cache/vllm";
 const MODEL_TARGET: &str = "/model";
 const ADAPTERS_TARGET: &str = "/adapters";
-const CHAT_TEMPLATE_TARGET: &str = "/chat_template.jinja";
-const TOOL_PARSER_PLUGIN_TARGET: &str = "/tool_parser_plugin.py";
 /// vLLM handles SIGTERM; NVIDIA's notes stop it with ~30 s.
 pub const STOP_GRACE_S: i32 = 30;
 const DEFAULT_READY_TIMEOUT_S: f64 = 900.0;
@@ -244,27 +242,29 @@ pub struct Setup {
     pub runtime_lora: bool,
     pub ready_timeout: Duration,
     pub pull: bool,
-    /// The spec's chat template (a changed template is another server).
-    pub chat_template: Option<ServedFile>,
-    /// The spec's tool-parser plugin (likewise).
-    pub tool_parser_plugin: Option<ServedFile>,
+    /// The spec's chat template and tool-parser plugin (a changed file is another
+    /// server).
+    pub served_files: Vec<ServedFile>,
 }
 
 /// A file of the bench root's that the server reads (a chat template, a tool-parser
-/// plugin): where it is on the host, and its sha256 — the reuse key holds the content,
-/// not the path.
+/// plugin): which, where it is on the host, and its sha256 as read when the server was
+/// set up — the reuse key holds the content, not the path, and provenance records it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServedFile {
+    pub kind: ServedFileKind,
     pub host: PathBuf,
     pub sha256: String,
 }
 
 impl ServedFile {
-    fn read(version: &Version, field: &str, file: Option<PathBuf>) -> anyhow::Result<Option<ServedFile>> {
-        let Some(file) = file else { return Ok(None) };
-        let text = std::fs::read(&file)
-            .with_context(|| format!("{}: model.{field} {}", version.path.display(), file.display()))?;
-        Ok(Some(ServedFile { host: std::path::absolute(&file)?, sha256: pruefstand_core::util::sha256_hex(&text) }))
+    fn read_all(version: &Version) -> anyhow::Result<Vec<ServedFile>> {
+        let read = |(kind, file): (ServedFileKind, PathBuf)| {
+            let text = std::fs::read(&file)
+                .with_context(|| format!("{}: model.{} {}", version.path.display(), kind.field(), file.display()))?;
+            Ok(ServedFile { kind, host: std::path::absolute(&file)?, sha256: pruefstand_core::util::sha256_hex(&text) })
+        };
+        version.served_files().into_iter().map(read).collect()
     }
 }
 
@@ -349,8 +349,7 @@ impl Setup {
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
             pull: m.pull,
-            chat_template: ServedFile::read(version, "chat_template", version.chat_template())?,
-            tool_parser_plugin: ServedFile::read(version, "tool_parser_plugin", version.tool_parser_plugin())?,
+            served_files: ServedFile::read_all(version)?,
         })
     }
 
@@ -367,11 +366,8 @@ impl Setup {
         if let Some(a) = &self.adapter {
             cmd.extend(["--lora-modules".into(), format!("{}={}", a.name, a.container_path)]);
         }
-        if self.chat_template.is_some() {
-            cmd.extend(["--chat-template".into(), CHAT_TEMPLATE_TARGET.into()]);
-        }
-        if self.tool_parser_plugin.is_some() {
-            cmd.extend(["--tool-parser-plugin".into(), TOOL_PARSER_PLUGIN_TARGET.into()]);
+        for file in &self.served_files {
+            cmd.extend([file.kind.flag().into(), file.kind.container_path().into()]);
         }
         cmd.extend(self.args.iter().cloned());
         cmd
@@ -389,11 +385,12 @@ impl Setup {
             "image": self.image, "model": self.model_host, "served": self.served_name, "prefix": self.prefix,
             "args": self.args, "gpu": format!("{:?}", self.gpu), "shm": self.shm_size, "ipc": self.ipc, "ulimits": self.ulimits,
             "runtime_lora": self.runtime_lora, "adapter": adapter,
-            "chat_template": self.chat_template.as_ref().map(|f| &f.sha256),
+            "chat_template": serde_json::Value::Null,
         });
-        // Only where there is one, so the keys of servers without it stay as they were.
-        if let Some(plugin) = &self.tool_parser_plugin {
-            key["tool_parser_plugin"] = plugin.sha256.clone().into();
+        // A file's entry only where there is one (the template's null was there first),
+        // so the keys of servers without the later ones stay as they were.
+        for file in &self.served_files {
+            key[file.kind.field()] = file.sha256.clone().into();
         }
         pruefstand_core::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
     }
@@ -419,11 +416,8 @@ impl Setup {
         if let Some(a) = &self.adapter {
             mounts.push(bind(&a.mount_source, &a.mount_target));
         }
-        if let Some(template) = &self.chat_template {
-            mounts.push(bind(&template.host, CHAT_TEMPLATE_TARGET));
-        }
-        if let Some(plugin) = &self.tool_parser_plugin {
-            mounts.push(bind(&plugin.host, TOOL_PARSER_PLUGIN_TARGET));
+        for file in &self.served_files {
+            mounts.push(bind(&file.host, file.kind.container_path()));
         }
         mounts.push(Mount {
             source: Some(COMPILE_CACHE_VOLUME.into()),
@@ -905,11 +899,10 @@ path = "/srv/adapters/a"
 
     #[test]
     fn a_chat_template_and_a_tool_parser_plugin_are_mounted_read_only_and_their_content_is_in_the_reuse_key() {
-        let served = [
-            ("chat_template", "tools.jinja", "--chat-template", CHAT_TEMPLATE_TARGET),
-            ("tool_parser_plugin", "parser.py", "--tool-parser-plugin", TOOL_PARSER_PLUGIN_TARGET),
-        ];
-        for (field, name, flag, target) in served {
+        for (kind, name) in
+            [(ServedFileKind::ChatTemplate, "tools.jinja"), (ServedFileKind::ToolParserPlugin, "parser.py")]
+        {
+            let (field, flag, target) = (kind.field(), kind.flag(), kind.container_path());
             let dir = tempfile::tempdir().unwrap();
             let spec = dir.path().join("v.toml");
             std::fs::write(&spec, SPEC.replace("gpu = ", &format!("{field} = \"{name}\"\ngpu = "))).unwrap();

@@ -595,6 +595,11 @@ fn adapter_fit(serving: Option<&str>, wanted_path: &str, runtime_lora: bool) -> 
 }
 
 impl Container {
+    /// The files of the bench root's the server was started with, as read then.
+    pub fn served_files(&self) -> &[super::ServedFile] {
+        &self.setup.served_files
+    }
+
     /// Where the server loaded adapter `name` from (at start or at run time).
     fn serving_path(&self, name: &str) -> Option<&str> {
         let at_start = self.setup.adapter.as_ref().filter(|a| a.name == name).map(|a| a.container_path.as_str());

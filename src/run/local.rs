@@ -239,7 +239,6 @@ impl Local<'_> {
         Ok(())
     }
 
-    /// `provenance.json`; failing to collect it is a warning, never a failed run.
     /// `provenance.json`, collected on the blocking pool (git, NVML, the model files'
     /// hashes); a failure is a warning, not the run's end.
     async fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {

@@ -232,16 +232,16 @@ impl Version {
         self.spec.adapter.as_ref().map_or(&self.spec.model.served_name, |a| &a.name)
     }
 
-    /// The chat template's file on this machine: `model.chat_template` resolved against
-    /// the spec's folder.
-    pub fn chat_template(&self) -> Option<PathBuf> {
-        Some(spec_relative(&self.path, self.spec.model.chat_template.as_ref()?.get_ref()))
+    /// A file the model's container reads, on this machine: its `model.*` field
+    /// resolved against the spec's folder.
+    pub fn served_file(&self, kind: ServedFileKind) -> Option<PathBuf> {
+        Some(spec_relative(&self.path, self.spec.model.served_file(kind)?.get_ref()))
     }
 
-    /// The tool-parser plugin's file on this machine: `model.tool_parser_plugin`
-    /// resolved against the spec's folder.
-    pub fn tool_parser_plugin(&self) -> Option<PathBuf> {
-        Some(spec_relative(&self.path, self.spec.model.tool_parser_plugin.as_ref()?.get_ref()))
+    /// Every file the spec names for the model's container, in `ServedFileKind::ALL`'s
+    /// order.
+    pub fn served_files(&self) -> Vec<(ServedFileKind, PathBuf)> {
+        ServedFileKind::ALL.into_iter().filter_map(|kind| Some((kind, self.served_file(kind)?))).collect()
     }
 
     /// The adapter's `trained_on_exports` on this machine, resolved against the spec's
@@ -253,6 +253,69 @@ impl Version {
 
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
+    }
+}
+
+/// The files of the bench root's that a spec may have mounted into the model's
+/// container, one table for the spec's check, `check`'s report, the container's command
+/// line and mounts, and provenance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServedFileKind {
+    ChatTemplate,
+    ToolParserPlugin,
+}
+
+impl ServedFileKind {
+    pub const ALL: [ServedFileKind; 2] = [ServedFileKind::ChatTemplate, ServedFileKind::ToolParserPlugin];
+
+    /// Its field in `[model]`, and its key in `provenance.json`'s `files`.
+    pub fn field(self) -> &'static str {
+        match self {
+            ServedFileKind::ChatTemplate => "chat_template",
+            ServedFileKind::ToolParserPlugin => "tool_parser_plugin",
+        }
+    }
+
+    /// What it is, for people.
+    pub fn label(self) -> &'static str {
+        match self {
+            ServedFileKind::ChatTemplate => "chat template",
+            ServedFileKind::ToolParserPlugin => "tool-parser plugin",
+        }
+    }
+
+    /// What the file must be, for an error naming a wrong one.
+    pub fn expected(self) -> &'static str {
+        match self {
+            ServedFileKind::ChatTemplate => "a Jinja chat template",
+            ServedFileKind::ToolParserPlugin => "a vLLM tool-parser plugin, a Python file",
+        }
+    }
+
+    /// vLLM's flag that names it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ServedFileKind::ChatTemplate => "--chat-template",
+            ServedFileKind::ToolParserPlugin => "--tool-parser-plugin",
+        }
+    }
+
+    /// Where it is bind-mounted (read-only) inside the container.
+    pub fn container_path(self) -> &'static str {
+        match self {
+            ServedFileKind::ChatTemplate => "/chat_template.jinja",
+            ServedFileKind::ToolParserPlugin => "/tool_parser_plugin.py",
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The spec's entry for one served file, with where it stands in the text.
+    pub fn served_file(&self, kind: ServedFileKind) -> Option<&Spanned<PathBuf>> {
+        match kind {
+            ServedFileKind::ChatTemplate => self.chat_template.as_ref(),
+            ServedFileKind::ToolParserPlugin => self.tool_parser_plugin.as_ref(),
+        }
     }
 }
 
@@ -311,19 +374,17 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                     "model.ready_timeout_s must be a positive number of seconds",
                 ));
             }
-            let served_files = [
-                ("chat_template", &model.chat_template, "a Jinja chat template"),
-                ("tool_parser_plugin", &model.tool_parser_plugin, "a vLLM tool-parser plugin, a Python file"),
-            ];
-            for (field, named, what) in served_files {
-                if let Some(named) = named {
+            for kind in ServedFileKind::ALL {
+                if let Some(named) = model.served_file(kind) {
                     let file = spec_relative(path, named.get_ref());
                     if !file.is_file() {
                         return Err(bad(
                             named.span().start,
                             &format!(
-                                "model.{field}: {} is not a file ({what}; relative paths start at the spec's folder)",
-                                file.display()
+                                "model.{}: {} is not a file ({}; relative paths start at the spec's folder)",
+                                kind.field(),
+                                file.display(),
+                                kind.expected()
                             ),
                         ));
                     }
@@ -339,19 +400,15 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
                 ));
             }
         }
-        _ if model.chat_template.is_some() || model.tool_parser_plugin.is_some() => {
-            let (field, named, flag) = match &model.chat_template {
-                Some(named) => ("chat_template", named, "--chat-template"),
-                None => (
-                    "tool_parser_plugin",
-                    model.tool_parser_plugin.as_ref().expect("one is set"),
-                    "--tool-parser-plugin",
-                ),
-            };
+        _ if let Some((kind, named)) =
+            ServedFileKind::ALL.into_iter().find_map(|kind| Some((kind, model.served_file(kind)?))) =>
+        {
             return Err(bad(
                 named.span().start,
                 &format!(
-                    "model.{field} is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own {flag})"
+                    "model.{} is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own {})",
+                    kind.field(),
+                    kind.flag()
                 ),
             ));
         }
@@ -585,7 +642,8 @@ susceptibility = 0.02
 
     #[test]
     fn files_mounted_into_the_container_are_refused_at_their_line_without_one() {
-        for (field, flag) in [("chat_template", "--chat-template"), ("tool_parser_plugin", "--tool-parser-plugin")] {
+        for kind in ServedFileKind::ALL {
+            let (field, flag) = (kind.field(), kind.flag());
             let spec = GOOD.replace("served_name = \"sim/qwen3-8b\"", &format!("served_name = \"m\"\n{field} = \"f\""));
             let err = error(&spec);
             assert!(
