@@ -34,6 +34,7 @@ use human::{Decision, Human};
 use llm::{Llm, LlmError};
 use pruefstand_core::case::AgentStats;
 use pruefstand_core::settings::defence::{AgentdojoDefence, GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
+use pruefstand_core::settings::url::SecretUrl;
 
 /// `agent.json`, written by `run` and read by `pruefstand agent --config`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -56,6 +57,10 @@ pub struct AgentConfig {
     pub tool_result_role: ToolResultRole,
     #[serde(default)]
     pub guardrail: GuardrailSpec,
+    /// The variable holding the `http` guardrail's URL when it carries credentials:
+    /// then `guardrail.url` is only its redacted form, for the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guardrail_url_env: Option<String>,
     #[serde(default)]
     pub human: HumanSpec,
     /// The wait for a model's first token (a plain JSON answer: for all of it); a
@@ -104,6 +109,10 @@ fn default_backoff() -> f64 {
     0.5
 }
 
+/// The agents' environment variable holding the `http` guardrail's URL when it carries
+/// credentials.
+pub const GUARDRAIL_URL_ENV: &str = "PRUEFSTAND_GUARDRAIL_URL";
+
 impl Default for AgentConfig {
     fn default() -> Self {
         serde_json::from_value(json!({"model": ""})).expect("defaults deserialize")
@@ -134,6 +143,16 @@ impl AgentConfig {
             );
         }
         anyhow::ensure!(cfg.max_tokens != Some(0), "agent config {}: max_tokens must be at least 1", path.display());
+        let mut cfg = cfg;
+        if let Some(var) = &cfg.guardrail_url_env {
+            let GuardrailSpec::Http { url, .. } = &mut cfg.guardrail else {
+                anyhow::bail!("agent config {}: guardrail_url_env without an http guardrail", path.display());
+            };
+            let text = std::env::var(var).map_err(|_| {
+                anyhow::anyhow!("agent config {}: guardrail_url_env names {var}, which is not set", path.display())
+            })?;
+            *url = SecretUrl::own(text);
+        }
         Ok(cfg)
     }
 }

@@ -273,12 +273,17 @@ async fn llm_guardrail_and_llm_human_ask_the_server() {
 async fn http_guardrail_scores_and_fails_open() {
     let (url, mock) = mock(vec![answer("a"), answer("b")]).await;
     let mut cfg = config(&url);
-    cfg.guardrail = GuardrailSpec::Http { url: format!("{url}/classify"), threshold: 0.5, timeout_s: 5.0 };
+    let classify = SecretUrl::own(format!("{url}/classify?token=s3cr3t"));
+    cfg.guardrail = GuardrailSpec::Http { url: classify, threshold: 0.5, timeout_s: 5.0 };
     let replies = run(cfg.clone(), &[query(after_lookup("c1", INJECTION))]).await;
     assert_eq!(replies[0]["stats"]["guardrail_flags"], 1);
+    // The flag's reason names the classifier, its token hidden.
+    let reply = replies[0].to_string();
+    assert!(reply.contains("/classify?token=***") && !reply.contains("s3cr3t"), "{reply}");
     assert_eq!(util::lock(&mock.requests)[0]["messages"][3]["content"], guardrail::WITHHELD);
     // A classifier that cannot be reached flags nothing.
-    cfg.guardrail = GuardrailSpec::Http { url: format!("{url}/missing"), threshold: 0.5, timeout_s: 5.0 };
+    cfg.guardrail =
+        GuardrailSpec::Http { url: SecretUrl::own(format!("{url}/missing")), threshold: 0.5, timeout_s: 5.0 };
     let replies = run(cfg, &[query(after_lookup("c1", INJECTION))]).await;
     assert_eq!(
         (replies[0]["final_answer"].as_str(), replies[0]["stats"]["guardrail_flags"].as_u64()),
@@ -393,6 +398,28 @@ fn config_defaults_and_typos() {
     );
     assert_eq!(cfg.guardrail, GuardrailSpec::Heuristic { extra_patterns: vec![] });
     assert!(serde_json::from_str::<AgentConfig>(r#"{"model":"m","temprature":1}"#).is_err());
+}
+
+/// agent.json holds the http guardrail's URL redacted; one with credentials comes from
+/// the variable the config names, and a config naming an unset one is refused.
+#[test]
+fn the_http_guardrails_url_with_credentials_comes_from_the_environment() {
+    let secret = "http://u:pw@guard:9/classify?token=t0k";
+    let mut cfg = config("http://127.0.0.1:1/v1");
+    cfg.guardrail = GuardrailSpec::Http { url: SecretUrl::own(secret.into()), threshold: 0.5, timeout_s: 5.0 };
+    cfg.guardrail_url_env = Some("PRUEFSTAND_TEST_GUARDRAIL_URL_X7".into());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.json");
+    util::write_json_atomic(&path, &cfg).unwrap();
+    let written = std::fs::read_to_string(&path).unwrap();
+    assert!(!written.contains("pw") && !written.contains("t0k"), "{written}");
+    let err = AgentConfig::load(&path).unwrap_err().to_string();
+    assert!(err.contains("PRUEFSTAND_TEST_GUARDRAIL_URL_X7, which is not set"), "{err}");
+    // SAFETY: no other test reads or writes this variable.
+    unsafe { std::env::set_var("PRUEFSTAND_TEST_GUARDRAIL_URL_X7", secret) };
+    let loaded = AgentConfig::load(&path).unwrap();
+    let GuardrailSpec::Http { url, .. } = loaded.guardrail else { panic!() };
+    assert_eq!(url.expose(), secret);
 }
 
 /// A hostile server: an answer far larger than any turn (plain JSON or streamed) is

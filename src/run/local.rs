@@ -277,6 +277,15 @@ impl Local<'_> {
         if let Some(key) = &endpoint.api_key {
             agent_env.push(("PRUEFSTAND_API_KEY".to_string(), key.clone()));
         }
+        // agent.json shows the http guardrail's URL redacted: one with credentials
+        // travels by environment, as the model's does.
+        let guardrail_url = match &spec.guardrail {
+            GuardrailSpec::Http { url, .. } if url.has_secrets() => {
+                Some((agent::GUARDRAIL_URL_ENV.to_string(), url.expose().to_string()))
+            }
+            _ => None,
+        };
+        agent_env.extend(guardrail_url.clone());
         let agent_cmd = match &spec.agent_cmd {
             Some(argv) => argv.clone(),
             None => {
@@ -291,6 +300,7 @@ impl Local<'_> {
                     max_tokens: Some(spec.model.max_tokens.unwrap_or(agent::llm::DEFAULT_MAX_TOKENS)),
                     idle_timeout_s: spec.model.idle_timeout_s.unwrap_or(agent::AgentConfig::default().idle_timeout_s),
                     guardrail: spec.guardrail.clone(),
+                    guardrail_url_env: guardrail_url.as_ref().map(|(var, _)| var.clone()),
                     human: spec.human.clone(),
                     ..agent::AgentConfig::default()
                 };

@@ -523,7 +523,10 @@ fn check_guardrail(guardrail: &GuardrailSpec, bad: &dyn Fn(&str, &str) -> anyhow
         GuardrailSpec::Agentdojo { model: Some(model), .. } if model.trim().is_empty() => {
             return Err(bad("model", "must not be empty (leave it out for the version's own model)"));
         }
-        GuardrailSpec::Http { threshold, timeout_s, .. } => {
+        GuardrailSpec::Http { url, threshold, timeout_s } => {
+            if let Err(err) = SecretUrl::parse(url.expose()) {
+                return Err(bad("url", &err));
+            }
             if !threshold.is_finite() {
                 return Err(bad("threshold", &format!("{threshold} is not a number")));
             }
@@ -795,6 +798,7 @@ susceptibility = 0.02
             ),
             ("kind = \"classifier\"\nurl = \"ftp://x\"\n", "DIR/cand.toml:13:1: guardrail.url: ftp://x is no http"),
             ("kind = \"classifier\"\ntimeout_s = 0\n", "DIR/cand.toml:13:1: guardrail.timeout_s: 0 is not"),
+            ("kind = \"http\"\nurl = \"localhost:9\"\n", "DIR/cand.toml:13:1: guardrail.url: localhost:9 is no http"),
             (
                 "kind = \"classifier\"\nsafe_label = \" \"\n",
                 "DIR/cand.toml:13:1: guardrail.safe_label: must not be empty",
@@ -811,6 +815,15 @@ susceptibility = 0.02
         assert!(
             err.starts_with("DIR/cand.toml:11:1:") && err.contains("expected one of") && err.contains("`tool_filter`"),
             "{err}"
+        );
+        // The http classifier's credentials never reach what a spec is written to (the
+        // run's files, the hash).
+        let spec = check(&with("kind = \"http\"\nurl = \"http://u:pw@guard:9/classify?token=t0k\"\n")).unwrap();
+        let GuardrailSpec::Http { url, .. } = &spec.guardrail else { panic!() };
+        assert_eq!(url.expose(), "http://u:pw@guard:9/classify?token=t0k");
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(
+            json.contains("http://***@guard:9/classify?token=***") && !json.contains("pw") && !json.contains("t0k")
         );
         let err = error(&with("kind = \"classifier\"\nthreshold = 0.5\nsafe = \"SAFE\"\n"));
         assert!(err.contains("DIR/cand.toml:") && err.contains("unknown field `safe`"), "{err}");

@@ -27,9 +27,11 @@ pub enum GuardrailSpec {
     },
     /// POST `{"text": ...}` to a classifier endpoint; flagged when its `score` ≥ threshold.
     /// Applied in the agent runtime, which withholds a flagged output with its own notice
-    /// (the gym's trace keeps the original).
+    /// (the gym's trace keeps the original). Credentials in `url` are redacted wherever
+    /// it is shown or written; the agent gets the URL itself through its environment.
     Http {
-        url: String,
+        #[serde(deserialize_with = "super::url::deserialize_unchecked_one")]
+        url: super::url::SecretUrl,
         #[serde(default = "default_threshold")]
         threshold: f64,
         #[serde(default = "default_http_timeout")]

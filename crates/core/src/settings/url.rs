@@ -133,6 +133,11 @@ pub fn deserialize_unchecked<'de, D: Deserializer<'de>>(d: D) -> Result<Option<S
     Ok(Option::<String>::deserialize(d)?.map(SecretUrl))
 }
 
+/// A required URL read as it stands, for the same reason as [`deserialize_unchecked`].
+pub fn deserialize_unchecked_one<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
+    Ok(SecretUrl(String::deserialize(d)?))
+}
+
 /// A whole-secret URL ([`super::Secret`], a webhook's) refused unless http(s), like a
 /// [`SecretUrl`], without showing any of it.
 pub fn http_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<super::Secret>, D::Error> {
