@@ -11,6 +11,7 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
+use crate::container::ServedFile;
 use crate::container::pool::Container;
 use pruefstand_core::rundir::{RunDir, RunFile};
 use pruefstand_core::spec::{ServedFileKind, Version};
@@ -56,7 +57,6 @@ pub fn collect(i: &Inputs) -> Value {
             "max_model_len": crate::container::vllm_option(&c.command, "--max-model-len").and_then(|v| v.parse::<u64>().ok()),
         })
     });
-    let served_paths = i.version.served_files();
     let mut files = json!({
         "method": format!("sha256 for files up to {} MiB; larger files by size and mtime only", HASH_LIMIT >> 20),
         "model": i.model_dir.as_deref().map(fingerprint),
@@ -65,16 +65,13 @@ pub fn collect(i: &Inputs) -> Value {
     for kind in ServedFileKind::ALL {
         files[kind.field()] = Value::Null;
     }
-    // The server's own record of what it was given; read now only without a server.
-    let served: Vec<(ServedFileKind, &Path, Option<String>)> = match &i.container {
-        Some(c) => c.served_files().iter().map(|f| (f.kind, f.host.as_path(), Some(f.sha256.clone()))).collect(),
-        None => {
-            let read = |file: &Path| std::fs::read(file).ok().map(|b| util::sha256_hex(&b));
-            served_paths.iter().map(|(kind, file)| (*kind, file.as_path(), read(file))).collect()
-        }
+    // What the server was set up with; read now only where there is no server.
+    let served = match &i.container {
+        Some(c) => c.served_files().to_vec(),
+        None => ServedFile::read_all(&i.version).unwrap_or_default(),
     };
-    for (kind, path, sha256) in served {
-        files[kind.field()] = json!({"path": path, "sha256": sha256});
+    for file in served {
+        files[file.kind.field()] = json!({"path": file.host, "sha256": file.sha256});
     }
     json!({
         "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),

@@ -132,7 +132,7 @@ impl AgentConfig {
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading agent config {}", path.display()))?;
-        let cfg: Self =
+        let mut cfg: Self =
             serde_json::from_str(&text).with_context(|| format!("parsing agent config {}", path.display()))?;
         anyhow::ensure!(!cfg.model.is_empty(), "agent config {}: `model` is empty", path.display());
         for (name, seconds) in [("request_timeout_s", cfg.request_timeout_s), ("idle_timeout_s", cfg.idle_timeout_s)] {
@@ -143,7 +143,6 @@ impl AgentConfig {
             );
         }
         anyhow::ensure!(cfg.max_tokens != Some(0), "agent config {}: max_tokens must be at least 1", path.display());
-        let mut cfg = cfg;
         if let Some(var) = &cfg.guardrail_url_env {
             let GuardrailSpec::Http { url, .. } = &mut cfg.guardrail else {
                 anyhow::bail!("agent config {}: guardrail_url_env without an http guardrail", path.display());
