@@ -256,7 +256,17 @@ pub struct Claimed {
 
 /// The exclusive `run.lock` of a run directory (or the reference lock of a version's
 /// runs on a plan), with who holds it written inside for the next one to name.
-pub struct RunLock(#[allow(dead_code)] nix::fcntl::Flock<File>);
+pub struct RunLock(nix::fcntl::Flock<File>);
+
+impl Drop for RunLock {
+    /// Empties the file before the lock goes: the next taker writes its name only after
+    /// it holds the lock, and one who finds it busy in that moment must read "another
+    /// process", not the name of a holder long gone (an export once refused a finished
+    /// run so, its lock just taken by a second export).
+    fn drop(&mut self) {
+        let _ = self.0.set_len(0);
+    }
+}
 
 /// Why a lock was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -789,6 +799,21 @@ pub(crate) fn check_store_format(run_dir: &Path, run_json: &[u8]) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_released_lock_names_no_holder_to_the_next_who_finds_it_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.lock");
+        let run = RunLock::try_take_as(&path, "pid 1 (pruefstand run)").unwrap();
+        let Err(LockError::Busy { holder }) = RunLock::try_take_as(&path, "x") else { panic!("taken twice") };
+        assert!(holder.starts_with("pid 1 (pruefstand run) since "), "{holder}");
+        drop(run);
+        // The moment after another took it, before it wrote its name.
+        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let _taken = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+        let Err(LockError::Busy { holder }) = RunLock::try_take_as(&path, "x") else { panic!("taken twice") };
+        assert_eq!(holder, "another process");
+    }
 
     fn record(id: &str, utility: bool) -> CaseRecord {
         CaseRecord { case_id: id.into(), ..CaseRecord::of(&Case::clean("s", "u"), Some(utility), None) }
