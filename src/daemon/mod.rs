@@ -760,39 +760,57 @@ fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
 /// inotify on the root's folder for `pruefstand.toml`: the daemon keeps the config it
 /// started with, so an edit gets a log line saying a restart applies it — once per new
 /// content (an editor's save is several events; a save that changes nothing is none).
+///
+/// The file is read only once its events have been quiet for [`CONFIG_SETTLE`]: an
+/// event's handler that reads at once can find the file truncated by the next writer
+/// (a close of one write arriving after the next `open(O_TRUNC)`), and would log an
+/// empty or half-written file as one more change.
 fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWatcher> {
-    use notify::event::{AccessKind, AccessMode, ModifyKind};
+    use notify::event::{AccessKind, AccessMode};
     use notify::{EventKind, Watcher};
+    use std::sync::mpsc::RecvTimeoutError;
     let file = root.join(CONFIG_FILE);
     let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| pruefstand_core::util::sha256_hex(&bytes));
     let mut last = read(&file);
-    let watched = file.clone();
+    let (touched, events) = std::sync::mpsc::channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        // A write is read once it is closed (a truncated, half-written file is no new
-        // config); an editor's save by rename arrives as a create or a rename.
-        let complete = matches!(
-            event.kind,
-            EventKind::Access(AccessKind::Close(AccessMode::Write))
-                | EventKind::Create(_)
-                | EventKind::Modify(ModifyKind::Name(_))
-        );
-        if !complete || !event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
-            return;
-        }
-        let now = read(&watched);
-        if now.is_some() && now != last {
-            tracing::warn!(
-                "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
-                watched.display()
-            );
-            last = now;
+        // Reads (ours among them) are no edit; every other event on the file is.
+        let read_only = matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write));
+        if !read_only && event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
+            let _ = touched.send(());
         }
     })
     .context("starting inotify")?;
     watcher.watch(root, notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", root.display()))?;
+    // The thread ends when the watcher, and with it the sender, is dropped.
+    std::thread::Builder::new()
+        .name("config-watch".into())
+        .spawn(move || {
+            while events.recv().is_ok() {
+                loop {
+                    match events.recv_timeout(CONFIG_SETTLE) {
+                        Ok(()) => continue,
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                let now = read(&file);
+                if now.is_some() && now != last {
+                    tracing::warn!(
+                        "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
+                        file.display()
+                    );
+                    last = now;
+                }
+            }
+        })
+        .context("starting the config watch thread")?;
     Ok(watcher)
 }
+
+/// How long `pruefstand.toml`'s events must be quiet before it is read (see [`watch_config`]).
+const CONFIG_SETTLE: Duration = Duration::from_millis(300);
 
 /// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps
 /// `jobs/.changed`). Reads (open/close-nowrite) are ignored, so the daemon's own
