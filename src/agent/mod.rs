@@ -124,8 +124,7 @@ impl AgentConfig {
     /// credentials), else `base_url`.
     pub fn resolved_base_url(&self) -> anyhow::Result<String> {
         match &self.base_url_env {
-            Some(var) => std::env::var(var)
-                .map_err(|_| anyhow::anyhow!("agent config: base_url_env names {var}, which is not set")),
+            Some(var) => from_env("agent config", "base_url_env", var),
             None => Ok(self.base_url.clone()),
         }
     }
@@ -147,13 +146,15 @@ impl AgentConfig {
             let GuardrailSpec::Http { url, .. } = &mut cfg.guardrail else {
                 anyhow::bail!("agent config {}: guardrail_url_env without an http guardrail", path.display());
             };
-            let text = std::env::var(var).map_err(|_| {
-                anyhow::anyhow!("agent config {}: guardrail_url_env names {var}, which is not set", path.display())
-            })?;
-            *url = SecretUrl::own(text);
+            *url = SecretUrl::own(from_env(&format!("agent config {}", path.display()), "guardrail_url_env", var)?);
         }
         Ok(cfg)
     }
+}
+
+/// The value of the variable that `field` of `source` names, or an error naming both.
+fn from_env(source: &str, field: &str, var: &str) -> anyhow::Result<String> {
+    std::env::var(var).map_err(|_| anyhow::anyhow!("{source}: {field} names {var}, which is not set"))
 }
 
 /// How often one query may go back to the model after the human denied its calls, or
