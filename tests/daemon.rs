@@ -315,7 +315,11 @@ fn a_job_file_damaged_mid_run_fails_that_job_keeps_its_verdict_and_the_queue_goe
 
     let skipped = |log: &str| log.matches("skipping job 90: ").count();
     assert_eq!(skipped(&daemon.log()), 1, "{}", daemon.log());
-    std::fs::write(&stray, "{ still not json, changed").unwrap();
+    // Changed by a rename: a rescan that met an in-place write between its truncation
+    // and its bytes would see a third state (an empty file) and rightly warn for it.
+    let changed = bench.path().join("stray.json");
+    std::fs::write(&changed, "{ still not json, changed").unwrap();
+    std::fs::rename(&changed, &stray).unwrap();
     let third = bench.start(&["slow", "--plan", "mini"]);
     bench.wait_job(third, "done", 180);
     assert_eq!(skipped(&daemon.log()), 2, "once more for the changed file\n{}", daemon.log());
