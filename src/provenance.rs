@@ -11,7 +11,6 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::container::ServedFile;
 use crate::container::pool::Container;
 use pruefstand_core::rundir::{RunDir, RunFile};
 use pruefstand_core::spec::{ServedFileKind, Version};
@@ -65,13 +64,20 @@ pub fn collect(i: &Inputs) -> Value {
     for kind in ServedFileKind::ALL {
         files[kind.field()] = Value::Null;
     }
-    // What the server was set up with; read now only where there is no server.
-    let served = match &i.container {
-        Some(c) => c.served_files().to_vec(),
-        None => ServedFile::read_all(&i.version).unwrap_or_default(),
-    };
-    for file in served {
-        files[file.kind.field()] = json!({"path": file.host, "sha256": file.sha256});
+    // What the server was set up with; read now only where there is no server, each
+    // file on its own (one that cannot be read keeps its path, its sha256 absent).
+    match &i.container {
+        Some(c) => {
+            for file in c.served_files() {
+                files[file.kind.field()] = json!({"path": file.host, "sha256": file.sha256});
+            }
+        }
+        None => {
+            for (kind, host) in i.version.served_files() {
+                let sha256 = std::fs::read(&host).ok().map(|bytes| util::sha256_hex(&bytes));
+                files[kind.field()] = json!({"path": host, "sha256": sha256});
+            }
+        }
     }
     json!({
         "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -179,4 +185,37 @@ fn fingerprint(dir: &Path) -> Value {
         })
         .collect();
     json!({"path": dir, "exists": dir.is_dir(), "files": listed, "truncated": truncated})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_server_each_served_file_is_read_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("v.toml");
+        let text = "[model]\nbackend = \"docker\"\nimage = \"img:1\"\nserved_name = \"base\"\npath = \"/srv/models/m\"\n\
+                    chat_template = \"tools.jinja\"\ntool_parser_plugin = \"parser.py\"\n";
+        std::fs::write(&spec, text).unwrap();
+        std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
+        std::fs::write(dir.path().join("parser.py"), "# parser").unwrap();
+        let version = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
+        // Gone since the spec was checked: its path stays on record, its hash is absent.
+        std::fs::remove_file(dir.path().join("parser.py")).unwrap();
+        let inputs = Inputs {
+            version,
+            plan_name: "p".into(),
+            plan_hash: "h".into(),
+            benchmark_version: "b".into(),
+            agentdojo_version: "a".into(),
+            container: None,
+            model_dir: None,
+            adapter_dir: None,
+        };
+        let files = &collect(&inputs)["files"];
+        assert_eq!(files["chat_template"]["sha256"], util::sha256_hex(b"{{ messages }}"), "{files}");
+        assert_eq!(files["tool_parser_plugin"]["path"], dir.path().join("parser.py").to_str().unwrap(), "{files}");
+        assert!(files["tool_parser_plugin"]["sha256"].is_null(), "{files}");
+    }
 }

@@ -258,8 +258,7 @@ pub struct ServedFile {
 }
 
 impl ServedFile {
-    /// The spec's served files, read now.
-    pub fn read_all(version: &Version) -> anyhow::Result<Vec<ServedFile>> {
+    fn read_all(version: &Version) -> anyhow::Result<Vec<ServedFile>> {
         let read = |(kind, file): (ServedFileKind, PathBuf)| {
             let text = std::fs::read(&file)
                 .with_context(|| format!("{}: model.{} {}", version.path.display(), kind.field(), file.display()))?;
