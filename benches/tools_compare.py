@@ -8,26 +8,26 @@ was stopped part-way or on harnesses measured in separate bench runs.
 
 Each WORK may hold `run-tools/` (pruefstand's run directory), `agentdojo-tools-logs/`
 (AgentDojo's logdir) and `inspect-tools.json` (benches/inspect_runner.py's result); the
-last folder that has one wins. Plain python3; the parsing is scripts/bench's own.
+last folder that has one wins. Plain python3; the parsing is scripts/bench's own (its
+tools part, scripts/pruefstand_bench/tools.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def load_bench():
-    loader = importlib.machinery.SourceFileLoader("pruefstand_bench", str(REPO / "scripts" / "bench"))
-    spec = importlib.util.spec_from_loader("pruefstand_bench", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    """The bench's tools part (scripts/pruefstand_bench/tools.py), whose parsing this reuses."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from pruefstand_bench import tools
+
+    return tools
 
 
 def main() -> int:

@@ -111,6 +111,15 @@ def write_model_dir(path: Path, truth_text: str, latency: dict) -> None:
     )
 
 
+def make_root(root: Path) -> Path:
+    """A bench root of its own for a part's runs (versions, profiles, reports and a
+    pruefstand.toml); what each part copies or writes into it is its own."""
+    for d in ("versions", "profiles", "reports"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    return root
+
+
 # --- case sets -------------------------------------------------------------------------
 
 

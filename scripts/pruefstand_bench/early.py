@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import REPO, SKIP, env_int, fmt, quantile, say
+from .common import REPO, SKIP, env_int, fmt, make_root, quantile, say
 
 # Eight: a run's share is set by its user-task order (drawn from its folder's name, so
 # fixed per seed), and one order differs from the next by ±0.1 of voll at ASR 0.30.
@@ -41,9 +41,7 @@ def early_part(binary: Path, work: Path) -> dict:
     seed the share of voll's cases run before the verdict was decided (1 when it ran in
     full). Each run has its own run directory, so its own user-task order."""
     root = work / "root-early"
-    for d in ("versions", "profiles", "reports"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    make_root(root)
     shutil.copy(REPO / "profiles" / "voll.toml", root / "profiles" / "voll.toml")
     out: dict = {}
     for label, susceptibility in EARLY_VERSIONS if EARLY_SEEDS > 0 else ():

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import REPO, SKIP, env_float, env_int, fmt, quantile, say
+from .common import REPO, SKIP, env_float, env_int, fmt, make_root, quantile, say
 
 # ETA runs: a simulated version with a server-side latency and a capacity, so cases
 # queue and the rate changes as steering opens or holds the cases in flight.
@@ -32,9 +32,7 @@ def eta_part(binary: Path, work: Path) -> dict:
     stops early (voll) ends before any ETA, so these runs are on schnell, which runs in
     full."""
     root = work / "root-eta"
-    for d in ("versions", "profiles", "reports"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    make_root(root)
     shutil.copy(REPO / "profiles" / "schnell.toml", root / "profiles" / "schnell.toml")
     (root / "versions" / "eta.toml").write_text(
         'description = "scripts/bench: simulated, with latency, no reference"\n'

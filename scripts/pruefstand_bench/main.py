@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 from . import arm64, capacity, daemon, early, eta, overhead, real, serve, steering, throughput, tools
-from .common import (ATTACK, BENCHMARK_VERSION, INSTANT, JOBS, LATENCY, MODEL, SEED, SUITES, case_set,
-                     count_cases, ensure_binary, ensure_venv, env_int, fmt, gym_json, say, write_model_dir,
-                     write_plan)
+from .common import (ATTACK, BENCHMARK_VERSION, INSTANT, JOBS, LATENCY, MODEL, SEED, SUITES, case_set, count_cases,
+                     ensure_binary, ensure_venv, env_int, fmt, gym_json, make_root, say, write_model_dir, write_plan)
 from .steering import AUTO_CAPACITIES
 
 
@@ -33,9 +32,7 @@ def main() -> int:
     write_model_dir(work / "model-instant", truth_text, INSTANT)
 
     root = work / "root"
-    for d in ("versions", "profiles", "reports"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    make_root(root)
     cs_tp = case_set(inventory, env_int("BENCH_USERS", 3), env_int("BENCH_INJ", 2))
     cs_cap = case_set(inventory, env_int("BENCH_SCALE_USERS", 16), env_int("BENCH_SCALE_INJ", 5))
     cs_ovh = case_set(inventory, env_int("BENCH_OVH_USERS", 3), env_int("BENCH_OVH_INJ", 2))

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import API_KEY, REPO, SKIP, fmt, loadavg, say
+from .common import API_KEY, REPO, SKIP, fmt, loadavg, make_root, say
 from .contenders import run_agentdojo
 from .vllm import (REAL_IMAGE, REAL_MAX_TOKENS, REAL_MODEL_DIR, REAL_PASS_TIMEOUT_S, REAL_PLAN, REAL_SERVED,
                    RealServer, plan_case_set, read_records, real_unavailable, record_summary, run_timed,
@@ -36,9 +36,7 @@ def real_part(binary: Path, python: Path, work: Path) -> dict:
         res["skipped"] = why
         return res
     root = work / "root-real"
-    for d in ("versions", "profiles", "reports"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    make_root(root)
     env = dict(os.environ, PRUEFSTAND_API_KEY=API_KEY, BENCH_REAL_API_KEY=API_KEY)
     say(f"server: {REAL_IMAGE} (vLLM CPU build), model {REAL_MODEL_DIR}, served as {REAL_SERVED}; "
         f"plan {REAL_PLAN.relative_to(REPO)}; a fresh container per measurement; load now {loadavg()}")

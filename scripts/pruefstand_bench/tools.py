@@ -22,13 +22,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import (API_KEY, ATTACK, BENCHMARK_VERSION, REPO, SKIP, count_cases, env_float, env_int, fmt,
-                     loadavg, say, write_plan)
+from .common import (API_KEY, ATTACK, BENCHMARK_VERSION, REPO, SKIP, count_cases, env_float, env_int, fmt, loadavg,
+                     make_root, say, write_plan)
 from .vllm import (REAL_IMAGE, RealServer, plan_case_set, read_records, real_unavailable, record_summary,
                    run_timed, server_delta)
 
-
-# --- 10. a model that calls tools: three harnesses side by side ------------------------
 
 TOOLS_MODEL_DIR = Path(os.environ.get("BENCH_TOOLS_MODEL", "/var/tmp/pruefstand-vllm-cpu/qwen/current/model"))
 TOOLS_SERVED = "qwen-coder"
@@ -301,9 +299,7 @@ def tools_part(binary: Path, python: Path, work: Path) -> dict:
     cs = tools_case_set()
     n_cases = count_cases(cs)
     root = work / "root-tools"
-    for d in ("versions", "profiles", "reports"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "pruefstand.toml").write_text('[paths]\nreports = "reports"\n')
+    make_root(root)
     plan = root / "profiles" / "bench-tools.toml"
     # every case in flight from the start (vLLM batches decoding); the server's gauges
     # steer from there
