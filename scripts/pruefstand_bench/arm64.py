@@ -6,7 +6,7 @@ through binfmt_misc; the script needs root the first time), its venv made, then 
 there and one natively with the amd64 dev build (target/debug/pruefstand, the same
 profile): the wall-time ratio. NA without Docker, the package or the image.
 
-Not a target: context for tests/arm64.rs."""
+Not tests/arm64.rs, which checks that the package works there: this only times it."""
 
 from __future__ import annotations
 
