@@ -91,54 +91,17 @@ impl Report {
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
-    let mut report = Report::default();
-    let root = match Root::find(root) {
-        Ok(root) => {
-            report.ok(format!("bench root {}", root.path.display()));
-            check_config_permissions(&root, &mut report);
-            check_hooks(&root, &mut report);
-            Some(root)
-        }
-        Err(err) => {
-            report.fail(
-                format!("bench root: {err:#}"),
-                "run from a bench root, or pass --root DIR (a folder with pruefstand.toml)",
-            );
-            None
-        }
-    };
-    let guard_config = root.as_ref().map(|r| r.config.guard.clone()).unwrap_or_default();
+    let report = probe(root, &args).await;
+    show(&report, args.json)
+}
 
-    let version = match (&root, &args.version) {
-        (Some(root), Some(name)) => match Version::load(&root.versions(), name) {
-            Ok(version) => {
-                report.ok(format!("version {} ({})", version.name, version.path.display()));
-                report.ok(generation_bound(&version));
-                Some(version)
-            }
-            Err(err) => {
-                report.fail(
-                    format!("version {}: {err:#}", util::cut(name, 80)),
-                    "fix the spec, or name one in versions/",
-                );
-                None
-            }
-        },
-        (None, Some(name)) => {
-            report.fail(format!("version {name}: not checked without a bench root"), "see the bench root line");
-            None
-        }
-        _ => None,
-    };
-    // The versions whose model runs in a container here: the named one and its
-    // reference (a run makes the reference's run first).
-    let in_containers: Vec<Version> = match (&root, &version) {
-        (Some(root), Some(version)) => std::iter::once(version.clone())
-            .chain(version.reference().and_then(|name| Version::load(&root.versions(), name).ok()))
-            .filter(|v| *v.spec.model.backend.get_ref() == Backend::Docker)
-            .collect(),
-        _ => Vec::new(),
-    };
+/// Runs every probe; the lines come in the order they are shown.
+async fn probe(root: Option<PathBuf>, args: &Args) -> Report {
+    let mut report = Report::default();
+    let root = check_root(root, &mut report);
+    let guard_config = root.as_ref().map(|r| r.config.guard.clone()).unwrap_or_default();
+    let version = check_version(root.as_ref(), args.version.as_deref(), &mut report);
+    let in_containers = versions_in_containers(root.as_ref(), version.as_ref());
 
     check_venv(&mut report);
 
@@ -160,20 +123,16 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     report.extend(gpu);
     report.extend(dbus);
     if let Some(root) = root.as_ref().filter(|r| r.config.cluster.is_slurm()) {
-        let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
-        let slurm = crate::cluster::slurm::Slurm::default();
-        let probes = crate::runtime::blocking(move || slurm.check(&config, &probe_dir)).await;
-        for probe in probes {
-            match probe.ok {
-                true => report.ok(probe.what),
-                false => report.fail(probe.what, probe.fix),
-            }
-        }
+        check_cluster(root, &mut report).await;
     }
+    report
+}
 
+/// Prints the lines (or their JSON); exit 0 without a FAIL, else 2.
+fn show(report: &Report, json: bool) -> anyhow::Result<ExitCode> {
     let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
     let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
-    if args.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&report.0)?);
     } else {
         for line in &report.0 {
@@ -185,6 +144,75 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         outln!("{fails} FAIL, {warns} WARN");
     }
     Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
+}
+
+/// The bench root, with its config's permissions and its hooks.
+fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
+    match Root::find(root) {
+        Ok(root) => {
+            report.ok(format!("bench root {}", root.path.display()));
+            check_config_permissions(&root, report);
+            check_hooks(&root, report);
+            Some(root)
+        }
+        Err(err) => {
+            report.fail(
+                format!("bench root: {err:#}"),
+                "run from a bench root, or pass --root DIR (a folder with pruefstand.toml)",
+            );
+            None
+        }
+    }
+}
+
+/// The named version's spec, when there is a root to find it in.
+fn check_version(root: Option<&Root>, name: Option<&str>, report: &mut Report) -> Option<Version> {
+    match (root, name) {
+        (Some(root), Some(name)) => match Version::load(&root.versions(), name) {
+            Ok(version) => {
+                report.ok(format!("version {} ({})", version.name, version.path.display()));
+                report.ok(generation_bound(&version));
+                Some(version)
+            }
+            Err(err) => {
+                report.fail(
+                    format!("version {}: {err:#}", util::cut(name, 80)),
+                    "fix the spec, or name one in versions/",
+                );
+                None
+            }
+        },
+        (None, Some(name)) => {
+            report.fail(format!("version {name}: not checked without a bench root"), "see the bench root line");
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The versions whose model runs in a container here: the named one and its reference
+/// (a run makes the reference's run first).
+fn versions_in_containers(root: Option<&Root>, version: Option<&Version>) -> Vec<Version> {
+    match (root, version) {
+        (Some(root), Some(version)) => std::iter::once(version.clone())
+            .chain(version.reference().and_then(|name| Version::load(&root.versions(), name).ok()))
+            .filter(|v| *v.spec.model.backend.get_ref() == Backend::Docker)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The Slurm cluster's probes (tools, controller, partition, a test job).
+async fn check_cluster(root: &Root, report: &mut Report) {
+    let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
+    let slurm = crate::cluster::slurm::Slurm::default();
+    let probes = crate::runtime::blocking(move || slurm.check(&config, &probe_dir)).await;
+    for probe in probes {
+        match probe.ok {
+            true => report.ok(probe.what),
+            false => report.fail(probe.what, probe.fix),
+        }
+    }
 }
 
 /// Webhook URLs are secrets and exec hooks run commands: the config must not be
