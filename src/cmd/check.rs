@@ -105,7 +105,7 @@ async fn probe(root: Option<PathBuf>, args: &Args) -> Report {
 
     check_venv(&mut report);
 
-    // (A hung NVML probe stays behind on the blocking pool; main does not wait for it.)
+    // (A hung NVML probe stays behind on the blocking pool; check does not wait for it.)
     let (docker, gpu, dbus) = tokio::join!(
         check_docker(version.as_ref(), &in_containers),
         check_gpu(&guard_config),
