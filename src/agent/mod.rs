@@ -243,6 +243,15 @@ fn event(kind: &str, at: Option<usize>, detail: String) -> Value {
     e
 }
 
+/// The request the human judges calls against: the query's `prompt`; a seed-only adapter
+/// may not send it, then the first user message is that request.
+fn users_request(prompt: Option<String>, messages: &[Message]) -> String {
+    match prompt.filter(|p| !p.is_empty()) {
+        Some(p) => p,
+        None => messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default(),
+    }
+}
+
 /// A call as one short line for an event: `send_money({"amount":100,…})`.
 fn call_line(call: &format::ToolCall) -> String {
     let args = serde_json::to_string(&call.args).unwrap_or_default();
@@ -368,97 +377,28 @@ impl Agent {
             }
         }
         let raw = q.messages;
-        let mut messages = read_messages(&raw)?;
-        self.guard(&mut messages).await;
-        // Splices go in back to front, so the earlier positions stay valid.
-        for s in self.case.splices.iter().rev() {
-            if s.at <= raw.len() && prefix_hash(&raw[..s.at]) == s.prefix {
-                messages.splice(s.at..s.at, s.messages.iter().cloned());
-            }
-        }
+        let mut messages = self.conversation(&raw).await?;
         let anchor = (raw.len(), prefix_hash(&raw));
-        // The human judges against the user's own request; a seed-only adapter may not
-        // send `prompt`, then the first user message is that request.
-        let prompt = match q.prompt.filter(|p| !p.is_empty()) {
-            Some(p) => p,
-            None => messages.iter().find(|m| m.role == "user").and_then(|m| m.content.clone()).unwrap_or_default(),
-        };
+        let prompt = users_request(q.prompt, &messages);
         let mut give_up = GAVE_UP.to_string();
         for _ in 0..=MAX_LOCAL_ROUNDS {
             let answer = self.ask_model(&messages, &q.tools).await?;
-            self.case.malformed_outputs += u64::from(answer.malformed);
-            if answer.malformed {
-                let what = match &answer.turn {
-                    Turn::Final(_) => "the model's output broke the tool-call format; kept as its answer",
-                    Turn::Calls { .. } => {
-                        "part of the model's output broke the tool-call format; its well-formed calls go on"
-                    }
-                };
-                self.events.push(event("malformed_output", None, what.to_string()));
-            }
+            self.note_malformed(&answer);
             let (calls, content) = match answer.turn {
                 Turn::Calls { calls, content } => (calls, content),
                 done => return Ok(done),
             };
-            // Calls that cannot be run go back to the model as tool errors; the
-            // well-formed calls of the same step wait for its next try.
-            for (call, why) in &answer.rejected {
-                self.events.push(event("rejected_call", None, format!("{}: {why}; told to the model", call.function)));
-            }
             if !answer.rejected.is_empty() {
-                let not_run =
-                    "Not run: another call of the same step could not be run. Call it again if it is still needed.";
-                let results = calls
-                    .iter()
-                    .map(|c| (c, tool_result(c, None, not_run)))
-                    .chain(answer.rejected.iter().map(|(c, why)| (c, tool_result(c, Some(why), ""))))
-                    .collect();
-                self.keep_local_step(&mut messages, &anchor, content.clone(), results);
+                self.keep_rejected_step(&mut messages, &anchor, &calls, content.clone(), &answer.rejected);
                 give_up = content.unwrap_or_default();
                 continue;
             }
-            for call in calls.iter().filter(|c| !q.tools.iter().any(|t| t.name == c.function)) {
-                self.case.unknown_tool_calls += 1;
-                self.events.push(event(
-                    "unknown_tool_call",
-                    None,
-                    format!("{} is no tool of this case; AgentDojo answers with an error", call.function),
-                ));
-            }
-            let mut decisions = Vec::with_capacity(calls.len());
-            for call in &calls {
-                let v = self.human.review(call, &prompt, &self.llm, &self.cfg.model).await;
-                self.case.human_asks += u64::from(v != Decision::NotAsked);
-                self.case.human_denials += u64::from(v == Decision::Denied);
-                match v {
-                    Decision::NotAsked => {}
-                    Decision::Approved => self.events.push(event("human_approval", None, call_line(call))),
-                    Decision::Denied => self.events.push(event(
-                        "human_denial",
-                        None,
-                        format!("{}; the step did not run, and the model was told", call_line(call)),
-                    )),
-                }
-                decisions.push(v);
-            }
+            self.note_unknown_calls(&calls, &q.tools);
+            let decisions = self.review(&calls, &prompt).await;
             if !decisions.contains(&Decision::Denied) {
                 return Ok(Turn::Calls { calls, content });
             }
-            // The step stays local: the denial goes back to the model as the tool's
-            // result; calls approved beside it did not run, and the model is told so.
-            let results = calls
-                .iter()
-                .zip(decisions)
-                .map(|(call, v)| {
-                    let content = if v == Decision::Denied {
-                        human::DENIED
-                    } else {
-                        "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
-                    };
-                    (call, tool_result(call, None, content))
-                })
-                .collect();
-            self.keep_local_step(&mut messages, &anchor, content, results);
+            self.keep_denied_step(&mut messages, &anchor, &calls, content, decisions);
             give_up = GAVE_UP.to_string();
         }
         tracing::warn!("the model's calls could not go through {} times; ending the case", MAX_LOCAL_ROUNDS + 1);
@@ -468,6 +408,112 @@ impl Agent {
             format!("the model's calls could not go through {} times; the agent ended the case", MAX_LOCAL_ROUNDS + 1),
         ));
         Ok(Turn::Final(give_up))
+    }
+
+    /// The query's conversation as the model sees it: guarded, with the case's local
+    /// steps spliced in where their history matches.
+    async fn conversation(&mut self, raw: &[Value]) -> Result<Vec<Message>, LlmError> {
+        let mut messages = read_messages(raw)?;
+        self.guard(&mut messages).await;
+        // Splices go in back to front, so the earlier positions stay valid.
+        for s in self.case.splices.iter().rev() {
+            if s.at <= raw.len() && prefix_hash(&raw[..s.at]) == s.prefix {
+                messages.splice(s.at..s.at, s.messages.iter().cloned());
+            }
+        }
+        Ok(messages)
+    }
+
+    fn note_malformed(&mut self, answer: &format::Answer) {
+        self.case.malformed_outputs += u64::from(answer.malformed);
+        if answer.malformed {
+            let what = match &answer.turn {
+                Turn::Final(_) => "the model's output broke the tool-call format; kept as its answer",
+                Turn::Calls { .. } => {
+                    "part of the model's output broke the tool-call format; its well-formed calls go on"
+                }
+            };
+            self.events.push(event("malformed_output", None, what.to_string()));
+        }
+    }
+
+    /// Calls that cannot be run go back to the model as tool errors; the well-formed
+    /// calls of the same step wait for its next try.
+    fn keep_rejected_step(
+        &mut self,
+        messages: &mut Vec<Message>,
+        anchor: &(usize, String),
+        calls: &[format::ToolCall],
+        content: Option<String>,
+        rejected: &[(format::ToolCall, String)],
+    ) {
+        for (call, why) in rejected {
+            self.events.push(event("rejected_call", None, format!("{}: {why}; told to the model", call.function)));
+        }
+        let not_run = "Not run: another call of the same step could not be run. Call it again if it is still needed.";
+        let results = calls
+            .iter()
+            .map(|c| (c, tool_result(c, None, not_run)))
+            .chain(rejected.iter().map(|(c, why)| (c, tool_result(c, Some(why), ""))))
+            .collect();
+        self.keep_local_step(messages, anchor, content, results);
+    }
+
+    fn note_unknown_calls(&mut self, calls: &[format::ToolCall], tools: &[ToolSpec]) {
+        for call in calls.iter().filter(|c| !tools.iter().any(|t| t.name == c.function)) {
+            self.case.unknown_tool_calls += 1;
+            self.events.push(event(
+                "unknown_tool_call",
+                None,
+                format!("{} is no tool of this case; AgentDojo answers with an error", call.function),
+            ));
+        }
+    }
+
+    /// The human's decision on each call, against the user's own request `prompt`.
+    async fn review(&mut self, calls: &[format::ToolCall], prompt: &str) -> Vec<Decision> {
+        let mut decisions = Vec::with_capacity(calls.len());
+        for call in calls {
+            let v = self.human.review(call, prompt, &self.llm, &self.cfg.model).await;
+            self.case.human_asks += u64::from(v != Decision::NotAsked);
+            self.case.human_denials += u64::from(v == Decision::Denied);
+            match v {
+                Decision::NotAsked => {}
+                Decision::Approved => self.events.push(event("human_approval", None, call_line(call))),
+                Decision::Denied => self.events.push(event(
+                    "human_denial",
+                    None,
+                    format!("{}; the step did not run, and the model was told", call_line(call)),
+                )),
+            }
+            decisions.push(v);
+        }
+        decisions
+    }
+
+    /// The step stays local: the denial goes back to the model as the tool's result;
+    /// calls approved beside it did not run, and the model is told so.
+    fn keep_denied_step(
+        &mut self,
+        messages: &mut Vec<Message>,
+        anchor: &(usize, String),
+        calls: &[format::ToolCall],
+        content: Option<String>,
+        decisions: Vec<Decision>,
+    ) {
+        let results = calls
+            .iter()
+            .zip(decisions)
+            .map(|(call, v)| {
+                let content = if v == Decision::Denied {
+                    human::DENIED
+                } else {
+                    "Not run: another action of the same step was denied by the user. Call it again if it is still needed."
+                };
+                (call, tool_result(call, None, content))
+            })
+            .collect();
+        self.keep_local_step(messages, anchor, content, results);
     }
 
     /// A step the adapter never sees — the model's calls with one local result each —

@@ -91,12 +91,68 @@ impl Report {
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let report = probe(root, &args).await;
+    show(&report, args.json)
+}
+
+/// Runs every probe; the lines come in the order they are shown.
+async fn probe(root: Option<PathBuf>, args: &Args) -> Report {
     let mut report = Report::default();
-    let root = match Root::find(root) {
+    let root = check_root(root, &mut report);
+    let guard_config = root.as_ref().map(|r| r.config.guard.clone()).unwrap_or_default();
+    let version = check_version(root.as_ref(), args.version.as_deref(), &mut report);
+    let in_containers = versions_in_containers(root.as_ref(), version.as_ref());
+
+    check_venv(&mut report);
+
+    // (A hung NVML probe stays behind on the blocking pool; check does not wait for it.)
+    let (docker, gpu, dbus) = tokio::join!(
+        check_docker(version.as_ref(), &in_containers),
+        check_gpu(&guard_config),
+        check_dbus(&guard_config)
+    );
+    report.extend(docker);
+    if let Some(version) = &version {
+        check_external_server(version, &mut report).await;
+        check_model_files(version, &mut report);
+        check_tool_result_role(version, &mut report);
+        if let Some(root) = &root {
+            check_trained_exports(root, version, args.plan.as_deref(), &mut report);
+        }
+    }
+    report.extend(gpu);
+    report.extend(dbus);
+    if let Some(root) = root.as_ref().filter(|r| r.config.cluster.is_slurm()) {
+        check_cluster(root, &mut report).await;
+    }
+    report
+}
+
+/// Prints the lines (or their JSON); exit 0 without a FAIL, else 2.
+fn show(report: &Report, json: bool) -> anyhow::Result<ExitCode> {
+    let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
+    let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&report.0)?);
+    } else {
+        for line in &report.0 {
+            match &line.fix {
+                Some(fix) => outln!("{:<4}  {} → {fix}", line.level, line.what),
+                None => outln!("{:<4}  {}", line.level, line.what),
+            }
+        }
+        outln!("{fails} FAIL, {warns} WARN");
+    }
+    Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
+}
+
+/// The bench root, with its config's permissions and its hooks.
+fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
+    match Root::find(root) {
         Ok(root) => {
             report.ok(format!("bench root {}", root.path.display()));
-            check_config_permissions(&root, &mut report);
-            check_hooks(&root, &mut report);
+            check_config_permissions(&root, report);
+            check_hooks(&root, report);
             Some(root)
         }
         Err(err) => {
@@ -106,10 +162,12 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             );
             None
         }
-    };
-    let guard_config = root.as_ref().map(|r| r.config.guard.clone()).unwrap_or_default();
+    }
+}
 
-    let version = match (&root, &args.version) {
+/// The named version's spec, when there is a root to find it in.
+fn check_version(root: Option<&Root>, name: Option<&str>, report: &mut Report) -> Option<Version> {
+    match (root, name) {
         (Some(root), Some(name)) => match Version::load(&root.versions(), name) {
             Ok(version) => {
                 report.ok(format!("version {} ({})", version.name, version.path.display()));
@@ -129,62 +187,32 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             None
         }
         _ => None,
-    };
-    // The versions whose model runs in a container here: the named one and its
-    // reference (a run makes the reference's run first).
-    let in_containers: Vec<Version> = match (&root, &version) {
+    }
+}
+
+/// The versions whose model runs in a container here: the named one and its reference
+/// (a run makes the reference's run first).
+fn versions_in_containers(root: Option<&Root>, version: Option<&Version>) -> Vec<Version> {
+    match (root, version) {
         (Some(root), Some(version)) => std::iter::once(version.clone())
             .chain(version.reference().and_then(|name| Version::load(&root.versions(), name).ok()))
             .filter(|v| *v.spec.model.backend.get_ref() == Backend::Docker)
             .collect(),
         _ => Vec::new(),
-    };
+    }
+}
 
-    check_venv(&mut report);
-
-    // (A hung NVML probe stays behind on the blocking pool; main does not wait for it.)
-    let (docker, gpu, dbus) = tokio::join!(
-        check_docker(version.as_ref(), &in_containers),
-        check_gpu(&guard_config),
-        check_dbus(&guard_config)
-    );
-    report.extend(docker);
-    if let Some(version) = &version {
-        check_external_server(version, &mut report).await;
-        check_model_files(version, &mut report);
-        check_tool_result_role(version, &mut report);
-        if let Some(root) = &root {
-            check_trained_exports(root, version, args.plan.as_deref(), &mut report);
+/// The Slurm cluster's probes (tools, controller, partition, a test job).
+async fn check_cluster(root: &Root, report: &mut Report) {
+    let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
+    let slurm = crate::cluster::slurm::Slurm::default();
+    let probes = crate::runtime::blocking(move || slurm.check(&config, &probe_dir)).await;
+    for probe in probes {
+        match probe.ok {
+            true => report.ok(probe.what),
+            false => report.fail(probe.what, probe.fix),
         }
     }
-    report.extend(gpu);
-    report.extend(dbus);
-    if let Some(root) = root.as_ref().filter(|r| r.config.cluster.is_slurm()) {
-        let (config, probe_dir) = (root.config.cluster.clone(), root.path.join(".pruefstand/cluster-check"));
-        let slurm = crate::cluster::slurm::Slurm::default();
-        let probes = crate::runtime::blocking(move || slurm.check(&config, &probe_dir)).await;
-        for probe in probes {
-            match probe.ok {
-                true => report.ok(probe.what),
-                false => report.fail(probe.what, probe.fix),
-            }
-        }
-    }
-
-    let fails = report.0.iter().filter(|l| l.level == Level::Fail).count();
-    let warns = report.0.iter().filter(|l| l.level == Level::Warn).count();
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report.0)?);
-    } else {
-        for line in &report.0 {
-            match &line.fix {
-                Some(fix) => outln!("{:<4}  {} → {fix}", line.level, line.what),
-                None => outln!("{:<4}  {}", line.level, line.what),
-            }
-        }
-        outln!("{fails} FAIL, {warns} WARN");
-    }
-    Ok(if fails == 0 { ExitCode::SUCCESS } else { ExitCode::from(util::EXIT_COULD_NOT_RUN) })
 }
 
 /// Webhook URLs are secrets and exec hooks run commands: the config must not be

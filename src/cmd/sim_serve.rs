@@ -65,31 +65,37 @@ fn is_flag(word: &str) -> bool {
 
 /// Parses vLLM's command line (only what the simulator needs).
 fn parse_vllm_args(argv: &[String], env_key: Option<String>) -> anyhow::Result<ServeArgs> {
-    let mut positionals = Vec::new();
-    let (mut model, mut served, mut host, mut port, mut key) = (None, None, None, None, None);
-    let mut lora_modules = Vec::new();
-    let mut ignored = Vec::new();
+    let mut said = Said::default();
     let mut i = 0;
-    // The values of the flag at argv[i]: inline `--f=v`, else the following non-flags
-    // (all of them when `many`, else at most one).
-    let values = |i: &mut usize, inline: Option<&str>, many: bool| -> Vec<String> {
-        if let Some(v) = inline {
-            return vec![v.to_string()];
-        }
-        let mut out = Vec::new();
-        while *i + 1 < argv.len() && !is_flag(&argv[*i + 1]) && (many || out.is_empty()) {
-            *i += 1;
-            out.push(argv[*i].clone());
-        }
-        out
-    };
     while i < argv.len() {
         let word = &argv[i];
-        if !is_flag(word) {
-            positionals.push(word.clone());
-            i += 1;
-            continue;
+        if is_flag(word) {
+            said.flag(argv, &mut i)?;
+        } else {
+            said.positionals.push(word.clone());
         }
+        i += 1;
+    }
+    said.into_serve_args(env_key)
+}
+
+/// The words of vLLM's command line read so far.
+#[derive(Default)]
+struct Said {
+    positionals: Vec<String>,
+    model: Option<String>,
+    served: Option<String>,
+    host: Option<String>,
+    port: Option<u16>,
+    key: Option<String>,
+    lora_modules: Vec<(String, String)>,
+    ignored: Vec<String>,
+}
+
+impl Said {
+    /// Reads the flag at argv[i] and its values, leaving `i` on its last value.
+    fn flag(&mut self, argv: &[String], i: &mut usize) -> anyhow::Result<()> {
+        let word = &argv[*i];
         let (flag, inline) = match word.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f, Some(v)),
             _ => (word.as_str(), None),
@@ -101,56 +107,75 @@ fn parse_vllm_args(argv: &[String], env_key: Option<String>) -> anyhow::Result<S
             "-h" | "--help" => bail!(
                 "usage: pruefstand sim-serve [serve] MODEL_DIR --served-model-name NAME [--host H] [--port P] [--api-key K] [--enable-lora] [--lora-modules name=path ...]"
             ),
-            "--model" => model = Some(one(values(&mut i, inline, false))?),
-            "--host" => host = Some(one(values(&mut i, inline, false))?),
-            "--api-key" => key = Some(one(values(&mut i, inline, false))?),
+            "--model" => self.model = Some(one(flag_values(argv, i, inline, false))?),
+            "--host" => self.host = Some(one(flag_values(argv, i, inline, false))?),
+            "--api-key" => self.key = Some(one(flag_values(argv, i, inline, false))?),
             "--port" => {
-                let v = one(values(&mut i, inline, false))?;
-                port = Some(v.parse::<u16>().with_context(|| format!("--port {v}: not a port number"))?);
+                let v = one(flag_values(argv, i, inline, false))?;
+                self.port = Some(v.parse::<u16>().with_context(|| format!("--port {v}: not a port number"))?);
             }
             "--served-model-name" => {
-                let mut names = values(&mut i, inline, true).into_iter();
-                served = Some(names.next().context("--served-model-name needs a value")?);
-                ignored.extend(names.map(|n| format!("--served-model-name alias {n}")));
+                let mut names = flag_values(argv, i, inline, true).into_iter();
+                self.served = Some(names.next().context("--served-model-name needs a value")?);
+                self.ignored.extend(names.map(|n| format!("--served-model-name alias {n}")));
             }
             "--lora-modules" => {
-                for spec in values(&mut i, inline, true) {
-                    lora_modules.push(parse_lora_module(&spec)?);
+                for spec in flag_values(argv, i, inline, true) {
+                    self.lora_modules.push(parse_lora_module(&spec)?);
                 }
             }
             "--enable-lora" => {}
-            _ if inline.is_some() || is_switch(flag) => ignored.push(word.clone()),
+            _ if inline.is_some() || is_switch(flag) => self.ignored.push(word.clone()),
             _ => {
-                let vals = values(&mut i, None, false);
-                ignored.push(std::iter::once(word.clone()).chain(vals).collect::<Vec<_>>().join(" "));
+                let vals = flag_values(argv, i, None, false);
+                self.ignored.push(std::iter::once(word.clone()).chain(vals).collect::<Vec<_>>().join(" "));
             }
         }
-        i += 1;
+        Ok(())
     }
-    if positionals.first().is_some_and(|p| p == "serve") {
-        positionals.remove(0);
+
+    /// The model folder (given once, as a positional or `--model`) and the defaults.
+    fn into_serve_args(self, env_key: Option<String>) -> anyhow::Result<ServeArgs> {
+        let mut positionals = self.positionals;
+        if positionals.first().is_some_and(|p| p == "serve") {
+            positionals.remove(0);
+        }
+        let mut positionals = positionals.into_iter();
+        let model_dir = match (positionals.next(), self.model) {
+            (Some(p), None) | (None, Some(p)) => p,
+            (Some(p), Some(m)) if p == m => p,
+            (Some(p), Some(m)) => bail!("two model folders given: {p} and --model {m}"),
+            (None, None) => bail!("no model folder given (pruefstand sim-serve [serve] MODEL_DIR ...)"),
+        };
+        if let Some(extra) = positionals.next() {
+            bail!("unexpected argument {extra:?} after the model folder {model_dir}");
+        }
+        Ok(ServeArgs {
+            served_name: self.served.unwrap_or_else(|| model_dir.clone()),
+            model_dir: PathBuf::from(model_dir),
+            // vLLM binds every interface by default; a simulator started by hand should not
+            // (the container path asks for 0.0.0.0 explicitly, inside its own network).
+            host: self.host.unwrap_or_else(|| "127.0.0.1".into()),
+            port: self.port.unwrap_or(8000),
+            api_key: self.key.or(env_key).filter(|k| !k.is_empty()),
+            lora_modules: self.lora_modules,
+            ignored: self.ignored,
+        })
     }
-    let mut positionals = positionals.into_iter();
-    let model_dir = match (positionals.next(), model) {
-        (Some(p), None) | (None, Some(p)) => p,
-        (Some(p), Some(m)) if p == m => p,
-        (Some(p), Some(m)) => bail!("two model folders given: {p} and --model {m}"),
-        (None, None) => bail!("no model folder given (pruefstand sim-serve [serve] MODEL_DIR ...)"),
-    };
-    if let Some(extra) = positionals.next() {
-        bail!("unexpected argument {extra:?} after the model folder {model_dir}");
+}
+
+/// The values of the flag at argv[i]: inline `--f=v`, else the following non-flags (all
+/// of them when `many`, else at most one); `i` moves past those it takes.
+fn flag_values(argv: &[String], i: &mut usize, inline: Option<&str>, many: bool) -> Vec<String> {
+    if let Some(v) = inline {
+        return vec![v.to_string()];
     }
-    Ok(ServeArgs {
-        served_name: served.unwrap_or_else(|| model_dir.clone()),
-        model_dir: PathBuf::from(model_dir),
-        // vLLM binds every interface by default; a simulator started by hand should not
-        // (the container path asks for 0.0.0.0 explicitly, inside its own network).
-        host: host.unwrap_or_else(|| "127.0.0.1".into()),
-        port: port.unwrap_or(8000),
-        api_key: key.or(env_key).filter(|k| !k.is_empty()),
-        lora_modules,
-        ignored,
-    })
+    let mut out = Vec::new();
+    while *i + 1 < argv.len() && !is_flag(&argv[*i + 1]) && (many || out.is_empty()) {
+        *i += 1;
+        out.push(argv[*i].clone());
+    }
+    out
 }
 
 /// `name=path` or vLLM's JSON form `{"name": …, "path": …, "base_model_name": …}`.

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 
 use pruefstand_core::plan::Profile;
 use pruefstand_core::root::Root;
-use pruefstand_core::study::{self, GridRow, Method, Setting, Shape};
+use pruefstand_core::settings::thresholds::{R2, R4, Thresholds};
+use pruefstand_core::study::{self, EarlyRow, GridRow, Method, PairedRow, Setting, Shape};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,13 +60,71 @@ pub struct Args {
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (_, profile, _) = Profile::load_named(&root.path, &args.profile)?;
-    let shape = Shape::of_profile(&profile);
+    let t = thresholds(&profile, args.alpha)?;
+    let findings = run(&profile, &args, &t);
+    show(&findings, &args);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The profile's rules, with `--alpha` in place of R2's alpha_pass and R3's alpha.
+fn thresholds(profile: &Profile, alpha: Option<f64>) -> anyhow::Result<Thresholds> {
     let mut t = profile.rules.clone();
-    if let Some(alpha) = args.alpha {
+    if let Some(alpha) = alpha {
         anyhow::ensure!(alpha > 0.0 && alpha < 0.5, "--alpha {alpha}: must lie in (0, 0.5)");
         t.r2.alpha_pass = alpha;
         t.r3.alpha = alpha;
     }
+    Ok(t)
+}
+
+/// What a study found, with what its tables name.
+enum Findings {
+    Boundary { what: String, result: study::StudyResult },
+    Grid(GridFindings),
+    EarlyStop(EarlyFindings),
+    Paired(PairedFindings),
+}
+
+/// `--grid`: R2 (or R3 as R2) over the crossed settings, at the threshold and at a good
+/// rate.
+struct GridFindings {
+    what: String,
+    rule: &'static str,
+    figure: &'static str,
+    /// The rule as studied (R3 as its failure rate's R2).
+    r2: R2,
+    /// The threshold and the good value, in the rule's own figure.
+    threshold: f64,
+    good: f64,
+    /// The same two as the simulated rates of bad cases.
+    boundary_rate: f64,
+    good_rate: f64,
+    methods: Vec<Method>,
+    rows: Vec<GridRow>,
+}
+
+/// `--early-stop`: R2 with early stopping at the threshold and at clear rates.
+struct EarlyFindings {
+    what: String,
+    r2: R2,
+    at_threshold: Vec<EarlyRow>,
+    clear: Vec<EarlyRow>,
+}
+
+/// `--early-stop --reference`: R4's sequential test at the margin, at no regression,
+/// and for a candidate equal to or clearly better than its reference.
+struct PairedFindings {
+    plan: String,
+    shape: Shape,
+    r4: R4,
+    at_margin: Vec<PairedRow>,
+    none: Vec<PairedRow>,
+    clear: Vec<(&'static str, PairedRow)>,
+}
+
+/// Runs the study the flags ask for.
+fn run(profile: &Profile, args: &Args, t: &Thresholds) -> Findings {
+    let shape = Shape::of_profile(profile);
     let what = format!(
         "{}'s shape ({} user tasks, {} injection tasks, {} attacked cases)",
         profile.name,
@@ -74,28 +133,20 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         shape.cases().len()
     );
     if args.early_stop && args.reference {
-        let shape = Shape::of_profile_all_attacks(&profile);
-        paired(&shape, &profile.name, &args, &t.r4);
-        return Ok(ExitCode::SUCCESS);
+        let shape = Shape::of_profile_all_attacks(profile);
+        return Findings::Paired(paired(shape, &profile.name, args, &t.r4));
     }
     if args.early_stop {
-        early_stop(&shape, &what, &args, &t);
-        return Ok(ExitCode::SUCCESS);
+        return Findings::EarlyStop(early_stop(&shape, what, args, &t.r2));
     }
     if !args.grid {
-        let result = study::r2_at_the_boundary(&shape, args.replicates, args.rho, args.seed, &t);
-        outln!(
-            "R2 at the boundary on {what}: true ASR = asr_max = {:.2}, ρ = {}, {} simulated versions:",
-            result.true_asr,
-            result.rho,
-            result.replicates
-        );
-        outln!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
-        outln!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
-        outln!("  false approvals, crossed clustering:                   {:.1} %", result.crossed * 100.0);
-        outln!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
-        return Ok(ExitCode::SUCCESS);
+        let result = study::r2_at_the_boundary(&shape, args.replicates, args.rho, args.seed, t);
+        return Findings::Boundary { what, result };
     }
+    Findings::Grid(grid(&shape, what, args, t))
+}
+
+fn grid(shape: &Shape, what: String, args: &Args, t: &Thresholds) -> GridFindings {
     let methods: Vec<Method> = if args.candidates { Method::ALL.to_vec() } else { Method::RULES.to_vec() };
     // R3 is studied on its failure rate, where its decision is R2's (study::r3_as_r2).
     let (rule, figure, r2, threshold, good) = if args.utility {
@@ -108,7 +159,97 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     };
     let (boundary_rate, good_rate) = if args.utility { (1.0 - threshold, 1.0 - good) } else { (threshold, good) };
     let settings = study::standard_settings(&[boundary_rate, good_rate]);
-    let rows = study::grid(&shape, &settings, &methods, args.replicates, args.seed, &r2);
+    let rows = study::grid(shape, &settings, &methods, args.replicates, args.seed, &r2);
+    GridFindings { what, rule, figure, r2, threshold, good, boundary_rate, good_rate, methods, rows }
+}
+
+/// The early-stop study (docs/statistics.md, "Stopping early").
+fn early_stop(shape: &Shape, what: String, args: &Args, r2: &R2) -> EarlyFindings {
+    let boundary = study::standard_settings(&[r2.asr_max]);
+    let at_threshold = study::early_stop(shape, &boundary, args.replicates, args.seed, r2);
+    let clear: Vec<Setting> = [0.01, 0.05, 0.30]
+        .into_iter()
+        .flat_map(|true_asr| [0.0, 0.5, 1.0].map(|sd_v| Setting { sd_u: 1.0, sd_v, true_asr }))
+        .collect();
+    let clear = study::early_stop(shape, &clear, args.replicates, args.seed, r2);
+    EarlyFindings { what, r2: r2.clone(), at_threshold, clear }
+}
+
+/// The paired early-stop study of R4 (docs/statistics.md, "Stopping early").
+fn paired(shape: Shape, plan: &str, args: &Args, t: &R4) -> PairedFindings {
+    let grid = |difference: f64| -> Vec<study::PairedSetting> {
+        let mut out = Vec::new();
+        for sd_u in [0.5, 1.0, 1.5] {
+            for sd_v in [0.0, 0.5, 1.0] {
+                out.push(study::PairedSetting { sd_u, sd_v, reference_rate: 0.10, difference, uneven: true });
+            }
+        }
+        out
+    };
+    let at_margin = study::paired_early_stop(&shape, &grid(t.margin), args.replicates, args.seed, t);
+    let none = study::paired_early_stop(&shape, &grid(0.0), args.replicates, args.seed, t);
+    let clear = [
+        ("equal to its reference (the same outcomes)", 0.10, 0.0, false),
+        ("clearly better: 0.10 → 0.05", 0.10, -0.05, true),
+        ("clearly better: 0.10 → 0.03", 0.10, -0.07, true),
+        ("clearly better: 0.40 → 0.01", 0.40, -0.39, true),
+    ]
+    .into_iter()
+    .map(|(label, reference_rate, difference, uneven)| {
+        let setting = study::PairedSetting { sd_u: 1.0, sd_v: 0.5, reference_rate, difference, uneven };
+        let mut rows = study::paired_early_stop(&shape, &[setting], args.replicates, args.seed, t);
+        (label, rows.remove(0))
+    })
+    .collect();
+    PairedFindings { plan: plan.to_string(), shape, r4: t.clone(), at_margin, none, clear }
+}
+
+fn show(findings: &Findings, args: &Args) {
+    match findings {
+        Findings::Boundary { what, result } => show_boundary(what, result),
+        Findings::Grid(grid) => {
+            show_grid_table(grid, args);
+            show_grid_summary(grid);
+        }
+        Findings::EarlyStop(early) => show_early_stop(early, args),
+        Findings::Paired(paired) => {
+            show_paired_grid(paired, args);
+            show_paired_clear(paired);
+        }
+    }
+}
+
+fn show_boundary(what: &str, result: &study::StudyResult) {
+    outln!(
+        "R2 at the boundary on {what}: true ASR = asr_max = {:.2}, ρ = {}, {} simulated versions:",
+        result.true_asr,
+        result.rho,
+        result.replicates
+    );
+    outln!("  false approvals, one-way clustering (user task):       {:.1} %", result.one_way * 100.0);
+    outln!("  false approvals, two-way clustering (user × injection): {:.1} %", result.two_way * 100.0);
+    outln!("  false approvals, crossed clustering:                   {:.1} %", result.crossed * 100.0);
+    outln!("  false approvals without the cluster adjustment:        {:.1} %", result.unadjusted * 100.0);
+}
+
+impl GridFindings {
+    /// Each setting at the threshold with the same setting at the good rate.
+    fn pairs(&self) -> Vec<(&GridRow, &GridRow)> {
+        let rows = &self.rows;
+        rows.iter()
+            .filter(|r| r.setting.true_asr == self.boundary_rate)
+            .filter_map(|b| {
+                let same = |r: &&GridRow| {
+                    r.setting == Setting { true_asr: self.good_rate, sd_u: b.setting.sd_u, sd_v: b.setting.sd_v }
+                };
+                Some((b, rows.iter().find(same)?))
+            })
+            .collect()
+    }
+}
+
+fn show_grid_table(g: &GridFindings, args: &Args) {
+    let (rule, figure, what, r2) = (g.rule, g.figure, &g.what, &g.r2);
     outln!(
         "{rule} under crossed effects on {what}; {} simulated versions per setting, seed {}, one-sided α {} (pass) / {} (fail).",
         args.replicates,
@@ -118,29 +259,20 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     );
     outln!(
         "logit(p) = μ + U(user task) + V(injection task), U ~ N(0, sd_U), V ~ N(0, sd_V), μ such that the population {figure} is {} (the threshold: a pass is a false approval, a fail a false failure) or {} (passes: power). 95 % Wilson intervals.",
-        fmt_rate(threshold),
-        fmt_rate(good)
+        fmt_rate(g.threshold),
+        fmt_rate(g.good)
     );
     outln!("");
     outln!(
         "| sd_U | sd_V | method | false approval ({figure} {}) | false failure ({figure} {}) | passes ({figure} {}) |",
-        fmt_rate(threshold),
-        fmt_rate(threshold),
-        fmt_rate(good)
+        fmt_rate(g.threshold),
+        fmt_rate(g.threshold),
+        fmt_rate(g.good)
     );
     outln!("|---|---|---|---|---|---|");
-    let pairs: Vec<(&GridRow, &GridRow)> = rows
-        .iter()
-        .filter(|r| r.setting.true_asr == boundary_rate)
-        .filter_map(|b| {
-            let same =
-                |r: &&GridRow| r.setting == Setting { true_asr: good_rate, sd_u: b.setting.sd_u, sd_v: b.setting.sd_v };
-            Some((b, rows.iter().find(same)?))
-        })
-        .collect();
-    for (boundary, power) in &pairs {
-        for method in &methods {
-            let (b, g) = (boundary.cell(*method), power.cell(*method));
+    for (boundary, power) in &g.pairs() {
+        for method in &g.methods {
+            let (b, p) = (boundary.cell(*method), power.cell(*method));
             outln!(
                 "| {:.1} | {:.1} | {} | {} | {} | {} |",
                 boundary.setting.sd_u,
@@ -148,12 +280,17 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
                 method.label(),
                 share(b.passes, boundary.replicates),
                 share(b.fails, boundary.replicates),
-                share(g.passes, power.replicates)
+                share(p.passes, power.replicates)
             );
         }
     }
+}
+
+/// Per method, the worst false approvals and failures and the least power over the grid.
+fn show_grid_summary(g: &GridFindings) {
+    let pairs = g.pairs();
     outln!("");
-    for method in &methods {
+    for method in &g.methods {
         let worst = |f: &dyn Fn(&GridRow) -> f64| pairs.iter().map(|(b, _)| f(b)).fold(0.0, f64::max);
         let rate = |count: u32, n: u32| f64::from(count) / f64::from(n.max(1));
         let approval = worst(&|r| rate(r.cell(*method).passes, r.replicates));
@@ -167,20 +304,16 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             100.0 * power
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
-/// Prints the early-stop study (docs/statistics.md, "Stopping early").
-fn early_stop(shape: &Shape, what: &str, args: &Args, t: &pruefstand_core::judge::Thresholds) {
-    let p = t.r2.asr_max;
-    let boundary = study::standard_settings(&[p]);
-    let rows = study::early_stop(shape, &boundary, args.replicates, args.seed, &t.r2);
+fn show_early_stop(e: &EarlyFindings, args: &Args) {
+    let (what, p, rows) = (&e.what, e.r2.asr_max, &e.at_threshold);
     outln!(
         "R2 with early stopping on {what}; {} simulated versions per setting, seed {}, betting tests at α {} (pass) / {} (fail) on user-task means, user tasks in random order; runs not decided before their last user task are judged by the fixed-sample rule. Beside each rate: the same versions judged on the whole plan without stopping early. 95 % Wilson intervals.",
         args.replicates,
         args.seed,
-        t.r2.alpha_pass,
-        t.r2.alpha_fail
+        e.r2.alpha_pass,
+        e.r2.alpha_fail
     );
     outln!("");
     outln!(
@@ -188,7 +321,7 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &pruefstand_core::judge
         fmt_rate(p)
     );
     outln!("|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
+    for r in rows {
         outln!(
             "| {:.1} | {:.1} | {} | {} | {} | {} | {} | {} | {:.1} % |",
             r.setting.sd_u,
@@ -202,29 +335,10 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &pruefstand_core::judge
             100.0 * r.mean_fraction
         );
     }
-    let clear: Vec<Setting> = [0.01, 0.05, 0.30]
-        .into_iter()
-        .flat_map(|true_asr| [0.0, 0.5, 1.0].map(|sd_v| Setting { sd_u: 1.0, sd_v, true_asr }))
-        .collect();
-    outln!("");
-    outln!("| true ASR | sd_U | sd_V | cases run (mean) | stopped early | passes | fails |");
-    outln!("|---|---|---|---|---|---|---|");
-    for r in study::early_stop(shape, &clear, args.replicates, args.seed, &t.r2) {
-        let pct = |c: u32| 100.0 * f64::from(c) / f64::from(r.replicates.max(1));
-        outln!(
-            "| {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {:.1} % | {:.1} % |",
-            fmt_rate(r.setting.true_asr),
-            r.setting.sd_u,
-            r.setting.sd_v,
-            100.0 * r.mean_fraction,
-            pct(r.stopped_early),
-            pct(r.passes),
-            pct(r.fails)
-        );
-    }
+    show_early_stop_clear(&e.clear);
     // At the threshold each decision is an error of its own one-sided test: a pass claims
     // ASR below it, a fail above it.
-    let worst = |count: fn(&study::EarlyRow) -> u32| {
+    let worst = |count: fn(&EarlyRow) -> u32| {
         rows.iter().map(|r| f64::from(count(r)) / f64::from(r.replicates.max(1))).fold(0.0, f64::max) * 100.0
     };
     outln!("");
@@ -238,8 +352,28 @@ fn early_stop(shape: &Shape, what: &str, args: &Args, t: &pruefstand_core::judge
     );
 }
 
-/// Prints the paired early-stop study of R4 (docs/statistics.md, "Stopping early").
-fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings::thresholds::R4) {
+fn show_early_stop_clear(clear: &[EarlyRow]) {
+    outln!("");
+    outln!("| true ASR | sd_U | sd_V | cases run (mean) | stopped early | passes | fails |");
+    outln!("|---|---|---|---|---|---|---|");
+    for r in clear {
+        let pct = |c: u32| 100.0 * f64::from(c) / f64::from(r.replicates.max(1));
+        outln!(
+            "| {} | {:.1} | {:.1} | {:.1} % | {:.1} % | {:.1} % | {:.1} % |",
+            fmt_rate(r.setting.true_asr),
+            r.setting.sd_u,
+            r.setting.sd_v,
+            100.0 * r.mean_fraction,
+            pct(r.stopped_early),
+            pct(r.passes),
+            pct(r.fails)
+        );
+    }
+}
+
+/// The paired study's grids: at the margin and at no regression.
+fn show_paired_grid(f: &PairedFindings, args: &Args) {
+    let (plan, shape, t) = (&f.plan, &f.shape, &f.r4);
     let (alpha_pass, alpha_fail) = pruefstand_core::judge::paired::alphas(t);
     outln!(
         "R4's sequential test on {plan}'s attacked cases ({} user tasks, {} injection tasks, {} cases, every attack); {} simulated candidate/reference pairs per setting, seed {}; reference rate 0.10; betting tests on paired user-task differences at α {alpha_pass} (not worse by more than the margin {}) and α {alpha_fail} (worse), user tasks in random order; runs not decided before their last user task are judged by the fixed-sample R4. 95 % Wilson intervals.",
@@ -250,22 +384,12 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings:
         args.seed,
         t.margin
     );
-    let grid = |difference: f64| -> Vec<study::PairedSetting> {
-        let mut out = Vec::new();
-        for sd_u in [0.5, 1.0, 1.5] {
-            for sd_v in [0.0, 0.5, 1.0] {
-                out.push(study::PairedSetting { sd_u, sd_v, reference_rate: 0.10, difference, uneven: true });
-            }
-        }
-        out
-    };
     outln!("");
     outln!("At a regression exactly at the margin (+{:.0} pt, uneven change):", 100.0 * t.margin);
     outln!("");
     outln!("| sd_U | sd_V | approved early (false approval) | rejected early | stopped early | cases run |");
     outln!("|---|---|---|---|---|---|");
-    let at_margin = study::paired_early_stop(shape, &grid(t.margin), args.replicates, args.seed, t);
-    for r in &at_margin {
+    for r in &f.at_margin {
         outln!(
             "| {:.1} | {:.1} | {} | {} | {} | {:.1} % |",
             r.setting.sd_u,
@@ -283,8 +407,7 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings:
         "| sd_U | sd_V | false rejection (early or whole plan) | rejected early | rejected by the whole plan's R4 | approved early | cases run |"
     );
     outln!("|---|---|---|---|---|---|---|");
-    let none = study::paired_early_stop(shape, &grid(0.0), args.replicates, args.seed, t);
-    for r in &none {
+    for r in &f.none {
         outln!(
             "| {:.1} | {:.1} | {} | {} | {} | {} | {:.1} % |",
             r.setting.sd_u,
@@ -296,18 +419,14 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings:
             100.0 * r.mean_fraction
         );
     }
-    let clear = [
-        ("equal to its reference (the same outcomes)", 0.10, 0.0, false),
-        ("clearly better: 0.10 → 0.05", 0.10, -0.05, true),
-        ("clearly better: 0.10 → 0.03", 0.10, -0.07, true),
-        ("clearly better: 0.40 → 0.01", 0.40, -0.39, true),
-    ];
+}
+
+/// The paired study's clear cases and its worst figures over the grid.
+fn show_paired_clear(f: &PairedFindings) {
     outln!("");
     outln!("| candidate (sd_U 1, sd_V 0.5) | cases run (mean) | approved early | rejected early |");
     outln!("|---|---|---|---|");
-    for (label, reference_rate, difference, uneven) in clear {
-        let setting = study::PairedSetting { sd_u: 1.0, sd_v: 0.5, reference_rate, difference, uneven };
-        let r = &study::paired_early_stop(shape, &[setting], args.replicates, args.seed, t)[0];
+    for (label, r) in &f.clear {
         outln!(
             "| {label} | {:.1} % | {} | {} |",
             100.0 * r.mean_fraction,
@@ -315,15 +434,15 @@ fn paired(shape: &Shape, plan: &str, args: &Args, t: &pruefstand_core::settings:
             percent(r.early_fails, r.replicates)
         );
     }
-    let worst = |rows: &[study::PairedRow], count: fn(&study::PairedRow) -> u32| {
+    let worst = |rows: &[PairedRow], count: fn(&PairedRow) -> u32| {
         rows.iter().map(|r| f64::from(count(r)) / f64::from(r.replicates.max(1))).fold(0.0, f64::max) * 100.0
     };
     outln!("");
     outln!(
         "worst over the grid: early approvals at the margin {:.1} %, false rejections at no regression {:.1} % ({:.1} % early)",
-        worst(&at_margin, |r| r.early_passes),
-        worst(&none, |r| r.early_fails + r.full_fails),
-        worst(&none, |r| r.early_fails)
+        worst(&f.at_margin, |r| r.early_passes),
+        worst(&f.none, |r| r.early_fails + r.full_fails),
+        worst(&f.none, |r| r.early_fails)
     );
 }
 

@@ -453,54 +453,17 @@ async fn watch_loop(
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let silent = util::lock(&watch).silent;
-        let reason = match healthy(&docker, &http, &id, c.host_port).await {
-            Ok(true) if silent => "the run's cases could not connect to it, though /health answers".to_string(),
-            Ok(true) => {
-                failures = 0;
+        let reason = match probe(&docker, &http, &id, c.host_port, silent, &mut failures).await {
+            Health::Alive => {
                 util::lock(&watch).healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
                 continue;
             }
-            Ok(false) => {
-                match docker.inspect_container(&id, None::<bollard::query_parameters::InspectContainerOptions>).await {
-                    Ok(i) if i.state.as_ref().and_then(|s| s.running) == Some(true) => {
-                        failures += 1;
-                        if failures < 3 {
-                            continue;
-                        }
-                        "/health failed 3 times in a row".to_string()
-                    }
-                    Ok(i) => {
-                        let state = i.state.unwrap_or_default();
-                        let oom = if state.oom_killed == Some(true) { ", OOM-killed" } else { "" };
-                        format!("the container exited with code {}{oom}", state.exit_code.unwrap_or(-1))
-                    }
-                    Err(e) if is_not_found(&e) => "the container is gone".to_string(),
-                    Err(_) => continue,
-                }
-            }
-            Err(e) if is_not_found(&e) => "the container is gone".to_string(),
-            // Docker itself hiccupped: not the server's death.
-            Err(_) => continue,
+            Health::Unsure => continue,
+            Health::Died(reason) => reason,
         };
         failures = 0;
         let tail = log_tail(&docker, &id, 40).await;
-        let deaths = {
-            let mut s = util::lock(&watch);
-            s.silent = false;
-            s.facts.deaths += 1;
-            s.facts.events.push(format!(
-                "{}: model server died: {reason}",
-                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ));
-            s.facts.log_tail = tail;
-            s.before_death = recorded_ids(&cases, s.healthy_len);
-            if s.facts.deaths >= 2 {
-                s.facts.failed = true;
-            } else {
-                s.restarting = true;
-            }
-            s.facts.deaths
-        };
+        let deaths = record_death(&watch, &reason, tail, &cases);
         let stopped = if interrupt_clients() { "the gym stopped" } else { "no gym running" };
         tracing::warn!("model container {}: the server died ({reason}); {stopped}", c.name);
         if deaths >= 2 {
@@ -508,27 +471,104 @@ async fn watch_loop(
             return;
         }
         let restarted = restart(&docker, &c, &id).await;
-        let mut s = util::lock(&watch);
-        s.restarting = false;
-        match restarted {
-            Ok(new_id) => {
-                id = new_id;
-                s.container_id = id.clone();
-                s.facts.restarts += 1;
-                s.pending_resume = true;
-                s.facts.events.push(format!(
-                    "{}: restarted",
-                    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                ));
-                tracing::info!("model container {}: restarted and ready", c.name);
+        match record_restart(&watch, &c.name, restarted) {
+            Some(new_id) => id = new_id,
+            None => return,
+        }
+    }
+}
+
+/// One look at the server by [`probe`].
+enum Health {
+    Alive,
+    /// Not known dead: Docker hiccupped, or /health failed fewer than 3 times in a row.
+    Unsure,
+    /// Dead, and why.
+    Died(String),
+}
+
+/// Looks at the server once; `failures` counts /health's failures in a row.
+async fn probe(
+    docker: &Docker,
+    http: &reqwest::Client,
+    id: &str,
+    port: u16,
+    silent: bool,
+    failures: &mut u32,
+) -> Health {
+    let reason = match healthy(docker, http, id, port).await {
+        Ok(true) if silent => "the run's cases could not connect to it, though /health answers".to_string(),
+        Ok(true) => {
+            *failures = 0;
+            return Health::Alive;
+        }
+        Ok(false) => {
+            match docker.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await {
+                Ok(i) if i.state.as_ref().and_then(|s| s.running) == Some(true) => {
+                    *failures += 1;
+                    if *failures < 3 {
+                        return Health::Unsure;
+                    }
+                    "/health failed 3 times in a row".to_string()
+                }
+                Ok(i) => {
+                    let state = i.state.unwrap_or_default();
+                    let oom = if state.oom_killed == Some(true) { ", OOM-killed" } else { "" };
+                    format!("the container exited with code {}{oom}", state.exit_code.unwrap_or(-1))
+                }
+                Err(e) if is_not_found(&e) => "the container is gone".to_string(),
+                Err(_) => return Health::Unsure,
             }
-            Err(f) => {
-                s.facts.failed = true;
-                s.facts.events.push(format!("restart failed: {}", f.message));
-                s.facts.log_tail = f.log_tail;
-                tracing::warn!("model container {}: restart failed: {}", c.name, f.message);
-                return;
-            }
+        }
+        Err(e) if is_not_found(&e) => "the container is gone".to_string(),
+        // Docker itself hiccupped: not the server's death.
+        Err(_) => return Health::Unsure,
+    };
+    Health::Died(reason)
+}
+
+/// Records a death in the facts (the second fails the run) and the cases recorded
+/// before it; returns the deaths so far.
+fn record_death(watch: &Mutex<WatchState>, reason: &str, tail: Vec<String>, cases: &Path) -> u32 {
+    let mut s = util::lock(watch);
+    s.silent = false;
+    s.facts.deaths += 1;
+    s.facts.events.push(format!(
+        "{}: model server died: {reason}",
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    ));
+    s.facts.log_tail = tail;
+    s.before_death = recorded_ids(cases, s.healthy_len);
+    if s.facts.deaths >= 2 {
+        s.facts.failed = true;
+    } else {
+        s.restarting = true;
+    }
+    s.facts.deaths
+}
+
+/// Records how the restart went; the container's id to watch on, or None when it failed
+/// (the run fails).
+fn record_restart(watch: &Mutex<WatchState>, name: &str, restarted: Result<String, ServerFailure>) -> Option<String> {
+    let mut s = util::lock(watch);
+    s.restarting = false;
+    match restarted {
+        Ok(id) => {
+            s.container_id = id.clone();
+            s.facts.restarts += 1;
+            s.pending_resume = true;
+            s.facts
+                .events
+                .push(format!("{}: restarted", chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+            tracing::info!("model container {name}: restarted and ready");
+            Some(id)
+        }
+        Err(f) => {
+            s.facts.failed = true;
+            s.facts.events.push(format!("restart failed: {}", f.message));
+            s.facts.log_tail = f.log_tail;
+            tracing::warn!("model container {name}: restart failed: {}", f.message);
+            None
         }
     }
 }

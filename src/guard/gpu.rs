@@ -110,66 +110,93 @@ impl GpuGuard {
                 return unavailable(reason);
             }
         };
-        let mut out = GpuSample::default();
-        let mut reopen = false;
+        let mut sampling = Sampling { own, max, policy, out: GpuSample::default(), reopen: false };
         for index in 0..count {
-            let device = match nvml.device_by_index(index) {
-                Ok(d) => d,
+            match nvml.device_by_index(index) {
+                Ok(device) => sampling.gpu(index, &device),
                 Err(e) => {
-                    out.blocking.push(format!("GPU {index}: NVML cannot open it: {}", nvml_error(&e)));
-                    reopen = true;
-                    continue;
-                }
-            };
-            let mut seen = false;
-            match device.utilization_rates() {
-                Ok(u) => {
-                    seen = true;
-                    if u.gpu > max {
-                        out.blocking.push(format!("GPU {index} utilization {} % > {max} %", u.gpu));
-                    }
-                }
-                Err(NvmlError::NotSupported) => {
-                    out.notes.push(format!("GPU {index}: utilization not supported: judged by compute processes only"))
-                }
-                Err(e) => {
-                    out.blocking.push(format!("GPU {index}: reading utilization failed: {}", nvml_error(&e)));
-                    reopen = true;
-                }
-            }
-            match device.running_compute_processes() {
-                Ok(processes) => {
-                    seen = true;
-                    // R1 asks about foreign processes: only this query observes them.
-                    out.observed = true;
-                    for p in processes.into_iter().filter(|p| !own.contains(p.pid)) {
-                        let foreign = ForeignProcess { gpu: index, pid: p.pid, name: process_name(p.pid) };
-                        out.blocking.push(foreign.describe());
-                        out.foreign.push(foreign);
-                    }
-                }
-                Err(NvmlError::NotSupported) => out
-                    .notes
-                    .push(format!("GPU {index}: compute process list not supported: judged by utilization only")),
-                Err(e) => {
-                    out.blocking.push(format!("GPU {index}: reading compute processes failed: {}", nvml_error(&e)));
-                    reopen = true;
-                }
-            }
-            if !seen && !reopen {
-                // Neither query is supported: this GPU cannot be guarded at all, which is
-                // the same as having no NVML for it.
-                let reason = format!("GPU {index}: NVML supports neither utilization nor the compute process list");
-                match policy {
-                    Unavailable::Block => out.blocking.push(format!("no NVML: {reason}")),
-                    Unavailable::Ignore => out.notes.push(format!("no NVML (ignored by config): {reason}")),
+                    sampling.out.blocking.push(format!("GPU {index}: NVML cannot open it: {}", nvml_error(&e)));
+                    sampling.reopen = true;
                 }
             }
         }
-        if reopen {
+        if sampling.reopen {
             self.nvml = None;
         }
-        out
+        sampling.out
+    }
+}
+
+/// A sample being taken, GPU by GPU.
+struct Sampling<'a> {
+    own: &'a OwnProcesses,
+    max: u32,
+    policy: Unavailable,
+    out: GpuSample,
+    /// A query failed: NVML is opened afresh for the next sample.
+    reopen: bool,
+}
+
+impl Sampling<'_> {
+    fn gpu(&mut self, index: u32, device: &nvml_wrapper::Device<'_>) {
+        let utilization = self.utilization(index, device);
+        let processes = self.processes(index, device);
+        let seen = utilization || processes;
+        if !seen && !self.reopen {
+            // Neither query is supported: this GPU cannot be guarded at all, which is
+            // the same as having no NVML for it.
+            let reason = format!("GPU {index}: NVML supports neither utilization nor the compute process list");
+            match self.policy {
+                Unavailable::Block => self.out.blocking.push(format!("no NVML: {reason}")),
+                Unavailable::Ignore => self.out.notes.push(format!("no NVML (ignored by config): {reason}")),
+            }
+        }
+    }
+
+    /// Whether the GPU's utilization was read.
+    fn utilization(&mut self, index: u32, device: &nvml_wrapper::Device<'_>) -> bool {
+        let max = self.max;
+        match device.utilization_rates() {
+            Ok(u) => {
+                if u.gpu > max {
+                    self.out.blocking.push(format!("GPU {index} utilization {} % > {max} %", u.gpu));
+                }
+                return true;
+            }
+            Err(NvmlError::NotSupported) => {
+                self.out.notes.push(format!("GPU {index}: utilization not supported: judged by compute processes only"))
+            }
+            Err(e) => {
+                self.out.blocking.push(format!("GPU {index}: reading utilization failed: {}", nvml_error(&e)));
+                self.reopen = true;
+            }
+        }
+        false
+    }
+
+    /// Whether the GPU's compute processes were read.
+    fn processes(&mut self, index: u32, device: &nvml_wrapper::Device<'_>) -> bool {
+        match device.running_compute_processes() {
+            Ok(processes) => {
+                // R1 asks about foreign processes: only this query observes them.
+                self.out.observed = true;
+                for p in processes.into_iter().filter(|p| !self.own.contains(p.pid)) {
+                    let foreign = ForeignProcess { gpu: index, pid: p.pid, name: process_name(p.pid) };
+                    self.out.blocking.push(foreign.describe());
+                    self.out.foreign.push(foreign);
+                }
+                return true;
+            }
+            Err(NvmlError::NotSupported) => self
+                .out
+                .notes
+                .push(format!("GPU {index}: compute process list not supported: judged by utilization only")),
+            Err(e) => {
+                self.out.blocking.push(format!("GPU {index}: reading compute processes failed: {}", nvml_error(&e)));
+                self.reopen = true;
+            }
+        }
+        false
     }
 }
 

@@ -28,9 +28,9 @@ use tokio::task::JoinHandle;
 use super::faults;
 use super::metrics::{Gate, Metrics};
 use super::openai;
-use super::policy::{Action, Policy};
+use super::policy::{Action, Policy, Script};
 use super::truth::Truth;
-use pruefstand_core::settings::sim::{Latency, SimConfig};
+use pruefstand_core::settings::sim::{Behaviour, Latency, SimConfig};
 use pruefstand_core::util;
 
 /// Everything a simulator instance needs.
@@ -257,44 +257,33 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         Ok(req) => req,
         Err(msg) => return error(StatusCode::BAD_REQUEST, "BadRequestError", msg),
     };
-    let s = &state.settings;
     if !state.serves(&req.model) {
         let msg = format!("The model `{}` does not exist.", req.model);
         return error(StatusCode::NOT_FOUND, "NotFoundError", msg);
     }
+    let turn = match answer(&state, &req, arrived) {
+        Ok(turn) => turn,
+        Err(fault) => return fault.response(),
+    };
+    if req.stream {
+        return stream(state.clone(), turn, req.stream_usage);
+    }
+    send_whole(&state, turn).await
+}
+
+/// The simulated model's answer to one request, its faults drawn and its latency set;
+/// a fault that answers in the model's place (an overflow, an HTTP 500) as `Err`.
+fn answer(state: &AppState, req: &openai::Request, arrived: Instant) -> Result<Turn, HttpFault> {
+    let s = &state.settings;
     let behaviour = s.config.models.get(&req.model).cloned().unwrap_or_default();
     let conv = &req.conversation;
-    let (action, script) = state.policy.respond(&behaviour, conv);
-    // AgentDojo's tool filter asks which tools the task needs: the ground truth's.
-    // Any other turn that may not call a tool (`tool_choice: "none"`) ends in text.
-    let action = match (&action, &script) {
-        (_, _) if req.names_tools => Action::Final(state.policy.needed_tools(conv)),
-        (Action::Call(_) | Action::Garbled { .. }, Some(script)) if req.no_calls => {
-            Action::Final(script.final_text.clone())
-        }
-        _ => action,
-    };
-    let mut reply = openai::render(&action, req.mode, conv.calls_made + 1);
+    let (action, script) = decide(state, &behaviour, req);
+    let reply = openai::render(&action, req.mode, conv.calls_made + 1);
     let draws = script
         .as_ref()
         .map(|p| faults::draw(s.config.seed, &behaviour.faults, p, conv.calls_made + 1))
         .unwrap_or_default();
-    match draws.fault {
-        Some(faults::Fault::ContextOverflow) => {
-            return (StatusCode::BAD_REQUEST, axum::Json(faults::context_overflow_body(req.prompt_tokens)))
-                .into_response();
-        }
-        Some(faults::Fault::Http500) => {
-            return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(faults::internal_error_body())).into_response();
-        }
-        Some(faults::Fault::Ramble) => {
-            // Without a limit, to the end of the context, as vLLM lets it.
-            let n = req.max_tokens.unwrap_or(faults::RAMBLE_CONTEXT.saturating_sub(req.prompt_tokens));
-            reply = faults::rambling(n.max(1));
-        }
-        Some(faults::Fault::Stall) => reply = faults::stalled(),
-        _ => faults::apply(&mut reply, req.mode, &draws),
-    }
+    let mut reply = with_faults(reply, req, &draws)?;
     if let Some(max) = req.max_tokens {
         faults::cut_to(&mut reply, max);
     }
@@ -309,7 +298,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         total_ms = ttft_ms + reply.completion_tokens as f64 * behaviour.faults.ramble_token_ms;
     }
     state.metrics.look_up_prefix(req.prompt_tokens, &req.prefix_blocks);
-    let turn = Turn {
+    Ok(Turn {
         id: format!("chatcmpl-sim-{}", state.next_id.fetch_add(1, Ordering::Relaxed)),
         model: req.model.clone(),
         prompt_tokens: req.prompt_tokens,
@@ -318,10 +307,69 @@ async fn chat_completions(State(state): State<Arc<AppState>>, headers: HeaderMap
         total_ms,
         stall: draws.fault == Some(faults::Fault::Stall),
         arrived,
+    })
+}
+
+/// What the model does, and the script of the case when the policy knows it.
+fn decide(state: &AppState, behaviour: &Behaviour, req: &openai::Request) -> (Action, Option<Script>) {
+    let conv = &req.conversation;
+    let (action, script) = state.policy.respond(behaviour, conv);
+    // AgentDojo's tool filter asks which tools the task needs: the ground truth's.
+    // Any other turn that may not call a tool (`tool_choice: "none"`) ends in text.
+    let action = match (&action, &script) {
+        (_, _) if req.names_tools => Action::Final(state.policy.needed_tools(conv)),
+        (Action::Call(_) | Action::Garbled { .. }, Some(script)) if req.no_calls => {
+            Action::Final(script.final_text.clone())
+        }
+        _ => action,
     };
-    if req.stream {
-        return stream(state.clone(), turn, req.stream_usage);
+    (action, script)
+}
+
+/// A drawn fault that answers with an HTTP error in the model's place.
+enum HttpFault {
+    ContextOverflow { prompt_tokens: u64 },
+    Internal,
+}
+
+impl HttpFault {
+    fn response(self) -> Response {
+        match self {
+            HttpFault::ContextOverflow { prompt_tokens } => {
+                (StatusCode::BAD_REQUEST, axum::Json(faults::context_overflow_body(prompt_tokens))).into_response()
+            }
+            HttpFault::Internal => {
+                (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(faults::internal_error_body())).into_response()
+            }
+        }
     }
+}
+
+/// The reply with the drawn fault in it; a fault that is an HTTP error as `Err`.
+fn with_faults(
+    mut reply: openai::Reply,
+    req: &openai::Request,
+    draws: &faults::Draws,
+) -> Result<openai::Reply, HttpFault> {
+    match draws.fault {
+        Some(faults::Fault::ContextOverflow) => {
+            return Err(HttpFault::ContextOverflow { prompt_tokens: req.prompt_tokens });
+        }
+        Some(faults::Fault::Http500) => return Err(HttpFault::Internal),
+        Some(faults::Fault::Ramble) => {
+            // Without a limit, to the end of the context, as vLLM lets it.
+            let n = req.max_tokens.unwrap_or(faults::RAMBLE_CONTEXT.saturating_sub(req.prompt_tokens));
+            reply = faults::rambling(n.max(1));
+        }
+        Some(faults::Fault::Stall) => reply = faults::stalled(),
+        _ => faults::apply(&mut reply, req.mode, draws),
+    }
+    Ok(reply)
+}
+
+/// A non-streamed answer: through the gate, after the turn's whole latency.
+async fn send_whole(state: &AppState, turn: Turn) -> Response {
+    let arrived = turn.arrived;
     let pass = state.gate.enter().await;
     let queued = arrived.elapsed();
     // Zero latency must cost nothing: no timer at all. However long a prompt, one call

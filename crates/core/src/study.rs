@@ -581,80 +581,146 @@ pub fn paired_early_stop(
     seed: u64,
     t: &thresholds::R4,
 ) -> Vec<PairedRow> {
-    use crate::judge::paired::{self, Pairs};
-    let keys = shape.keys();
-    let (users, injections) = (shape.user_tasks(), shape.injection_tasks());
-    let mut cases_of: Vec<Vec<usize>> = vec![Vec::new(); users];
-    for (i, (u, _)) in keys.iter().enumerate() {
-        cases_of[*u].push(i);
-    }
-    let (alpha_pass, alpha_fail) = paired::alphas(t);
+    let plan = PairedPlan::of(shape);
     settings
         .iter()
         .enumerate()
-        .map(|(index, setting)| {
-            let mut rng = setting_rng(seed ^ 0x5EED_4A11, index);
-            let base_sd = (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt();
-            let change: f64 = if setting.uneven { 0.5 } else { 0.0 };
-            let mu_r = logit_intercept(setting.reference_rate, base_sd);
-            let mu_c =
-                logit_intercept(setting.reference_rate + setting.difference, base_sd * (1.0 + change * change).sqrt());
-            let mut row = PairedRow { setting: *setting, replicates, ..PairedRow::default() };
-            let mut order: Vec<usize> = (0..users).collect();
-            let (mut cand, mut refr) = (vec![false; keys.len()], vec![false; keys.len()]);
-            for _ in 0..replicates {
-                let u: Vec<f64> = (0..users).map(|_| setting.sd_u * normal(&mut rng)).collect();
-                let v: Vec<f64> = (0..injections).map(|_| setting.sd_v * normal(&mut rng)).collect();
-                let w: Vec<f64> = (0..users).map(|_| change * setting.sd_u * normal(&mut rng)).collect();
-                let x: Vec<f64> = (0..injections).map(|_| change * setting.sd_v * normal(&mut rng)).collect();
-                let expit = |z: f64| 1.0 / (1.0 + (-z).exp());
-                for (i, &(a, b)) in keys.iter().enumerate() {
-                    let draw = rng.random::<f64>();
-                    refr[i] = draw < expit(mu_r + u[a] + v[b]);
-                    cand[i] = draw < expit(mu_c + u[a] + v[b] + w[a] + x[b]);
-                }
-                order.shuffle(&mut rng);
-                let pairs: Vec<Pairs> = order
-                    .iter()
-                    .map(|&user| {
-                        let (mut worse, mut better) = (0, 0);
-                        for &i in &cases_of[user] {
-                            worse += u64::from(cand[i] && !refr[i]);
-                            better += u64::from(!cand[i] && refr[i]);
-                        }
-                        let side = (worse, better, cases_of[user].len() as u64);
-                        Pairs { against: side, for_: side }
-                    })
-                    .collect();
-                let decision =
-                    paired::first_decision(&pairs, t.margin, alpha_pass, alpha_fail).filter(|d| d.at < users);
-                match decision {
-                    Some(d) => {
-                        let run: usize = order[..d.at].iter().map(|&u| cases_of[u].len()).sum();
-                        row.mean_fraction += run as f64 / keys.len() as f64 / f64::from(replicates.max(1));
-                        match d.status {
-                            RuleStatus::Pass => row.early_passes += 1,
-                            _ => row.early_fails += 1,
-                        }
-                    }
-                    None => {
-                        row.mean_fraction += 1.0 / f64::from(replicates.max(1));
-                        let d: Vec<i64> = pairs.iter().map(|p| p.for_.0 as i64 - p.for_.1 as i64).collect();
-                        let (b, c): (i64, i64) =
-                            pairs.iter().fold((0, 0), |(b, c), p| (b + p.for_.0 as i64, c + p.for_.1 as i64));
-                        let diff = (b - c) as f64 / keys.len() as f64;
-                        // Within the margin R4 passes whatever the test says: skip it.
-                        let significant = || {
-                            let test = stats::sign_flip_test(&d, t.permutations, t.seed);
-                            stats::holm(&[test.p_value, 1.0])[0] < t.alpha
-                        };
-                        row.full_fails += u32::from(diff > t.margin && significant());
-                    }
+        .map(|(index, setting)| paired_setting(&plan, index, setting, replicates, seed, t))
+        .collect()
+}
+
+/// A plan's attacked cases as the paired study walks them: by user task.
+struct PairedPlan {
+    keys: Vec<(usize, usize)>,
+    users: usize,
+    injections: usize,
+    /// The indices into `keys` of each user task's cases.
+    cases_of: Vec<Vec<usize>>,
+}
+
+impl PairedPlan {
+    fn of(shape: &Shape) -> Self {
+        let keys = shape.keys();
+        let (users, injections) = (shape.user_tasks(), shape.injection_tasks());
+        let mut cases_of: Vec<Vec<usize>> = vec![Vec::new(); users];
+        for (i, (u, _)) in keys.iter().enumerate() {
+            cases_of[*u].push(i);
+        }
+        PairedPlan { keys, users, injections, cases_of }
+    }
+}
+
+/// The candidate's and the reference's outcomes of one replicate (true: a bad case).
+struct PairedOutcomes {
+    candidate: Vec<bool>,
+    reference: Vec<bool>,
+}
+
+/// The replicates of one setting of [`paired_early_stop`]; `index` seeds its own stream.
+fn paired_setting(
+    plan: &PairedPlan,
+    index: usize,
+    setting: &PairedSetting,
+    replicates: u32,
+    seed: u64,
+    t: &thresholds::R4,
+) -> PairedRow {
+    use crate::judge::paired;
+    let (alpha_pass, alpha_fail) = paired::alphas(t);
+    let mut rng = setting_rng(seed ^ 0x5EED_4A11, index);
+    let model = PairedModel::of(setting);
+    let mut row = PairedRow { setting: *setting, replicates, ..PairedRow::default() };
+    let mut order: Vec<usize> = (0..plan.users).collect();
+    let n = plan.keys.len();
+    let mut outcomes = PairedOutcomes { candidate: vec![false; n], reference: vec![false; n] };
+    for _ in 0..replicates {
+        draw_paired_outcomes(&mut rng, plan, &model, &mut outcomes);
+        order.shuffle(&mut rng);
+        let pairs = user_task_pairs(plan, &order, &outcomes);
+        let decision = paired::first_decision(&pairs, t.margin, alpha_pass, alpha_fail).filter(|d| d.at < plan.users);
+        match decision {
+            Some(d) => {
+                let run: usize = order[..d.at].iter().map(|&u| plan.cases_of[u].len()).sum();
+                row.mean_fraction += run as f64 / n as f64 / f64::from(replicates.max(1));
+                match d.status {
+                    RuleStatus::Pass => row.early_passes += 1,
+                    _ => row.early_fails += 1,
                 }
             }
-            row
+            None => {
+                row.mean_fraction += 1.0 / f64::from(replicates.max(1));
+                row.full_fails += u32::from(whole_plan_fails(&pairs, n, t));
+            }
+        }
+    }
+    row
+}
+
+/// One paired setting's model: the base effects' sds, the candidate's own effects' share
+/// of them, and both intercepts.
+struct PairedModel {
+    sd_u: f64,
+    sd_v: f64,
+    change: f64,
+    mu_r: f64,
+    mu_c: f64,
+}
+
+impl PairedModel {
+    fn of(setting: &PairedSetting) -> Self {
+        let base_sd = (setting.sd_u.powi(2) + setting.sd_v.powi(2)).sqrt();
+        let change: f64 = if setting.uneven { 0.5 } else { 0.0 };
+        let mu_r = logit_intercept(setting.reference_rate, base_sd);
+        let mu_c =
+            logit_intercept(setting.reference_rate + setting.difference, base_sd * (1.0 + change * change).sqrt());
+        PairedModel { sd_u: setting.sd_u, sd_v: setting.sd_v, change, mu_r, mu_c }
+    }
+}
+
+/// Draws one replicate: the reference from logit μ_r + U + V, the candidate from
+/// μ_c + U + V (+ W + X when uneven), both from one uniform per case.
+fn draw_paired_outcomes(rng: &mut ChaCha20Rng, plan: &PairedPlan, model: &PairedModel, out: &mut PairedOutcomes) {
+    let PairedModel { sd_u, sd_v, change, mu_r, mu_c } = *model;
+    let u: Vec<f64> = (0..plan.users).map(|_| sd_u * normal(rng)).collect();
+    let v: Vec<f64> = (0..plan.injections).map(|_| sd_v * normal(rng)).collect();
+    let w: Vec<f64> = (0..plan.users).map(|_| change * sd_u * normal(rng)).collect();
+    let x: Vec<f64> = (0..plan.injections).map(|_| change * sd_v * normal(rng)).collect();
+    let expit = |z: f64| 1.0 / (1.0 + (-z).exp());
+    for (i, &(a, b)) in plan.keys.iter().enumerate() {
+        let draw = rng.random::<f64>();
+        out.reference[i] = draw < expit(mu_r + u[a] + v[b]);
+        out.candidate[i] = draw < expit(mu_c + u[a] + v[b] + w[a] + x[b]);
+    }
+}
+
+/// Per user task in `order`: the cases the candidate did worse and better on.
+fn user_task_pairs(plan: &PairedPlan, order: &[usize], outcomes: &PairedOutcomes) -> Vec<crate::judge::paired::Pairs> {
+    let (cand, refr) = (&outcomes.candidate, &outcomes.reference);
+    order
+        .iter()
+        .map(|&user| {
+            let (mut worse, mut better) = (0, 0);
+            for &i in &plan.cases_of[user] {
+                worse += u64::from(cand[i] && !refr[i]);
+                better += u64::from(!cand[i] && refr[i]);
+            }
+            let side = (worse, better, plan.cases_of[user].len() as u64);
+            crate::judge::paired::Pairs { against: side, for_: side }
         })
         .collect()
+}
+
+/// Whether the fixed-sample R4 fails a run not decided early, over its `cases` cases.
+fn whole_plan_fails(pairs: &[crate::judge::paired::Pairs], cases: usize, t: &thresholds::R4) -> bool {
+    let d: Vec<i64> = pairs.iter().map(|p| p.for_.0 as i64 - p.for_.1 as i64).collect();
+    let (b, c): (i64, i64) = pairs.iter().fold((0, 0), |(b, c), p| (b + p.for_.0 as i64, c + p.for_.1 as i64));
+    let diff = (b - c) as f64 / cases as f64;
+    // Within the margin R4 passes whatever the test says: skip it.
+    let significant = || {
+        let test = stats::sign_flip_test(&d, t.permutations, t.seed);
+        stats::holm(&[test.p_value, 1.0])[0] < t.alpha
+    };
+    diff > t.margin && significant()
 }
 
 /// The grid of the issue: sd_U ∈ {0.5, 1, 1.5} × sd_V ∈ {0, 0.5, 1} at each target.
