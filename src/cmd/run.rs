@@ -12,7 +12,6 @@ use crate::lock_wait::{self, Waited};
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
 use pruefstand_core::benchlock;
 use pruefstand_core::judge::Judgement;
-use pruefstand_core::plan::Filters;
 use pruefstand_core::root::Root;
 use pruefstand_core::rundir::{LockError, RunFile, RunLock};
 use pruefstand_core::spec::Version;
@@ -27,7 +26,7 @@ pub struct Args {
     pub plan: String,
     /// Hold this many cases in flight (default: as many as the model server has room
     /// for, up to `[run] max_in_flight`).
-    #[arg(long, value_parser = crate::cmd::jobs_parser())]
+    #[arg(long, value_parser = crate::cmd::jobs_parser)]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one of the same plan is resumed.
     #[arg(long)]
@@ -84,10 +83,12 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     });
     let session = Session::open(root, control).await?;
     let finished = async {
-        let mut request = RunRequest::resolved(&session, version, &args.plan, Filters::default()).await?;
-        request.jobs = args.jobs;
-        request.out = args.out;
-        request.extent = if args.full { Extent::Full } else { Extent::Plan };
+        let request = RunRequest::builder(&session, version, &args.plan)
+            .jobs(args.jobs)
+            .out(args.out)
+            .extent(if args.full { Extent::Full } else { Extent::Plan })
+            .resolve()
+            .await?;
         session.run(&request, &LocalGym).await
     }
     .await;
