@@ -131,9 +131,10 @@ pub struct RunRequest {
 /// Keeps some of a resolved plan's cases (a shard's slice).
 type CaseFilter = Box<dyn FnOnce(Vec<Case>) -> Vec<Case> + Send>;
 
-/// What a [`RunRequest`] is resolved from: set what differs from a plain run (a
-/// candidate's, every case when the plan stops early, a new directory), then
-/// [`RequestBuilder::resolve`].
+/// What a [`RunRequest`] is resolved from. By default a candidate's run: the plan as it
+/// says (stopped early when it opts in), the reference first when the version names one,
+/// the server steering the cases in flight, a new directory under `reports/`; set what
+/// differs, then [`RequestBuilder::resolve`].
 #[must_use]
 pub struct RequestBuilder<'s> {
     session: &'s Session,
