@@ -76,6 +76,7 @@ pub fn merge(
         concurrency: None,
         gpu: Some(merge_gpu(exits)),
         shards: Some(ShardFacts { nodes, failed, differing: differing(&keyed) }),
+        early_stop: None,
     })
 }
 

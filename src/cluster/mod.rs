@@ -182,11 +182,11 @@ impl Executor for SlurmArray {
     fn check(&self, request: &RunRequest) -> anyhow::Result<()> {
         // The adaptive search keeps what lands across all of a plan's pairs: it is one
         // process against one server, not something to cut into shards.
-        if request.plan.adaptive.is_some() {
+        if request.plan().adaptive.is_some() {
             bail!(
                 "plan {:?} has an [adaptive] section: the adaptive attacker runs on one host; run this version with \
                  `pruefstand run` (or set [cluster] kind = \"local\")",
-                request.plan.name
+                request.plan().name
             );
         }
         Ok(())
@@ -224,10 +224,11 @@ impl SlurmArray {
             job: self.job,
             queue: self.queue.clone(),
         };
-        let (root, cases, planned) = (session.root.path.clone(), request.plan.cases.clone(), request.plan.cases.len());
+        let (root, cases, planned) =
+            (session.root.path.clone(), request.plan().cases.clone(), request.plan().cases.len());
         let state = follow.off_runtime(move |follow| follow.array(&root, &cases)).await?;
         let (state, failed) = follow.until_done(&session.control, state, planned).await?;
-        let (run_dir, plan, inventory) = (claimed.dir.clone(), request.plan.clone(), request.inventory.clone());
+        let (run_dir, plan, inventory) = (claimed.dir.clone(), request.plan().clone(), request.inventory().clone());
         runtime::blocking(move || {
             let exits: BTreeMap<usize, ExitRecord> = (0..state.shards)
                 .filter_map(|i| ExitRecord::load(&shard_dir(&run_dir.path, i)).map(|e| (i, e)))

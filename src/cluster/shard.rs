@@ -19,7 +19,6 @@ use crate::gym;
 use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
 use pruefstand_core::benchlock;
 use pruefstand_core::case::Case;
-use pruefstand_core::plan::Filters;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 use pruefstand_core::rundir::RunDir;
@@ -170,16 +169,19 @@ async fn execute(
     let session = Session::open(root.clone(), control.clone()).await?;
     let result = async {
         let plan = plan_path.to_string_lossy();
-        let mut request = RunRequest::resolved(&session, version, &plan, Filters::default()).await?;
-        let assigned = slice(&request.plan.cases, count);
-        let cases = request.plan.cases.iter().zip(&assigned).filter(|(_, s)| **s == index).map(|(c, _)| c.clone());
-        request.plan.cases = cases.collect();
         // The identity is the job's (version, full plan hash): a shard directory holds
         // one slice of that run, and its seed is the run's.
-        request.seed = RunDir::new(run_dir.to_path_buf()).stored_seed();
-        request.out = Some(shard_dir.to_path_buf());
-        request.reference = ReferencePolicy::Skip;
-        request.extent = Extent::Full;
+        let request = RunRequest::builder(&session, version, &plan)
+            .cases(move |cases| {
+                let assigned = slice(&cases, count);
+                cases.into_iter().zip(assigned).filter(|(_, s)| *s == index).map(|(c, _)| c).collect()
+            })
+            .seed(RunDir::new(run_dir.to_path_buf()).stored_seed())
+            .out(Some(shard_dir.to_path_buf()))
+            .reference(ReferencePolicy::Skip)
+            .extent(Extent::Full)
+            .resolve()
+            .await?;
         let (_, executed, served) = session.execute(&request, &LocalGym).await?;
         anyhow::Ok(Ran {
             cases: executed.gym.records.len(),

@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long = "attack")]
     pub attacks: Vec<String>,
     /// Cases in flight at once (default: the plan's `jobs`).
-    #[arg(long, value_parser = crate::cmd::jobs_parser())]
+    #[arg(long, value_parser = crate::cmd::jobs_parser)]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one with the same cases is resumed.
     #[arg(long)]
@@ -84,11 +84,14 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let version = Version::of_agent_command(&args.name, agent_cmd, &args.display_name)?;
     let control = Arc::new(RunControl::default());
     let session = Session::open(root, control.clone()).await?;
-    let mut request = RunRequest::resolved(&session, version, &args.plan, filters).await?;
-    request.reference = ReferencePolicy::Skip;
-    request.extent = Extent::Full;
-    request.jobs = args.jobs;
-    request.out = args.out;
+    let request = RunRequest::builder(&session, version, &args.plan)
+        .filters(filters)
+        .reference(ReferencePolicy::Skip)
+        .extent(Extent::Full)
+        .jobs(args.jobs)
+        .out(args.out)
+        .resolve()
+        .await?;
     let agent_env = args
         .pass_env
         .iter()

@@ -27,9 +27,10 @@ pub mod start;
 pub mod status;
 pub mod study;
 
-/// `--jobs`: at least one case in flight, and no more than a plan may ask for.
-pub fn jobs_parser() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=pruefstand_core::plan::JOBS_MAX as u64)
+/// `--jobs`: a count of cases in flight, checked as every such count is.
+pub fn jobs_parser(text: &str) -> Result<usize, String> {
+    let jobs = text.parse().map_err(|_| format!("{text:?} is not a whole number of cases"))?;
+    pruefstand_core::settings::check_in_flight("--jobs", jobs)
 }
 
 /// A name that becomes a folder under `reports/`.

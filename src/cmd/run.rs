@@ -3,6 +3,7 @@
 //! and the verdict (or all of it as JSON); the exit status is the verdict's (README:
 //! exit codes). A version whose model runs on the GPU first takes the bench lock
 //! (`benchlock`), waiting for a daemon job or another run that holds it.
+//! It acts, then shows: `act` runs and returns what happened, `show` says it.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use crate::lock_wait::{self, Waited};
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
 use pruefstand_core::benchlock;
 use pruefstand_core::judge::Judgement;
-use pruefstand_core::plan::Filters;
+use pruefstand_core::record::PrefixCache;
 use pruefstand_core::root::Root;
 use pruefstand_core::rundir::{LockError, RunFile, RunLock};
 use pruefstand_core::spec::Version;
@@ -27,7 +28,7 @@ pub struct Args {
     pub plan: String,
     /// Hold this many cases in flight (default: as many as the model server has room
     /// for, up to `[run] max_in_flight`).
-    #[arg(long, value_parser = crate::cmd::jobs_parser())]
+    #[arg(long, value_parser = crate::cmd::jobs_parser)]
     pub jobs: Option<usize>,
     /// The run directory itself; an existing one of the same plan is resumed.
     #[arg(long)]
@@ -46,26 +47,95 @@ pub struct Args {
 }
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let json = args.json;
+    let outcome = act(root, args).await?;
+    show(outcome, json)
+}
+
+/// What `run` did, for [`show`] to say.
+enum Outcome {
+    /// `--no-wait` found the GPU taken (by `holder`).
+    GpuTaken {
+        holder: String,
+    },
+    /// Stopped after its run directory was claimed: resumable with `--out`. `shutdown`:
+    /// how stopping the pool went.
+    Interrupted {
+        run_dir: PathBuf,
+        cause: anyhow::Error,
+        shutdown: anyhow::Result<()>,
+    },
+    Judged(Box<Judged>),
+}
+
+/// A run carried out and judged: one block per version, the reference first.
+struct Judged {
+    reference: Option<VersionBlock>,
+    candidate: VersionBlock,
+    report: PathBuf,
+    judgement: Judgement,
+    prefix_cache: Option<PrefixCache>,
+}
+
+/// Runs the version: the bench lock when its model needs the GPU, the run under a
+/// signal handler, the pool shut down whatever happened; the result read for [`show`].
+async fn act(root: Option<PathBuf>, args: Args) -> anyhow::Result<Outcome> {
     let root = Root::find(root)?;
     let version = Version::load(&root.versions(), &args.version)?;
     // One model server on the GPU at a time: the daemon's job, or this run.
     let _gpu = if benchlock::needs_gpu(&root, &version)? {
         match bench_lock(&root, &version, args.no_wait).await {
             Ok(lock) => Some(lock),
-            Err(LockError::Busy { holder }) => {
-                tracing::error!(
-                    "the GPU is taken: {}; without --no-wait this run waits for it",
-                    benchlock::held_by(&holder)
-                );
-                return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
-            }
+            Err(LockError::Busy { holder }) => return Ok(Outcome::GpuTaken { holder }),
             Err(LockError::Failed(err)) => return Err(err),
         }
     } else {
         None
     };
-    // Ctrl-C or SIGTERM stops the run cleanly: the gym is killed, the model server
-    // stopped and removed, every finished case kept for `--out` to resume.
+    let (control, signals) = stop_on_signals();
+    let session = Session::open(root, control).await?;
+    let finished = async {
+        let request = RunRequest::builder(&session, version, &args.plan)
+            .jobs(args.jobs)
+            .out(args.out)
+            .extent(if args.full { Extent::Full } else { Extent::Plan })
+            .resolve()
+            .await?;
+        session.run(&request, &LocalGym).await
+    }
+    .await;
+    signals.abort();
+    // A fresh pool, shut down at the end whatever happened.
+    let shutdown = session.shutdown().await;
+    let finished = match finished {
+        Ok(finished) => finished,
+        Err(Failure::Interrupted { run_dir, cause }) => return Ok(Outcome::Interrupted { run_dir, cause, shutdown }),
+        Err(failure) => return Err(failure.into()),
+    };
+    shutdown?;
+    let reference = match &finished.reference {
+        Some((dir, made_now)) => Some(VersionBlock::reference(dir, *made_now)?),
+        None => None,
+    };
+    let candidate = VersionBlock {
+        version: finished.run_dir.read_run_meta().map(|m| m.version).unwrap_or_default(),
+        made_now: None,
+        run_dir: finished.run_dir.path.clone(),
+        telemetry: finished.executed.telemetry,
+    };
+    Ok(Outcome::Judged(Box::new(Judged {
+        reference,
+        candidate,
+        report: finished.run_dir.path_of(RunFile::Report),
+        judgement: finished.judgement,
+        prefix_cache: finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache),
+    })))
+}
+
+/// The run's control, stopped by Ctrl-C or SIGTERM: the gym is killed, the model server
+/// stopped and removed, every finished case kept for `--out` to resume. The task that
+/// listens is aborted when the run is over.
+fn stop_on_signals() -> (Arc<RunControl>, tokio::task::JoinHandle<()>) {
     let mut control = RunControl::default();
     control.stop_abandons_start = true;
     let control = Arc::new(control);
@@ -82,61 +152,47 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             control.stop();
         }
     });
-    let session = Session::open(root, control).await?;
-    let finished = async {
-        let mut request = RunRequest::resolved(&session, version, &args.plan, Filters::default()).await?;
-        request.jobs = args.jobs;
-        request.out = args.out;
-        request.extent = if args.full { Extent::Full } else { Extent::Plan };
-        session.run(&request, &LocalGym).await
-    }
-    .await;
-    signals.abort();
-    // A fresh pool, shut down at the end whatever happened.
-    let shutdown = session.shutdown().await;
-    let finished = match finished {
-        Ok(finished) => finished,
-        Err(Failure::Interrupted { run_dir, cause }) => {
+    (control, signals)
+}
+
+/// Says what [`act`] did — the blocks, the prefix cache, the judgement, or all of it as
+/// JSON — and gives the exit status.
+fn show(outcome: Outcome, json: bool) -> anyhow::Result<ExitCode> {
+    let ran = match outcome {
+        Outcome::GpuTaken { holder } => {
+            tracing::error!(
+                "the GPU is taken: {}; without --no-wait this run waits for it",
+                benchlock::held_by(&holder)
+            );
+            return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
+        }
+        Outcome::Interrupted { run_dir, cause, shutdown } => {
             tracing::error!("{cause:#}");
             tracing::info!("resume with: {}", resume_command(std::env::args_os(), &run_dir));
             shutdown?;
             return Ok(ExitCode::from(pruefstand_core::util::EXIT_COULD_NOT_RUN));
         }
-        Err(failure) => return Err(failure.into()),
+        Outcome::Judged(ran) => ran,
     };
-    shutdown?;
-    let report = finished.run_dir.path_of(RunFile::Report);
-    // One block per version, the reference first: its role, name, run directory and
-    // headline figures.
-    let reference = match &finished.reference {
-        Some((dir, made_now)) => Some(VersionBlock::reference(dir, *made_now)?),
-        None => None,
-    };
-    let candidate = VersionBlock {
-        version: finished.run_dir.read_run_meta().map(|m| m.version).unwrap_or_default(),
-        made_now: None,
-        run_dir: finished.run_dir.path.clone(),
-        telemetry: finished.executed.telemetry,
-    };
-    if args.json {
+    let exit = ExitCode::from(ran.judgement.verdict.exit_code());
+    if json {
         let value = serde_json::json!({
-            "reference": reference.as_ref().map(VersionBlock::json),
-            "candidate": candidate.json(),
-            "report": report,
-            "judgement": finished.judgement,
+            "reference": ran.reference.as_ref().map(VersionBlock::json),
+            "candidate": ran.candidate.json(),
+            "report": ran.report,
+            "judgement": ran.judgement,
         });
         outln!("{}", serde_json::to_string_pretty(&value)?);
-        return Ok(ExitCode::from(finished.judgement.verdict.exit_code()));
+        return Ok(exit);
     }
-    for block in reference.iter().chain([&candidate]) {
+    for block in ran.reference.iter().chain([&ran.candidate]) {
         block.print();
     }
-    let prefix_cache = finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache);
-    if let Some((cache, rate)) = prefix_cache.and_then(|c| Some((c, c.hit_rate()?))) {
+    if let Some((cache, rate)) = ran.prefix_cache.and_then(|c| Some((c, c.hit_rate()?))) {
         outln!("prefix cache: {:.1} % of {} prompt tokens were cached", rate * 100.0, cache.queries);
     }
-    print_judgement(&finished.judgement, &report);
-    Ok(ExitCode::from(finished.judgement.verdict.exit_code()))
+    print_judgement(&ran.judgement, &ran.report);
+    Ok(exit)
 }
 
 /// What `run` says of one version it ran or compared with: its name, for the reference

@@ -203,9 +203,8 @@ impl JobRun {
         let pyenv = runtime::blocking(PyEnv::ensure).await?;
         let session = Session { pyenv, root, pool, control };
         let plan = plan_path.to_string_lossy();
-        let mut request = RunRequest::resolved(&session, version, &plan, Default::default()).await?;
+        let request = RunRequest::builder(&session, version, &plan).out(Some(run_dir)).resolve().await?;
         let executor = crate::cluster::executor(&session.root, id)?;
-        request.out = Some(run_dir);
         let finished = session.run(&request, executor.as_ref()).await?;
         Ok(Judged {
             run_dir: finished.run_dir.path.clone(),

@@ -27,7 +27,7 @@ pub struct AgentOnly {
 impl Executor for AgentOnly {
     fn check(&self, request: &RunRequest) -> anyhow::Result<()> {
         anyhow::ensure!(
-            request.version.spec.agent_cmd.is_some(),
+            request.agent.agent_cmd.is_some(),
             "version {} has no agent_cmd: the gym needs the agent to run",
             request.version.name
         );
@@ -45,13 +45,13 @@ impl Executor for AgentOnly {
         claimed: &'a Claimed,
     ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>> {
         Box::pin(async move {
-            let (plan, spec) = (&request.plan, &request.version.spec);
+            let (plan, agent) = (&request.plan, &request.agent);
             let settings = GymSettings {
-                agent_cmd: spec.agent_cmd.clone().unwrap_or_default(),
+                agent_cmd: agent.agent_cmd.clone().unwrap_or_default(),
                 // No model server to ask: a fixed number of cases in flight.
                 concurrency: Concurrency::Fixed(request.jobs.unwrap_or(plan.jobs)),
                 metrics_url: None,
-                display_name: spec.model.display_name.clone(),
+                display_name: agent.display_name.clone(),
                 case_timeout_s: self.case_timeout_s.unwrap_or(plan.case_timeout_s),
                 seed: claimed.seed,
                 defence: None,

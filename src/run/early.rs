@@ -27,14 +27,20 @@ pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
 /// After a pass: stopped early when the gym left cases unstarted on the sink's word; a
 /// full pass that recorded every case clears it. A stopped run's cases recorded after the
 /// decision are its overrun. `planned`: the plan's cases; `recorded` and `not_started`:
-/// the pass's.
-pub fn settle(run_dir: &RunDir, planned: usize, recorded: usize, not_started: Option<usize>) -> anyhow::Result<()> {
-    if let Some(mut early) = read(run_dir)? {
-        early.stopped_early = not_started.is_some_and(|n| n > 0) || (early.stopped_early && recorded < planned);
-        early.at_decision = if early.stopped_early { early.at_decision.map(|at| overrun(at, recorded)) } else { None };
-        run_dir.write_early_stop(&early)?;
-    }
-    Ok(())
+/// the pass's. Returns the record as written (None: the run does not stop early), for
+/// the run's record to take without reading it back.
+pub fn settle(
+    run_dir: &RunDir,
+    planned: usize,
+    recorded: usize,
+    not_started: Option<usize>,
+) -> anyhow::Result<Option<EarlyStop>> {
+    // The sink wrote it at the decision, in the gym's pass: read as it left it.
+    let Some(mut early) = read(run_dir)? else { return Ok(None) };
+    early.stopped_early = not_started.is_some_and(|n| n > 0) || (early.stopped_early && recorded < planned);
+    early.at_decision = if early.stopped_early { early.at_decision.map(|at| overrun(at, recorded)) } else { None };
+    run_dir.write_early_stop(&early)?;
+    Ok(Some(early))
 }
 
 /// What the records at the decision were: how many, and how many of them lie past the
@@ -104,7 +110,7 @@ pub fn watch(
         order: early.order.clone(),
         thresholds: plan.profile.rules.clone(),
         reference: request.reference_records(root)?,
-        scope: pruefstand_core::judge::families::scope(&request.attack_families(), &[]),
+        scope: pruefstand_core::judge::families::scope(&request.attack_families(Vec::new()), &[]),
         records,
         remaining,
     };

@@ -57,10 +57,11 @@ impl Local<'_> {
         let result = self.serve(&endpoint).await;
         let (executed, model_server, silent) = self.bring_down(endpoint, result).await?;
         // Cases left unstarted for a silent server are no early stop.
+        let mut early_stop = None;
         if !silent {
             let (dir, planned) = (self.claimed.dir.clone(), self.request.plan.cases.len());
             let (recorded, not_started) = (executed.gym.records.len(), executed.gym.not_started);
-            runtime::blocking(move || early::settle(&dir, planned, recorded, not_started)).await?;
+            early_stop = runtime::blocking(move || early::settle(&dir, planned, recorded, not_started)).await?;
         }
         let concurrency = executed.gym.concurrency.clone();
         if let Some(facts) = &concurrency
@@ -68,7 +69,9 @@ impl Local<'_> {
         {
             self.remember_capacity(facts).await;
         }
-        Ok((executed, Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None }))
+        let served =
+            Served { image_digest, model_server, started_at, concurrency, gpu: None, shards: None, early_stop };
+        Ok((executed, served))
     }
 
     /// The version's model server up: the endpoint, or why the server failed (an error
@@ -268,40 +271,39 @@ impl Local<'_> {
     /// by environment only.
     async fn gym_settings(&self, endpoint: &model::Endpoint) -> anyhow::Result<GymSettings> {
         let (request, run_dir) = (self.request, &self.claimed.dir);
-        let (version, plan) = (&request.version, &request.plan);
-        let spec = &version.spec;
+        let (setup, guardrail) = (&request.agent, &request.defence.guardrail);
         let mut agent_env = vec![
             ("PRUEFSTAND_MODEL_URL".to_string(), endpoint.base_url.expose().to_string()),
-            ("PRUEFSTAND_MODEL_NAME".to_string(), version.request_model().to_string()),
+            ("PRUEFSTAND_MODEL_NAME".to_string(), setup.model.clone()),
         ];
         if let Some(key) = &endpoint.api_key {
             agent_env.push(("PRUEFSTAND_API_KEY".to_string(), key.clone()));
         }
         // agent.json shows the http guardrail's URL redacted: one with credentials
         // travels by environment, as the model's does.
-        let guardrail_url = match &spec.guardrail {
+        let guardrail_url = match guardrail {
             GuardrailSpec::Http { url, .. } if url.has_secrets() => {
                 Some((agent::GUARDRAIL_URL_ENV.to_string(), url.expose().to_string()))
             }
             _ => None,
         };
         agent_env.extend(guardrail_url.clone());
-        let agent_cmd = match &spec.agent_cmd {
+        let agent_cmd = match &setup.agent_cmd {
             Some(argv) => argv.clone(),
             None => {
                 let config = agent::AgentConfig {
                     // agent.json is a file of the run: credentials stay in the environment.
                     base_url: endpoint.base_url.redacted(),
                     base_url_env: endpoint.base_url.has_secrets().then(|| "PRUEFSTAND_MODEL_URL".to_string()),
-                    model: version.request_model().to_string(),
-                    tool_calling: spec.model.tool_calling,
-                    tool_result_role: spec.model.tool_result_role,
+                    model: setup.model.clone(),
+                    tool_calling: setup.tool_calling,
+                    tool_result_role: setup.tool_result_role,
                     // Written out, so agent.json shows the bound every turn had.
-                    max_tokens: Some(spec.model.max_tokens.unwrap_or(agent::llm::DEFAULT_MAX_TOKENS)),
-                    idle_timeout_s: spec.model.idle_timeout_s.unwrap_or(agent::AgentConfig::default().idle_timeout_s),
-                    guardrail: spec.guardrail.clone(),
+                    max_tokens: Some(setup.max_tokens),
+                    idle_timeout_s: setup.idle_timeout_s,
+                    guardrail: guardrail.clone(),
                     guardrail_url_env: guardrail_url.as_ref().map(|(var, _)| var.clone()),
-                    human: spec.human.clone(),
+                    human: request.defence.human.clone(),
                     ..agent::AgentConfig::default()
                 };
                 let path = run_dir.path_of(RunFile::AgentConfig);
@@ -311,7 +313,7 @@ impl Local<'_> {
                 vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
             }
         };
-        let (defence, detector) = match &spec.guardrail {
+        let (defence, detector) = match guardrail {
             GuardrailSpec::Agentdojo { defence, .. } => (Some(defence.as_str().to_string()), None),
             GuardrailSpec::Classifier(c) => {
                 let (detector, url_env) = gym::DetectorRequest::of(c, &endpoint.base_url);
@@ -324,8 +326,8 @@ impl Local<'_> {
             agent_cmd,
             concurrency: self.concurrency().await,
             metrics_url: concurrency::metrics_url(endpoint.base_url.expose()),
-            display_name: spec.model.display_name.clone(),
-            case_timeout_s: plan.case_timeout_s,
+            display_name: setup.display_name.clone(),
+            case_timeout_s: request.plan.case_timeout_s,
             seed: self.claimed.seed,
             defence,
             detector,

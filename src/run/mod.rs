@@ -17,6 +17,7 @@ mod agent_only;
 mod early;
 mod local;
 mod reference;
+mod setup;
 pub mod silence;
 
 use std::path::PathBuf;
@@ -28,17 +29,19 @@ use crate::container::{self, Pool};
 use crate::gym::{self, Executed};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
+use pruefstand_core::case::Case;
 use pruefstand_core::judge::Judgement;
 use pruefstand_core::plan::{Filters, Plan, Profile};
 use pruefstand_core::pyenv::{Inventory, PyEnv};
 use pruefstand_core::record::{
-    AttackFamilies, ConcurrencyFacts, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts,
+    AttackFamilies, ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts, TrainedExport,
 };
 use pruefstand_core::root::{self, Root};
 use pruefstand_core::rundir::{Claimed, Identity, Reading, RunDir};
 use pruefstand_core::spec::{Backend, Version};
 use pruefstand_core::util::Failure;
 use pruefstand_core::{export, judge, report};
+use setup::{AgentSetup, Defence};
 
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
 /// guard's observation of exclusivity (read when each run is recorded, for R1), and
@@ -101,70 +104,90 @@ pub enum ReferencePolicy {
     Skip,
 }
 
-/// One run as asked for: the version, the plan it runs (resolved against the installed
-/// AgentDojo; a shard's is a slice of it), the reference policy, how many cases are in
-/// flight, how much of the plan, and where it lands.
+/// One run as asked for, resolved once and whole by [`RunRequest::builder`]: the
+/// version, the plan it runs (resolved against the installed AgentDojo; a shard's is a
+/// slice of it), the reference loaded when the run makes or finds it first, how many
+/// cases are in flight, how much of the plan, where it lands, and the spec projected for
+/// the agent and the defence. Read through its accessors; nothing changes it after.
 #[derive(Clone)]
 pub struct RunRequest {
-    pub version: Version,
-    pub plan: Plan,
-    pub inventory: Inventory,
-    pub reference: ReferencePolicy,
+    version: Version,
+    plan: Plan,
+    inventory: Inventory,
+    /// The version's reference (R4), loaded once, when this run makes or finds it first.
+    reference: Option<Version>,
     /// `--jobs N` holds N cases in flight; None: the model server steers.
-    pub jobs: Option<usize>,
-    pub extent: Extent,
+    jobs: Option<usize>,
+    extent: Extent,
     /// The run directory (an existing one of the same identity is resumed); None: a new
     /// one under `reports/<version>/<plan>/`.
-    pub out: Option<PathBuf>,
+    out: Option<PathBuf>,
     /// The run's seed when the directory is made now (a shard takes its run's).
-    pub seed: Option<u64>,
+    seed: Option<u64>,
+    agent: AgentSetup,
+    defence: Defence,
+}
+
+/// Keeps some of a resolved plan's cases (a shard's slice).
+type CaseFilter = Box<dyn FnOnce(Vec<Case>) -> Vec<Case> + Send>;
+
+/// What a [`RunRequest`] is resolved from. By default a candidate's run: the plan as it
+/// says (stopped early when it opts in), the reference first when the version names one,
+/// the server steering the cases in flight, a new directory under `reports/`; set what
+/// differs, then [`RequestBuilder::resolve`].
+#[must_use]
+pub struct RequestBuilder<'s> {
+    session: &'s Session,
+    version: Version,
+    plan: String,
+    filters: Filters,
+    reference: ReferencePolicy,
+    jobs: Option<usize>,
+    extent: Extent,
+    out: Option<PathBuf>,
+    seed: Option<u64>,
+    cases: Option<CaseFilter>,
 }
 
 impl RunRequest {
-    /// A run of `version` on `plan` (`schnell`, `voll` or a plan file) for the plan's
-    /// cases that `filters` keep (`pruefstand gym --suite …`; all by default), checked
-    /// against the installed AgentDojo — on the blocking pool: resolving the plan asks
-    /// it (a Python process, unless its answer is cached).
-    pub async fn resolved(
-        session: &Session,
-        version: Version,
-        plan: &str,
-        filters: Filters,
-    ) -> anyhow::Result<RunRequest> {
-        let (root, pyenv, plan) = (session.root.clone(), session.pyenv.clone(), plan.to_string());
-        crate::runtime::blocking(move || RunRequest::resolve(&root, &pyenv, version, &plan, &filters)).await
-    }
-
-    fn resolve(
-        root: &Root,
-        pyenv: &PyEnv,
-        version: Version,
-        plan: &str,
-        filters: &Filters,
-    ) -> anyhow::Result<RunRequest> {
-        let (plan_path, profile, _) = Profile::load_named(&root.path, plan)?;
-        let inventory = Inventory::load(pyenv, profile.benchmark_version.get_ref())?;
-        let plan = Plan::resolve(&plan_path, &inventory, filters)?;
-        Ok(RunRequest {
+    /// A run of `version` on `plan` (`schnell`, `voll` or a plan file), to be resolved.
+    pub fn builder<'s>(session: &'s Session, version: Version, plan: &str) -> RequestBuilder<'s> {
+        RequestBuilder {
+            session,
             version,
-            plan,
-            inventory,
+            plan: plan.to_string(),
+            filters: Filters::default(),
             reference: ReferencePolicy::FirstWhenNamed,
             jobs: None,
             extent: Extent::Plan,
             out: None,
             seed: None,
-        })
+            cases: None,
+        }
+    }
+
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
     }
 
     /// The same plan for another version (the reference's own run: every case, no
     /// reference of its own).
     fn for_reference(&self, reference: Version) -> RunRequest {
         RunRequest {
+            agent: AgentSetup::of(&reference),
+            defence: Defence::of(&reference),
             version: reference,
             plan: self.plan.clone(),
             inventory: self.inventory.clone(),
-            reference: ReferencePolicy::Skip,
+            reference: None,
             jobs: self.jobs,
             extent: Extent::Full,
             out: None,
@@ -182,13 +205,13 @@ impl RunRequest {
         }
     }
 
-    /// The plan's held-out families and the version's `trained_on`: what R2 judges.
-    fn attack_families(&self) -> AttackFamilies {
+    /// The plan's held-out families, the version's `trained_on` and the exports it was
+    /// trained on: what R2 judges.
+    fn attack_families(&self, trained_on_exports: Vec<TrainedExport>) -> AttackFamilies {
         AttackFamilies {
             held_out: self.plan.held_out.clone(),
             trained_on: self.version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect(),
-            // Read from their manifests when the run is recorded (`record_and_judge`).
-            trained_on_exports: Vec::new(),
+            trained_on_exports,
         }
     }
 
@@ -196,19 +219,79 @@ impl RunRequest {
     /// [`Session::run`] found it before this run started; Some(empty) when none is found,
     /// None when the request has no reference.
     fn reference_records(&self, root: &Root) -> anyhow::Result<Option<Vec<pruefstand_core::case::CaseRecord>>> {
-        let Some(version) = self.reference_version(root)? else { return Ok(None) };
-        let Some(dir) = reference::find_reference_run(&root.reports(), &version, &self.plan, &self.inventory) else {
+        let Some(version) = &self.reference else { return Ok(None) };
+        let Some(dir) = reference::find_reference_run(&root.reports(), version, &self.plan, &self.inventory) else {
             return Ok(Some(Vec::new()));
         };
         Ok(Some(pruefstand_core::judge::dedup(&RunDir::new(dir).read_cases(Reading::Strict)?.records)))
     }
+}
 
-    /// The version's reference, loaded, when this request runs it first.
-    fn reference_version(&self, root: &Root) -> anyhow::Result<Option<Version>> {
-        match (self.reference, self.version.reference()) {
-            (ReferencePolicy::FirstWhenNamed, Some(name)) => Ok(Some(Version::load(&root.versions(), name)?)),
-            _ => Ok(None),
-        }
+impl RequestBuilder<'_> {
+    /// Only the plan's cases that `filters` keep (`pruefstand gym --suite …`).
+    pub fn filters(mut self, filters: Filters) -> Self {
+        self.filters = filters;
+        self
+    }
+
+    /// Whether the version's reference is run (or found) first.
+    pub fn reference(mut self, reference: ReferencePolicy) -> Self {
+        self.reference = reference;
+        self
+    }
+
+    /// Cases in flight (`--jobs`, checked by its parser); None: the server steers.
+    pub fn jobs(mut self, jobs: Option<usize>) -> Self {
+        self.jobs = jobs;
+        self
+    }
+
+    pub fn extent(mut self, extent: Extent) -> Self {
+        self.extent = extent;
+        self
+    }
+
+    /// The run directory itself (resumed when it holds the same run).
+    pub fn out(mut self, out: Option<PathBuf>) -> Self {
+        self.out = out;
+        self
+    }
+
+    /// The seed of a directory made now (a shard takes its run's).
+    pub fn seed(mut self, seed: Option<u64>) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Keeps only what `keep` returns of the resolved plan's cases (a shard's slice; the
+    /// plan's hash stays the whole plan's).
+    pub fn cases(mut self, keep: impl FnOnce(Vec<Case>) -> Vec<Case> + Send + 'static) -> Self {
+        self.cases = Some(Box::new(keep));
+        self
+    }
+
+    /// The request, checked against the installed AgentDojo and with its reference
+    /// loaded — on the blocking pool: resolving the plan asks AgentDojo (a Python
+    /// process, unless its answer is cached).
+    pub async fn resolve(self) -> anyhow::Result<RunRequest> {
+        let RequestBuilder { session, version, plan, filters, reference, jobs, extent, out, seed, cases } = self;
+        let (root, pyenv, named) = (session.root.clone(), session.pyenv.clone(), version.reference().map(String::from));
+        let (plan, inventory, reference) = crate::runtime::blocking(move || {
+            let (plan_path, profile, _) = Profile::load_named(&root.path, &plan)?;
+            let inventory = Inventory::load(&pyenv, profile.benchmark_version.get_ref())?;
+            let mut plan = Plan::resolve(&plan_path, &inventory, &filters)?;
+            if let Some(keep) = cases {
+                plan.cases = keep(std::mem::take(&mut plan.cases));
+            }
+            let reference = match (reference, named) {
+                (ReferencePolicy::FirstWhenNamed, Some(name)) => Some(Version::load(&root.versions(), &name)?),
+                _ => None,
+            };
+            anyhow::Ok((plan, inventory, reference))
+        })
+        .await?;
+        let (agent, defence) = (AgentSetup::of(&version), Defence::of(&version));
+        Ok(RunRequest { version, plan, inventory, reference, jobs, extent, out, seed, agent, defence })
     }
 }
 
@@ -247,6 +330,9 @@ pub struct Served {
     pub gpu: Option<GpuExclusivity>,
     /// A run merged from a cluster's shards (`cluster`).
     pub shards: Option<ShardFacts>,
+    /// `early_stop.json` as this process's pass settled it; None: not settled here (then
+    /// read from the run directory when the run is recorded).
+    pub early_stop: Option<EarlyStop>,
 }
 
 pub struct Finished {
@@ -290,8 +376,7 @@ impl Session {
         // The exports the adapter was trained on, read before anything runs: a missing
         // or changed one stops the run here, not after the night (R1 judges what they
         // hold; docs/training.md).
-        let exports = request.version.trained_on_exports();
-        crate::runtime::blocking(move || export::trained_exports(&exports)).await?;
+        let trained_on_exports = trained_exports(request.version()).await?;
         if executor.runs_here() {
             self.preflight(request).await?;
         }
@@ -299,13 +384,14 @@ impl Session {
         let claimed = self.claim(request).await?;
         let finished = async {
             // R4 compares with the reference on the same plan: make sure its run exists first.
-            let reference = match request.reference_version(&self.root)? {
-                Some(version) => Some(self.reference_run(&request.for_reference(version)).await?),
+            let reference = match &request.reference {
+                Some(version) => Some(self.reference_run(&request.for_reference(version.clone())).await?),
                 None => None,
             };
             let (executed, served) = executor.execute(self, request, &claimed).await?;
             let reference_dir = reference.as_ref().map(|(dir, _)| dir.clone());
-            let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served).await?;
+            let families = request.attack_families(trained_on_exports);
+            let judgement = self.record_and_judge(&claimed.dir, request, reference_dir, served, families).await?;
             anyhow::Ok(Finished { run_dir: claimed.dir.clone(), executed, judgement, reference })
         }
         .await;
@@ -344,14 +430,13 @@ impl Session {
     /// containers of dead owners (a `kill -9`'d run) are removed and reported, and the
     /// inputs checked (image present, model and adapter folders).
     async fn preflight(&self, request: &RunRequest) -> anyhow::Result<()> {
-        let mut versions = vec![request.version.clone()];
-        versions.extend(request.reference_version(&self.root)?);
+        let versions: Vec<&Version> = [&request.version].into_iter().chain(&request.reference).collect();
         if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
             let docker = self.pool.docker().await?;
             for orphan in container::remove_orphans(docker).await? {
                 tracing::warn!("{orphan}");
             }
-            for v in &versions {
+            for v in versions {
                 container::preflight_with(docker, v).await?;
             }
         }
@@ -360,13 +445,15 @@ impl Session {
 
     /// Writes what `judge` reads back (`run.json`, `thresholds.json`), then judges and
     /// writes the reports — the same path `pruefstand judge` takes later; the writing
-    /// and judging on the blocking pool.
-    pub async fn record_and_judge(
+    /// and judging on the blocking pool. `attack_families` holds the trained-on exports
+    /// as read when the run began.
+    async fn record_and_judge(
         &self,
         run_dir: &RunDir,
         request: &RunRequest,
         reference_run_dir: Option<PathBuf>,
         served: Served,
+        attack_families: AttackFamilies,
     ) -> anyhow::Result<Judgement> {
         let plan = &request.plan;
         let mut meta = RunMeta {
@@ -384,16 +471,17 @@ impl Session {
             started_at: Some(served.started_at.clone()),
             model_server: served.model_server,
             concurrency: served.concurrency,
-            early_stop: None,
+            early_stop: served.early_stop,
             shards: served.shards,
-            attack_families: request.attack_families(),
+            attack_families,
         };
         let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
-        let exports = request.version.trained_on_exports();
         crate::runtime::blocking(move || {
-            meta.early_stop = early::read(&run_dir)?;
-            // Recorded by path and hash, with the families each holds (R1's guard).
-            meta.attack_families.trained_on_exports = export::trained_exports(&exports)?;
+            // Not settled by this process's pass (a server that never came up, or fell
+            // silent): as an earlier pass left it.
+            if meta.early_stop.is_none() {
+                meta.early_stop = early::read(&run_dir)?;
+            }
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
             let judged = judge::judge_dir(&run_dir.path, None, None)?;
@@ -402,4 +490,11 @@ impl Session {
         })
         .await
     }
+}
+
+/// The exports the version's adapter was trained on, read and checked (on the blocking
+/// pool); recorded by path and hash, with the families each holds (R1's guard).
+async fn trained_exports(version: &Version) -> anyhow::Result<Vec<TrainedExport>> {
+    let exports = version.trained_on_exports();
+    crate::runtime::blocking(move || export::trained_exports(&exports)).await
 }

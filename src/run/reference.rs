@@ -44,7 +44,8 @@ impl Session {
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());
         }
-        self.record_and_judge(run_dir, request, None, served).await?;
+        let families = request.attack_families(super::trained_exports(&request.version).await?);
+        self.record_and_judge(run_dir, request, None, served, families).await?;
         if failed {
             bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
         }

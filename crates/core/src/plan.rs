@@ -133,12 +133,9 @@ fn plan_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error>
     Ok(name)
 }
 
-/// Cases in flight beyond this gain nothing (a server batches a few hundred requests at
-/// most) and cost a gym thread and an agent process each.
-pub const JOBS_MAX: usize = 1024;
-
+/// Cases in flight to begin with, bounded as every count of them is.
 fn jobs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    input::bounded_count(d, "jobs", (1, JOBS_MAX))
+    crate::settings::in_flight_field(d, "jobs")
 }
 
 /// A day: anything longer is a typo (milliseconds?) that would stall a run.
@@ -234,80 +231,16 @@ impl Plan {
         let mut seen_suites = BTreeSet::new();
         for suite in &profile.suites {
             let suite_name = suite.name.get_ref();
-            let Some(known) = inventory.suites.get(suite_name) else {
-                return Err(bad(
-                    suite.name.span().start,
-                    format!("unknown suite {suite_name:?}; valid: {}", inventory.suite_names()),
-                ));
-            };
             if !seen_suites.insert(suite_name.clone()) {
                 return Err(bad(suite.name.span().start, format!("suite {suite_name:?} is listed twice")));
             }
-            let listed = suite.attacks.as_ref().unwrap_or(&profile.attacks);
-            let mut attacks = Vec::new();
-            for attack in listed {
-                let name = attack_name(attack.get_ref(), profile.wording, inventory)
-                    .map_err(|message| bad(attack.span().start, message))?;
-                attacks.push(name);
-            }
-            for task in &suite.user_tasks {
-                if !known.user_tasks.contains(task.get_ref()) {
-                    return Err(bad(
-                        task.span().start,
-                        format!(
-                            "unknown user task {:?} in suite {suite_name}; valid: {}",
-                            task.get_ref(),
-                            known.user_tasks.join(", ")
-                        ),
-                    ));
-                }
-            }
-            for task in &suite.injection_tasks {
-                if !known.injection_tasks.contains(task.get_ref()) {
-                    return Err(bad(
-                        task.span().start,
-                        format!(
-                            "unknown injection task {:?} in suite {suite_name}; valid: {}",
-                            task.get_ref(),
-                            known.injection_tasks.join(", ")
-                        ),
-                    ));
-                }
-            }
-            for user_task in &suite.user_tasks {
-                cases.push(Case::clean(suite_name, user_task.get_ref()));
-            }
-            for user_task in &suite.user_tasks {
-                for injection_task in &suite.injection_tasks {
-                    for attack in &attacks {
-                        cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack));
-                    }
-                }
-            }
-            if profile.injection_goals {
-                for injection_task in &suite.injection_tasks {
-                    cases.push(Case::injection_goal(suite_name, injection_task.get_ref()));
-                }
-            }
+            cases.extend(suite_cases(suite, &profile, inventory, &bad)?);
         }
         let mut unique = BTreeSet::new();
         if let Some(dup) = cases.iter().find(|case| !unique.insert(case.id.clone())) {
             bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
         }
-        let attacked: BTreeSet<&str> = cases.iter().filter_map(|c| family::of_attack(c.attack.as_deref()?)).collect();
-        let mut held_out = Vec::new();
-        for family in &profile.held_out {
-            let name = family.get_ref();
-            if family::family(name).is_none() {
-                let message = format!("held_out: unknown family {name:?}; valid: {}", family::names().join(", "));
-                return Err(bad(family.span().start, message));
-            }
-            if !attacked.contains(name.as_str()) {
-                let message = format!("held_out: family {name:?} attacks no case of the plan (add it to `attacks`)");
-                return Err(bad(family.span().start, message));
-            }
-            held_out.push(name.clone());
-        }
+        let held_out = held_out_families(&profile, &cases, &bad)?;
         let adaptive = match &profile.adaptive {
             Some(section) => Some(resolve_adaptive(section, &profile).map_err(|(at, message)| bad(at, message))?),
             None => None,
@@ -335,6 +268,77 @@ impl Plan {
     pub fn count(&self, kind: CaseKind) -> usize {
         self.cases.iter().filter(|case| case.kind == kind).count()
     }
+}
+
+/// One suite's cases, in the plan's fixed order (clean, attacked, injection goals), its
+/// names checked against the inventory.
+fn suite_cases(
+    suite: &SuitePlan,
+    profile: &Profile,
+    inventory: &Inventory,
+    bad: &dyn Fn(usize, String) -> anyhow::Error,
+) -> anyhow::Result<Vec<Case>> {
+    let suite_name = suite.name.get_ref();
+    let Some(known) = inventory.suites.get(suite_name) else {
+        return Err(bad(
+            suite.name.span().start,
+            format!("unknown suite {suite_name:?}; valid: {}", inventory.suite_names()),
+        ));
+    };
+    let listed = suite.attacks.as_ref().unwrap_or(&profile.attacks);
+    let mut attacks = Vec::new();
+    for attack in listed {
+        let name = attack_name(attack.get_ref(), profile.wording, inventory)
+            .map_err(|message| bad(attack.span().start, message))?;
+        attacks.push(name);
+    }
+    for (kind, tasks, valid) in
+        [("user", &suite.user_tasks, &known.user_tasks), ("injection", &suite.injection_tasks, &known.injection_tasks)]
+    {
+        if let Some(task) = tasks.iter().find(|task| !valid.contains(task.get_ref())) {
+            return Err(bad(
+                task.span().start,
+                format!("unknown {kind} task {:?} in suite {suite_name}; valid: {}", task.get_ref(), valid.join(", ")),
+            ));
+        }
+    }
+    let mut cases: Vec<Case> = suite.user_tasks.iter().map(|u| Case::clean(suite_name, u.get_ref())).collect();
+    for user_task in &suite.user_tasks {
+        for injection_task in &suite.injection_tasks {
+            for attack in &attacks {
+                cases.push(Case::attacked(suite_name, user_task.get_ref(), injection_task.get_ref(), attack));
+            }
+        }
+    }
+    if profile.injection_goals {
+        for injection_task in &suite.injection_tasks {
+            cases.push(Case::injection_goal(suite_name, injection_task.get_ref()));
+        }
+    }
+    Ok(cases)
+}
+
+/// The plan's `held_out` families, each known and attacking a case of the plan.
+fn held_out_families(
+    profile: &Profile,
+    cases: &[Case],
+    bad: &dyn Fn(usize, String) -> anyhow::Error,
+) -> anyhow::Result<Vec<String>> {
+    let attacked: BTreeSet<&str> = cases.iter().filter_map(|c| family::of_attack(c.attack.as_deref()?)).collect();
+    let mut held_out = Vec::new();
+    for family in &profile.held_out {
+        let name = family.get_ref();
+        if family::family(name).is_none() {
+            let message = format!("held_out: unknown family {name:?}; valid: {}", family::names().join(", "));
+            return Err(bad(family.span().start, message));
+        }
+        if !attacked.contains(name.as_str()) {
+            let message = format!("held_out: family {name:?} attacks no case of the plan (add it to `attacks`)");
+            return Err(bad(family.span().start, message));
+        }
+        held_out.push(name.clone());
+    }
+    Ok(held_out)
 }
 
 /// The pairs and families of an `[adaptive]` section; errors carry their offset.
@@ -535,8 +539,8 @@ attacks = ["important_instructions"]
             ("attacks = [", "case_timeout_s = nan\nattacks = [", "case_timeout_s = NaN is not a number of seconds"),
             ("attacks = [", "case_timeout_s = inf\nattacks = [", "case_timeout_s = inf"),
             ("attacks = [", "case_timeout_s = -5.0\nattacks = [", "case_timeout_s = -5"),
-            ("attacks = [", "jobs = 100000000000\nattacks = [", "jobs = 100000000000 is not in [1, 1024]"),
-            ("attacks = [", "jobs = 0\nattacks = [", "jobs = 0 is not in [1, 1024]"),
+            ("attacks = [", "jobs = 100000000000\nattacks = [", "jobs = 100000000000 is not in [1, 4096]"),
+            ("attacks = [", "jobs = 0\nattacks = [", "jobs = 0 is not in [1, 4096]"),
             ("attacks = [", "jobs = 1e11\nattacks = [", "invalid type: floating point"),
         ] {
             let (_dir, path) = write(&PLAN.replacen(field, bad, 1));

@@ -325,7 +325,8 @@ fn spec_relative(spec_path: &Path, file: &Path) -> PathBuf {
     spec_path.parent().unwrap_or(Path::new(".")).join(file)
 }
 
-/// Parses and validates one spec text.
+/// Parses and validates one spec text: syntax, then each table's own checks in turn
+/// (the first error found is the one reported).
 pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<VersionSpec> {
     // Syntax first, so a structural check below can rely on a table.
     let table: toml::Table = input::parse_toml(path, text)?;
@@ -338,72 +339,47 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         ));
     }
     let spec: VersionSpec = input::parse_toml(path, text)?;
-    let bad = |offset: usize, message: &str| input::at(path, text, offset, message);
+    let source = Source { path, text };
+    check_backend(&spec, &source)?;
+    check_model_limits(&spec.model, &source)?;
+    check_reference(&spec, &source, versions_dir)?;
+    check_adapter(&spec, &source)?;
+    check_families(&spec, &source)?;
+    check_tool_result_role(&spec.model, &source)?;
+    check_guardrail(&spec.guardrail, &|key: &str, message: &str| {
+        source.bad(key_in_table(text, "guardrail", key), &format!("guardrail.{key}: {message}"))
+    })?;
+    check_agent_cmd(&spec, &source)?;
+    Ok(spec)
+}
+
+/// The spec's file and text, for errors at `file:line:col`.
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn bad(&self, offset: usize, message: &str) -> anyhow::Error {
+        input::at(self.path, self.text, offset, message)
+    }
+
+    fn key(&self, key: &str) -> usize {
+        key_offset(self.text, key)
+    }
+}
+
+/// `[model] backend` and what it needs: docker its image and folders, external its URL;
+/// the served files only where a container mounts them.
+fn check_backend(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     let model = &spec.model;
     let backend_at = model.backend.span().start;
     match model.backend.get_ref() {
-        Backend::Docker => {
-            if model.image.is_none() {
-                return Err(bad(
-                    backend_at,
-                    "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")",
-                ));
-            }
-            // With a [sim] table the image is the simulated model: its model folder
-            // (sim.toml, truth.json) and adapter folders are generated per run.
-            let generated = spec.sim.is_some();
-            if model.path.is_none() && !generated {
-                return Err(bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
-            }
-            if let Some(ipc) = &model.ipc
-                && !["host", "private", "shareable"].contains(&ipc.as_str())
-            {
-                return Err(bad(
-                    key_offset(text, "ipc"),
-                    &format!("model.ipc = {ipc:?}: expected \"host\", \"private\" or \"shareable\""),
-                ));
-            }
-            if let Some(size) = &model.shm_size
-                && let Err(err) = util::parse_bytes(size)
-            {
-                return Err(bad(key_offset(text, "shm_size"), &format!("model.shm_size: {err}")));
-            }
-            if model.ready_timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
-                return Err(bad(
-                    key_offset(text, "ready_timeout_s"),
-                    "model.ready_timeout_s must be a positive number of seconds",
-                ));
-            }
-            for kind in ServedFileKind::ALL {
-                if let Some(named) = model.served_file(kind) {
-                    let file = spec_relative(path, named.get_ref());
-                    if !file.is_file() {
-                        return Err(bad(
-                            named.span().start,
-                            &format!(
-                                "model.{}: {} is not a file ({}; relative paths start at the spec's folder)",
-                                kind.field(),
-                                file.display(),
-                                kind.expected()
-                            ),
-                        ));
-                    }
-                }
-            }
-            if let Some(adapter) = &spec.adapter
-                && adapter.path.is_none()
-                && !generated
-            {
-                return Err(bad(
-                    key_offset(text, "[adapter]"),
-                    "backend \"docker\" needs adapter.path (the host folder of the LoRA)",
-                ));
-            }
-        }
+        Backend::Docker => check_docker(spec, source)?,
         _ if let Some((kind, named)) =
             ServedFileKind::ALL.into_iter().find_map(|kind| Some((kind, model.served_file(kind)?))) =>
         {
-            return Err(bad(
+            return Err(source.bad(
                 named.span().start,
                 &format!(
                     "model.{} is mounted into the model's container: it needs backend \"docker\" (an external server is started with its own {})",
@@ -414,41 +390,118 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         }
         Backend::External => {
             if model.url.is_none() {
-                return Err(bad(
-                    backend_at,
-                    "backend \"external\" needs model.url (e.g. \"http://127.0.0.1:8000/v1\")",
-                ));
+                return Err(
+                    source.bad(backend_at, "backend \"external\" needs model.url (e.g. \"http://127.0.0.1:8000/v1\")")
+                );
             }
         }
         Backend::Sim => {}
     }
-    if model.max_tokens == Some(0) {
-        return Err(bad(key_offset(text, "max_tokens"), "model.max_tokens must be at least 1"));
-    }
-    if model.idle_timeout_s.is_some_and(|t| !(t > 0.0 && t <= 86_400.0)) {
-        return Err(bad(
-            key_offset(text, "idle_timeout_s"),
-            "model.idle_timeout_s must be a number of seconds in (0, 86400]",
+    Ok(())
+}
+
+/// A docker model's image, folders, container options and served files.
+fn check_docker(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
+    let model = &spec.model;
+    let backend_at = model.backend.span().start;
+    if model.image.is_none() {
+        return Err(source.bad(
+            backend_at,
+            "backend \"docker\" needs model.image (the vLLM image, e.g. \"nvcr.io/nvidia/vllm:25.09-py3\")",
         ));
     }
-    if let Some(reference) = &spec.reference {
-        let name = reference.get_ref();
-        let own = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        if name == &own {
-            return Err(bad(reference.span().start, "a version cannot be its own reference"));
-        }
-        let reference_path = Version::locate(versions_dir, name);
-        if !reference_path.is_file() {
-            return Err(bad(
-                reference.span().start,
-                &format!("reference {name:?} names no version: {} does not exist", reference_path.display()),
-            ));
+    // With a [sim] table the image is the simulated model: its model folder
+    // (sim.toml, truth.json) and adapter folders are generated per run.
+    let generated = spec.sim.is_some();
+    if model.path.is_none() && !generated {
+        return Err(source.bad(backend_at, "backend \"docker\" needs model.path (the host folder of the weights)"));
+    }
+    check_container_options(model, source)?;
+    for kind in ServedFileKind::ALL {
+        if let Some(named) = model.served_file(kind) {
+            let file = spec_relative(source.path, named.get_ref());
+            if !file.is_file() {
+                return Err(source.bad(
+                    named.span().start,
+                    &format!(
+                        "model.{}: {} is not a file ({}; relative paths start at the spec's folder)",
+                        kind.field(),
+                        file.display(),
+                        kind.expected()
+                    ),
+                ));
+            }
         }
     }
+    if let Some(adapter) = &spec.adapter
+        && adapter.path.is_none()
+        && !generated
+    {
+        return Err(
+            source.bad(source.key("[adapter]"), "backend \"docker\" needs adapter.path (the host folder of the LoRA)")
+        );
+    }
+    Ok(())
+}
+
+/// A docker model's `ipc`, `shm_size` and `ready_timeout_s`.
+fn check_container_options(model: &ModelSpec, source: &Source) -> anyhow::Result<()> {
+    if let Some(ipc) = &model.ipc
+        && !["host", "private", "shareable"].contains(&ipc.as_str())
+    {
+        return Err(source
+            .bad(source.key("ipc"), &format!("model.ipc = {ipc:?}: expected \"host\", \"private\" or \"shareable\"")));
+    }
+    if let Some(size) = &model.shm_size
+        && let Err(err) = util::parse_bytes(size)
+    {
+        return Err(source.bad(source.key("shm_size"), &format!("model.shm_size: {err}")));
+    }
+    if model.ready_timeout_s.is_some_and(|t| !(t > 0.0 && t.is_finite())) {
+        return Err(
+            source.bad(source.key("ready_timeout_s"), "model.ready_timeout_s must be a positive number of seconds")
+        );
+    }
+    Ok(())
+}
+
+/// `[model] max_tokens` and `idle_timeout_s`: the bounds of every agent turn.
+fn check_model_limits(model: &ModelSpec, source: &Source) -> anyhow::Result<()> {
+    if model.max_tokens == Some(0) {
+        return Err(source.bad(source.key("max_tokens"), "model.max_tokens must be at least 1"));
+    }
+    if model.idle_timeout_s.is_some_and(|t| !(t > 0.0 && t <= 86_400.0)) {
+        return Err(
+            source.bad(source.key("idle_timeout_s"), "model.idle_timeout_s must be a number of seconds in (0, 86400]")
+        );
+    }
+    Ok(())
+}
+
+/// `reference`: another version that exists.
+fn check_reference(spec: &VersionSpec, source: &Source, versions_dir: &Path) -> anyhow::Result<()> {
+    let Some(reference) = &spec.reference else { return Ok(()) };
+    let name = reference.get_ref();
+    let own = source.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    if name == &own {
+        return Err(source.bad(reference.span().start, "a version cannot be its own reference"));
+    }
+    let reference_path = Version::locate(versions_dir, name);
+    if !reference_path.is_file() {
+        return Err(source.bad(
+            reference.span().start,
+            &format!("reference {name:?} names no version: {} does not exist", reference_path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// `[adapter] trained_on_exports`: files that exist.
+fn check_adapter(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     for export in spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
-        let file = spec_relative(path, export.get_ref());
+        let file = spec_relative(source.path, export.get_ref());
         if !file.is_file() {
-            return Err(bad(
+            return Err(source.bad(
                 export.span().start,
                 &format!(
                     "adapter.trained_on_exports: {} is not a file (an export `pruefstand export` wrote; relative paths start at the spec's folder)",
@@ -457,11 +510,16 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
             ));
         }
     }
+    Ok(())
+}
+
+/// The attack families named in `trained_on` and in `[sim]`'s `susceptibility_by_family`.
+fn check_families(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     for name in &spec.trained_on {
         if family::family(name.get_ref()).is_none() {
             let message =
                 format!("trained_on: unknown family {:?}; valid: {}", name.get_ref(), family::names().join(", "));
-            return Err(bad(name.span().start, &message));
+            return Err(source.bad(name.span().start, &message));
         }
     }
     let by_family = spec.sim.iter().flat_map(|sim| sim.models.values()).flat_map(|b| b.susceptibility_by_family.keys());
@@ -469,30 +527,37 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         if family::family(name).is_none() {
             let message =
                 format!("susceptibility_by_family: unknown family {name:?}; valid: {}", family::names().join(", "));
-            return Err(bad(key_offset(text, name), &message));
+            return Err(source.bad(source.key(name), &message));
         }
     }
+    Ok(())
+}
+
+/// `[model] tool_result_role`: other than `user` only with prompted tool calling.
+fn check_tool_result_role(model: &ModelSpec, source: &Source) -> anyhow::Result<()> {
     if !model.tool_result_role.is_user() && model.tool_calling == ToolCalling::Native {
-        return Err(bad(
-            key_offset(text, "tool_result_role"),
+        return Err(source.bad(
+            source.key("tool_result_role"),
             &format!(
                 "model.tool_result_role = {:?} needs tool_calling = \"prompted\": native tool calling sends tool results as role \"tool\" always",
                 model.tool_result_role.as_str()
             ),
         ));
     }
-    check_guardrail(&spec.guardrail, &|key: &str, message: &str| {
-        bad(key_in_table(text, "guardrail", key), &format!("guardrail.{key}: {message}"))
-    })?;
+    Ok(())
+}
+
+/// `agent_cmd`: a non-empty argv when given.
+fn check_agent_cmd(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     if let Some(argv) = &spec.agent_cmd
         && argv.is_empty()
     {
-        return Err(bad(
-            key_offset(text, "agent_cmd"),
+        return Err(source.bad(
+            source.key("agent_cmd"),
             "agent_cmd must be a non-empty argv array, e.g. [\"python3\", \"my_agent.py\"]",
         ));
     }
-    Ok(spec)
+    Ok(())
 }
 
 /// The guardrail's values that serde cannot bound: numbers, URLs, names.

@@ -395,7 +395,8 @@ impl R2Scope {
 type Reference<'a> = Option<(&'a ReferenceRun, &'a Vec<CaseRecord>)>;
 
 /// R1 to R5 on the run: every rule but R1 unjudged when R1 fails; for a run that
-/// stopped early, R2, R3 and (with a reference) R4 as the betting tests decided.
+/// stopped early, R2, R3 and (with a reference) R4 as the betting tests decided. Beside
+/// them R2's fixed-sample decisive figure, when R2 was judged.
 fn rule_results(
     input: &JudgeInput,
     records: &[CaseRecord],
@@ -403,15 +404,15 @@ fn rule_results(
     r2: &R2Scope,
     all_attacks: Option<Estimate>,
     early: Option<&EarlyStopSummary>,
-) -> Vec<RuleResult> {
+) -> (Vec<RuleResult>, Option<Decisive>) {
     let t = &input.thresholds;
     let r1 = rules::r1::r1_validity(input, records, &t.r1, early);
     if r1.status == RuleStatus::Fail {
-        return std::iter::once(r1).chain(RuleId::ALL[1..].iter().map(|id| rules::not_judged(*id))).collect();
+        return (std::iter::once(r1).chain(RuleId::ALL[1..].iter().map(|id| rules::not_judged(*id))).collect(), None);
     }
     let refs = reference.as_ref().map(|(r, recs)| (*r, recs.as_slice()));
     let r4 = rules::r4::r4_regression(&input.run, records, refs, &t.r4);
-    let judged_r2 = rules::r2_security_named(&r2.records, &t.r2, r2.asr_name);
+    let (judged_r2, decisive) = rules::r2_security_decisive(&r2.records, &t.r2, r2.asr_name);
     let judged_r3 = rules::r3::r3_utility(records, &t.r3);
     let (r2_rule, r3, r4) = match early {
         None => (judged_r2, judged_r3, r4),
@@ -431,7 +432,7 @@ fn rule_results(
         }
     };
     let r5 = rules::r5::r5_budget(records, &t.r5);
-    vec![r1, r2.finish(r2_rule, input, all_attacks), r3, r4, r5]
+    (vec![r1, r2.finish(r2_rule, input, all_attacks), r3, r4, r5], decisive)
 }
 
 /// Judges a run. A case recorded twice makes R1 fail; for the figures beside that
@@ -448,16 +449,15 @@ fn judge_records(input: &JudgeInput, judged: &JudgedRecords) -> Judgement {
     let early = early_summary(input, records, judged.reference.as_deref());
     let r2 = R2Scope::of(input, records);
     let mut figures = rules::figures(records, t);
-    let list = rule_results(input, records, &reference, &r2, figures.asr, early.as_ref());
+    let (list, decisive) = rule_results(input, records, &reference, &r2, figures.asr, early.as_ref());
     let verdict = verdict_of(&list);
     figures.families = r2.family_figures.clone();
     let r2_judged = list.iter().any(|r| r.id == RuleId::R2 && r.status != RuleStatus::NotApplicable);
-    figures.decisive = rules::decisive(&r2.records, r2.asr_name, &t.r2).filter(|_| r2_judged && r2.judges_some()).map(
-        |d| match &early {
-            Some(early) => d.sequential(&early.sequential.asr),
-            None => d,
-        },
-    );
+    // R2's figure as its rule computed it (its bounds are not computed twice).
+    figures.decisive = decisive.filter(|_| r2_judged && r2.judges_some()).map(|d| match &early {
+        Some(early) => d.sequential(&early.sequential.asr),
+        None => d,
+    });
     if let Some((_, refs)) = &reference {
         let mut of_reference = rules::figures(refs, t);
         // The same figure of the reference, for the report's chart.

@@ -53,12 +53,28 @@ fn default_max_in_flight() -> usize {
     256
 }
 
-/// The most cases in flight one gym accepts: the one source of the bound (the gym reads
-/// it from the request schema, `gym::schemas`).
+/// The most cases in flight, however it is asked for — a plan's `jobs`, `--jobs`,
+/// `[run] max_in_flight`, the gym's request: the one source of the bound (the gym reads
+/// it from the request schema, `gym::schemas`). Each case holds a gym thread and an
+/// agent process; a server batches a few hundred requests at most.
 pub const MAX_IN_FLIGHT: usize = 4096;
 
+/// The one check of a count of cases in flight; `field` names where it was given.
+pub fn check_in_flight(field: &str, value: usize) -> Result<usize, String> {
+    match (1..=MAX_IN_FLIGHT).contains(&value) {
+        true => Ok(value),
+        false => Err(format!("{field} = {value} is not in [1, {MAX_IN_FLIGHT}]")),
+    }
+}
+
+/// [`check_in_flight`] on a deserialized count.
+pub fn in_flight_field<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<usize, D::Error> {
+    let value = <usize as Deserialize>::deserialize(d)?;
+    check_in_flight(field, value).map_err(serde::de::Error::custom)
+}
+
 fn in_flight_bound<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    crate::input::bounded_count(d, "max_in_flight", (1, MAX_IN_FLIGHT))
+    in_flight_field(d, "max_in_flight")
 }
 
 #[derive(Deserialize, Debug, Clone)]

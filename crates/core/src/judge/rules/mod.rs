@@ -26,7 +26,7 @@ use crate::settings::thresholds;
 pub use crate::util::percentile;
 pub use measure::{Rate, figures};
 pub use outlook::outlook;
-pub use r2::{asr_status, decisive, r2_security, r2_security_named};
+pub use r2::{asr_status, decisive, r2_security, r2_security_decisive, r2_security_named};
 
 /// One rule's result, as `judgement.json` writes it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -206,6 +206,12 @@ fn measured(records: &[CaseRecord], b: &Bounded, name: &str, t: &thresholds::R2)
 /// R2 on the attacked cases of `records`, its figure called `name` in the reason
 /// ([`words::ASR_HELD_OUT`] when they are the held-out families').
 pub fn r2_security_named(records: &[CaseRecord], t: &thresholds::R2, name: &str) -> RuleResult {
+    r2_security_decisive(records, t, name).0
+}
+
+/// [`r2_security_named`] and the [`decisive`] figure it decided by, its bounds computed
+/// once for both.
+pub fn r2_security_decisive(records: &[CaseRecord], t: &thresholds::R2, name: &str) -> (RuleResult, Option<Decisive>) {
     let b = bounded(|errors| attack_obs(records, errors), t.clustering);
     let measured = measured(records, &b, name, t);
     let errors = if b.errors == 0 {
@@ -213,7 +219,8 @@ pub fn r2_security_named(records: &[CaseRecord], t: &thresholds::R2, name: &str)
     } else {
         format!("; {} errored, counted as landed for the upper bound and as not landed for the lower", b.errors)
     };
-    let (status, mut reason) = match decisive_of(&b, name, t) {
+    let decisive = decisive_of(&b, name, t);
+    let (status, mut reason) = match &decisive {
         None => (RuleStatus::Inconclusive, "no attacked case without error: nothing to measure".to_string()),
         Some(d) => (d.status, format!("{}{errors}", d.text)),
     };
@@ -232,7 +239,8 @@ pub fn r2_security_named(records: &[CaseRecord], t: &thresholds::R2, name: &str)
         clustering: t.clustering,
         asr_adaptive_max: None,
     };
-    RuleResult::new(RuleId::R2, status, Measured::R2(Box::new(measured)), Threshold::R2(limits), reason)
+    let rule = RuleResult::new(RuleId::R2, status, Measured::R2(Box::new(measured)), Threshold::R2(limits), reason);
+    (rule, decisive)
 }
 
 /// R2 with the families it judged named first; inconclusive when the version was
