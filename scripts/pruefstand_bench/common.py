@@ -63,9 +63,11 @@ BENCH_PACKAGE = Path(__file__).resolve().parent
 
 
 def newest_source_mtime() -> float:
-    """What the release binary is built from (build.rs embeds scripts/*.py etc.)."""
+    """What the release binary is built from: the binary's and every crate's sources and
+    manifests (crates/gym/build.rs embeds scripts/*.py etc.)."""
     newest = 0.0
-    for base, exts in ((REPO / "src", (".rs",)), (REPO / "scripts", (".py", ".txt", ".md", ".json", ".yaml", ".yml"))):
+    for base, exts in ((REPO / "src", (".rs",)), (REPO / "crates", (".rs", ".toml")),
+                       (REPO / "scripts", (".py", ".txt", ".md", ".json", ".yaml", ".yml"))):
         for p in base.rglob("*"):
             if p.is_file() and p.name.endswith(exts) and "__pycache__" not in p.parts \
                     and BENCH_PACKAGE not in p.parents:
