@@ -14,7 +14,7 @@ use pruefstand_core::benchlock;
 use pruefstand_core::judge::Judgement;
 use pruefstand_core::plan::Filters;
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::rundir::{LockError, RunLock};
 use pruefstand_core::spec::Version;
 use pruefstand_core::util::Failure;
 
@@ -105,7 +105,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         Err(failure) => return Err(failure.into()),
     };
     shutdown?;
-    let report = finished.run_dir.path_of(RunFile::Report);
+    let report = finished.run_dir.report_path();
     // One block per version, the reference first: its role, name, run directory and
     // headline figures.
     let reference = match &finished.reference {

@@ -8,7 +8,8 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use pruefstand_core::rundir::RunFile;
+use pruefstand_core::judge::Judgement;
+use pruefstand_core::rundir::RunDir;
 
 /// The policy of everything that is not one of our HTML pages: nothing runs, nothing
 /// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
@@ -83,7 +84,7 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         }
         // A run folder's report; any other folder (reports/ itself, a version's, a
         // plan's) its listing, so that every folder above a run answers.
-        let report = real.join(RunFile::Report.name());
+        let report = RunDir::new(&real).report_path();
         if let Some(found) = report.canonicalize().ok().filter(|p| p.starts_with(reports)).and_then(|p| read_file(&p)) {
             return found;
         }
@@ -144,9 +145,8 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
 
 /// A run folder's verdict, from its `judgement.json`.
 fn verdict_of(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(RunFile::Judgement.name())).ok()?;
-    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-    value.get("verdict")?.as_str().map(str::to_string)
+    let judgement = RunDir::open(dir).ok()?.read::<Judgement>().ok()??;
+    Some(judgement.verdict.as_str().to_string())
 }
 
 /// A segment that names an entry of its folder: not empty, not `.`/`..` or another

@@ -14,13 +14,14 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::html::esc;
 use super::svg;
 use super::{page, verdict_class};
 use crate::record::{RuleId, Verdict};
-use crate::rundir::RunFile;
+use crate::rundir::{RunDir, RunDocument, RunFile};
 use crate::util::{self, pct};
 
 /// The trend index's file in a reports folder.
@@ -181,14 +182,31 @@ fn rate_of(v: Option<&Value>) -> Option<f64> {
     v.as_f64().or_else(|| ["rate", "value", "mean"].iter().find_map(|k| v.get(k)?.as_f64()))
 }
 
+/// A `judgement.json` of any age, as the index reads it: the judgement's fields have
+/// grown over time, and an older one still has its row (what it lacks stays blank).
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+struct JudgementOfAnyAge(Value);
+
+impl RunDocument for JudgementOfAnyAge {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
+/// A `telemetry.json` of any age: its headline rates, as numbers or as objects.
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+struct TelemetryOfAnyAge(Value);
+
+impl RunDocument for TelemetryOfAnyAge {
+    const FILE: RunFile = RunFile::Telemetry;
+}
+
 fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
-    let text = std::fs::read_to_string(file)?;
-    let j: Value = serde_json::from_str(&text).context("not JSON")?;
+    let run = RunDir::open(file.parent().unwrap_or(reports_dir))?;
+    let JudgementOfAnyAge(j) = run.read()?.context("no judgement")?;
     let s = |k: &str| j.get(k).and_then(Value::as_str).map(str::to_string);
     let run_id = s("run_id").context("no run_id")?;
-    let dir = file.parent().unwrap_or(reports_dir);
-    let telemetry: Option<Value> =
-        std::fs::read_to_string(RunFile::Telemetry.path_in(dir)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let telemetry: Option<Value> = run.read::<TelemetryOfAnyAge>().ok().flatten().map(|t| t.0);
     let figure = |k: &str| {
         let e = j.get("figures")?.get(k)?;
         let rate = e.get("rate")?.as_f64()?;
@@ -196,7 +214,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         Some(Band { rate, lower: bound("lower"), upper: bound("upper") })
     };
     let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k))).map(Band::point);
-    let link = RunFile::Report.path_in(dir).strip_prefix(reports_dir).ok().map(|rel| {
+    let link = run.report_path().strip_prefix(reports_dir).ok().map(|rel| {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
     let rules: &[Value] = j.get("rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
@@ -650,7 +668,7 @@ mod tests {
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
-        std::fs::write(RunFile::Judgement.path_in(&reports.join("x/<b>/r")), "{not json").unwrap();
+        std::fs::write(reports.join("x/<b>/r").join(RunFile::Judgement.name()), "{not json").unwrap();
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();
         assert!(html.contains(r#"class="chart""#) && html.contains("<polyline"));
