@@ -398,4 +398,54 @@ mod tests {
             .count();
         assert_eq!(backups, 1);
     }
+
+    #[test]
+    fn a_tail_reads_whole_lines_from_its_offset_and_starts_over_on_a_shorter_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        assert_eq!(run.read_cases_from(0).unwrap().records.len(), 0, "no file: nothing yet");
+        run.open_cases_for_append().unwrap().append(&record("a", true)).unwrap();
+        let half = serde_json::to_string(&record("b", false)).unwrap();
+        let mut file = OpenOptions::new().append(true).open(run.path_of(RunFile::Cases)).unwrap();
+        file.write_all(&half.as_bytes()[..10]).unwrap();
+        let first = run.read_cases_from(0).unwrap();
+        assert_eq!(first.records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert!(!first.restarted);
+        file.write_all(&half.as_bytes()[10..]).unwrap();
+        file.write_all(b"\n").unwrap();
+        let next = run.read_cases_from(first.next_offset).unwrap();
+        assert_eq!(next.records.iter().map(|r| r.case_id.as_str()).collect::<Vec<_>>(), ["b"], "the half line, whole");
+        assert_eq!(next.next_offset, run.cases_len());
+        assert_eq!(run.count_cases(), 2);
+        assert_eq!(run.case_ids_within(first.next_offset), ["a".to_string()].into());
+        let again = run.read_cases_from(run.cases_len() + 100).unwrap();
+        assert!(again.restarted && again.records.len() == 2, "a shorter file is read anew");
+    }
+
+    #[test]
+    fn retain_rewrites_under_the_runs_lock_and_is_refused_while_another_process_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        let mut writer = run.open_cases_for_append().unwrap();
+        for (id, utility) in [("a", true), ("b", false), ("c", true)] {
+            writer.append(&record(id, utility)).unwrap();
+        }
+        drop(writer);
+        // Free: taken for the rewrite, and released after it.
+        assert_eq!(run.retain_cases(|r| r.case_id != "b").unwrap(), 1);
+        assert_eq!(run.case_ids_within(u64::MAX), ["a".to_string(), "c".to_string()].into());
+        let lock = run.path_of(RunFile::Lock);
+        assert!(super::super::RunLock::try_take(&lock).is_ok(), "released after the rewrite");
+        // Another process's run: refused, the file as it was.
+        let other = super::super::RunLock::try_take_as(&lock, "pid 1 (pruefstand run)").unwrap();
+        let before = std::fs::read(run.path_of(RunFile::Cases)).unwrap();
+        let err = run.retain_cases(|_| false).unwrap_err().to_string();
+        assert!(err.contains("is being written by pid 1 (pruefstand run)"), "{err}");
+        assert_eq!(std::fs::read(run.path_of(RunFile::Cases)).unwrap(), before);
+        drop(other);
+        // This process's own claim: the rewrite goes on under it.
+        let claimed = RunDir::claim(dir.path(), &crate::rundir::tests::identity("v")).unwrap();
+        assert_eq!(claimed.dir.retain_cases(|r| r.case_id == "a").unwrap(), 1);
+        assert_eq!(claimed.dir.count_cases(), 1);
+    }
 }

@@ -123,4 +123,25 @@ mod tests {
         util::write_json_atomic(&run.path_of(RunFile::RunMeta), &value).unwrap();
         assert_eq!(format_of(&run), StoreFormat::BEFORE_VERSIONING, "a run from before versioning is read");
     }
+
+    #[test]
+    fn a_run_in_a_newer_store_format_is_refused_on_open_and_by_every_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
+        assert!(RunDir::open(dir.path()).is_ok(), "a run without run.json yet opens");
+        run.write_run_meta(&RunMeta { run_id: "r".into(), ..RunMeta::default() }).unwrap();
+        assert!(RunDir::open(dir.path()).is_ok());
+        let mut value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.path_of(RunFile::RunMeta)).unwrap()).unwrap();
+        value["store_format"]["major"] = 2.into();
+        util::write_json_atomic(&run.path_of(RunFile::RunMeta), &value).unwrap();
+        let refused = |err: anyhow::Error| {
+            let err = format!("{err:#}");
+            assert!(err.contains("newer than this pruefstand reads"), "{err}");
+        };
+        refused(RunDir::open(dir.path()).unwrap_err());
+        refused(run.read_run_meta().unwrap_err());
+        refused(crate::judge::judge_dir(dir.path(), None, None).err().unwrap());
+        refused(crate::export::Source::read(dir.path()).err().unwrap());
+    }
 }
