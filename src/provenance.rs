@@ -222,5 +222,30 @@ mod tests {
         assert_eq!(files["chat_template"]["sha256"], util::sha256_hex(b"{{ messages }}"), "{files}");
         assert_eq!(files["tool_parser_plugin"]["path"], dir.path().join("parser.py").to_str().unwrap(), "{files}");
         assert!(files["tool_parser_plugin"]["sha256"].is_null(), "{files}");
+
+        // The typed provenance writes the bytes the `json!` value it replaced wrote: the
+        // same keys in the same order, null where a part is absent.
+        let typed = collect(&inputs);
+        let old = json!({
+            "collected_at": typed.collected_at,
+            "pruefstand": typed.pruefstand,
+            "version": typed.version,
+            "model_url": typed.model_url,
+            "plan": typed.plan,
+            "agentdojo_version": typed.agentdojo_version,
+            "image": typed.image,
+            "server_version": typed.server_version,
+            "container": typed.container,
+            "gpu": typed.gpu,
+            "jetson": typed.jetson,
+            "files": typed.files,
+        });
+        let run = RunDir::new(dir.path());
+        run.write(&typed).unwrap();
+        let written = std::fs::read(dir.path().join(pruefstand_core::rundir::RunFile::Provenance.name())).unwrap();
+        let old_path = dir.path().join("old.json");
+        util::write_json_atomic(&old_path, &old).unwrap();
+        assert_eq!(String::from_utf8(written).unwrap(), std::fs::read_to_string(&old_path).unwrap());
+        assert_eq!(run.read::<Provenance>().unwrap().unwrap(), typed, "read back as written");
     }
 }

@@ -444,7 +444,11 @@ mod tests {
         assert_eq!(std::fs::read(run.path_of(RunFile::Cases)).unwrap(), before);
         drop(other);
         // This process's own claim: the rewrite goes on under it.
-        let claimed = RunDir::claim(dir.path(), &crate::rundir::tests::identity("v")).unwrap();
+        let claimed = RunDir::claim(&dir.path().join("claimed"), &crate::rundir::tests::identity("v")).unwrap();
+        let mut writer = claimed.dir.open_cases_for_append().unwrap();
+        writer.append(&record("a", true)).unwrap();
+        writer.append(&record("c", true)).unwrap();
+        drop(writer);
         assert_eq!(claimed.dir.retain_cases(|r| r.case_id == "a").unwrap(), 1);
         assert_eq!(claimed.dir.count_cases(), 1);
     }

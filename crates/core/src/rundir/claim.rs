@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn a_released_lock_names_no_holder_to_the_next_who_finds_it_busy() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("run.lock");
+        let path = dir.path().join(RunFile::Lock.name());
         let run = RunLock::try_take_as(&path, "pid 1 (pruefstand run)").unwrap();
         let Err(LockError::Busy { holder }) = RunLock::try_take_as(&path, "x") else { panic!("taken twice") };
         assert!(holder.starts_with("pid 1 (pruefstand run) since "), "{holder}");
