@@ -8,8 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use pruefstand_core::judge::Judgement;
-use pruefstand_core::rundir::RunDir;
+use pruefstand_core::rundir::{RunDir, RunDocument, RunFile};
 
 /// The policy of everything that is not one of our HTML pages: nothing runs, nothing
 /// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
@@ -143,10 +142,20 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: LISTING_CSP.to_string() }
 }
 
+/// What a listing shows of a `judgement.json`: its verdict as written, whatever the
+/// judgement's age (a listing shows the folder, not a judgement it could not read).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct VerdictOnly {
+    verdict: String,
+}
+
+impl RunDocument for VerdictOnly {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
 /// A run folder's verdict, from its `judgement.json`.
 fn verdict_of(dir: &Path) -> Option<String> {
-    let judgement = RunDir::open(dir).ok()?.read::<Judgement>().ok()??;
-    Some(judgement.verdict.as_str().to_string())
+    Some(RunDir::open(dir).ok()?.read::<VerdictOnly>().ok()??.verdict)
 }
 
 /// A segment that names an entry of its folder: not empty, not `.`/`..` or another

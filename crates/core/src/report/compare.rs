@@ -148,6 +148,19 @@ pub fn compare_is_ours(path: &Path) -> bool {
     }
 }
 
+/// What the page shows of a run's own `judgement.json` (of any age): its verdict and
+/// against which reference it was reached.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredVerdict {
+    verdict: String,
+    #[serde(default)]
+    reference_version: Option<String>,
+}
+
+impl crate::rundir::RunDocument for StoredVerdict {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
 /// One run as the page shows it: judged against the other run, with its stored files.
 struct Run {
     dir: PathBuf,
@@ -159,7 +172,7 @@ struct Run {
     plan: Option<PlanFile>,
     provenance: Option<Provenance>,
     /// `judgement.json` as the run left it: its verdict against its own reference.
-    stored: Option<Judgement>,
+    stored: Option<StoredVerdict>,
     /// The run directory as a link from the page.
     href: Option<String>,
     /// "A: name" / "B: name".
@@ -179,7 +192,7 @@ impl Run {
             version: run.read_version().ok().flatten(),
             plan: run.read_plan().ok().flatten(),
             provenance: run.read::<Provenance>().ok().flatten(),
-            stored: run.read::<Judgement>().ok().flatten(),
+            stored: run.read::<StoredVerdict>().ok().flatten(),
             href: relative_dir(page_dir, dir),
             judgement,
             input,
@@ -330,8 +343,8 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
         format!("{}{dirty}", leaf(p.get("git_revision").unwrap_or(&Value::Null)))
     });
     let verdict = r.stored.as_ref().map(|j| match &j.reference_version {
-        Some(rv) => format!("{} (against {rv})", j.verdict.as_str()),
-        None => format!("{} (no reference)", j.verdict.as_str()),
+        Some(rv) => format!("{} (against {rv})", j.verdict),
+        None => format!("{} (no reference)", j.verdict),
     });
     let head = vec![
         ("version".to_string(), run.version.clone()),
