@@ -32,25 +32,29 @@ macro_rules! run_files {
 }
 
 run_files! {
-    /// Whose run the directory holds ([`Identity`]), its seed and when it was made;
-    /// written once by [`RunDir::claim`], which checks it on every later claim.
+    /// Whose run the directory holds ([`Identity`](super::Identity)), its seed and when it
+    /// was made; written once by [`RunDir::claim`](super::RunDir::claim), which checks it
+    /// on every later claim.
     Identity => "identity.json",
     /// The flock a run holds while it writes here, its holder written inside
-    /// ([`RunDir::claim`]).
+    /// ([`RunDir::claim`](super::RunDir::claim)).
     Lock => "run.lock",
-    /// The cases the directory runs ([`PlanFile`]): written once by `gym` (a clustered
-    /// run's merge writes the job's); read by the judge, the reference search and
-    /// [`RunDir::claim`] of a directory older than `identity.json`.
+    /// The cases the directory runs ([`PlanFile`](super::PlanFile)): written once by `gym`
+    /// (a clustered run's merge writes the job's); read by the judge, the reference search
+    /// and [`RunDir::claim`](super::RunDir::claim) of a directory older than
+    /// `identity.json`.
     Plan => "plan.json",
-    /// The version that ran ([`VersionFile`]): written by `run` (a clustered run's merge
-    /// copies a shard's); read by the reference search.
+    /// The version that ran ([`VersionFile`](super::VersionFile)): written by `run` (a
+    /// clustered run's merge copies a shard's); read by the reference search.
     Version => "version.json",
     /// One case record per finished case, one fsync'd line each: the gym's record sink
-    /// appends ([`CasesWriter`]), [`RunDir::compact_cases`] rewrites it in plan order,
+    /// appends ([`CasesWriter`](super::CasesWriter)),
+    /// [`RunDir::compact_cases`](super::RunDir::compact_cases) rewrites it in plan order,
     /// the judge reads it.
     Cases => "cases.jsonl",
-    /// `cases.jsonl`'s sha256 as the run last wrote it (`sha256sum` format), so the
-    /// judge can tell when the file changed afterwards ([`RunDir::compact_cases`]).
+    /// `cases.jsonl`'s sha256 as the run last wrote it (`sha256sum` format), so the judge
+    /// can tell when the file changed afterwards
+    /// ([`RunDir::compact_cases`](super::RunDir::compact_cases)).
     CasesDigest => "cases.sha256",
     /// What `gym.py run` was asked (`gym::GymRequest`), written by `gym` before each pass.
     GymRequest => "gym-request.json",
@@ -78,18 +82,20 @@ run_files! {
     /// Image digest, exact command, driver, Jetson facts, hashes: written by
     /// `provenance` (merged over the shards by a clustered run's merge).
     Provenance => "provenance.json",
-    /// An early-stopping run's user-task order and whether it stopped ([`EarlyStop`]),
-    /// written by `run` when the order is drawn and after each pass.
+    /// An early-stopping run's user-task order and whether it stopped
+    /// ([`EarlyStop`](crate::record::EarlyStop)), written by `run` when the order is drawn
+    /// and after each pass.
     EarlyStop => "early_stop.json",
     /// The adaptive attacker's own run directory of attempts (`adaptive`).
     AdaptiveRuns => "adaptive",
-    /// The adaptive attacker's search log ([`SearchLog`]): written by `adaptive` after
-    /// each attempt, read by the judge.
+    /// The adaptive attacker's search log ([`SearchLog`](crate::record::SearchLog)):
+    /// written by `adaptive` after each attempt, read by the judge.
     AdaptiveLog => "adaptive.json",
-    /// The run's facts ([`RunMeta`]): written by `run` before it judges, read by the
-    /// judge and the reference search.
+    /// The run's facts ([`RunMeta`](crate::record::RunMeta)): written by `run` before it
+    /// judges, read by the judge and the reference search.
     RunMeta => "run.json",
-    /// The rule thresholds of the run's plan ([`Thresholds`]): written by `run`, read by
+    /// The rule thresholds of the run's plan
+    /// ([`Thresholds`](crate::settings::thresholds::Thresholds)): written by `run`, read by
     /// the judge unless given a profile.
     Thresholds => "thresholds.json",
     /// The judgement (`judge::Judgement`): written by `report`, read by `start --wait`
