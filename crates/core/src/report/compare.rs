@@ -222,7 +222,7 @@ pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
 pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
     let (a, b) = compare_dirs(a, b)?;
     let out = match out {
-        None => b.join(COMPARE_FILE),
+        None => RunDir::new(&b).compare_path(),
         Some(p) if p.is_dir() => p.join(COMPARE_FILE),
         Some(p) => p.to_path_buf(),
     };
