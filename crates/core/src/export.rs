@@ -642,4 +642,19 @@ mod tests {
         let run_json = RunFile::RunMeta.name();
         assert!(err.contains(run_json) && err.contains(&dir.path().display().to_string()), "{err}");
     }
+
+    /// A run directory whose `run.json` names store format 2.0.
+    fn newer_store_format(dir: &std::path::Path) {
+        let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(crate::rundir::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_run_in_a_newer_store_format_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        newer_store_format(tmp.path());
+        let err = format!("{:#}", Source::read(tmp.path()).err().unwrap());
+        assert!(err.contains("format 2.0, newer than this pruefstand reads"), "{err}");
+    }
 }

@@ -110,10 +110,6 @@ impl Provenance {
     }
 }
 
-impl crate::rundir::RunDocument for Provenance {
-    const FILE: crate::rundir::RunFile = crate::rundir::RunFile::Provenance;
-}
-
 /// The run store's format, named by `run.json`'s first field (docs/reports.md): a new
 /// `major` is a change an older reader would misread, and such a reader refuses the run;
 /// a new `minor` adds what an older reader may ignore.

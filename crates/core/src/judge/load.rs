@@ -231,4 +231,20 @@ mod tests {
         let why = read_reference(&dir).unwrap().untrusted.unwrap();
         assert!(why.contains("has no cases.sha256"), "{why}");
     }
+
+    /// A run directory whose `run.json` names store format 2.0.
+    fn newer_store_format(dir: &std::path::Path) {
+        let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(crate::rundir::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_candidate_or_reference_in_a_newer_store_format_is_refused_before_its_records_are_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        newer_store_format(tmp.path());
+        for err in [load_input(tmp.path(), None, None).unwrap_err(), read_reference(tmp.path()).unwrap_err()] {
+            assert!(format!("{err:#}").contains("format 2.0, newer than this pruefstand reads"), "{err:#}");
+        }
+    }
 }

@@ -115,6 +115,11 @@ impl VersionFile {
     }
 }
 
+/// `provenance.json`'s type sits below the store, which declares its file.
+impl RunDocument for crate::record::Provenance {
+    const FILE: RunFile = RunFile::Provenance;
+}
+
 /// `environment_check.json`.
 #[derive(Serialize, Deserialize)]
 struct EnvironmentCheckFile {
