@@ -19,7 +19,7 @@ use pruefstand_core::family;
 use pruefstand_core::plan::{Adaptive, Plan};
 use pruefstand_core::pyenv::{Inventory, PyEnv};
 use pruefstand_core::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
-use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::rundir::RunDir;
 
 // The search's steps on its log: the log is plain data (`record`), how it grows is
 // this module's.
@@ -130,7 +130,7 @@ pub async fn search(
 ) -> anyhow::Result<SearchLog> {
     let adaptive = plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
     let mut log = new_log(seed, adaptive);
-    let dir = RunDir::new(run_dir.path_of(RunFile::AdaptiveRuns));
+    let dir = run_dir.adaptive_runs();
     std::fs::create_dir_all(&dir.path)?;
     let mut cases: Vec<Case> = Vec::new();
     for (k, mut settings) in rounds.into_iter().enumerate().take(adaptive.attempts) {

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use pruefstand_core::queue::Job;
 use pruefstand_core::root::{CONFIG_FILE, Root};
-use pruefstand_core::rundir::RunFile;
+use pruefstand_core::rundir::RunDir;
 use pruefstand_core::settings::url::SecretUrl;
 use pruefstand_core::settings::{HookConfig, Kind, Secret};
 use pruefstand_core::util;
@@ -187,8 +187,8 @@ impl Facts {
         asr: Option<f64>,
     ) -> Facts {
         let verdict = job.verdict.map(|v| v.as_str().to_string());
-        let report =
-            [RunFile::Report, RunFile::JudgementMarkdown].into_iter().map(|f| f.path_in(run_dir)).find(|p| p.is_file());
+        let run = RunDir::new(run_dir);
+        let report = [run.report_path(), run.judgement_markdown_path()].into_iter().find(|p| p.is_file());
         // A job failed at its verdict (its file damaged) keeps the verdict it reached.
         let failed = job.state == pruefstand_core::queue::State::Failed;
         Facts {

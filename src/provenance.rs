@@ -12,7 +12,8 @@ use std::process::Command;
 use serde_json::{Value, json};
 
 use crate::container::pool::Container;
-use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::record::Provenance;
+use pruefstand_core::rundir::RunDir;
 use pruefstand_core::spec::{ServedFileKind, Version};
 use pruefstand_core::util;
 
@@ -37,10 +38,10 @@ pub struct Inputs {
 }
 
 pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
-    RunDir::new(run_dir).write_json(RunFile::Provenance, &collect(inputs))
+    RunDir::new(run_dir).write(&collect(inputs))
 }
 
-pub fn collect(i: &Inputs) -> Value {
+pub fn collect(i: &Inputs) -> Provenance {
     let spec = &i.version.spec;
     let container = i.container.as_ref().map(|c| {
         json!({
@@ -79,22 +80,26 @@ pub fn collect(i: &Inputs) -> Value {
             }
         }
     }
-    json!({
-        "collected_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        "pruefstand": ours(),
-        "version": {"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()},
+    Provenance {
+        collected_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        pruefstand: ours(),
+        version: json!({"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()}),
         // The spec hash sees the URL redacted: its sha256 tells two credentials apart
         // without revealing either.
-        "model_url": spec.model.url.as_ref().map(|u| json!({"shown": u, "sha256": u.sha256()})),
-        "plan": {"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version},
-        "agentdojo_version": i.agentdojo_version,
-        "image": i.container.as_ref().map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
-        "server_version": i.container.as_ref().and_then(|c| c.server_version.clone()),
-        "container": container,
-        "gpu": nvml(),
-        "jetson": jetson(),
-        "files": files,
-    })
+        model_url: spec.model.url.as_ref().map(|u| json!({"shown": u, "sha256": u.sha256()})),
+        plan: json!({"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version}),
+        agentdojo_version: i.agentdojo_version.clone(),
+        image: i
+            .container
+            .as_ref()
+            .map(|c| json!({"name": c.image.name, "id": c.image.id, "repo_digests": c.image.repo_digests})),
+        server_version: i.container.as_ref().and_then(|c| c.server_version.clone()),
+        container,
+        gpu: nvml(),
+        jetson: jetson(),
+        files,
+        shards: None,
+    }
 }
 
 /// Our version, and the git revision read at run time from the checkout the binary was
@@ -213,9 +218,34 @@ mod tests {
             model_dir: None,
             adapter_dir: None,
         };
-        let files = &collect(&inputs)["files"];
+        let files = &collect(&inputs).files;
         assert_eq!(files["chat_template"]["sha256"], util::sha256_hex(b"{{ messages }}"), "{files}");
         assert_eq!(files["tool_parser_plugin"]["path"], dir.path().join("parser.py").to_str().unwrap(), "{files}");
         assert!(files["tool_parser_plugin"]["sha256"].is_null(), "{files}");
+
+        // The typed provenance writes the bytes the `json!` value it replaced wrote: the
+        // same keys in the same order, null where a part is absent.
+        let typed = collect(&inputs);
+        let old = json!({
+            "collected_at": typed.collected_at,
+            "pruefstand": typed.pruefstand,
+            "version": typed.version,
+            "model_url": typed.model_url,
+            "plan": typed.plan,
+            "agentdojo_version": typed.agentdojo_version,
+            "image": typed.image,
+            "server_version": typed.server_version,
+            "container": typed.container,
+            "gpu": typed.gpu,
+            "jetson": typed.jetson,
+            "files": typed.files,
+        });
+        let run = RunDir::new(dir.path());
+        run.write(&typed).unwrap();
+        let written = std::fs::read(dir.path().join(pruefstand_core::rundir::RunFile::Provenance.name())).unwrap();
+        let old_path = dir.path().join("old.json");
+        util::write_json_atomic(&old_path, &old).unwrap();
+        assert_eq!(String::from_utf8(written).unwrap(), std::fs::read_to_string(&old_path).unwrap());
+        assert_eq!(run.read::<Provenance>().unwrap().unwrap(), typed, "read back as written");
     }
 }

@@ -120,7 +120,7 @@ fn a_streamed_answer_folds_or_fails_in_words_however_it_arrives() {
 fn agent_config_parser_names_the_file() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     // The file a run writes for the default agent.
-    let path = pruefstand_core::rundir::RunFile::AgentConfig.path_in(dir.path());
+    let path = pruefstand_core::rundir::RunDir::new(dir.path()).agent_config_path();
     let shaped = (json_value(), json_value(), prop::sample::select(HOSTILE_TOML.to_vec())).prop_map(|(a, b, num)| {
         // NaN and infinities are not JSON; their TOML spelling makes the line unparsable.
         format!(r#"{{"model": {a}, "base_url": {b}, "request_timeout_s": {num}, "max_retries": 2}}"#)

@@ -90,6 +90,10 @@ pub struct AgentConfig {
     pub side_effecting_tools: BTreeMap<String, Vec<String>>,
 }
 
+impl pruefstand_core::rundir::RunDocument for AgentConfig {
+    const FILE: pruefstand_core::rundir::RunFile = pruefstand_core::rundir::RunFile::AgentConfig;
+}
+
 fn default_base_url() -> String {
     "http://127.0.0.1:8000/v1".into()
 }

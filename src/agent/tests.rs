@@ -409,8 +409,9 @@ fn the_http_guardrails_url_with_credentials_comes_from_the_environment() {
     cfg.guardrail = GuardrailSpec::Http { url: SecretUrl::own(secret.into()), threshold: 0.5, timeout_s: 5.0 };
     cfg.guardrail_url_env = Some("PRUEFSTAND_TEST_GUARDRAIL_URL_X7".into());
     let dir = tempfile::tempdir().unwrap();
-    let path = pruefstand_core::rundir::RunFile::AgentConfig.path_in(dir.path());
-    util::write_json_atomic(&path, &cfg).unwrap();
+    let run = pruefstand_core::rundir::RunDir::new(dir.path());
+    run.write(&cfg).unwrap();
+    let path = run.agent_config_path();
     let written = std::fs::read_to_string(&path).unwrap();
     assert!(!written.contains("pw") && !written.contains("t0k"), "{written}");
     let err = AgentConfig::load(&path).unwrap_err().to_string();

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::Context;
 use serde_json::Value;
 
 use super::{ArrayState, ExitRecord};
@@ -14,7 +13,8 @@ use crate::run::Served;
 use pruefstand_core::plan::Plan;
 use pruefstand_core::pyenv::Inventory;
 use pruefstand_core::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
-use pruefstand_core::rundir::{PlanFile, RunDir, RunFile, StoredCases};
+use pruefstand_core::record::{Provenance, ShardProvenance};
+use pruefstand_core::rundir::{PlanFile, RunDir, StoredCases};
 use pruefstand_core::util;
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
@@ -27,7 +27,8 @@ pub fn merge(
     exits: &BTreeMap<usize, ExitRecord>,
     failed: Vec<String>,
 ) -> anyhow::Result<Served> {
-    let shard_dirs: Vec<RunDir> = (0..state.shards).map(|i| RunDir::new(super::shard_dir(&run_dir.path, i))).collect();
+    let shard_dirs: Vec<RunDir> =
+        (0..state.shards).map(|i| RunDir::open(run_dir.shard(i).path)).collect::<anyhow::Result<_>>()?;
     let mut stored = StoredCases { records: BTreeMap::new(), damaged: Vec::new() };
     for shard in &shard_dirs {
         let read = shard.read_cases_lenient()?;
@@ -40,23 +41,26 @@ pub fn merge(
     let per_shard = shard_dirs.iter().map(|dir| dir.read_environment_checks().map(Option::unwrap_or_default));
     let checks = merge_checks(per_shard.collect::<anyhow::Result<Vec<_>>>()?);
     run_dir.write_environment_checks(&checks)?;
-    if let Some(version) = shard_dirs.iter().map(|d| d.path_of(RunFile::Version)).find(|p| p.is_file()) {
-        std::fs::copy(&version, run_dir.path_of(RunFile::Version))
-            .with_context(|| format!("copying {}", version.display()))?;
+    for shard in &shard_dirs {
+        if run_dir.copy_version_from(shard)? {
+            break;
+        }
     }
-    let provenances: Vec<(usize, String, Value)> = exits
+    // A shard whose provenance cannot be read counts as one that recorded nothing.
+    let provenances: Vec<(usize, String, Option<Provenance>)> = exits
         .iter()
-        .map(|(i, exit)| (*i, exit.node.clone(), read_json(&shard_dirs[*i].path_of(RunFile::Provenance))))
+        .map(|(i, exit)| (*i, exit.node.clone(), shard_dirs[*i].read::<Provenance>().ok().flatten()))
         .collect();
-    let mut provenance = provenances.first().map(|(_, _, p)| p.clone()).unwrap_or(Value::Null);
-    if let Some(object) = provenance.as_object_mut() {
-        let shards: Vec<Value> = provenances
-            .iter()
-            .map(|(i, node, p)| serde_json::json!({"index": i, "node": node, "provenance": provenance_key(p)}))
-            .collect();
-        object.insert("shards".into(), Value::Array(shards));
+    let key = |p: &Option<Provenance>| provenance_key(p.as_ref().unwrap_or(&Provenance::default()));
+    if let Some(mut provenance) = provenances.first().and_then(|(_, _, p)| p.clone()) {
+        let shards = provenances.iter().map(|(i, node, p)| ShardProvenance {
+            index: *i,
+            node: node.clone(),
+            provenance: key(p).into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        });
+        provenance.shards = Some(shards.collect());
+        run_dir.write(&provenance)?;
     }
-    run_dir.write_json(RunFile::Provenance, &provenance)?;
 
     let nodes = (0..state.shards)
         .map(|i| ShardNode {
@@ -67,7 +71,7 @@ pub fn merge(
         })
         .collect();
     let keyed: Vec<(String, BTreeMap<&'static str, Value>)> =
-        provenances.iter().map(|(i, node, p)| (format!("shard {i} on {node}"), provenance_key(p))).collect();
+        provenances.iter().map(|(i, node, p)| (format!("shard {i} on {node}"), key(p))).collect();
     let digests: Vec<Option<String>> = exits.values().map(|e| e.image_digest.clone()).collect();
     Ok(Served {
         image_digest: digests.first().cloned().flatten(),
@@ -123,14 +127,14 @@ fn merge_servers(exits: &BTreeMap<usize, ExitRecord>) -> Option<ModelServerFacts
 
 /// What must be the same on every node for the shards to be one run: the image, the
 /// driver and CUDA, the GPUs, the model and adapter files.
-pub fn provenance_key(provenance: &Value) -> BTreeMap<&'static str, Value> {
+pub fn provenance_key(provenance: &Provenance) -> BTreeMap<&'static str, Value> {
     BTreeMap::from([
-        ("image", provenance["image"]["id"].clone()),
-        ("driver", provenance["gpu"]["driver_version"].clone()),
-        ("cuda", provenance["gpu"]["cuda_driver_version"].clone()),
-        ("gpus", provenance["gpu"]["gpus"].clone()),
-        ("model files", files_digest(&provenance["files"]["model"])),
-        ("adapter files", files_digest(&provenance["files"]["adapter"])),
+        ("image", provenance.image.as_ref().map_or(Value::Null, |image| image["id"].clone())),
+        ("driver", provenance.driver_version().clone()),
+        ("cuda", provenance.gpu["cuda_driver_version"].clone()),
+        ("gpus", provenance.gpu["gpus"].clone()),
+        ("model files", files_digest(&provenance.files["model"])),
+        ("adapter files", files_digest(&provenance.files["adapter"])),
     ])
 }
 
@@ -172,19 +176,18 @@ fn merge_checks(per_shard: Vec<Vec<EnvCheck>>) -> Vec<EnvCheck> {
     merged.into_values().collect()
 }
 
-fn read_json(path: &std::path::Path) -> Value {
-    std::fs::read_to_string(path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use pruefstand_core::record::EnvStatus;
 
-    fn provenance(image: &str, driver: &str) -> Value {
-        serde_json::json!({"image": {"id": image}, "gpu": {"driver_version": driver, "gpus": ["Thor"]},
+    fn provenance(image: &str, driver: &str) -> Provenance {
+        serde_json::from_value(
+            serde_json::json!({"image": {"id": image}, "gpu": {"driver_version": driver, "gpus": ["Thor"]},
                            "files": {"model": {"files": [{"path": "w.safetensors", "size": 5, "sha256": null,
-                                                          "mtime": "2026-01-01"}]}}})
+                                                          "mtime": "2026-01-01"}]}}}),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -192,7 +195,7 @@ mod tests {
         let a = provenance("sha256:1", "580.1");
         let mut b = a.clone();
         // A copy of the model files elsewhere has another mtime: still the same files.
-        b["files"]["model"]["files"][0]["mtime"] = "2026-02-02".into();
+        b.files["model"]["files"][0]["mtime"] = "2026-02-02".into();
         let keyed = vec![("shard 0 on a".into(), provenance_key(&a)), ("shard 1 on b".into(), provenance_key(&b))];
         assert!(differing(&keyed).is_empty());
     }

@@ -36,7 +36,7 @@ use crate::runtime;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::record::{GpuExclusivity, ModelServerFacts};
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{Claimed, RunDir, RunFile};
+use pruefstand_core::rundir::{Claimed, RunDir, RunDocument, RunFile};
 use pruefstand_core::util;
 use slurm::{ArrayId, Slurm, TaskState};
 
@@ -81,11 +81,11 @@ impl ShardCounts {
 impl ArrayState {
     /// The job's array, when it was submitted.
     pub fn load(run_dir: &Path) -> anyhow::Result<Option<ArrayState>> {
-        RunDir::new(run_dir).read_json(RunFile::Cluster)
+        RunDir::new(run_dir).read()
     }
 
     fn store(&self, run_dir: &Path) -> anyhow::Result<()> {
-        RunDir::new(run_dir).write_json(RunFile::Cluster, self)
+        RunDir::new(run_dir).write(self)
     }
 
     /// Every array id submitted for this job.
@@ -125,17 +125,25 @@ pub struct ExitRecord {
 
 impl ExitRecord {
     pub fn load(shard_dir: &Path) -> Option<ExitRecord> {
-        RunDir::new(shard_dir).read_json(RunFile::ShardExit).ok().flatten()
+        RunDir::new(shard_dir).read().ok().flatten()
     }
 
     pub fn store(&self, shard_dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(shard_dir).with_context(|| format!("creating {}", shard_dir.display()))?;
-        RunDir::new(shard_dir).write_json(RunFile::ShardExit, self)
+        RunDir::new(shard_dir).write(self)
     }
 }
 
+impl RunDocument for ArrayState {
+    const FILE: RunFile = RunFile::Cluster;
+}
+
+impl RunDocument for ExitRecord {
+    const FILE: RunFile = RunFile::ShardExit;
+}
+
 pub fn shard_dir(run_dir: &Path, index: usize) -> PathBuf {
-    RunFile::Shards.path_in(run_dir).join(index.to_string())
+    RunDir::new(run_dir).shard(index).path
 }
 
 /// Where one shard stands at a look.
@@ -290,11 +298,12 @@ impl Follow {
         let shards = shard::usable_shards(cases, config.shards);
         let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
         let root = root.canonicalize().context("resolving the bench root")?;
-        pruefstand_core::queue::private_dir(&RunFile::Shards.path_in(dir))?;
-        let script = RunFile::ShardScript.path_in(dir);
+        let run = RunDir::new(dir);
+        pruefstand_core::queue::private_dir(&run.shards_path())?;
+        let script = run.shard_script_path();
         util::write_atomic(&script, slurm::batch_script(&binary, &root, *job, shards)?.as_bytes())?;
         let indices: Vec<usize> = (0..shards).collect();
-        let output = RunFile::ShardOutput.path_in(dir);
+        let output = run.shard_output_pattern();
         let argv = slurm::sbatch_argv(config, *job, &slurm::array_spec(&indices), &output, &script);
         let array = slurm.submit(&argv)?;
         let now = chrono::Utc::now().to_rfc3339();
@@ -355,12 +364,7 @@ impl Follow {
         let dir = &self.dir;
         let submissions_before = state.submissions.len();
         let (counts, failed) = self.standings(state)?;
-        let recorded: usize = (0..state.shards)
-            .map(|i| {
-                std::fs::read(RunFile::Cases.path_in(&shard_dir(dir, i)))
-                    .map_or(0, |b| pruefstand_core::rundir::lines(&b).count())
-            })
-            .sum();
+        let recorded: usize = (0..state.shards).map(|i| RunDir::new(dir).shard(i).count_cases()).sum();
         if state.counts != counts || state.submissions.len() != submissions_before {
             state.counts = counts;
             state.store(dir)?;
@@ -410,10 +414,10 @@ impl Follow {
                 failed.push(format!("shard {index} failed twice: {why}"));
                 continue;
             }
-            let _ = std::fs::remove_file(RunFile::ShardExit.path_in(&shard_dir(dir, index)));
-            let output = RunFile::ShardOutput.path_in(dir);
-            let argv =
-                slurm::sbatch_argv(config, *job, &index.to_string(), &output, &RunFile::ShardScript.path_in(dir));
+            let run = RunDir::new(dir);
+            let _ = run.shard(index).remove_shard_exit();
+            let (output, script) = (run.shard_output_pattern(), run.shard_script_path());
+            let argv = slurm::sbatch_argv(config, *job, &index.to_string(), &output, &script);
             let array = slurm.submit(&argv)?;
             tracing::warn!("shard {index} died ({why}); requeued once as array {array}, it resumes into its directory");
             let at = chrono::Utc::now().to_rfc3339();

@@ -305,8 +305,13 @@ mod tests {
             ..ClusterConfig::default()
         };
         let run = Path::new("/r");
-        let argv =
-            sbatch_argv(&config, 7, "0-3", &RunFile::ShardOutput.path_in(run), &RunFile::ShardScript.path_in(run));
+        let argv = sbatch_argv(
+            &config,
+            7,
+            "0-3",
+            &run.join(RunFile::ShardOutput.name()),
+            &run.join(RunFile::ShardScript.name()),
+        );
         assert_eq!(
             argv,
             [

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::rundir::{LockError, RunDir};
 use pruefstand_core::{judge, report};
 
 #[derive(clap::Args)]
@@ -28,12 +28,9 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     // half a run (and write beside a run that is not done).
     let mut locks = Vec::new();
     for dir in [&args.run_a, &args.run_b] {
-        let path = RunFile::Lock.path_in(dir);
-        if !path.is_file() {
-            continue;
-        }
-        match RunLock::try_take(&path) {
-            Ok(lock) => locks.push(lock),
+        match RunDir::new(dir).lock_if_written(None) {
+            Ok(None) => {}
+            Ok(Some(lock)) => locks.push(lock),
             Err(LockError::Busy { holder }) => anyhow::bail!(
                 "{} is being written by {}: compare it when that run has ended",
                 dir.display(),

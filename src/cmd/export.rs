@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use pruefstand_core::export::{self, Format};
-use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::rundir::{LockError, RunDir, RunLock};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FormatArg {
@@ -39,10 +39,7 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     // A run still writing its directory holds run.lock: its records are not all there.
     let mut locks = Vec::new();
     for dir in &args.run_dirs {
-        let path = RunFile::Lock.path_in(dir);
-        if path.is_file() {
-            locks.push(take_lock(dir, &path)?);
-        }
+        locks.extend(take_lock(dir)?);
     }
     let format = match args.format {
         FormatArg::Dpo => Format::Dpo,
@@ -76,12 +73,13 @@ const HOLDER: &str = "pruefstand export";
 /// How long an export waits for another export reading the same run.
 const EXPORT_WAIT: Duration = Duration::from_secs(60);
 
-/// The run's lock, taken for reading it; an error naming the run when a run holds it.
-fn take_lock(dir: &Path, path: &Path) -> anyhow::Result<RunLock> {
+/// The run's lock, taken for reading it (None: no run wrote there); an error naming
+/// the run when a run holds it.
+fn take_lock(dir: &Path) -> anyhow::Result<Option<RunLock>> {
     let holder = format!("{HOLDER} (pid {})", std::process::id());
     let started = Instant::now();
     loop {
-        match RunLock::try_take_as(path, &holder) {
+        match RunDir::new(dir).lock_if_written(Some(&holder)) {
             Ok(lock) => return Ok(lock),
             // (A holder not yet written reads "another process": the moment another
             // export took it.)

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::rundir::{LockError, RunDir};
 use pruefstand_core::{judge, report};
 
 #[derive(clap::Args)]
@@ -34,22 +34,20 @@ pub struct Args {
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     // A run still writing its directory (or resuming) holds run.lock: judging it now
     // would read half a run and overwrite what that run writes at its end.
-    let lock_path = RunFile::Lock.path_in(&args.run_dir);
-    let _lock = match lock_path.is_file().then(|| RunLock::try_take(&lock_path)) {
-        None => None,
-        Some(Ok(lock)) => Some(lock),
-        Some(Err(LockError::Busy { holder })) => anyhow::bail!(
+    let _lock = match RunDir::new(&args.run_dir).lock_if_written(None) {
+        Ok(lock) => lock,
+        Err(LockError::Busy { holder }) => anyhow::bail!(
             "{} is being written by {}: judge it when that run has ended",
             args.run_dir.display(),
             holder.trim()
         ),
-        Some(Err(LockError::Failed(err))) => return Err(err),
+        Err(LockError::Failed(err)) => return Err(err),
     };
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
     let judged = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
     report::write(&args.run_dir, &judged, args.reports_dir.as_deref())?;
     let judgement = judged.judgement;
-    let report = RunFile::Report.path_in(&args.run_dir);
+    let report = RunDir::new(&args.run_dir).report_path();
     if args.json {
         let value = serde_json::json!({ "report": report, "judgement": judgement });
         outln!("{}", serde_json::to_string_pretty(&value)?);

@@ -15,7 +15,7 @@ use pruefstand_core::benchlock;
 use pruefstand_core::judge::Judgement;
 use pruefstand_core::record::PrefixCache;
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{LockError, RunFile, RunLock};
+use pruefstand_core::rundir::{LockError, RunLock};
 use pruefstand_core::spec::Version;
 use pruefstand_core::util::Failure;
 
@@ -126,7 +126,7 @@ async fn act(root: Option<PathBuf>, args: Args) -> anyhow::Result<Outcome> {
     Ok(Outcome::Judged(Box::new(Judged {
         reference,
         candidate,
-        report: finished.run_dir.path_of(RunFile::Report),
+        report: finished.run_dir.report_path(),
         judgement: finished.judgement,
         prefix_cache: finished.executed.gym.concurrency.as_ref().and_then(|c| c.prefix_cache),
     })))
@@ -208,7 +208,7 @@ struct VersionBlock {
 impl VersionBlock {
     /// The reference's block, its figures from its stored records.
     fn reference(dir: &Path, made_now: bool) -> anyhow::Result<VersionBlock> {
-        let run_dir = pruefstand_core::rundir::RunDir::new(dir);
+        let run_dir = pruefstand_core::rundir::RunDir::open(dir)?;
         let meta = run_dir.read_run_meta()?;
         let records: Vec<_> = run_dir.read_cases_lenient()?.records.into_values().collect();
         let telemetry =

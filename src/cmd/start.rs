@@ -14,7 +14,7 @@ use crate::hooks;
 use pruefstand_core::judge::Judgement;
 use pruefstand_core::queue::{Job, Queue, State};
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::rundir::RunDir;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -49,8 +49,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     // What `run` prints at its end, from the run's judgement.json.
     let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
-        let run = RunDir::new(dir);
-        Some((run.read_json::<Judgement>(RunFile::Judgement).ok()??, run.path_of(RunFile::Report)))
+        let run = RunDir::open(dir).ok()?;
+        Some((run.read::<Judgement>().ok()??, run.report_path()))
     });
     match (&judgement, &job.verdict) {
         (Some((judgement, report)), _) => {

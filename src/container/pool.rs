@@ -29,9 +29,8 @@ use super::{
     AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name,
     create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove, wait_ready,
 };
-use pruefstand_core::case::CaseRecord;
 use pruefstand_core::record::ModelServerFacts;
-use pruefstand_core::rundir::RunFile;
+use pruefstand_core::rundir::RunDir;
 use pruefstand_core::spec::{Version, redact};
 use pruefstand_core::util;
 
@@ -318,19 +317,12 @@ fn names(served: &[String]) -> Vec<&str> {
 
 /// Appends the container's log since `since` to `<run_dir>/container.log`.
 async fn save_log(docker: &Docker, id: &str, run_dir: &Path, since: i64) {
-    let path = RunFile::ContainerLog.path_in(run_dir);
     let text = match logs(docker, id, since, None).await {
         Ok(text) => text,
         Err(e) => format!("(container log unavailable: {e:#})\n"),
     };
-    use std::io::Write;
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(text.as_bytes()));
-    if let Err(e) = written {
-        tracing::warn!("saving {}: {e}", path.display());
+    if let Err(e) = RunDir::new(run_dir).append_container_log(text.as_bytes()) {
+        tracing::warn!("saving the container's log: {e:#}");
     }
 }
 
@@ -447,7 +439,7 @@ async fn watch_loop(
     interrupt_clients: InterruptClients,
 ) {
     let http = http();
-    let cases = RunFile::Cases.path_in(&run_dir);
+    let cases = RunDir::new(&run_dir);
     let mut failures = 0;
     let mut id = c.id.clone();
     loop {
@@ -455,7 +447,7 @@ async fn watch_loop(
         let silent = util::lock(&watch).silent;
         let reason = match probe(&docker, &http, &id, c.host_port, silent, &mut failures).await {
             Health::Alive => {
-                util::lock(&watch).healthy_len = std::fs::metadata(&cases).map_or(0, |m| m.len());
+                util::lock(&watch).healthy_len = cases.cases_len();
                 continue;
             }
             Health::Unsure => continue,
@@ -529,7 +521,7 @@ async fn probe(
 
 /// Records a death in the facts (the second fails the run) and the cases recorded
 /// before it; returns the deaths so far.
-fn record_death(watch: &Mutex<WatchState>, reason: &str, tail: Vec<String>, cases: &Path) -> u32 {
+fn record_death(watch: &Mutex<WatchState>, reason: &str, tail: Vec<String>, cases: &RunDir) -> u32 {
     let mut s = util::lock(watch);
     s.silent = false;
     s.facts.deaths += 1;
@@ -538,7 +530,7 @@ fn record_death(watch: &Mutex<WatchState>, reason: &str, tail: Vec<String>, case
         chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
     ));
     s.facts.log_tail = tail;
-    s.before_death = recorded_ids(cases, s.healthy_len);
+    s.before_death = cases.case_ids_within(s.healthy_len);
     if s.facts.deaths >= 2 {
         s.facts.failed = true;
     } else {
@@ -647,44 +639,13 @@ impl Container {
     }
 }
 
-/// Case ids in the first `len` bytes of cases.jsonl.
-fn recorded_ids(cases: &Path, len: u64) -> BTreeSet<String> {
-    let bytes = std::fs::read(cases).unwrap_or_default();
-    let prefix = &bytes[..bytes.len().min(len as usize)];
-    String::from_utf8_lossy(prefix)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<CaseRecord>(l).ok())
-        .map(|r| r.case_id)
-        .collect()
-}
-
 /// Removes the error records of cases not recorded before the death (they failed
 /// because the server was gone), and of every case whose agent could not connect at
 /// all (a silent server's cases, recorded while `/health` still answered), so the
-/// resumed gym runs them again.
+/// resumed gym runs them again. Called between the gym's passes (the store's rewrite
+/// under the run's lock, which this process holds: [`RunDir::retain_cases`]).
 fn drop_casualties(run_dir: &Path, before: &BTreeSet<String>) -> anyhow::Result<usize> {
-    let path = RunFile::Cases.path_in(run_dir);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let mut kept = String::with_capacity(text.len());
-    let mut dropped = 0;
-    for line in text.lines() {
-        let casualty = serde_json::from_str::<CaseRecord>(line)
-            .is_ok_and(|r| r.could_not_connect() || (r.is_error() && !before.contains(&r.case_id)));
-        if casualty {
-            dropped += 1;
-        } else {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    if dropped > 0 {
-        util::write_atomic(&path, kept.as_bytes())?;
-    }
-    Ok(dropped)
+    RunDir::new(run_dir).retain_cases(|r| !(r.could_not_connect() || (r.is_error() && !before.contains(&r.case_id))))
 }
 
 #[cfg(test)]
@@ -703,7 +664,8 @@ mod tests {
 
     #[test]
     fn casualties_are_the_errors_after_the_death_and_every_case_that_could_not_connect() {
-        use pruefstand_core::case::Case;
+        use pruefstand_core::case::{Case, CaseRecord};
+        use pruefstand_core::rundir::RunFile;
         let dir = tempfile::tempdir().unwrap();
         let record = |id: &str, error: Option<&str>| {
             let mut r = CaseRecord::of(&Case::clean("banking", id), Some(true), None);
@@ -717,12 +679,12 @@ mod tests {
             record("user_task_3", Some(refused)),
             record("user_task_4", Some("agent error: model server: HTTP 500")),
         ];
-        std::fs::write(RunFile::Cases.path_in(dir.path()), lines.concat()).unwrap();
+        std::fs::write(dir.path().join(RunFile::Cases.name()), lines.concat()).unwrap();
         // Recorded while /health answered: user tasks 1-3; the fourth failed with the death.
         let before: BTreeSet<String> =
             ["user_task_1", "user_task_2", "user_task_3"].iter().map(|t| Case::clean("banking", t).id).collect();
         assert_eq!(drop_casualties(dir.path(), &before).unwrap(), 2);
-        let kept = std::fs::read_to_string(RunFile::Cases.path_in(dir.path())).unwrap();
+        let kept = std::fs::read_to_string(dir.path().join(RunFile::Cases.name())).unwrap();
         assert_eq!(kept, [lines[0].clone(), lines[1].clone()].concat());
     }
 }

@@ -111,12 +111,9 @@ pub async fn execute(
 /// `telemetry.json` and `telemetry.md` over a run's records.
 pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
-    run_dir.write_json(RunFile::Telemetry, &telemetry)?;
+    run_dir.write(&telemetry)?;
     let title = format!("{} — plan {}", pruefstand_core::root::run_id(&run_dir.path), plan.name);
-    util::write_atomic(
-        &run_dir.path_of(RunFile::TelemetryMarkdown),
-        telemetry::markdown(&title, &telemetry).as_bytes(),
-    )?;
+    run_dir.write_telemetry_markdown(&telemetry::markdown(&title, &telemetry))?;
     Ok(telemetry)
 }
 
@@ -148,6 +145,10 @@ pub struct GymRequest {
     /// The wording of every case whose attack is worded from a family grammar, by case
     /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
     pub wording: std::collections::BTreeMap<String, Wording>,
+}
+
+impl pruefstand_core::rundir::RunDocument for GymRequest {
+    const FILE: RunFile = RunFile::GymRequest;
 }
 
 /// The classification endpoint of the gym's prompt-injection detector
@@ -356,12 +357,12 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
         if control.is_stopped() {
             bail!(
                 "stopped on request (the gym was killed; finished cases are kept in {})",
-                run_dir.cases_file().display()
+                run_dir.shown(RunFile::Cases)
             );
         }
     }
     result?;
-    let log_path = run_dir.path_of(RunFile::GymLog);
+    let log_path = run_dir.gym_log_path();
     if !status.success() || !tally.finished {
         bail!("the gym failed ({status}); {}", log_quote(&log_path));
     }
@@ -390,14 +391,14 @@ fn resume(run_dir: &RunDir, mut request: GymRequest) -> anyhow::Result<GymReques
         tracing::info!("{bench_errors} recorded cases ended in a bench error (server, timeout, agent): they run again");
     }
     request.done = done;
-    util::write_json_atomic(&run_dir.path_of(RunFile::GymRequest), &request)?;
+    run_dir.write(&request)?;
     Ok(request)
 }
 
 /// Starts `gym.py run` on the run directory's request, its stderr appended to the gym's
 /// log, its stdin and stdout piped.
 fn spawn(pyenv: &PyEnv, run_dir: &RunDir, own_group: bool) -> anyhow::Result<tokio::process::Child> {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.path_of(RunFile::GymLog))?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(run_dir.gym_log_path())?;
     let mut command = tokio::process::Command::from(pyenv.gym_command());
     if own_group {
         // Its own group: a stop kills workers and agents too, and a terminal's Ctrl-C
@@ -407,7 +408,7 @@ fn spawn(pyenv: &PyEnv, run_dir: &RunDir, own_group: bool) -> anyhow::Result<tok
     command
         .arg("run")
         .arg("--request")
-        .arg(run_dir.path_of(RunFile::GymRequest))
+        .arg(run_dir.gym_request_path())
         .arg("--agent-env-stdin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -549,7 +550,7 @@ fn compact(run_dir: &RunDir, cases: &[Case], drained: bool) -> anyhow::Result<Ve
             "the gym finished but {} of {} planned cases have no record (see {})",
             cases.len() - records.len(),
             cases.len(),
-            run_dir.path_of(RunFile::GymLog).display()
+            run_dir.gym_log_path().display()
         );
     }
     Ok(records)
@@ -626,7 +627,7 @@ mod tests {
     #[test]
     fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let log = pruefstand_core::rundir::RunFile::GymLog.path_in(dir.path());
+        let log = dir.path().join(pruefstand_core::rundir::RunFile::GymLog.name());
         std::fs::write(&log, "").unwrap();
         assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
         std::fs::write(&log, "one\ntwo\n").unwrap();

@@ -13,7 +13,7 @@ use super::{Control, Counts};
 use crate::concurrency::Feed;
 use pruefstand_core::case::CaseRecord;
 use pruefstand_core::console;
-use pruefstand_core::rundir::{CasesWriter, RunDir, RunFile};
+use pruefstand_core::rundir::{CasesWriter, RunDir};
 
 /// Appends every line the gym printed to `events.jsonl`, as printed (lines that are no
 /// event too): the pass's raw account, for reading after the fact.
@@ -21,8 +21,7 @@ pub struct EventsLog(std::fs::File);
 
 impl EventsLog {
     pub fn open(run_dir: &RunDir) -> anyhow::Result<EventsLog> {
-        let path = run_dir.path_of(RunFile::Events);
-        Ok(EventsLog(std::fs::OpenOptions::new().create(true).append(true).open(path)?))
+        Ok(EventsLog(run_dir.open_events_log()?))
     }
 }
 

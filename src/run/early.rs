@@ -78,7 +78,7 @@ pub fn watch(
             drawn.sort();
             planned.sort();
             if drawn != planned {
-                bail!("{}: its order is not this plan's user tasks", run_dir.path_of(RunFile::EarlyStop).display());
+                bail!("{}: its order is not this plan's user tasks", run_dir.shown(RunFile::EarlyStop));
             }
             early
         }

@@ -17,9 +17,9 @@ use crate::gym::{self, Executed, GymSettings};
 use crate::{adaptive, agent, model, provenance, runtime};
 use pruefstand_core::plan::Plan;
 use pruefstand_core::record::{ConcurrencyFacts, ModelServerFacts};
-use pruefstand_core::rundir::{Claimed, RunDir, RunFile, VersionFile};
+use pruefstand_core::rundir::{Claimed, RunDir, VersionFile};
 use pruefstand_core::settings::defence::{GuardrailSpec, PI_DETECTOR};
-use pruefstand_core::{judge, pyenv, root, telemetry, util};
+use pruefstand_core::{judge, pyenv, root, telemetry};
 
 /// Runs the cases here, against a model server this machine starts.
 pub struct LocalGym;
@@ -306,9 +306,9 @@ impl Local<'_> {
                     human: request.defence.human.clone(),
                     ..agent::AgentConfig::default()
                 };
-                let path = run_dir.path_of(RunFile::AgentConfig);
-                let written = path.clone();
-                runtime::blocking(move || util::write_json_atomic(&written, &config)).await?;
+                let path = run_dir.agent_config_path();
+                let written = run_dir.clone();
+                runtime::blocking(move || written.write(&config)).await?;
                 let exe = std::env::current_exe().context("finding the pruefstand binary for the agent")?;
                 vec![exe.display().to_string(), "agent".into(), "--config".into(), path.display().to_string()]
             }
@@ -380,13 +380,11 @@ impl Local<'_> {
 /// The run's records as they stand (a run cut short, or merged from shards): what
 /// `judge` needs to say why.
 pub fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Executed> {
-    if !run_dir.cases_file().exists() {
-        util::write_atomic(&run_dir.cases_file(), b"")?;
-    }
+    run_dir.ensure_cases()?;
     let stored = run_dir.read_cases_lenient()?;
     let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), &records);
-    run_dir.write_json(RunFile::Telemetry, &telemetry)?;
+    run_dir.write(&telemetry)?;
     let gym = gym::GymOutcome { records, skipped: 0, rerun: Vec::new(), concurrency: None, not_started: None };
     Ok(Executed { gym, telemetry })
 }

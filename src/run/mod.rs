@@ -223,7 +223,7 @@ impl RunRequest {
         let Some(dir) = reference::find_reference_run(&root.reports(), version, &self.plan, &self.inventory) else {
             return Ok(Some(Vec::new()));
         };
-        Ok(Some(pruefstand_core::judge::dedup(&RunDir::new(dir).read_cases(Reading::Strict)?.records)))
+        Ok(Some(pruefstand_core::judge::dedup(&RunDir::open(dir)?.read_cases(Reading::Strict)?.records)))
     }
 }
 

@@ -88,8 +88,8 @@ pub(super) fn find_reference_run(
 }
 
 fn complete(run: &Path, plan: &Plan) -> bool {
-    RunDir::new(run.to_path_buf())
-        .read_cases(Reading::Strict)
+    RunDir::open(run)
+        .and_then(|dir| dir.read_cases(Reading::Strict))
         .map(|r| r.records.len() == plan.cases.len())
         .unwrap_or(false)
 }
@@ -102,7 +102,8 @@ fn newest_run(reports: &Path, reference: &Version, plan: &Plan, accept: impl Fn(
         std::fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     runs.sort();
     runs.into_iter().rev().find(|run| {
-        let dir = RunDir::new(run.as_path());
+        // A run in a newer store format than this build reads is no reference here.
+        let Ok(dir) = RunDir::open(run.as_path()) else { return false };
         let (Ok(Some(version)), Ok(Some(claimed))) = (dir.read_version(), dir.read_plan()) else { return false };
         version.hash == reference.hash && claimed.hash == plan.hash && accept(run)
     })

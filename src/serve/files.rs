@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use pruefstand_core::rundir::RunFile;
+use pruefstand_core::rundir::{RunDir, RunDocument, RunFile};
 
 /// The policy of everything that is not one of our HTML pages: nothing runs, nothing
 /// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
@@ -83,7 +83,7 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         }
         // A run folder's report; any other folder (reports/ itself, a version's, a
         // plan's) its listing, so that every folder above a run answers.
-        let report = real.join(RunFile::Report.name());
+        let report = RunDir::new(&real).report_path();
         if let Some(found) = report.canonicalize().ok().filter(|p| p.starts_with(reports)).and_then(|p| read_file(&p)) {
             return found;
         }
@@ -142,11 +142,20 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: LISTING_CSP.to_string() }
 }
 
+/// What a listing shows of a `judgement.json`: its verdict as written, whatever the
+/// judgement's age (a listing shows the folder, not a judgement it could not read).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct VerdictOnly {
+    verdict: String,
+}
+
+impl RunDocument for VerdictOnly {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
 /// A run folder's verdict, from its `judgement.json`.
 fn verdict_of(dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(RunFile::Judgement.name())).ok()?;
-    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-    value.get("verdict")?.as_str().map(str::to_string)
+    Some(RunDir::open(dir).ok()?.read::<VerdictOnly>().ok()??.verdict)
 }
 
 /// A segment that names an entry of its folder: not empty, not `.`/`..` or another

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::daemon::state::{self, Activity, Overview};
 use pruefstand_core::queue::{self, Job, Queue};
-use pruefstand_core::rundir::{RunDir, RunFile};
+use pruefstand_core::rundir::RunDir;
 
 use super::files::url_of;
 
@@ -184,7 +184,7 @@ impl Feed {
         let report = job
             .run_dir
             .as_deref()
-            .map(|dir| RunDir::new(dir).path_of(RunFile::Report))
+            .map(|dir| RunDir::new(dir).report_path())
             .filter(|report| report.is_file())
             .and_then(|report| url_of(&self.reports, &report.canonicalize().ok()?));
         json!({
@@ -226,48 +226,42 @@ struct ErrorTally {
 
 impl ErrorTally {
     fn update(&mut self, run_dir: &Path) {
-        use std::io::{BufRead, Seek};
-        let path = RunDir::new(run_dir).path_of(RunFile::Cases);
-        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        if self.run_dir != run_dir || len < self.offset {
+        if self.run_dir != run_dir {
             *self = ErrorTally { run_dir: run_dir.to_path_buf(), offset: 0, errors: 0 };
         }
-        let Ok(mut file) = std::fs::File::open(&path) else { return };
-        if file.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
-            return;
+        let Ok(tail) = RunDir::open(run_dir).and_then(|run| run.read_cases_from(self.offset)) else { return };
+        if tail.restarted {
+            self.errors = 0;
         }
-        let mut reader = std::io::BufReader::new(file);
-        let mut line = String::new();
-        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-            if !line.ends_with('\n') {
-                break;
-            }
-            self.offset += line.len() as u64;
-            let record: Option<serde_json::Value> = serde_json::from_str(&line).ok();
-            if record.is_some_and(|r| !r["error"].is_null()) {
-                self.errors += 1;
-            }
-            line.clear();
-        }
+        self.offset = tail.next_offset;
+        self.errors += tail.records.iter().filter(|record| record.error.is_some()).count();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pruefstand_core::rundir::RunFile;
 
     #[test]
     fn errors_are_counted_from_whole_lines_and_restart_with_a_new_run() {
         let dir = tempfile::tempdir().unwrap();
-        let cases = RunDir::new(dir.path()).path_of(RunFile::Cases);
-        std::fs::write(&cases, "{\"error\":null}\n{\"error\":\"boom\"}\n{\"error\":\"half").unwrap();
+        let cases = dir.path().join(RunFile::Cases.name());
+        let record = |error: Option<&str>| {
+            let case = pruefstand_core::case::Case::clean("banking", "user_task_0");
+            let mut record = pruefstand_core::case::CaseRecord::of(&case, Some(true), None);
+            record.error = error.map(str::to_string);
+            serde_json::to_string(&record).unwrap() + "\n"
+        };
+        let (ok, boom, half) = (record(None), record(Some("boom")), record(Some("half")));
+        std::fs::write(&cases, format!("{ok}{boom}{}", &half[..half.len() - 5])).unwrap();
         let mut tally = ErrorTally::default();
         tally.update(dir.path());
         assert_eq!(tally.errors, 1);
-        std::fs::write(&cases, "{\"error\":null}\n{\"error\":\"boom\"}\n{\"error\":\"half\"}\n").unwrap();
+        std::fs::write(&cases, format!("{ok}{boom}{half}")).unwrap();
         tally.update(dir.path());
         assert_eq!(tally.errors, 2, "the half line counted once whole");
-        std::fs::write(&cases, "{\"error\":null}\n").unwrap();
+        std::fs::write(&cases, &ok).unwrap();
         tally.update(dir.path());
         assert_eq!(tally.errors, 0, "a shorter file is read anew");
     }

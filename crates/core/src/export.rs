@@ -117,14 +117,10 @@ impl Source {
         if !dir.is_dir() {
             bail!("{}: not a run directory (no such folder)", dir.display());
         }
-        let run_json = RunFile::RunMeta.path_in(dir);
-        let bytes = std::fs::read(&run_json).with_context(|| {
-            format!("{}: not a finished run directory: cannot read {}", dir.display(), run_json.display())
-        })?;
-        rundir::check_store_format(dir, &bytes)?;
-        let meta: RunMeta =
-            serde_json::from_slice(&bytes).with_context(|| format!("{}: not a run's run.json", run_json.display()))?;
-        let run_dir = RunDir::new(dir);
+        let run_dir = RunDir::open(dir)?;
+        let (meta, run_json_sha256) = run_dir
+            .read_run_meta_hashed()
+            .with_context(|| format!("{}: not a finished run directory", dir.display()))?;
         let version = run_dir
             .read_version()
             .with_context(|| format!("{}: its version.json", dir.display()))?
@@ -133,13 +129,13 @@ impl Source {
         let cases =
             run_dir.read_cases(Reading::Strict).with_context(|| format!("{}: its case records", dir.display()))?;
         if let Some((line, why)) = cases.faults.first() {
-            bail!("{}:{line}: {why}", run_dir.cases_file().display());
+            bail!("{}:{line}: {why}", run_dir.shown(RunFile::Cases));
         }
         for record in cases.records {
             records.retain(|r| r.case_id != record.case_id);
             records.push(record);
         }
-        Ok(Source { dir: dir.to_path_buf(), meta, version, run_json_sha256: util::sha256_hex(&bytes), records })
+        Ok(Source { dir: dir.to_path_buf(), meta, version, run_json_sha256, records })
     }
 
     fn reference(&self) -> SourceRef {
@@ -573,12 +569,12 @@ mod tests {
     /// A run directory with one attacked case per family given: (family, landed).
     fn run_dir(dir: &Path, name: &str, held_out: &[&str], cases: &[(&str, bool)]) -> PathBuf {
         let run = dir.join(name);
-        std::fs::create_dir_all(RunFile::Traces.path_in(&run)).unwrap();
+        std::fs::create_dir_all(run.join(RunFile::Traces.name())).unwrap();
         let mut meta = RunMeta { run_id: name.into(), version: name.into(), plan: "p".into(), ..RunMeta::default() };
         meta.attack_families.held_out = held_out.iter().map(|f| f.to_string()).collect();
-        std::fs::write(RunFile::RunMeta.path_in(&run), serde_json::to_vec(&meta).unwrap()).unwrap();
+        std::fs::write(run.join(RunFile::RunMeta.name()), serde_json::to_vec(&meta).unwrap()).unwrap();
         let version = json!({"name": name, "hash": format!("hash-{name}")});
-        std::fs::write(RunFile::Version.path_in(&run), version.to_string()).unwrap();
+        std::fs::write(run.join(RunFile::Version.name()), version.to_string()).unwrap();
         let mut lines = String::new();
         for (i, (family, landed)) in cases.iter().enumerate() {
             let case =
@@ -590,7 +586,7 @@ mod tests {
             record.trace = Some(rel);
             lines += &(serde_json::to_string(&record).unwrap() + "\n");
         }
-        std::fs::write(RunFile::Cases.path_in(&run), lines).unwrap();
+        std::fs::write(run.join(RunFile::Cases.name()), lines).unwrap();
         run
     }
 
@@ -645,5 +641,20 @@ mod tests {
         let err = format!("{:#}", Source::read(dir.path()).err().unwrap());
         let run_json = RunFile::RunMeta.name();
         assert!(err.contains(run_json) && err.contains(&dir.path().display().to_string()), "{err}");
+    }
+
+    /// A run directory whose `run.json` names store format 2.0.
+    fn newer_store_format(dir: &std::path::Path) {
+        let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(crate::rundir::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_run_in_a_newer_store_format_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        newer_store_format(tmp.path());
+        let err = format!("{:#}", Source::read(tmp.path()).err().unwrap());
+        assert!(err.contains("format 2.0, newer than this pruefstand reads"), "{err}");
     }
 }

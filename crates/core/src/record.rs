@@ -61,6 +61,55 @@ pub struct ModelServerFacts {
     pub log_tail: Vec<String>,
 }
 
+/// `provenance.json`: what ran, where and on what (image, exact command, driver, Jetson
+/// facts, the model's files). Its parts whose shape is the source's own (NVML's facts,
+/// Docker's, the files' fingerprints) stay JSON; the fields are in the order they have
+/// always been written, so a file's bytes are those of the `json!` value it was.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct Provenance {
+    pub collected_at: String,
+    /// Our version and git revision.
+    pub pruefstand: serde_json::Value,
+    /// The version's name, spec hash and backend.
+    pub version: serde_json::Value,
+    /// The model URL as shown (redacted) and its sha256.
+    pub model_url: Option<serde_json::Value>,
+    /// The plan's name, hash and benchmark version.
+    pub plan: serde_json::Value,
+    pub agentdojo_version: String,
+    /// The container image's name, id and digests (None: no container).
+    pub image: Option<serde_json::Value>,
+    pub server_version: Option<String>,
+    /// The container's id, command and what it served (None: no container).
+    pub container: Option<serde_json::Value>,
+    /// NVML's facts: `available` and `reason`, or the driver, CUDA and GPUs.
+    pub gpu: serde_json::Value,
+    pub jetson: serde_json::Value,
+    /// The model's and adapter's files and each served file, fingerprinted.
+    pub files: serde_json::Value,
+    /// A clustered run's: each shard's node and the facts that must agree across them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<Vec<ShardProvenance>>,
+}
+
+/// One shard of a clustered run in the merged `provenance.json`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ShardProvenance {
+    pub index: usize,
+    pub node: String,
+    /// The facts that must be the same on every node (image, driver, CUDA, GPUs,
+    /// model and adapter files), by name.
+    pub provenance: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+impl Provenance {
+    /// The GPU driver's version as NVML gave it (null: none seen).
+    pub fn driver_version(&self) -> &serde_json::Value {
+        &self.gpu["driver_version"]
+    }
+}
+
 /// The run store's format, named by `run.json`'s first field (docs/reports.md): a new
 /// `major` is a change an older reader would misread, and such a reader refuses the run;
 /// a new `minor` adds what an older reader may ignore.

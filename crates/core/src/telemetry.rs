@@ -35,6 +35,7 @@ impl Rate {
     }
 }
 
+/// `telemetry.json`: the descriptive figures over a run's records.
 #[derive(Serialize, Debug)]
 pub struct Telemetry {
     pub benchmark_version: String,
@@ -55,6 +56,10 @@ pub struct Telemetry {
     pub counts: Counts,
     pub format_health: FormatHealth,
     pub model_timing: ModelTiming,
+}
+
+impl crate::rundir::RunDocument for Telemetry {
+    const FILE: crate::rundir::RunFile = crate::rundir::RunFile::Telemetry;
 }
 
 /// How fast the model answered, from the agent's streamed calls: time to first token

@@ -15,18 +15,13 @@ use crate::rundir::{CasesFile, Reading, RunDir, RunFile};
 
 /// `cases.jsonl` read strictly ([`RunDir::read_cases`]).
 fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
-    RunDir::new(run_dir).read_cases(Reading::Strict)
+    RunDir::open(run_dir)?.read_cases(Reading::Strict)
 }
 
 /// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
 /// `sha256sum` format); None when the file is missing (a run cut short, an older run).
 pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
-    let path = RunDir::new(run_dir).path_of(RunFile::CasesDigest);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(text.split_whitespace().next().map(str::to_string)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    RunDir::open(run_dir)?.recorded_cases_sha256()
 }
 
 /// Why a run's `cases.jsonl` cannot be taken as the file its run wrote: its sha256
@@ -34,16 +29,16 @@ pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
 /// before it is judged, so only a deleted digest or a run from before digests lacks
 /// it). None: the file is as its run left it. Candidate and reference are checked
 /// alike.
-pub fn untrusted_cases(file: &Path, now: &str, recorded: Option<&str>) -> Option<String> {
+pub fn untrusted_cases(file: &str, now: &str, recorded: Option<&str>) -> Option<String> {
     match recorded {
         None => Some(format!(
             "{} has no {} beside it: whether it changed since its run wrote it cannot be checked",
-            file.display(),
+            file,
             RunFile::CasesDigest.name()
         )),
         Some(recorded) if recorded != now => Some(format!(
             "{} changed since its run wrote it (its sha256 differs from {})",
-            file.display(),
+            file,
             RunFile::CasesDigest.name()
         )),
         Some(_) => None,
@@ -53,7 +48,7 @@ pub fn untrusted_cases(file: &Path, now: &str, recorded: Option<&str>) -> Option
 /// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
 /// has no `plan.json`.
 pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
-    Ok(RunDir::new(run_dir).read_plan()?.map(|plan| (plan.cases, plan.adaptive)))
+    Ok(RunDir::open(run_dir)?.read_plan()?.map(|plan| (plan.cases, plan.adaptive)))
 }
 
 /// Everything `judge` needs from a run directory.
@@ -63,7 +58,7 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
     let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
     let (plan_cases, plan_adaptive) = read_plan_cases(run_dir)?.map_or((None, None), |(c, a)| (Some(c), a));
     // A missing environment check means "not checked" (R1 notes it).
-    let checks = RunDir::new(run_dir).read_environment_checks()?.unwrap_or_default();
+    let checks = RunDir::open(run_dir)?.read_environment_checks()?.unwrap_or_default();
     let thresholds = match profile {
         Some(p) => read_profile_thresholds(p)?,
         None => read_thresholds_json(run_dir)?,
@@ -84,7 +79,7 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
         record_faults: cases.faults,
         plan_cases,
         cases_untrusted: untrusted_cases(
-            &RunFile::Cases.path_in(run_dir),
+            &RunDir::new(run_dir).shown(RunFile::Cases),
             &cases.sha256,
             recorded_cases_sha256.as_deref(),
         ),
@@ -99,7 +94,7 @@ pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Pat
 
 /// `adaptive.json`, when the plan ran the adaptive attacker.
 fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<SearchLog>> {
-    RunDir::new(run_dir).read_search_log()
+    RunDir::open(run_dir)?.read_search_log()
 }
 
 pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
@@ -113,12 +108,12 @@ pub fn read_profile_thresholds(path: &Path) -> anyhow::Result<Thresholds> {
 
 /// `thresholds.json` as `run` writes it (the [`Thresholds`] JSON); missing → defaults.
 pub fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
-    let path = RunFile::Thresholds.path_in(run_dir);
-    let t = RunDir::new(run_dir).read_thresholds()?.unwrap_or_else(|| {
-        tracing::warn!("{} missing: judging with the default thresholds", path.display());
+    let run = RunDir::open(run_dir)?;
+    let t = run.read_thresholds()?.unwrap_or_else(|| {
+        tracing::warn!("{} missing: judging with the default thresholds", run.shown(RunFile::Thresholds));
         Thresholds::default()
     });
-    t.validate().with_context(|| format!("in {}", path.display()))?;
+    t.validate().with_context(|| format!("in {}", run.shown(RunFile::Thresholds)))?;
     Ok(t)
 }
 
@@ -127,7 +122,8 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
     let cases = read_cases(dir)?;
     // Checked like the candidate's own file: a reference edited after its run would
     // decide R4 for whoever edited it.
-    let untrusted = untrusted_cases(&RunFile::Cases.path_in(dir), &cases.sha256, read_recorded_sha256(dir)?.as_deref());
+    let untrusted =
+        untrusted_cases(&RunDir::new(dir).shown(RunFile::Cases), &cases.sha256, read_recorded_sha256(dir)?.as_deref());
     Ok(ReferenceRun {
         run_id: meta.run_id,
         version: meta.version,
@@ -151,8 +147,8 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
-        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap(); // an older run's
-        let path = RunFile::Cases.path_in(&dir);
+        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap(); // an older run's
+        let path = dir.join(RunFile::Cases.name());
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"case_id\": truncated\n");
         std::fs::write(&path, text).unwrap();
@@ -175,8 +171,8 @@ mod tests {
         let dir = tmp.path().join("run");
         let input = crate::judge::tests::schnell(0);
         write_run_dir(&dir, &input, None);
-        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap(); // an older run's
-        let path = RunFile::Cases.path_in(&dir);
+        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap(); // an older run's
+        let path = dir.join(RunFile::Cases.name());
         // A blank line first (line numbers count it), and one security that is not a bool.
         let text = std::fs::read_to_string(&path).unwrap();
         let edited = String::from("\n") + &text.replacen("\"security\":false", "\"security\":\"no\"", 1);
@@ -198,11 +194,11 @@ mod tests {
 
         // cases.sha256 as the run writes it, and plan.json's cases.
         let digest = format!("{}  {}\n", crate::util::sha256_hex(b"other"), RunFile::Cases.name());
-        std::fs::write(RunFile::CasesDigest.path_in(&dir), digest).unwrap();
+        std::fs::write(dir.join(RunFile::CasesDigest.name()), digest).unwrap();
         let cases: Vec<Case> =
             input.records.iter().map(|r| super::super::checks::case_from_id(&r.case_id).unwrap()).collect();
         let plan = serde_json::json!({"hash": "abc", "cases": cases});
-        std::fs::write(RunFile::Plan.path_in(&dir), plan.to_string()).unwrap();
+        std::fs::write(dir.join(RunFile::Plan.name()), plan.to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(crate::util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
@@ -215,7 +211,7 @@ mod tests {
         let dir = tmp.path().join("run");
         write_run_dir(&dir, &crate::judge::tests::schnell(0), None);
         assert_eq!(load_input(&dir, None, None).unwrap().cases_untrusted, None, "as its run left it");
-        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap();
+        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap();
         let why = load_input(&dir, None, None).unwrap().cases_untrusted.unwrap();
         assert!(why.contains("has no cases.sha256") && why.contains("cannot be checked"), "{why}");
     }
@@ -226,13 +222,29 @@ mod tests {
         let dir = tmp.path().join("ref");
         write_run_dir(&dir, &crate::judge::tests::schnell(0), None);
         assert_eq!(read_reference(&dir).unwrap().untrusted, None, "as its run left it");
-        let path = RunFile::Cases.path_in(&dir);
+        let path = dir.join(RunFile::Cases.name());
         let text = std::fs::read_to_string(&path).unwrap().replace("\"security\":false", "\"security\":true");
         std::fs::write(&path, text).unwrap();
         let why = read_reference(&dir).unwrap().untrusted.unwrap();
         assert!(why.contains("cases.jsonl changed since its run wrote it"), "{why}");
-        std::fs::remove_file(RunFile::CasesDigest.path_in(&dir)).unwrap();
+        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap();
         let why = read_reference(&dir).unwrap().untrusted.unwrap();
         assert!(why.contains("has no cases.sha256"), "{why}");
+    }
+
+    /// A run directory whose `run.json` names store format 2.0.
+    fn newer_store_format(dir: &std::path::Path) {
+        let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(crate::rundir::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+    }
+
+    #[test]
+    fn a_candidate_or_reference_in_a_newer_store_format_is_refused_before_its_records_are_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        newer_store_format(tmp.path());
+        for err in [load_input(tmp.path(), None, None).unwrap_err(), read_reference(tmp.path()).unwrap_err()] {
+            assert!(format!("{err:#}").contains("format 2.0, newer than this pruefstand reads"), "{err:#}");
+        }
     }
 }

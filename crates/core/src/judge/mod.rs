@@ -231,6 +231,10 @@ pub struct Judgement {
     pub early_stop: Option<EarlyStopSummary>,
 }
 
+impl crate::rundir::RunDocument for Judgement {
+    const FILE: crate::rundir::RunFile = crate::rundir::RunFile::Judgement;
+}
+
 /// A run that stopped once its verdict was decided (docs/statistics.md, "Stopping
 /// early").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

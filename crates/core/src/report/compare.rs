@@ -23,6 +23,7 @@ use super::svg::{self, IntervalRow};
 use crate::case::{CaseKind, CaseRecord};
 use crate::judge::rules::r4::Comparison;
 use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId};
+use crate::record::Provenance;
 use crate::rundir::{PlanFile, RunDir, RunFile, VersionFile};
 use crate::util::{self, pct};
 
@@ -147,6 +148,19 @@ pub fn compare_is_ours(path: &Path) -> bool {
     }
 }
 
+/// What the page shows of a run's own `judgement.json` (of any age): its verdict and
+/// against which reference it was reached.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredVerdict {
+    verdict: String,
+    #[serde(default)]
+    reference_version: Option<String>,
+}
+
+impl crate::rundir::RunDocument for StoredVerdict {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
 /// One run as the page shows it: judged against the other run, with its stored files.
 struct Run {
     dir: PathBuf,
@@ -156,9 +170,9 @@ struct Run {
     records: JudgedRecords,
     version: Option<VersionFile>,
     plan: Option<PlanFile>,
-    provenance: Option<Value>,
+    provenance: Option<Provenance>,
     /// `judgement.json` as the run left it: its verdict against its own reference.
-    stored: Option<Value>,
+    stored: Option<StoredVerdict>,
     /// The run directory as a link from the page.
     href: Option<String>,
     /// "A: name" / "B: name".
@@ -170,15 +184,15 @@ impl Run {
     fn load(dir: &Path, judged: Judged, page_dir: &Path, letter: &str) -> Run {
         let Judged { judgement, input, records } = judged;
         let run = RunDir::new(dir);
-        // Descriptive files: one that cannot be read leaves its rows empty.
-        let lenient = |file: RunFile| run.read_json::<Value>(file).ok().flatten();
+        // Descriptive files: one that cannot be read leaves its rows empty. (Both runs
+        // were opened, their store format checked, when they were judged.)
         Run {
             dir: dir.to_path_buf(),
             label: format!("{letter}: {}", input.run.version),
             version: run.read_version().ok().flatten(),
             plan: run.read_plan().ok().flatten(),
-            provenance: lenient(RunFile::Provenance),
-            stored: lenient(RunFile::Judgement),
+            provenance: run.read::<Provenance>().ok().flatten(),
+            stored: run.read::<StoredVerdict>().ok().flatten(),
             href: relative_dir(page_dir, dir),
             judgement,
             input,
@@ -208,7 +222,7 @@ pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
 pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
     let (a, b) = compare_dirs(a, b)?;
     let out = match out {
-        None => b.join(COMPARE_FILE),
+        None => RunDir::new(&b).compare_path(),
         Some(p) if p.is_dir() => p.join(COMPARE_FILE),
         Some(p) => p.to_path_buf(),
     };
@@ -324,14 +338,13 @@ type Rows = Vec<(String, String)>;
 fn spec_rows(r: &Run) -> (Rows, Rows) {
     let run = &r.input.run;
     let opt = |v: Option<&str>| v.filter(|s| !s.is_empty()).unwrap_or("–").to_string();
-    let stored = |k: &str| r.stored.as_ref().and_then(|j| j.get(k)).and_then(Value::as_str);
-    let revision = r.provenance.as_ref().and_then(|p| p.get("pruefstand")).map(|p| {
+    let revision = r.provenance.as_ref().map(|p| &p.pruefstand).filter(|p| !p.is_null()).map(|p| {
         let dirty = if p.get("git_dirty").and_then(Value::as_bool) == Some(true) { " (dirty)" } else { "" };
         format!("{}{dirty}", leaf(p.get("git_revision").unwrap_or(&Value::Null)))
     });
-    let verdict = stored("verdict").map(|v| match stored("reference_version") {
-        Some(rv) => format!("{v} (against {rv})"),
-        None => format!("{v} (no reference)"),
+    let verdict = r.stored.as_ref().map(|j| match &j.reference_version {
+        Some(rv) => format!("{} (against {rv})", j.verdict),
+        None => format!("{} (no reference)", j.verdict),
     });
     let head = vec![
         ("version".to_string(), run.version.clone()),
@@ -596,7 +609,7 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
     let _ = write!(
         b,
         r#"<p class="note">Pairs are the cases both runs ran without error, matched by case id. b counts cases where A was secure (or kept its utility) and B was not, c the reverse; R4 tests them per user task (sign flips, Holm over the two). A's own verdict: {}.</p>"#,
-        ra.stored.as_ref().and_then(|j| j.get("verdict")).and_then(Value::as_str).unwrap_or("not judged")
+        ra.stored.as_ref().map_or("not judged", |j| j.verdict.as_str())
     );
 }
 

@@ -14,13 +14,14 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::html::esc;
 use super::svg;
 use super::{page, verdict_class};
-use crate::record::{RuleId, Verdict};
-use crate::rundir::RunFile;
+use crate::record::{RuleId, RuleStatus, Verdict};
+use crate::rundir::{RunDir, RunDocument, RunFile};
 use crate::util::{self, pct};
 
 /// The trend index's file in a reports folder.
@@ -181,37 +182,93 @@ fn rate_of(v: Option<&Value>) -> Option<f64> {
     v.as_f64().or_else(|| ["rate", "value", "mean"].iter().find_map(|k| v.get(k)?.as_f64()))
 }
 
+/// A `judgement.json` of any age, as the index reads it: the fields it shows, typed,
+/// each optional but the run id, so that an older judgement still has its row (what
+/// it lacks stays blank). The figures and thresholds stay JSON: their sets have grown
+/// over time, and the index takes what each has.
+#[derive(Serialize, Deserialize)]
+struct IndexedJudgement {
+    run_id: String,
+    #[serde(default, deserialize_with = "lenient")]
+    version: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    plan: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    verdict: Option<Verdict>,
+    #[serde(default, deserialize_with = "lenient")]
+    started_at: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    judged_at: Option<String>,
+    #[serde(default)]
+    figures: Value,
+    #[serde(default, deserialize_with = "lenient_list")]
+    rules: Vec<IndexedRule>,
+    #[serde(default)]
+    thresholds: Value,
+}
+
+impl RunDocument for IndexedJudgement {
+    const FILE: RunFile = RunFile::Judgement;
+}
+
+/// A rule of a judgement of any age: its id and status as this version knows them.
+#[derive(Serialize, Deserialize)]
+struct IndexedRule {
+    /// None: an id this version does not know.
+    #[serde(default, deserialize_with = "lenient")]
+    id: Option<RuleId>,
+    #[serde(default, deserialize_with = "lenient")]
+    status: Option<RuleStatus>,
+    #[serde(default, deserialize_with = "lenient")]
+    reason: Option<String>,
+    /// What the rule measured (R2: `asr` with its bounds in an older judgement).
+    #[serde(default)]
+    measured: Value,
+}
+
+/// A field read as None where it holds something this version does not read as `T`.
+fn lenient<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    Ok(serde_json::from_value(Value::deserialize(d)?).ok())
+}
+
+/// A list whose items this version cannot read is read as empty.
+fn lenient_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IndexedRule>, D::Error> {
+    Ok(lenient(d)?.unwrap_or_default())
+}
+
+/// A `telemetry.json` of any age: its headline rates, as numbers or as objects.
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+struct TelemetryOfAnyAge(Value);
+
+impl RunDocument for TelemetryOfAnyAge {
+    const FILE: RunFile = RunFile::Telemetry;
+}
+
 fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
-    let text = std::fs::read_to_string(file)?;
-    let j: Value = serde_json::from_str(&text).context("not JSON")?;
-    let s = |k: &str| j.get(k).and_then(Value::as_str).map(str::to_string);
-    let run_id = s("run_id").context("no run_id")?;
-    let dir = file.parent().unwrap_or(reports_dir);
-    let telemetry: Option<Value> =
-        std::fs::read_to_string(RunFile::Telemetry.path_in(dir)).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let run = RunDir::open(file.parent().unwrap_or(reports_dir))?;
+    let j: IndexedJudgement = run.read()?.context("no judgement")?;
+    let telemetry: Option<Value> = run.read::<TelemetryOfAnyAge>().ok().flatten().map(|t| t.0);
     let figure = |k: &str| {
-        let e = j.get("figures")?.get(k)?;
+        let e = j.figures.get(k)?;
         let rate = e.get("rate")?.as_f64()?;
         let bound = |b: &str| e.get(b).and_then(Value::as_f64).unwrap_or(rate);
         Some(Band { rate, lower: bound("lower"), upper: bound("upper") })
     };
     let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k))).map(Band::point);
-    let link = RunFile::Report.path_in(dir).strip_prefix(reports_dir).ok().map(|rel| {
+    let link = run.report_path().strip_prefix(reports_dir).ok().map(|rel| {
         rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
     });
-    let rules: &[Value] = j.get("rules").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let decisive = j.get("figures").and_then(|f| f.get("decisive"));
-    let (asr, asr_kind) = match decisive_figure(decisive).or_else(|| r2_figure(rules)) {
+    let (asr, asr_kind) = match decisive_figure(j.figures.get("decisive")).or_else(|| r2_figure(&j.rules)) {
         Some((band, kind)) => (Some(band), kind),
         None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
     };
-    let limit = |rule: RuleId, k: &str| j.get("thresholds")?.get(rule.as_str())?.get(k)?.as_f64();
+    let limit = |rule: RuleId, k: &str| j.thresholds.get(rule.as_str())?.get(k)?.as_f64();
     Ok(Entry {
-        run_id,
-        version: s("version").unwrap_or_else(|| "?".into()),
-        plan: s("plan").unwrap_or_else(|| "?".into()),
-        verdict: j.get("verdict").and_then(|v| serde_json::from_value(v.clone()).ok()),
-        when: s("started_at").or_else(|| s("judged_at")).unwrap_or_default(),
+        version: j.version.clone().unwrap_or_else(|| "?".into()),
+        plan: j.plan.clone().unwrap_or_else(|| "?".into()),
+        verdict: j.verdict,
+        when: j.started_at.clone().or_else(|| j.judged_at.clone()).unwrap_or_default(),
         asr,
         asr_kind,
         utility: figure("utility_clean").or_else(|| tele("utility")),
@@ -222,7 +279,8 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
             utility_min: limit(RuleId::R3, "utility_min"),
             utility_under_attack_min: limit(RuleId::R3, "utility_under_attack_min"),
         },
-        why: why(rules),
+        why: why(&j.rules),
+        run_id: j.run_id,
     })
 }
 
@@ -240,30 +298,21 @@ fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
 /// bounds it decided on), and whether that was over held-out families
 /// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
 /// judgement from before these figures).
-fn r2_figure(rules: &[Value]) -> Option<(Band, AsrKind)> {
-    let m = &rules.iter().find(|r| rule_id(r) == Some(RuleId::R2))?["measured"];
+fn r2_figure(rules: &[IndexedRule]) -> Option<(Band, AsrKind)> {
+    let m = &rules.iter().find(|r| r.id == Some(RuleId::R2))?.measured;
     let band =
         Band { rate: m.get("asr")?.as_f64()?, lower: m.get("lower")?.as_f64()?, upper: m.get("upper")?.as_f64()? };
     let held_out = m.get("judged_families").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
     Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
 }
 
-/// A rule's id as a judgement of any age writes it.
-fn rule_id(rule: &Value) -> Option<RuleId> {
-    serde_json::from_value(rule.get("id")?.clone()).ok()
-}
-
 /// The rules that failed or stayed undecided, with their reasons.
-fn why(rules: &[Value]) -> Vec<Why> {
+fn why(rules: &[IndexedRule]) -> Vec<Why> {
     rules
         .iter()
         .filter_map(|r| {
-            let status = r.get("status")?.as_str()?;
-            (status == "fail" || status == "inconclusive").then(|| Why {
-                rule: rule_id(r),
-                status: status.to_string(),
-                reason: r.get("reason").and_then(Value::as_str).unwrap_or("").to_string(),
-            })
+            let status = r.status.filter(|s| matches!(s, RuleStatus::Fail | RuleStatus::Inconclusive))?;
+            Some(Why { rule: r.id, status: status.as_str().to_string(), reason: r.reason.clone().unwrap_or_default() })
         })
         .collect()
 }
@@ -650,7 +699,7 @@ mod tests {
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
-        std::fs::write(RunFile::Judgement.path_in(&reports.join("x/<b>/r")), "{not json").unwrap();
+        std::fs::write(reports.join("x/<b>/r").join(RunFile::Judgement.name()), "{not json").unwrap();
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();
         assert!(html.contains(r#"class="chart""#) && html.contains("<polyline"));

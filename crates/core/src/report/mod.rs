@@ -24,7 +24,7 @@ use serde::Serialize;
 use crate::case::{CaseKind, CaseRecord};
 use crate::judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
 use crate::record::{RuleStatus, Verdict};
-use crate::rundir::{RunDir, RunFile};
+use crate::rundir::RunDir;
 use crate::util::{self, pct};
 use crate::words::{self, BoundSide};
 
@@ -38,9 +38,9 @@ use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 /// replacements; `cases.jsonl` is never touched).
 pub fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
     let (run, judgement) = (RunDir::new(run_dir), &judged.judgement);
-    run.write_json(RunFile::Judgement, judgement)?;
-    util::write_atomic(&run.path_of(RunFile::JudgementMarkdown), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run.path_of(RunFile::Report), html(judged, Some(run_dir)).as_bytes())
+    run.write(judgement)?;
+    util::write_atomic(&run.judgement_markdown_path(), markdown(judgement).as_bytes())?;
+    util::write_atomic(&run.report_path(), html(judged, Some(run_dir)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -693,6 +693,7 @@ fn verdict_class(v: Verdict) -> &'static str {
 mod tests {
     use super::*;
     use crate::judge;
+    use crate::rundir::RunFile;
 
     #[test]
     fn attack_successes_that_are_context_overflows_are_said_beside_the_asr() {
@@ -705,7 +706,7 @@ mod tests {
         assert!(markdown(&j).contains(said), "{}", markdown(&j));
         let dir = tempfile::tempdir().unwrap();
         write_run_report(dir.path(), &judge::judged(input.clone())).unwrap();
-        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
+        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
         assert!(html.contains(r#"id="asr-overflows""#) && html.contains(&esc(said)));
         // None: nothing said.
         let j = judge::judge(&judge::tests::schnell(3));
@@ -728,7 +729,7 @@ mod tests {
         let judged = judge::judged(input.clone());
         let dir = tempfile::tempdir().unwrap();
         write_run_report(dir.path(), &judged).unwrap();
-        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
+        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
         assert!(html.contains(r#"id="matrix""#));
@@ -746,9 +747,10 @@ mod tests {
         );
         assert!(!html.contains("<link") && !html.contains("@import") && !html.contains("url("));
         let back: Judgement =
-            serde_json::from_str(&std::fs::read_to_string(RunFile::Judgement.path_in(dir.path())).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join(RunFile::Judgement.name())).unwrap())
+                .unwrap();
         assert_eq!(back.verdict, Verdict::Inconclusive);
-        let md = std::fs::read_to_string(RunFile::JudgementMarkdown.path_in(dir.path())).unwrap();
+        let md = std::fs::read_to_string(dir.path().join(RunFile::JudgementMarkdown.name())).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
     }
 
@@ -790,11 +792,11 @@ mod tests {
             .unwrap();
         let judged = judge::judged(input.clone());
         write_run_report(dir.path(), &judged).unwrap();
-        let size = std::fs::metadata(RunFile::Report.path_in(dir.path())).unwrap().len();
+        let size = std::fs::metadata(dir.path().join(RunFile::Report.name())).unwrap().len();
         let conversations =
-            html_size_of_conversations(&std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap());
+            html_size_of_conversations(&std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap());
         assert!(size < 15_000_000, "report.html of a rambling voll: {size} bytes, {conversations} in conversations");
-        let html = std::fs::read_to_string(RunFile::Report.path_in(dir.path())).unwrap();
+        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
         assert_eq!(html.matches("more turn(s) not shown").count(), 2_165, "every conversation says it was cut");
     }
 

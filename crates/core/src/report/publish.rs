@@ -70,16 +70,16 @@ mod tests {
         }
         let run_dir = reports.join("cand/schnell/run-1");
         write_run_dir(&run_dir, &cand, Some("../../../base/schnell/run-0"));
-        let cases_before = std::fs::read(RunFile::Cases.path_in(&run_dir)).unwrap();
+        let cases_before = std::fs::read(run_dir.join(RunFile::Cases.name())).unwrap();
 
         let (j, _) = rejudge(&run_dir, None, None).unwrap();
         assert_eq!(j.verdict, Verdict::Rejected);
         assert_eq!(j.reference_run_id.as_deref(), Some("run-0"));
         for f in [RunFile::Judgement, RunFile::JudgementMarkdown, RunFile::Report] {
-            assert!(f.path_in(&run_dir).is_file(), "{f:?}");
+            assert!(run_dir.join(f.name()).is_file(), "{f:?}");
         }
         assert!(reports.join(INDEX_FILE).is_file(), "found the reports folder by name");
-        assert_eq!(std::fs::read(RunFile::Cases.path_in(&run_dir)).unwrap(), cases_before);
+        assert_eq!(std::fs::read(run_dir.join(RunFile::Cases.name())).unwrap(), cases_before);
 
         // A profile overrides thresholds.json; an explicit reference overrides run.json.
         let profile = tmp.path().join("p.toml");
