@@ -16,10 +16,11 @@ use crate::gym::{self, GymSettings};
 use crate::runtime;
 use pruefstand_core::case::Case;
 use pruefstand_core::family;
+use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Adaptive, Plan};
-use pruefstand_core::pyenv::{Inventory, PyEnv};
 use pruefstand_core::record::{Attempt, Choices, How, PairLog, SearchLog, Wording};
-use pruefstand_core::rundir::RunDir;
+use pruefstand_gym::pyenv::PyEnv;
+use pruefstand_store::RunDir;
 
 // The search's steps on its log: the log is plain data (`record`), how it grows is
 // this module's.

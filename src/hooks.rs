@@ -43,10 +43,10 @@ use serde::{Deserialize, Serialize};
 
 use pruefstand_core::queue::Job;
 use pruefstand_core::root::{CONFIG_FILE, Root};
-use pruefstand_core::rundir::RunDir;
 use pruefstand_core::settings::url::SecretUrl;
 use pruefstand_core::settings::{HookConfig, Kind, Secret};
 use pruefstand_core::util;
+use pruefstand_store::RunDir;
 
 const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", "failed"];
 
@@ -172,7 +172,7 @@ pub struct Facts {
     pub asr: Option<f64>,
     /// The figure R2 judged, by its name (`held-out ASR` when the plan held families
     /// out): the judgement's `figures.decisive`.
-    pub decisive: Option<pruefstand_core::judge::Decisive>,
+    pub decisive: Option<pruefstand_judge::Decisive>,
     pub run_dir: Option<PathBuf>,
     pub report: Option<PathBuf>,
     pub error: Option<String>,
@@ -634,8 +634,8 @@ mod tests {
 
     #[test]
     fn the_chat_text_names_the_figure_r2_judged_and_the_others_by_their_names() {
-        let decisive = pruefstand_core::judge::Decisive {
-            rule: pruefstand_core::judge::RuleId::R2,
+        let decisive = pruefstand_judge::Decisive {
+            rule: pruefstand_judge::RuleId::R2,
             name: "held-out ASR".into(),
             rate: 17.0 / 64.0,
             hits: 17,

@@ -5,7 +5,7 @@
 //! ([`RunLock`]); only the waiting is async, so it lives here, not in the core.
 
 use pruefstand_core::blocking;
-use pruefstand_core::rundir::{LockError, RunLock};
+use pruefstand_store::{LockError, RunLock};
 
 /// How often a waiter looks at a lock again.
 pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);

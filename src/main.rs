@@ -6,9 +6,7 @@
 // The synchronous core (crates/core): cases, records, the run directory, plans, specs,
 // settings, statistics, the judge and the reports. Every module of the binary names
 // its paths as `pruefstand_core::…`, so a path says which crate it lives in.
-#[macro_use]
-extern crate pruefstand_core;
-use pruefstand_core::{console, util};
+use pruefstand_core::util;
 
 // The orchestrator: a module uses only the core and modules declared above it
 // (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order
@@ -16,6 +14,9 @@ use pruefstand_core::{console, util};
 
 // The async runtime, and the one way blocking work is handed off its workers; waiting
 // for a lock another process holds (the bench lock, a reference's).
+// The console: output, progress bars and the log format (its macros for every module below).
+#[macro_use]
+mod console;
 mod runtime;
 mod lock_wait;
 
@@ -23,7 +24,6 @@ mod lock_wait;
 mod guard;
 
 // The model server: the simulated model, vLLM in a container, brought up and down.
-mod sim;
 mod container;
 mod model;
 
@@ -31,7 +31,6 @@ mod model;
 mod concurrency;
 mod gym;
 mod adaptive;
-mod agent;
 mod provenance;
 
 // After the verdict: the hooks.

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::container::{self, AcquireError};
-use crate::sim;
 use pruefstand_core::record::ModelServerFacts;
 use pruefstand_core::settings::url::SecretUrl;
 use pruefstand_core::spec::{Backend, Version};
 use pruefstand_core::util;
+use pruefstand_sim as sim;
 
 /// Where a docker model's container comes from and what it is labelled with.
 pub struct UpContext<'a> {

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 
 use crate::container::pool::Container;
 use pruefstand_core::record::Provenance;
-use pruefstand_core::rundir::RunDir;
 use pruefstand_core::spec::{ServedFileKind, Version};
 use pruefstand_core::util;
+use pruefstand_store::RunDir;
 
 /// Files up to this size are hashed (sha256); larger ones (weights) are recorded by
 /// size and mtime only — hashing tens of GB per run would cost minutes.
@@ -242,7 +242,7 @@ mod tests {
         });
         let run = RunDir::new(dir.path());
         run.write(&typed).unwrap();
-        let written = std::fs::read(dir.path().join(pruefstand_core::rundir::RunFile::Provenance.name())).unwrap();
+        let written = std::fs::read(dir.path().join(pruefstand_store::RunFile::Provenance.name())).unwrap();
         let old_path = dir.path().join("old.json");
         util::write_json_atomic(&old_path, &old).unwrap();
         assert_eq!(String::from_utf8(written).unwrap(), std::fs::read_to_string(&old_path).unwrap());

@@ -44,7 +44,7 @@ mod tests {
 
     /// One of the core's guarded entry points: a run lock's flock.
     fn take_lock(dir: &std::path::Path) -> bool {
-        pruefstand_core::rundir::RunLock::try_take_as(&dir.join("lock"), "a test").is_ok()
+        pruefstand_store::RunLock::try_take_as(&dir.join("lock"), "a test").is_ok()
     }
 
     #[test]

@@ -1,13 +1,15 @@
-//! The layering inside each crate, checked from the source — what the crates' boundary
-//! cannot say. That the core (crates/core) never reaches into the orchestrator (the
-//! binary) the compiler enforces: the core does not depend on it. Two rules remain:
+//! The layering of the workspace, checked from the source — what the compiler cannot say.
+//! The crates depend on each other in one direction (`CRATES`, leaves first: a crate
+//! names only crates listed before it), and the synchronous ones pull in no async
+//! runtime. Inside the crates, two rules:
 //!
 //! - The core's `lib.rs` and the binary's `main.rs` declare their top-level modules in
 //!   the order of the flow, leaves first, and a module may use only modules declared
-//!   above it (for the binary: every core module, then its own above it). So there is
-//!   no cycle between top-level modules, and nothing reaches up into `cmd`.
-//! - Inside a module's folder (`judge/`, `report/`, …) the files — sibling modules —
-//!   form no import cycle: no two import each other, directly or through a third.
+//!   above it. So there is no cycle between top-level modules, and nothing reaches up
+//!   into `cmd`.
+//! - Inside a crate or a module's folder (`pruefstand-judge`, `report/`, …) the files —
+//!   sibling modules — form no import cycle: no two import each other, directly or
+//!   through a third.
 //!
 //! Reads every path that starts with `crate::`, `super::` or `self::` (grouped
 //! `use a::{b, c::{d}}` included, also over several lines), resolved against the module
@@ -40,14 +42,18 @@ fn declared_modules(root_rs: &str) -> Vec<String> {
         .collect()
 }
 
-/// Modules declared under `#[cfg(test)]` (none now: tests sit beside their code): below `cmd`
-/// so they may use every module, and are not part of the flow.
-fn test_only_modules(main_rs: &str) -> Vec<String> {
-    let lines: Vec<&str> = main_rs.lines().map(str::trim).collect();
+/// Modules declared for tests only (`#[cfg(test)]`, or `#[cfg(any(test, feature =
+/// "test-support"))]` for other crates' tests): not part of the flow; in the binary (none
+/// now: tests sit beside their code) below `cmd`, so they may use every module.
+fn test_only_modules(root_rs: &str) -> Vec<String> {
+    let lines: Vec<&str> = root_rs.lines().map(str::trim).collect();
     lines
         .windows(2)
-        .filter(|pair| pair[0] == "#[cfg(test)]")
-        .filter_map(|pair| pair[1].strip_prefix("mod ")?.strip_suffix(';').map(str::to_string))
+        .filter(|pair| pair[0] == "#[cfg(test)]" || pair[0] == "#[cfg(any(test, feature = \"test-support\"))]")
+        .filter_map(|pair| {
+            let declared = pair[1].strip_prefix("pub ").unwrap_or(pair[1]);
+            declared.strip_prefix("mod ")?.strip_suffix(';').map(str::to_string)
+        })
         .collect()
 }
 
@@ -374,6 +380,55 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The library crates, leaves first: a crate depends only on crates above it. The first
+/// five are synchronous (no async runtime); the binary, `pruefstand`, comes after all.
+const CRATES: [(&str, &str); 7] = [
+    ("pruefstand-core", "crates/core"),
+    ("pruefstand-gym", "crates/gym"),
+    ("pruefstand-store", "crates/store"),
+    ("pruefstand-judge", "crates/judge"),
+    ("pruefstand-report", "crates/report"),
+    ("pruefstand-sim", "crates/sim"),
+    ("pruefstand-agent", "crates/agent"),
+];
+const SYNCHRONOUS: usize = 5;
+
+/// The `pruefstand-*` crates a manifest names, dev-dependencies left out.
+fn workspace_dependencies(manifest: &str) -> Vec<String> {
+    let mut section = "";
+    let mut found = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[dependencies]" && line.starts_with("pruefstand-") {
+            found.push(line.split([' ', '.', '=']).next().unwrap_or_default().to_string());
+        }
+    }
+    found
+}
+
+#[test]
+fn every_crate_depends_only_on_crates_listed_before_it() {
+    let names: Vec<&str> = CRATES.iter().map(|(name, _)| *name).collect();
+    for (at, (name, dir)) in CRATES.iter().enumerate() {
+        let manifest = std::fs::read_to_string(repo().join(dir).join("Cargo.toml")).unwrap();
+        for dependency in workspace_dependencies(&manifest) {
+            let rank = names.iter().position(|n| *n == dependency);
+            assert!(rank.is_some_and(|r| r < at), "{name} depends on {dependency}, not a crate listed before it");
+        }
+    }
+    let on_disk = std::fs::read_dir(repo().join("crates")).unwrap().count();
+    assert_eq!(on_disk, CRATES.len(), "every folder of crates/ is listed in CRATES");
+    let binary = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    assert!(workspace_dependencies(&binary).len() == CRATES.len(), "the binary depends on every library crate");
+    assert_eq!(
+        workspace_dependencies(
+            "[dependencies]\npruefstand-a = { path = \"x\" }\n[dev-dependencies]\npruefstand-b.workspace = true\n"
+        ),
+        ["pruefstand-a"]
+    );
+}
+
 /// The core's `src/` and its top-level modules, leaves first.
 fn core() -> (PathBuf, Vec<String>) {
     let src = repo().join("crates/core/src");
@@ -401,7 +456,8 @@ fn every_module_uses_only_modules_declared_above_it() {
 
 #[test]
 fn no_two_files_of_a_folder_import_each_other() {
-    for src in [core().0, binary().0] {
+    let libraries = CRATES.iter().map(|(_, dir)| repo().join(dir).join("src"));
+    for src in libraries.chain([binary().0]) {
         let found = sibling_cycles(&read_sources(&src));
         assert!(found.is_empty(), "import cycles between the files of a module folder:\n{}", found.join("\n"));
     }
@@ -418,11 +474,11 @@ fn the_order_puts_leaves_first_and_commands_last() {
     let product: Vec<&String> = order.iter().filter(|m| !tests_only.contains(m)).collect();
     assert!(order.ends_with(&tests_only), "test-only modules {tests_only:?} must be declared last");
     assert_eq!(product.last().map(|m| m.as_str()), Some("cmd"));
-    // The flow: in the core spec → queue → rundir → order → judge → study → report; in
-    // the binary guard → model → gym → agent → hooks → run → daemon → serve.
+    // The flow: in the core spec → queue → order; in the binary guard → model → gym →
+    // hooks → run → daemon → serve (the store, the judge and the report are crates).
     let flows: [(&[String], &[&str]); 2] = [
-        (&core_order, &["spec", "queue", "rundir", "order", "judge", "study", "report"]),
-        (&order, &["guard", "model", "gym", "agent", "hooks", "run", "daemon", "serve"]),
+        (&core_order, &["spec", "queue", "telemetry", "order"]),
+        (&order, &["guard", "model", "gym", "hooks", "run", "daemon", "serve"]),
     ];
     for (order, flow) in flows {
         let at = |m: &str| order.iter().position(|o| o == m).unwrap_or_else(|| panic!("{m} not declared"));
@@ -448,14 +504,19 @@ fn the_architecture_page_lists_every_module_in_the_declared_order() {
     let (_, core_order) = core();
     let (_, main_rs, order) = binary();
     let tests_only = test_only_modules(&main_rs);
+    let libraries = CRATES[1..].iter().flat_map(|(_, dir)| {
+        let lib = std::fs::read_to_string(repo().join(dir).join("src/lib.rs")).unwrap();
+        let for_tests = test_only_modules(&lib);
+        declared_modules(&lib).into_iter().filter(move |m| !for_tests.contains(m))
+    });
     let declared: Vec<String> =
-        core_order.into_iter().chain(order.into_iter().filter(|m| !tests_only.contains(m))).collect();
+        core_order.into_iter().chain(libraries).chain(order.into_iter().filter(|m| !tests_only.contains(m))).collect();
     let page = std::fs::read_to_string(repo().join("docs/architecture.md")).unwrap();
     assert_eq!(
         documented_modules(&page),
         declared,
-        "docs/architecture.md's module tables must name the core's modules (crates/core/src/lib.rs), then the \
-         binary's (src/main.rs), each in its order"
+        "docs/architecture.md's module tables must name each crate's modules (its lib.rs), in the order of \
+         CRATES, then the binary's (src/main.rs), each in its order"
     );
     assert_eq!(documented_modules("# p\n## Modules\n| `a` | x |\n| b | y |\n## Next\n| `c` | z |\n"), ["a"]);
 }
@@ -548,19 +609,23 @@ fn a_cycle_between_siblings_is_reported_with_its_files() {
     assert_eq!(sibling_cycles(&files).len(), 2, "{:?}", sibling_cycles(&files));
 }
 
-/// The core's boundary that `Cargo.toml` draws: no async runtime (nor anything that
-/// brings one) among what the core depends on, as `cargo tree` resolves it.
+/// The boundary the manifests draw: no async runtime (nor anything that brings one) among
+/// what the synchronous crates depend on, as `cargo tree` resolves it.
 #[test]
-fn the_core_depends_on_no_async_runtime() {
-    let out = std::process::Command::new(env!("CARGO"))
-        .args(["tree", "--locked", "--offline", "-p", "pruefstand-core", "-e", "normal", "--prefix", "none"])
-        .current_dir(repo())
-        .output()
-        .expect("running cargo tree");
-    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
-    let tree = String::from_utf8(out.stdout).unwrap();
-    assert!(tree.lines().any(|line| line.starts_with("statrs ")), "cargo tree printed the core's tree:\n{tree}");
-    let runtimes: Vec<&str> =
-        tree.lines().filter(|line| ["tokio ", "async-", "futures"].iter().any(|name| line.starts_with(name))).collect();
-    assert!(runtimes.is_empty(), "the core depends on {runtimes:?}");
+fn the_synchronous_crates_depend_on_no_async_runtime() {
+    for (name, _) in &CRATES[..SYNCHRONOUS] {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "--locked", "--offline", "-p", name, "-e", "normal", "--prefix", "none"])
+            .current_dir(repo())
+            .output()
+            .expect("running cargo tree");
+        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+        let tree = String::from_utf8(out.stdout).unwrap();
+        assert!(tree.lines().any(|line| line.starts_with("serde ")), "cargo tree printed {name}'s tree:\n{tree}");
+        let runtimes: Vec<&str> = tree
+            .lines()
+            .filter(|line| ["tokio ", "async-", "futures"].iter().any(|name| line.starts_with(name)))
+            .collect();
+        assert!(runtimes.is_empty(), "{name} depends on {runtimes:?}");
+    }
 }

@@ -10,12 +10,12 @@ use serde_json::Value;
 use super::{ArrayState, ExitRecord};
 use crate::gym;
 use crate::run::Served;
+use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
-use pruefstand_core::pyenv::Inventory;
 use pruefstand_core::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
 use pruefstand_core::record::{Provenance, ShardProvenance};
-use pruefstand_core::rundir::{PlanFile, RunDir, StoredCases};
 use pruefstand_core::util;
+use pruefstand_store::{PlanFile, RunDir, StoredCases};
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
 /// servers contribute to `run.json`. `failed` names shards that failed for good.

@@ -36,8 +36,8 @@ use crate::runtime;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::record::{GpuExclusivity, ModelServerFacts};
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{Claimed, RunDir, RunDocument, RunFile};
 use pruefstand_core::util;
+use pruefstand_store::{Claimed, RunDir, RunDocument, RunFile};
 use slurm::{ArrayId, Slurm, TaskState};
 
 /// How often the daemon looks at the array (a look is one `squeue` call).

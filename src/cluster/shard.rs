@@ -17,12 +17,12 @@ use super::{ArrayState, ExitRecord};
 use crate::guard::{Guards, OwnProcesses, Watch};
 use crate::gym;
 use crate::run::{Extent, LocalGym, ReferencePolicy, RunControl, RunRequest, Session};
-use pruefstand_core::benchlock;
 use pruefstand_core::case::Case;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::RunDir;
 use pruefstand_core::util;
+use pruefstand_store::RunDir;
+use pruefstand_store::benchlock;
 
 /// Which shard each case goes to, for `count` shards: the cases of one user task (and
 /// each injection goal on its own) form a group; groups go, largest first (ties by

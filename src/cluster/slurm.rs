@@ -284,7 +284,7 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pruefstand_core::rundir::RunFile;
+    use pruefstand_store::RunFile;
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {

@@ -1,7 +1,7 @@
 //! `pruefstand agent --config FILE`: the default agent runtime the gym spawns. Speaks the
 //! JSON-line protocol (docs/protocol.md §1) on stdin/stdout until EOF; logs go to stderr
 //! (`PRUEFSTAND_LOG`). The model server's API key, if any, comes from
-//! `PRUEFSTAND_API_KEY`. The work lives in `crate::agent`.
+//! `PRUEFSTAND_API_KEY`. The work lives in `pruefstand_agent`.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -9,7 +9,8 @@ use std::os::fd::AsFd;
 
 use anyhow::Context;
 
-use crate::agent::{self, AgentConfig};
+use pruefstand_agent as agent;
+use pruefstand_agent::AgentConfig;
 
 #[derive(clap::Args)]
 pub struct Args {

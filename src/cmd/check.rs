@@ -18,14 +18,14 @@ use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
 use pruefstand_core::input;
-use pruefstand_core::judge::contamination;
 use pruefstand_core::plan::Profile;
-use pruefstand_core::pyenv::{self, AGENTDOJO_VERSION};
 use pruefstand_core::root::{CONFIG_FILE, Root};
 use pruefstand_core::settings::defence::{ToolCalling, ToolResultRole};
 use pruefstand_core::settings::{GuardConfig, Unavailable};
 use pruefstand_core::spec::{Backend, ServedFileKind, Version};
 use pruefstand_core::util;
+use pruefstand_gym::pyenv::{self, AGENTDOJO_VERSION};
+use pruefstand_judge::contamination;
 
 const DOCKER_TIMEOUT: Duration = Duration::from_secs(3);
 const NVML_TIMEOUT: Duration = Duration::from_secs(5);
@@ -402,7 +402,7 @@ fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, rep
         }
         return;
     }
-    let exports = match pruefstand_core::export::trained_exports(&paths) {
+    let exports = match pruefstand_report::export::trained_exports(&paths) {
         Ok(exports) => exports,
         Err(err) => {
             return report.fail(
@@ -756,7 +756,7 @@ fn generation_bound(version: &Version) -> String {
         Some(n) => format!("max_tokens {n} per model turn (model.max_tokens)"),
         None => format!(
             "max_tokens {} per model turn (the default; model.max_tokens sets it)",
-            crate::agent::llm::DEFAULT_MAX_TOKENS
+            pruefstand_agent::llm::DEFAULT_MAX_TOKENS
         ),
     }
 }

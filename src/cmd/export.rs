@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use pruefstand_core::export::{self, Format};
-use pruefstand_core::rundir::{LockError, RunDir, RunLock};
+use pruefstand_report::export::{self, Format};
+use pruefstand_store::{LockError, RunDir, RunLock};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FormatArg {

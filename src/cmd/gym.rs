@@ -11,9 +11,9 @@ use anyhow::Context;
 use crate::run::{AgentOnly, Extent, ReferencePolicy, RunControl, RunRequest, Session};
 use pruefstand_core::plan::Filters;
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::RunDir;
 use pruefstand_core::spec::Version;
 use pruefstand_core::{telemetry, util};
+use pruefstand_store::RunDir;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -8,8 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use pruefstand_core::rundir::{LockError, RunDir};
-use pruefstand_core::{judge, report};
+use pruefstand_judge as judge;
+use pruefstand_report as report;
+use pruefstand_store::{LockError, RunDir};
 
 #[derive(clap::Args)]
 pub struct Args {

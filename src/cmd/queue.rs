@@ -144,13 +144,13 @@ mod tests {
 
     #[test]
     fn the_figure_r2_judged_comes_first_by_its_name() {
-        let judgement = pruefstand_core::judge::judge(&pruefstand_core::judge::tests::held_out(17, 0));
-        let shown = headline(&Headline::of(&judgement.figures));
+        let judgement = pruefstand_judge::judge(&pruefstand_judge::tests::held_out(17, 0));
+        let shown = headline(&Headline::from(&judgement.figures));
         assert!(shown.starts_with("held-out ASR 28.3 % · utility (clean) 100.0 % · utility under attack"), "{shown}");
         let longest = Headline { asr: Some(1.0), utility: Some(1.0), utility_under_attack: Some(1.0), decisive: None };
         assert_eq!(headline(&longest).chars().count(), FIGURES_W);
         // Nothing held out: the ASR of all attacks, by that name.
-        let judgement = pruefstand_core::judge::judge(&pruefstand_core::judge::tests::schnell(3));
-        assert!(headline(&Headline::of(&judgement.figures)).starts_with("ASR (all attacks) 5.0 % · "));
+        let judgement = pruefstand_judge::judge(&pruefstand_judge::tests::schnell(3));
+        assert!(headline(&Headline::from(&judgement.figures)).starts_with("ASR (all attacks) 5.0 % · "));
     }
 }

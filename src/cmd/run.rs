@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use crate::lock_wait::{self, Waited};
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
-use pruefstand_core::benchlock;
-use pruefstand_core::judge::Judgement;
 use pruefstand_core::record::PrefixCache;
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{LockError, RunLock};
 use pruefstand_core::spec::Version;
 use pruefstand_core::util::Failure;
+use pruefstand_judge::Judgement;
+use pruefstand_store::benchlock;
+use pruefstand_store::{LockError, RunLock};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -208,7 +208,7 @@ struct VersionBlock {
 impl VersionBlock {
     /// The reference's block, its figures from its stored records.
     fn reference(dir: &Path, made_now: bool) -> anyhow::Result<VersionBlock> {
-        let run_dir = pruefstand_core::rundir::RunDir::open(dir)?;
+        let run_dir = pruefstand_store::RunDir::open(dir)?;
         let meta = run_dir.read_run_meta()?;
         let records: Vec<_> = run_dir.read_cases_lenient()?.records.into_values().collect();
         let telemetry =

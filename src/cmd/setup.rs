@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use pruefstand_core::pyenv::{AGENTDOJO_VERSION, PyEnv};
+use pruefstand_gym::pyenv::{AGENTDOJO_VERSION, PyEnv};
 
 #[derive(clap::Args)]
 pub struct Args {}

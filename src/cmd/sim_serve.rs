@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
-use crate::sim::{Server, SimConfig, SimSettings, Truth};
+use pruefstand_sim::{Server, SimConfig, SimSettings, Truth};
 
 #[derive(clap::Args)]
 pub struct Args {

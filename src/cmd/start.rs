@@ -11,10 +11,10 @@ use anyhow::Context;
 
 use crate::cmd::run::print_judgement;
 use crate::hooks;
-use pruefstand_core::judge::Judgement;
 use pruefstand_core::queue::{Job, Queue, State};
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::RunDir;
+use pruefstand_judge::Judgement;
+use pruefstand_store::RunDir;
 
 #[derive(clap::Args)]
 pub struct Args {

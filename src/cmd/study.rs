@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use pruefstand_core::plan::Profile;
 use pruefstand_core::root::Root;
 use pruefstand_core::settings::thresholds::{R2, R4, Thresholds};
-use pruefstand_core::study::{self, EarlyRow, GridRow, Method, PairedRow, Setting, Shape};
+use pruefstand_judge::study::{self, EarlyRow, GridRow, Method, PairedRow, Setting, Shape};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -374,7 +374,7 @@ fn show_early_stop_clear(clear: &[EarlyRow]) {
 /// The paired study's grids: at the margin and at no regression.
 fn show_paired_grid(f: &PairedFindings, args: &Args) {
     let (plan, shape, t) = (&f.plan, &f.shape, &f.r4);
-    let (alpha_pass, alpha_fail) = pruefstand_core::judge::paired::alphas(t);
+    let (alpha_pass, alpha_fail) = pruefstand_judge::paired::alphas(t);
     outln!(
         "R4's sequential test on {plan}'s attacked cases ({} user tasks, {} injection tasks, {} cases, every attack); {} simulated candidate/reference pairs per setting, seed {}; reference rate 0.10; betting tests on paired user-task differences at α {alpha_pass} (not worse by more than the margin {}) and α {alpha_fail} (worse), user tasks in random order; runs not decided before their last user task are judged by the fixed-sample R4. 95 % Wilson intervals.",
         shape.user_tasks(),

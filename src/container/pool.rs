@@ -30,9 +30,9 @@ use super::{
     create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove, wait_ready,
 };
 use pruefstand_core::record::ModelServerFacts;
-use pruefstand_core::rundir::RunDir;
 use pruefstand_core::spec::{Version, redact};
 use pruefstand_core::util;
+use pruefstand_store::RunDir;
 
 /// What a job asks the pool for.
 pub struct Request<'a> {
@@ -284,7 +284,7 @@ fn setup(work_dir: &Path, version: &pruefstand_core::spec::Version, truth_file: 
     Setup::new(version, model_host, adapter_host)
 }
 
-fn sim_model_dir(work_dir: &Path, sim: &crate::sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
+fn sim_model_dir(work_dir: &Path, sim: &pruefstand_sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {
     let config = toml::to_string(sim).context("writing the simulator's settings")?;
     let truth =
         std::fs::read(truth_file).with_context(|| format!("reading the ground truth {}", truth_file.display()))?;
@@ -665,7 +665,7 @@ mod tests {
     #[test]
     fn casualties_are_the_errors_after_the_death_and_every_case_that_could_not_connect() {
         use pruefstand_core::case::{Case, CaseRecord};
-        use pruefstand_core::rundir::RunFile;
+        use pruefstand_store::RunFile;
         let dir = tempfile::tempdir().unwrap();
         let record = |id: &str, error: Option<&str>| {
             let mut r = CaseRecord::of(&Case::clean("banking", id), Some(true), None);

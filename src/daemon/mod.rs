@@ -31,19 +31,20 @@ use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::console;
 use crate::gym;
 use crate::hooks::{self, Facts};
 use crate::lock_wait::{self, Waited};
 use crate::run::{RunControl, RunRequest, Session};
 use crate::runtime;
 use gate::{Gate, Guarded};
-use pruefstand_core::pyenv::PyEnv;
 use pruefstand_core::queue::{self, Headline, Job, Queue, State, Transition};
 use pruefstand_core::record::Verdict;
 use pruefstand_core::root::{CONFIG_FILE, Root};
-use pruefstand_core::rundir::RunLock;
 use pruefstand_core::util::Failure;
-use pruefstand_core::{benchlock, console};
+use pruefstand_gym::pyenv::PyEnv;
+use pruefstand_store::RunLock;
+use pruefstand_store::benchlock;
 use state::{Activity, JobProgress, Publisher};
 use tracing::Instrument;
 
@@ -210,7 +211,7 @@ impl JobRun {
             run_dir: finished.run_dir.path.clone(),
             verdict: finished.judgement.verdict,
             summary: finished.judgement.summary.clone(),
-            figures: Headline::of(&finished.judgement.figures),
+            figures: Headline::from(&finished.judgement.figures),
         })
     }
 }

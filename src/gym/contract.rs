@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::GymRequest;
 use pruefstand_core::case::{AgentStats, Case, CaseKind, CaseRecord};
-use pruefstand_core::rundir::RunFile;
+use pruefstand_store::RunFile;
 
 /// Where the contract's files live, relative to `scripts/` (embedded with the gym).
 const SCHEMA_DIR: &str = "pruefstand_gym/schemas";

@@ -11,7 +11,7 @@
 
 #[cfg(test)]
 mod contract;
-pub mod events;
+pub use pruefstand_gym::events;
 pub mod sinks;
 
 use std::path::{Path, PathBuf};
@@ -25,12 +25,13 @@ use crate::concurrency::{Concurrency, Observer};
 use crate::runtime;
 pub use events::{Ask, GymEvent, Seen, Sink};
 use pruefstand_core::case::{Case, CaseRecord};
+use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
-use pruefstand_core::pyenv::{Inventory, PyEnv};
 use pruefstand_core::record::{ConcurrencyFacts, Wording};
-use pruefstand_core::rundir::{PlanFile, RunDir, RunFile};
 use pruefstand_core::settings::url::SecretUrl;
 use pruefstand_core::{family, telemetry, util};
+use pruefstand_gym::pyenv::PyEnv;
+use pruefstand_store::{PlanFile, RunDir, RunFile};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
 pub struct GymSettings {
@@ -147,7 +148,7 @@ pub struct GymRequest {
     pub wording: std::collections::BTreeMap<String, Wording>,
 }
 
-impl pruefstand_core::rundir::RunDocument for GymRequest {
+impl pruefstand_store::RunDocument for GymRequest {
     const FILE: RunFile = RunFile::GymRequest;
 }
 
@@ -627,7 +628,7 @@ mod tests {
     #[test]
     fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join(pruefstand_core::rundir::RunFile::GymLog.name());
+        let log = dir.path().join(pruefstand_store::RunFile::GymLog.name());
         std::fs::write(&log, "").unwrap();
         assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
         std::fs::write(&log, "one\ntwo\n").unwrap();

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use super::events::{Ask, GymEvent, Seen, Sink};
 use super::{Control, Counts};
 use crate::concurrency::Feed;
+use crate::console;
 use pruefstand_core::case::CaseRecord;
-use pruefstand_core::console;
-use pruefstand_core::rundir::{CasesWriter, RunDir};
+use pruefstand_store::{CasesWriter, RunDir};
 
 /// Appends every line the gym printed to `events.jsonl`, as printed (lines that are no
 /// event too): the pass's raw account, for reading after the fact.

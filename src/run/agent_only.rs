@@ -9,7 +9,7 @@ use super::{Executor, RunRequest, Served, Session};
 use crate::concurrency::Concurrency;
 use crate::gym::{self, Executed, GymSettings};
 use pruefstand_core::order;
-use pruefstand_core::rundir::Claimed;
+use pruefstand_store::Claimed;
 
 /// Runs a version that is only an agent command ([`pruefstand_core::spec::Version::of_agent_command`]).
 #[derive(Default)]

@@ -12,12 +12,12 @@ use anyhow::bail;
 use super::RunRequest;
 use crate::gym::{Ask, GymEvent, Seen, Sink};
 use pruefstand_core::case::{Case, CaseRecord};
-use pruefstand_core::judge::early;
-use pruefstand_core::judge::families::Scope;
 use pruefstand_core::record::{AtDecision, EarlyStop};
 use pruefstand_core::root::Root;
-use pruefstand_core::rundir::{RunDir, RunFile};
 use pruefstand_core::settings::thresholds::Thresholds;
+use pruefstand_judge::early;
+use pruefstand_judge::families::Scope;
+use pruefstand_store::{RunDir, RunFile};
 
 /// The run directory's early-stop record (`early_stop.json`).
 pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
@@ -110,7 +110,7 @@ pub fn watch(
         order: early.order.clone(),
         thresholds: plan.profile.rules.clone(),
         reference: request.reference_records(root)?,
-        scope: pruefstand_core::judge::families::scope(&request.attack_families(Vec::new()), &[]),
+        scope: pruefstand_judge::families::scope(&request.attack_families(Vec::new()), &[]),
         records,
         remaining,
     };
@@ -179,8 +179,8 @@ impl Sink for EarlyStopSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pruefstand_core::judge::early::decide;
     use pruefstand_core::order::{dispatch_order, test_plan, user_task_order};
+    use pruefstand_judge::early::decide;
 
     /// A sink over `cases` in a fresh run directory, nothing recorded yet, no reference.
     fn sink(cases: &[Case], order: &[String], dir: &std::path::Path) -> EarlyStopSink {

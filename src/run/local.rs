@@ -14,12 +14,15 @@ use super::{Executor, Extent, RunRequest, Served, Session, early, silence};
 use crate::concurrency::{self, Concurrency, ObservedCapacity};
 use crate::container::{AcquireError, ServerFailure};
 use crate::gym::{self, Executed, GymSettings};
-use crate::{adaptive, agent, model, provenance, runtime};
+use crate::{adaptive, model, provenance, runtime};
+use pruefstand_agent as agent;
 use pruefstand_core::plan::Plan;
 use pruefstand_core::record::{ConcurrencyFacts, ModelServerFacts};
-use pruefstand_core::rundir::{Claimed, RunDir, VersionFile};
 use pruefstand_core::settings::defence::{GuardrailSpec, PI_DETECTOR};
-use pruefstand_core::{judge, pyenv, root, telemetry};
+use pruefstand_core::{root, telemetry};
+use pruefstand_gym::pyenv;
+use pruefstand_judge as judge;
+use pruefstand_store::{Claimed, RunDir, VersionFile};
 
 /// Runs the cases here, against a model server this machine starts.
 pub struct LocalGym;

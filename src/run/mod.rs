@@ -30,17 +30,20 @@ use crate::gym::{self, Executed};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
 use pruefstand_core::case::Case;
-use pruefstand_core::judge::Judgement;
+use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Filters, Plan, Profile};
-use pruefstand_core::pyenv::{Inventory, PyEnv};
 use pruefstand_core::record::{
     AttackFamilies, ConcurrencyFacts, EarlyStop, GpuExclusivity, ModelServerFacts, RunMeta, ShardFacts, TrainedExport,
 };
 use pruefstand_core::root::{self, Root};
-use pruefstand_core::rundir::{Claimed, Identity, Reading, RunDir};
 use pruefstand_core::spec::{Backend, Version};
 use pruefstand_core::util::Failure;
-use pruefstand_core::{export, judge, report};
+use pruefstand_gym::pyenv::PyEnv;
+use pruefstand_judge as judge;
+use pruefstand_judge::Judgement;
+use pruefstand_report as report;
+use pruefstand_report::export;
+use pruefstand_store::{Claimed, Identity, Reading, RunDir};
 use setup::{AgentSetup, Defence};
 
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
@@ -223,7 +226,7 @@ impl RunRequest {
         let Some(dir) = reference::find_reference_run(&root.reports(), version, &self.plan, &self.inventory) else {
             return Ok(Some(Vec::new()));
         };
-        Ok(Some(pruefstand_core::judge::dedup(&RunDir::open(dir)?.read_cases(Reading::Strict)?.records)))
+        Ok(Some(pruefstand_judge::dedup(&RunDir::open(dir)?.read_cases(Reading::Strict)?.records)))
     }
 }
 
@@ -278,7 +281,7 @@ impl RequestBuilder<'_> {
         let (root, pyenv, named) = (session.root.clone(), session.pyenv.clone(), version.reference().map(String::from));
         let (plan, inventory, reference) = crate::runtime::blocking(move || {
             let (plan_path, profile, _) = Profile::load_named(&root.path, &plan)?;
-            let inventory = Inventory::load(&pyenv, profile.benchmark_version.get_ref())?;
+            let inventory = pyenv.inventory(profile.benchmark_version.get_ref())?;
             let mut plan = Plan::resolve(&plan_path, &inventory, &filters)?;
             if let Some(keep) = cases {
                 plan.cases = keep(std::mem::take(&mut plan.cases));

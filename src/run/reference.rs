@@ -10,10 +10,10 @@ use anyhow::bail;
 
 use super::{LocalGym, RunRequest, Session};
 use crate::lock_wait::{self, Waited};
+use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
-use pruefstand_core::pyenv::Inventory;
-use pruefstand_core::rundir::{Reading, RunDir, RunLock};
 use pruefstand_core::spec::Version;
+use pruefstand_store::{Reading, RunDir, RunLock};
 
 use super::Executor;
 

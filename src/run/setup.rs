@@ -33,8 +33,8 @@ impl AgentSetup {
             display_name: model.display_name.clone(),
             tool_calling: model.tool_calling,
             tool_result_role: model.tool_result_role,
-            max_tokens: model.max_tokens.unwrap_or(crate::agent::llm::DEFAULT_MAX_TOKENS),
-            idle_timeout_s: model.idle_timeout_s.unwrap_or(crate::agent::AgentConfig::default().idle_timeout_s),
+            max_tokens: model.max_tokens.unwrap_or(pruefstand_agent::llm::DEFAULT_MAX_TOKENS),
+            idle_timeout_s: model.idle_timeout_s.unwrap_or(pruefstand_agent::AgentConfig::default().idle_timeout_s),
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use pruefstand_core::rundir::{RunDir, RunDocument, RunFile};
+use pruefstand_store::{RunDir, RunDocument, RunFile};
 
 /// The policy of everything that is not one of our HTML pages: nothing runs, nothing
 /// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
@@ -117,7 +117,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
         let Ok(meta) = std::fs::metadata(&real) else { continue };
         let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
         let Some(href) = url_of(reports, &folder.join(&name)) else { continue };
-        let esc = pruefstand_core::report::html::esc;
+        let esc = pruefstand_report::html::esc;
         let row = if meta.is_dir() {
             let verdict = verdict_of(&real)
                 .map_or(String::new(), |v| format!(r#" <span class="verdict v-{0}">{0}</span>"#, esc(&v)));
@@ -133,7 +133,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     let up = if folder == reports { String::new() } else { r#"<p><a href="../">up</a></p>"#.to_string() };
     let items: String = rows.into_iter().map(|(_, row)| row).collect();
     let empty = if items.is_empty() { "<p>nothing here yet</p>" } else { "" };
-    let title = pruefstand_core::report::html::esc(shown);
+    let title = pruefstand_report::html::esc(shown);
     let html = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
 <style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::daemon::state::{self, Activity, Overview};
 use pruefstand_core::queue::{self, Job, Queue};
-use pruefstand_core::rundir::RunDir;
+use pruefstand_store::RunDir;
 
 use super::files::url_of;
 
@@ -175,7 +175,7 @@ impl Feed {
     /// there is one, and whether the trend index exists.
     fn jobs_text(&self) -> Arc<str> {
         let rows: Vec<_> = self.jobs.iter().rev().map(|job| self.row(job)).collect();
-        let index = self.reports.join(pruefstand_core::report::INDEX_FILE).is_file().then_some("/reports/index.html");
+        let index = self.reports.join(pruefstand_report::INDEX_FILE).is_file().then_some("/reports/index.html");
         Arc::from(json!({ "jobs": rows, "index": index }).to_string())
     }
 
@@ -241,7 +241,7 @@ impl ErrorTally {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pruefstand_core::rundir::RunFile;
+    use pruefstand_store::RunFile;
 
     #[test]
     fn errors_are_counted_from_whole_lines_and_restart_with_a_new_run() {

@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 
-use pruefstand_core::report::sha256_base64;
+use pruefstand_report::sha256_base64;
 
 const CSS: &str = r#"
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1100px;padding:0 1rem;color:#222}

@@ -24,13 +24,11 @@ pub mod input;
 pub mod words;
 // How long the cases left will take, for the console and the daemon alike.
 pub mod eta;
-#[macro_use]
-pub mod console;
 pub mod record;
 pub mod settings;
 pub mod case;
+pub mod inventory;
 pub mod family;
-pub mod pyenv;
 
 // What is asked for: a version spec and a plan, snapshotted into a queued job.
 pub mod root;
@@ -40,20 +38,13 @@ pub mod queue;
 
 // Where a run keeps what it writes: the run directory, the one module that names its
 // files (the model server's container log among them); the bench lock on it.
-pub mod rundir;
-pub mod benchlock;
 
 // The figures over a run's records and the order its user tasks are drawn in.
 pub mod telemetry;
 pub mod order;
 
 // The verdict: statistics, rules R1–R5 (and the studies of their error rates).
-pub mod stats;
-pub mod judge;
-pub mod study;
 
 // What a run hands on: its conversations as training data, never of held-out families.
-pub mod export;
 
 // The reports of a judgement.
-pub mod report;

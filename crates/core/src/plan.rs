@@ -3,7 +3,7 @@
 //! thresholds of R1–R5. Resolving a profile yields the ordered case list and its hash,
 //! recorded in every run so two versions are compared on identical cases.
 //!
-//! Names are checked against the installed AgentDojo's inventory (`pyenv::Inventory`),
+//! Names are checked against the installed AgentDojo's inventory (`inventory::Inventory`),
 //! with errors that point at the profile's line. Running the cases is `gym`'s job.
 
 use std::collections::BTreeSet;
@@ -18,7 +18,7 @@ use crate::case::Case;
 use crate::case::CaseKind;
 use crate::family;
 use crate::input;
-use crate::pyenv::Inventory;
+use crate::inventory::Inventory;
 use crate::settings::thresholds::Thresholds;
 use crate::util;
 
@@ -472,7 +472,7 @@ fn join(names: &BTreeSet<&String>) -> String {
 #[cfg_attr(not(test), allow(dead_code, unused_imports))]
 pub mod tests {
     use super::*;
-    use crate::pyenv::SuiteInventory;
+    use crate::inventory::SuiteInventory;
 
     pub fn inventory() -> Inventory {
         let suite = |users: &[&str], injections: &[&str]| SuiteInventory {

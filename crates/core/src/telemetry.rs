@@ -58,10 +58,6 @@ pub struct Telemetry {
     pub model_timing: ModelTiming,
 }
 
-impl crate::rundir::RunDocument for Telemetry {
-    const FILE: crate::rundir::RunFile = crate::rundir::RunFile::Telemetry;
-}
-
 /// How fast the model answered, from the agent's streamed calls: time to first token
 /// (its mean per case, over cases) and the decode rate. Empty when nothing streamed.
 #[derive(Serialize, Debug, Default, Clone, PartialEq)]

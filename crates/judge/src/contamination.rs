@@ -1,0 +1,97 @@
+//! The held-out guard at the bench: a version whose adapter was trained on an export
+//! (`[adapter] trained_on_exports`, docs/training.md) holding rows of a family the plan
+//! holds out has seen that family, and its held-out ASR bounds nothing. R1 fails on it;
+//! `pruefstand check --plan` says the same before the run. A family the version
+//! declares `trained_on` is seen for it, not held out (as R2 takes it), so no clash.
+//!
+//! Pure: the exports' families come from their manifests, read when the run was
+//! recorded (`export::trained_exports`); nothing is read here.
+
+use pruefstand_core::record::{AttackFamilies, TrainedExport};
+
+/// One export holding a family the plan holds out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Clash {
+    pub export: String,
+    pub family: String,
+}
+
+impl Clash {
+    /// The clash in words, naming both the export and the family.
+    pub fn describe(&self) -> String {
+        format!(
+            "the adapter was trained on export {}, which holds rows of the held-out family {}",
+            self.export, self.family
+        )
+    }
+}
+
+/// Every (export, family) where an export holds a family of `held_out`, in the order
+/// the exports are listed.
+pub fn clashes(held_out: &[String], exports: &[TrainedExport]) -> Vec<Clash> {
+    exports
+        .iter()
+        .flat_map(|export| {
+            export
+                .families
+                .iter()
+                .filter(|family| held_out.contains(family))
+                .map(|family| Clash { export: export.path.clone(), family: family.clone() })
+        })
+        .collect()
+}
+
+/// The families a plan holds out from a version: the plan's `held_out` less what the
+/// version declares `trained_on` (declared, a family is seen, as R2 takes it; the
+/// guard is against training on one that is still taken for held out).
+pub fn held_out_for(held_out: &[String], trained_on: &[String]) -> Vec<String> {
+    held_out.iter().filter(|f| !trained_on.contains(f)).cloned().collect()
+}
+
+/// R1's problems for a run's families: one line per clash.
+pub fn problems(families: &AttackFamilies) -> Vec<String> {
+    let held_out = held_out_for(&families.held_out, &families.trained_on);
+    clashes(&held_out, &families.trained_on_exports).iter().map(Clash::describe).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(path: &str, families: &[&str]) -> TrainedExport {
+        TrainedExport {
+            path: path.into(),
+            sha256: "ab".into(),
+            families: families.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn an_export_holding_a_held_out_family_clashes_naming_both() {
+        let families = AttackFamilies {
+            held_out: vec!["authority".into(), "roleplay".into()],
+            trained_on: Vec::new(),
+            trained_on_exports: vec![export("a.jsonl", &["important_instructions"]), export("b.jsonl", &["roleplay"])],
+        };
+        let problems = problems(&families);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("b.jsonl") && problems[0].contains("roleplay"), "{}", problems[0]);
+    }
+
+    #[test]
+    fn a_family_the_version_declares_trained_on_is_seen_not_a_clash() {
+        let families = AttackFamilies {
+            held_out: vec!["roleplay".into()],
+            trained_on: vec!["roleplay".into()],
+            trained_on_exports: vec![export("b.jsonl", &["roleplay"])],
+        };
+        assert!(problems(&families).is_empty());
+    }
+
+    #[test]
+    fn exports_of_seen_families_only_do_not_clash() {
+        let exports = [export("a.jsonl", &["important_instructions"])];
+        assert!(clashes(&["roleplay".into()], &exports).is_empty());
+        assert_eq!(clashes(&["important_instructions".into()], &exports).len(), 1, "the other direction clashes");
+    }
+}
