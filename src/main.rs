@@ -1,33 +1,35 @@
 //! pruefstand — a local GPU test bench for tool-using LLM agents under prompt-injection
-//! attack. This binary is the orchestrator over the synchronous core
-//! (`pruefstand_core`, crates/core); its modules below follow the flow
-//! (docs/architecture.md), leaves first; one file per command lives in `cmd`.
+//! attack. This binary is the orchestrator over the library crates (crates/: the core's
+//! vocabulary, the gym's contract, the run store, the judge, the report, the simulated
+//! model, the agent); its modules below follow the flow (docs/architecture.md), leaves
+//! first; one file per command lives in `cmd`. Every module names the crates' paths in
+//! full (`pruefstand_store::RunDir`), so a path says which crate it lives in.
 
-// The synchronous core (crates/core): cases, records, the run directory, plans, specs,
-// settings, statistics, the judge and the reports. Every module of the binary names
-// its paths as `pruefstand_core::…`, so a path says which crate it lives in.
 use pruefstand_core::util;
 
-// The orchestrator: a module uses only the core and modules declared above it
+// The orchestrator: a module uses only the crates and modules declared above it
 // (tests/layers.rs checks it), so this list reads as the flow. rustfmt keeps this order
 // (`reorder_modules = false`).
 
-// The async runtime, and the one way blocking work is handed off its workers; waiting
-// for a lock another process holds (the bench lock, a reference's).
-// The console: output, progress bars and the log format (its macros for every module below).
+// The console: output, progress bars and the log format (its macros for every module
+// below).
 #[macro_use]
 mod console;
+// The async runtime, and the one way blocking work is handed off its workers; waiting
+// for a lock another process holds (the bench lock, a reference's).
 mod runtime;
 mod lock_wait;
 
 // Before a job may use the GPU: the guards.
 mod guard;
 
-// The model server: the simulated model, vLLM in a container, brought up and down.
+// The model server: vLLM in a container, or the simulated model (`pruefstand_sim`),
+// brought up and down.
 mod container;
 mod model;
 
-// The run's parts: the gym (AgentDojo, Python) and its steering, the agent runtime.
+// The run's parts: the gym (AgentDojo, Python) and its steering, the adaptive attacker,
+// provenance (the agent runtime is `pruefstand_agent`).
 mod concurrency;
 mod gym;
 mod adaptive;

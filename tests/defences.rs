@@ -3,7 +3,7 @@
 //! tool results, each as a shipped demo spec on `schnell` with the simulated model, the
 //! real binary and the real gym: valid runs, the defence's effect in the attack success
 //! and in the conversation the trace keeps. The shapes of what is sent are pinned
-//! against agentdojo's own elements beside the code (`src/agent/pins.rs`, the gym's
+//! against agentdojo's own elements beside the code (`crates/agent/src/pins.rs`, the gym's
 //! selftest).
 
 use std::collections::BTreeMap;

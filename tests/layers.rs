@@ -358,7 +358,7 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
 }
 
 /// Every import cycle between sibling modules of a folder under `src/`, as
-/// `crates/core/src/judge: early -> rules (…/early.rs:23) -> early (…/rules.rs:10)`.
+/// `crates/judge/src: early -> rules (…/early.rs:23) -> early (…/rules.rs:10)`.
 fn sibling_cycles(files: &[Source]) -> Vec<String> {
     let folders: BTreeSet<&[String]> = files.iter().flat_map(|f| (1..f.module.len()).map(|n| &f.module[..n])).collect();
     let mut found = Vec::new();

@@ -23,7 +23,7 @@ RECORD_FIELDS = schema.record_fields()
 # false, the injection counted as landed), or an error of the bench (no scores).
 OUTCOMES = schema.choices("case-record", "Outcome")
 
-# The run directory's folder of AgentDojo's traces (crates/core/src/rundir/files.rs `RunFile::Traces`).
+# The run directory's folder of AgentDojo's traces (crates/store/src/files.rs `RunFile::Traces`).
 TRACES_DIR = schema.run_file("Traces")
 
 # The most of a case's error text a record keeps: an agent's `{"error": …}` of 20 MB

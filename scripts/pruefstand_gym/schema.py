@@ -5,7 +5,7 @@ items, minItems/maxItems, minimum/maximum, const, oneOf/anyOf, $ref into $defs.
 
 Beside them, `schemas/constants.json` (generated the same way, src/gym/contract.rs)
 holds what has no type to carry it: crates/core/src/case.rs's case-id scheme and the
-names crates/core/src/rundir/files.rs gives the run files the gym writes.
+names crates/store/src/files.rs gives the run files the gym writes.
 
 The runner checks each request against its schema before anything else (`runner.
 validate_request`, which restates no field's type); records and requests are checked
@@ -146,7 +146,7 @@ def case_id_format(kind: str) -> str:
 
 
 def run_file(name: str) -> str:
-    """The name crates/core/src/rundir/files.rs gives run file `name` (its `RunFile` variant:
+    """The name crates/store/src/files.rs gives run file `name` (its `RunFile` variant:
     `Traces`), relative to the run directory."""
     return constants()["run_files"][name]
 

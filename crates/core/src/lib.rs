@@ -1,8 +1,8 @@
-//! pruefstand's synchronous core: what a run's files are and what they mean — cases and
-//! their records, the run directory, plans and version specs, settings, the statistics,
-//! the judge (rules R1–R5) and the reports. No async runtime lives here: the
-//! orchestrator (the `pruefstand` binary: gym driver, agent, containers, cluster,
-//! daemon, web view, commands) calls into this crate, from its runtime through
+//! pruefstand's vocabulary, the crate every other one speaks: cases and their records,
+//! settings, version specs, plans, the job queue, AgentDojo's inventory as data, the
+//! words the figures are said in. It decides nothing about a run's files (the store,
+//! `pruefstand-store`), a verdict (`pruefstand-judge`) or a process (the binary). No async
+//! runtime lives here: the orchestrator calls into it from its runtime through
 //! `spawn_blocking`, never the other way round.
 //!
 //! The modules below follow the flow (docs/architecture.md), leaves first: a module uses
@@ -36,15 +36,6 @@ pub mod spec;
 pub mod plan;
 pub mod queue;
 
-// Where a run keeps what it writes: the run directory, the one module that names its
-// files (the model server's container log among them); the bench lock on it.
-
 // The figures over a run's records and the order its user tasks are drawn in.
 pub mod telemetry;
 pub mod order;
-
-// The verdict: statistics, rules R1–R5 (and the studies of their error rates).
-
-// What a run hands on: its conversations as training data, never of held-out families.
-
-// The reports of a judgement.

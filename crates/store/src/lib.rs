@@ -1,5 +1,5 @@
 //! The run store: a run directory and the files in it, behind one door. [`RunFile`]
-//! names every file and folder a run writes (`files.rs`), and only this module turns a
+//! names every file and folder a run writes (`files.rs`), and only this crate turns a
 //! name into a path: everyone else asks a [`RunDir`] for what a file holds. The JSON
 //! documents whose types sit above the store are read and written typed here
 //! ([`PlanFile`], [`VersionFile`], `run.json`'s `RunMeta`, …); the owner of any other
