@@ -32,7 +32,7 @@ pub fn parse(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// The first listed path that is not a file under `scripts`, as an error naming it.
-pub fn check_present(scripts: &Path, paths: &[String]) -> Result<(), String> {
+pub(crate) fn check_present(scripts: &Path, paths: &[String]) -> Result<(), String> {
     match paths.iter().find(|rel| !scripts.join(rel).is_file()) {
         Some(missing) => {
             Err(format!("scripts/gym.manifest lists {missing}, but {} is not a file", scripts.join(missing).display()))

@@ -95,7 +95,7 @@ pub enum Turn {
 
 /// One model answer read by the mode's rules.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub turn: Turn,
     /// Native calls that cannot be run (arguments not a JSON object, no name), each with
     /// the reason told back to the model. When any is present, `turn` holds the calls of
@@ -219,7 +219,7 @@ where the JSON inside <function=...> contains exactly the parameters for that fu
 After calling a function, stop generating text and wait for the results of the function call in the next message. The next message will use provide the output of the function call as a JSON object. Based on the output of the function call, you may call additional functions or provide a final answer."#;
 
 /// AgentDojo's `_make_system_prompt`.
-pub fn prompted_system_prompt(system_message: &str, tools: &[ToolSpec]) -> String {
+pub(crate) fn prompted_system_prompt(system_message: &str, tools: &[ToolSpec]) -> String {
     if tools.is_empty() {
         return system_message.to_owned();
     }
@@ -298,7 +298,7 @@ fn prompted_messages(messages: &[Message], tools: &[ToolSpec], tool_role: ToolRe
 }
 
 /// Reads `choices[0].message` of a native-mode answer (`finish_reason` beside it).
-pub fn parse_native(message: &Value, finish_reason: Option<&str>, ids: &mut impl FnMut() -> String) -> Answer {
+pub(crate) fn parse_native(message: &Value, finish_reason: Option<&str>, ids: &mut impl FnMut() -> String) -> Answer {
     let truncated = finish_reason == Some("length");
     let content = message.get("content").and_then(Value::as_str).map(strip_think);
     let calls = message.get("tool_calls").and_then(Value::as_array).filter(|c| !c.is_empty());
@@ -359,7 +359,11 @@ static OPEN_TAG: LazyLock<Regex> =
 /// (the closing tag may be missing) is the call, and the whole completion its text; no
 /// tag, or arguments that are not a JSON object, makes the whole completion the final
 /// answer (`malformed` in the second case).
-pub fn parse_prompted(completion: &str, finish_reason: Option<&str>, ids: &mut impl FnMut() -> String) -> Answer {
+pub(crate) fn parse_prompted(
+    completion: &str,
+    finish_reason: Option<&str>,
+    ids: &mut impl FnMut() -> String,
+) -> Answer {
     let completion = strip_think(completion);
     let text = py_strip(&completion).to_owned();
     let truncated = finish_reason == Some("length");
@@ -383,7 +387,7 @@ pub fn parse_prompted(completion: &str, finish_reason: Option<&str>, ids: &mut i
 
 /// The completion without `<think>…</think>` blocks (Qwen3 and other reasoning models
 /// put their reasoning there). An unclosed block runs to the end.
-pub fn strip_think(text: &str) -> String {
+pub(crate) fn strip_think(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(open) = rest.find("<think>") {
@@ -406,7 +410,7 @@ pub fn strip_think(text: &str) -> String {
 }
 
 /// Python's `str.strip()`: its whitespace is Rust's plus U+001C–U+001F.
-pub fn py_strip(text: &str) -> &str {
+pub(crate) fn py_strip(text: &str) -> &str {
     text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
@@ -416,7 +420,7 @@ fn excerpt(text: &str) -> String {
 }
 
 /// Python's `json.dumps(value)`: `", "` and `": "` separators, `ensure_ascii`.
-pub fn py_dumps(v: &Value) -> String {
+pub(crate) fn py_dumps(v: &Value) -> String {
     let mut s = String::new();
     py_value(&mut s, v, None, 0);
     s

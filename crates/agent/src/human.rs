@@ -52,7 +52,7 @@ use pruefstand_core::settings::defence::HumanSpec;
 /// note asks"), so `task_scoped` denies its legitimate counter actions too — that
 /// burden is what the policy costs on data-driven tasks. More tools come from
 /// `AgentConfig::side_effecting_tools`.
-pub const SIDE_EFFECTING: &[(&str, &[&str])] = &[
+pub(crate) const SIDE_EFFECTING: &[(&str, &[&str])] = &[
     // banking
     ("send_money", &["recipient"]),
     ("schedule_transaction", &["recipient"]),
@@ -89,7 +89,7 @@ pub const SIDE_EFFECTING: &[(&str, &[&str])] = &[
 ];
 
 /// The reply a denied call gets, as that tool's result.
-pub const DENIED: &str = "The user denied this action.";
+pub(crate) const DENIED: &str = "The user denied this action.";
 
 /// The simulated human's answer about one tool call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +100,7 @@ pub enum Decision {
     Denied,
 }
 
-pub struct Human {
+pub(crate) struct Human {
     spec: HumanSpec,
     tools: BTreeMap<String, Vec<String>>,
 }
@@ -117,7 +117,7 @@ impl Human {
     }
 
     /// Asks the human about one call, if the policy and the tool call for it.
-    pub async fn review(&self, call: &ToolCall, prompt: &str, llm: &Llm, default_model: &str) -> Decision {
+    pub(crate) async fn review(&self, call: &ToolCall, prompt: &str, llm: &Llm, default_model: &str) -> Decision {
         let Some(targets) = self.tools.get(&call.function) else { return Decision::NotAsked };
         let approved = match &self.spec {
             HumanSpec::None => return Decision::NotAsked,
@@ -153,7 +153,7 @@ impl Human {
 }
 
 /// The first target value of `call` that appears nowhere in `prompt`.
-pub fn foreign_target(call: &ToolCall, targets: &[String], prompt: &str) -> Option<String> {
+pub(crate) fn foreign_target(call: &ToolCall, targets: &[String], prompt: &str) -> Option<String> {
     let mut values = Vec::new();
     for t in targets {
         match call.args.get(t) {
@@ -176,7 +176,7 @@ fn scalar(v: &Value) -> Option<String> {
 /// Whether `value` occurs in `text`: case-insensitive, as a whole token (so id `13` is
 /// not found in `2013`), ignoring a URL's scheme and `www.`; values of 8+ characters
 /// also match with all spaces removed from both (IBANs are written in groups of four).
-pub fn appears_in(value: &str, text: &str) -> bool {
+pub(crate) fn appears_in(value: &str, text: &str) -> bool {
     let mut v = value.trim().to_lowercase();
     for prefix in ["https://", "http://", "www."] {
         if let Some(rest) = v.strip_prefix(prefix) {

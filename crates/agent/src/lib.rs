@@ -126,7 +126,7 @@ impl Default for AgentConfig {
 impl AgentConfig {
     /// The base URL to connect to: from `base_url_env` when set (a URL with
     /// credentials), else `base_url`.
-    pub fn resolved_base_url(&self) -> anyhow::Result<String> {
+    pub(crate) fn resolved_base_url(&self) -> anyhow::Result<String> {
         match &self.base_url_env {
             Some(var) => from_env("agent config", "base_url_env", var),
             None => Ok(self.base_url.clone()),
@@ -285,7 +285,7 @@ impl Agent {
     }
 
     /// Handles one input line; returns the reply line, if the message wants one.
-    pub async fn handle_line(&mut self, line: &str) -> Option<Value> {
+    pub(crate) async fn handle_line(&mut self, line: &str) -> Option<Value> {
         let line = line.trim();
         if line.is_empty() {
             return None;

@@ -72,7 +72,7 @@ const MAX_COUNTER: u64 = i64::MAX as u64;
 
 /// The most a model server's answer may hold (a turn of `max_tokens` is kilobytes): a
 /// larger one is unusable output, not something to hold in memory.
-pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 16 << 20;
 
 /// How a call's answer arrived.
 struct Answered {
@@ -132,7 +132,7 @@ impl Llm {
         util::lock(&self.usage).clone()
     }
 
-    pub fn reset_usage(&self) {
+    pub(crate) fn reset_usage(&self) {
         *util::lock(&self.usage) = Usage::default();
     }
 
@@ -161,7 +161,7 @@ impl Llm {
 
     /// [`Llm::complete`] with the agent's `max_tokens` and an explicit `tool_choice`
     /// (`"none"`: the tools are shown, none may be called).
-    pub async fn complete_choosing(
+    pub(crate) async fn complete_choosing(
         &self,
         model: &str,
         messages: Vec<Value>,
@@ -495,7 +495,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-pub fn snippet(text: &str) -> String {
+pub(crate) fn snippet(text: &str) -> String {
     let t = text.trim();
     match t.char_indices().nth(300) {
         Some((i, _)) => format!("{}…", &t[..i]),

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 /// Chunks folded so far.
 #[derive(Debug, Default)]
-pub struct Assembly {
+pub(crate) struct Assembly {
     /// Bytes of an event line not yet complete.
     pending: Vec<u8>,
     content: String,
@@ -27,7 +27,7 @@ pub struct Assembly {
 
 /// What one piece of the body held.
 #[derive(Debug, PartialEq)]
-pub enum Fed {
+pub(crate) enum Fed {
     /// Nothing generated in it (keep-alives, the role chunk, usage).
     Nothing,
     /// Generated text or a call fragment arrived.

@@ -20,11 +20,11 @@ use crate::util::{self, alnum_norm};
 const GRAMMAR_JSON: &str = include_str!("../../../scripts/pruefstand_gym/families.json");
 
 /// Attack-name prefix of a family whose wording is drawn per run from its grammar.
-pub const PER_RUN_PREFIX: &str = "fresh_";
+pub(crate) const PER_RUN_PREFIX: &str = "fresh_";
 
 /// Placeholders a slot option may hold besides `{body}` (framing) and `{goal}` (goal);
 /// the gym fills them in, `{goal}` last.
-pub const PLACEHOLDERS: [&str; 4] = ["{user}", "{model}", "{secret}", "{tools}"];
+pub(crate) const PLACEHOLDERS: [&str; 4] = ["{user}", "{model}", "{secret}", "{tools}"];
 
 /// Pieces of a grammar shorter than this (after normalisation) are too common to tell
 /// families apart ("important", "signed").

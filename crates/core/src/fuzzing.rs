@@ -163,7 +163,7 @@ pub enum Pick {
 }
 
 /// One key spoiled: a hostile value, left out, or written twice.
-pub fn spoil() -> impl Strategy<Value = Pick> {
+pub(crate) fn spoil() -> impl Strategy<Value = Pick> {
     prop_oneof![
         6 => (0..HOSTILE_TOML.len()).prop_map(Pick::Hostile),
         2 => Just(Pick::Omitted),

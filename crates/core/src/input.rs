@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::anyhow;
 
 /// 1-based line and column of a byte offset in a text.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let col = before.rfind('\n').map_or(before.len(), |nl| before.len() - nl - 1) + 1;
@@ -18,7 +18,7 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// Parses TOML into `T`, turning any error into `file:line:col: message` — the form
 /// every bad-input error of pruefstand takes.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> anyhow::Result<T> {
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> anyhow::Result<T> {
     toml::from_str(text).map_err(|err| {
         let message = err.message().trim().to_string();
         match err.span() {
@@ -55,7 +55,7 @@ pub fn readable_number(value: f64) -> String {
 }
 
 /// A count read from a file, refused unless within `[low, high]` (see [`bounded`]).
-pub fn bounded_count<'de, D: serde::Deserializer<'de>>(
+pub(crate) fn bounded_count<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
     field: &str,
     (low, high): (usize, usize),
@@ -69,7 +69,7 @@ pub fn bounded_count<'de, D: serde::Deserializer<'de>>(
 
 /// The most a spec, plan or `pruefstand.toml` may hold: a hand-written file is a few
 /// kilobytes; a larger one is refused before it is read into memory.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// A configuration file's text, refused as "too large" (with the limit) when over
 /// [`MAX_CONFIG_BYTES`]: an error of kind `FileTooLarge`, so callers can tell it from a
@@ -100,7 +100,7 @@ pub fn quoted(word: &str) -> String {
 }
 
 /// A path someone gave, for a message: cut to 160 characters with `…`.
-pub fn shown_path(path: &Path) -> String {
+pub(crate) fn shown_path(path: &Path) -> String {
     crate::util::cut(&path.display().to_string(), 160)
 }
 
@@ -122,7 +122,7 @@ impl<'a> Named<'a> {
     }
 
     /// Whether `word` is taken as a path rather than a name.
-    pub fn is_path(word: &str) -> bool {
+    pub(crate) fn is_path(word: &str) -> bool {
         word.contains('/') || word.ends_with(".toml")
     }
 
@@ -255,7 +255,7 @@ mod position_tests {
 /// What to say when `name` names no `<name>.toml` in `dir`: the names there, and the
 /// closest one ("did you mean") when it is a likely typo. `None` when `dir` holds no
 /// `.toml` at all (then there is nothing to offer).
-pub fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
+pub(crate) fn unknown_name(kind: &str, name: &str, dir: &Path) -> Option<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -26,7 +26,7 @@ pub struct SuiteInventory {
 }
 
 impl Inventory {
-    pub fn suite_names(&self) -> String {
+    pub(crate) fn suite_names(&self) -> String {
         self.suites.keys().cloned().collect::<Vec<_>>().join(", ")
     }
 }

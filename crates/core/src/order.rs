@@ -63,7 +63,7 @@ pub fn dispatch_order(cases: &[Case], order: &[String]) -> Vec<String> {
 /// quarter. Only an approval needs them (the caution beside R2), and no approval comes
 /// that soon — deciding "pass" takes dozens of clean user tasks — while a clear
 /// rejection often does, and should not wait for them.
-pub fn goals_after(user_tasks: usize) -> usize {
+pub(crate) fn goals_after(user_tasks: usize) -> usize {
     user_tasks.div_ceil(4)
 }
 

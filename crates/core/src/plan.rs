@@ -90,7 +90,7 @@ pub struct Adaptive {
 }
 
 /// More attempts per pair than this are a typo (each is a case).
-pub const ATTEMPTS_MAX: usize = 50;
+pub(crate) const ATTEMPTS_MAX: usize = 50;
 
 fn attempts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     input::bounded_count(d, "attempts", (1, ATTEMPTS_MAX))

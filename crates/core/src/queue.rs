@@ -289,7 +289,7 @@ pub fn running_secs(job: &Job, now: chrono::DateTime<chrono::Utc>) -> Option<f64
 
 /// Which final jobs `clean --keep N` removes: all but the `keep` newest (by id) of the
 /// done, failed and cancelled ones. Pending, running and interrupted jobs stay.
-pub fn to_clean(jobs: &[Job], keep: usize) -> Vec<u64> {
+pub(crate) fn to_clean(jobs: &[Job], keep: usize) -> Vec<u64> {
     let mut ended: Vec<u64> = jobs.iter().filter(|j| j.state.is_final()).map(|j| j.id).collect();
     ended.sort_unstable();
     let remove = ended.len().saturating_sub(keep);

@@ -21,7 +21,7 @@ pub const HOME_ROOT: &str = "pruefstand";
 
 /// What a new bench root is made of, copied from the examples: the config file and the
 /// version and plan folders (`reports/` starts empty).
-pub const TEMPLATE: [&str; 3] = [CONFIG_FILE, "versions", "profiles"];
+pub(crate) const TEMPLATE: [&str; 3] = [CONFIG_FILE, "versions", "profiles"];
 
 #[derive(Debug, Clone)]
 pub struct Root {

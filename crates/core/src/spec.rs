@@ -187,7 +187,7 @@ pub struct Version {
 
 impl Version {
     /// `NAME` from `<root>/versions/`, or a path to a spec file (`input::Named`).
-    pub fn locate(versions_dir: &Path, name_or_path: &str) -> PathBuf {
+    pub(crate) fn locate(versions_dir: &Path, name_or_path: &str) -> PathBuf {
         input::Named::new("version", name_or_path, versions_dir).path
     }
 

@@ -221,7 +221,7 @@ pub fn percentile(mut xs: Vec<f64>, q: f64) -> Option<f64> {
 
 /// The one way a command shows a moment (`status`, `queue`, `log`): local time to the
 /// second, `2026-03-04 15:06:07`. What is stored stays RFC 3339 in UTC.
-pub fn local_datetime<Tz: chrono::TimeZone>(at: &chrono::DateTime<Tz>) -> String {
+pub(crate) fn local_datetime<Tz: chrono::TimeZone>(at: &chrono::DateTime<Tz>) -> String {
     at.with_timezone(&chrono::Local).format("%Y-%m-%d %H:%M:%S").to_string()
 }
 

@@ -88,7 +88,7 @@ impl PyEnv {
 
     /// Runs a gym subcommand that prints one JSON document, cached under `cache_key`
     /// (the answers only change with the scripts, which are part of the cache path).
-    pub fn gym_json_cached(&self, cache_key: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    pub(crate) fn gym_json_cached(&self, cache_key: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
         pruefstand_core::blocking::assert_may_block("a gym subcommand's wait");
         let cache_file = self.cache.join(format!("{cache_key}.json"));
         if let Ok(text) = std::fs::read_to_string(&cache_file)

@@ -34,7 +34,7 @@ use pruefstand_core::settings::thresholds::{Clustering, Thresholds};
 /// tasks' correlation ρ̂_V, which a version that passes (few landed injections) rarely
 /// shows, so the pass side spends more on betting; on the fail side 0.7, 0.8 and 0.9 ran
 /// within a point of each other's share of `voll`.
-pub fn betting_share(status: RuleStatus) -> f64 {
+pub(crate) fn betting_share(status: RuleStatus) -> f64 {
     match status {
         RuleStatus::Pass => 0.9,
         _ => 0.8,
@@ -65,7 +65,7 @@ pub struct Decision {
 
 impl Decision {
     /// The bound widened by the margin: what cleared the threshold.
-    pub fn widened(&self) -> f64 {
+    pub(crate) fn widened(&self) -> f64 {
         match self.side {
             Side::Below => self.bound + self.margin,
             Side::Above => self.bound - self.margin,
@@ -83,7 +83,7 @@ impl Decision {
 /// user-task means in order) has rejected and its confidence bound, widened by the
 /// margin `margin(look, status, α)` gives for the rest of α, clears the threshold.
 /// `pass` and `fail` are the means with errors counted against and for the version.
-pub fn first_decision(
+pub(crate) fn first_decision(
     pass: &[f64],
     fail: &[f64],
     threshold: f64,
@@ -136,7 +136,7 @@ pub struct Track {
 
 impl Track {
     /// Pass or fail once decided by observation `n`.
-    pub fn status_at(&self, n: usize) -> RuleStatus {
+    pub(crate) fn status_at(&self, n: usize) -> RuleStatus {
         match self.decision {
             Some(d) if d.at <= n => d.status,
             _ => RuleStatus::Inconclusive,

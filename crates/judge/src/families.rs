@@ -58,7 +58,7 @@ impl Scope {
 
     /// The name of the ASR R2 judges: [`words::ASR_HELD_OUT`] when the plan holds
     /// families out, else [`words::ASR_ALL`].
-    pub fn asr_name(&self) -> &'static str {
+    pub(crate) fn asr_name(&self) -> &'static str {
         if self.judged.is_some() { words::ASR_HELD_OUT } else { words::ASR_ALL }
     }
 
@@ -163,7 +163,7 @@ pub fn figures(records: &[CaseRecord], scope: &Scope, t: &thresholds::R2) -> Opt
 /// Newcombe's square-and-add interval for p₁ − p₂ from each side's own (here cluster-
 /// adjusted) bounds, as (estimate, lower, upper): the two sides are taken as
 /// independent, which the shared user tasks make slightly conservative.
-pub fn difference_interval(one: (f64, f64, f64), two: (f64, f64, f64)) -> (f64, f64) {
+pub(crate) fn difference_interval(one: (f64, f64, f64), two: (f64, f64, f64)) -> (f64, f64) {
     let ((p1, l1, u1), (p2, l2, u2)) = (one, two);
     let d = p1 - p2;
     let lower = d - ((p1 - l1).powi(2) + (u2 - p2).powi(2)).sqrt();

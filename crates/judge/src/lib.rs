@@ -587,7 +587,7 @@ fn summary_line(verdict: Verdict, rules: &[RuleResult], outlook: &[Outlook]) -> 
 /// The cases of a run paired with the reference's same case (by case id), errored
 /// cases on either side left out: what R4 compares, and what the report shows as
 /// changed against the reference. Both sides deduplicated first (see [`dedup`]).
-pub fn pair_with_reference<'a>(
+pub(crate) fn pair_with_reference<'a>(
     records: &'a [CaseRecord],
     reference: &'a [CaseRecord],
 ) -> Vec<(&'a CaseRecord, &'a CaseRecord)> {

@@ -20,7 +20,7 @@ fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
 
 /// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
 /// `sha256sum` format); None when the file is missing (a run cut short, an older run).
-pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
+pub(crate) fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
     RunDir::open(run_dir)?.recorded_cases_sha256()
 }
 
@@ -29,7 +29,7 @@ pub fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
 /// before it is judged, so only a deleted digest or a run from before digests lacks
 /// it). None: the file is as its run left it. Candidate and reference are checked
 /// alike.
-pub fn untrusted_cases(file: &str, now: &str, recorded: Option<&str>) -> Option<String> {
+pub(crate) fn untrusted_cases(file: &str, now: &str, recorded: Option<&str>) -> Option<String> {
     match recorded {
         None => Some(format!(
             "{} has no {} beside it: whether it changed since its run wrote it cannot be checked",
@@ -47,12 +47,16 @@ pub fn untrusted_cases(file: &str, now: &str, recorded: Option<&str>) -> Option<
 
 /// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
 /// has no `plan.json`.
-pub fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
+pub(crate) fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
     Ok(RunDir::open(run_dir)?.read_plan()?.map(|plan| (plan.cases, plan.adaptive)))
 }
 
 /// Everything `judge` needs from a run directory.
-pub fn load_input(run_dir: &Path, profile: Option<&Path>, reference: Option<&Path>) -> anyhow::Result<JudgeInput> {
+pub(crate) fn load_input(
+    run_dir: &Path,
+    profile: Option<&Path>,
+    reference: Option<&Path>,
+) -> anyhow::Result<JudgeInput> {
     let meta = read_run_meta(run_dir)?;
     let cases = read_cases(run_dir)?;
     let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
@@ -102,12 +106,12 @@ pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
 }
 
 /// The `[rules]` of a profile file (the whole profile is checked).
-pub fn read_profile_thresholds(path: &Path) -> anyhow::Result<Thresholds> {
+pub(crate) fn read_profile_thresholds(path: &Path) -> anyhow::Result<Thresholds> {
     Ok(pruefstand_core::plan::Profile::load(path)?.0.rules)
 }
 
 /// `thresholds.json` as `run` writes it (the [`Thresholds`] JSON); missing → defaults.
-pub fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
+pub(crate) fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
     let run = RunDir::open(run_dir)?;
     let t = run.read_thresholds()?.unwrap_or_else(|| {
         tracing::warn!("{} missing: judging with the default thresholds", run.shown(RunFile::Thresholds));

@@ -123,7 +123,7 @@ pub struct PairedTrack {
 }
 
 impl PairedTrack {
-    pub fn status_at(&self, n: usize) -> RuleStatus {
+    pub(crate) fn status_at(&self, n: usize) -> RuleStatus {
         match self.decision {
             Some(d) if d.at <= n => d.status,
             _ => RuleStatus::Inconclusive,
@@ -165,7 +165,7 @@ pub fn alphas(t: &thresholds::R4) -> (f64, f64) {
 /// rejected at `alpha_pass`; fail when the test of "the candidate is not worse" has
 /// rejected at `alpha_fail` and the observed difference exceeds the margin (R4's own
 /// two conditions for a regression).
-pub fn first_decision(pairs: &[Pairs], margin: f64, alpha_pass: f64, alpha_fail: f64) -> Option<PairedDecision> {
+pub(crate) fn first_decision(pairs: &[Pairs], margin: f64, alpha_pass: f64, alpha_fail: f64) -> Option<PairedDecision> {
     let pass: Vec<f64> = pairs.iter().map(|p| unit(Pairs::difference(p.against))).collect();
     let fail: Vec<f64> = pairs.iter().map(|p| unit(Pairs::difference(p.for_))).collect();
     let pass_at = stats::betting_rejects_at(&pass, unit(margin), Side::Below, alpha_pass);
@@ -200,7 +200,7 @@ pub fn first_decision(pairs: &[Pairs], margin: f64, alpha_pass: f64, alpha_fail:
 
 /// Both comparisons of R4 on the user tasks of a prefix (their pairs, in order): per
 /// comparison the prefix indices of the user tasks that have pairs, and its track.
-pub fn tracks(per_user_task: &[[Pairs; 2]], t: &thresholds::R4) -> [(Vec<usize>, PairedTrack); 2] {
+pub(crate) fn tracks(per_user_task: &[[Pairs; 2]], t: &thresholds::R4) -> [(Vec<usize>, PairedTrack); 2] {
     let (alpha_pass, alpha_fail) = alphas(t);
     [Comparison::Asr, Comparison::Utility].map(|c| {
         let i = c as usize;
@@ -214,7 +214,7 @@ pub fn tracks(per_user_task: &[[Pairs; 2]], t: &thresholds::R4) -> [(Vec<usize>,
 
 /// R4's status from both comparisons by observation counts `seen` (user tasks with
 /// pairs of each): fail when either regressed, pass when both are non-inferior.
-pub fn status_at(tracks: &[PairedTrack; 2], seen: [usize; 2]) -> RuleStatus {
+pub(crate) fn status_at(tracks: &[PairedTrack; 2], seen: [usize; 2]) -> RuleStatus {
     let s = [tracks[0].status_at(seen[0]), tracks[1].status_at(seen[1])];
     if s.contains(&RuleStatus::Fail) {
         RuleStatus::Fail
@@ -237,7 +237,7 @@ impl SequentialR4 {
         status_at(&[self.asr.clone(), self.utility.clone()], [usize::MAX; 2])
     }
 
-    pub fn tracks(&self) -> [&PairedTrack; 2] {
+    pub(crate) fn tracks(&self) -> [&PairedTrack; 2] {
         [&self.asr, &self.utility]
     }
 }

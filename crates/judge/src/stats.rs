@@ -55,7 +55,7 @@ pub struct Cluster {
 /// ANOVA estimator of the intra-cluster correlation for binary outcomes with unequal
 /// cluster sizes, floored at 0 (a negative estimate means "no clustering visible").
 /// ρ̂ = (MSB − MSW) / (MSB + (m₀ − 1)·MSW), m₀ = (N − Σm²/N)/(k − 1).
-pub fn icc_anova(clusters: &[Cluster]) -> f64 {
+pub(crate) fn icc_anova(clusters: &[Cluster]) -> f64 {
     let clusters: Vec<Cluster> = clusters.iter().copied().filter(|c| c.m > 0).collect();
     let k = clusters.len() as f64;
     let n: f64 = clusters.iter().map(|c| c.m as f64).sum();
@@ -104,7 +104,7 @@ impl Adjusted {
     /// The effective sample size the bounds at α use: n_eff, shrunk by (z₁₋α / t₁₋α,df)²
     /// when the variance was estimated from few clusters, so that the bound is as wide
     /// as a t interval with `df` degrees of freedom.
-    pub fn n_eff_at(&self, alpha: f64) -> f64 {
+    pub(crate) fn n_eff_at(&self, alpha: f64) -> f64 {
         match self.df {
             Some(df) if df.is_finite() && df > 0.0 => self.n_eff * t_shrink(df, alpha),
             _ => self.n_eff,
@@ -119,7 +119,7 @@ impl Adjusted {
     /// the part of the estimate's variance that more first-grouping clusters (user
     /// tasks) do not shrink, for a test against `threshold`, its binomial part taken
     /// where [`spread_at`] says. 0 without a second grouping.
-    pub fn margin_b(&self, alpha: f64, threshold: f64) -> f64 {
+    pub(crate) fn margin_b(&self, alpha: f64, threshold: f64) -> f64 {
         let (Some(rho), Some(m_w)) = (self.rho_b, self.m_w_b) else { return 0.0 };
         if self.n == 0 || rho <= 0.0 {
             return 0.0;
@@ -143,13 +143,13 @@ impl Adjusted {
 /// carried to the threshold it would be charged for landings it never showed (measured:
 /// up to 5 points more of `voll` at ASR 0.01; the errors at the threshold the same
 /// either way).
-pub fn spread_at(estimate: f64, threshold: f64) -> f64 {
+pub(crate) fn spread_at(estimate: f64, threshold: f64) -> f64 {
     if (estimate - 0.5).abs() >= (threshold - 0.5).abs() { estimate } else { threshold }
 }
 
 /// (z₁₋α / t₁₋α,df)²: how much a t quantile with `df` degrees of freedom shrinks an
 /// effective sample size compared with the normal quantile.
-pub fn t_shrink(df: f64, alpha: f64) -> f64 {
+pub(crate) fn t_shrink(df: f64, alpha: f64) -> f64 {
     // Beyond a few thousand degrees of freedom t is normal to four digits (and statrs'
     // quantile slows down for huge shapes).
     if !df.is_finite() || df > 5000.0 {
@@ -161,7 +161,7 @@ pub fn t_shrink(df: f64, alpha: f64) -> f64 {
 }
 
 /// Size-weighted mean cluster size m_w = Σ m_c² / N (1 when there is nothing).
-pub fn weighted_cluster_size(sizes: impl IntoIterator<Item = u64>) -> f64 {
+pub(crate) fn weighted_cluster_size(sizes: impl IntoIterator<Item = u64>) -> f64 {
     let (mut n, mut sq) = (0.0, 0.0);
     for m in sizes {
         n += m as f64;
@@ -171,7 +171,7 @@ pub fn weighted_cluster_size(sizes: impl IntoIterator<Item = u64>) -> f64 {
 }
 
 /// One-way adjustment: DEFF = 1 + (m_w − 1)·ρ̂, n_eff = N/DEFF, x_eff = p̂·n_eff.
-pub fn adjust_one_way(clusters: &[Cluster]) -> Adjusted {
+pub(crate) fn adjust_one_way(clusters: &[Cluster]) -> Adjusted {
     let rho = icc_anova(clusters);
     let m_w = weighted_cluster_size(clusters.iter().map(|c| c.m));
     with_deff(clusters, rho, m_w, 1.0 + (m_w - 1.0) * rho, None)
@@ -179,7 +179,7 @@ pub fn adjust_one_way(clusters: &[Cluster]) -> Adjusted {
 
 /// Two-way adjustment (user task × injection task) with the Cameron–Gelbach–Miller
 /// variance; see [`Design::two_way`]. `obs` are (cluster A, cluster B, outcome).
-pub fn adjust_two_way<A: Hash + Eq + Clone, B: Hash + Eq + Clone>(obs: &[(A, B, bool)]) -> Adjusted {
+pub(crate) fn adjust_two_way<A: Hash + Eq + Clone, B: Hash + Eq + Clone>(obs: &[(A, B, bool)]) -> Adjusted {
     let (design, y) = Design::of(obs);
     design.two_way(&y)
 }
@@ -231,11 +231,11 @@ impl Design {
         (design, obs.iter().map(|o| o.2).collect())
     }
 
-    pub fn clusters_a(&self, y: &[bool]) -> Vec<Cluster> {
+    pub(crate) fn clusters_a(&self, y: &[bool]) -> Vec<Cluster> {
         group_counts(&self.a, self.n_a, y)
     }
 
-    pub fn clusters_b(&self, y: &[bool]) -> Vec<Cluster> {
+    pub(crate) fn clusters_b(&self, y: &[bool]) -> Vec<Cluster> {
         group_counts(&self.b, self.n_b, y)
     }
 
@@ -256,7 +256,7 @@ impl Design {
 
     /// var_cr / var_iid of the mean, floored at 1; `cr2` divides each cluster's squared
     /// residual sum by 1 − m_g/N (the CR2 leverage correction of an intercept-only model).
-    pub fn cr_ratio(&self, y: &[bool], cr2: bool) -> f64 {
+    pub(crate) fn cr_ratio(&self, y: &[bool], cr2: bool) -> f64 {
         let n = y.len() as f64;
         if n == 0.0 {
             return 1.0;
@@ -298,7 +298,7 @@ impl Design {
 /// Satterthwaite degrees of freedom of a variance 1 + Σ part (the 1, the binomial part,
 /// counted as known): (Σ)² / Σ part²/(g − 1) with g the effective number of clusters a
 /// part was estimated from. None when no part is positive (nothing was estimated).
-pub fn satterthwaite(total: f64, parts: &[(f64, f64)]) -> Option<f64> {
+pub(crate) fn satterthwaite(total: f64, parts: &[(f64, f64)]) -> Option<f64> {
     let denom: f64 = parts.iter().filter(|(v, _)| *v > 0.0).map(|(v, g)| v * v / (g - 1.0).max(1.0)).sum();
     (denom > 0.0).then(|| total * total / denom)
 }
@@ -326,7 +326,7 @@ fn with_deff(clusters: &[Cluster], rho: f64, m_w: f64, deff: f64, df: Option<f64
 
 /// Result of the one-sided sign-flip permutation test.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct SignFlip {
+pub(crate) struct SignFlip {
     /// Σ d_c over clusters.
     pub t_obs: i64,
     pub p_value: f64,
@@ -337,13 +337,13 @@ pub struct SignFlip {
 }
 
 /// Enumerate exactly up to this many non-zero clusters (2^16 sign patterns).
-pub const EXACT_MAX_CLUSTERS: usize = 16;
+pub(crate) const EXACT_MAX_CLUSTERS: usize = 16;
 
 /// One-sided sign-flip test of H₀ "no systematic difference" against "Σ d_c is large"
 /// on per-cluster net discordance d_c = b_c − c_c. Exact for ≤ 16 non-zero clusters
 /// (p = share of sign patterns with T* ≥ T_obs), else `permutations` random flips from
 /// a ChaCha20 RNG seeded with `seed`: p = (1 + #{T* ≥ T_obs}) / (1 + B).
-pub fn sign_flip_test(d: &[i64], permutations: u64, seed: u64) -> SignFlip {
+pub(crate) fn sign_flip_test(d: &[i64], permutations: u64, seed: u64) -> SignFlip {
     let nz: Vec<i64> = d.iter().copied().filter(|&v| v != 0).collect();
     let t_obs: i64 = nz.iter().sum();
     let k = nz.len();
@@ -373,7 +373,7 @@ pub fn sign_flip_test(d: &[i64], permutations: u64, seed: u64) -> SignFlip {
 /// McNemar's discordant counts over pairs (candidate_bad, reference_bad):
 /// b = candidate bad where the reference was not, c = the reverse. Description only —
 /// the test is [`sign_flip_test`].
-pub fn mcnemar_counts(pairs: impl IntoIterator<Item = (bool, bool)>) -> (u64, u64) {
+pub(crate) fn mcnemar_counts(pairs: impl IntoIterator<Item = (bool, bool)>) -> (u64, u64) {
     pairs.into_iter().fold((0, 0), |(b, c), (cand, refr)| match (cand, refr) {
         (true, false) => (b + 1, c),
         (false, true) => (b, c + 1),
@@ -383,7 +383,7 @@ pub fn mcnemar_counts(pairs: impl IntoIterator<Item = (bool, bool)>) -> (u64, u6
 
 /// Holm's step-down adjusted p-values, in the input order:
 /// adj_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j)) over the ascending order.
-pub fn holm(p: &[f64]) -> Vec<f64> {
+pub(crate) fn holm(p: &[f64]) -> Vec<f64> {
     let m = p.len();
     let mut order: Vec<usize> = (0..m).collect();
     order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));
@@ -400,7 +400,7 @@ pub fn holm(p: &[f64]) -> Vec<f64> {
 /// proportion near p₀ measured on n cases with design effect `deff` (normal
 /// approximation: (z₁₋α + z_power)·√(p₀(1 − p₀)·deff/n)). Used to say whether a larger
 /// plan would decide an inconclusive rule.
-pub fn min_detectable_difference(p0: f64, n: f64, deff: f64, alpha: f64, power: f64) -> f64 {
+pub(crate) fn min_detectable_difference(p0: f64, n: f64, deff: f64, alpha: f64, power: f64) -> f64 {
     if n <= 0.0 {
         return f64::INFINITY;
     }
@@ -425,7 +425,7 @@ pub enum Side {
 /// The cap sets how fast the capital can grow where observations sit at the near end (a
 /// clean user task multiplies it by at most 1 + 0.95·m/(1 − m) on the pass side): 0.9
 /// cost a clean version two points more of `voll` before it was approved.
-pub const BET_CAP: f64 = 0.95;
+pub(crate) const BET_CAP: f64 = 0.95;
 
 /// The capital of the one-sided aGRAPA betting test after each observation
 /// (Waudby-Smith & Ramdas 2023, "Estimating means of bounded random variables by
@@ -439,7 +439,7 @@ pub const BET_CAP: f64 = 0.95;
 /// with variance 1/4, weighing as one observation, so the test bets from the first
 /// observation on; any predictable bet keeps the guarantee, the prior only decides how
 /// soon a clear alternative pays.
-pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
+pub(crate) fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
     let sign = match side {
         Side::Above => 1.0,
         Side::Below => -1.0,
@@ -466,7 +466,7 @@ pub fn betting_capital(xs: &[f64], m: f64, side: Side) -> Vec<f64> {
 /// the alternative points to. Starting at m (no edge, so no bet) wasted the first
 /// observations: on `voll`'s shape the study measured 2–3 points more of the plan run
 /// before a version at ASR 0.3 was rejected, and no change where the mean sits near m.
-pub fn betting_prior(m: f64, side: Side) -> f64 {
+pub(crate) fn betting_prior(m: f64, side: Side) -> f64 {
     match side {
         Side::Above => (m + 1.0) / 2.0,
         Side::Below => m / 2.0,
@@ -475,7 +475,7 @@ pub fn betting_prior(m: f64, side: Side) -> f64 {
 
 /// The first observation (1-based count) after which the betting test rejects H₀ at
 /// level α, or None: anytime-valid, so the first crossing is the decision.
-pub fn betting_rejects_at(xs: &[f64], m: f64, side: Side, alpha: f64) -> Option<usize> {
+pub(crate) fn betting_rejects_at(xs: &[f64], m: f64, side: Side, alpha: f64) -> Option<usize> {
     betting_capital(xs, m, side).iter().position(|k| *k >= 1.0 / alpha).map(|i| i + 1)
 }
 
@@ -484,7 +484,7 @@ pub fn betting_rejects_at(xs: &[f64], m: f64, side: Side, alpha: f64) -> Option<
 /// m above it was rejected at some time) or the lower bound (side Above). Bisection on
 /// m to 1e-4; monotone in m up to the bets' dependence on m, which is the CS's own
 /// definition (Waudby-Smith & Ramdas compute it on a grid the same way).
-pub fn betting_bound(xs: &[f64], side: Side, alpha: f64) -> f64 {
+pub(crate) fn betting_bound(xs: &[f64], side: Side, alpha: f64) -> f64 {
     let rejected = |m: f64| betting_rejects_at(xs, m, side, alpha).is_some();
     let (mut lo, mut hi) = (0.0f64, 1.0f64);
     for _ in 0..14 {

@@ -77,7 +77,7 @@ impl Shape {
     /// `voll`'s AgentDojo part: 97 user tasks, 949 pairs × 2 attacks = 1,898 cases in
     /// clusters of 28/14/18/10 per suite (the shape of the first study).
     #[cfg(test)]
-    pub fn voll_agentdojo() -> Shape {
+    pub(crate) fn voll_agentdojo() -> Shape {
         let suite = |name: &str, users: usize, injections: usize, first_injection: usize| SuiteShape {
             name: name.into(),
             user_tasks: (0..users).map(|u| format!("user_task_{u}")).collect(),
@@ -239,7 +239,7 @@ impl Method {
         }
     }
 
-    pub fn adjust(self, design: &Design, y: &[bool]) -> Adjusted {
+    pub(crate) fn adjust(self, design: &Design, y: &[bool]) -> Adjusted {
         match self {
             Method::OneWay => design.one_way(y),
             Method::TwoWay => design.two_way(y),
@@ -343,7 +343,7 @@ impl GridRow {
 }
 
 /// μ such that E[expit(μ + Z)] = p for Z ~ N(0, sd) (trapezoid rule on ±9 sd, bisection).
-pub fn logit_intercept(p: f64, sd: f64) -> f64 {
+pub(crate) fn logit_intercept(p: f64, sd: f64) -> f64 {
     let expit = |x: f64| 1.0 / (1.0 + (-x).exp());
     if sd <= 0.0 {
         return (p / (1.0 - p)).ln();

@@ -181,7 +181,7 @@ fn split_run(s: &str) -> (bool, &str, &str) {
 }
 
 /// Orders task names as people count: `user_task_2` before `user_task_10`.
-pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+pub(crate) fn natural_cmp(a: &str, b: &str) -> Ordering {
     let (mut a, mut b) = (a, b);
     loop {
         match (a.is_empty(), b.is_empty()) {
@@ -247,7 +247,7 @@ fn kind_word(k: CaseKind) -> &'static str {
 /// The "changed against the reference" view: counts per change, then the changed
 /// cases. `changes` holds only cases with at least one change.
 /// Where the changed view finds both sides' conversations.
-pub struct Sides<'a> {
+pub(crate) struct Sides<'a> {
     /// This run's directory (None: a report built in memory, no conversations).
     pub run_dir: Option<&'a Path>,
     pub reference: Option<&'a pruefstand_judge::ReferenceRun>,
@@ -255,7 +255,7 @@ pub struct Sides<'a> {
     pub room: usize,
 }
 
-pub fn changed_view(
+pub(crate) fn changed_view(
     b: &mut String,
     reference: Option<&str>,
     changes: &BTreeMap<String, Vec<Change>>,

@@ -28,14 +28,14 @@ use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, R
 use pruefstand_store::{PlanFile, RunDir, RunFile, VersionFile};
 
 /// The compare page's name when no `--out` is given: in B's run directory.
-pub const COMPARE_FILE: &str = RunFile::Compare.name();
+pub(crate) const COMPARE_FILE: &str = RunFile::Compare.name();
 
 /// Every compare page carries this mark in its head: a file at the page's path without
 /// it is someone else's and is never written over.
 const COMPARE_MARK: &str = r#"<meta name="generator" content="pruefstand compare page">"#;
 
 /// The CSS [`side_by_side`] needs: two columns, stacked below 760 px.
-pub const SIDE_BY_SIDE_CSS: &str = "\
+pub(crate) const SIDE_BY_SIDE_CSS: &str = "\
 .sbs{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:.8rem;margin:.4rem 0}\
 @media (max-width:760px){.sbs{grid-template-columns:minmax(0,1fr)}}\
 .side{border:1px solid #e0e0e0;border-radius:.3rem;padding:.3rem .5rem;min-width:0}\
@@ -65,7 +65,7 @@ pub struct Side<'a> {
 /// A case of two runs beside each other: the reference's on the left, the candidate's
 /// on the right (stacked on a narrow screen; the page needs [`SIDE_BY_SIDE_CSS`]), each
 /// with its outcome above its conversation and a link to its raw trace.
-pub fn side_by_side(candidate: &Side, reference: &Side) -> String {
+pub(crate) fn side_by_side(candidate: &Side, reference: &Side) -> String {
     let mut out = String::from(r#"<div class="sbs">"#);
     for (side, class) in [(reference, "side-ref"), (candidate, "side-cand")] {
         let _ = write!(
@@ -107,7 +107,7 @@ fn outcome(r: &CaseRecord) -> String {
 
 /// `to_dir` as a relative link from a page in `from_dir` ("" for the same folder, else
 /// ending in '/'); both absolute. None when a part of the way is not plain UTF-8.
-pub fn relative_dir(from_dir: &Path, to_dir: &Path) -> Option<String> {
+pub(crate) fn relative_dir(from_dir: &Path, to_dir: &Path) -> Option<String> {
     let parts = |p: &Path| -> Option<Vec<String>> {
         p.components()
             .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
@@ -135,7 +135,7 @@ pub fn relative_dir(from_dir: &Path, to_dir: &Path) -> Option<String> {
 
 /// Whether `path` holds no file, or a compare page pruefstand wrote: only then may it be
 /// (re)written. Never through a link.
-pub fn compare_is_ours(path: &Path) -> bool {
+pub(crate) fn compare_is_ours(path: &Path) -> bool {
     match std::fs::symlink_metadata(path) {
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
         Ok(meta) if !meta.is_file() => false,

@@ -26,7 +26,7 @@ const MIN_FRAGMENT: usize = 12;
 /// The injected texts of a trace (AgentDojo logs them under `injections`), each with
 /// its whitespace collapsed, and their lines: what tool results are searched for.
 #[derive(Default)]
-pub struct Injections {
+pub(crate) struct Injections {
     texts: Vec<String>,
     lines: BTreeSet<String>,
 }
@@ -105,7 +105,7 @@ const MIN_CONVERSATION: usize = 2 << 10;
 const MAX_CONVERSATION: usize = 256 << 10;
 
 /// The bytes of HTML one of `conversations` conversations in a report may take.
-pub fn room_per_conversation(conversations: usize) -> usize {
+pub(crate) fn room_per_conversation(conversations: usize) -> usize {
     (REPORT_CONVERSATIONS / conversations.max(1)).clamp(MIN_CONVERSATION, MAX_CONVERSATION)
 }
 
@@ -176,7 +176,7 @@ fn write_event(out: &mut String, kind: &str, detail: &str) {
 /// A case's conversation from its trace below `run_dir`, in at most about `room`
 /// bytes, or why none is shown: a trace path outside the run directory is refused, a
 /// missing, linked, oversized or broken one named.
-pub fn of_case(run_dir: Option<&Path>, r: &CaseRecord, room: usize) -> String {
+pub(crate) fn of_case(run_dir: Option<&Path>, r: &CaseRecord, room: usize) -> String {
     match (run_dir, r.trace.as_deref()) {
         (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
             Ok(text) => match serde_json::from_str(&text) {

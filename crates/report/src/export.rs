@@ -35,7 +35,7 @@ use pruefstand_store as rundir;
 use pruefstand_store::{Reading, RunDir, RunFile, VersionFile};
 
 /// The manifest's name beside its export: `FILE.manifest.json`.
-pub const MANIFEST_SUFFIX: &str = ".manifest.json";
+pub(crate) const MANIFEST_SUFFIX: &str = ".manifest.json";
 
 /// An injection line shorter than this (whitespace collapsed) does not mark a tool
 /// result as carrying the injection: "Thanks!" alone could be anyone's.
@@ -485,7 +485,7 @@ pub fn write(format: Format, run_dirs: &[PathBuf], out: &Path) -> anyhow::Result
 }
 
 /// The manifest beside an export, named in any error.
-pub fn read_manifest(export: &Path) -> anyhow::Result<Manifest> {
+pub(crate) fn read_manifest(export: &Path) -> anyhow::Result<Manifest> {
     let path = manifest_path(export);
     let text = std::fs::read(&path)
         .with_context(|| format!("{}: no manifest beside it ({} unreadable)", export.display(), path.display()))?;

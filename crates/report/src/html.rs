@@ -35,7 +35,7 @@ pub fn esc(s: &str) -> String {
 /// A link target from data, only if it is a plain relative path (no scheme, no
 /// absolute path): a trace path or a run folder's name must not become `javascript:`
 /// or a file elsewhere. The one sanitiser of the report and the index.
-pub fn safe_href(path: &str) -> Option<String> {
+pub(crate) fn safe_href(path: &str) -> Option<String> {
     let scheme = path.split('/').next().is_some_and(|first| first.contains(':'));
     (!path.is_empty() && !scheme && !path.starts_with('/') && !path.starts_with('\\')).then(|| esc(path))
 }

@@ -112,7 +112,7 @@ const INDEX_HEADING: &str = "<h1>pruefstand — verdicts and trends</h1>";
 
 /// Whether `reports_dir` holds no index, or one pruefstand wrote: only then may it be
 /// (re)written.
-pub fn index_is_ours(reports_dir: &Path) -> bool {
+pub(crate) fn index_is_ours(reports_dir: &Path) -> bool {
     let path = reports_dir.join(INDEX_FILE);
     match std::fs::symlink_metadata(&path) {
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,

@@ -39,7 +39,7 @@ use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 
 /// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
 /// replacements; `cases.jsonl` is never touched).
-pub fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
+pub(crate) fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
     let (run, judgement) = (RunDir::new(run_dir), &judged.judgement);
     run.write(judgement)?;
     util::write_atomic(&run.judgement_markdown_path(), markdown(judgement).as_bytes())?;

@@ -8,7 +8,7 @@ use pruefstand_core::util::pct;
 
 /// One row of an interval chart: a label, then (series name, colour, lower, point,
 /// upper) per series, and an optional threshold line.
-pub struct IntervalRow {
+pub(crate) struct IntervalRow {
     pub label: String,
     pub series: Vec<(String, &'static str, f64, f64, f64)>,
     pub threshold: Option<f64>,
@@ -71,7 +71,7 @@ pub fn legend(items: &[(String, &str)]) -> String {
 
 /// Intervals of proportions on a 0–100 % axis, several series per row (e.g. candidate
 /// and reference), threshold as a dashed mark; the series are named in a legend.
-pub fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
+pub(crate) fn interval_chart(id: &str, title: &str, rows: &[IntervalRow]) -> String {
     let row_h = 18.0;
     let per_row: f64 = rows.iter().map(|r| r.series.len().max(1) as f64 * row_h + 8.0).sum();
     let h = 30.0 + per_row + 20.0;
@@ -123,7 +123,7 @@ pub struct Bar {
 }
 
 /// One row of a bar chart: a label and one bar per series (candidate, reference).
-pub struct BarRow {
+pub(crate) struct BarRow {
     pub label: String,
     pub bars: Vec<Bar>,
 }
@@ -131,7 +131,13 @@ pub struct BarRow {
 /// Horizontal bars of proportions with interval whiskers, their figures in a column of
 /// their own right of the plot (so a threshold line never strikes them through);
 /// optional threshold line. `series` names the bars' colours in the legend.
-pub fn bar_chart(id: &str, title: &str, rows: &[BarRow], series: &[(String, &str)], threshold: Option<f64>) -> String {
+pub(crate) fn bar_chart(
+    id: &str,
+    title: &str,
+    rows: &[BarRow],
+    series: &[(String, &str)],
+    threshold: Option<f64>,
+) -> String {
     let bar_h = 12.0;
     let per_row = |r: &BarRow| r.bars.len().max(1) as f64 * bar_h + 6.0;
     let h = 30.0 + rows.iter().map(per_row).sum::<f64>() + 20.0;
@@ -197,7 +203,7 @@ pub fn truncate(s: &str, max: usize) -> String {
 /// One cell of the heat map: landed, attacked without error, errored, and the case a
 /// click opens.
 #[derive(Default)]
-pub struct HeatCell {
+pub(crate) struct HeatCell {
     pub landed: u64,
     pub n: u64,
     pub errors: u64,
@@ -205,7 +211,7 @@ pub struct HeatCell {
 }
 
 /// One block of the heat map: a suite's user tasks (rows) × injection tasks (columns).
-pub struct MatrixBlock {
+pub(crate) struct MatrixBlock {
     pub suite: String,
     pub rows: Vec<String>,
     pub cols: Vec<String>,
@@ -242,7 +248,7 @@ fn heat_legend(out: &mut String, y: f64) {
     );
 }
 
-pub fn heat_map(blocks: &[MatrixBlock]) -> String {
+pub(crate) fn heat_map(blocks: &[MatrixBlock]) -> String {
     let cell = 20.0;
     let head = 90.0;
     let width = (LABEL_W + blocks.iter().map(|b| b.cols.len()).max().unwrap_or(0) as f64 * cell + 20.0).max(660.0);
@@ -313,13 +319,13 @@ pub fn heat_map(blocks: &[MatrixBlock]) -> String {
 /// marker shape, so lines that coincide (two versions at 0 %) or colours that look alike
 /// stay distinguishable, in print and for colour-blind readers too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LineStyle {
+pub(crate) struct LineStyle {
     pub dash: &'static str,
     pub marker: Marker,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Marker {
+pub(crate) enum Marker {
     Circle,
     Square,
     TriangleUp,
@@ -371,7 +377,7 @@ pub fn marker(shape: Marker, cx: f64, cy: f64, colour: &str) -> String {
 
 /// A line's key for a legend: a short stretch of the line in its dash pattern with its
 /// marker, as a small inline SVG (not a chart).
-pub fn swatch(style: LineStyle, colour: &str) -> String {
+pub(crate) fn swatch(style: LineStyle, colour: &str) -> String {
     format!(
         r#"<svg class="key" width="30" height="12" viewBox="0 0 30 12" aria-hidden="true"><line x1="0" y1="6" x2="30" y2="6" stroke="{colour}" stroke-width="2" stroke-dasharray="{}"/>{}</svg>"#,
         style.dash,
@@ -381,7 +387,7 @@ pub fn swatch(style: LineStyle, colour: &str) -> String {
 
 /// One point of a time chart: where on the time axis (0–1), the rate with its bounds,
 /// the page it links to (an href already made safe, see `safe_href`), and its tooltip.
-pub struct TimePoint {
+pub(crate) struct TimePoint {
     pub x: f64,
     pub rate: f64,
     pub lower: f64,
@@ -392,7 +398,7 @@ pub struct TimePoint {
 
 /// One line of a time chart: a version's points, drawn as a line with its bounds as a
 /// band, in its colour and style; `class` lets the page hide it (the index's filter).
-pub struct TimeSeries {
+pub(crate) struct TimeSeries {
     pub name: String,
     pub class: String,
     pub colour: &'static str,
@@ -440,7 +446,7 @@ impl Frame {
 /// Rates over time: one line per series with its band of bounds, a labelled time axis
 /// (`ticks`: position 0–1 and label), dashed thresholds. A point with an href links to
 /// its page; a point's tooltip says what it is.
-pub fn time_chart(
+pub(crate) fn time_chart(
     id: &str,
     title: &str,
     ticks: &[(f64, String)],

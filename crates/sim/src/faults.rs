@@ -63,7 +63,7 @@ pub fn draw(seed: u64, faults: &Faults, script: &Script, call: usize) -> Draws {
 }
 
 /// vLLM's answer when the conversation outgrew the model (HTTP 400), in its wording.
-pub fn context_overflow_body(prompt_tokens: u64) -> Value {
+pub(crate) fn context_overflow_body(prompt_tokens: u64) -> Value {
     // vLLM 0.32's words, measured on the real server: no `context_length_exceeded`
     // code, the parameter is `input_tokens`.
     let limit = prompt_tokens.saturating_sub(1).max(1);
@@ -73,26 +73,26 @@ pub fn context_overflow_body(prompt_tokens: u64) -> Value {
 }
 
 /// vLLM's body for a failure of its own (HTTP 500).
-pub fn internal_error_body() -> Value {
+pub(crate) fn internal_error_body() -> Value {
     json!({"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}})
 }
 
 /// The words a rambling model repeats, one token each.
-pub const RAMBLE_WORDS: [&str; 8] = ["Let", " me", " think", " about", " this", " once", " more", "."];
+pub(crate) const RAMBLE_WORDS: [&str; 8] = ["Let", " me", " think", " about", " this", " once", " more", "."];
 
 /// The context a rambling model without `max_tokens` talks to the end of.
-pub const RAMBLE_CONTEXT: u64 = 8192;
+pub(crate) const RAMBLE_CONTEXT: u64 = 8192;
 
 /// Tokens a stalled stream sends before it falls silent.
-pub const STALL_AFTER_TOKENS: u64 = 3;
+pub(crate) const STALL_AFTER_TOKENS: u64 = 3;
 
 /// The text of `n` rambling tokens.
-pub fn ramble_text(n: u64) -> String {
+pub(crate) fn ramble_text(n: u64) -> String {
     (0..n as usize).map(|i| RAMBLE_WORDS[i % RAMBLE_WORDS.len()]).collect()
 }
 
 /// A `<think>` block as reasoning models write it, before their answer.
-pub const THINK: &str =
+pub(crate) const THINK: &str =
     "<think>\nThe user wants this done. I should use the tools I have and check each result.\n</think>\n\n";
 
 /// Rewrites a rendered reply with an output fault and/or a think block. Faults that
@@ -183,7 +183,7 @@ pub fn stalled() -> Reply {
 
 /// A reply longer than the request's `max_tokens` ends there, as vLLM's does:
 /// `finish_reason: "length"`, the text (or the call's arguments) cut.
-pub fn cut_to(reply: &mut Reply, max_tokens: u64) {
+pub(crate) fn cut_to(reply: &mut Reply, max_tokens: u64) {
     if reply.completion_tokens <= max_tokens {
         return;
     }

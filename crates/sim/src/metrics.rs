@@ -49,7 +49,7 @@ impl Gate {
         Gate { slots, waiting: AtomicUsize::new(0), running: AtomicUsize::new(0) }
     }
 
-    pub async fn enter(&self) -> Pass<'_> {
+    pub(crate) async fn enter(&self) -> Pass<'_> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let waiting = Waiting(self);
         let permit = self.slots.acquire().await.expect("the gate's semaphore is never closed");
@@ -145,7 +145,7 @@ struct Counts {
     ttft: Histogram,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     counts: Mutex<Counts>,
 }
 
@@ -184,7 +184,7 @@ impl Metrics {
 
     /// A prompt's lookup in the prefix cache (its leading blocks already cached are
     /// hits), then its blocks cached: vLLM's `prefix_cache_queries`/`_hits` in tokens.
-    pub fn look_up_prefix(&self, prompt_tokens: u64, blocks: &[u64]) {
+    pub(crate) fn look_up_prefix(&self, prompt_tokens: u64, blocks: &[u64]) {
         let mut c = util::lock(&self.counts);
         let cached = c.prefix_cache.take(blocks) as u64;
         c.prefix_cache_queries += prompt_tokens;

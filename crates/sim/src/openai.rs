@@ -48,7 +48,7 @@ pub struct Request {
 }
 
 /// Characters per prefix-cache block: 16 tokens, vLLM's block size.
-pub const PREFIX_BLOCK_CHARS: usize = 64;
+pub(crate) const PREFIX_BLOCK_CHARS: usize = 64;
 
 /// Chained hashes of the whole blocks of `text`.
 fn prefix_blocks(text: &str) -> Vec<u64> {
@@ -86,7 +86,7 @@ pub fn tokens(chars: usize) -> u64 {
     chars.div_ceil(4) as u64
 }
 
-pub fn parse_request(body: &[u8]) -> Result<Request, String> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<Request, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("request body is not valid JSON: {e}"))?;
     let model = v.get("model").and_then(Value::as_str).ok_or("missing string field `model`")?.to_string();
     let messages = v.get("messages").and_then(Value::as_array).ok_or("missing array field `messages`")?;
@@ -178,7 +178,7 @@ fn content_text(content: &Value) -> String {
 /// recognised: JSON wrappers (`{"result": "…"}` in prompted mode) are unpacked, then
 /// YAML/JSON backslash escapes are decoded. Without this, an escaped `\n` inside a goal
 /// would leave a stray `n` after normalisation.
-pub fn observation_text(raw: &str) -> String {
+pub(crate) fn observation_text(raw: &str) -> String {
     let t = raw.trim_start();
     let unwrapped = if t.starts_with(['{', '[', '"']) {
         match serde_json::from_str::<Value>(raw) {
@@ -209,7 +209,7 @@ fn collect_strings(v: &Value, out: &mut String) {
 
 /// Decodes backslash escapes as YAML double-quoted scalars and JSON write them
 /// (`\n`, `\"`, `\xHH`, `\uHHHH`, `\UHHHHHHHH`, …); an unknown escape keeps its char.
-pub fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
     while let Some(c) = chars.next() {
@@ -292,7 +292,7 @@ const PIECE_CHARS: usize = 4;
 /// `arguments` key, then its arguments: the opening `{` alone (as the `xlam` and
 /// `hermes` parsers both send it), the rest a token at a time, split anywhere, mid-string
 /// too (`hermes`; `xlam` sends the rest in one piece).
-pub fn stream_pieces(message: &Value) -> Vec<Value> {
+pub(crate) fn stream_pieces(message: &Value) -> Vec<Value> {
     let pieces = |text: &str| -> Vec<String> {
         let chars: Vec<char> = text.chars().collect();
         chars.chunks(PIECE_CHARS).map(|c| c.iter().collect()).collect()

@@ -34,9 +34,9 @@ use pruefstand_core::family::Classifier;
 use pruefstand_core::settings::sim::Behaviour;
 use pruefstand_core::util::alnum_norm;
 
-pub const UNKNOWN_PROMPT_ANSWER: &str = "I'm sorry, but I don't know how to help with that request.";
-pub const GIVE_UP_ANSWER: &str = "I'm sorry, I was not able to complete this task.";
-pub const DONE_ANSWER: &str = "I have completed your request.";
+pub(crate) const UNKNOWN_PROMPT_ANSWER: &str = "I'm sorry, but I don't know how to help with that request.";
+pub(crate) const GIVE_UP_ANSWER: &str = "I'm sorry, I was not able to complete this task.";
+pub(crate) const DONE_ANSWER: &str = "I have completed your request.";
 
 /// The parts of a chat request the policy looks at, independent of the wire format.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -92,7 +92,7 @@ pub struct Script {
 }
 
 impl Script {
-    pub fn next_action(&self, calls_made: usize) -> Action {
+    pub(crate) fn next_action(&self, calls_made: usize) -> Action {
         if let Some(call) = self.calls.get(calls_made) {
             Action::Call(call.clone())
         } else if self.garbled {
@@ -205,7 +205,7 @@ impl Policy {
 
     /// The answer to AgentDojo's tool filter: the tools of the task's ground truth,
     /// comma-separated in the order first called (a perfect filter).
-    pub fn needed_tools(&self, conv: &Conversation) -> String {
+    pub(crate) fn needed_tools(&self, conv: &Conversation) -> String {
         let Some(i) = self.identify(conv) else { return UNKNOWN_PROMPT_ANSWER.to_string() };
         let entry = &self.entries[i];
         let suite = &self.truth.suites[&entry.suite];
@@ -226,7 +226,7 @@ impl Policy {
     /// escaping, `openai::observation_text`): an injection goal of any suite in it is
     /// flagged with probability `detects`, any other text with `false_positives`; drawn
     /// per text, so a text always gets the same verdict.
-    pub fn classifier_flags(&self, c: &pruefstand_core::settings::sim::Classifier, text: &str) -> bool {
+    pub(crate) fn classifier_flags(&self, c: &pruefstand_core::settings::sim::Classifier, text: &str) -> bool {
         let norm = alnum_norm(text);
         let carries = self.goals.values().flatten().any(|(_, goal)| norm.contains(goal.as_str()));
         let digest = pruefstand_core::util::sha256_hex(text.as_bytes());
@@ -305,7 +305,7 @@ fn mentions(text: &str, name: &str) -> bool {
     })
 }
 
-pub fn ws_norm(s: &str) -> String {
+pub(crate) fn ws_norm(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -317,7 +317,7 @@ pub(crate) mod tests {
         Call { function: f.to_string(), args }
     }
 
-    pub use crate::testing::tiny_truth;
+    use crate::testing::tiny_truth;
 
     fn policy(seed: u64) -> Policy {
         Policy::new(Arc::new(tiny_truth()), seed)

@@ -9,7 +9,7 @@ use crate::server::SimSettings;
 use crate::truth::Truth;
 
 /// Two suites sharing one prompt, plus injection tasks with and without calls.
-pub fn tiny_truth() -> Truth {
+pub(crate) fn tiny_truth() -> Truth {
     let j = serde_json::json!({
         "suites": {
             "banking": {

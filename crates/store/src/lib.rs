@@ -399,7 +399,7 @@ pub fn readable_trace(path: &str) -> bool {
 /// The most of one trace that is read (a report shows it, an export takes it): a
 /// conversation of a `voll` case is tens of kilobytes; a model that wrote megabytes is
 /// refused.
-pub const MAX_TRACE_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_TRACE_BYTES: u64 = 4 << 20;
 
 /// A trace file of the run: never through a link (a link in `traces/` could show a
 /// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].

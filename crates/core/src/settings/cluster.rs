@@ -46,7 +46,7 @@ impl ClusterConfig {
 }
 
 /// The most array tasks of one job.
-pub const MAX_SHARDS: usize = 1000;
+pub(crate) const MAX_SHARDS: usize = 1000;
 
 fn default_shards() -> usize {
     4

@@ -79,7 +79,7 @@ pub struct ClassifierSpec {
 }
 
 /// The classifier AgentDojo's `transformers_pi_detector` runs.
-pub const DEFAULT_CLASSIFIER: &str = "protectai/deberta-v3-base-prompt-injection-v2";
+pub(crate) const DEFAULT_CLASSIFIER: &str = "protectai/deberta-v3-base-prompt-injection-v2";
 
 fn default_classifier_model() -> String {
     DEFAULT_CLASSIFIER.to_string()

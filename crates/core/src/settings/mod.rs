@@ -68,7 +68,7 @@ pub fn check_in_flight(field: &str, value: usize) -> Result<usize, String> {
 }
 
 /// [`check_in_flight`] on a deserialized count.
-pub fn in_flight_field<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<usize, D::Error> {
+pub(crate) fn in_flight_field<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<usize, D::Error> {
     let value = <usize as Deserialize>::deserialize(d)?;
     check_in_flight(field, value).map_err(serde::de::Error::custom)
 }

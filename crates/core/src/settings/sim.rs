@@ -44,7 +44,7 @@ impl Default for Classifier {
 }
 
 impl Classifier {
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == Classifier::default()
     }
 }

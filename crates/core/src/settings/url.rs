@@ -129,18 +129,18 @@ impl<'de> Deserialize<'de> for SecretUrl {
 /// An optional URL read as it stands, for a field inside an internally tagged table (the
 /// guardrail's): serde buffers such a table and loses its lines, so the URL is checked
 /// afterwards with [`SecretUrl::parse`] by code that can name its line.
-pub fn deserialize_unchecked<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretUrl>, D::Error> {
+pub(crate) fn deserialize_unchecked<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretUrl>, D::Error> {
     Ok(Option::<String>::deserialize(d)?.map(SecretUrl))
 }
 
 /// A required URL read as it stands, for the same reason as [`deserialize_unchecked`].
-pub fn deserialize_unchecked_one<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
+pub(crate) fn deserialize_unchecked_one<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
     Ok(SecretUrl(String::deserialize(d)?))
 }
 
 /// A whole-secret URL ([`super::Secret`], a webhook's) refused unless http(s), like a
 /// [`SecretUrl`], without showing any of it.
-pub fn http_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<super::Secret>, D::Error> {
+pub(crate) fn http_secret<'de, D: Deserializer<'de>>(d: D) -> Result<Option<super::Secret>, D::Error> {
     let text = String::deserialize(d)?;
     match SecretUrl::parse(&text) {
         Ok(_) => Ok(Some(super::Secret(text))),

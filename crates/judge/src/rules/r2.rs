@@ -245,7 +245,7 @@ pub fn r2_security_decisive(records: &[CaseRecord], t: &thresholds::R2, name: &s
 
 /// R2 with the families it judged named first; inconclusive when the version was
 /// trained on every family the plan holds out.
-pub fn annotate(mut rule: RuleResult, scope: &Scope, figures: Option<&FamilyFigures>) -> RuleResult {
+pub(crate) fn annotate(mut rule: RuleResult, scope: &Scope, figures: Option<&FamilyFigures>) -> RuleResult {
     let Measured::R2(measured) = &mut rule.measured else { return rule };
     if let Some(held) = &scope.judged {
         let names: Vec<String> = held.iter().cloned().collect();
@@ -270,7 +270,7 @@ pub fn annotate(mut rule: RuleResult, scope: &Scope, figures: Option<&FamilyFigu
 /// R2 with the adaptive attacker's figure: the share of searched pairs broken within K
 /// attempts, with R2's bounds (clustered like the ASR). With `asr_adaptive_max` set it
 /// decides too: a fail fails R2, an undecided figure leaves a pass undecided.
-pub fn with_adaptive(mut rule: RuleResult, log: &SearchLog, t: &thresholds::R2) -> RuleResult {
+pub(crate) fn with_adaptive(mut rule: RuleResult, log: &SearchLog, t: &thresholds::R2) -> RuleResult {
     let obs: Vec<(String, String, bool)> = log
         .pairs
         .iter()
