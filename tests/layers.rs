@@ -384,8 +384,8 @@ fn repo() -> PathBuf {
 /// five are synchronous (no async runtime); the binary, `pruefstand`, comes after all.
 const CRATES: [(&str, &str); 7] = [
     ("pruefstand-core", "crates/core"),
-    ("pruefstand-gym", "crates/gym"),
     ("pruefstand-store", "crates/store"),
+    ("pruefstand-gym", "crates/gym"),
     ("pruefstand-judge", "crates/judge"),
     ("pruefstand-report", "crates/report"),
     ("pruefstand-sim", "crates/sim"),
