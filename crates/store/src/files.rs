@@ -163,7 +163,8 @@ mod tests {
         }
         // Every crate's sources (crates/*/src) and the binary's at the repository root.
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let this = src.join("files.rs");
+        // Compared canonical: this crate's folder is read as `crates/store/../store/src`.
+        let this = src.join("files.rs").canonicalize().unwrap();
         let mut files = Vec::new();
         for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("..")).unwrap() {
             sources(&entry.unwrap().path().join("src"), &mut files);
@@ -180,7 +181,7 @@ mod tests {
             .collect();
         literals.dedup();
         let mut found = Vec::new();
-        for file in files.iter().filter(|file| **file != this) {
+        for file in files.iter().filter(|file| file.canonicalize().unwrap() != this) {
             let text = std::fs::read_to_string(file).unwrap();
             for (number, line) in text.lines().enumerate() {
                 for literal in literals.iter().filter(|literal| line.contains(literal.as_str())) {
