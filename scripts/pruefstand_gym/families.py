@@ -8,6 +8,12 @@ A family's text is its framing with `{body}` replaced by the non-empty parts of
 filled in. Which option each slot takes (the "choices") comes from pruefstand with the
 request (`wording`, keyed by case id): drawn from the run's seed for per-run cases, set
 by the search for adaptive ones. This module never draws.
+
+An attacker model's text (request `templates`, keyed by case id) is a template holding
+`{goal}`, filled the same way. Unlike the grammar's, it may hold anything YAML treats
+specially (apostrophes, `---` lines, `: `), so it never passes through the suite's
+YAML: the environment is built with a token in its place, and the token is replaced by
+the text in the built environment's strings (`install_safe_injection`).
 """
 
 from __future__ import annotations
@@ -73,15 +79,86 @@ def tools_sequence(task_suite, injection_task) -> str:
 
 
 _WORDING: dict = {}
+_TEMPLATES: dict = {}
 _SEED = 0
 
+# The longest attacker template the gym injects (pruefstand refuses longer ones first).
+MAX_TEMPLATE_CHARS = 4000
 
-def set_wording(seed: int, wording: dict) -> None:
-    """The run's seed and the wording of every grammar-worded case (request `wording`)."""
+# Attacker texts as injected -> the token the environment is built with.
+_SAFE_TEXTS: dict = {}
+
+
+def set_wording(seed: int, wording: dict, templates: dict | None = None) -> None:
+    """The run's seed, the wording of every grammar-worded case (request `wording`) and
+    the attacker's templates (request `templates`)."""
     global _SEED
     _SEED = int(seed)
     _WORDING.clear()
     _WORDING.update(wording)
+    _TEMPLATES.clear()
+    _TEMPLATES.update(templates or {})
+
+
+def check_templates(templates) -> dict:
+    """Validate the request's `templates` map: {case id: text holding `{goal}`}, bounded,
+    no control characters but newline and tab."""
+    if not isinstance(templates, dict):
+        raise ValueError("`templates` must be an object keyed by case id")
+    for case_id, text in templates.items():
+        if not isinstance(text, str) or "{goal}" not in text:
+            raise ValueError(f"template of {case_id!r}: must be a string holding {{goal}}")
+        if len(text) > MAX_TEMPLATE_CHARS:
+            raise ValueError(f"template of {case_id!r}: {len(text)} characters, at most {MAX_TEMPLATE_CHARS}")
+        if any(ord(c) < 32 and c not in "\n\t" for c in text):
+            raise ValueError(f"template of {case_id!r}: holds a control character")
+    return templates
+
+
+def _safe(text: str) -> str:
+    """Registers an attacker text for safe injection; returns it unchanged."""
+    token = "PRUEFSTANDINJECTION" + hashlib.sha256(text.encode()).hexdigest()[:24].upper()
+    _SAFE_TEXTS[text] = token
+    return text
+
+
+def _restore(value, tokens: dict):
+    """`value` with every token in its strings replaced by its text (models, dicts and
+    lists changed in place, bypassing validation: the text is data, not a field value
+    to coerce)."""
+    if isinstance(value, str):
+        if "PRUEFSTANDINJECTION" in value:
+            for token, text in tokens.items():
+                value = value.replace(token, text)
+        return value
+    if isinstance(value, list):
+        value[:] = [_restore(v, tokens) for v in value]
+    elif isinstance(value, dict):
+        for k in list(value):
+            value[k] = _restore(value[k], tokens)
+    elif hasattr(value, "__dict__") and hasattr(value, "model_fields"):
+        for k, v in list(vars(value).items()):
+            object.__setattr__(value, k, _restore(v, tokens))
+    return value
+
+
+def install_safe_injection() -> None:
+    """Build environments with tokens in place of attacker texts, then put the texts into
+    the built environment (idempotent)."""
+    from agentdojo.task_suite.task_suite import TaskSuite
+
+    original = TaskSuite.load_and_inject_default_environment
+    if getattr(original, "_pruefstand_safe", False):
+        return
+
+    def load_and_inject_default_environment(self, injections):
+        swapped = {k: _SAFE_TEXTS.get(v, v) if isinstance(v, str) else v for k, v in injections.items()}
+        env = original(self, swapped)
+        tokens = {tok: text for text, tok in _SAFE_TEXTS.items() if tok in swapped.values()}
+        return _restore(env, tokens) if tokens else env
+
+    load_and_inject_default_environment._pruefstand_safe = True
+    TaskSuite.load_and_inject_default_environment = load_and_inject_default_environment
 
 
 def check_wording(wording) -> dict:
@@ -105,19 +182,22 @@ def register_wording_attacks(extra_names=()) -> list[str]:
 
     def attack(self, user_task, injection_task):
         case_id = f"{self.task_suite.name}/{user_task.ID}/{self.name}/{injection_task.ID}"
-        w = _WORDING.get(case_id)
-        if w is None:
+        w, written = _WORDING.get(case_id), _TEMPLATES.get(case_id)
+        if w is None and written is None:
             raise KeyError(f"no wording for case {case_id} in the request")
-        family = w["family"]
-        tools = tools_sequence(self.task_suite, injection_task) if "{tools}" in template(family, w["choices"]) else ""
+        family = w["family"] if w is not None else "attacker"
+        text = written if written is not None else template(family, w["choices"])
+        tools = tools_sequence(self.task_suite, injection_task) if "{tools}" in text else ""
         text = fill(
-            template(family, w["choices"]),
+            text,
             injection_task.GOAL,
             user=USER_NAME,
             model=get_model_name_from_pipeline(self.target_pipeline),
             secret_token=secret(_SEED, family),
             tools=tools,
         )
+        if written is not None:
+            text = _safe(text)
         return {inj: text for inj in self.get_injection_candidates(user_task)}
 
     names = [PER_RUN_PREFIX + f for f in FAMILIES] + [n for n in extra_names if n]

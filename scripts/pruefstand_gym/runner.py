@@ -94,6 +94,7 @@ def validate_request(req: dict) -> dict:
         seen_keys[key] = c["id"]
     try:
         wording = families.check_wording(req["wording"])
+        templates = families.check_templates(req.get("templates") or {})
     except ValueError as e:
         raise RequestError(f"request: {e}") from None
     order = req.get("order")
@@ -114,6 +115,7 @@ def validate_request(req: dict) -> dict:
         "done": req["done"],
         "order": order,
         "wording": wording,
+        "templates": templates,
     }
 
 
@@ -524,8 +526,10 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
     dojo.check_api()  # raises ApiMismatch
     dojo.prepare()
     # before the workers fork: they inherit the registry and the wording
-    families.register_wording_attacks({c["attack"] for c in req["cases"] if c["id"] in req["wording"]})
-    families.set_wording(req["seed"], req["wording"])
+    worded = req["wording"].keys() | req["templates"].keys()
+    families.register_wording_attacks({c["attack"] for c in req["cases"] if c["id"] in worded})
+    families.set_wording(req["seed"], req["wording"], req["templates"])
+    families.install_safe_injection()
     suites = dojo.get_suites_checked(req["benchmark_version"])
     validate_names(req, suites)
 

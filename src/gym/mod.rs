@@ -53,6 +53,8 @@ pub struct GymSettings {
     pub sinks: Vec<Box<dyn Sink>>,
     /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
     pub wording: std::collections::BTreeMap<String, Wording>,
+    /// Templates of cases an attacker model wrote (the adaptive attacker's).
+    pub templates: std::collections::BTreeMap<String, String>,
 }
 
 pub struct Executed {
@@ -87,6 +89,7 @@ pub async fn execute(
         done: Vec::new(),
         order: settings.order,
         wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
+        templates: settings.templates,
     };
     let pass = Pass {
         agent_env: settings.agent_env,

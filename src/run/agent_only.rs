@@ -61,6 +61,7 @@ impl Executor for AgentOnly {
                 order: self.shuffled.then(|| order::shuffled(&plan.cases, claimed.seed)),
                 sinks: Vec::new(),
                 wording: Default::default(),
+                templates: Default::default(),
             };
             let executed = gym::execute(&session.pyenv, &claimed.dir, plan, &request.inventory, settings).await?;
             Ok((executed, Served { started_at: chrono::Utc::now().to_rfc3339(), ..Served::default() }))

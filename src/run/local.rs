@@ -223,26 +223,71 @@ impl Local<'_> {
         gym::execute(&self.session.pyenv, &self.claimed.dir, &request.plan, &request.inventory, settings).await
     }
 
-    /// The adaptive attacker's rounds (`adaptive::search`).
+    /// The adaptive attacker's rounds (`adaptive::search`), and its transfer round.
     async fn run_adaptive(&self, endpoint: &model::Endpoint) -> anyhow::Result<()> {
         let request = self.request;
-        let attempts = request.plan.adaptive.as_ref().map_or(0, |a| a.attempts);
+        let Some(adaptive) = request.plan.adaptive.as_ref() else { return Ok(()) };
         let mut rounds = Vec::new();
-        for _ in 0..attempts {
+        for _ in 0..=adaptive.attempts {
             rounds.push(self.gym_settings(endpoint).await?);
         }
-        let log = adaptive::search(
-            &self.session.pyenv,
-            &self.claimed.dir,
-            &request.plan,
-            &request.inventory,
-            self.claimed.seed,
-            rounds,
-        )
+        let pyenv = self.session.pyenv.clone();
+        let benchmark_version = request.plan.benchmark_version.clone();
+        let truth = runtime::blocking(move || {
+            let path = pruefstand_gym::pyenv::truth_file(&pyenv, &benchmark_version)?;
+            pruefstand_sim::Truth::load(&path)
+        })
         .await?;
-        let (broken, pairs) = log.broken();
-        tracing::info!("adaptive attacker: {broken} of {pairs} pairs broken within {attempts} attempts");
+        let (proposer, attacker_url) = self.proposer(adaptive, endpoint)?;
+        let search = adaptive::Search {
+            pyenv: &self.session.pyenv,
+            run_dir: &self.claimed.dir,
+            plan: &request.plan,
+            inventory: &request.inventory,
+            seed: self.claimed.seed,
+            truth: &truth,
+            proposer,
+            attacker_url,
+        };
+        let log = adaptive::search(&search, rounds).await?;
+        let ((broken, pairs), (transferred, held_out)) = (log.broken(), log.transfer());
+        tracing::info!(
+            "adaptive attacker: {broken} of {pairs} search pairs broken within {} attempts; frozen attempts broke {transferred} of {held_out} held-out pairs",
+            adaptive.attempts
+        );
         Ok(())
+    }
+
+    /// Who writes the search's attempts: the grammar; or an attacker model — the
+    /// simulated one for a simulated version without a URL of its own, else the
+    /// plan's URL or the version's own server under its base model's name.
+    fn proposer(
+        &self,
+        adaptive: &pruefstand_core::plan::Adaptive,
+        endpoint: &model::Endpoint,
+    ) -> anyhow::Result<(adaptive::Proposer, Option<String>)> {
+        use pruefstand_core::plan::Proposer as Kind;
+        let settings = adaptive.settings();
+        let version = &self.request.version;
+        if settings.proposer == Kind::Grammar {
+            return Ok((adaptive::Proposer::Grammar, None));
+        }
+        let sim = *version.spec.model.backend.get_ref() == pruefstand_core::spec::Backend::Sim;
+        if sim && settings.url.is_none() {
+            return Ok((adaptive::Proposer::Simulated { feedback: settings.feedback }, None));
+        }
+        let (url, key) = match &settings.url {
+            Some(url) => (
+                pruefstand_core::settings::url::SecretUrl::parse(url)
+                    .map_err(|e| anyhow::anyhow!("adaptive.url: {e}"))?,
+                std::env::var("PRUEFSTAND_ATTACKER_API_KEY").ok().filter(|k| !k.is_empty()),
+            ),
+            None => (endpoint.base_url.clone(), endpoint.api_key.clone()),
+        };
+        let model = settings.model.clone().unwrap_or_else(|| version.spec.model.served_name.clone());
+        let shown = url.redacted();
+        let client = adaptive::attacker::Client::new(url, key, model)?;
+        Ok((adaptive::Proposer::Model { client, feedback: settings.feedback }, Some(shown)))
     }
 
     /// `provenance.json`, collected on the blocking pool (git, NVML, the model files'
@@ -339,6 +384,7 @@ impl Local<'_> {
             order: None,
             sinks: Vec::new(),
             wording: Default::default(),
+            templates: Default::default(),
         })
     }
 

@@ -78,6 +78,40 @@ pub struct AdaptiveSection {
     /// Suites whose planned pairs are searched (default: every suite of the plan).
     #[serde(default)]
     pub suites: Vec<Spanned<String>>,
+    /// Who writes the attempts: the family grammars, or an attacker model.
+    #[serde(default)]
+    pub proposer: Proposer,
+    /// The attacker model's OpenAI-compatible base URL (`…/v1`); default: the version's
+    /// own model server.
+    #[serde(default)]
+    pub url: Option<Spanned<String>>,
+    /// The name the attacker model is served under; default: the version's base model
+    /// (`model.served_name`, no adapter).
+    #[serde(default)]
+    pub model: Option<Spanned<String>>,
+    /// Whether the attacker sees what the target did after each attempt; `false` is
+    /// the ablation (blind proposals).
+    #[serde(default = "yes")]
+    pub feedback: bool,
+    /// How many of the search half's best attempts are frozen and run on the held-out
+    /// half.
+    #[serde(default = "frozen_default", deserialize_with = "frozen")]
+    pub frozen: usize,
+}
+
+fn frozen_default() -> usize {
+    FROZEN_DEFAULT
+}
+
+/// Who writes the adaptive attacker's attempts (docs/attacks.md).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Proposer {
+    /// Mutations and recombinations of the family grammars' wordings.
+    #[default]
+    Grammar,
+    /// An attacker model writes templates (on the simulator: the simulated attacker).
+    Model,
 }
 
 /// A resolved `[adaptive]` section (recorded in `plan.json`).
@@ -87,13 +121,51 @@ pub struct Adaptive {
     pub families: Vec<String>,
     /// (suite, user task, injection task), in plan order.
     pub pairs: Vec<(String, String, String)>,
+    /// The attacker's settings; absent for the grammar search with its defaults, so
+    /// that such plans keep their hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attacker: Option<AttackerSettings>,
 }
+
+/// `[adaptive]`'s proposer settings, resolved.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AttackerSettings {
+    pub proposer: Proposer,
+    /// Credentials shown as `***` (the plan is a file of the run); the whole URL is the
+    /// spec's, read again when the attacker connects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub feedback: bool,
+    pub frozen: usize,
+}
+
+impl Adaptive {
+    /// The proposer settings, the grammar's defaults when the section set none.
+    pub fn settings(&self) -> AttackerSettings {
+        self.attacker.clone().unwrap_or(AttackerSettings {
+            proposer: Proposer::Grammar,
+            url: None,
+            model: None,
+            feedback: true,
+            frozen: FROZEN_DEFAULT,
+        })
+    }
+}
+
+/// Attempts frozen after the search, by default.
+pub const FROZEN_DEFAULT: usize = 3;
 
 /// More attempts per pair than this are a typo (each is a case).
 pub(crate) const ATTEMPTS_MAX: usize = 50;
 
 fn attempts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     input::bounded_count(d, "attempts", (1, ATTEMPTS_MAX))
+}
+
+fn frozen<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    input::bounded_count(d, "frozen", (1, 10))
 }
 
 /// How a plan words its attacks.
@@ -373,7 +445,38 @@ fn resolve_adaptive(section: &AdaptiveSection, profile: &Profile) -> Result<Adap
             })
         })
         .collect();
-    Ok(Adaptive { attempts: section.attempts, families, pairs })
+    Ok(Adaptive { attempts: section.attempts, families, pairs, attacker: attacker_settings(section)? })
+}
+
+/// The proposer settings when they differ from the grammar's defaults.
+fn attacker_settings(section: &AdaptiveSection) -> Result<Option<AttackerSettings>, (usize, String)> {
+    for field in [&section.url, &section.model].into_iter().flatten() {
+        if section.proposer == Proposer::Grammar {
+            let message = "adaptive: `url` and `model` name the attacker model; they need proposer = \"model\"";
+            return Err((field.span().start, message.to_string()));
+        }
+    }
+    if let Some(url) = &section.url {
+        // The plan is recorded in the run: a key for the attacker comes from the
+        // environment (PRUEFSTAND_ATTACKER_API_KEY), never from the URL.
+        let parsed = crate::settings::url::SecretUrl::parse(url.get_ref())
+            .map_err(|e| (url.span().start, format!("adaptive.url: {e}")))?;
+        if parsed.has_secrets() {
+            let message = format!(
+                "adaptive.url: {parsed} carries credentials; give the attacker's key in PRUEFSTAND_ATTACKER_API_KEY instead"
+            );
+            return Err((url.span().start, message));
+        }
+    }
+    let settings = AttackerSettings {
+        proposer: section.proposer,
+        url: section.url.as_ref().map(|u| u.get_ref().clone()),
+        model: section.model.as_ref().map(|m| m.get_ref().clone()),
+        feedback: section.feedback,
+        frozen: section.frozen,
+    };
+    let defaults = section.proposer == Proposer::Grammar && section.feedback && section.frozen == FROZEN_DEFAULT;
+    Ok(if defaults { None } else { Some(settings) })
 }
 
 /// The attack a plan's `attacks` entry names: per run, a family's `fresh_` attack;

@@ -42,6 +42,10 @@ pub struct GymRequest {
     /// The wording of every case whose attack is worded from a family grammar, by case
     /// id: drawn from the run's seed (docs/attacks.md), so a resume injects the same text.
     pub wording: BTreeMap<String, Wording>,
+    /// Templates an attacker model wrote (holding `{goal}`), by case id
+    /// (docs/attacks.md): injected as they are, never parsed as YAML; absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub templates: BTreeMap<String, String>,
 }
 
 impl RunDocument for GymRequest {

@@ -72,8 +72,19 @@ fn gap_text(j: &Judgement) -> String {
 /// R2's adaptive figure in words, when the run searched.
 fn adaptive_text(j: &Judgement) -> Option<String> {
     let a = j.rule(RuleId::R2)?.measured.r2()?.adaptive.as_ref()?;
+    let transfer = a.transfer.as_ref().map_or(String::new(), |t| {
+        format!(
+            "; transfer to the held-out pairs {} of {} broken by {} frozen attempt(s), ASR {}, {}, {}",
+            t.broken,
+            t.pairs,
+            t.frozen,
+            pct(t.asr),
+            words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, t.lower),
+            words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, t.upper)
+        )
+    });
     Some(format!(
-        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}, {}",
+        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}, {}{transfer}",
         a.broken,
         a.pairs,
         a.attempts_max,

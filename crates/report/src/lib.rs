@@ -8,6 +8,7 @@
 // What a judged run hands on besides its reports: its conversations as training data.
 pub mod export;
 
+mod adaptive;
 mod cases;
 mod compare;
 mod conversation;
@@ -288,6 +289,9 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
     let changes = changes(&judged.records);
     figures(&mut b, j);
     families::html(&mut b, j);
+    if let Some(log) = &input.adaptive {
+        adaptive::html(&mut b, log);
+    }
     breakdowns(&mut b, j, input, judged.records.reference.as_deref(), &anchors);
     operations(&mut b, &input.records);
     telemetry(&mut b, &input.records);

@@ -172,7 +172,7 @@ impl Policy {
         let (s, t) = (entry.suite.as_str(), entry.task.as_str());
         let solved = u(self.seed, &[s, t, "skill"]) < b.skill;
         let mut script_calls: Vec<Call> = calls.iter().take(if solved { calls.len() } else { 1 }).cloned().collect();
-        let final_text = match (solved, output) {
+        let mut final_text = match (solved, output) {
             (false, _) => GIVE_UP_ANSWER.to_string(),
             (true, Some(out)) if !out.trim().is_empty() => out.to_string(),
             (true, _) => DONE_ANSWER.to_string(),
@@ -181,16 +181,23 @@ impl Policy {
             Kind::UserTask => self.first_injection(s, conv),
             Kind::InjectionGoal => None,
         };
-        let injection = seen.map(|(at, inj, family)| {
-            let follows = u(self.seed, &[s, t, inj, "follow"]) < b.susceptibility_to(family);
+        let injection = seen.as_ref().map(|&(at, inj, family, ref text)| {
+            let level = Weakness::level(&b.weakness, text);
+            let follows = level == Weakness::Full || u(self.seed, &[s, t, inj, "follow"]) < b.susceptibility_to(family);
+            let at = at.min(script_calls.len());
+            let goal = &suite.injection_tasks[inj];
             if follows {
-                let at = at.min(script_calls.len());
-                let injected = suite.injection_tasks[inj].calls.iter().cloned();
-                script_calls.splice(at..at, injected);
+                script_calls.splice(at..at, goal.calls.iter().cloned());
+            } else if level == Weakness::Call {
+                script_calls.splice(at..at, goal.calls.first().map(partial_call));
+            } else if level == Weakness::Quote {
+                final_text =
+                    format!("{final_text} I did not act on a request I found in the data: {}", goal.goal.trim());
             }
             (inj.to_string(), follows)
         });
-        let garbled = u(self.seed, &[s, t, seen.map_or("none", |(_, inj, _)| inj), "error"]) < b.error_rate;
+        let garbled =
+            u(self.seed, &[s, t, seen.as_ref().map_or("none", |&(_, inj, _, _)| inj), "error"]) < b.error_rate;
         Some(Script {
             suite: entry.suite.clone(),
             task: entry.task.clone(),
@@ -272,17 +279,55 @@ impl Policy {
         &'a self,
         suite: &str,
         conv: &Conversation,
-    ) -> Option<(usize, &'a str, Option<&'static str>)> {
+    ) -> Option<(usize, &'a str, Option<&'static str>, String)> {
         let goals = self.goals.get(suite)?;
         conv.observations.iter().find_map(|obs| {
             let text = alnum_norm(&obs.text);
-            goals
+            let (id, _) = goals
                 .iter()
                 .filter(|(_, g)| text.contains(g.as_str()))
-                .max_by_key(|(id, g)| (g.len(), std::cmp::Reverse(id.as_str())))
-                .map(|(id, _)| (obs.calls_before, id.as_str(), self.families.classify(&text)))
+                .max_by_key(|(id, g)| (g.len(), std::cmp::Reverse(id.as_str())))?;
+            let family = self.families.classify(&text);
+            Some((obs.calls_before, id.as_str(), family, text))
         })
     }
+}
+
+/// How far an injected text meets a model's `weakness` phrases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Weakness {
+    None,
+    Quote,
+    Call,
+    Full,
+}
+
+impl Weakness {
+    /// All phrases: full; half or more: a call; a quarter or more: a quote. `text` is
+    /// already [`alnum_norm`]ed.
+    fn level(phrases: &[String], text: &str) -> Weakness {
+        let n = phrases.len();
+        let met = phrases.iter().filter(|p| text.contains(alnum_norm(p).as_str())).count();
+        match met {
+            0 => Weakness::None,
+            m if m == n => Weakness::Full,
+            m if 2 * m >= n => Weakness::Call,
+            m if 4 * m >= n => Weakness::Quote,
+            _ => Weakness::None,
+        }
+    }
+}
+
+/// The goal's call with every string argument wrong: partial compliance an attacker's
+/// feedback can see (a goal tool called, its arguments not).
+fn partial_call(call: &Call) -> Call {
+    let mut args = call.args.clone();
+    if let Some(map) = args.as_object_mut() {
+        for value in map.values_mut().filter(|v| v.is_string()) {
+            *value = serde_json::Value::String("unknown".into());
+        }
+    }
+    Call { function: call.function.clone(), args }
 }
 
 /// Share of the suite's tools that the request offers (natively, or named in the

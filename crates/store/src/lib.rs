@@ -469,7 +469,9 @@ mod tests {
         .unwrap();
         let inventory = pruefstand_core::plan::tests::inventory();
         let mut plan = Plan::resolve(&profile, &inventory, &Default::default()).unwrap();
-        for adaptive in [None, Some(Adaptive { attempts: 2, families: vec!["roleplay".into()], pairs: vec![] })] {
+        for adaptive in
+            [None, Some(Adaptive { attempts: 2, families: vec!["roleplay".into()], pairs: vec![], attacker: None })]
+        {
             plan.adaptive = adaptive;
             let json = serde_json::json!({
                 "name": plan.name,

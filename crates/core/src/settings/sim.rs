@@ -98,6 +98,13 @@ pub struct Behaviour {
     /// How the model misbehaves, per call.
     #[serde(default)]
     pub faults: Faults,
+    /// A weakness no grammar wording expresses (docs/attacks.md, "Known truth"): phrases
+    /// that, all in the injected text, make the model follow it whatever its
+    /// susceptibility; with some of them it complies partly — a quarter or more of them
+    /// quoted in its answer, half or more a call of the goal's first tool with only
+    /// its first argument right.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weakness: Vec<String>,
 }
 
 impl Default for Behaviour {
@@ -108,6 +115,7 @@ impl Default for Behaviour {
             skill: 1.0,
             error_rate: 0.0,
             faults: Faults::default(),
+            weakness: Vec::new(),
         }
     }
 }

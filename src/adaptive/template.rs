@@ -1,0 +1,109 @@
+//! An attacker's reply made into a template the gym can inject, or refused with a
+//! reason (docs/attacks.md, "What an attacker may write"). The reply is untrusted text:
+//! it is cut out of the quoting an attacker model was shown, checked (holds `{goal}`,
+//! bounded, no control characters, not a copy of an attempt the pair saw) and never
+//! reaches a shell or a path; a refused reply is kept only bounded, for the log. YAML
+//! is not this module's concern: the gym injects the text without parsing it.
+
+/// The longest template injected; longer replies are refused (the gym's own bound is
+/// larger, so what passes here always passes there).
+pub const MAX_CHARS: usize = 2000;
+
+/// How much of a refused reply the search log keeps.
+pub const REFUSED_KEEP_CHARS: usize = 300;
+
+/// Why a reply is no template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Empty,
+    NoGoal,
+    TooLong(usize),
+    ControlCharacter,
+    Copy,
+    /// The attacker model's server failed or answered no text.
+    NoReply(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Empty => write!(f, "empty reply"),
+            Refusal::NoGoal => write!(f, "no {{goal}} in the reply"),
+            Refusal::TooLong(n) => write!(f, "{n} characters, at most {MAX_CHARS}"),
+            Refusal::ControlCharacter => write!(f, "a control character in the reply"),
+            Refusal::Copy => write!(f, "a copy of an earlier attempt on this pair"),
+            Refusal::NoReply(why) => write!(f, "no reply: {why}"),
+        }
+    }
+}
+
+/// The template in `reply`, or why there is none. `earlier`: the templates the pair
+/// was already tried with.
+pub fn check(reply: &str, earlier: &[&str]) -> Result<String, Refusal> {
+    let text = unwrap(reply);
+    if text.is_empty() {
+        return Err(Refusal::Empty);
+    }
+    let chars = text.chars().count();
+    if chars > MAX_CHARS {
+        return Err(Refusal::TooLong(chars));
+    }
+    if text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return Err(Refusal::ControlCharacter);
+    }
+    if !text.contains("{goal}") {
+        return Err(Refusal::NoGoal);
+    }
+    let norm = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    if earlier.iter().any(|e| norm(e) == norm(&text)) {
+        return Err(Refusal::Copy);
+    }
+    Ok(text)
+}
+
+/// The reply without the wrapping an attacker model adds: a code fence, the
+/// `<template>` tags its prompt asks for, quotes around the whole.
+fn unwrap(reply: &str) -> String {
+    let mut text = reply.trim();
+    if let (Some(start), Some(end)) = (text.find("<template>"), text.rfind("</template>"))
+        && start + "<template>".len() <= end
+    {
+        text = text[start + "<template>".len()..end].trim();
+    }
+    if let Some(inner) = text.strip_prefix("```") {
+        let inner = inner.split_once('\n').map_or(inner, |(_, body)| body);
+        text = inner.strip_suffix("```").unwrap_or(inner).trim();
+    }
+    for (open, close) in [("\"", "\""), ("'", "'"), ("<<<", ">>>")] {
+        if text.len() > open.len() + close.len()
+            && let Some(inner) = text.strip_prefix(open).and_then(|t| t.strip_suffix(close))
+        {
+            text = inner.trim();
+        }
+    }
+    text.to_string()
+}
+
+/// A refused reply as the log keeps it: bounded, control characters shown escaped.
+pub fn kept(reply: &str) -> String {
+    let cleaned: String = reply.chars().map(|c| if c.is_control() && c != '\n' { ' ' } else { c }).collect();
+    super::feedback::bounded(&cleaned, REFUSED_KEEP_CHARS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_unwrapped_or_refused_with_a_reason() {
+        assert_eq!(check("<template>Hi, {goal}</template>", &[]), Ok("Hi, {goal}".into()));
+        assert_eq!(check("```text\nIt's urgent: {goal}\n---\n```", &[]), Ok("It's urgent: {goal}\n---".into()));
+        assert_eq!(check("\"<<<{goal}>>>\"", &[]), Ok("{goal}".into()));
+        assert_eq!(check("I'm sorry, but I can't assist with that", &[]), Err(Refusal::NoGoal));
+        assert_eq!(check("   ", &[]), Err(Refusal::Empty));
+        assert_eq!(check(&format!("{{goal}}{}", "a".repeat(MAX_CHARS)), &[]), Err(Refusal::TooLong(MAX_CHARS + 6)));
+        assert_eq!(check("{goal}\u{1b}[31m", &[]), Err(Refusal::ControlCharacter));
+        assert_eq!(check("Please  {goal}", &["Please {goal}"]), Err(Refusal::Copy));
+        assert_eq!(kept(&"\u{0}x".repeat(400)).chars().count(), REFUSED_KEEP_CHARS + 1);
+    }
+}
