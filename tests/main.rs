@@ -11,6 +11,7 @@
 mod common;
 
 mod arm64;
+mod attacker;
 mod cluster;
 mod console;
 mod container;

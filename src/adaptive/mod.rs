@@ -348,7 +348,14 @@ async fn run_round(
 ) -> anyhow::Result<()> {
     write_log(search.run_dir, log).await?;
     let cases = cases(log);
-    if cases.is_empty() {
+    // A resume of a finished round: its outcomes are in the log already.
+    let recorded = log
+        .pairs
+        .iter()
+        .chain(&log.held_out)
+        .flat_map(|p| &p.attempts)
+        .all(|a| a.refused.is_some() || a.landed.is_some());
+    if cases.is_empty() || recorded {
         return Ok(());
     }
     extend_settings(&mut settings, log);
@@ -376,14 +383,16 @@ async fn write_log(run_dir: &RunDir, log: &SearchLog) -> anyhow::Result<()> {
 fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, truth: &Truth) {
     let by_id: BTreeMap<&str, &CaseRecord> = records.iter().map(|r| (r.case_id.as_str(), r)).collect();
     for pair in log.pairs.iter_mut().chain(log.held_out.iter_mut()) {
-        let goal = truth.suites.get(&pair.suite).and_then(|s| s.injection_tasks.get(&pair.injection_task));
+        let suite = truth.suites.get(&pair.suite);
+        let goal = suite.and_then(|s| s.injection_tasks.get(&pair.injection_task));
+        let user_calls = suite.and_then(|s| s.user_tasks.get(&pair.user_task)).map_or(&[][..], |u| u.calls.as_slice());
         for attempt in pair.attempts.iter_mut().filter(|a| a.refused.is_none()) {
             let Some(record) = by_id.get(attempt.case_id.as_str()) else { continue };
             attempt.landed = record.security;
             let Some(trace) = record.trace.as_deref().and_then(|t| read_trace(dir, t)) else { continue };
             let landed = record.security == Some(true);
             let (text, calls) = goal.map_or(("", &[][..]), |g| (g.goal.as_str(), g.calls.as_slice()));
-            attempt.feedback = Some(feedback::of_trace(&trace, landed, text, calls));
+            attempt.feedback = Some(feedback::of_trace(&trace, landed, text, calls, user_calls));
             attempt.behaviour = Some(feedback::behaviour(&trace));
             if pair.lands.is_none() {
                 pair.lands = feedback::lands(&trace);
