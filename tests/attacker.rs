@@ -157,3 +157,27 @@ fn a_plan_names_the_attacker_wrongly_and_is_told_where() {
     let run = bench.run(&["run", "weak", "--plan", secret.to_str().unwrap()]).code(2);
     assert!(run.stderr.contains("carries credentials") && !run.stderr.contains("hunter2"), "{}", run.stderr);
 }
+
+#[test]
+fn the_daemon_runs_a_campaign_like_any_plan_with_its_cases_in_status() {
+    let bench = Bench::new();
+    bench.write("versions/weak.toml", &version(WEAK));
+    bench.write("profiles/campaign.toml", &plan("proposer = \"model\"").replace("attempts = 10", "attempts = 3"));
+    let _daemon = bench.daemon();
+    let id = bench.start(&["weak", "--plan", "campaign"]);
+    // Twelve fixed cases, then at most 4 x 3 attempts and 4 x 3 frozen runs: status
+    // counts them as one run of 36 cases, and goes past the plan's twelve.
+    let mut totals = Vec::new();
+    wait_until("the campaign's cases in status", 300, || {
+        let status: serde_json::Value = serde_json::from_str(&bench.run(&["status", "--json"]).ok().stdout).unwrap();
+        let running = status.pointer("/state/activity").filter(|a| a["state"] == "running").cloned();
+        if let Some(p) = running {
+            totals.push((p["done"].as_u64().unwrap_or(0), p["total"].as_u64().unwrap_or(0)));
+        }
+        totals.iter().any(|&(done, total)| total == 36 && done > 12) || bench.job(id)["state"] == "done"
+    });
+    assert!(totals.iter().any(|&(done, total)| total == 36 && done > 12), "{totals:?}");
+    let job = bench.wait_job(id, "done", 300);
+    let dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
+    assert_eq!(figures(&json(&dir.join("adaptive.json"))).1, 4, "the campaign ran under the daemon");
+}

@@ -407,9 +407,12 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     // The shipped plan's first user task, clean and attacked: its first step reads the
     // file that holds the injection (the model read it in every run seen).
     let plan = std::fs::read_to_string(repo().join("profiles/real-qwen.toml")).unwrap();
+    // And after them the model attacks itself: its own base model on its server writes
+    // two templates against the one pair (a small budget: each target case is minutes).
     let two =
-        plan.replace("[\"user_task_12\", \"user_task_13\"]", "[\"user_task_12\"]").replace("jobs = 4", "jobs = 2");
-    assert_ne!(two, plan);
+        plan.replace("[\"user_task_12\", \"user_task_13\"]", "[\"user_task_12\"]").replace("jobs = 4", "jobs = 2")
+            + "\n[adaptive]\nproposer = \"model\"\nattempts = 2\n";
+    assert!(two.contains("[\"user_task_12\"]"));
     let plan = bench.write("real-qwen-two.toml", &two);
     let run = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap()]);
     // Whatever the model earned — approved, rejected or inconclusive — but a valid run.
@@ -460,6 +463,38 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     for word in ["--chat-template", "--tool-parser-plugin", "xlam_per_call"] {
         assert!(command.iter().any(|w| w == word), "{word} missing: {command:?}");
     }
+    the_model_attacked_itself(&bench, &dir, &plan);
+}
+
+/// The live attacker's mechanics (docs/attacks.md): the model wrote or was refused,
+/// every text new and holding the goal, feedback recorded, and a resume replays the log
+/// without asking it again. Success is whatever a 1.5B attacker earns.
+fn the_model_attacked_itself(bench: &Bench, dir: &std::path::Path, plan: &std::path::Path) {
+    let log = json(&dir.join("adaptive.json"));
+    assert_eq!(log["attacker"]["model"], "qwen-coder", "{log}");
+    assert!(log["attacker"]["prompt_sha256"].is_string(), "{log}");
+    let attempts = log["pairs"][0]["attempts"].as_array().unwrap();
+    assert!(!attempts.is_empty() && attempts.len() <= 2, "{log}");
+    let mut texts = Vec::new();
+    for a in attempts {
+        assert!(a["cost"]["seconds"].as_f64() > Some(0.0), "the attacker was asked: {a}");
+        let text = a["template"].as_str().unwrap();
+        match a.get("refused") {
+            Some(why) => assert!(!why.as_str().unwrap().is_empty() && text.chars().count() <= 301, "{a}"),
+            None => {
+                assert!(text.contains("{goal}"), "{a}");
+                assert!(!texts.contains(&text), "a new text each attempt: {a}");
+                texts.push(text);
+                assert!(a["feedback"].is_object() && a["behaviour"].is_string(), "feedback recorded: {a}");
+            }
+        }
+    }
+    for record in cases(&dir.join("adaptive")) {
+        assert_ne!(record["outcome"], "error", "a bench error in the attacker's cases: {record}");
+    }
+    let again = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    assert!(matches!(again.code, Some(0 | 10 | 11)), "{}", again.stderr);
+    assert_eq!(json(&dir.join("adaptive.json")), log, "the log replays, the attacker not asked again");
 }
 
 #[test]

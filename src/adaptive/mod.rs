@@ -102,6 +102,13 @@ fn split(seed: u64, pairs: &[(String, String, String)]) -> (Vec<usize>, Vec<usiz
     (search, held_out)
 }
 
+/// The most cases a campaign runs: K per search pair, the frozen attempts on every
+/// held-out pair (fewer when pairs break early or replies are refused).
+pub fn budget(adaptive: &Adaptive) -> usize {
+    let (search, held_out) = (adaptive.pairs.len().div_ceil(2), adaptive.pairs.len() / 2);
+    search * adaptive.attempts + held_out * adaptive.settings().frozen
+}
+
 /// An empty log for the plan's pairs.
 fn new_log(seed: u64, adaptive: &Adaptive, proposer: &Proposer, url: Option<String>) -> SearchLog {
     let pair = |i: usize| {

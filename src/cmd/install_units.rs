@@ -14,10 +14,12 @@ use anyhow::Context;
 
 use pruefstand_core::root::Root;
 
-pub const UNITS: [(&str, &str); 3] = [
+pub const UNITS: [(&str, &str); 5] = [
     ("pruefstand.service", include_str!("../../units/pruefstand.service")),
     ("pruefstand-voll@.service", include_str!("../../units/pruefstand-voll@.service")),
     ("pruefstand-voll@.timer", include_str!("../../units/pruefstand-voll@.timer")),
+    ("pruefstand-nacht@.service", include_str!("../../units/pruefstand-nacht@.service")),
+    ("pruefstand-nacht@.timer", include_str!("../../units/pruefstand-nacht@.timer")),
 ];
 
 #[derive(clap::Args)]

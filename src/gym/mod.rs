@@ -55,6 +55,18 @@ pub struct GymSettings {
     pub wording: std::collections::BTreeMap<String, Wording>,
     /// Templates of cases an attacker model wrote (the adaptive attacker's).
     pub templates: std::collections::BTreeMap<String, String>,
+    /// How the caller's handle sees this pass (a run with an attacker campaign: one run
+    /// of plan and campaign together); None: as it is.
+    pub frame: Option<Frame>,
+}
+
+/// A pass's counts as part of a larger whole: reported under `run_dir`, `done_before`
+/// added to what is done, `total` the whole's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub run_dir: std::path::PathBuf,
+    pub done_before: usize,
+    pub total: usize,
 }
 
 pub struct Executed {
@@ -97,6 +109,7 @@ pub async fn execute(
         concurrency: settings.concurrency,
         metrics_url: settings.metrics_url,
         sinks: settings.sinks,
+        frame: settings.frame,
     };
     let outcome = run(pyenv, run_dir, request, pass).await?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
@@ -143,6 +156,7 @@ pub struct Pass {
     /// The model server's `/metrics` (None: steered by latency).
     pub metrics_url: Option<String>,
     pub sinks: Vec<Box<dyn Sink>>,
+    pub frame: Option<Frame>,
 }
 
 /// `progress(run_dir, counts)`.
@@ -254,8 +268,9 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
     if let (Some(control), Some(pid)) = (&control, child.id()) {
         control.attach(pid);
     }
-    let (caller, feed) = (pass.sinks, observer.feed());
-    let follow = blocking_in(run_dir, move |run_dir| Follow::open(run_dir, control, caller, feed, planned)).await?;
+    let (caller, feed, frame) = (pass.sinks, observer.feed(), pass.frame);
+    let follow =
+        blocking_in(run_dir, move |run_dir| Follow::open(run_dir, (control, frame), caller, feed, planned)).await?;
     let (follow, result) = follow_events(&mut child, follow).await;
     if result.is_err() {
         let _ = child.start_kill();
@@ -412,7 +427,7 @@ impl Follow {
     /// the caller's own (early stop), and the steering last.
     fn open(
         run_dir: &RunDir,
-        control: Option<std::sync::Arc<Control>>,
+        (control, frame): (Option<std::sync::Arc<Control>>, Option<Frame>),
         caller: Vec<Box<dyn Sink>>,
         feed: crate::concurrency::Feed,
         planned: usize,
@@ -422,7 +437,7 @@ impl Follow {
         let mut fanout: Vec<Box<dyn Sink>> =
             vec![Box::new(events), Box::new(records), Box::new(sinks::Progress::new(planned))];
         if let Some(control) = control {
-            fanout.push(Box::new(sinks::Report::new(control, run_dir)));
+            fanout.push(Box::new(sinks::Report::new(control, run_dir, frame)));
         }
         fanout.extend(caller);
         fanout.push(Box::new(sinks::Steering::new(feed)));

@@ -5,11 +5,10 @@
 //! that may end a pass, is the run's (`run::early`). The driver calls them on the
 //! blocking pool: the records sink fsyncs every case.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::events::{Ask, GymEvent, Seen, Sink};
-use super::{Control, Counts};
+use super::{Control, Counts, Frame};
 use crate::concurrency::Feed;
 use crate::console;
 use pruefstand_core::case::CaseRecord;
@@ -89,23 +88,26 @@ impl Sink for Progress {
     }
 }
 
-/// The caller's progress handle (the daemon's status and ETA): cases done of planned.
+/// The caller's progress handle (the daemon's status and ETA): cases done of planned,
+/// within the pass's frame when it has one.
 pub struct Report {
     control: Arc<Control>,
-    run_dir: PathBuf,
+    frame: Frame,
 }
 
 impl Report {
-    pub fn new(control: Arc<Control>, run_dir: &RunDir) -> Report {
-        Report { control, run_dir: run_dir.path.clone() }
+    pub fn new(control: Arc<Control>, run_dir: &RunDir, frame: Option<Frame>) -> Report {
+        let frame = frame.unwrap_or(Frame { run_dir: run_dir.path.clone(), done_before: 0, total: 0 });
+        Report { control, frame }
     }
 }
 
 impl Sink for Report {
     fn on(&mut self, event: &GymEvent, seen: &Seen) -> anyhow::Result<Ask> {
         if matches!(event, GymEvent::Start { .. } | GymEvent::Case { .. }) {
-            self.control
-                .report(&self.run_dir, Counts { done: seen.done, total: seen.total, in_flight: seen.in_flight });
+            let done = self.frame.done_before + seen.done;
+            let total = self.frame.total.max(done).max(seen.total);
+            self.control.report(&self.frame.run_dir, Counts { done, total, in_flight: seen.in_flight });
         }
         Ok(Ask::Continue)
     }

@@ -62,6 +62,7 @@ impl Executor for AgentOnly {
                 sinks: Vec::new(),
                 wording: Default::default(),
                 templates: Default::default(),
+                frame: None,
             };
             let executed = gym::execute(&session.pyenv, &claimed.dir, plan, &request.inventory, settings).await?;
             Ok((executed, Served { started_at: chrono::Utc::now().to_rfc3339(), ..Served::default() }))

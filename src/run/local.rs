@@ -134,7 +134,10 @@ impl Local<'_> {
                 }
             }
         }
-        let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0);
+        // The campaign follows the whole plan, or a plan stopped early on purpose: an
+        // early verdict ends the fixed cases, not the attacker (a version approved early
+        // must still face it); a pass cut short otherwise leaves the run to its resume.
+        let whole = result.as_ref().is_ok_and(|e| e.gym.not_started.unwrap_or(0) == 0) || self.stopped_early().await;
         if whole
             && self.request.plan.adaptive.is_some()
             && !self.session.control.is_stopped()
@@ -220,7 +223,22 @@ impl Local<'_> {
             settings.order = Some(order);
             settings.sinks.push(sink);
         }
+        settings.frame = self.campaign_frame(0);
         gym::execute(&self.session.pyenv, &self.claimed.dir, &request.plan, &request.inventory, settings).await
+    }
+
+    /// Whether the early stop decided and stopped the plan's pass.
+    async fn stopped_early(&self) -> bool {
+        let dir = self.claimed.dir.clone();
+        runtime::blocking(move || dir.read_early_stop()).await.ok().flatten().is_some_and(|e| e.stopped_early)
+    }
+
+    /// With an attacker campaign, the daemon's status and ETA count plan and campaign as
+    /// one run: the plan's cases, then at most the campaign's budget.
+    fn campaign_frame(&self, done_before: usize) -> Option<gym::Frame> {
+        let plan = &self.request.plan;
+        let budget = adaptive::budget(plan.adaptive.as_ref()?);
+        Some(gym::Frame { run_dir: self.claimed.dir.path.clone(), done_before, total: plan.cases.len() + budget })
     }
 
     /// The adaptive attacker's rounds (`adaptive::search`), and its transfer round.
@@ -229,7 +247,9 @@ impl Local<'_> {
         let Some(adaptive) = request.plan.adaptive.as_ref() else { return Ok(()) };
         let mut rounds = Vec::new();
         for _ in 0..=adaptive.attempts {
-            rounds.push(self.gym_settings(endpoint).await?);
+            let mut settings = self.gym_settings(endpoint).await?;
+            settings.frame = self.campaign_frame(request.plan.cases.len());
+            rounds.push(settings);
         }
         let pyenv = self.session.pyenv.clone();
         let benchmark_version = request.plan.benchmark_version.clone();
@@ -385,6 +405,7 @@ impl Local<'_> {
             sinks: Vec::new(),
             wording: Default::default(),
             templates: Default::default(),
+            frame: None,
         })
     }
 

@@ -143,7 +143,7 @@ impl Container {
                     "bash",
                     "-c",
                     "mkdir -m 0700 -p \"$XDG_RUNTIME_DIR\" && systemd-analyze --user verify pruefstand.service \
-                     pruefstand-voll@.service pruefstand-voll@.timer",
+                     pruefstand-voll@.service pruefstand-voll@.timer pruefstand-nacht@.service pruefstand-nacht@.timer",
                 ],
             )
             .ok();
