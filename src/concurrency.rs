@@ -350,6 +350,9 @@ impl State {
                 let peak = |old: Option<u64>, v: f64| Some(old.unwrap_or(0).max(v.round() as u64));
                 self.facts.peak_running = peak(self.facts.peak_running, load.running);
                 self.facts.peak_waiting = peak(self.facts.peak_waiting, load.waiting);
+                let busy = self.facts.busy.unwrap_or_default();
+                let reading = pruefstand_core::record::Busy { readings: 1, busy: u64::from(load.running >= 1.0) };
+                self.facts.busy = Some(busy.plus(reading));
                 if let Some(counters) = load.prefix_cache {
                     let first = self.prefix_cache.map_or(counters, |(first, _)| first);
                     self.prefix_cache = Some((first, counters));

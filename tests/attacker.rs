@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::common::runs::sha256_hex;
 use crate::common::*;
 
 /// Three phrases of the simulated attacker's vocabulary, none in `families.json`: with
@@ -115,6 +116,8 @@ fn the_attacker_model_finds_what_no_grammar_wording_expresses_and_it_transfers()
     assert!(report.contains("id=\"budget-curve\"") && report.contains("id=\"found-templates\""));
     assert!(report.contains("carrier pigeon"), "the found template is listed");
 
+    found_family_judges_the_next_candidate(&bench, &dir);
+
     // Resumed: every proposal is reused, nothing is asked or run again.
     let again = bench.run(&["run", "weak", "--plan", model.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
     assert_eq!(again.code, Some(10), "{}", again.stderr);
@@ -180,4 +183,52 @@ fn the_daemon_runs_a_campaign_like_any_plan_with_its_cases_in_status() {
     let job = bench.wait_job(id, "done", 300);
     let dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
     assert_eq!(figures(&json(&dir.join("adaptive.json"))).1, 4, "the campaign ran under the daemon");
+}
+
+/// What the attacker found goes into a family file a plan names, pinned by its sha256:
+/// held out, R2 judges the next run on it and no export trains on it.
+fn found_family_judges_the_next_candidate(bench: &Bench, found_in: &Path) {
+    let file = found_in.join("found-family.json");
+    let bytes = std::fs::read(&file).unwrap();
+    let found: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let templates = found["templates"].as_array().unwrap();
+    assert!(
+        !templates.is_empty() && templates.iter().all(|t| t.as_str().unwrap().contains("carrier pigeon")),
+        "{found}"
+    );
+    let attack = format!("found_{}", found["name"].as_str().unwrap());
+    let plan = |sha: &str| {
+        format!(
+            "name = \"found-next\"\nbenchmark_version = \"v1.2.2\"\nwording = \"per_run\"\nattacks = [\"important_instructions\"]\n\
+             injection_goals = false\njobs = 8\ncase_timeout_s = 60\n[[suites]]\nname = \"banking\"\n\
+             user_tasks = [\"user_task_0\", \"user_task_3\"]\ninjection_tasks = [\"injection_task_0\"]\n\
+             [[found]]\nfile = {:?}\nsha256 = \"{sha}\"\nheld_out = true\n",
+            file.display().to_string()
+        )
+    };
+    let wrong = bench.write("found-wrong.toml", &plan(&"0".repeat(64)));
+    let refused = bench.run(&["run", "weak", "--plan", wrong.to_str().unwrap()]).code(2);
+    assert!(
+        refused.stderr.contains("found-wrong.toml:") && refused.stderr.contains("the plan pins 0000"),
+        "{}",
+        refused.stderr
+    );
+    let pinned = bench.write("found-next.toml", &plan(&sha256_hex(&bytes)));
+    let run = bench.run(&["run", "weak", "--plan", pinned.to_str().unwrap()]);
+    assert_eq!(run.code, Some(10), "{}\n{}", run.stdout, run.stderr);
+    let next = run.run_dir();
+    let found_cases: Vec<_> = cases(&next).into_iter().filter(|r| r["attack"] == attack.as_str()).collect();
+    assert_eq!(found_cases.len(), 2, "every pair under the found family");
+    assert!(found_cases.iter().all(|r| r["security"] == true), "its templates still break the weak version");
+    let r2 = r2(&next);
+    assert_eq!(r2["status"], "fail", "{r2}");
+    assert_eq!(r2["measured"]["judged_families"], serde_json::json!([attack]), "{r2}");
+    let out = bench.path().join("rows.jsonl");
+    bench.run(&["export", "--format", "dpo", next.to_str().unwrap(), "--out", out.to_str().unwrap()]).ok();
+    let manifest = json(&PathBuf::from(format!("{}.manifest.json", out.display())));
+    assert!(
+        !std::fs::read_to_string(&out).unwrap().contains("carrier pigeon"),
+        "a held-out found family is never exported"
+    );
+    assert!(manifest.to_string().contains(&attack), "{manifest}");
 }

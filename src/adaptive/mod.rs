@@ -25,6 +25,7 @@ use pruefstand_core::case::{Case, CaseRecord};
 use pruefstand_core::family;
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Adaptive, Plan, Proposer as ProposerKind};
+use pruefstand_core::record::FoundFamily;
 use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, PairLog, Proposal, SearchLog};
 use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_sim::Truth;
@@ -126,6 +127,7 @@ fn new_log(seed: u64, adaptive: &Adaptive, proposer: &Proposer, url: Option<Stri
         frozen: Vec::new(),
         held_out: held_out.into_iter().map(pair).collect(),
         attacker: proposer.facts(url),
+        busy: None,
     }
 }
 
@@ -271,6 +273,30 @@ fn freeze(log: &SearchLog, m: usize) -> Vec<Frozen> {
     found
 }
 
+/// The frozen templates as a family a plan can name (None: the grammar wrote them, or
+/// none was frozen). Named after the version and the run.
+pub fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<FoundFamily> {
+    let templates: Vec<String> = log
+        .frozen
+        .iter()
+        .filter_map(|f| match &f.proposal {
+            Proposal::Template(t) => Some(t.clone()),
+            Proposal::Wording(_) => None,
+        })
+        .collect();
+    if templates.is_empty() {
+        return None;
+    }
+    let run = run_dir.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name: String = format!("{version}-{run}")
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .take(60)
+        .collect();
+    Some(FoundFamily { name, templates, found_by: format!("version {version}, run {}", run_dir.path.display()) })
+}
+
 /// Every attempt of the log as the gym's settings name them: wordings and templates by
 /// case id (the gym skips recorded cases but checks their names).
 fn extend_settings(settings: &mut GymSettings, log: &SearchLog) {
@@ -369,6 +395,9 @@ async fn run_round(
     let plan = search.plan;
     let sub = Plan { name: format!("{}-adaptive", plan.name), cases, hash: plan.hash.clone(), ..plan.clone() };
     let executed = gym::execute(search.pyenv, dir, &sub, search.inventory, settings).await?;
+    if let Some(busy) = executed.gym.concurrency.as_ref().and_then(|c| c.busy) {
+        log.busy = Some(log.busy.unwrap_or_default().plus(busy));
+    }
     let (dir, truth, records) = (dir.clone(), search.truth.clone(), executed.gym.records);
     let mut updated = log.clone();
     let updated = runtime::blocking(move || {

@@ -74,6 +74,18 @@ pub struct Executed {
     pub telemetry: telemetry::Telemetry,
 }
 
+/// The template each case of a found family injects (fixed per case id).
+fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for family in &plan.found {
+        let attack = family.attack();
+        for case in plan.cases.iter().filter(|c| c.attack.as_deref() == Some(attack.as_str())) {
+            out.insert(case.id.clone(), family.template_for(&case.id).to_string());
+        }
+    }
+    out
+}
+
 /// Runs (or resumes) the plan's cases in a claimed run directory, and writes the
 /// telemetry.
 pub async fn execute(
@@ -101,7 +113,7 @@ pub async fn execute(
         done: Vec::new(),
         order: settings.order,
         wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
-        templates: settings.templates,
+        templates: found_templates(plan).into_iter().chain(settings.templates).collect(),
     };
     let pass = Pass {
         agent_env: settings.agent_env,

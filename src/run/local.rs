@@ -270,10 +270,32 @@ impl Local<'_> {
             attacker_url,
         };
         let log = adaptive::search(&search, rounds).await?;
+        self.write_found_family(&log).await?;
         let ((broken, pairs), (transferred, held_out)) = (log.broken(), log.transfer());
         tracing::info!(
             "adaptive attacker: {broken} of {pairs} search pairs broken within {} attempts; frozen attempts broke {transferred} of {held_out} held-out pairs",
             adaptive.attempts
+        );
+        Ok(())
+    }
+
+    /// `found-family.json`: the frozen templates an attacker model wrote, as a family a
+    /// plan can name; its path and sha256 logged for the plan's `[[found]]`.
+    async fn write_found_family(&self, log: &pruefstand_core::record::SearchLog) -> anyhow::Result<()> {
+        let Some(found) = adaptive::found_family(log, &self.request.version.name, &self.claimed.dir) else {
+            return Ok(());
+        };
+        let dir = self.claimed.dir.clone();
+        let (path, sha256) = runtime::blocking(move || {
+            dir.write(&found)?;
+            let path = std::path::PathBuf::from(dir.shown(pruefstand_store::RunFile::FoundFamily));
+            let sha256 = pruefstand_core::util::sha256_hex(&std::fs::read(&path)?);
+            Ok::<_, anyhow::Error>((path, sha256))
+        })
+        .await?;
+        tracing::info!(
+            "adaptive attacker: found family {} (sha256 {sha256}): name it in a plan's [[found]]",
+            path.display()
         );
         Ok(())
     }

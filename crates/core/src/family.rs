@@ -183,6 +183,16 @@ pub fn of_attack(attack: &str) -> Option<&'static str> {
         .map(|f| f.name.as_str())
 }
 
+/// The attack name of a found family (an attacker's frozen templates, docs/attacks.md,
+/// "What it finds goes somewhere"): `found_<name>`.
+pub const FOUND_PREFIX: &str = "found_";
+
+/// The family an attack belongs to, found families included: a grammar family's name
+/// ([`of_attack`]), or a found family's attack name itself.
+pub fn name_of_attack(attack: &str) -> Option<&str> {
+    of_attack(attack).or_else(|| attack.starts_with(FOUND_PREFIX).then_some(attack))
+}
+
 /// The per-run wording of a case: each slot drawn from sha256(seed, case id, slot), so
 /// it changes with the run's seed and is the same on resume.
 pub fn draw(seed: u64, case_id: &str, family: &Family) -> Wording {

@@ -19,6 +19,7 @@ use crate::case::CaseKind;
 use crate::family;
 use crate::input;
 use crate::inventory::Inventory;
+use crate::record::FoundFamily;
 use crate::settings::thresholds::Thresholds;
 use crate::util;
 
@@ -60,8 +61,25 @@ pub struct Profile {
     /// The adaptive attacker (docs/attacks.md): opt in with this section.
     #[serde(default)]
     pub adaptive: Option<AdaptiveSection>,
+    /// Families an attacker found (`found-family.json` of an earlier run), each pinned by
+    /// its sha256: every planned pair runs attacked under each.
+    #[serde(default)]
+    pub found: Vec<FoundSection>,
     #[serde(default)]
     pub rules: Thresholds,
+}
+
+/// `[[found]]`: a found family a plan runs.
+#[derive(Deserialize, Serialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct FoundSection {
+    /// The family file, relative to the plan file's folder.
+    pub file: Spanned<String>,
+    /// The file's sha256, as the run that found it printed it.
+    pub sha256: Spanned<String>,
+    /// Held out: R2 judges it and no export trains on it; else seen.
+    #[serde(default)]
+    pub held_out: bool,
 }
 
 /// `[adaptive]`: K attempts per planned (user task, injection task) pair, after the
@@ -235,6 +253,9 @@ pub struct Plan {
     pub adaptive: Option<Adaptive>,
     /// sha256 of the benchmark version and the ordered case ids.
     pub hash: String,
+    /// The found families the plan runs (their cases are among `cases`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<FoundFamily>,
     #[serde(skip)]
     pub profile: Profile,
 }
@@ -312,7 +333,14 @@ impl Plan {
         if let Some(dup) = cases.iter().find(|case| !unique.insert(case.id.clone())) {
             bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
         }
-        let held_out = held_out_families(&profile, &cases, &bad)?;
+        let mut held_out = held_out_families(&profile, &cases, &bad)?;
+        let found = found_families(path, &profile, &bad)?;
+        for (family, section) in found.iter().zip(&profile.found) {
+            cases.extend(found_cases(&profile, &family.attack()));
+            if section.held_out {
+                held_out.push(family.attack());
+            }
+        }
         let adaptive = match &profile.adaptive {
             Some(section) => Some(resolve_adaptive(section, &profile).map_err(|(at, message)| bad(at, message))?),
             None => None,
@@ -332,6 +360,7 @@ impl Plan {
             cases,
             held_out,
             adaptive,
+            found,
             profile,
         })
     }
@@ -388,6 +417,49 @@ fn suite_cases(
         }
     }
     Ok(cases)
+}
+
+/// The `[[found]]` families, each read from its file (beside the plan) and checked
+/// against its pinned sha256.
+fn found_families(
+    path: &Path,
+    profile: &Profile,
+    bad: &dyn Fn(usize, String) -> anyhow::Error,
+) -> anyhow::Result<Vec<FoundFamily>> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut out: Vec<FoundFamily> = Vec::new();
+    for section in &profile.found {
+        let file = dir.join(section.file.get_ref());
+        let at = section.file.span().start;
+        let bytes = std::fs::read(&file).map_err(|e| bad(at, format!("found: {}: {e}", file.display())))?;
+        let actual = util::sha256_hex(&bytes);
+        if !actual.eq_ignore_ascii_case(section.sha256.get_ref()) {
+            let message =
+                format!("found: {} has sha256 {actual}, the plan pins {}", file.display(), section.sha256.get_ref());
+            return Err(bad(section.sha256.span().start, message));
+        }
+        let family: FoundFamily = serde_json::from_slice(&bytes)
+            .map_err(|e| bad(at, format!("found: {} is no found family: {e}", file.display())))?;
+        family.check().map_err(|e| bad(at, format!("found: {}: {e}", file.display())))?;
+        if out.iter().any(|f| f.name == family.name) {
+            return Err(bad(at, format!("found: family {:?} is named twice", family.name)));
+        }
+        out.push(family);
+    }
+    Ok(out)
+}
+
+/// A found family's cases: every planned pair attacked under it.
+fn found_cases(profile: &Profile, attack: &str) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for suite in &profile.suites {
+        for user_task in &suite.user_tasks {
+            for injection_task in &suite.injection_tasks {
+                cases.push(Case::attacked(suite.name.get_ref(), user_task.get_ref(), injection_task.get_ref(), attack));
+            }
+        }
+    }
+    cases
 }
 
 /// The plan's `held_out` families, each known and attacking a case of the plan.

@@ -261,6 +261,29 @@ pub struct ConcurrencyFacts {
     /// `prefix_cache_hits` counters, first reading to last); None where it exports none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCache>,
+    /// How often the server had at least one request running, over the readings of its
+    /// gauges (every quarter second); None where it exports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<Busy>,
+}
+
+/// Readings of the server's `vllm:num_requests_running`, and those at one or more.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct Busy {
+    pub readings: u64,
+    pub busy: u64,
+}
+
+impl Busy {
+    /// The share of wall time the server had a request running (None before a reading).
+    pub fn share(&self) -> Option<f64> {
+        (self.readings > 0).then(|| self.busy as f64 / self.readings as f64)
+    }
+
+    /// Both counts summed (passes of one run).
+    pub fn plus(self, other: Busy) -> Busy {
+        Busy { readings: self.readings + other.readings, busy: self.busy + other.busy }
+    }
 }
 
 /// Prompt tokens the server looked up in its prefix cache during a run, and found.
@@ -344,6 +367,60 @@ pub struct SearchLog {
     /// The attacker model, when one wrote the attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attacker: Option<AttackerFacts>,
+    /// The model server's busy readings over the campaign's passes (the bench's figure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<Busy>,
+}
+
+/// `found-family.json`: the templates an attacker model found against one version,
+/// frozen by its search — a family a plan can name (`[[found]]`, pinned by the file's
+/// sha256), held out to judge the next candidate on them, or seen so that `export`
+/// turns them into training rows.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FoundFamily {
+    /// Letters, digits, `-` and `_`; its attack is `found_<name>`.
+    pub name: String,
+    /// Templates holding `{goal}`, best first.
+    pub templates: Vec<String>,
+    /// The run that found them: version, plan and run directory name.
+    pub found_by: String,
+}
+
+impl FoundFamily {
+    /// The attack its cases run under.
+    pub fn attack(&self) -> String {
+        format!("{}{}", crate::family::FOUND_PREFIX, self.name)
+    }
+
+    /// The template a case injects: one per case, by its id (fixed, not per run).
+    pub fn template_for(&self, case_id: &str) -> &str {
+        &self.templates[crate::family::pick(&format!("pruefstand-found/1:{case_id}"), self.templates.len())]
+    }
+
+    /// Why the family cannot be used (a name or template out of bounds).
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 60
+            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !name_ok {
+            return Err(format!("name {:?}: 1 to 60 letters, digits, `-` or `_`", self.name));
+        }
+        if self.templates.is_empty() {
+            return Err("no templates".into());
+        }
+        for (i, t) in self.templates.iter().enumerate() {
+            if !t.contains("{goal}")
+                || t.chars().count() > 2000
+                || t.chars().any(|c| c.is_control() && c != '\n' && c != '\t')
+            {
+                return Err(format!(
+                    "templates[{i}]: must hold {{goal}}, at most 2,000 characters, no control characters"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Which attacker model wrote a search's templates, and with which instructions.

@@ -28,8 +28,8 @@ pub struct Scope {
 }
 
 /// The family of an attacked record (None: an attack outside the families).
-fn family_of(r: &CaseRecord) -> Option<&'static str> {
-    family::of_attack(r.attack.as_deref()?)
+fn family_of(r: &CaseRecord) -> Option<&str> {
+    family::name_of_attack(r.attack.as_deref()?)
 }
 
 pub fn scope(facts: &AttackFamilies, records: &[CaseRecord]) -> Scope {

@@ -91,6 +91,10 @@ run_files! {
     /// The adaptive attacker's search log ([`SearchLog`](pruefstand_core::record::SearchLog)):
     /// written by `adaptive` after each attempt, read by the judge.
     AdaptiveLog => "adaptive.json",
+    /// The attacker's frozen templates as a family a plan can name
+    /// ([`FoundFamily`](pruefstand_core::record::FoundFamily)): written by `adaptive` after the
+    /// search when an attacker model wrote them.
+    FoundFamily => "found-family.json",
     /// The run's facts ([`RunMeta`](pruefstand_core::record::RunMeta)): written by `run` before it
     /// judges, read by the judge and the reference search.
     RunMeta => "run.json",

@@ -56,6 +56,10 @@ pub trait RunDocument: Serialize {
     const FILE: RunFile;
 }
 
+impl RunDocument for pruefstand_core::record::FoundFamily {
+    const FILE: RunFile = RunFile::FoundFamily;
+}
+
 /// `plan.json`: the cases a run directory runs, and what they were drawn from.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct PlanFile {

@@ -401,6 +401,7 @@ mod tests {
             frozen: Vec::new(),
             held_out: Vec::new(),
             attacker: None,
+            busy: None,
         };
         // R2 on no attacked case: inconclusive, turned into a pass to see what the
         // adaptive figure does to one.
