@@ -379,7 +379,8 @@ async fn check_external_server(version: &Version, report: &mut Report) {
         .and_then(|v| v["data"].as_array().cloned())
         .unwrap_or_default()
         .iter()
-        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        // A server's ids reach the terminal: no escape sequence of theirs may.
+        .filter_map(|m| m["id"].as_str().map(pruefstand_core::util::printable))
         .collect();
     if served.iter().any(|m| m == wanted) {
         report.ok(format!("model server at {url} serves {wanted}"));
