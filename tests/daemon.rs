@@ -324,3 +324,35 @@ fn a_job_file_damaged_mid_run_fails_that_job_keeps_its_verdict_and_the_queue_goe
     bench.wait_job(third, "done", 180);
     assert_eq!(skipped(&daemon.log()), 2, "once more for the changed file\n{}", daemon.log());
 }
+
+/// An edit that leaves pruefstand.toml unloadable is logged with its error and the word
+/// that a restart would fail — never "restart the daemon to apply it".
+#[test]
+fn an_invalid_config_under_a_running_daemon_is_named_not_a_restart_advised() {
+    let bench = Bench::new();
+    let daemon = bench.daemon();
+    let file = bench.path().join("pruefstand.toml");
+    let config = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{config}\n[run\nbroken = \n")).unwrap();
+    wait_until("the edit noticed", 30, || daemon.log().contains("pruefstand.toml changed"));
+    let log = daemon.log();
+    let line = log.lines().find(|l| l.contains("pruefstand.toml changed")).unwrap();
+    assert!(line.contains("does not load") && line.contains("a restart would fail"), "{line}");
+    assert!(!line.contains("restart the daemon to apply it"), "{line}");
+    // A fix is noticed again, now with the advice to restart.
+    std::fs::write(&file, format!("{config}# fixed\n")).unwrap();
+    wait_until("the fix noticed", 30, || daemon.log().contains("restart the daemon to apply it"));
+}
+
+/// SIGHUP is a reload: the daemon says so and exits non-zero, so that systemd's
+/// `Restart=on-failure` starts it again with the config read anew (a clean exit would
+/// stay down).
+#[test]
+fn sighup_logs_and_exits_for_systemd_to_restart() {
+    let bench = Bench::new();
+    let mut daemon = bench.daemon();
+    let status = daemon.signal_and_wait("HUP");
+    assert_eq!(status.code(), Some(75), "{status:?}\n{}", daemon.log());
+    assert!(daemon.log().contains("SIGHUP: daemon exits"), "{}", daemon.log());
+    assert!(daemon.log().contains("so that systemd starts the daemon again"), "{}", daemon.log());
+}

@@ -151,6 +151,7 @@ fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
     match Root::find(root) {
         Ok(root) => {
             report.ok(format!("bench root {}", root.path.display()));
+            check_root_writable(&root, report);
             check_config_permissions(&root, report);
             check_hooks(&root, report);
             Some(root)
@@ -162,6 +163,27 @@ fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
             );
             None
         }
+    }
+}
+
+/// The folders `start` and the daemon write — the queue (`.pruefstand/`) and
+/// `reports/`, or the root where they are still to be made — each probed with a
+/// temporary file that is removed at once: a read-only root (a read-only mount, another
+/// user's folder) is a FAIL here as it is a refusal there.
+fn check_root_writable(root: &Root, report: &mut Report) {
+    let nearest = |dir: PathBuf| if dir.is_dir() { dir } else { root.path.clone() };
+    let mut probed = Vec::new();
+    for dir in [nearest(root.path.join(".pruefstand")), nearest(root.reports())] {
+        if probed.contains(&dir) {
+            continue;
+        }
+        if let Err(err) = tempfile::Builder::new().prefix(".pruefstand-check.").tempfile_in(&dir) {
+            report.fail(
+                format!("bench root: cannot write in {}: {err}", dir.display()),
+                "make the bench root writable for this user: `start` and the daemon write the queue and the run directories there",
+            );
+        }
+        probed.push(dir);
     }
 }
 
