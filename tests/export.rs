@@ -327,16 +327,16 @@ fn export_writes_only_its_own_files_and_reads_only_the_runs_own_traces() {
     assert!(run.stderr.contains(&format!("{}: a link", linked.join("traces").display())), "{}", run.stderr);
     assert!(!work.join("linked.jsonl").exists());
 
-    // A resisted case of a seen family whose trace is made to say it followed.
+    // A resisted case of a seen family (what SFT takes) whose trace is made to say it
+    // followed.
+    let resisted = |r: &Value| {
+        r["attack"] == "important_instructions" && r["utility"] == true && r["security"] == false && r["trace"].is_string()
+    };
+    let source = [&runs.kandidat, &runs.baseline].into_iter().find(|dir| cases(dir).iter().any(resisted)).unwrap();
     let forged = work.join("forged");
-    let copied = std::process::Command::new("cp").arg("-a").arg(&runs.kandidat).arg(&forged).status().unwrap();
+    let copied = std::process::Command::new("cp").arg("-a").arg(source).arg(&forged).status().unwrap();
     assert!(copied.success());
-    let record = cases(&forged)
-        .into_iter()
-        .find(|r| {
-            r["attack"] == "important_instructions" && r["utility"] == true && r["security"] == false && r["trace"].is_string()
-        })
-        .expect("a resisted case with utility");
+    let record = cases(&forged).into_iter().find(resisted).unwrap();
     let trace_file = forged.join(record["trace"].as_str().unwrap());
     let mut trace = json(&trace_file);
     assert_eq!(trace["security"], false, "the gym's trace carries its own security");

@@ -379,7 +379,7 @@ impl<G: Gate> Daemon<G> {
         let needs_gpu = self
             .queue
             .materialise(&self.root, job)
-            .and_then(|(version, _)| benchlock::needs_gpu(&self.root, &version))
+            .and_then(|(version, _)| benchlock::needs_gpu(&version))
             .unwrap_or(false);
         if !needs_gpu {
             return Ok(LockEnd::Held(None));

@@ -513,7 +513,10 @@ pub fn write(format: Format, run_dirs: &[PathBuf], out: &Path) -> anyhow::Result
 /// RUN/cases.jsonl` would replace a run's records with rows.
 fn check_out(out: &Path, run_dirs: &[PathBuf]) -> anyhow::Result<()> {
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let parent = parent.canonicalize().with_context(|| format!("--out {}: its folder", out.display()))?;
+    // The folder may be made by the write: the nearest one that is there decides.
+    let existing = parent.ancestors().find(|dir| dir.as_os_str().is_empty() || dir.exists()).unwrap_or(parent);
+    let existing = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
+    let parent = existing.canonicalize().with_context(|| format!("--out {}: its folder", out.display()))?;
     let run_dirs: Vec<PathBuf> = run_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
     if let Some(run) = parent.ancestors().find(|dir| {
         run_dirs.iter().any(|r| r == dir) || [RunFile::RunMeta, RunFile::Cases].iter().any(|f| dir.join(f.name()).exists())
