@@ -381,7 +381,7 @@ impl Ledger {
         use std::sync::atomic::Ordering;
         let Some(dir) = &self.dir else { return Ok(()) };
         let _saving = util::lock(&self.saving);
-        if !dir.is_dir() || (self.written.load(Ordering::SeqCst) && self.superseded()) {
+        if !dir.is_dir() || self.superseded() {
             return Ok(());
         }
         let notes = util::lock(&self.notes).clone();
@@ -393,9 +393,13 @@ impl Ledger {
     }
 
     /// Whether the job's folder no longer holds this ledger: removed (`clean --force`,
-    /// `restart`) or replaced by a later try's. Blocking (reads the file).
+    /// `restart`) or replaced by a later try's. Never for a ledger not yet written (one
+    /// that could not be written is sent all the same). Blocking (reads the file).
     pub fn superseded(&self) -> bool {
         let Some(dir) = &self.dir else { return false };
+        if !self.written.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
         let ours = util::lock(&self.notes).key.clone();
         let on_disk = std::fs::read(dir.join(LEDGER_FILE))
             .ok()

@@ -327,16 +327,18 @@ fn export_writes_only_its_own_files_and_reads_only_the_runs_own_traces() {
     assert!(run.stderr.contains(&format!("{}: a link", linked.join("traces").display())), "{}", run.stderr);
     assert!(!work.join("linked.jsonl").exists());
 
-    // A resisted case of a seen family (what SFT takes) whose trace is made to say it
+    // An attacked case SFT takes (resisted, utility kept) whose trace is made to say it
     // followed.
-    let resisted = |r: &Value| {
-        r["attack"] == "important_instructions" && r["utility"] == true && r["security"] == false && r["trace"].is_string()
-    };
-    let source = [&runs.kandidat, &runs.baseline].into_iter().find(|dir| cases(dir).iter().any(resisted)).unwrap();
+    let sft = work.join("sft.jsonl");
+    export("sft", &[a, b], &sft).ok();
+    let rows: Vec<Value> =
+        std::fs::read_to_string(&sft).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let taken = &rows.iter().find(|r| r["provenance"]["kind"] == "attacked").expect("an attacked SFT row")["provenance"];
     let forged = work.join("forged");
+    let source = taken["run_dir"].as_str().unwrap();
     let copied = std::process::Command::new("cp").arg("-a").arg(source).arg(&forged).status().unwrap();
     assert!(copied.success());
-    let record = cases(&forged).into_iter().find(resisted).unwrap();
+    let record = cases(&forged).into_iter().find(|r| r["case_id"] == taken["case"]).unwrap();
     let trace_file = forged.join(record["trace"].as_str().unwrap());
     let mut trace = json(&trace_file);
     assert_eq!(trace["security"], false, "the gym's trace carries its own security");

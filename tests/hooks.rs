@@ -379,7 +379,7 @@ fn a_notification_owed_at_a_stop_is_sent_after_the_restart_with_the_same_key() {
 fn retried_hook(bench: &Bench, port: u16) {
     let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
     config += &format!(
-        "\n[[hooks]]\nname = \"team\"\nkind = \"json\"\nurl = \"http://127.0.0.1:{port}/hook\"\nretries = 30\nbackoff_s = 0.2\n"
+        "\n[[hooks]]\nname = \"team\"\nkind = \"json\"\nurl = \"http://127.0.0.1:{port}/hook\"\nretries = 20\nbackoff_s = 0.2\n"
     );
     bench.write("pruefstand.toml", &config);
 }

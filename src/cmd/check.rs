@@ -4,7 +4,8 @@
 //! partition, and a test job writing under the bench root).
 //!
 //! It only looks: it creates no venv, pulls no image, starts nothing (but the cluster's
-//! one tiny test job). Every probe has
+//! one tiny test job, and a temporary file, removed at once, that shows the bench root
+//! writable). Every probe has
 //! a short timeout (a dead Docker socket or a wedged bus gives a line, not a hang), and
 //! the slow ones run side by side.
 

@@ -25,8 +25,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let queue = Queue::open(&root)?;
     let mut spared = Vec::new();
     let removed = queue.clean(args.keep, |job| {
-        let owed = owed_hooks(&queue, job);
-        let spare = !args.force && job.state.is_final() && !owed.is_empty();
+        let owed = if args.force || !job.state.is_final() { Vec::new() } else { owed_hooks(&queue, job) };
+        let spare = !owed.is_empty();
         if spare {
             spared.push(format!(
                 "kept job {}: its notification to {} is still owed (the daemon sends it); `pruefstand clean --force` removes it unsent",
