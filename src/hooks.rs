@@ -372,7 +372,12 @@ impl Ledger {
         let notes =
             serde_json::from_str(&text).with_context(|| format!("{}: not a notification ledger", path.display()))?;
         let saving = Mutex::new(());
-        Ok(Some(Arc::new(Ledger { dir: Some(dir.to_path_buf()), notes: Mutex::new(notes), saving, written: true.into() })))
+        Ok(Some(Arc::new(Ledger {
+            dir: Some(dir.to_path_buf()),
+            notes: Mutex::new(notes),
+            saving,
+            written: true.into(),
+        })))
     }
 
     /// Writes the ledger down (a whole-file atomic replace: blocking, an fsync) — never

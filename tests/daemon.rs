@@ -367,12 +367,16 @@ fn a_queued_job_runs_the_reference_as_it_was_at_start() {
     let kandidat = std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml")).unwrap();
     let baseline = std::fs::read_to_string(bench.path().join("versions/demo-baseline.toml")).unwrap();
     bench.write("refs/ref-a.toml", &baseline);
-    bench.write("versions/cand-a.toml", &kandidat.replace("reference = \"demo-baseline\"", "reference = \"refs/ref-a.toml\""));
+    bench.write(
+        "versions/cand-a.toml",
+        &kandidat.replace("reference = \"demo-baseline\"", "reference = \"refs/ref-a.toml\""),
+    );
     bench.write("versions/ref-b.toml", &baseline);
     bench.write("versions/cand-b.toml", &kandidat.replace("reference = \"demo-baseline\"", "reference = \"ref-b\""));
     bench.run(&["pause"]).ok();
     let start = |version: &str| {
-        let run = Run::from(bench.cmd(&["start", version, "--plan", "tiny"]).current_dir(bench.path()).output().unwrap());
+        let run =
+            Run::from(bench.cmd(&["start", version, "--plan", "tiny"]).current_dir(bench.path()).output().unwrap());
         run.ok().stdout.lines().next().and_then(|l| l.trim().parse::<u64>().ok()).unwrap()
     };
     // A relative path, resolved in the bench root where `start` ran (the daemon runs
@@ -391,7 +395,8 @@ fn a_queued_job_runs_the_reference_as_it_was_at_start() {
     let job_b = bench.wait_job(b, "done", 300);
     for job in [&job_a, &job_b] {
         let dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
-        let reference = json(&dir.join("run.json"))["reference_run_dir"].as_str().map(std::path::PathBuf::from).unwrap();
+        let reference =
+            json(&dir.join("run.json"))["reference_run_dir"].as_str().map(std::path::PathBuf::from).unwrap();
         let reference = if reference.is_absolute() { reference } else { dir.join(reference) };
         let spec = &json(&reference.join("version.json"))["spec"];
         assert!(!spec["description"].as_str().unwrap().contains("edited after start"), "{job}: {spec}");

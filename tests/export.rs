@@ -333,7 +333,8 @@ fn export_writes_only_its_own_files_and_reads_only_the_runs_own_traces() {
     export("sft", &[a, b], &sft).ok();
     let rows: Vec<Value> =
         std::fs::read_to_string(&sft).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let taken = &rows.iter().find(|r| r["provenance"]["kind"] == "attacked").expect("an attacked SFT row")["provenance"];
+    let taken =
+        &rows.iter().find(|r| r["provenance"]["kind"] == "attacked").expect("an attacked SFT row")["provenance"];
     let forged = work.join("forged");
     let source = taken["run_dir"].as_str().unwrap();
     let copied = std::process::Command::new("cp").arg("-a").arg(source).arg(&forged).status().unwrap();

@@ -435,7 +435,9 @@ fn a_restarted_job_notifies_under_a_new_key_and_the_old_retries_stop() {
     assert!(restart.stdout.contains("notification to hook \"team\" is dropped unsent"), "{}", restart.stdout);
     bench.wait_job(id, "failed", 60);
     wait_until("the new try's ledger", 30, || {
-        std::fs::read(&ledger_file).is_ok_and(|b| serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["key"] == format!("{id}-2-failed")))
+        std::fs::read(&ledger_file).is_ok_and(|b| {
+            serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["key"] == format!("{id}-2-failed"))
+        })
     });
     wait_until("the old retries to stop", 30, || daemon.log().contains("not sent any more: superseded"));
     accept.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -446,7 +448,10 @@ fn a_restarted_job_notifies_under_a_new_key_and_the_old_retries_stop() {
     let new: Vec<&&str> = keys.iter().filter(|k| **k == format!("{id}-2-failed")).collect();
     assert!(keys.iter().all(|k| *k == format!("{id}-1-failed") || *k == format!("{id}-2-failed")), "{keys:?}");
     assert!(requests.iter().any(|(r, ok)| *ok && r.headers["idempotency-key"] == format!("{id}-2-failed")), "{keys:?}");
-    assert!(!requests.iter().any(|(r, ok)| *ok && r.headers["idempotency-key"] == format!("{id}-1-failed")), "{keys:?}");
+    assert!(
+        !requests.iter().any(|(r, ok)| *ok && r.headers["idempotency-key"] == format!("{id}-1-failed")),
+        "{keys:?}"
+    );
     let ledger = json(&ledger_file);
     assert_eq!(ledger["hooks"][0]["attempts"], new.len(), "the ledger counts the new try's attempts only: {ledger}");
 }

@@ -40,7 +40,11 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     // A run given twice is refused before any lock: the second would wait for our own.
     let mut seen = std::collections::BTreeSet::new();
     for dir in &args.run_dirs {
-        anyhow::ensure!(seen.insert(dir.canonicalize().unwrap_or_else(|_| dir.clone())), "{}: given twice", dir.display());
+        anyhow::ensure!(
+            seen.insert(dir.canonicalize().unwrap_or_else(|_| dir.clone())),
+            "{}: given twice",
+            dir.display()
+        );
     }
     let mut locks = Vec::new();
     for dir in &args.run_dirs {

@@ -45,6 +45,9 @@ fn drop_owed_notifications(queue: &Queue, id: u64) -> anyhow::Result<()> {
     }
     let path = dir.join(crate::hooks::LEDGER_FILE);
     std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
-    outln!("the last try's notification to {} is dropped unsent: the new try's result is sent instead", owed.join(", "));
+    outln!(
+        "the last try's notification to {} is dropped unsent: the new try's result is sent instead",
+        owed.join(", ")
+    );
     Ok(())
 }

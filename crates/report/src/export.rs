@@ -122,7 +122,10 @@ impl Source {
         // run's) would put another run's conversations under this run's verdicts.
         let traces = dir.join(RunFile::Traces.name());
         if std::fs::symlink_metadata(&traces).is_ok_and(|m| m.file_type().is_symlink()) {
-            bail!("{}: a link: a run directory's folders are never followed (copy the run without links)", traces.display());
+            bail!(
+                "{}: a link: a run directory's folders are never followed (copy the run without links)",
+                traces.display()
+            );
         }
         let run_dir = RunDir::open(dir)?;
         let (meta, run_json_sha256) = run_dir
@@ -182,7 +185,12 @@ impl Source {
         let path = self.dir.join(rel);
         for folder in path.ancestors().skip(1).take_while(|folder| *folder != self.dir) {
             if std::fs::symlink_metadata(folder).is_ok_and(|m| m.file_type().is_symlink()) {
-                bail!("{}: case {}: {} is a link, never followed", self.dir.display(), record.case_id, folder.display());
+                bail!(
+                    "{}: case {}: {} is a link, never followed",
+                    self.dir.display(),
+                    record.case_id,
+                    folder.display()
+                );
             }
         }
         let Ok(text) = rundir::read_trace(&path) else { return Ok(Err("trace unreadable")) };
@@ -519,14 +527,22 @@ fn check_out(out: &Path, run_dirs: &[PathBuf]) -> anyhow::Result<()> {
     let parent = existing.canonicalize().with_context(|| format!("--out {}: its folder", out.display()))?;
     let run_dirs: Vec<PathBuf> = run_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
     if let Some(run) = parent.ancestors().find(|dir| {
-        run_dirs.iter().any(|r| r == dir) || [RunFile::RunMeta, RunFile::Cases].iter().any(|f| dir.join(f.name()).exists())
+        run_dirs.iter().any(|r| r == dir)
+            || [RunFile::RunMeta, RunFile::Cases].iter().any(|f| dir.join(f.name()).exists())
     }) {
-        bail!("--out {}: inside the run directory {}: an export is never written into a run (choose another --out)", out.display(), run.display());
+        bail!(
+            "--out {}: inside the run directory {}: an export is never written into a run (choose another --out)",
+            out.display(),
+            run.display()
+        );
     }
     let taken = [out.to_path_buf(), manifest_path(out)].into_iter().find(|p| std::fs::symlink_metadata(p).is_ok());
     match taken {
         Some(path) if !export_is_ours(out) => {
-            bail!("{} exists and is not an export of pruefstand's: left as it is (choose another --out)", path.display())
+            bail!(
+                "{} exists and is not an export of pruefstand's: left as it is (choose another --out)",
+                path.display()
+            )
         }
         _ => Ok(()),
     }

@@ -89,7 +89,9 @@ fn authority(rest: &str) -> &str {
 fn host_and_port(text: &str) -> bool {
     let (host, port) = match text.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
-            Some((address, after)) if !address.is_empty() => (None, after.strip_prefix(':').or(after.is_empty().then_some(""))),
+            Some((address, after)) if !address.is_empty() => {
+                (None, after.strip_prefix(':').or(after.is_empty().then_some("")))
+            }
             _ => return false,
         },
         None => match text.split_once(':') {
@@ -97,9 +99,8 @@ fn host_and_port(text: &str) -> bool {
             None => (Some(text), Some("")),
         },
     };
-    let host_ok = host.is_none_or(|host| {
-        !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || "-._~%".contains(c))
-    });
+    let host_ok = host
+        .is_none_or(|host| !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || "-._~%".contains(c)));
     let port_ok = port.is_some_and(|port| port.chars().all(|c| c.is_ascii_digit()));
     host_ok && port_ok
 }
