@@ -568,11 +568,11 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
             client.post(&url).json(&serde_json::json!({ "content": content, "username": "pruefstand" }))
         }
         Kind::Matrix => {
-            // Same transaction id on every retry: the homeserver posts it once.
+            // Same transaction id on every retry: the homeserver posts it once; a new
+            // try's result (its key) is a new transaction.
             let txn = format!(
-                "pruefstand-{}-{}-{}",
-                facts.job,
-                facts.outcome,
+                "pruefstand-{}-{}",
+                facts.key(),
                 pruefstand_core::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or("")
             );
             let request = client
