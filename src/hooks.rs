@@ -8,7 +8,10 @@
 //! when its attempt times out. A job's notifications are written down in its folder
 //! ([`LEDGER_FILE`]) before the first attempt and after each, so the daemon sends what a
 //! stop left owed after its next start; every request carries the same idempotency key
-//! (the job and its outcome), and each attempt is a line of the job's log. Failures are logged and change nothing else: not the
+//! (`<job>-<try>-<outcome>`: a restarted job's new result is news to a receiver that
+//! drops duplicates), and each attempt is a line of the job's log. A notification whose
+//! ledger is gone (`clean --force`) or replaced (`restart`, then the new try's end) is
+//! superseded: its retries stop, and nothing of it is written again. Failures are logged and change nothing else: not the
 //! verdict, not the queue, not the next job. Webhook URLs and tokens are secrets: logs
 //! name a hook by its `name` and kind only, errors are stripped of URLs, and `Debug`
 //! prints `***`.
@@ -161,6 +164,10 @@ pub struct Facts {
     /// approved | rejected | inconclusive | invalid | failed
     pub outcome: String,
     pub job: u64,
+    /// The job's try that ended so (`queue`'s try, counting restarts); 0 in ledgers of
+    /// older builds.
+    #[serde(default, rename = "try")]
+    pub try_number: u32,
     pub version: String,
     pub plan: String,
     pub verdict: Option<String>,
@@ -194,6 +201,7 @@ impl Facts {
         Facts {
             outcome: verdict.clone().filter(|_| !failed).unwrap_or_else(|| "failed".into()),
             job: job.id,
+            try_number: job.starts,
             version: job.version.clone(),
             plan: job.plan.clone(),
             verdict,
@@ -212,6 +220,7 @@ impl Facts {
         Facts {
             outcome: "failed".into(),
             job: job.id,
+            try_number: job.starts,
             version: job.version.clone(),
             plan: job.plan.clone(),
             verdict: None,
@@ -255,10 +264,14 @@ impl Facts {
         text
     }
 
-    /// The same on every attempt and after a restart, for receivers that de-duplicate:
-    /// the job and its outcome.
+    /// The same on every attempt and across daemon restarts, for receivers that
+    /// de-duplicate: the job, its try and its outcome — a `restart`ed job's new result
+    /// comes under a new key.
     pub fn key(&self) -> String {
-        format!("{}-{}", self.job, self.outcome)
+        match self.try_number {
+            0 => format!("{}-{}", self.job, self.outcome),
+            n => format!("{}-{n}-{}", self.job, self.outcome),
+        }
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -327,6 +340,9 @@ pub struct Ledger {
     /// Held while the file is written, so the hooks of one job, each saving on the
     /// blocking pool, write one after another and the last write holds the last state.
     saving: Mutex<()>,
+    /// Whether the file holds this ledger (written by it, or read from it): from then on
+    /// a file gone or of another key means it is superseded.
+    written: std::sync::atomic::AtomicBool,
 }
 
 impl Ledger {
@@ -340,7 +356,7 @@ impl Ledger {
             .collect();
         (!hooks.is_empty()).then(|| {
             let notes = Mutex::new(Notifications { key: facts.key(), facts, hooks });
-            Arc::new(Ledger { dir, notes, saving: Mutex::new(()) })
+            Arc::new(Ledger { dir, notes, saving: Mutex::new(()), written: false.into() })
         })
     }
 
@@ -355,17 +371,46 @@ impl Ledger {
         };
         let notes =
             serde_json::from_str(&text).with_context(|| format!("{}: not a notification ledger", path.display()))?;
-        Ok(Some(Arc::new(Ledger { dir: Some(dir.to_path_buf()), notes: Mutex::new(notes), saving: Mutex::new(()) })))
+        let saving = Mutex::new(());
+        Ok(Some(Arc::new(Ledger {
+            dir: Some(dir.to_path_buf()),
+            notes: Mutex::new(notes),
+            saving,
+            written: true.into(),
+        })))
     }
 
-    /// Writes the ledger down (a whole-file atomic replace: blocking, an fsync).
+    /// Writes the ledger down (a whole-file atomic replace: blocking, an fsync) — never
+    /// into a job folder that is gone (cleaned) or over a ledger that superseded it.
     pub fn save(&self) -> anyhow::Result<()> {
+        use std::sync::atomic::Ordering;
         let Some(dir) = &self.dir else { return Ok(()) };
         let _saving = util::lock(&self.saving);
+        if !dir.is_dir() || self.superseded() {
+            return Ok(());
+        }
         let notes = util::lock(&self.notes).clone();
         let mut bytes = serde_json::to_vec_pretty(&notes)?;
         bytes.push(b'\n');
-        pruefstand_core::queue::write_private(&dir.join(LEDGER_FILE), &bytes)
+        pruefstand_core::queue::write_private(&dir.join(LEDGER_FILE), &bytes)?;
+        self.written.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether the job's folder no longer holds this ledger: removed (`clean --force`,
+    /// `restart`) or replaced by a later try's. Never for a ledger not yet written (one
+    /// that could not be written is sent all the same). Blocking (reads the file).
+    pub fn superseded(&self) -> bool {
+        let Some(dir) = &self.dir else { return false };
+        if !self.written.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        let ours = util::lock(&self.notes).key.clone();
+        let on_disk = std::fs::read(dir.join(LEDGER_FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .and_then(|v| v["key"].as_str().map(str::to_string));
+        on_disk.as_deref() != Some(ours.as_str())
     }
 
     pub fn job(&self) -> u64 {
@@ -449,6 +494,11 @@ pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
         return ledger.record(&hook.name, false, Standing::GivenUp, None).await;
     }
     for attempt in made + 1..=attempts {
+        let checked = ledger.clone();
+        if crate::runtime::blocking(move || checked.superseded()).await {
+            say(Level::INFO, "not sent any more: superseded (the job was restarted or cleaned)".into());
+            return;
+        }
         let result = match tokio::time::timeout(Duration::from_secs_f64(hook.timeout_s), deliver(&hook, &facts)).await {
             Ok(result) => result,
             Err(_) => Err(Failure::Retry(format!("timed out after {} s", hook.timeout_s))),
@@ -518,11 +568,11 @@ async fn deliver(hook: &HookConfig, facts: &Facts) -> Result<(), Failure> {
             client.post(&url).json(&serde_json::json!({ "content": content, "username": "pruefstand" }))
         }
         Kind::Matrix => {
-            // Same transaction id on every retry: the homeserver posts it once.
+            // Same transaction id on every retry: the homeserver posts it once; a new
+            // try's result (its key) is a new transaction.
             let txn = format!(
-                "pruefstand-{}-{}-{}",
-                facts.job,
-                facts.outcome,
+                "pruefstand-{}-{}",
+                facts.key(),
                 pruefstand_core::util::sha256_hex(message.as_bytes()).get(..12).unwrap_or("")
             );
             let request = client
@@ -657,6 +707,7 @@ mod tests {
         let facts = Facts {
             outcome: "rejected".into(),
             job: 1,
+            try_number: 1,
             version: "demo-auswendig".into(),
             plan: "schnell".into(),
             verdict: Some("rejected".into()),

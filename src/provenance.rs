@@ -35,6 +35,8 @@ pub struct Inputs {
     /// The model and adapter folders the server read (spec paths, or generated ones).
     pub model_dir: Option<PathBuf>,
     pub adapter_dir: Option<PathBuf>,
+    /// The bench's identity key ([`pruefstand_core::root::Root::identity_key`]).
+    pub identity_key: Vec<u8>,
 }
 
 pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
@@ -84,9 +86,11 @@ pub fn collect(i: &Inputs) -> Provenance {
         collected_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         pruefstand: ours(),
         version: json!({"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()}),
-        // The spec hash sees the URL redacted: its sha256 tells two credentials apart
-        // without revealing either.
-        model_url: spec.model.url.as_ref().map(|u| json!({"shown": u, "sha256": u.sha256()})),
+        // The spec hash sees the URL redacted: a keyed hash tells two credentials apart
+        // without revealing either (an unkeyed one falls to a dictionary offline).
+        model_url: spec.model.url.as_ref().map(|u| {
+            json!({"shown": u, "hmac_sha256": u.keyed_identity(&i.identity_key), "key": ".pruefstand/identity.key"})
+        }),
         plan: json!({"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version}),
         agentdojo_version: i.agentdojo_version.clone(),
         image: i
@@ -217,6 +221,7 @@ mod tests {
             container: None,
             model_dir: None,
             adapter_dir: None,
+            identity_key: b"k".to_vec(),
         };
         let files = &collect(&inputs).files;
         assert_eq!(files["chat_template"]["sha256"], util::sha256_hex(b"{{ messages }}"), "{files}");

@@ -326,3 +326,83 @@ fn a_job_file_damaged_mid_run_fails_that_job_keeps_its_verdict_and_the_queue_goe
     bench.wait_job(third, "done", 180);
     assert_eq!(skipped(&daemon.log()), 2, "once more for the changed file\n{}", daemon.log());
 }
+
+/// An edit that leaves pruefstand.toml unloadable is logged with its error and the word
+/// that a restart would fail — never "restart the daemon to apply it".
+#[test]
+fn an_invalid_config_under_a_running_daemon_is_named_not_a_restart_advised() {
+    let bench = Bench::new();
+    let daemon = bench.daemon();
+    let file = bench.path().join("pruefstand.toml");
+    let config = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{config}\n[run\nbroken = \n")).unwrap();
+    wait_until("the edit noticed", 30, || daemon.log().contains("pruefstand.toml changed"));
+    let log = daemon.log();
+    let line = log.lines().find(|l| l.contains("pruefstand.toml changed")).unwrap();
+    assert!(line.contains("does not load") && line.contains("a restart would fail"), "{line}");
+    assert!(!line.contains("restart the daemon to apply it"), "{line}");
+    // A fix is noticed again, now with the advice to restart.
+    std::fs::write(&file, format!("{config}# fixed\n")).unwrap();
+    wait_until("the fix noticed", 30, || daemon.log().contains("restart the daemon to apply it"));
+}
+
+/// SIGHUP is a reload: the daemon says so and exits non-zero, so that systemd's
+/// `Restart=on-failure` starts it again with the config read anew (a clean exit would
+/// stay down).
+#[test]
+fn sighup_logs_and_exits_for_systemd_to_restart() {
+    let bench = Bench::new();
+    let mut daemon = bench.daemon();
+    let status = daemon.signal_and_wait("HUP");
+    assert_eq!(status.code(), Some(75), "{status:?}\n{}", daemon.log());
+    assert!(daemon.log().contains("SIGHUP: daemon exits"), "{}", daemon.log());
+    assert!(daemon.log().contains("so that systemd starts the daemon again"), "{}", daemon.log());
+}
+
+/// The reference is part of a job's snapshot: taken at `start` (a path resolved against
+/// `start`'s working directory), so an edit of it after `start` changes nothing, and
+/// its removal fails nothing.
+#[test]
+fn a_queued_job_runs_the_reference_as_it_was_at_start() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let kandidat = std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml")).unwrap();
+    let baseline = std::fs::read_to_string(bench.path().join("versions/demo-baseline.toml")).unwrap();
+    bench.write("refs/ref-a.toml", &baseline);
+    bench.write(
+        "versions/cand-a.toml",
+        &kandidat.replace("reference = \"demo-baseline\"", "reference = \"refs/ref-a.toml\""),
+    );
+    bench.write("versions/ref-b.toml", &baseline);
+    bench.write("versions/cand-b.toml", &kandidat.replace("reference = \"demo-baseline\"", "reference = \"ref-b\""));
+    bench.run(&["pause"]).ok();
+    let start = |version: &str| {
+        let run =
+            Run::from(bench.cmd(&["start", version, "--plan", "tiny"]).current_dir(bench.path()).output().unwrap());
+        run.ok().stdout.lines().next().and_then(|l| l.trim().parse::<u64>().ok()).unwrap()
+    };
+    // A relative path, resolved in the bench root where `start` ran (the daemon runs
+    // elsewhere); removed after `start`.
+    let a = start("cand-a");
+    std::fs::remove_file(bench.path().join("refs/ref-a.toml")).unwrap();
+    // A name, edited after `start`.
+    let b = start("cand-b");
+    let edited = baseline.replace("Simulated 8B base model", "edited after start");
+    assert_ne!(edited, baseline);
+    bench.write("versions/ref-b.toml", &edited);
+
+    let _daemon = bench.daemon();
+    bench.run(&["resume"]).ok();
+    let job_a = bench.wait_job(a, "done", 300);
+    let job_b = bench.wait_job(b, "done", 300);
+    for job in [&job_a, &job_b] {
+        let dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
+        let reference =
+            json(&dir.join("run.json"))["reference_run_dir"].as_str().map(std::path::PathBuf::from).unwrap();
+        let reference = if reference.is_absolute() { reference } else { dir.join(reference) };
+        let spec = &json(&reference.join("version.json"))["spec"];
+        assert!(!spec["description"].as_str().unwrap().contains("edited after start"), "{job}: {spec}");
+    }
+    let snapshot = bench.path().join(format!(".pruefstand/jobs/{b}/snapshot/reference/ref-b.toml"));
+    assert_eq!(std::fs::read_to_string(snapshot).unwrap(), baseline);
+}

@@ -280,3 +280,73 @@ fn a_version_trained_on_an_export_fails_check_and_r1_where_the_plan_holds_its_fa
     assert!(warns.iter().any(|l| l.contains("plan haelt-ii")), "{}", check.stdout);
     assert!(!warns.iter().any(|l| l.contains("plan haelt-tos")), "{}", check.stdout);
 }
+
+/// `export` writes only its own files and reads only a run's own traces: `--out` into a
+/// run directory or over a file it did not write is refused (the file left as it is),
+/// its own export is replaced; a run given twice is refused at once, not after waiting
+/// for its own lock; a copied run whose `traces/` is a link, or whose trace says the
+/// injection landed where `cases.jsonl` says it was resisted, is refused naming it.
+#[test]
+fn export_writes_only_its_own_files_and_reads_only_the_runs_own_traces() {
+    let runs = demo_runs();
+    let bench = &runs.bench;
+    let work = bench.path().join("export-hostile");
+    std::fs::create_dir_all(&work).unwrap();
+    let (a, b) = (runs.baseline.to_str().unwrap(), runs.kandidat.to_str().unwrap());
+    let export = |format: &str, dirs: &[&str], out: &Path| {
+        let mut args = vec!["export", "--format", format];
+        args.extend_from_slice(dirs);
+        args.extend(["--out", out.to_str().unwrap()]);
+        bench.run(&args)
+    };
+
+    let records = runs.kandidat.join("cases.jsonl");
+    let before = std::fs::read(&records).unwrap();
+    let into_run = export("dpo", &[a, b], &records).code(2);
+    assert!(into_run.stderr.contains("never written into a run"), "{}", into_run.stderr);
+    assert_eq!(std::fs::read(&records).unwrap(), before, "the run's records are untouched");
+
+    let notes = work.join("notes.jsonl");
+    std::fs::write(&notes, "mine\n").unwrap();
+    let over = export("dpo", &[a, b], &notes).code(2);
+    assert!(over.stderr.contains("is not an export of pruefstand's"), "{}", over.stderr);
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
+    let own = work.join("dpo.jsonl");
+    export("dpo", &[a, b], &own).ok();
+    export("dpo", &[a, b], &own).ok();
+
+    let twice = export("dpo", &[a, a], &work.join("twice.jsonl")).code(2);
+    assert!(twice.stderr.contains("given twice") && !twice.stderr.contains("being written"), "{}", twice.stderr);
+
+    let linked = work.join("linked");
+    let copied = std::process::Command::new("cp").arg("-a").arg(&runs.kandidat).arg(&linked).status().unwrap();
+    assert!(copied.success());
+    std::fs::remove_dir_all(linked.join("traces")).unwrap();
+    std::os::unix::fs::symlink(runs.baseline.join("traces"), linked.join("traces")).unwrap();
+    let run = export("dpo", &[a, linked.to_str().unwrap()], &work.join("linked.jsonl")).code(2);
+    assert!(run.stderr.contains(&format!("{}: a link", linked.join("traces").display())), "{}", run.stderr);
+    assert!(!work.join("linked.jsonl").exists());
+
+    // An attacked case SFT takes (resisted, utility kept) whose trace is made to say it
+    // followed.
+    let sft = work.join("sft.jsonl");
+    export("sft", &[a, b], &sft).ok();
+    let rows: Vec<Value> =
+        std::fs::read_to_string(&sft).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let taken =
+        &rows.iter().find(|r| r["provenance"]["kind"] == "attacked").expect("an attacked SFT row")["provenance"];
+    let forged = work.join("forged");
+    let source = taken["run_dir"].as_str().unwrap();
+    let copied = std::process::Command::new("cp").arg("-a").arg(source).arg(&forged).status().unwrap();
+    assert!(copied.success());
+    let record = cases(&forged).into_iter().find(|r| r["case_id"] == taken["case"]).unwrap();
+    let trace_file = forged.join(record["trace"].as_str().unwrap());
+    let mut trace = json(&trace_file);
+    assert_eq!(trace["security"], false, "the gym's trace carries its own security");
+    trace["security"] = serde_json::json!(true);
+    std::fs::write(&trace_file, trace.to_string()).unwrap();
+    let run = export("sft", &[forged.to_str().unwrap()], &work.join("forged.jsonl")).code(2);
+    let case = record["case_id"].as_str().unwrap();
+    assert!(run.stderr.contains(&format!("case {case}")) && run.stderr.contains("security"), "{}", run.stderr);
+    assert!(!work.join("forged.jsonl").exists());
+}

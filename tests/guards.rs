@@ -227,3 +227,36 @@ fn check_does_not_hang_on_a_silent_docker_socket() {
     let docker = line(&run, "WARN", "Docker");
     assert!(docker.contains("no answer within 3 s") || docker.contains("Timeout"), "{docker}");
 }
+
+/// `pruefstand ARGS…` against `bench` with its root read-only: a read-only bind mount
+/// in a mount namespace of its own where we are root (a mode bit does not stop root),
+/// else the root's folder made 0555.
+fn on_read_only_root(bench: &Bench, args: &[&str]) -> Run {
+    let root = bench.path().to_str().unwrap();
+    let mut cmd = if nix::unistd::geteuid().is_root() {
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["-m", "sh", "-c", "mount --bind \"$0\" \"$0\" && mount -o remount,bind,ro \"$0\" && exec \"$@\""]);
+        cmd.arg(root).arg(common::BIN);
+        cmd
+    } else {
+        std::fs::set_permissions(bench.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        std::process::Command::new(common::BIN)
+    };
+    cmd.arg("--root").arg(root).args(args).current_dir(common::repo()).stdin(std::process::Stdio::null());
+    let run = Run::from(cmd.output().unwrap());
+    std::fs::set_permissions(bench.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    run
+}
+
+/// A bench root `start` and the daemon cannot write in fails `check` too, naming the
+/// folder, instead of `0 FAIL`.
+#[test]
+fn check_fails_a_read_only_bench_root_as_start_refuses_it() {
+    let bench = Bench::new();
+    let start = on_read_only_root(&bench, &["start", "demo-baseline", "--plan", "schnell"]);
+    assert_eq!(start.code, Some(2), "start refuses: {}\n{}", start.stdout, start.stderr);
+    let check = on_read_only_root(&bench, &["check"]);
+    assert_eq!(check.code, Some(2), "{}\n{}", check.stdout, check.stderr);
+    let fail = line(&check, "FAIL", "bench root: cannot write in ");
+    assert!(fail.contains(bench.path().to_str().unwrap()), "{fail}");
+}

@@ -102,11 +102,11 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
 
     let daemon = bench.daemon();
     let first = bench.start(&["demo-baseline", "--plan", "mini"]);
-    // A version whose reference disappears after `start`: its job fails, and that fires too.
+    // A job whose snapshot disappears after `start`: it fails, and that fires too.
     let second = failing_job(&bench);
     let job1 = bench.wait_job(first, "done", 120);
     let job2 = bench.wait_job(second, "failed", 60);
-    assert!(job2["error"].as_str().unwrap().contains("tmp-ref"), "{job2}");
+    assert!(job2["error"].as_str().unwrap().contains("its spec snapshot"), "{job2}");
     // The dead endpoint (60 s per attempt) is still hanging for job 1, yet job 2 ran.
     assert!(!daemon.log().contains("\"dead\" (discord): gave up"), "{}", daemon.log());
     let verdict = job1["verdict"].as_str().unwrap().to_string();
@@ -254,19 +254,15 @@ fn check_refuses_hooks_the_daemon_would_not_deliver() {
     assert!(!check.stdout.contains("passwd"), "{}", check.stdout);
 }
 
-/// A queued job of a version whose reference is removed right after `start`: it fails
-/// at once, and its `failed` notification fires. The job id.
+/// A queued job whose spec snapshot is removed right after `start` (the queue paused
+/// meanwhile, so the daemon cannot take it first): it fails at once, and its `failed`
+/// notification fires. The job id.
 fn failing_job(bench: &Bench) -> u64 {
-    std::fs::copy(bench.path().join("versions/demo-baseline.toml"), bench.path().join("versions/tmp-ref.toml"))
+    bench.run(&["pause"]).ok();
+    let id = bench.start(&["demo-kandidat", "--plan", "mini"]);
+    std::fs::remove_file(bench.path().join(format!(".pruefstand/jobs/{id}/snapshot/version/demo-kandidat.toml")))
         .unwrap();
-    bench.write(
-        "versions/orphan.toml",
-        &std::fs::read_to_string(bench.path().join("versions/demo-kandidat.toml"))
-            .unwrap()
-            .replace("reference = \"demo-baseline\"", "reference = \"tmp-ref\""),
-    );
-    let id = bench.start(&["orphan", "--plan", "mini"]);
-    std::fs::remove_file(bench.path().join("versions/tmp-ref.toml")).unwrap();
+    bench.run(&["resume"]).ok();
     id
 }
 
@@ -360,7 +356,7 @@ fn a_notification_owed_at_a_stop_is_sent_after_the_restart_with_the_same_key() {
     wait_until("the owed notification delivered", 30, || seen.lock().unwrap().iter().any(|(_, ok)| *ok));
     let requests = seen.lock().unwrap().clone();
     let keys: Vec<&str> = requests.iter().map(|(r, _)| r.headers["idempotency-key"].as_str()).collect();
-    assert!(keys.iter().all(|k| *k == format!("{id}-failed")), "one key for every attempt: {keys:?}");
+    assert!(keys.iter().all(|k| *k == format!("{id}-1-failed")), "one key for every attempt: {keys:?}");
     let (delivered, _) = requests.iter().find(|(_, ok)| *ok).unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&delivered.body).unwrap()["job"], id);
     assert!(requests.len() > before);
@@ -377,4 +373,85 @@ fn a_notification_owed_at_a_stop_is_sent_after_the_restart_with_the_same_key() {
     assert!(shown.contains("failed: HTTP 500 Internal Server Error; retrying in"), "{shown}");
     assert!(shown.contains("is still owed"), "{shown}");
     assert!(shown.lines().any(|l| l.contains("hook \"team\" (json): delivered (attempt ")), "{shown}");
+}
+
+/// The hook `team` of kind json at `port`, retried often, quickly.
+fn retried_hook(bench: &Bench, port: u16) {
+    let mut config = std::fs::read_to_string(bench.path().join("pruefstand.toml")).unwrap();
+    config += &format!(
+        "\n[[hooks]]\nname = \"team\"\nkind = \"json\"\nurl = \"http://127.0.0.1:{port}/hook\"\nretries = 20\nbackoff_s = 0.2\n"
+    );
+    bench.write("pruefstand.toml", &config);
+}
+
+/// `clean` keeps an ended job whose notification is still owed, naming it; `--force`
+/// removes it, and the daemon retrying it stops and never makes its folder again.
+#[test]
+fn clean_keeps_a_job_whose_notification_is_owed_and_a_forced_clean_stays_clean() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let (port, _accept, seen) = receiver();
+    retried_hook(&bench, port);
+    let daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("two failed attempts", 30, || seen.lock().unwrap().len() >= 2);
+    let folder = bench.path().join(format!(".pruefstand/jobs/{id}"));
+
+    let kept = bench.run(&["clean"]).ok();
+    assert!(folder.join("job.json").is_file(), "the job is kept");
+    let said = format!("kept job {id}: its notification to hook \"team\" is still owed");
+    assert!(kept.stderr.contains(&said), "{}\n{}", kept.stdout, kept.stderr);
+    assert!(kept.stdout.contains("nothing to clean"), "{}", kept.stdout);
+
+    let forced = bench.run(&["clean", "--force"]).ok();
+    assert!(forced.stdout.contains(&format!("removed 1 ended job: {id}")), "{}", forced.stdout);
+    wait_until("the retries to stop", 30, || daemon.log().contains("not sent any more: superseded"));
+    let after = seen.lock().unwrap().len();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(!folder.exists(), "the daemon made the cleaned job's folder again");
+    assert_eq!(seen.lock().unwrap().len(), after, "no attempt after the stop");
+    let queue = bench.run(&["queue"]).ok();
+    assert!(!queue.stderr.contains("skipping job"), "{}", queue.stderr);
+}
+
+/// `restart` is a new try with a new result: its notification comes under a new key
+/// (`<job>-<try>-<outcome>`), and the last try's, still retried, is dropped — one retry
+/// loop, whose attempts the ledger counts.
+#[test]
+fn a_restarted_job_notifies_under_a_new_key_and_the_old_retries_stop() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    let (port, accept, seen) = receiver();
+    retried_hook(&bench, port);
+    let daemon = bench.daemon();
+    let id = failing_job(&bench);
+    bench.wait_job(id, "failed", 60);
+    wait_until("two failed attempts", 30, || seen.lock().unwrap().len() >= 2);
+    let ledger_file = bench.path().join(format!(".pruefstand/jobs/{id}/notifications.json"));
+    assert_eq!(json(&ledger_file)["key"], format!("{id}-1-failed"));
+
+    let restart = bench.run(&["restart", &id.to_string()]).ok();
+    assert!(restart.stdout.contains("notification to hook \"team\" is dropped unsent"), "{}", restart.stdout);
+    bench.wait_job(id, "failed", 60);
+    wait_until("the new try's ledger", 30, || {
+        std::fs::read(&ledger_file).is_ok_and(|b| {
+            serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v["key"] == format!("{id}-2-failed"))
+        })
+    });
+    wait_until("the old retries to stop", 30, || daemon.log().contains("not sent any more: superseded"));
+    accept.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_until("the new notification delivered", 30, || json(&ledger_file)["hooks"][0]["state"] == "delivered");
+
+    let requests = seen.lock().unwrap().clone();
+    let keys: Vec<&str> = requests.iter().map(|(r, _)| r.headers["idempotency-key"].as_str()).collect();
+    let new: Vec<&&str> = keys.iter().filter(|k| **k == format!("{id}-2-failed")).collect();
+    assert!(keys.iter().all(|k| *k == format!("{id}-1-failed") || *k == format!("{id}-2-failed")), "{keys:?}");
+    assert!(requests.iter().any(|(r, ok)| *ok && r.headers["idempotency-key"] == format!("{id}-2-failed")), "{keys:?}");
+    assert!(
+        !requests.iter().any(|(r, ok)| *ok && r.headers["idempotency-key"] == format!("{id}-1-failed")),
+        "{keys:?}"
+    );
+    let ledger = json(&ledger_file);
+    assert_eq!(ledger["hooks"][0]["attempts"], new.len(), "the ledger counts the new try's attempts only: {ledger}");
 }

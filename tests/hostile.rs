@@ -2,7 +2,7 @@
 //! each reproduced through the real binary: pruefstand deletes or overwrites only what it
 //! can prove it wrote, and what it shows in a browser cannot run code.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::common::*;
 
@@ -361,8 +361,16 @@ fn credentials_in_a_model_url_appear_in_no_output_file_or_log() {
     assert_eq!(request["detector"]["url"], format!("http://***@127.0.0.1:{port}/classify?token=***"), "{request}");
     assert_eq!(json(&dir.join("version.json"))["spec"]["model"]["url"], shown.as_str());
     let provenance = std::fs::read_to_string(dir.join("provenance.json")).unwrap();
-    let identity = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
-    assert!(provenance.contains(&identity), "provenance tells the credentials apart: {provenance}");
+    // The identity is keyed with the bench's own key: no unsalted hash of the URL to
+    // test guesses against, and the same URL gives the same identity on this bench.
+    let unkeyed = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
+    assert!(!provenance.contains(&unkeyed), "an unsalted hash of the URL: {provenance}");
+    let key = std::fs::read(bench.path().join(".pruefstand/identity.key")).unwrap();
+    assert_eq!(key.len(), 32);
+    let identity = &json(&dir.join("provenance.json"))["model_url"]["hmac_sha256"];
+    assert_eq!(identity.as_str().unwrap().len(), 64, "{provenance}");
+    let job_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
+    assert_eq!(&json(&job_dir.join("provenance.json"))["model_url"]["hmac_sha256"], identity, "one URL, one identity");
 
     let secrets = ["S3CRETPW", "T0KEN"];
     for (what, text) in [
@@ -415,4 +423,51 @@ fn a_file_url_and_an_adapter_linked_to_etc_are_refused() {
     );
     assert!(check.stdout.contains(&want), "{want}\n{}", check.stdout);
     assert!(!check.stdout.contains("adapter lora path"), "{}", check.stdout);
+}
+
+/// A URL written wrongly, or readable two ways, never shows its password: `check`,
+/// `run` and `start` refuse it with the userinfo hidden, and an authority an HTTP client
+/// would read as host `user`, port 12 is refused rather than taken.
+#[test]
+fn a_malformed_or_ambiguous_model_url_never_prints_its_password() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    for url in [
+        "http:/u:SECRET@127.0.0.1:9/v1",
+        "http:\\\\u:SECRET@127.0.0.1:9/v1",
+        "https//u:SECRET@127.0.0.1:9/v1",
+        "http//u:SECRET@127.0.0.1:9/v1",
+        "http://user:12/SECRET@127.0.0.1:9/v1",
+        "http://u:SEC#RET@127.0.0.1:9/v1",
+    ] {
+        let spec = format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = {url:?}\n");
+        bench.write("versions/odd.toml", &spec);
+        for args in [&["check", "odd"][..], &["run", "odd", "--plan", "tiny"], &["start", "odd", "--plan", "tiny"]] {
+            let out = bench.run(args);
+            let text = format!("{}{}", out.stdout, out.stderr);
+            assert_ne!(out.code, Some(0), "{url} {args:?}: {text}");
+            assert!(!text.contains("SEC"), "{url} {args:?}: {text}");
+            assert!(text.contains("url: "), "{url} {args:?}: the refusal names the field: {text}");
+        }
+    }
+    assert!(!bench.path().join("reports/odd").exists(), "no case ran");
+}
+
+/// A model server's ids reach `check`'s output with their control characters escaped:
+/// an ANSI sequence in a served name cannot recolour or rewrite the terminal.
+#[test]
+fn a_served_model_id_with_escapes_is_shown_escaped() {
+    let bench = Bench::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    bench.write(
+        "versions/elsewhere.toml",
+        &format!("[model]\nbackend = \"external\"\nserved_name = \"m\"\nurl = \"http://127.0.0.1:{port}/v1\"\n"),
+    );
+    let mut server = bench.sim_serve("evil\u{1b}[2J\u{1b}]0;owned\u{7}", port);
+    let check = bench.run(&["check", "elsewhere"]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(check.stdout.contains("does not serve \"m\""), "{}", check.stdout);
+    assert!(check.stdout.contains("evil\\u{1b}[2J"), "{}", check.stdout);
+    assert!(!check.stdout.contains('\u{1b}') && !check.stdout.contains('\u{7}'), "{:?}", check.stdout);
 }

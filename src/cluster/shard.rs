@@ -154,7 +154,7 @@ async fn execute(
     count: usize,
 ) -> anyhow::Result<Ran> {
     let (version, plan_path) = queue.materialise(root, job)?;
-    let watch = if benchlock::needs_gpu(root, &version)? { Some(node_guards(root, index).await) } else { None };
+    let watch = if benchlock::needs_gpu(&version)? { Some(node_guards(root, index).await) } else { None };
     let watch = Arc::new(watch);
     let observed = watch.clone();
     let control = Arc::new(RunControl::new(

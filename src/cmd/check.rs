@@ -4,7 +4,8 @@
 //! partition, and a test job writing under the bench root).
 //!
 //! It only looks: it creates no venv, pulls no image, starts nothing (but the cluster's
-//! one tiny test job). Every probe has
+//! one tiny test job, and a temporary file, removed at once, that shows the bench root
+//! writable). Every probe has
 //! a short timeout (a dead Docker socket or a wedged bus gives a line, not a hang), and
 //! the slow ones run side by side.
 
@@ -151,6 +152,7 @@ fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
     match Root::find(root) {
         Ok(root) => {
             report.ok(format!("bench root {}", root.path.display()));
+            check_root_writable(&root, report);
             check_config_permissions(&root, report);
             check_hooks(&root, report);
             Some(root)
@@ -162,6 +164,27 @@ fn check_root(root: Option<PathBuf>, report: &mut Report) -> Option<Root> {
             );
             None
         }
+    }
+}
+
+/// The folders `start` and the daemon write — the queue (`.pruefstand/`) and
+/// `reports/`, or the root where they are still to be made — each probed with a
+/// temporary file that is removed at once: a read-only root (a read-only mount, another
+/// user's folder) is a FAIL here as it is a refusal there.
+fn check_root_writable(root: &Root, report: &mut Report) {
+    let nearest = |dir: PathBuf| if dir.is_dir() { dir } else { root.path.clone() };
+    let mut probed = Vec::new();
+    for dir in [nearest(root.path.join(".pruefstand")), nearest(root.reports())] {
+        if probed.contains(&dir) {
+            continue;
+        }
+        if let Err(err) = tempfile::Builder::new().prefix(".pruefstand-check.").tempfile_in(&dir) {
+            report.fail(
+                format!("bench root: cannot write in {}: {err}", dir.display()),
+                "make the bench root writable for this user: `start` and the daemon write the queue and the run directories there",
+            );
+        }
+        probed.push(dir);
     }
 }
 
@@ -379,7 +402,8 @@ async fn check_external_server(version: &Version, report: &mut Report) {
         .and_then(|v| v["data"].as_array().cloned())
         .unwrap_or_default()
         .iter()
-        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        // A server's ids reach the terminal: no escape sequence of theirs may.
+        .filter_map(|m| m["id"].as_str().map(pruefstand_core::util::printable))
         .collect();
     if served.iter().any(|m| m == wanted) {
         report.ok(format!("model server at {url} serves {wanted}"));

@@ -10,6 +10,5 @@ use pruefstand_core::root::Root;
 pub struct Args {}
 
 pub async fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
-    crate::daemon::main(Root::find(root)?).await?;
-    Ok(ExitCode::SUCCESS)
+    crate::daemon::main(Root::find(root)?).await
 }

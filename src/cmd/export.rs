@@ -37,6 +37,15 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     // A run still writing its directory holds run.lock: its records are not all there.
+    // A run given twice is refused before any lock: the second would wait for our own.
+    let mut seen = std::collections::BTreeSet::new();
+    for dir in &args.run_dirs {
+        anyhow::ensure!(
+            seen.insert(dir.canonicalize().unwrap_or_else(|_| dir.clone())),
+            "{}: given twice",
+            dir.display()
+        );
+    }
     let mut locks = Vec::new();
     for dir in &args.run_dirs {
         locks.extend(take_lock(dir)?);

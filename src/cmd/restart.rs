@@ -2,6 +2,9 @@
 //! with its result and crash count cleared; it resumes into its run directory, so the
 //! cases it has recorded are not run again. Its tries go on counting (`queue`'s `try`),
 //! and `took` sums them all.
+//!
+//! A notification of the ended try still owed is dropped (its retries stop): the new
+//! try's result is what is news, sent under its own key `<job>-<try>-<outcome>`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +23,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let queue = Queue::open(&root)?;
     let id = queue.find(&args.job)?.id;
     let job = queue.transition(id, Transition::Restart)?;
+    drop_owed_notifications(&queue, id)?;
     let next = job.starts.max(job.attempt) + 1;
     match &job.run_dir {
         Some(dir) => outln!("job {id} back in the queue for try {next}; it resumes into {}", dir.display()),
@@ -27,4 +31,23 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     crate::cmd::start::note_without_daemon(&root, &queue)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the job's ledger when a notification in it is still owed, and says so: a
+/// daemon retrying it finds it gone and stops.
+fn drop_owed_notifications(queue: &Queue, id: u64) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let dir = queue.job_dir(id);
+    let Ok(Some(ledger)) = crate::hooks::Ledger::read(&dir) else { return Ok(()) };
+    let owed: Vec<String> = ledger.owed().into_iter().map(|(name, _)| format!("hook {name:?}")).collect();
+    if owed.is_empty() {
+        return Ok(());
+    }
+    let path = dir.join(crate::hooks::LEDGER_FILE);
+    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    outln!(
+        "the last try's notification to {} is dropped unsent: the new try's result is sent instead",
+        owed.join(", ")
+    );
+    Ok(())
 }

@@ -83,7 +83,7 @@ async fn act(root: Option<PathBuf>, args: Args) -> anyhow::Result<Outcome> {
     let root = Root::find(root)?;
     let version = Version::load(&root.versions(), &args.version)?;
     // One model server on the GPU at a time: the daemon's job, or this run.
-    let _gpu = if benchlock::needs_gpu(&root, &version)? {
+    let _gpu = if benchlock::needs_gpu(&version)? {
         match bench_lock(&root, &version, args.no_wait).await {
             Ok(lock) => Some(lock),
             Err(LockError::Busy { holder }) => return Ok(Outcome::GpuTaken { holder }),

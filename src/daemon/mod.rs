@@ -17,7 +17,12 @@
 //! what a stop or crash left owed is sent again when the daemon starts.
 //!
 //! `pruefstand.toml` is read once, at start: an edit while it runs is logged (once per
-//! new content) with the word that a restart applies it.
+//! new content) with the word that a restart applies it — or, when the edited file does
+//! not load, with its error and the word that a restart would fail.
+//!
+//! SIGHUP asks for a reload: the daemon stops as at SIGTERM (a running job goes back as
+//! interrupted and resumes) and exits with [`RELOAD_EXIT`], a failure to systemd, so the
+//! unit's `Restart=on-failure` starts it again with the config read anew.
 
 pub mod gate;
 pub mod state;
@@ -48,6 +53,10 @@ use pruefstand_store::benchlock;
 use state::{Activity, JobProgress, Publisher};
 use tracing::Instrument;
 
+/// The exit status after a SIGHUP (EX_TEMPFAIL): not 0, so that `Restart=on-failure`
+/// starts the daemon again.
+pub const RELOAD_EXIT: u8 = 75;
+
 /// How long a SIGTERM waits for the running job to stop before the daemon exits anyway
 /// (systemd's TimeoutStopSec must be longer).
 const STOP_GRACE: Duration = Duration::from_secs(30);
@@ -75,7 +84,9 @@ struct Judged {
     figures: Headline,
 }
 
-pub async fn main(root: Root) -> anyhow::Result<()> {
+/// Runs the daemon until a signal; the exit status to end with (0, or [`RELOAD_EXIT`]
+/// after a SIGHUP).
+pub async fn main(root: Root) -> anyhow::Result<std::process::ExitCode> {
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
     let Some(lock) = queue::try_daemon_lock(&queue)? else {
@@ -94,11 +105,18 @@ pub async fn main(root: Root) -> anyhow::Result<()> {
     }
     let result = async {
         let mut daemon = Daemon::new(root.clone(), queue, Guarded::new(crate::guard::Guards::new(&root.config.guard)))?;
-        daemon.serve().await
+        daemon.serve().await?;
+        anyhow::Ok(daemon.reload.load(std::sync::atomic::Ordering::SeqCst))
     }
     .await;
     drop(lock);
-    result
+    match result? {
+        true => {
+            tracing::warn!("SIGHUP: exiting with status {RELOAD_EXIT} so that systemd starts the daemon again");
+            Ok(std::process::ExitCode::from(RELOAD_EXIT))
+        }
+        false => Ok(std::process::ExitCode::SUCCESS),
+    }
 }
 
 /// The daemon's inbox: every wait goes through [`Inbox::next`], which also keeps the
@@ -162,6 +180,8 @@ struct Daemon<G: Gate> {
     ledgers: Vec<Arc<hooks::Ledger>>,
     /// Model containers kept warm from one job to the next (same image, model, args).
     pool: Arc<crate::container::Pool>,
+    /// Set by a SIGHUP: the daemon exits with [`RELOAD_EXIT`].
+    reload: Arc<std::sync::atomic::AtomicBool>,
     /// Kept alive for their inotify threads.
     _watcher: notify::RecommendedWatcher,
     _config_watcher: notify::RecommendedWatcher,
@@ -221,14 +241,19 @@ impl<G: Gate> Daemon<G> {
         let (tx, rx) = mpsc::unbounded_channel();
         let watcher = watch_jobs(&queue, tx.clone())?;
         let config_watcher = watch_config(&root.path)?;
+        let reload = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for (kind, name) in [
             (tokio::signal::unix::SignalKind::terminate(), "SIGTERM"),
             (tokio::signal::unix::SignalKind::interrupt(), "SIGINT"),
+            (tokio::signal::unix::SignalKind::hangup(), "SIGHUP"),
         ] {
             let mut signal = tokio::signal::unix::signal(kind).context("installing signal handlers")?;
-            let tx = tx.clone();
+            let (tx, reload) = (tx.clone(), reload.clone());
             tokio::spawn(async move {
                 while signal.recv().await.is_some() {
+                    if name == "SIGHUP" {
+                        reload.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let _ = tx.send(Event::Signal(name));
                 }
             });
@@ -248,6 +273,7 @@ impl<G: Gate> Daemon<G> {
             known: None,
             ledgers: Vec::new(),
             pool: Arc::new(crate::container::Pool::new(pool_dir)),
+            reload,
             _watcher: watcher,
             _config_watcher: config_watcher,
         })
@@ -353,7 +379,7 @@ impl<G: Gate> Daemon<G> {
         let needs_gpu = self
             .queue
             .materialise(&self.root, job)
-            .and_then(|(version, _)| benchlock::needs_gpu(&self.root, &version))
+            .and_then(|(version, _)| benchlock::needs_gpu(&version))
             .unwrap_or(false);
         if !needs_gpu {
             return Ok(LockEnd::Held(None));
@@ -783,6 +809,7 @@ fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWat
     })
     .context("starting inotify")?;
     watcher.watch(root, notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", root.display()))?;
+    let root = root.to_path_buf();
     // The thread ends when the watcher, and with it the sender, is dropped.
     std::thread::Builder::new()
         .name("config-watch".into())
@@ -797,16 +824,28 @@ fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWat
                 }
                 let now = read(&file);
                 if now.is_some() && now != last {
-                    tracing::warn!(
-                        "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
-                        file.display()
-                    );
+                    config_changed(&root, &file);
                     last = now;
                 }
             }
         })
         .context("starting the config watch thread")?;
     Ok(watcher)
+}
+
+/// The log line for an edited `pruefstand.toml`: a restart applies it — unless it does
+/// not load as a daemon start would load it, when a restart would fail.
+fn config_changed(root: &std::path::Path, file: &std::path::Path) {
+    match Root::find(Some(root.to_path_buf())).and_then(|root| hooks::validate(&root)) {
+        Ok(()) => tracing::warn!(
+            "{} changed: restart the daemon to apply it (`systemctl --user restart pruefstand`); until then it runs with the config it started with",
+            file.display()
+        ),
+        Err(err) => tracing::error!(
+            "{} changed and does not load: {err:#} — a restart would fail; fix it first (`pruefstand check`). The daemon runs on with the config it started with",
+            file.display()
+        ),
+    }
 }
 
 /// How long `pruefstand.toml`'s events must be quiet before it is read (see [`watch_config`]).

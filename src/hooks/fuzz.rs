@@ -100,6 +100,7 @@ fn facts() -> impl Strategy<Value = hooks::Facts> {
         |(version, summary, job, asr)| hooks::Facts {
             outcome: "rejected".into(),
             job,
+            try_number: 1,
             version: version.clone(),
             plan: version,
             verdict: Some("rejected".into()),

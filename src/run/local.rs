@@ -350,6 +350,14 @@ impl Local<'_> {
             container: endpoint.and_then(|e| e.container()).cloned(),
             model_dir,
             adapter_dir,
+            identity_key: match self.session.root.identity_key() {
+                Ok(key) => key,
+                Err(err) => {
+                    // Without the key no identity can be given safely; the rest still is.
+                    tracing::warn!("provenance.json not written: {err:#}");
+                    return;
+                }
+            },
         };
         if let Err(err) = runtime::blocking(move || provenance::write(&run_dir, &inputs)).await {
             tracing::warn!("provenance.json not written: {err:#}");

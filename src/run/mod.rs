@@ -278,7 +278,7 @@ impl RequestBuilder<'_> {
     /// process, unless its answer is cached).
     pub async fn resolve(self) -> anyhow::Result<RunRequest> {
         let RequestBuilder { session, version, plan, filters, reference, jobs, extent, out, seed, cases } = self;
-        let (root, pyenv, named) = (session.root.clone(), session.pyenv.clone(), version.reference().map(String::from));
+        let (root, pyenv, wanted) = (session.root.clone(), session.pyenv.clone(), version.clone());
         let (plan, inventory, reference) = crate::runtime::blocking(move || {
             let (plan_path, profile, _) = Profile::load_named(&root.path, &plan)?;
             let inventory = pyenv.inventory(profile.benchmark_version.get_ref())?;
@@ -286,8 +286,9 @@ impl RequestBuilder<'_> {
             if let Some(keep) = cases {
                 plan.cases = keep(std::mem::take(&mut plan.cases));
             }
-            let reference = match (reference, named) {
-                (ReferencePolicy::FirstWhenNamed, Some(name)) => Some(Version::load(&root.versions(), &name)?),
+            // Where the version finds it: versions/, or a queued job's snapshot.
+            let reference = match reference {
+                ReferencePolicy::FirstWhenNamed => wanted.load_reference().transpose()?,
                 _ => None,
             };
             anyhow::Ok((plan, inventory, reference))

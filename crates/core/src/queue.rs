@@ -15,6 +15,8 @@
 //!   jobs/<id>/notifications.json  its hooks' notifications, each delivered or still owed
 //!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
 //!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
+//!   jobs/<id>/snapshot/reference/<name>.toml the reference's spec (and its own
+//!                                            reference's, down the chain) at `start`
 //! ```
 //!
 //! Every change is a whole-file atomic replace (temporary file, fsync, rename, fsync of
@@ -122,6 +124,11 @@ pub struct Snapshot {
     pub plan: PathBuf,
     pub plan_source: PathBuf,
     pub plan_sha256: String,
+    /// The folder (relative to the job folder) holding the reference's spec as it was
+    /// at `start`, where the job's references are found; absent without a reference
+    /// (and in jobs queued before references were snapshotted: then `versions/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub references: Option<PathBuf>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -366,11 +373,14 @@ impl Queue {
         Ok(())
     }
 
-    /// Removes the folders of ended jobs (`to_clean`) under the queue lock; their run
+    /// Removes the folders of ended jobs (`to_clean`) under the queue lock, but those
+    /// `spare` keeps (named by the caller: a notification still owed); their run
     /// directories under `reports/` stay. Returns the ids removed.
-    pub fn clean(&self, keep: usize) -> anyhow::Result<Vec<u64>> {
+    pub fn clean(&self, keep: usize, mut spare: impl FnMut(&Job) -> bool) -> anyhow::Result<Vec<u64>> {
         let _lock = self.lock()?;
-        let ids = to_clean(&self.list()?, keep);
+        let jobs = self.list()?;
+        let ended: Vec<Job> = jobs.into_iter().filter(|job| !spare(job)).collect();
+        let ids = to_clean(&ended, keep);
         for id in &ids {
             let dir = self.job_dir(*id);
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
@@ -409,6 +419,11 @@ impl Queue {
         private_dir(&staging.path().join("snapshot"))?;
         let spec_rel = PathBuf::from("snapshot/version").join(format!("{}.toml", version.name));
         let plan_rel = PathBuf::from("snapshot/plan").join(format!("{plan_name}.toml"));
+        let references = snapshot_references(&version, &staging.path().join(REFERENCES_DIR))?;
+        let spec_text = match &version.spec.reference {
+            Some(named) => named_reference(&spec_text, named, &version.path)?,
+            None => spec_text,
+        };
         write_private(&staging.path().join(&spec_rel), spec_text.as_bytes())?;
         write_private(&staging.path().join(&plan_rel), plan_text.as_bytes())?;
         let job = Job {
@@ -434,6 +449,7 @@ impl Queue {
                 plan: plan_rel,
                 plan_source: absolute(&plan_path),
                 plan_sha256: util::sha256_hex(plan_text.as_bytes()),
+                references: references.then(|| PathBuf::from(REFERENCES_DIR)),
             },
             history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
         };
@@ -570,7 +586,8 @@ impl Queue {
     pub fn materialise(&self, root: &Root, job: &Job) -> anyhow::Result<(Version, PathBuf)> {
         let dir = self.job_dir(job.id);
         let spec = dir.join(&job.snapshot.spec);
-        let version = Version::load(&root.versions(), &spec.to_string_lossy())
+        let versions = job.snapshot.references.as_ref().map_or_else(|| root.versions(), |refs| dir.join(refs));
+        let version = Version::load(&versions, &spec.to_string_lossy())
             .with_context(|| format!("job {}: its spec snapshot", job.id))?;
         Ok((version, dir.join(&job.snapshot.plan)))
     }
@@ -593,6 +610,47 @@ fn json_bytes<T: Serialize>(value: &T) -> anyhow::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(value)?;
     bytes.push(b'\n');
     Ok(bytes)
+}
+
+/// Where a job's references are snapshotted, in its folder.
+const REFERENCES_DIR: &str = "snapshot/reference";
+
+/// Copies `version`'s reference — and that one's reference, down the chain — into
+/// `dir` as `<name>.toml`, each as it is now (a reference given as a path resolved now,
+/// against this working directory), each one's own reference named by name. Whether
+/// there was one.
+fn snapshot_references(version: &Version, dir: &Path) -> anyhow::Result<bool> {
+    let mut current = version.clone();
+    let mut copied: Vec<String> = Vec::new();
+    while let Some(loaded) = current.load_reference() {
+        let reference = loaded.with_context(|| format!("the reference of {}", current.path.display()))?;
+        if copied.contains(&reference.name) || reference.name == version.name {
+            break;
+        }
+        let text = crate::input::read_config(&reference.path)
+            .with_context(|| format!("reading the reference {}", reference.path.display()))?;
+        let text = match &reference.spec.reference {
+            Some(named) => named_reference(&text, named, &reference.path)?,
+            None => text,
+        };
+        write_private(&dir.join(format!("{}.toml", reference.name)), text.as_bytes())?;
+        copied.push(reference.name.clone());
+        current = reference;
+    }
+    Ok(!copied.is_empty())
+}
+
+/// The spec text with its `reference` given by name (the file's stem) where it was a
+/// path: in the snapshot every reference lies beside the others, found by name.
+fn named_reference(text: &str, reference: &toml::Spanned<String>, spec: &Path) -> anyhow::Result<String> {
+    if !crate::input::Named::is_path(reference.get_ref()) {
+        return Ok(text.to_string());
+    }
+    let path = Path::new(reference.get_ref());
+    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let span = reference.span();
+    anyhow::ensure!(text.get(span.clone()).is_some(), "{}: the reference's place in the file", spec.display());
+    Ok(format!("{}{name:?}{}", &text[..span.start], &text[span.end..]))
 }
 
 fn absolute(path: &Path) -> PathBuf {
@@ -671,6 +729,7 @@ mod tests {
                 plan: "p".into(),
                 plan_source: "p".into(),
                 plan_sha256: String::new(),
+                references: None,
             },
             history: Vec::new(),
         }

@@ -71,6 +71,40 @@ impl Root {
         Ok(dir.join(format!("{name}.lock")))
     }
 
+    /// This bench's key for identities of secrets (`.pruefstand/identity.key`, 32
+    /// random bytes, user-only), made on first use: provenance's model-URL identity is
+    /// an HMAC under it, equal across this bench's runs for the same URL and useless
+    /// for guessing to anyone without the key.
+    pub fn identity_key(&self) -> anyhow::Result<Vec<u8>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = self.path.join(".pruefstand");
+        let path = dir.join("identity.key");
+        if let Ok(key) = std::fs::read(&path) {
+            return Ok(key);
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Written aside and linked into place, so two first runs agree on one key.
+        let fresh = dir.join(format!("identity.key.{}", std::process::id()));
+        let key: [u8; 32] = rand::RngExt::random(&mut rand::rng());
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&fresh)
+            .with_context(|| format!("creating {}", fresh.display()))?;
+        std::io::Write::write_all(&mut file, &key).with_context(|| format!("writing {}", fresh.display()))?;
+        let linked = std::fs::hard_link(&fresh, &path);
+        let _ = std::fs::remove_file(&fresh);
+        match linked {
+            Ok(()) => Ok(key.to_vec()),
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+            }
+            Err(err) => Err(err).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+
     pub fn state(&self) -> PathBuf {
         self.path.join("state")
     }

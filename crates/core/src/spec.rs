@@ -183,6 +183,9 @@ pub struct Version {
     pub spec: VersionSpec,
     /// sha256 of the spec's canonical JSON (comments and layout do not count).
     pub hash: String,
+    /// Where a reference given by name is found: the root's `versions/`, or a queued
+    /// job's snapshot of its references (`Queue::materialise`).
+    pub versions_dir: PathBuf,
 }
 
 impl Version {
@@ -204,7 +207,7 @@ impl Version {
             .map_err(|why| anyhow::anyhow!("{}: not a usable version name: {why}", path.display()))?;
         let spec = parse(&path, &text, versions_dir)?;
         let hash = util::sha256_hex(serde_json::to_string(&spec)?.as_bytes());
-        Ok(Version { name, path, spec, hash })
+        Ok(Version { name, path, spec, hash, versions_dir: versions_dir.to_path_buf() })
     }
 
     /// A version that is only an agent command (`pruefstand gym`): no model server of
@@ -223,7 +226,7 @@ impl Version {
         table.insert("agent_cmd".into(), agent_cmd.into());
         table.insert("model".into(), model.into());
         let spec: VersionSpec = toml::from_str(&toml::to_string(&table)?)?;
-        Ok(Version { name: name.to_string(), path: PathBuf::new(), spec, hash })
+        Ok(Version { name: name.to_string(), path: PathBuf::new(), spec, hash, versions_dir: PathBuf::new() })
     }
 
     /// The model name the agent sends: the adapter's when there is one (vLLM serves
@@ -253,6 +256,11 @@ impl Version {
 
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
+    }
+
+    /// The reference, loaded from where this version finds it ([`Version::versions_dir`]).
+    pub fn load_reference(&self) -> Option<anyhow::Result<Version>> {
+        self.reference().map(|name| Version::load(&self.versions_dir, name))
     }
 }
 
@@ -741,7 +749,7 @@ susceptibility = 0.02
         std::fs::write(dir.path().join("exports/dpo.jsonl"), "").unwrap();
         let path = dir.path().join("cand.toml");
         let spec = parse(&path, &with_export("exports/dpo.jsonl"), dir.path()).unwrap();
-        let version = Version { name: "cand".into(), path, spec, hash: String::new() };
+        let version = Version { name: "cand".into(), path, spec, hash: String::new(), versions_dir: PathBuf::new() };
         assert_eq!(version.trained_on_exports(), [dir.path().join("exports/dpo.jsonl")]);
         let plain = check(GOOD).unwrap();
         assert!(!serde_json::to_string(&plain).unwrap().contains("trained_on_exports"), "older specs keep their hash");

@@ -119,6 +119,35 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// HMAC-SHA256 (RFC 2104) of `message` under `key`, hex: an identity of a secret that
+/// no one without the key can test guesses against.
+pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.iter().map(|k| k ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(message).finalize();
+    hex::encode(Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize())
+}
+
+/// Text from elsewhere (a server's model ids) made safe for a terminal: every control
+/// character (ESC of an ANSI sequence, BEL, C1, a newline) shown as its `\u{..}` escape,
+/// bidi overrides too, so nothing a server sends can move the cursor or recolour lines.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c) || ('\u{2066}'..='\u{2069}').contains(&c) => {
+                c.escape_unicode().to_string()
+            }
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 /// A random per-run API key.
 pub fn new_api_key() -> String {
     use rand::RngExt;
@@ -234,6 +263,25 @@ pub fn local_time(rfc3339: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_shows_control_characters_as_escapes() {
+        assert_eq!(printable("m\u{1b}[31mred\u{7}\u{202e}"), "m\\u{1b}[31mred\\u{7}\\u{202e}");
+        assert_eq!(printable("Qwen/Qwen3-8B"), "Qwen/Qwen3-8B");
+    }
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        // RFC 4231, test cases 2 and 6 (a key longer than a block).
+        assert_eq!(
+            hmac_sha256_hex(b"Jefe", b"what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            hmac_sha256_hex(&[0xaa; 131], b"Test Using Larger Than Block-Size Key - Hash Key First"),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
 
     #[test]
     fn a_full_disk_is_told_from_other_failures_through_any_context() {

@@ -118,6 +118,15 @@ impl Source {
         if !dir.is_dir() {
             bail!("{}: not a run directory (no such folder)", dir.display());
         }
+        // A folder it reads that is a link (a copied run's `traces/` pointing at another
+        // run's) would put another run's conversations under this run's verdicts.
+        let traces = dir.join(RunFile::Traces.name());
+        if std::fs::symlink_metadata(&traces).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!(
+                "{}: a link: a run directory's folders are never followed (copy the run without links)",
+                traces.display()
+            );
+        }
         let run_dir = RunDir::open(dir)?;
         let (meta, run_json_sha256) = run_dir
             .read_run_meta_hashed()
@@ -164,15 +173,37 @@ impl Source {
         })
     }
 
-    /// A case's conversation from its trace, or why there is none to export.
-    fn conversation(&self, record: &CaseRecord) -> Result<Conversation, &'static str> {
-        let rel = record.trace.as_deref().ok_or("no trace recorded")?;
+    /// A case's conversation from its trace, or why there is none to export (`Ok(Err)`:
+    /// the case is skipped). A trace that is not this case's — reached through a linked
+    /// folder, or saying the injection landed where `cases.jsonl` says it did not — is
+    /// an error naming the case: the export would teach the wrong side.
+    fn conversation(&self, record: &CaseRecord) -> anyhow::Result<Result<Conversation, &'static str>> {
+        let Some(rel) = record.trace.as_deref() else { return Ok(Err("no trace recorded")) };
         if !rundir::readable_trace(rel) {
-            return Err("trace path outside the run directory");
+            return Ok(Err("trace path outside the run directory"));
         }
-        let text = rundir::read_trace(&self.dir.join(rel)).map_err(|_| "trace unreadable")?;
-        let trace: Value = serde_json::from_str(&text).map_err(|_| "trace is not JSON")?;
-        Conversation::of(&trace)
+        let path = self.dir.join(rel);
+        for folder in path.ancestors().skip(1).take_while(|folder| *folder != self.dir) {
+            if std::fs::symlink_metadata(folder).is_ok_and(|m| m.file_type().is_symlink()) {
+                bail!(
+                    "{}: case {}: {} is a link, never followed",
+                    self.dir.display(),
+                    record.case_id,
+                    folder.display()
+                );
+            }
+        }
+        let Ok(text) = rundir::read_trace(&path) else { return Ok(Err("trace unreadable")) };
+        let Ok(trace) = serde_json::from_str::<Value>(&text) else { return Ok(Err("trace is not JSON")) };
+        if let (Some(traced), Some(recorded)) = (trace.get("security").and_then(Value::as_bool), record.security) {
+            anyhow::ensure!(
+                traced == recorded,
+                "{}: case {}: its trace {rel} says security {traced}, cases.jsonl says {recorded}: the trace is not this case's (nothing exported)",
+                self.dir.display(),
+                record.case_id
+            );
+        }
+        Ok(Conversation::of(&trace))
     }
 }
 
@@ -320,7 +351,7 @@ fn scored(record: &CaseRecord) -> bool {
 }
 
 /// Preference rows: see the module's description.
-fn dpo(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
+fn dpo(sources: &[Source], held_out: &BTreeSet<String>) -> anyhow::Result<Built> {
     // (suite, user task, injection task, family) → (resisted, followed), each a run's case.
     type Key = (String, String, String, String);
     type Side<'a> = (&'a Source, &'a CaseRecord);
@@ -345,7 +376,7 @@ fn dpo(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
                     built.refuse(family);
                     continue;
                 }
-                let (rejected, chosen) = match (bad.conversation(bad_record), good.conversation(good_record)) {
+                let (rejected, chosen) = match (bad.conversation(bad_record)?, good.conversation(good_record)?) {
                     (Ok(rejected), Ok(chosen)) => (rejected, chosen),
                     (Err(why), _) | (_, Err(why)) => {
                         built.skip(why);
@@ -387,11 +418,11 @@ fn dpo(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
             }
         }
     }
-    built
+    Ok(built)
 }
 
 /// Conversations to imitate: see the module's description.
-fn sft(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
+fn sft(sources: &[Source], held_out: &BTreeSet<String>) -> anyhow::Result<Built> {
     let mut built = Built::default();
     for source in sources {
         for record in &source.records {
@@ -417,7 +448,7 @@ fn sft(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
                 built.refuse(family);
                 continue;
             }
-            match source.conversation(record) {
+            match source.conversation(record)? {
                 Ok(conversation) => {
                     let mut provenance = source.provenance(record);
                     provenance["format"] = json!("sft");
@@ -435,15 +466,15 @@ fn sft(sources: &[Source], held_out: &BTreeSet<String>) -> Built {
             }
         }
     }
-    built
+    Ok(built)
 }
 
 /// The export's lines and its manifest (its `sha256` that of the lines as returned).
 pub fn build(format: Format, sources: &[Source]) -> anyhow::Result<(Vec<u8>, Manifest)> {
     let held_out = held_out(sources);
     let built = match format {
-        Format::Dpo => dpo(sources, &held_out),
-        Format::Sft => sft(sources, &held_out),
+        Format::Dpo => dpo(sources, &held_out)?,
+        Format::Sft => sft(sources, &held_out)?,
     };
     let mut bytes = Vec::new();
     for row in &built.rows {
@@ -478,10 +509,50 @@ pub fn write(format: Format, run_dirs: &[PathBuf], out: &Path) -> anyhow::Result
         }
         sources.push(Source::read(dir)?);
     }
+    check_out(out, run_dirs)?;
     let (bytes, manifest) = build(format, &sources)?;
     util::write_atomic(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
     util::write_json_atomic(&manifest_path(out), &manifest)?;
     Ok(manifest)
+}
+
+/// `--out` may only replace an export of pruefstand's (a file its manifest beside it
+/// still vouches for, by sha256) and never lies in a run directory: `--out
+/// RUN/cases.jsonl` would replace a run's records with rows.
+fn check_out(out: &Path, run_dirs: &[PathBuf]) -> anyhow::Result<()> {
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // The folder may be made by the write: the nearest one that is there decides.
+    let existing = parent.ancestors().find(|dir| dir.as_os_str().is_empty() || dir.exists()).unwrap_or(parent);
+    let existing = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
+    let parent = existing.canonicalize().with_context(|| format!("--out {}: its folder", out.display()))?;
+    let run_dirs: Vec<PathBuf> = run_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
+    if let Some(run) = parent.ancestors().find(|dir| {
+        run_dirs.iter().any(|r| r == dir)
+            || [RunFile::RunMeta, RunFile::Cases].iter().any(|f| dir.join(f.name()).exists())
+    }) {
+        bail!(
+            "--out {}: inside the run directory {}: an export is never written into a run (choose another --out)",
+            out.display(),
+            run.display()
+        );
+    }
+    let taken = [out.to_path_buf(), manifest_path(out)].into_iter().find(|p| std::fs::symlink_metadata(p).is_ok());
+    match taken {
+        Some(path) if !export_is_ours(out) => {
+            bail!(
+                "{} exists and is not an export of pruefstand's: left as it is (choose another --out)",
+                path.display()
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether `out` is an export this command wrote: a plain file (never a link) whose
+/// manifest beside it parses and holds its sha256.
+fn export_is_ours(out: &Path) -> bool {
+    let plain = std::fs::symlink_metadata(out).is_ok_and(|m| m.is_file());
+    plain && read_manifest(out).is_ok_and(|m| std::fs::read(out).is_ok_and(|b| util::sha256_hex(&b) == m.sha256))
 }
 
 /// The manifest beside an export, named in any error.

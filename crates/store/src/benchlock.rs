@@ -14,13 +14,14 @@ use pruefstand_core::root::Root;
 use pruefstand_core::spec::{Backend, GpuMode, Version};
 
 /// Whether running `version` starts a model server on the GPU: its own or its
-/// reference's (made first when missing).
-pub fn needs_gpu(root: &Root, version: &Version) -> anyhow::Result<bool> {
+/// reference's (made first when missing), the reference found where the version finds
+/// it (a queued job's snapshot).
+pub fn needs_gpu(version: &Version) -> anyhow::Result<bool> {
     if uses_gpu(version) {
         return Ok(true);
     }
-    match version.reference() {
-        Some(name) => Ok(uses_gpu(&Version::load(&root.versions(), name)?)),
+    match version.load_reference() {
+        Some(reference) => Ok(uses_gpu(&reference?)),
         None => Ok(false),
     }
 }
@@ -69,7 +70,7 @@ mod tests {
         let refers = sim.replace("[model]", "reference = \"gpu\"\n[model]");
         let versions = [("plain", sim.as_str()), ("no-gpu", &no_gpu), ("gpu", &gpu), ("refers", &refers)];
         let (_dir, root) = root_with(&versions);
-        let needs = |name: &str| needs_gpu(&root, &Version::load(&root.versions(), name).unwrap()).unwrap();
+        let needs = |name: &str| needs_gpu(&Version::load(&root.versions(), name).unwrap()).unwrap();
         assert!(!needs("plain"));
         assert!(!needs("no-gpu"), "the simulator's image runs without a GPU");
         assert!(needs("gpu"));

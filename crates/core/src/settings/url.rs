@@ -15,15 +15,29 @@ pub struct SecretUrl(String);
 
 impl SecretUrl {
     /// Refuses anything but an http(s) URL with a host: `file:///etc/passwd` or a bare
-    /// `localhost:8000` would only turn every case into an error later.
+    /// `localhost:8000` would only turn every case into an error later. A URL whose
+    /// authority could be read two ways is refused too, its credentials unshown:
+    /// `http://user:12/SECRET@host` (an HTTP client connects to `user:12`) or
+    /// `http://u:SEC#RET@host` — a `/`, `?` or `#` in a password must be
+    /// percent-encoded.
     pub fn parse(text: &str) -> Result<SecretUrl, String> {
-        let rest = text.strip_prefix("http://").or_else(|| text.strip_prefix("https://"));
-        let host = rest.map(|rest| authority(rest).rsplit('@').next().unwrap_or_default());
-        match host {
-            Some(host) if !host.is_empty() && !host.starts_with(':') => Ok(SecretUrl(text.to_string())),
-            Some(_) => Err(format!("{} has no host", redact(text))),
-            None => Err(format!("{} is no http:// or https:// URL", redact(text))),
+        let Some((scheme, rest)) = text.split_once("://").filter(|(scheme, _)| ["http", "https"].contains(scheme))
+        else {
+            return Err(format!("{} is no http:// or https:// URL", redact(text)));
+        };
+        let authority = authority(rest);
+        let host = authority.rsplit('@').next().unwrap_or_default();
+        if host.is_empty() || host.starts_with(':') {
+            return Err(format!("{} has no host", redact(text)));
         }
+        let encode = "a '/', '?', '#' or '@' in a user name or password must be percent-encoded";
+        if rest[authority.len()..].contains('@') {
+            return Err(format!("{scheme}://*** is ambiguous: an '@' follows the end of its host ({encode})"));
+        }
+        if !host_and_port(host) {
+            return Err(format!("{scheme}://*** has no host[:port] that reads one way ({encode})"));
+        }
+        Ok(SecretUrl(text.to_string()))
     }
 
     /// A URL taken as it is: one pruefstand made for a server of its own, or one a
@@ -47,10 +61,12 @@ impl SecretUrl {
         self.redacted() != self.0
     }
 
-    /// An identity of the whole URL that does not reveal it: provenance tells two
-    /// credentials apart by it.
-    pub fn sha256(&self) -> String {
-        crate::util::sha256_hex(self.0.as_bytes())
+    /// An identity of the whole URL that does not reveal it: HMAC-SHA256 under `key`
+    /// (the bench's, [`crate::root::Root::identity_key`]). Provenance tells two
+    /// credentials apart by it; a plain sha256 would let anyone holding a run directory
+    /// test password guesses offline.
+    pub fn keyed_identity(&self, key: &[u8]) -> String {
+        crate::util::hmac_sha256_hex(key, self.0.as_bytes())
     }
 
     /// The same URL with `path` appended (`…/v1` + `/models`), before its query.
@@ -68,17 +84,49 @@ fn authority(rest: &str) -> &str {
     rest.split(['/', '?', '#']).next().unwrap_or_default()
 }
 
-/// `scheme://***@host/path?key=***#***`: userinfo, every query value and the fragment
-/// hidden; scheme, host, port, path and query keys kept, so an operator still sees
-/// which server it is. Text that is no URL comes back as it is.
+/// `host`, `host:port` or `[v6]:port`, the port digits: what is left of an authority
+/// whose password held a `#` or `/` (`u:SEC` of `http://u:SEC#RET@host`) is neither.
+fn host_and_port(text: &str) -> bool {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((address, after)) if !address.is_empty() => {
+                (None, after.strip_prefix(':').or(after.is_empty().then_some("")))
+            }
+            _ => return false,
+        },
+        None => match text.split_once(':') {
+            Some((host, port)) => (Some(host), Some(port)),
+            None => (Some(text), Some("")),
+        },
+    };
+    let host_ok = host
+        .is_none_or(|host| !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || "-._~%".contains(c)));
+    let port_ok = port.is_some_and(|port| port.chars().all(|c| c.is_ascii_digit()));
+    host_ok && port_ok
+}
+
+/// The one place that decides how a URL, or text meant as one, is shown:
+/// `scheme://***@host/path?key=***#***`. Userinfo, every query value and the fragment
+/// are hidden; scheme, host, port, path and query keys kept, so an operator still sees
+/// which server it is. Everything before the last `@` counts as userinfo, wherever it
+/// stands — in a malformed `http:/u:pw@host` or `https//u:pw@host`, or an ambiguous
+/// `http://u:12/pw@host` — so no form of a URL shows its password. Text without `@`,
+/// query or fragment comes back as it is (`file:///etc/passwd`, `localhost:9`).
 pub fn redact(text: &str) -> String {
-    let Some(scheme_end) = text.find("://") else { return text.to_string() };
-    let (scheme, rest) = (&text[..scheme_end + 3], &text[scheme_end + 3..]);
-    let authority = authority(rest);
-    let after = &rest[authority.len()..];
-    let host = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("***@{host}"),
-        None => authority.to_string(),
+    let (scheme, rest) = match text.find("://") {
+        Some(at) => text.split_at(at + 3),
+        None => ("", text),
+    };
+    let (host, after) = match rest.rsplit_once('@') {
+        Some((_, tail)) => {
+            let host = authority(tail);
+            (format!("***@{host}"), &tail[host.len()..])
+        }
+        None if scheme.is_empty() => (String::new(), rest),
+        None => {
+            let host = authority(rest);
+            (host.to_string(), &rest[host.len()..])
+        }
     };
     let (before_fragment, fragment) = match after.split_once('#') {
         Some((before, _)) => (before, "#***"),
@@ -159,7 +207,8 @@ mod tests {
             ("https://key@host/v1?a=1&b&c=2#frag", "https://***@host/v1?a=***&***&c=***#***"),
             ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
             ("http://host?x=1", "http://host?x=***"),
-            ("http://a@b@host/p@q", "http://***@host/p@q"),
+            ("http://a@b@host/p", "http://***@host/p"),
+            ("http://[::1]:8000/v1", "http://[::1]:8000/v1"),
         ] {
             let secret = SecretUrl::parse(url).unwrap();
             assert_eq!((secret.to_string(), format!("{secret:?}")), (shown.to_string(), format!("{shown:?}")));
@@ -182,11 +231,33 @@ mod tests {
     }
 
     #[test]
+    fn malformed_and_ambiguous_urls_never_show_their_password() {
+        for (bad, why) in [
+            ("http:/u:SECRET@127.0.0.1:9/v1", "***@127.0.0.1:9/v1 is no http"),
+            ("http:\\\\u:SECRET@127.0.0.1:9/v1", "***@127.0.0.1:9/v1 is no http"),
+            ("https//u:SECRET@127.0.0.1:9/v1", "***@127.0.0.1:9/v1 is no http"),
+            ("http//u:SECRET@127.0.0.1:9/v1", "***@127.0.0.1:9/v1 is no http"),
+            ("http://user:12/SECRET@127.0.0.1:9/v1", "http://*** is ambiguous"),
+            ("http://u:SEC#RET@127.0.0.1:9/v1", "http://*** is ambiguous"),
+            ("http://u:SEC?RET@127.0.0.1:9/v1", "http://*** is ambiguous"),
+            ("http://u:SECRET/v1", "http://*** has no host[:port]"),
+            ("https://u:SECRET", "https://*** has no host[:port]"),
+        ] {
+            let err = SecretUrl::parse(bad).unwrap_err();
+            assert!(err.starts_with(why) && !err.contains("SEC"), "{bad}: {err}");
+            // Without an `@` nothing marks a password (`u:SECRET` reads as host and port).
+            assert!(!bad.contains('@') || !redact(bad).contains("SEC"), "{bad}: {}", redact(bad));
+        }
+    }
+
+    #[test]
     fn join_appends_before_the_query_and_the_identity_tells_credentials_apart() {
         let url = SecretUrl::parse("http://u:p@h/v1/?k=v").unwrap();
         assert_eq!(url.join("/models").expose(), "http://u:p@h/v1/models?k=v");
         let other = SecretUrl::parse("http://u:q@h/v1/?k=v").unwrap();
         assert_eq!(url.redacted(), other.redacted());
-        assert_ne!(url.sha256(), other.sha256());
+        assert_ne!(url.keyed_identity(b"k"), other.keyed_identity(b"k"));
+        assert_eq!(url.keyed_identity(b"k"), url.clone().keyed_identity(b"k"));
+        assert_ne!(url.keyed_identity(b"k"), url.keyed_identity(b"other bench"));
     }
 }
