@@ -173,7 +173,7 @@ fn the_daemon_runs_a_campaign_like_any_plan_with_its_cases_in_status() {
     let mut totals = Vec::new();
     wait_until("the campaign's cases in status", 300, || {
         let status: serde_json::Value = serde_json::from_str(&bench.run(&["status", "--json"]).ok().stdout).unwrap();
-        let running = status.pointer("/state/activity").filter(|a| a["state"] == "running").cloned();
+        let running = status.get("state").filter(|a| a["state"] == "running").cloned();
         if let Some(p) = running {
             totals.push((p["done"].as_u64().unwrap_or(0), p["total"].as_u64().unwrap_or(0)));
         }

@@ -273,12 +273,13 @@ fn freeze(log: &SearchLog, m: usize) -> Vec<Frozen> {
     found
 }
 
-/// The frozen templates as a family a plan can name (None: the grammar wrote them, or
-/// none was frozen). Named after the version and the run.
+/// The frozen templates that broke a search pair, as a family a plan can name (None: the
+/// grammar wrote them, or nothing broke). Named after the version and the run.
 pub fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<FoundFamily> {
     let templates: Vec<String> = log
         .frozen
         .iter()
+        .filter(|f| !f.broke.is_empty())
         .filter_map(|f| match &f.proposal {
             Proposal::Template(t) => Some(t.clone()),
             Proposal::Wording(_) => None,
