@@ -44,10 +44,15 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let job = wait_final(&queue, job.id, |job| tracing::info!("job {}: {}", job.id, describe(job)))?;
+    Ok(print_end(&job))
+}
+
+/// What `run` prints at its end (run folder, summary, rules, report, verdict), from
+/// the run's judgement.json, for an ended job; its exit code is `run`'s.
+pub fn print_end(job: &Job) -> ExitCode {
     if let Some(run_dir) = &job.run_dir {
         outln!("{}", run_dir.display());
     }
-    // What `run` prints at its end, from the run's judgement.json.
     let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
         let run = RunDir::open(dir).ok()?;
         Some((run.read::<Judgement>().ok()??, run.report_path()))
@@ -60,7 +65,16 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         (None, Some(verdict)) => outln!("verdict: {}", verdict.as_str()),
         (None, None) => outln!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
     }
-    Ok(ExitCode::from(job.exit_code()))
+    ExitCode::from(job.exit_code())
+}
+
+/// Whether an inotify event tells of a change: a file's opening, or its closing after
+/// a read, does not (a watcher's own reads of the folder would wake it again and again).
+pub fn is_change(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    event.as_ref().map_or(true, |event| {
+        !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write))
+    })
 }
 
 /// Says so when no daemon will pick the queue up, or when the queue is paused.
@@ -100,8 +114,10 @@ pub fn describe(job: &Job) -> String {
 pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
     use notify::Watcher;
     let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
+    let mut watcher = notify::recommended_watcher(move |event| {
+        if is_change(&event) {
+            let _ = tx.send(());
+        }
     })
     .context("starting inotify")?;
     watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)?;

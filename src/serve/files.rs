@@ -2,23 +2,15 @@
 //! request path is decoded once and checked before anything is opened: no `.`/`..`
 //! or hidden segment, no empty segment, no NUL or backslash; what it names must
 //! resolve (symlinks followed) inside `reports/` and be a regular file (a folder
-//! shows its `index.html` or `report.html`). Also the Content-Security-Policy each
-//! answer carries. Not the routing or the live view (`serve`, `serve::live`).
+//! shows its `index.html` or `report.html`). Not the routing or the live view
+//! (`serve`, `serve::live`), nor the Content-Security-Policy (`serve::csp`).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pruefstand_store::{RunDir, RunDocument, RunFile};
 
-/// The policy of everything that is not one of our HTML pages: nothing runs, nothing
-/// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
-/// works as a header, so it is added to every page's policy.
-pub const STRICT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
 /// The largest file served (a run's traces and records are far smaller).
 const MAX_BYTES: u64 = 256 << 20;
-/// How much of a page is read for its policy (a report's head is a few KiB).
-const HEAD_BYTES: u64 = 64 << 10;
 
 /// A file's content: made here (a folder's listing), or a file opened, streamed to the
 /// client in chunks as it reads them, so a client that stops reading holds one chunk,
@@ -41,7 +33,7 @@ pub enum Lookup {
     File {
         content: Content,
         content_type: &'static str,
-        csp: String,
+        csp: &'static str,
     },
     /// A folder asked for without its trailing slash (relative links need it).
     Redirect(String),
@@ -95,9 +87,6 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
     read_file(&real).unwrap_or(Lookup::NotFound)
 }
 
-/// The policy of a listing: no script at all.
-const LISTING_CSP: &str = STRICT_CSP;
-
 /// A folder's entries as a page: sub-folders and regular files that resolve inside
 /// `reports/` and that `find` would serve (plain names), newest first (by modification
 /// time); a run folder (one with a `judgement.json`) shows its verdict. Every name is
@@ -139,7 +128,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
 <style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\
 <body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>"
     );
-    Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: LISTING_CSP.to_string() }
+    Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: super::csp::STRICT }
 }
 
 /// What a listing shows of a `judgement.json`: its verdict as written, whatever the
@@ -170,23 +159,14 @@ fn plain_segment(segment: &str) -> bool {
 fn read_file(real: &PathBuf) -> Option<Lookup> {
     use std::os::unix::fs::OpenOptionsExt;
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > MAX_BYTES {
         return None;
     }
     let content_type = content_type(real);
-    let csp = match content_type {
-        // The page's policy sits in its head: read for it, then sent from the start. A
-        // head longer than HEAD_BYTES gets the strict policy.
-        HTML => {
-            let mut bytes = Vec::with_capacity(HEAD_BYTES as usize);
-            (&file).take(HEAD_BYTES).read_to_end(&mut bytes).ok()?;
-            std::io::Seek::rewind(&mut file).ok()?;
-            page_csp(&String::from_utf8_lossy(&bytes)).unwrap_or_else(|| STRICT_CSP.to_string())
-        }
-        _ => STRICT_CSP.to_string(),
-    };
+    // Whatever the file declares itself: the policy is serve's (`serve::csp`).
+    let csp = super::csp::of_file(content_type);
     Some(Lookup::File { content: Content::Open(file), content_type, csp })
 }
 
@@ -202,18 +182,6 @@ fn content_type(path: &Path) -> &'static str {
         "md" | "txt" | "log" | "jsonl" | "sha256" | "lock" | "toml" => "text/plain; charset=utf-8",
         _ => "application/octet-stream",
     }
-}
-
-/// The policy a page declares in its `<meta http-equiv="Content-Security-Policy">`
-/// (in its head only), with `frame-ancestors 'none'` added: sent as the header, it
-/// allows exactly what the file allows itself (its own script, by hash) and no more.
-pub fn page_csp(html: &str) -> Option<String> {
-    const META: &str = r#"<meta http-equiv="Content-Security-Policy" content=""#;
-    let head = &html[..html.find("</head>")?];
-    let start = head.find(META)? + META.len();
-    let policy = &head[start..start + head[start..].find('"')?];
-    let clean = !policy.is_empty() && policy.chars().all(|c| c.is_ascii_graphic() || c == ' ');
-    clean.then(|| format!("{}; frame-ancestors 'none'", policy.trim_end_matches([';', ' '])))
 }
 
 /// `%XX` escapes decoded (a `+` stays a `+`); None for a broken escape or a result
@@ -257,6 +225,7 @@ pub fn url_of(reports: &Path, path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn reports() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -302,20 +271,21 @@ mod tests {
         match find(&reports, "/reports/v/plan/run/chart.svg") {
             Lookup::File { content_type, csp, .. } => {
                 assert_eq!(content_type, "image/svg+xml");
-                assert_eq!(csp, STRICT_CSP);
+                assert_eq!(csp, crate::serve::csp::STRICT);
             }
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
-    fn an_html_file_is_sent_with_its_own_policy_and_no_more() {
+    fn an_html_file_is_sent_with_serves_policy_whatever_it_declares() {
         let (_dir, reports) = reports();
         let Lookup::File { csp, .. } = find(&reports, "/reports/index.html") else { panic!() };
-        assert_eq!(csp, "default-src 'none'; script-src 'sha256-abc='; frame-ancestors 'none'");
+        assert_eq!(csp, crate::serve::csp::REPORT_PAGE.as_str(), "not the sha256-abc= the page declares");
         let Lookup::File { csp, .. } = find(&reports, "/reports/v/plan/run/report.html") else { panic!() };
-        assert_eq!(csp, STRICT_CSP, "a page without a policy runs no script");
-        assert_eq!(page_csp("<body><meta http-equiv=\"Content-Security-Policy\" content=\"x\"></body>"), None);
+        assert_eq!(csp, crate::serve::csp::REPORT_PAGE.as_str());
+        let Lookup::File { csp, .. } = find(&reports, "/reports/v/plan/") else { panic!() };
+        assert_eq!(csp, crate::serve::csp::STRICT, "a listing runs no script");
     }
 
     #[test]

@@ -591,16 +591,16 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
     .collect();
     if !rows.is_empty() {
         b.push_str(
-            r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net</th><th>p (Holm)</th></tr>"#,
+            r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net, B against A</th><th>p of "B worse" (one-sided, Holm)</th></tr>"#,
         );
         for (label, worse, better, m) in rows {
             let _ = write!(
                 b,
-                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{:+.1} pt</td><td>{:.3}</td></tr>"#,
+                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{}</td><td>{:.3}</td></tr>"#,
                 m.pairs,
                 m.b,
                 m.c,
-                100.0 * m.difference,
+                net_words(m.difference),
                 m.p_holm,
             );
         }
@@ -611,6 +611,16 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
         r#"<p class="note">Pairs are the cases both runs ran without error, matched by case id. b counts cases where A was secure (or kept its utility) and B was not, c the reverse; R4 tests them per user task (sign flips, Holm over the two). A's own verdict: {}.</p>"#,
         ra.stored.as_ref().map_or("not judged", |j| j.verdict.as_str())
     );
+}
+
+/// A paired net difference in R4's words: `difference` > 0 is B worse on net (b − c
+/// over the pairs), so the row reads as R4's reason does.
+fn net_words(difference: f64) -> String {
+    match difference {
+        d if d > 0.0 => format!("B worse by {:.1} pt", 100.0 * d),
+        d if d < 0.0 => format!("B better by {:.1} pt", -100.0 * d),
+        _ => "unchanged".to_string(),
+    }
 }
 
 /// Every case whose outcome changed from A to B, with both conversations.

@@ -207,6 +207,10 @@ fn page(title: &str, body: &str, script: &str) -> String {
     )
 }
 
+/// Every script a page of ours runs (inline, allowed by its hash): what a server that
+/// serves these pages may allow, and nothing else.
+pub const PAGE_SCRIPTS: &[&str] = &[cases::SCRIPT];
+
 /// The base64 of a sha256, as a CSP hash source spells it.
 pub fn sha256_base64(bytes: &[u8]) -> String {
     use sha2::Digest;
