@@ -417,3 +417,34 @@ fn queue_lists_only_the_state_and_the_last_jobs_asked_for() {
     assert_eq!(rows, vec![ids[3]], "{text}");
     assert!(bench.run(&["queue", "--state", "bogus"]).code(2).stderr.contains("pending"));
 }
+
+#[test]
+fn status_names_the_reference_while_its_cases_run_then_the_candidate() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    bench.run(&["pause"]).ok();
+    let _daemon = bench.daemon();
+    let id = bench.start(&["demo-kandidat", "--plan", "tiny"]);
+    let watch = bench.cmd(&["status", "--watch"]).stdout(Stdio::piped()).spawn().unwrap();
+    bench.run(&["resume"]).ok();
+    let (_, out) = ended_within(watch, 300);
+    let reference = format!("running job {id} (demo-kandidat on tiny), reference demo-baseline first: ");
+    let own = format!("running job {id} (demo-kandidat on tiny): ");
+    let at_reference = out.lines().position(|l| l.starts_with(&reference) && l.contains(" cases"));
+    let at_own = out.lines().position(|l| l.starts_with(&own) && l.contains(" cases"));
+    assert!(at_reference.is_some() && at_own.is_some() && at_reference < at_own, "{out}");
+}
+
+#[test]
+fn start_without_a_daemon_or_a_systemd_user_session_says_how_to_run_one_and_where_it_logs() {
+    let bench = bench_with_tiny(0);
+    let mut start = bench.cmd(&["start", "slow", "--plan", "tiny"]);
+    start.env_remove("XDG_RUNTIME_DIR");
+    let run = Run::from(start.output().unwrap()).ok();
+    assert!(
+        run.stderr.contains("no systemd user session") && run.stderr.contains("daemon >> daemon.log 2>&1 &"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("systemctl --user start"), "a command that cannot work here: {}", run.stderr);
+}

@@ -207,11 +207,22 @@ fn serve_gives_nothing_outside_reports_and_takes_nothing() {
     assert_eq!(index.headers["x-content-type-options"], "nosniff");
     assert_eq!(index.headers["content-type"], "text/html; charset=utf-8");
     let csp = &index.headers["content-security-policy"];
-    assert!(!csp.contains("sha256-AAAA") && csp.ends_with("frame-ancestors 'none'"), "serve's policy, not the page's: {csp}");
+    assert!(
+        !csp.contains("sha256-AAAA") && csp.ends_with("frame-ancestors 'none'"),
+        "serve's policy, not the page's: {csp}"
+    );
     let run = serve.get("/reports/v/p/run");
     assert_eq!((run.status, run.headers.get("location").map(String::as_str)), (308, Some("/reports/v/p/run/")));
+    bench.write("reports/v/p/run/compare.html", "<html><head></head><body>a compare page</body></html>");
     let run = serve.get("/reports/v/p/run/");
-    assert!(run.status == 200 && run.body.contains("a report"), "a run folder shows its report");
+    assert!(run.status == 200, "{}", run.body);
+    for page in ["report.html", "compare.html"] {
+        assert!(
+            run.body.contains(&format!(r#"href="/reports/v/p/run/{page}""#)),
+            "a run folder lists {page}: {}",
+            run.body
+        );
+    }
     assert!(run.headers["content-security-policy"].contains("default-src 'none'"));
 
     for (path, status) in [

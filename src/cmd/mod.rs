@@ -54,16 +54,20 @@ const SYNONYMS: &[(&str, &str)] =
 
 fn with_guess(mut err: clap::Error, command: &clap::Command) -> clap::Error {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if err.kind() != ErrorKind::InvalidSubcommand || err.get(ContextKind::SuggestedSubcommand).is_some() {
+    if err.kind() != ErrorKind::InvalidSubcommand {
         return err;
     }
     let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else { return err };
     let names: Vec<String> =
         command.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name().to_string()).collect();
+    // A synonym wins over clap's guess by spelling (`stop` is nearer `setup`).
     let synonym = SYNONYMS.iter().find(|(other, ours)| other == typed && names.iter().any(|n| n == ours));
-    if let Some((_, ours)) = synonym {
-        err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(ours.to_string()));
-    } else if let Some(guess) = pruefstand_core::input::closest(typed, &names) {
+    let guess = match synonym {
+        Some((_, ours)) => Some(*ours),
+        None if err.get(ContextKind::SuggestedSubcommand).is_some() => return err,
+        None => pruefstand_core::input::closest(typed, &names),
+    };
+    if let Some(guess) = guess {
         err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(guess.to_string()));
     }
     err

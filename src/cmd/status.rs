@@ -66,6 +66,14 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    for job in jobs.iter().filter(|j| j.state == pruefstand_core::queue::State::Interrupted) {
+        outln!(
+            "job {} ({} on {}): interrupted — it resumes into its run folder when a daemon starts",
+            job.id,
+            pruefstand_core::util::cut(&job.version, 40),
+            pruefstand_core::util::cut(&job.plan, 40),
+        );
+    }
     if let Some(counts) = overview.shards {
         outln!("{}", counts.line());
     }
@@ -99,7 +107,12 @@ fn view(running: bool, activity: Option<&Activity>) -> View {
             View::Bar {
                 done: p.done as u64,
                 total: p.total as u64,
-                message: format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan),
+                message: match &p.reference {
+                    Some(reference) => {
+                        format!("job {} ({} on {}), reference {reference} first {eta}", p.job, p.version, p.plan)
+                    }
+                    None => format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan),
+                },
             }
         }
         (true, Some(activity)) => View::Line(activity.line()),

@@ -19,7 +19,8 @@ pub const STRICT: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src
 /// An HTML file under `reports/`: the scripts of pruefstand's pages by hash, and no
 /// `connect-src` (default `'none'`): a report needs no request once loaded.
 pub static REPORT_PAGE: LazyLock<String> = LazyLock::new(|| {
-    let hashes: Vec<String> = PAGE_SCRIPTS.iter().map(|s| format!("'sha256-{}'", sha256_base64(s.as_bytes()))).collect();
+    let hashes: Vec<String> =
+        PAGE_SCRIPTS.iter().map(|s| format!("'sha256-{}'", sha256_base64(s.as_bytes()))).collect();
     format!(
         "default-src 'none'; script-src {}; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
         hashes.join(" ")

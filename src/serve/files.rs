@@ -2,7 +2,7 @@
 //! request path is decoded once and checked before anything is opened: no `.`/`..`
 //! or hidden segment, no empty segment, no NUL or backslash; what it names must
 //! resolve (symlinks followed) inside `reports/` and be a regular file (a folder
-//! shows its `index.html` or `report.html`). Not the routing or the live view
+//! shows its listing, pages first). Not the routing or the live view
 //! (`serve`, `serve::live`), nor the Content-Security-Policy (`serve::csp`).
 
 use std::path::{Path, PathBuf};
@@ -73,12 +73,8 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         if !folder {
             return Lookup::Redirect(format!("{}/", raw));
         }
-        // A run folder's report; any other folder (reports/ itself, a version's, a
-        // plan's) its listing, so that every folder above a run answers.
-        let report = RunDir::new(&real).report_path();
-        if let Some(found) = report.canonicalize().ok().filter(|p| p.starts_with(reports)).and_then(|p| read_file(&p)) {
-            return found;
-        }
+        // Every folder its listing, a run's too: its pages (report, compare) first,
+        // then its files, so that nothing a run holds is out of reach.
         return listing(reports, &real, &decoded);
     }
     if folder {
@@ -93,7 +89,7 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
 /// HTML-escaped and every link percent-encoded.
 fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     let Ok(entries) = std::fs::read_dir(folder) else { return Lookup::NotFound };
-    let mut rows: Vec<(std::time::SystemTime, String)> = Vec::new();
+    let mut rows: Vec<(bool, std::time::SystemTime, String)> = Vec::new();
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
         if !plain_segment(&name) {
@@ -116,11 +112,13 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
         } else {
             continue;
         };
-        rows.push((modified, row));
+        let page = meta.is_file() && name.ends_with(".html");
+        rows.push((page, modified, row));
     }
-    rows.sort_by_key(|row| std::cmp::Reverse(row.0));
+    // Pages first, then newest first.
+    rows.sort_by_key(|row| std::cmp::Reverse((row.0, row.1)));
     let up = if folder == reports { String::new() } else { r#"<p><a href="../">up</a></p>"#.to_string() };
-    let items: String = rows.into_iter().map(|(_, row)| row).collect();
+    let items: String = rows.into_iter().map(|(_, _, row)| row).collect();
     let empty = if items.is_empty() { "<p>nothing here yet</p>" } else { "" };
     let title = pruefstand_report::html::esc(shown);
     let html = format!(
@@ -264,7 +262,9 @@ mod tests {
             body(find(&reports, "/reports/v/plan/")).contains(r#"href="/reports/v/plan/run/""#),
             "a plan lists runs"
         );
-        assert!(body(find(&reports, "/reports/v/plan/run/")).contains("run"), "a run folder its report.html");
+        let run = body(find(&reports, "/reports/v/plan/run/"));
+        let (page, file) = (run.find(r#"href="/reports/v/plan/run/report.html""#), run.find("chart.svg"));
+        assert!(page.is_some() && file.is_some() && page < file, "a run folder lists its pages first: {run}");
         assert!(body(find(&reports, "/reports/v/pl%61n/run/report.html")).contains("run"), "escapes decoded");
         assert_eq!(find(&reports, "/reports"), Lookup::Redirect("/reports/".into()));
         assert_eq!(find(&reports, "/reports/v/plan/run"), Lookup::Redirect("/reports/v/plan/run/".into()));

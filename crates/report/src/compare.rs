@@ -243,12 +243,15 @@ pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
     let run_a = Run::load(&a, judged.0, &page_dir, "A");
     let run_b = Run::load(&b, judged.1, &page_dir, "B");
-    let html = render(&run_a, &run_b).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
+    // The index of the reports folder B lies in, as a link from the page.
+    let index = super::publish::find_reports_dir(&b)
+        .and_then(|reports| Some(format!("{}{}", relative_dir(&page_dir, &reports)?, super::INDEX_FILE)));
+    let html = render(&run_a, &run_b, index.as_deref()).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
     util::write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     Ok(out)
 }
 
-fn render(a: &Run, b: &Run) -> String {
+fn render(a: &Run, b: &Run, index: Option<&str>) -> String {
     let mut body = String::new();
     let _ = write!(
         body,
@@ -272,6 +275,9 @@ fn render(a: &Run, b: &Run) -> String {
         );
     }
     body.push_str("</ul>");
+    if let Some(href) = index.and_then(safe_href) {
+        let _ = write!(body, r#"<p class="meta" id="nav"><a href="{href}">all runs (index)</a></p>"#);
+    }
     spec_diff(&mut body, a, b);
     figures(&mut body, a, b);
     pairing(&mut body, a, b);
