@@ -430,8 +430,10 @@ fn status_names_the_reference_while_its_cases_run_then_the_candidate() {
     let (_, out) = ended_within(watch, 300);
     let reference = format!("running job {id} (demo-kandidat on tiny), reference demo-baseline first: ");
     let own = format!("running job {id} (demo-kandidat on tiny): ");
-    let at_reference = out.lines().position(|l| l.starts_with(&reference) && l.contains(" cases"));
-    let at_own = out.lines().position(|l| l.starts_with(&own) && l.contains(" cases"));
+    // Lines with cases counted (`2/4 cases`), not the job still starting.
+    let counted = |l: &str, prefix: &str| l.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(char::is_numeric));
+    let at_reference = out.lines().position(|l| counted(l, &reference));
+    let at_own = out.lines().position(|l| counted(l, &own));
     assert!(at_reference.is_some() && at_own.is_some() && at_reference < at_own, "{out}");
 }
 

@@ -162,7 +162,8 @@ impl Publisher {
         let (_, done0, eta) = self.rate.as_mut().expect("set above");
         eta.observe(done.saturating_sub(*done0), in_flight, now);
         progress.eta_s = eta.remaining_s(total.saturating_sub(done), now);
-        progress.reference = (self.own_run.as_deref() != Some(run_dir)).then(|| reference_name(run_dir));
+        let own = self.own_run.as_deref().is_some_and(|own| same_dir(own, run_dir));
+        progress.reference = (!own).then(|| reference_name(run_dir));
         progress.run_dir = Some(run_dir.to_path_buf());
         progress.done = done;
         progress.total = total;
@@ -190,6 +191,11 @@ impl Publisher {
             tracing::warn!("cannot publish the daemon state: {err:#}");
         }
     }
+}
+
+/// Whether two paths name one folder (the gym may report it spelt otherwise).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a))
 }
 
 /// The version a reference's run folder belongs to: runs sit in
