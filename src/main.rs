@@ -84,7 +84,11 @@ enum Command {
     /// Cancel a pending job, or stop a running one.
     Cancel(cmd::cancel::Args),
     /// Show a job's log (the daemon's lines about it); --follow until it ends.
+    #[command(after_help = cmd::run::exit_codes())]
     Log(cmd::log::Args),
+    /// Wait for a queued or running job to end; exit with its verdict's code.
+    #[command(after_help = cmd::run::exit_codes())]
+    Wait(cmd::wait::Args),
     /// Put a done, failed or cancelled job back into the queue (resumes its run dir).
     Restart(cmd::restart::Args),
     /// Change a pending job's priority.
@@ -182,6 +186,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Queue(args) => cmd::queue::main(root, args),
         Command::Cancel(args) => cmd::cancel::main(root, args),
         Command::Log(args) => cmd::log::main(root, args),
+        Command::Wait(args) => cmd::wait::main(root, args),
         Command::Restart(args) => cmd::restart::main(root, args),
         Command::Priority(args) => cmd::priority::main(root, args),
         Command::Clean(args) => cmd::clean::main(root, args),

@@ -535,3 +535,22 @@ fn a_server_that_answers_health_but_no_new_connection_is_restarted_on_the_death_
     assert_eq!(outcomes(&out), outcomes(&undisturbed));
     assert_no_container("dock-silent");
 }
+
+#[test]
+fn check_names_the_references_image_as_the_references_and_docker_s_gpu_runtime() {
+    let bench = Bench::new();
+    let docker_spec = std::fs::read_to_string(common::repo().join("versions/demo-docker.toml")).unwrap();
+    let missing = docker_spec.replace("pruefstand-sim:local", "pruefstand-test-missing:none");
+    assert_ne!(missing, docker_spec);
+    bench.write("versions/ref-missing.toml", &missing);
+    let kandidat = std::fs::read_to_string(common::repo().join("versions/demo-kandidat.toml")).unwrap();
+    bench
+        .write("versions/cand.toml", &kandidat.replace("reference = \"demo-baseline\"", "reference = \"ref-missing\""));
+    let run = bench.run(&["check", "cand"]).code(2);
+    assert!(
+        run.stdout.contains("image pruefstand-test-missing:none (the reference ref-missing's model) not present"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.lines().any(|l| l.contains("  Docker GPU runtime: ")), "{}", run.stdout);
+}

@@ -78,6 +78,8 @@ fn sigterm_mid_run_puts_the_job_back_and_it_completes_after_restart() {
     assert!(processes_mentioning(&run_dir.to_string_lossy()).is_empty(), "the gym and its agents were stopped");
     let queue = bench.run(&["queue"]).ok();
     assert!(queue.stdout.contains("interrupted"), "{}", queue.stdout);
+    let status = bench.run(&["status"]).ok().stdout;
+    assert!(status.contains(&format!("job {id} (slow on mini): interrupted")), "status lists it: {status}");
     let recorded: Vec<String> = outcomes(&run_dir).into_iter().map(|o| o.0).collect();
 
     let _daemon = bench.daemon();

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -39,7 +40,9 @@ fn a_paused_queue_starts_nothing_until_resumed_and_the_job_log_follows_the_job()
     assert!(!followed.contains("daemon ready"), "only the job's own lines: {followed}");
     let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
     assert!(shown.contains(&format!("job {id}: done")), "{shown}");
-    assert!(shown.starts_with(followed.trim_end()), "--follow printed the log as it grew");
+    let (log_part, end) = followed.trim_end().rsplit_once('\n').unwrap();
+    assert_eq!(end, format!("job {id}: done, {}", job["verdict"].as_str().unwrap()), "--follow ends with the verdict");
+    assert!(shown.starts_with(log_part), "--follow printed the log as it grew");
 
     // The daemon's own log: every line about the job carries its id.
     let log = daemon.log();
@@ -268,7 +271,8 @@ fn log_follow_prints_the_whole_log_up_to_the_jobs_done_line() {
     let followed = finished_within(follow, 30);
     assert!(followed.contains(&format!("job {id}: done, ")), "--follow ended before the job's last line:\n{followed}");
     let shown = bench.run(&["log", &id.to_string()]).ok().stdout;
-    assert_eq!(followed, shown, "--follow printed the whole log");
+    let log_part = followed.trim_end().rsplit_once('\n').unwrap().0;
+    assert_eq!(format!("{log_part}\n"), shown, "--follow printed the whole log, then the verdict");
 }
 
 #[test]
@@ -320,4 +324,129 @@ fn a_mistyped_command_gets_a_guess_and_the_help_tells_every_command_option_and_e
             "{code}:{codes}"
         );
     }
+}
+
+/// The CPU time a process has used (user and system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks (100 a second).
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}
+
+#[test]
+fn log_follow_wait_and_status_watch_sleep_while_waiting_and_end_with_the_verdicts_code() {
+    let bench = bench_with_tiny(50);
+    bench.run(&["pause"]).ok();
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    let _daemon = bench.daemon();
+    let follow = bench.cmd(&["log", &id.to_string(), "--follow"]).stdout(Stdio::piped()).spawn().unwrap();
+    let wait = bench.cmd(&["wait", &id.to_string()]).stdout(Stdio::piped()).spawn().unwrap();
+    let watch = bench.cmd(&["status", "--watch"]).stdout(Stdio::piped()).spawn().unwrap();
+    // A pending job: the three wait on inotify, they do not spin on their own reads.
+    std::thread::sleep(Duration::from_secs(1));
+    let pids = [follow.id(), wait.id(), watch.id()];
+    let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
+    std::thread::sleep(Duration::from_secs(5));
+    for (pid, before) in pids.iter().zip(before) {
+        let used = cpu_seconds(*pid) - before;
+        assert!(used < 0.5, "process {pid} used {used:.2} CPU-s in 5 s waiting for a pending job");
+    }
+    bench.run(&["resume"]).ok();
+    let job = bench.wait_job(id, "done", 120);
+    let verdict = job["verdict"].as_str().unwrap().to_string();
+    let code = match verdict.as_str() {
+        "approved" => 0,
+        "rejected" => 10,
+        "inconclusive" => 11,
+        _ => 12,
+    };
+    let end = format!("job {id}: done, {verdict}");
+    for (what, child) in [("log --follow", follow), ("status --watch", watch)] {
+        let (status, out) = ended_within(child, 60);
+        assert_eq!(status.code(), Some(code), "{what} exits with the verdict's code:\n{out}");
+        assert_eq!(out.lines().last(), Some(end.as_str()), "{what} ends with the verdict:\n{out}");
+    }
+    let (status, out) = ended_within(wait, 60);
+    assert_eq!(status.code(), Some(code), "wait exits with the verdict's code:\n{out}");
+    assert!(out.contains(job["run_dir"].as_str().unwrap()), "wait prints the run as start --wait does:\n{out}");
+    let unknown = bench.run(&["wait", "999"]).code(2);
+    assert!(unknown.stderr.contains("999"), "{}", unknown.stderr);
+}
+
+/// Waits for a child that ends by itself; its exit status and stdout.
+fn ended_within(mut child: Child, timeout_s: u64) -> (std::process::ExitStatus, String) {
+    use std::io::Read;
+    let mut status = None;
+    wait_until("the command to end by itself", timeout_s, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    (status.unwrap(), out)
+}
+
+#[test]
+fn kill_and_other_tools_words_are_pointed_at_cancel() {
+    let bench = Bench::new();
+    for word in ["kill", "stop", "scancel"] {
+        let typo = bench.run(&[word, "3"]).code(2);
+        assert!(typo.stderr.contains("'cancel'"), "{word}: {}", typo.stderr);
+    }
+}
+
+#[test]
+fn queue_lists_only_the_state_and_the_last_jobs_asked_for() {
+    let bench = bench_with_tiny(0);
+    bench.run(&["pause"]).ok();
+    let ids: Vec<u64> = (0..4).map(|_| bench.start(&["slow", "--plan", "tiny"])).collect();
+    bench.run(&["cancel", &ids[1].to_string()]).ok();
+    let listed = |args: &[&str]| -> Vec<u64> {
+        let mut all = vec!["queue", "--json"];
+        all.extend_from_slice(args);
+        let jobs: serde_json::Value = serde_json::from_str(&bench.run(&all).ok().stdout).unwrap();
+        jobs.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(listed(&["--state", "pending"]), vec![ids[0], ids[2], ids[3]]);
+    assert_eq!(listed(&["--state", "pending", "--last", "2"]), vec![ids[2], ids[3]]);
+    assert_eq!(listed(&["--state", "cancelled"]), vec![ids[1]]);
+    let text = bench.run(&["queue", "--last", "1"]).ok().stdout;
+    let rows: Vec<u64> = ids.iter().copied().filter(|id| text.contains(&format!("{id:>4}  "))).collect();
+    assert_eq!(rows, vec![ids[3]], "{text}");
+    assert!(bench.run(&["queue", "--state", "bogus"]).code(2).stderr.contains("pending"));
+}
+
+#[test]
+fn status_names_the_reference_while_its_cases_run_then_the_candidate() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    bench.run(&["pause"]).ok();
+    let _daemon = bench.daemon();
+    let id = bench.start(&["demo-kandidat", "--plan", "tiny"]);
+    let watch = bench.cmd(&["status", "--watch"]).stdout(Stdio::piped()).spawn().unwrap();
+    bench.run(&["resume"]).ok();
+    let (_, out) = ended_within(watch, 300);
+    let reference = format!("running job {id} (demo-kandidat on tiny), reference demo-baseline first: ");
+    let own = format!("running job {id} (demo-kandidat on tiny): ");
+    // Lines with cases counted (`2/4 cases`), not the job still starting.
+    let counted = |l: &str, prefix: &str| l.strip_prefix(prefix).is_some_and(|rest| rest.starts_with(char::is_numeric));
+    let at_reference = out.lines().position(|l| counted(l, &reference));
+    let at_own = out.lines().position(|l| counted(l, &own));
+    assert!(at_reference.is_some() && at_own.is_some() && at_reference < at_own, "{out}");
+}
+
+#[test]
+fn start_without_a_daemon_or_a_systemd_user_session_says_how_to_run_one_and_where_it_logs() {
+    let bench = bench_with_tiny(0);
+    let mut start = bench.cmd(&["start", "slow", "--plan", "tiny"]);
+    start.env_remove("XDG_RUNTIME_DIR");
+    let run = Run::from(start.output().unwrap()).ok();
+    assert!(
+        run.stderr.contains("no systemd user session") && run.stderr.contains("daemon >> daemon.log 2>&1 &"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("systemctl --user start"), "a command that cannot work here: {}", run.stderr);
 }

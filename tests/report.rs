@@ -299,6 +299,44 @@ fn compare_page_and_index_navigate_at_two_widths() {
     assert!(!spec.contains("plan hash") && html.contains("Equal on both sides: plan, plan hash, profile,"));
     assert!(html.contains("held-out ASR (what R2 judges)") && html.contains(r#"id="compare-intervals""#));
     assert!(html.contains(r#"<p id="r4">R4 with B as candidate"#) && html.contains(r#"id="pairs""#));
+    // The pages link each other: the candidate's report to the index and to its
+    // reference's report, the compare page to the index (and to both reports).
+    let links = |page: &std::path::Path, html: &str| -> Vec<PathBuf> {
+        let nav = &html[html.find(r#"id="nav""#).unwrap_or_else(|| panic!("no nav in {}", page.display()))..];
+        let nav = &nav[..nav.find("</p>").unwrap()];
+        nav.split(r#"href=""#).skip(1).map(|h| page.parent().unwrap().join(&h[..h.find('"').unwrap()])).collect()
+    };
+    let report = cand_dir.join("report.html");
+    let from_report = links(&report, &std::fs::read_to_string(&report).unwrap());
+    let index_file = bench.path().join("reports/index.html").canonicalize().unwrap();
+    let reached: Vec<PathBuf> = from_report.iter().map(|p| p.canonicalize().unwrap()).collect();
+    assert!(reached.contains(&index_file), "{from_report:?}");
+    assert!(
+        reached.contains(&base_dir.join("report.html").canonicalize().unwrap()),
+        "the reference's: {from_report:?}"
+    );
+    let from_compare: Vec<PathBuf> = links(&page, &html).iter().map(|p| p.canonicalize().unwrap()).collect();
+    assert!(from_compare.contains(&index_file), "{from_compare:?}");
+    // The pairs table says each net change as R4 does, and R4 says what it tested.
+    let r4 = &html[html.find(r#"<p id="r4">"#).unwrap()..];
+    let r4 = &r4[..r4.find("</p>").unwrap()];
+    let pairs = &html[html.find(r#"id="pairs""#).unwrap()..];
+    let pairs = &pairs[..pairs.find("</table>").unwrap()];
+    for (figure, label) in
+        [("ASR (all attacks) ", "<td>ASR</td>"), ("utility (clean and attacked) ", "<td>utility</td>")]
+    {
+        let said = &r4[r4.find(figure).unwrap_or_else(|| panic!("{figure} in {r4}")) + figure.len()..];
+        let change = &said[..said.find(" (").unwrap()];
+        let row = &pairs[pairs.find(label).unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        let expected = if change == "unchanged" { change.to_string() } else { format!("B {change}") };
+        assert!(row.contains(&format!("<td>{expected}</td>")), "R4 says {change:?}, the table {row}");
+        let clause = &said[..said.find(')').unwrap()];
+        assert!(clause.contains("one-sided test of &quot;worse&quot;: "), "what was tested: {clause}");
+        if change.starts_with("worse") {
+            assert!(clause.contains("regression"), "why a worse figure passed or failed: {clause}");
+        }
+    }
     // The changed cases, each with both conversations, A's left.
     let changed = html.matches(r#"<details class="case""#).count();
     assert!(changed > 0 && html.contains("newly blocked"), "the hardened candidate blocks something");

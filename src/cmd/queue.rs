@@ -1,5 +1,6 @@
 //! `pruefstand queue`: the jobs of this bench root, oldest first, with when each started
-//! and ended, how long it took, and the headline figures of a finished one.
+//! and ended, how long it took, and the headline figures of a finished one; `--state`
+//! and `--last N` narrow the list.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,12 +15,23 @@ pub struct Args {
     /// The jobs as JSON (job.json of each).
     #[arg(long)]
     pub json: bool,
+    /// Only the jobs in this state.
+    #[arg(long, value_parser = ["pending", "running", "done", "failed", "cancelled", "interrupted"])]
+    pub state: Option<String>,
+    /// Only the last N jobs (the newest, after `--state`), still oldest first.
+    #[arg(long, value_name = "N")]
+    pub last: Option<usize>,
 }
 
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
-    let jobs = queue.list()?;
+    let mut jobs = queue.list()?;
+    jobs.retain(|job| args.state.as_deref().is_none_or(|state| job.state.as_str() == state));
+    if let Some(last) = args.last {
+        jobs.sort_by_key(|job| job.id);
+        jobs.drain(..jobs.len().saturating_sub(last));
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(ExitCode::SUCCESS);

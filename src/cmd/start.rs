@@ -44,10 +44,15 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let job = wait_final(&queue, job.id, |job| tracing::info!("job {}: {}", job.id, describe(job)))?;
+    Ok(print_end(&job))
+}
+
+/// What `run` prints at its end (run folder, summary, rules, report, verdict), from
+/// the run's judgement.json, for an ended job; its exit code is `run`'s.
+pub fn print_end(job: &Job) -> ExitCode {
     if let Some(run_dir) = &job.run_dir {
         outln!("{}", run_dir.display());
     }
-    // What `run` prints at its end, from the run's judgement.json.
     let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
         let run = RunDir::open(dir).ok()?;
         Some((run.read::<Judgement>().ok()??, run.report_path()))
@@ -60,21 +65,44 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         (None, Some(verdict)) => outln!("verdict: {}", verdict.as_str()),
         (None, None) => outln!("{}: {}", job.state.as_str(), job.error.as_deref().unwrap_or("")),
     }
-    Ok(ExitCode::from(job.exit_code()))
+    ExitCode::from(job.exit_code())
+}
+
+/// Whether an inotify event tells of a change: a file's opening, or its closing after
+/// a read, does not (a watcher's own reads of the folder would wake it again and again).
+pub fn is_change(event: &notify::Result<notify::Event>) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    event.as_ref().map_or(
+        true,
+        |event| !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
+    )
 }
 
 /// Says so when no daemon will pick the queue up, or when the queue is paused.
 pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
     if !daemon_running(queue)? {
-        tracing::info!(
-            "note: no daemon runs for {}; start one: `pruefstand daemon` or `systemctl --user start pruefstand`",
-            root.path.display()
-        );
+        let how = if user_systemd() {
+            "`systemctl --user start pruefstand` (or `pruefstand daemon` in a terminal)".to_string()
+        } else {
+            // Without a user manager `systemctl --user` only fails: say what works.
+            format!(
+                "there is no systemd user session here, so run it yourself: `nohup pruefstand --root {} daemon >> \
+                 daemon.log 2>&1 &` (its lines go to daemon.log, each job's also to `pruefstand log <id>`)",
+                root.path.display()
+            )
+        };
+        tracing::info!("note: no daemon runs for {}; start one: {how}", root.path.display());
     }
     if queue.is_paused() {
         tracing::info!("note: the queue is paused; `pruefstand resume` lets the daemon start jobs again");
     }
     Ok(())
+}
+
+/// Whether this login has a systemd user manager to run the unit (its private socket
+/// under `$XDG_RUNTIME_DIR`): not in a container, nor after `su` or `sudo -u`.
+fn user_systemd() -> bool {
+    std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| std::path::Path::new(&dir).join("systemd/private").exists())
 }
 
 pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
@@ -100,8 +128,10 @@ pub fn describe(job: &Job) -> String {
 pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
     use notify::Watcher;
     let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
+    let mut watcher = notify::recommended_watcher(move |event| {
+        if is_change(&event) {
+            let _ = tx.send(());
+        }
     })
     .context("starting inotify")?;
     watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)?;

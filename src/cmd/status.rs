@@ -2,7 +2,8 @@
 //! and why, or running a job with cases done/total and an ETA (a job on a cluster: its
 //! shards done/running/pending). Reads the state the
 //! daemon publishes (`.pruefstand/daemon.json`); `--watch` follows it (inotify) with a
-//! progress bar until Ctrl-C.
+//! progress bar until the first job it saw running has ended, then prints that job's
+//! end (`job N: done, approved`) and exits with its verdict's code (`run`'s).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +24,9 @@ pub struct Args {
     /// on a cluster).
     #[arg(long)]
     pub json: bool,
-    /// Follow the daemon with a progress bar.
+    /// Follow the daemon with a progress bar until the job it runs (or the next one it
+    /// starts) ends; then its verdict, and exit with its code (0 approved, 10
+    /// rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled).
     #[arg(long, conflicts_with = "json")]
     pub watch: bool,
 }
@@ -63,6 +66,14 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    for job in jobs.iter().filter(|j| j.state == pruefstand_core::queue::State::Interrupted) {
+        outln!(
+            "job {} ({} on {}): interrupted — it resumes into its run folder when a daemon starts",
+            job.id,
+            pruefstand_core::util::cut(&job.version, 40),
+            pruefstand_core::util::cut(&job.plan, 40),
+        );
+    }
     if let Some(counts) = overview.shards {
         outln!("{}", counts.line());
     }
@@ -96,7 +107,12 @@ fn view(running: bool, activity: Option<&Activity>) -> View {
             View::Bar {
                 done: p.done as u64,
                 total: p.total as u64,
-                message: format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan),
+                message: match &p.reference {
+                    Some(reference) => {
+                        format!("job {} ({} on {}), reference {reference} first {eta}", p.job, p.version, p.plan)
+                    }
+                    None => format!("job {} ({} on {}) {eta}", p.job, p.version, p.plan),
+                },
             }
         }
         (true, Some(activity)) => View::Line(activity.line()),
@@ -128,8 +144,18 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
     // Without a terminal (a log, a pipe) the bar stays hidden: print each change as a line.
     let plain = bar.is_hidden();
     let mut last_line = String::new();
+    // The first job seen running: the watch ends with its verdict.
+    let mut watched = None;
     loop {
         let (running, published) = current(queue)?;
+        if let Some(DaemonState { activity: Activity::Running(p), .. }) = &published {
+            watched = watched.or(Some(p.job));
+        }
+        if let Some(job) = watched.map(|id| queue.load(id)).transpose()?.filter(|job| job.state.is_final()) {
+            bar.finish_and_clear();
+            outln!("job {}: {}", job.id, crate::cmd::start::describe(&job));
+            return Ok(ExitCode::from(job.exit_code()));
+        }
         if plain {
             let line = match view(running, published.as_ref().map(|s| &s.activity)) {
                 View::Bar { .. } => published.as_ref().map(|s| s.activity.line()).unwrap_or_default(),

@@ -464,6 +464,7 @@ impl<G: Gate> Daemon<G> {
             total: 0,
             eta_s: None,
             started_at: queue::now(),
+            reference: None,
         }));
         let control = self.control();
         self.spawn_run(JobRun { id, version, plan_path, run_dir, control: control.clone() });

@@ -59,6 +59,10 @@ pub struct JobProgress {
     pub total: usize,
     pub eta_s: Option<f64>,
     pub started_at: String,
+    /// The reference version whose cases run now (the reference's run comes first when
+    /// the job needs one); absent while the job's own cases run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 impl Activity {
@@ -82,7 +86,8 @@ impl Activity {
                     0 => "starting, the cases not yet counted".to_string(),
                     total => format!("{}/{total} cases", p.done),
                 };
-                format!("running job {} ({} on {}): {done}{eta}{of}", p.job, p.version, p.plan)
+                let phase = p.reference.as_ref().map(|r| format!(", reference {r} first")).unwrap_or_default();
+                format!("running job {} ({} on {}){phase}: {done}{eta}{of}", p.job, p.version, p.plan)
             }
             Activity::WaitingForSpace { job, path, free_bytes } => {
                 let then = job.map(|id| format!("; job {id} resumes then")).unwrap_or_default();
@@ -123,6 +128,8 @@ pub struct Publisher {
     /// (run dir, cases done) at the first progress report of a run, and its cases'
     /// finish times: the rate counts only cases run by this daemon, not the ones resumed.
     rate: Option<(PathBuf, usize, Eta)>,
+    /// The running job's own run folder: progress in another is its reference's.
+    own_run: Option<PathBuf>,
 }
 
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -132,10 +139,13 @@ impl Publisher {
         let now = queue::now();
         let state =
             DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
-        Publisher { path, state, last_write: None, rate: None }
+        Publisher { path, state, last_write: None, rate: None, own_run: None }
     }
 
     pub fn set(&mut self, activity: Activity) {
+        if let Activity::Running(p) = &activity {
+            self.own_run = p.run_dir.clone();
+        }
         if activity != self.state.activity {
             self.state.activity = activity;
             self.write(true);
@@ -152,6 +162,8 @@ impl Publisher {
         let (_, done0, eta) = self.rate.as_mut().expect("set above");
         eta.observe(done.saturating_sub(*done0), in_flight, now);
         progress.eta_s = eta.remaining_s(total.saturating_sub(done), now);
+        let own = self.own_run.as_deref().is_some_and(|own| same_dir(own, run_dir));
+        progress.reference = (!own).then(|| reference_name(run_dir));
         progress.run_dir = Some(run_dir.to_path_buf());
         progress.done = done;
         progress.total = total;
@@ -179,6 +191,18 @@ impl Publisher {
             tracing::warn!("cannot publish the daemon state: {err:#}");
         }
     }
+}
+
+/// Whether two paths name one folder (the gym may report it spelt otherwise).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b || a.canonicalize().ok().is_some_and(|a| b.canonicalize().ok() == Some(a))
+}
+
+/// The version a reference's run folder belongs to: runs sit in
+/// `reports/<version>/<plan>/<run>`.
+fn reference_name(run_dir: &Path) -> String {
+    let version = run_dir.parent().and_then(Path::parent).and_then(Path::file_name);
+    version.map_or_else(|| "the reference".to_string(), |v| v.to_string_lossy().into_owned())
 }
 
 /// On a full disk the atomic replace has no room for its temporary file, yet the state
@@ -293,6 +317,7 @@ pub(crate) mod tests {
             total,
             eta_s: None,
             started_at: String::new(),
+            reference: None,
         })
     }
 
@@ -311,5 +336,19 @@ pub(crate) mod tests {
     fn a_job_whose_cases_are_not_counted_yet_is_starting_not_at_0_of_0() {
         assert_eq!(running(0, 0).line(), "running job 3 (v on p): starting, the cases not yet counted");
         assert_eq!(running(2, 11).line(), "running job 3 (v on p): 2/11 cases");
+    }
+
+    #[test]
+    fn the_references_cases_are_named_as_the_references() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut publisher = Publisher::new(dir.path().join("daemon.json"));
+        let Activity::Running(mut p) = running(0, 0) else { unreachable!() };
+        p.run_dir = Some("/b/reports/v/p/run-1".into());
+        publisher.set(Activity::Running(p));
+        let counts = |done| gym::Counts { done, total: 11, in_flight: 1 };
+        publisher.progress(Path::new("/b/reports/base/p/run-0"), counts(2));
+        assert_eq!(publisher.state.activity.line(), "running job 3 (v on p), reference base first: 2/11 cases [run-0]");
+        publisher.progress(Path::new("/b/reports/v/p/run-1"), counts(1));
+        assert_eq!(publisher.state.activity.line(), "running job 3 (v on p): 1/11 cases [run-1]");
     }
 }

@@ -2,23 +2,15 @@
 //! request path is decoded once and checked before anything is opened: no `.`/`..`
 //! or hidden segment, no empty segment, no NUL or backslash; what it names must
 //! resolve (symlinks followed) inside `reports/` and be a regular file (a folder
-//! shows its `index.html` or `report.html`). Also the Content-Security-Policy each
-//! answer carries. Not the routing or the live view (`serve`, `serve::live`).
+//! shows its listing, pages first). Not the routing or the live view
+//! (`serve`, `serve::live`), nor the Content-Security-Policy (`serve::csp`).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use pruefstand_store::{RunDir, RunDocument, RunFile};
 
-/// The policy of everything that is not one of our HTML pages: nothing runs, nothing
-/// loads (an SVG opened on its own cannot run a script either). `frame-ancestors` only
-/// works as a header, so it is added to every page's policy.
-pub const STRICT_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
 /// The largest file served (a run's traces and records are far smaller).
 const MAX_BYTES: u64 = 256 << 20;
-/// How much of a page is read for its policy (a report's head is a few KiB).
-const HEAD_BYTES: u64 = 64 << 10;
 
 /// A file's content: made here (a folder's listing), or a file opened, streamed to the
 /// client in chunks as it reads them, so a client that stops reading holds one chunk,
@@ -41,7 +33,7 @@ pub enum Lookup {
     File {
         content: Content,
         content_type: &'static str,
-        csp: String,
+        csp: &'static str,
     },
     /// A folder asked for without its trailing slash (relative links need it).
     Redirect(String),
@@ -81,12 +73,8 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
         if !folder {
             return Lookup::Redirect(format!("{}/", raw));
         }
-        // A run folder's report; any other folder (reports/ itself, a version's, a
-        // plan's) its listing, so that every folder above a run answers.
-        let report = RunDir::new(&real).report_path();
-        if let Some(found) = report.canonicalize().ok().filter(|p| p.starts_with(reports)).and_then(|p| read_file(&p)) {
-            return found;
-        }
+        // Every folder its listing, a run's too: its pages (report, compare) first,
+        // then its files, so that nothing a run holds is out of reach.
         return listing(reports, &real, &decoded);
     }
     if folder {
@@ -95,16 +83,13 @@ pub fn find(reports: &Path, raw: &str) -> Lookup {
     read_file(&real).unwrap_or(Lookup::NotFound)
 }
 
-/// The policy of a listing: no script at all.
-const LISTING_CSP: &str = STRICT_CSP;
-
 /// A folder's entries as a page: sub-folders and regular files that resolve inside
 /// `reports/` and that `find` would serve (plain names), newest first (by modification
 /// time); a run folder (one with a `judgement.json`) shows its verdict. Every name is
 /// HTML-escaped and every link percent-encoded.
 fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     let Ok(entries) = std::fs::read_dir(folder) else { return Lookup::NotFound };
-    let mut rows: Vec<(std::time::SystemTime, String)> = Vec::new();
+    let mut rows: Vec<(bool, std::time::SystemTime, String)> = Vec::new();
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
         if !plain_segment(&name) {
@@ -127,11 +112,13 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
         } else {
             continue;
         };
-        rows.push((modified, row));
+        let page = meta.is_file() && name.ends_with(".html");
+        rows.push((page, modified, row));
     }
-    rows.sort_by_key(|row| std::cmp::Reverse(row.0));
+    // Pages first, then newest first.
+    rows.sort_by_key(|row| std::cmp::Reverse((row.0, row.1)));
     let up = if folder == reports { String::new() } else { r#"<p><a href="../">up</a></p>"#.to_string() };
-    let items: String = rows.into_iter().map(|(_, row)| row).collect();
+    let items: String = rows.into_iter().map(|(_, _, row)| row).collect();
     let empty = if items.is_empty() { "<p>nothing here yet</p>" } else { "" };
     let title = pruefstand_report::html::esc(shown);
     let html = format!(
@@ -139,7 +126,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
 <style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\
 <body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>"
     );
-    Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: LISTING_CSP.to_string() }
+    Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: super::csp::STRICT }
 }
 
 /// What a listing shows of a `judgement.json`: its verdict as written, whatever the
@@ -170,23 +157,14 @@ fn plain_segment(segment: &str) -> bool {
 fn read_file(real: &PathBuf) -> Option<Lookup> {
     use std::os::unix::fs::OpenOptionsExt;
     let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(real).ok()?;
     let meta = file.metadata().ok()?;
     if !meta.is_file() || meta.len() > MAX_BYTES {
         return None;
     }
     let content_type = content_type(real);
-    let csp = match content_type {
-        // The page's policy sits in its head: read for it, then sent from the start. A
-        // head longer than HEAD_BYTES gets the strict policy.
-        HTML => {
-            let mut bytes = Vec::with_capacity(HEAD_BYTES as usize);
-            (&file).take(HEAD_BYTES).read_to_end(&mut bytes).ok()?;
-            std::io::Seek::rewind(&mut file).ok()?;
-            page_csp(&String::from_utf8_lossy(&bytes)).unwrap_or_else(|| STRICT_CSP.to_string())
-        }
-        _ => STRICT_CSP.to_string(),
-    };
+    // Whatever the file declares itself: the policy is serve's (`serve::csp`).
+    let csp = super::csp::of_file(content_type);
     Some(Lookup::File { content: Content::Open(file), content_type, csp })
 }
 
@@ -202,18 +180,6 @@ fn content_type(path: &Path) -> &'static str {
         "md" | "txt" | "log" | "jsonl" | "sha256" | "lock" | "toml" => "text/plain; charset=utf-8",
         _ => "application/octet-stream",
     }
-}
-
-/// The policy a page declares in its `<meta http-equiv="Content-Security-Policy">`
-/// (in its head only), with `frame-ancestors 'none'` added: sent as the header, it
-/// allows exactly what the file allows itself (its own script, by hash) and no more.
-pub fn page_csp(html: &str) -> Option<String> {
-    const META: &str = r#"<meta http-equiv="Content-Security-Policy" content=""#;
-    let head = &html[..html.find("</head>")?];
-    let start = head.find(META)? + META.len();
-    let policy = &head[start..start + head[start..].find('"')?];
-    let clean = !policy.is_empty() && policy.chars().all(|c| c.is_ascii_graphic() || c == ' ');
-    clean.then(|| format!("{}; frame-ancestors 'none'", policy.trim_end_matches([';', ' '])))
 }
 
 /// `%XX` escapes decoded (a `+` stays a `+`); None for a broken escape or a result
@@ -257,6 +223,7 @@ pub fn url_of(reports: &Path, path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn reports() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -295,27 +262,30 @@ mod tests {
             body(find(&reports, "/reports/v/plan/")).contains(r#"href="/reports/v/plan/run/""#),
             "a plan lists runs"
         );
-        assert!(body(find(&reports, "/reports/v/plan/run/")).contains("run"), "a run folder its report.html");
+        let run = body(find(&reports, "/reports/v/plan/run/"));
+        let (page, file) = (run.find(r#"href="/reports/v/plan/run/report.html""#), run.find("chart.svg"));
+        assert!(page.is_some() && file.is_some() && page < file, "a run folder lists its pages first: {run}");
         assert!(body(find(&reports, "/reports/v/pl%61n/run/report.html")).contains("run"), "escapes decoded");
         assert_eq!(find(&reports, "/reports"), Lookup::Redirect("/reports/".into()));
         assert_eq!(find(&reports, "/reports/v/plan/run"), Lookup::Redirect("/reports/v/plan/run/".into()));
         match find(&reports, "/reports/v/plan/run/chart.svg") {
             Lookup::File { content_type, csp, .. } => {
                 assert_eq!(content_type, "image/svg+xml");
-                assert_eq!(csp, STRICT_CSP);
+                assert_eq!(csp, crate::serve::csp::STRICT);
             }
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
-    fn an_html_file_is_sent_with_its_own_policy_and_no_more() {
+    fn an_html_file_is_sent_with_serves_policy_whatever_it_declares() {
         let (_dir, reports) = reports();
         let Lookup::File { csp, .. } = find(&reports, "/reports/index.html") else { panic!() };
-        assert_eq!(csp, "default-src 'none'; script-src 'sha256-abc='; frame-ancestors 'none'");
+        assert_eq!(csp, crate::serve::csp::REPORT_PAGE.as_str(), "not the sha256-abc= the page declares");
         let Lookup::File { csp, .. } = find(&reports, "/reports/v/plan/run/report.html") else { panic!() };
-        assert_eq!(csp, STRICT_CSP, "a page without a policy runs no script");
-        assert_eq!(page_csp("<body><meta http-equiv=\"Content-Security-Policy\" content=\"x\"></body>"), None);
+        assert_eq!(csp, crate::serve::csp::REPORT_PAGE.as_str());
+        let Lookup::File { csp, .. } = find(&reports, "/reports/v/plan/") else { panic!() };
+        assert_eq!(csp, crate::serve::csp::STRICT, "a listing runs no script");
     }
 
     #[test]

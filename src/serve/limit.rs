@@ -1,7 +1,10 @@
 //! The bounds of `serve` on its clients: at most so many connections at once (one more
 //! is answered 503 and closed, so a flood of clients cannot grow the process without
-//! end), and a connection whose client stopped reading is closed once a write has
-//! waited [`STALL`]. Not the memory a response holds (`files` streams in chunks).
+//! end), a connection whose client stopped reading is closed once a write has waited
+//! [`STALL`], and one the server has written nothing to for [`IDLE`] is closed on its
+//! next wait for the client: a client that sends nothing, or a request head one line
+//! at a time, holds its slot for [`IDLE`] at most (an event stream writes every 15 s,
+//! an answer as it reads). Not the memory a response holds (`files` streams in chunks).
 
 use std::future::Future;
 use std::io;
@@ -17,6 +20,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// How long a write may wait for a client that reads nothing before its connection is
 /// closed.
 pub const STALL: Duration = Duration::from_secs(60);
+
+/// How long a connection may go without the server writing to it: a request head
+/// must be in within it, and a kept-alive connection is closed after it.
+pub const IDLE: Duration = Duration::from_secs(20);
 
 const REFUSAL: &str = "serve has as many connections open as it takes (--max-connections): try again shortly\n";
 
@@ -53,7 +60,7 @@ impl axum::serve::Listener for Capped {
             match self.slots.clone().try_acquire_owned() {
                 Ok(permit) => {
                     self.refusing = false;
-                    return (Slot { stream, _permit: permit, stalled: None }, addr);
+                    return (Slot::new(stream, permit), addr);
                 }
                 Err(_) => {
                     if !std::mem::replace(&mut self.refusing, true) {
@@ -96,9 +103,15 @@ pub struct Slot {
     _permit: OwnedSemaphorePermit,
     /// Since when a write has waited for the client to read.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// [`IDLE`] from the last write (or the accept).
+    idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Slot {
+    fn new(stream: TcpStream, permit: OwnedSemaphorePermit) -> Slot {
+        Slot { stream, _permit: permit, stalled: None, idle: Box::pin(tokio::time::sleep(IDLE)) }
+    }
+
     /// A write that waits: fine until [`STALL`] has passed, then the connection's end.
     fn waiting(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let timer = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(STALL)));
@@ -113,6 +126,9 @@ impl Slot {
             Poll::Pending => self.waiting(cx),
             ready => {
                 self.stalled = None;
+                if matches!(ready, Poll::Ready(Ok(n)) if n > 0) {
+                    self.idle.as_mut().reset(tokio::time::Instant::now() + IDLE);
+                }
                 ready
             }
         }
@@ -120,7 +136,12 @@ impl Slot {
 }
 
 impl AsyncRead for Slot {
+    /// A read the server waits on ends the connection once [`IDLE`] has passed
+    /// without a write: bytes trickling in do not keep it.
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.idle.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "nothing asked of the server in time")));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }

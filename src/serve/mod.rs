@@ -3,10 +3,12 @@
 //! as JSON (`/api/status` = `status --json`, `/api/queue` = `queue --json`) and the
 //! live feed as server-sent events (`/events`). GET and HEAD only; no login, no
 //! writes, nothing that changes the queue. Every answer carries
-//! `X-Content-Type-Options: nosniff` and a Content-Security-Policy; on a loopback
+//! `X-Content-Type-Options: nosniff` and the Content-Security-Policy `serve::csp`
+//! decides (never one a served file declares); on a loopback
 //! address a request must name a loopback host (no DNS rebinding). Remote access is
 //! the user's own proxy's job (docs/serve.md). Not the argument checks (`cmd::serve`).
 
+mod csp;
 mod files;
 mod limit;
 mod live;
@@ -125,17 +127,16 @@ fn secured(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    headers.entry(header::CONTENT_SECURITY_POLICY).or_insert(HeaderValue::from_static(files::STRICT_CSP));
+    headers.entry(header::CONTENT_SECURITY_POLICY).or_insert(HeaderValue::from_static(csp::STRICT));
     headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
     response
 }
 
 async fn index() -> Response {
-    let csp = format!("{}; frame-ancestors 'none'", *page::CSP);
     (
         [
             (header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8")),
-            (header::CONTENT_SECURITY_POLICY, HeaderValue::from_str(&csp).expect("a plain header")),
+            (header::CONTENT_SECURITY_POLICY, HeaderValue::from_str(&csp::LIVE_PAGE).expect("a plain header")),
         ],
         page::PAGE.as_str(),
     )
@@ -183,15 +184,15 @@ async fn report_file(State(app): State<App>, uri: Uri) -> Response {
             .await
             .unwrap_or(Lookup::NotFound);
     match found {
-        Lookup::File { content, content_type, csp } => {
-            let csp = HeaderValue::from_str(&csp).unwrap_or(HeaderValue::from_static(files::STRICT_CSP));
+        Lookup::File { content, content_type, csp: policy } => {
+            let policy = HeaderValue::from_str(policy).unwrap_or(HeaderValue::from_static(csp::STRICT));
             let body = match content {
                 files::Content::Bytes(bytes) => Body::from(bytes),
                 files::Content::Open(file) => Body::from_stream(chunks(tokio::fs::File::from_std(file))),
             };
             let response = ([(header::CONTENT_TYPE, HeaderValue::from_static(content_type))], body);
             let mut response = response.into_response();
-            response.headers_mut().insert(header::CONTENT_SECURITY_POLICY, csp);
+            response.headers_mut().insert(header::CONTENT_SECURITY_POLICY, policy);
             response
         }
         Lookup::Redirect(to) => match HeaderValue::from_str(&to) {

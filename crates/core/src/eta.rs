@@ -57,13 +57,17 @@ impl Eta {
     }
 
     /// Seconds until `remaining` more cases are done; `None` while there is no rate to
-    /// trust yet (the first wave has not been followed by a case of the second).
+    /// trust yet. Within the first wave (cases that started together) the rate is its
+    /// median case's time, once half the wave is in; after it, the recent rate.
     pub fn remaining_s(&self, remaining: usize, now: Instant) -> Option<f64> {
         if remaining == 0 {
             return Some(0.0);
         }
-        if self.count < MIN_CASES || self.count <= self.first_wave.max(1) {
+        if self.count < MIN_CASES {
             return None;
+        }
+        if self.count <= self.first_wave.max(1) {
+            return self.first_wave_rate(remaining);
         }
         // The window's cases finished since the one before it (or since the start).
         let kept = self.finished.len();
@@ -80,6 +84,19 @@ impl Eta {
     }
 }
 
+impl Eta {
+    /// Within the first wave: once half of it has finished, its median case took as
+    /// long as the half-way case's finish, and the cases in flight finish at about
+    /// `first_wave` per median time (Little's law). Before that, `None`: the quickest
+    /// cases alone would promise too early an end.
+    fn first_wave_rate(&self, remaining: usize) -> Option<f64> {
+        let half = self.first_wave / 2;
+        let median = self.finished.get(half.checked_sub(1)?)?.duration_since(self.started).as_secs_f64();
+        (self.count >= half && self.count == self.finished.len())
+            .then(|| remaining as f64 * median / self.first_wave as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,14 +107,17 @@ mod tests {
     }
 
     #[test]
-    fn no_estimate_until_a_case_of_the_second_wave_has_finished() {
+    fn a_first_wave_finishing_together_gives_its_median_time_once_half_is_in() {
         let t0 = Instant::now();
         let mut eta = Eta::new(t0);
         eta.observe(0, 8, t0);
-        for n in 1..=8 {
+        for n in 1..=3 {
             eta.observe(n, 8, at(t0, 10.0));
-            assert_eq!(eta.remaining_s(100, at(t0, 10.0)), None, "{n} finished, all of the first wave");
+            assert_eq!(eta.remaining_s(100, at(t0, 10.0)), None, "{n} of a first wave of 8 finished");
         }
+        eta.observe(4, 8, at(t0, 10.0));
+        // Half the wave in after 10 s: 8 cases per 10 s.
+        assert_eq!(eta.remaining_s(100, at(t0, 10.0)), Some(125.0));
         eta.observe(9, 8, at(t0, 11.0));
         assert!(eta.remaining_s(100, at(t0, 11.0)).is_some());
         assert_eq!(eta.remaining_s(0, at(t0, 11.0)), Some(0.0), "nothing left: done, whatever the rate");

@@ -243,12 +243,15 @@ pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
     let run_a = Run::load(&a, judged.0, &page_dir, "A");
     let run_b = Run::load(&b, judged.1, &page_dir, "B");
-    let html = render(&run_a, &run_b).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
+    // The index of the reports folder B lies in, as a link from the page.
+    let index = super::publish::find_reports_dir(&b)
+        .and_then(|reports| Some(format!("{}{}", relative_dir(&page_dir, &reports)?, super::INDEX_FILE)));
+    let html = render(&run_a, &run_b, index.as_deref()).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
     util::write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
     Ok(out)
 }
 
-fn render(a: &Run, b: &Run) -> String {
+fn render(a: &Run, b: &Run, index: Option<&str>) -> String {
     let mut body = String::new();
     let _ = write!(
         body,
@@ -272,6 +275,9 @@ fn render(a: &Run, b: &Run) -> String {
         );
     }
     body.push_str("</ul>");
+    if let Some(href) = index.and_then(safe_href) {
+        let _ = write!(body, r#"<p class="meta" id="nav"><a href="{href}">all runs (index)</a></p>"#);
+    }
     spec_diff(&mut body, a, b);
     figures(&mut body, a, b);
     pairing(&mut body, a, b);
@@ -591,16 +597,16 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
     .collect();
     if !rows.is_empty() {
         b.push_str(
-            r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net</th><th>p (Holm)</th></tr>"#,
+            r#"<div class="scroll"><table id="pairs"><tr><th>figure</th><th>pairs</th><th>b: A better</th><th>c: B better</th><th>net, B against A</th><th>p of "B worse" (one-sided, Holm)</th></tr>"#,
         );
         for (label, worse, better, m) in rows {
             let _ = write!(
                 b,
-                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{:+.1} pt</td><td>{:.3}</td></tr>"#,
+                r#"<tr><td>{label}</td><td>{}</td><td>{} <span class="note">{worse}</span></td><td>{} <span class="note">{better}</span></td><td>{}</td><td>{:.3}</td></tr>"#,
                 m.pairs,
                 m.b,
                 m.c,
-                100.0 * m.difference,
+                net_words(m.difference),
                 m.p_holm,
             );
         }
@@ -611,6 +617,16 @@ fn pairing(b: &mut String, ra: &Run, rb: &Run) {
         r#"<p class="note">Pairs are the cases both runs ran without error, matched by case id. b counts cases where A was secure (or kept its utility) and B was not, c the reverse; R4 tests them per user task (sign flips, Holm over the two). A's own verdict: {}.</p>"#,
         ra.stored.as_ref().map_or("not judged", |j| j.verdict.as_str())
     );
+}
+
+/// A paired net difference in R4's words: `difference` > 0 is B worse on net (b − c
+/// over the pairs), so the row reads as R4's reason does.
+fn net_words(difference: f64) -> String {
+    match difference {
+        d if d > 0.0 => format!("B worse by {:.1} pt", 100.0 * d),
+        d if d < 0.0 => format!("B better by {:.1} pt", -100.0 * d),
+        _ => "unchanged".to_string(),
+    }
 }
 
 /// Every case whose outcome changed from A to B, with both conversations.

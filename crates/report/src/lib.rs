@@ -208,6 +208,41 @@ fn page(title: &str, body: &str, script: &str) -> String {
     )
 }
 
+/// Every script a page of ours runs (inline, allowed by its hash): what a server that
+/// serves these pages may allow, and nothing else.
+pub const PAGE_SCRIPTS: &[&str] = &[cases::SCRIPT];
+
+/// The links from a run's report to the pages around it, each only where it can be
+/// reached: the reports folder's index (written right after the report), the
+/// reference's report (`<reports>/<reference>/<plan>/<run id>/`) and a compare page
+/// beside this report.
+fn nav(run_dir: Option<&Path>, j: &Judgement) -> String {
+    let Some(run_dir) = run_dir.and_then(|d| d.canonicalize().ok()) else { return String::new() };
+    let mut links: Vec<(String, &str)> = Vec::new();
+    let reports = publish::find_reports_dir(&run_dir);
+    if let Some(reports) = &reports
+        && let Some(up) = compare::relative_dir(&run_dir, reports)
+    {
+        links.push((format!("{up}{INDEX_FILE}"), "all runs (index)"));
+    }
+    if let (Some(reports), Some(id), Some(version)) = (&reports, &j.reference_run_id, &j.reference_version) {
+        let reference = reports.join(version).join(&j.plan).join(id);
+        if RunDir::new(&reference).report_path().is_file()
+            && let Some(dir) = compare::relative_dir(&run_dir, &reference)
+        {
+            links.push((format!("{dir}{}", pruefstand_store::RunFile::Report.name()), "the reference's report"));
+        }
+    }
+    if RunDir::new(&run_dir).compare_path().is_file() {
+        links.push((compare::COMPARE_FILE.to_string(), "compared with another run"));
+    }
+    let links: Vec<String> = links
+        .into_iter()
+        .filter_map(|(href, text)| Some(format!(r#"<a href="{}">{text}</a>"#, safe_href(&href)?)))
+        .collect();
+    if links.is_empty() { String::new() } else { format!(r#"<p class="meta" id="nav">{}</p>"#, links.join(" · ")) }
+}
+
 /// The base64 of a sha256, as a CSP hash source spells it.
 pub fn sha256_base64(bytes: &[u8]) -> String {
     use sha2::Digest;
@@ -249,6 +284,7 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
         },
         v = j.verdict.as_str(),
     );
+    b.push_str(&nav(run_dir, j));
     if let Some(line) = j.decisive_line() {
         let _ = write!(b, r#"<p id="decisive"><b>{}</b></p>"#, esc(&line));
     }

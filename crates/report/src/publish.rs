@@ -24,7 +24,7 @@ pub fn write(run_dir: &Path, judged: &Judged, reports_dir: Option<&Path>) -> any
 /// The nearest of the run directory's three parents that is a reports folder of
 /// pruefstand's: named `reports`, or holding an index it wrote — never a folder whose
 /// `index.html` is someone else's.
-fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
+pub(crate) fn find_reports_dir(run_dir: &Path) -> Option<PathBuf> {
     let abs = std::path::absolute(run_dir).ok()?;
     abs.ancestors()
         .skip(1)

@@ -167,7 +167,7 @@ fn compared(plan: &str, both: &[(&CaseRecord, &CaseRecord)], t: &thresholds::R4)
             d if d < 0.0 => format!("better by {:.1} pt", -100.0 * d),
             _ => "unchanged".to_string(),
         };
-        parts.push(format!("{what} {change} ({})", words::paired_counts(c.b, c.c, c.p_holm)));
+        parts.push(format!("{what} {change} ({}, {})", words::paired_counts(c.b, c.c, c.p_holm), tested(c, t)));
         if c.regressed {
             worse.push(key);
         }
@@ -183,6 +183,23 @@ fn compared(plan: &str, both: &[(&CaseRecord, &CaseRecord)], t: &thresholds::R4)
     let measured =
         Regression { paired_cases: Some(both.len()), asr: Some(asr), utility: Some(util), ..Regression::default() };
     rule(status, measured, t, reason)
+}
+
+/// What one comparison's p answers, and so why it passed or failed: the test is
+/// one-sided, of "the candidate is worse" (a p near 1 beside "better" is that test's
+/// answer, not a doubt about the improvement).
+fn tested(c: &Comparison, t: &thresholds::R4) -> String {
+    let margin = format!("{:.1} pt", 100.0 * t.margin);
+    let outcome = if c.regressed {
+        format!("significant and beyond the {margin} margin: a regression")
+    } else if c.difference > 0.0 && c.significant {
+        format!("significant but within the {margin} margin: no regression")
+    } else if c.difference > 0.0 {
+        format!("not significant at α {}: no regression", t.alpha)
+    } else {
+        "no sign of a regression".to_string()
+    };
+    format!("one-sided test of \"worse\": {outcome}")
 }
 
 fn comparison(p: &Paired, test: &SignFlip, p_holm: f64, t: &thresholds::R4) -> Comparison {
