@@ -49,13 +49,21 @@ fn quote(path: &Path) -> anyhow::Result<String> {
 }
 
 /// `sbatch`'s arguments for the tasks `indices` of a job's array: parsable output, the
-/// partition, each task's output (`output`, a Slurm file-name pattern: next to the
+/// partition, the job's comment (how a restarted daemon finds the array), each task's output (`output`, a Slurm file-name pattern: next to the
 /// shards), the configured extras, the script.
-pub fn sbatch_argv(config: &ClusterConfig, job: u64, indices: &str, output: &Path, script: &Path) -> Vec<String> {
+pub fn sbatch_argv(
+    config: &ClusterConfig,
+    job: u64,
+    indices: &str,
+    comment: &str,
+    output: &Path,
+    script: &Path,
+) -> Vec<String> {
     let mut argv = vec![
         "--parsable".to_string(),
         format!("--array={indices}"),
         format!("--job-name=pruefstand-{job}"),
+        format!("--comment={comment}"),
         format!("--output={}", output.display()),
     ];
     if let Some(partition) = &config.partition {
@@ -100,6 +108,14 @@ pub fn parse_squeue(stdout: &str, arrays: &[ArrayId]) -> BTreeMap<(ArrayId, usiz
         tasks.insert((array, index), state);
     }
     tasks
+}
+
+/// `squeue -o %F|%k` lines: the array whose comment is `comment`.
+pub fn parse_comments(stdout: &str, comment: &str) -> Option<ArrayId> {
+    stdout.lines().find_map(|line| {
+        let (array, found) = line.trim().split_once('|')?;
+        (found == comment).then(|| array.parse().ok()).flatten()
+    })
 }
 
 /// `scontrol show … -o` prints one line of `Key=Value` pairs; the value of `key`.
@@ -153,6 +169,13 @@ impl Slurm {
             args.extend(["-u".to_string(), user]);
         }
         Ok(parse_squeue(&self.run("squeue", &args)?, arrays))
+    }
+
+    /// The array of this user's jobs named `name` whose comment is `comment` (what
+    /// `squeue` still lists: pending or running tasks).
+    pub fn find_by_comment(&self, name: &str, comment: &str) -> anyhow::Result<Option<ArrayId>> {
+        let args = ["-h".to_string(), "-r".into(), format!("--name={name}"), "-o".into(), "%F|%k".into()];
+        Ok(parse_comments(&self.run("squeue", &args)?, comment))
     }
 
     /// Ends every task of `array`.
@@ -309,6 +332,7 @@ mod tests {
             &config,
             7,
             "0-3",
+            "pruefstand-7-ab",
             &run.join(RunFile::ShardOutput.name()),
             &run.join(RunFile::ShardScript.name()),
         );
@@ -318,6 +342,7 @@ mod tests {
                 "--parsable",
                 "--array=0-3",
                 "--job-name=pruefstand-7",
+                "--comment=pruefstand-7-ab",
                 "--output=/r/shards/slurm-%A_%a.out",
                 "--partition=gpu",
                 "--gres=gpu:1",
@@ -325,7 +350,7 @@ mod tests {
                 "/r/shards/shard.sbatch"
             ]
         );
-        let plain = sbatch_argv(&ClusterConfig::default(), 7, "2", Path::new("/o"), Path::new("/s"));
+        let plain = sbatch_argv(&ClusterConfig::default(), 7, "2", "c", Path::new("/o"), Path::new("/s"));
         assert!(!plain.iter().any(|a| a.starts_with("--partition")));
     }
 
@@ -357,6 +382,14 @@ mod tests {
                 ((15, 3), TaskState::Pending)
             ]
         );
+    }
+
+    #[test]
+    fn an_array_is_found_by_its_comment_only() {
+        let out = "12|pruefstand-3-aa\n12|pruefstand-3-aa\n14|pruefstand-3-bb\n15|(null)\n";
+        assert_eq!(parse_comments(out, "pruefstand-3-bb"), Some(14));
+        assert_eq!(parse_comments(out, "pruefstand-3-cc"), None);
+        assert_eq!(parse_comments("", "pruefstand-3-aa"), None);
     }
 
     #[test]
