@@ -307,3 +307,33 @@ fn a_shard_that_dies_twice_makes_the_run_invalid_naming_it() {
     // The rest of the array is of no use to an invalid run: cancelled.
     wait_until("the arrays to leave squeue", 30, || queued_tasks(first).is_empty() && queued_tasks(again).is_empty());
 }
+
+#[test]
+fn the_reference_run_r4_needs_runs_on_the_cluster_too() {
+    let _cluster = shared_cluster();
+    let bench = Bench::clustered(3);
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    bench.write("versions/base.toml", &slow_version(50));
+    bench.write("versions/cand.toml", &format!("reference = \"base\"\n{}", slow_version(50)));
+    let daemon = bench.cluster_daemon();
+    let id = bench.start(&["cand", "--plan", "mini"]);
+    let job = bench.wait_job(id, "done", 300);
+    let run_dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
+    let run = json(&run_dir.join("run.json"));
+    let reference = std::path::PathBuf::from(run["reference_run_dir"].as_str().expect("R4's reference run"));
+    assert!(reference.starts_with(bench.path().join("reports/base/mini")), "{}", reference.display());
+    // The reference ran as an array of its own, on the cluster's nodes, and was merged
+    // and judged as the candidate's run was.
+    let state = json(&reference.join("cluster.json"));
+    assert_eq!(state["shards"], 3, "{state}");
+    assert_ne!(array_of(&state, 0), array_of(&json(&run_dir.join("cluster.json")), 0));
+    for node in shard_nodes(&reference, 3) {
+        assert!(NODES.contains(&node.as_str()), "{node}");
+    }
+    assert_eq!(cases(&reference).len(), MINI_CASES);
+    assert!(reference.join("judgement.json").is_file());
+    let judgement = json(&run_dir.join("judgement.json"));
+    let r4 = judgement["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R4").unwrap().clone();
+    assert_ne!(r4["status"], "not_applicable", "{r4}");
+    assert!(daemon.log().contains("reference: no current run of base"), "{}", daemon.log());
+}

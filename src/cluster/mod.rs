@@ -180,7 +180,7 @@ fn standing(exit: Option<&ExitRecord>, task: Option<TaskState>) -> Standing {
 /// "slurm"` the job's Slurm array. The daemon does not branch on it.
 pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
     if root.config.cluster.is_slurm() {
-        Ok(Box::new(SlurmArray { job, queue: Queue::open(root)? }))
+        Ok(Box::new(SlurmArray { job, queue: Queue::open(root)?, reference: false }))
     } else {
         Ok(Box::new(LocalGym))
     }
@@ -188,10 +188,12 @@ pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
 
 /// Runs queued job `job` as a Slurm job array: submitted (or picked up after a
 /// restart), followed, merged into the claimed run directory. The reference, when R4
-/// needs one, was made on the daemon's machine before (`run`).
+/// needs one made, runs the same way first (`reference`: its tasks run the job's
+/// reference version into the reference's run directory).
 pub struct SlurmArray {
     pub job: u64,
     pub queue: Queue,
+    pub reference: bool,
 }
 
 impl Executor for SlurmArray {
@@ -211,6 +213,10 @@ impl Executor for SlurmArray {
     /// The model servers run on the shards' nodes; each shard checks its own.
     fn runs_here(&self) -> bool {
         false
+    }
+
+    fn for_reference(&self) -> Box<dyn Executor + '_> {
+        Box::new(SlurmArray { job: self.job, queue: self.queue.clone(), reference: true })
     }
 
     fn execute<'a>(
@@ -239,6 +245,7 @@ impl SlurmArray {
             dir: claimed.dir.path.clone(),
             job: self.job,
             queue: self.queue.clone(),
+            reference: self.reference,
         };
         let (root, cases, planned) =
             (session.root.path.clone(), request.plan().cases.clone(), request.plan().cases.len());
@@ -286,6 +293,8 @@ struct Follow {
     dir: PathBuf,
     job: u64,
     queue: Queue,
+    /// The array runs the job's reference (into `dir`), not the job's version.
+    reference: bool,
 }
 
 /// One look at the array.
@@ -348,7 +357,9 @@ impl Follow {
         let run = RunDir::new(&self.dir);
         pruefstand_core::queue::private_dir(&run.shards_path())?;
         let script = run.shard_script_path();
-        util::write_atomic(&script, slurm::batch_script(&binary, &root, self.job, state.shards)?.as_bytes())?;
+        let reference = self.reference.then_some(self.dir.as_path());
+        let text = slurm::batch_script(&binary, &root, self.job, state.shards, reference)?;
+        util::write_atomic(&script, text.as_bytes())?;
         let output = run.shard_output_pattern();
         let array = slurm::array_spec(indices);
         let argv = slurm::sbatch_argv(&self.config, self.job, &array, &state.comment, &output, &script);

@@ -28,11 +28,23 @@ pub enum TaskState {
 
 /// The batch script every array task runs: fixed text, the pruefstand binary and the
 /// bench root as single-quoted words, the job id and shard count as numbers; the task
-/// index comes from Slurm's own `SLURM_ARRAY_TASK_ID`. No spec content reaches it.
-pub fn batch_script(binary: &Path, root: &Path, job: u64, shards: usize) -> anyhow::Result<String> {
+/// index comes from Slurm's own `SLURM_ARRAY_TASK_ID`. No spec content reaches it. With
+/// `reference` (the reference's run directory, quoted too) the tasks run the job's
+/// reference into it.
+pub fn batch_script(
+    binary: &Path,
+    root: &Path,
+    job: u64,
+    shards: usize,
+    reference: Option<&Path>,
+) -> anyhow::Result<String> {
+    let reference = match reference {
+        Some(dir) => format!(" --reference {}", quote(dir)?),
+        None => String::new(),
+    };
     Ok(format!(
         "#!/bin/sh\n# pruefstand: one shard of job {job} (written by the daemon; do not edit)\nexec {} --root {} shard \
-         {job} \"${{SLURM_ARRAY_TASK_ID}}/{shards}\"\n",
+         {job} \"${{SLURM_ARRAY_TASK_ID}}/{shards}\"{reference}\n",
         quote(binary)?,
         quote(root)?
     ))
@@ -311,12 +323,15 @@ mod tests {
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {
-        let script = batch_script(Path::new("/opt/pruefstand"), Path::new("/bench root"), 12, 4).unwrap();
+        let script = batch_script(Path::new("/opt/pruefstand"), Path::new("/bench root"), 12, 4, None).unwrap();
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("exec '/opt/pruefstand' --root '/bench root' shard 12 \"${SLURM_ARRAY_TASK_ID}/4\"\n"));
+        let reference = batch_script(Path::new("/p"), Path::new("/r"), 3, 2, Some(Path::new("/r/ref run"))).unwrap();
+        assert!(reference.contains("shard 3 \"${SLURM_ARRAY_TASK_ID}/2\" --reference '/r/ref run'\n"), "{reference}");
         for bad in ["/a'b", "/a\nb"] {
-            assert!(batch_script(Path::new(bad), Path::new("/r"), 1, 1).is_err(), "{bad:?}");
-            assert!(batch_script(Path::new("/p"), Path::new(bad), 1, 1).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new(bad), Path::new("/r"), 1, 1, None).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new("/p"), Path::new(bad), 1, 1, None).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new("/p"), Path::new("/r"), 1, 1, Some(Path::new(bad))).is_err(), "{bad:?}");
         }
     }
 
