@@ -14,7 +14,6 @@ use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
 use pruefstand_core::record::{EnvCheck, GpuExclusivity, ModelServerFacts, ShardFacts, ShardNode};
 use pruefstand_core::record::{Provenance, ShardProvenance};
-use pruefstand_core::util;
 use pruefstand_store::{PlanFile, RunDir, StoredCases};
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
@@ -133,17 +132,32 @@ pub fn provenance_key(provenance: &Provenance) -> BTreeMap<&'static str, Value> 
         ("driver", provenance.driver_version().clone()),
         ("cuda", provenance.gpu["cuda_driver_version"].clone()),
         ("gpus", provenance.gpu["gpus"].clone()),
-        ("model files", files_digest(&provenance.files["model"])),
-        ("adapter files", files_digest(&provenance.files["adapter"])),
+        ("model files", files_listed(&provenance.files["model"])),
+        ("adapter files", files_listed(&provenance.files["adapter"])),
     ])
 }
 
-/// A folder's fingerprint in short: the sha256 of its file list (paths, sizes,
-/// digests; mtimes left out, a copy to another node changes them).
-fn files_digest(fingerprint: &Value) -> Value {
+/// A folder's fingerprint without the clocks: each file's path with its size and
+/// sha256 (mtimes left out, a copy to another node changes them), so that a
+/// difference names the file.
+fn files_listed(fingerprint: &Value) -> Value {
     let Some(files) = fingerprint["files"].as_array() else { return Value::Null };
-    let listed: Vec<Value> = files.iter().map(|f| serde_json::json!([f["path"], f["size"], f["sha256"]])).collect();
-    Value::from(util::sha256_hex(Value::Array(listed).to_string().as_bytes()))
+    let listed = files.iter().map(|f| {
+        let path = f["path"].as_str().map_or_else(|| f["path"].to_string(), str::to_string);
+        (path, serde_json::json!([f["size"], f["sha256"]]))
+    });
+    let mut listed: serde_json::Map<String, Value> = listed.collect();
+    if let Some(folder) = fingerprint["path"].as_str() {
+        listed.insert(".".into(), Value::from(folder));
+    }
+    Value::Object(listed)
+}
+
+/// The files (by path in their folder) on which two listings differ.
+fn differing_files(first: &Value, other: &Value) -> Option<Vec<String>> {
+    let (Some(first), Some(other)) = (first.as_object(), other.as_object()) else { return None };
+    let names: std::collections::BTreeSet<&String> = first.keys().chain(other.keys()).collect();
+    Some(names.into_iter().filter(|n| first.get(*n) != other.get(*n)).map(|n| n.to_string()).collect())
 }
 
 /// Each provenance field on which a shard differs from the first, in words.
@@ -152,8 +166,16 @@ pub fn differing(keyed: &[(String, BTreeMap<&'static str, Value>)]) -> Vec<Strin
     let mut found = Vec::new();
     for (name, key) in &keyed[1..] {
         for (field, value) in key {
-            if first.get(field) != Some(value) {
-                found.push(format!("{field}: {first_name} has {}, {name} has {value}", first[field]));
+            if first.get(field) == Some(value) {
+                continue;
+            }
+            match differing_files(&first[field], value) {
+                Some(files) => found.push(format!(
+                    "{field}: {name} has other files than {first_name} in {}: {}",
+                    value["."].as_str().unwrap_or("?"),
+                    files.join(", ")
+                )),
+                None => found.push(format!("{field}: {first_name} has {}, {name} has {value}", first[field])),
             }
         }
     }
@@ -211,6 +233,21 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found.iter().any(|f| f.starts_with("driver: shard 0 on a has \"580.1\", shard 2 on c has \"575.0\"")));
         assert!(found.iter().any(|f| f.starts_with("image:") && f.contains("shard 2 on c")));
+    }
+
+    #[test]
+    fn a_node_with_another_copy_of_a_file_is_named_with_the_file() {
+        let a = provenance("sha256:1", "580.1");
+        let mut b = a.clone();
+        b.files["model"]["path"] = "/models/m".into();
+        b.files["model"]["files"][0]["sha256"] = "ff".into();
+        let mut a = a;
+        a.files["model"]["path"] = "/models/m".into();
+        let keyed = vec![("shard 0 on n1".into(), provenance_key(&a)), ("shard 1 on n2".into(), provenance_key(&b))];
+        assert_eq!(
+            differing(&keyed),
+            ["model files: shard 1 on n2 has other files than shard 0 on n1 in /models/m: w.safetensors"]
+        );
     }
 
     fn exit(node: &str, gpu: GpuExclusivity) -> ExitRecord {

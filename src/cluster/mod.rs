@@ -13,8 +13,10 @@
 //! <run dir>/shards/<i>/           shard i's run directory; exit.json when it ended
 //! ```
 //!
-//! `cluster.json` is written before the daemon follows the array, so a restarted
-//! daemon picks the array up instead of submitting a second one. Not here: the shard's
+//! `cluster.json` is written before `sbatch` (with the comment the array will carry)
+//! and again with the array id before the daemon follows it, so a restarted daemon
+//! picks the array up — by its id, or by its comment when it died in between —
+//! instead of submitting a second one. Not here: the shard's
 //! own run (`shard`), the Slurm tools (`slurm`), merging (`merge`).
 
 pub mod merge;
@@ -50,6 +52,12 @@ const MAX_SUBMISSIONS: usize = 2;
 pub struct ArrayState {
     pub shards: usize,
     pub submitted_at: String,
+    /// The `--comment` every submission of this job carries, chosen and stored before
+    /// the first `sbatch`: a daemon that died before recording the array id finds the
+    /// array by it instead of submitting a second one.
+    #[serde(default)]
+    pub comment: String,
+    /// Empty between the comment's storing and `sbatch` returning.
     pub submissions: Vec<Submission>,
     /// The last look: shards done, running, pending (what `status` shows).
     #[serde(default)]
@@ -172,7 +180,7 @@ fn standing(exit: Option<&ExitRecord>, task: Option<TaskState>) -> Standing {
 /// "slurm"` the job's Slurm array. The daemon does not branch on it.
 pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
     if root.config.cluster.is_slurm() {
-        Ok(Box::new(SlurmArray { job, queue: Queue::open(root)? }))
+        Ok(Box::new(SlurmArray { job, queue: Queue::open(root)?, reference: false }))
     } else {
         Ok(Box::new(LocalGym))
     }
@@ -180,10 +188,12 @@ pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
 
 /// Runs queued job `job` as a Slurm job array: submitted (or picked up after a
 /// restart), followed, merged into the claimed run directory. The reference, when R4
-/// needs one, was made on the daemon's machine before (`run`).
+/// needs one made, runs the same way first (`reference`: its tasks run the job's
+/// reference version into the reference's run directory).
 pub struct SlurmArray {
     pub job: u64,
     pub queue: Queue,
+    pub reference: bool,
 }
 
 impl Executor for SlurmArray {
@@ -203,6 +213,10 @@ impl Executor for SlurmArray {
     /// The model servers run on the shards' nodes; each shard checks its own.
     fn runs_here(&self) -> bool {
         false
+    }
+
+    fn for_reference(&self) -> Box<dyn Executor + '_> {
+        Box::new(SlurmArray { job: self.job, queue: self.queue.clone(), reference: true })
     }
 
     fn execute<'a>(
@@ -231,6 +245,7 @@ impl SlurmArray {
             dir: claimed.dir.path.clone(),
             job: self.job,
             queue: self.queue.clone(),
+            reference: self.reference,
         };
         let (root, cases, planned) =
             (session.root.path.clone(), request.plan().cases.clone(), request.plan().cases.len());
@@ -247,6 +262,14 @@ impl SlurmArray {
         })
         .await
     }
+}
+
+/// The comment a job's arrays carry: the job and a value no other run of any bench
+/// shares (its run directory and the time), so that a search by it finds only this
+/// run's array.
+fn array_comment(job: u64, run_dir: &Path) -> String {
+    let nonce = format!("{}|{}|{}", run_dir.display(), chrono::Utc::now().to_rfc3339(), std::process::id());
+    format!("pruefstand-{job}-{}", &util::sha256_hex(nonce.as_bytes())[..16])
 }
 
 /// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
@@ -270,6 +293,8 @@ struct Follow {
     dir: PathBuf,
     job: u64,
     queue: Queue,
+    /// The array runs the job's reference (into `dir`), not the job's version.
+    reference: bool,
 }
 
 /// One look at the array.
@@ -288,30 +313,67 @@ impl Follow {
     }
 
     /// The array of an earlier start (`cluster.json`), or a new one submitted now and
-    /// recorded before it is followed.
+    /// recorded before it is followed. `cluster.json` holds the array's comment before
+    /// `sbatch` runs: an earlier start that died before recording the id left it, and
+    /// the array is looked for by that comment before anything is submitted.
     fn array(&self, root: &Path, cases: &[pruefstand_core::case::Case]) -> anyhow::Result<ArrayState> {
-        let Follow { slurm, config, dir, job, .. } = self;
-        if let Some(state) = ArrayState::load(dir)? {
-            tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
-            return Ok(state);
-        }
-        let shards = shard::usable_shards(cases, config.shards);
+        let Follow { slurm, dir, job, .. } = self;
+        let mut state = match ArrayState::load(dir)? {
+            Some(state) if !state.submissions.is_empty() => {
+                tracing::info!("picking up array {:?} ({} shards) of an earlier start", state.arrays(), state.shards);
+                return Ok(state);
+            }
+            Some(state) => state,
+            None => {
+                let shards = shard::usable_shards(cases, self.config.shards);
+                let comment = array_comment(*job, dir);
+                let state = ArrayState { shards, comment, ..ArrayState::default() };
+                state.store(dir)?;
+                state
+            }
+        };
+        let indices: Vec<usize> = (0..state.shards).collect();
+        let found =
+            slurm.find_by_comment(&format!("pruefstand-{job}"), &state.comment)?.or_else(|| self.array_in_outputs());
+        let (array, reason) = match found {
+            Some(array) => {
+                tracing::info!("picking up array {array}: an earlier start submitted it (comment {})", state.comment);
+                (array, "found by its comment after a restart".to_string())
+            }
+            None => (self.submit(root, &state, &indices)?, "submitted".to_string()),
+        };
+        let now = chrono::Utc::now().to_rfc3339();
+        state.submitted_at = now.clone();
+        state.submissions.push(Submission { array, indices, at: now, reason });
+        state.store(dir)?;
+        tracing::info!("array {array}: {} shards of {} cases", state.shards, cases.len());
+        Ok(state)
+    }
+
+    /// Writes the batch script and submits tasks `indices` with the job's comment.
+    fn submit(&self, root: &Path, state: &ArrayState, indices: &[usize]) -> anyhow::Result<ArrayId> {
         let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
         let root = root.canonicalize().context("resolving the bench root")?;
-        let run = RunDir::new(dir);
+        let run = RunDir::new(&self.dir);
         pruefstand_core::queue::private_dir(&run.shards_path())?;
         let script = run.shard_script_path();
-        util::write_atomic(&script, slurm::batch_script(&binary, &root, *job, shards)?.as_bytes())?;
-        let indices: Vec<usize> = (0..shards).collect();
+        let reference = self.reference.then_some(self.dir.as_path());
+        let text = slurm::batch_script(&binary, &root, self.job, state.shards, reference)?;
+        util::write_atomic(&script, text.as_bytes())?;
         let output = run.shard_output_pattern();
-        let argv = slurm::sbatch_argv(config, *job, &slurm::array_spec(&indices), &output, &script);
-        let array = slurm.submit(&argv)?;
-        let now = chrono::Utc::now().to_rfc3339();
-        let submission = Submission { array, indices, at: now.clone(), reason: "submitted".into() };
-        let state = ArrayState { shards, submitted_at: now, submissions: vec![submission], ..ArrayState::default() };
-        state.store(dir)?;
-        tracing::info!("submitted array {array}: {shards} shards of {} cases", cases.len());
-        Ok(state)
+        let array = slurm::array_spec(indices);
+        let argv = slurm::sbatch_argv(&self.config, self.job, &array, &state.comment, &output, &script);
+        self.slurm.submit(&argv)
+    }
+
+    /// An array whose tasks already ran and left their output (`slurm-<array>_<i>.out`
+    /// beside the shards): `squeue` forgets a task once it has ended.
+    fn array_in_outputs(&self) -> Option<ArrayId> {
+        let entries = std::fs::read_dir(RunDir::new(&self.dir).shards_path()).ok()?;
+        entries.flatten().find_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            name.strip_prefix("slurm-")?.split_once('_')?.0.parse().ok()
+        })
     }
 
     /// Looks at the array every [`FOLLOW_INTERVAL`] until it is over or the run is
@@ -417,7 +479,7 @@ impl Follow {
             let run = RunDir::new(dir);
             let _ = run.shard(index).remove_shard_exit();
             let (output, script) = (run.shard_output_pattern(), run.shard_script_path());
-            let argv = slurm::sbatch_argv(config, *job, &index.to_string(), &output, &script);
+            let argv = slurm::sbatch_argv(config, *job, &index.to_string(), &state.comment, &output, &script);
             let array = slurm.submit(&argv)?;
             tracing::warn!("shard {index} died ({why}); requeued once as array {array}, it resumes into its directory");
             let at = chrono::Utc::now().to_rfc3339();

@@ -67,19 +67,30 @@ pub fn parse_index(text: &str) -> anyhow::Result<(usize, usize)> {
     }
 }
 
-/// Runs shard `index` of `count` of job `job`, and leaves its exit record (also when it
-/// fails; a killed shard leaves none, which the daemon reads as dead).
-pub async fn run(root: &Root, job: u64, index: usize, count: usize) -> anyhow::Result<ExitRecord> {
+/// Runs shard `index` of `count` of job `job` — of its reference's run in `reference`
+/// when given — and leaves its exit record (also when it fails; a killed shard leaves
+/// none, which the daemon reads as dead).
+pub async fn run(
+    root: &Root,
+    job: u64,
+    index: usize,
+    count: usize,
+    reference: Option<&Path>,
+) -> anyhow::Result<ExitRecord> {
     let queue = Queue::open(root)?;
     let loaded = queue.load(job)?;
-    let run_dir = loaded.run_dir.clone().with_context(|| format!("job {job} has no run directory yet"))?;
+    let run_dir = match reference {
+        Some(dir) => dir.to_path_buf(),
+        None => loaded.run_dir.clone().with_context(|| format!("job {job} has no run directory yet"))?,
+    };
     let state = ArrayState::load(&run_dir)?.with_context(|| format!("job {job} was not submitted as an array"))?;
     if state.shards != count {
         bail!("job {job} is cut into {} shards, not {count}", state.shards);
     }
     let shard_dir = super::shard_dir(&run_dir, index);
     let started = chrono::Utc::now().to_rfc3339();
-    let result = execute(root, &queue, &loaded, &run_dir, &shard_dir, index, count).await;
+    let part = Part { run_dir: &run_dir, shard_dir: &shard_dir, index, count, reference: reference.is_some() };
+    let result = execute(root, &queue, &loaded, part).await;
     let node = node_name();
     let mut record = ExitRecord {
         index,
@@ -144,16 +155,23 @@ struct Ran {
     model_server: Option<pruefstand_core::record::ModelServerFacts>,
 }
 
-async fn execute(
-    root: &Root,
-    queue: &Queue,
-    job: &pruefstand_core::queue::Job,
-    run_dir: &Path,
-    shard_dir: &Path,
+/// Which part of which run a shard runs.
+struct Part<'a> {
+    run_dir: &'a Path,
+    shard_dir: &'a Path,
     index: usize,
     count: usize,
-) -> anyhow::Result<Ran> {
-    let (version, plan_path) = queue.materialise(root, job)?;
+    /// The job's reference version, not the job's own.
+    reference: bool,
+}
+
+async fn execute(root: &Root, queue: &Queue, job: &pruefstand_core::queue::Job, part: Part<'_>) -> anyhow::Result<Ran> {
+    let Part { run_dir, shard_dir, index, count, reference } = part;
+    let (mut version, plan_path) = queue.materialise(root, job)?;
+    if reference {
+        // The reference as the job snapshotted it at `start`.
+        version = version.load_reference().with_context(|| format!("{} names no reference", version.name))??;
+    }
     let watch = if benchlock::needs_gpu(&version)? { Some(node_guards(root, index).await) } else { None };
     let watch = Arc::new(watch);
     let observed = watch.clone();

@@ -28,11 +28,23 @@ pub enum TaskState {
 
 /// The batch script every array task runs: fixed text, the pruefstand binary and the
 /// bench root as single-quoted words, the job id and shard count as numbers; the task
-/// index comes from Slurm's own `SLURM_ARRAY_TASK_ID`. No spec content reaches it.
-pub fn batch_script(binary: &Path, root: &Path, job: u64, shards: usize) -> anyhow::Result<String> {
+/// index comes from Slurm's own `SLURM_ARRAY_TASK_ID`. No spec content reaches it. With
+/// `reference` (the reference's run directory, quoted too) the tasks run the job's
+/// reference into it.
+pub fn batch_script(
+    binary: &Path,
+    root: &Path,
+    job: u64,
+    shards: usize,
+    reference: Option<&Path>,
+) -> anyhow::Result<String> {
+    let reference = match reference {
+        Some(dir) => format!(" --reference {}", quote(dir)?),
+        None => String::new(),
+    };
     Ok(format!(
         "#!/bin/sh\n# pruefstand: one shard of job {job} (written by the daemon; do not edit)\nexec {} --root {} shard \
-         {job} \"${{SLURM_ARRAY_TASK_ID}}/{shards}\"\n",
+         {job} \"${{SLURM_ARRAY_TASK_ID}}/{shards}\"{reference}\n",
         quote(binary)?,
         quote(root)?
     ))
@@ -49,13 +61,21 @@ fn quote(path: &Path) -> anyhow::Result<String> {
 }
 
 /// `sbatch`'s arguments for the tasks `indices` of a job's array: parsable output, the
-/// partition, each task's output (`output`, a Slurm file-name pattern: next to the
+/// partition, the job's comment (how a restarted daemon finds the array), each task's output (`output`, a Slurm file-name pattern: next to the
 /// shards), the configured extras, the script.
-pub fn sbatch_argv(config: &ClusterConfig, job: u64, indices: &str, output: &Path, script: &Path) -> Vec<String> {
+pub fn sbatch_argv(
+    config: &ClusterConfig,
+    job: u64,
+    indices: &str,
+    comment: &str,
+    output: &Path,
+    script: &Path,
+) -> Vec<String> {
     let mut argv = vec![
         "--parsable".to_string(),
         format!("--array={indices}"),
         format!("--job-name=pruefstand-{job}"),
+        format!("--comment={comment}"),
         format!("--output={}", output.display()),
     ];
     if let Some(partition) = &config.partition {
@@ -100,6 +120,14 @@ pub fn parse_squeue(stdout: &str, arrays: &[ArrayId]) -> BTreeMap<(ArrayId, usiz
         tasks.insert((array, index), state);
     }
     tasks
+}
+
+/// `squeue -o %F|%k` lines: the array whose comment is `comment`.
+pub fn parse_comments(stdout: &str, comment: &str) -> Option<ArrayId> {
+    stdout.lines().find_map(|line| {
+        let (array, found) = line.trim().split_once('|')?;
+        (found == comment).then(|| array.parse().ok()).flatten()
+    })
 }
 
 /// `scontrol show … -o` prints one line of `Key=Value` pairs; the value of `key`.
@@ -153,6 +181,13 @@ impl Slurm {
             args.extend(["-u".to_string(), user]);
         }
         Ok(parse_squeue(&self.run("squeue", &args)?, arrays))
+    }
+
+    /// The array of this user's jobs named `name` whose comment is `comment` (what
+    /// `squeue` still lists: pending or running tasks).
+    pub fn find_by_comment(&self, name: &str, comment: &str) -> anyhow::Result<Option<ArrayId>> {
+        let args = ["-h".to_string(), "-r".into(), format!("--name={name}"), "-o".into(), "%F|%k".into()];
+        Ok(parse_comments(&self.run("squeue", &args)?, comment))
     }
 
     /// Ends every task of `array`.
@@ -288,12 +323,15 @@ mod tests {
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {
-        let script = batch_script(Path::new("/opt/pruefstand"), Path::new("/bench root"), 12, 4).unwrap();
+        let script = batch_script(Path::new("/opt/pruefstand"), Path::new("/bench root"), 12, 4, None).unwrap();
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("exec '/opt/pruefstand' --root '/bench root' shard 12 \"${SLURM_ARRAY_TASK_ID}/4\"\n"));
+        let reference = batch_script(Path::new("/p"), Path::new("/r"), 3, 2, Some(Path::new("/r/ref run"))).unwrap();
+        assert!(reference.contains("shard 3 \"${SLURM_ARRAY_TASK_ID}/2\" --reference '/r/ref run'\n"), "{reference}");
         for bad in ["/a'b", "/a\nb"] {
-            assert!(batch_script(Path::new(bad), Path::new("/r"), 1, 1).is_err(), "{bad:?}");
-            assert!(batch_script(Path::new("/p"), Path::new(bad), 1, 1).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new(bad), Path::new("/r"), 1, 1, None).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new("/p"), Path::new(bad), 1, 1, None).is_err(), "{bad:?}");
+            assert!(batch_script(Path::new("/p"), Path::new("/r"), 1, 1, Some(Path::new(bad))).is_err(), "{bad:?}");
         }
     }
 
@@ -309,6 +347,7 @@ mod tests {
             &config,
             7,
             "0-3",
+            "pruefstand-7-ab",
             &run.join(RunFile::ShardOutput.name()),
             &run.join(RunFile::ShardScript.name()),
         );
@@ -318,6 +357,7 @@ mod tests {
                 "--parsable",
                 "--array=0-3",
                 "--job-name=pruefstand-7",
+                "--comment=pruefstand-7-ab",
                 "--output=/r/shards/slurm-%A_%a.out",
                 "--partition=gpu",
                 "--gres=gpu:1",
@@ -325,7 +365,7 @@ mod tests {
                 "/r/shards/shard.sbatch"
             ]
         );
-        let plain = sbatch_argv(&ClusterConfig::default(), 7, "2", Path::new("/o"), Path::new("/s"));
+        let plain = sbatch_argv(&ClusterConfig::default(), 7, "2", "c", Path::new("/o"), Path::new("/s"));
         assert!(!plain.iter().any(|a| a.starts_with("--partition")));
     }
 
@@ -357,6 +397,14 @@ mod tests {
                 ((15, 3), TaskState::Pending)
             ]
         );
+    }
+
+    #[test]
+    fn an_array_is_found_by_its_comment_only() {
+        let out = "12|pruefstand-3-aa\n12|pruefstand-3-aa\n14|pruefstand-3-bb\n15|(null)\n";
+        assert_eq!(parse_comments(out, "pruefstand-3-bb"), Some(14));
+        assert_eq!(parse_comments(out, "pruefstand-3-cc"), None);
+        assert_eq!(parse_comments("", "pruefstand-3-aa"), None);
     }
 
     #[test]

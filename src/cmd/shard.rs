@@ -16,6 +16,10 @@ pub struct Args {
     /// `SLURM_ARRAY_TASK_ID`).
     #[arg(value_parser = shard_parser)]
     pub shard: (usize, usize),
+    /// Run the job's reference version into this run directory (the reference's run,
+    /// made on the cluster when R4 needs one) instead of the job's version.
+    #[arg(long, value_name = "RUN_DIR")]
+    pub reference: Option<PathBuf>,
 }
 
 fn shard_parser(text: &str) -> Result<(usize, usize), String> {
@@ -25,7 +29,7 @@ fn shard_parser(text: &str) -> Result<(usize, usize), String> {
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (index, count) = args.shard;
-    let record = shard::run(&root, args.job, index, count).await?;
+    let record = shard::run(&root, args.job, index, count, args.reference.as_deref()).await?;
     outln!("{}", serde_json::to_string(&record)?);
     if let Some(error) = &record.error {
         tracing::error!("shard {index}/{count} of job {}: {error}", args.job);

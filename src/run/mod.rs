@@ -314,6 +314,12 @@ pub trait Executor: Send + Sync {
         true
     }
 
+    /// The executor of the reference's run, when R4 needs one made: where this one
+    /// runs the candidate (a cluster's array, or here).
+    fn for_reference(&self) -> Box<dyn Executor + '_> {
+        Box::new(LocalGym)
+    }
+
     fn execute<'a>(
         &'a self,
         session: &'a Session,
@@ -389,7 +395,10 @@ impl Session {
         let finished = async {
             // R4 compares with the reference on the same plan: make sure its run exists first.
             let reference = match &request.reference {
-                Some(version) => Some(self.reference_run(&request.for_reference(version.clone())).await?),
+                Some(version) => {
+                    let executor = executor.for_reference();
+                    Some(self.reference_run(&request.for_reference(version.clone()), executor.as_ref()).await?)
+                }
                 None => None,
             };
             let (executed, served) = executor.execute(self, request, &claimed).await?;

@@ -1,6 +1,7 @@
 //! The reference's run on a candidate's plan, for R4: reused when one exists for the
 //! same spec hash, plan hash and AgentDojo with every case recorded, else made now
-//! (resuming one cut short), always on this machine and always in full. Two
+//! (resuming one cut short), always in full, by the candidate's executor (on this
+//! machine, or as a job array on the cluster). Two
 //! candidates needing the same reference share one run of it: the second waits on the
 //! reference lock, then finds it complete.
 
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
-use super::{LocalGym, RunRequest, Session};
+use super::{RunRequest, Session};
 use crate::lock_wait::{self, Waited};
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
@@ -18,9 +19,14 @@ use pruefstand_store::{Reading, RunDir, RunLock};
 use super::Executor;
 
 impl Session {
-    /// The reference's run for `request` (the reference's own request): its directory,
-    /// and whether it was made now.
-    pub(super) async fn reference_run(&self, request: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
+    /// The reference's run for `request` (the reference's own request), made by
+    /// `executor` (here, or the candidate's cluster): its directory, and whether it was
+    /// made now.
+    pub(super) async fn reference_run(
+        &self,
+        request: &RunRequest,
+        executor: &dyn Executor,
+    ) -> anyhow::Result<(PathBuf, bool)> {
         let (reports, plan, reference) = (self.root.reports(), &request.plan, &request.version);
         let _shared = self.reference_lock(request).await?;
         if let Some(dir) = find_reference_run(&reports, reference, plan, &request.inventory) {
@@ -39,7 +45,7 @@ impl Session {
         let identity = request.identity();
         let claimed = crate::runtime::blocking(move || RunDir::claim(&path, &identity)).await?;
         let run_dir = &claimed.dir;
-        let (executed, served) = LocalGym.execute(self, request, &claimed).await?;
+        let (executed, served) = executor.execute(self, request, &claimed).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
             bail!("the reference run {} is incomplete", run_dir.path.display());

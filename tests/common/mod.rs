@@ -31,7 +31,13 @@ pub struct Bench {
 
 impl Bench {
     pub fn new() -> Bench {
-        let dir = tempfile::Builder::new().prefix("pruefstand-test-").tempdir().expect("temp dir");
+        Bench::new_in(&std::env::temp_dir())
+    }
+
+    /// A bench under `parent` (the cluster's benches: a folder its nodes share).
+    pub fn new_in(parent: &Path) -> Bench {
+        std::fs::create_dir_all(parent).expect("the benches' folder");
+        let dir = tempfile::Builder::new().prefix("pruefstand-test-").tempdir_in(parent).expect("temp dir");
         std::fs::copy(repo().join("pruefstand.toml"), dir.path().join("pruefstand.toml")).unwrap();
         for sub in ["versions", "profiles"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();

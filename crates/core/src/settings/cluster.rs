@@ -93,6 +93,7 @@ const RESERVED: &[&str] = &[
     "-p",
     "--job-name",
     "-J",
+    "--comment",
     "--export",
     "--wait",
     "-W",
