@@ -201,6 +201,20 @@ fn the_r2_study_prints_false_approval_rates_within_the_promise() {
     assert_eq!(grid.stdout.lines().filter(|l| l.starts_with("| ")).count(), 1 + 9 * 3, "{}", grid.stdout);
 }
 
+/// Each study runs on the cases its rule judges of `voll`: R2 the held-out families'
+/// (each AgentDojo pair once, 949 + 50), R3's utility under attack every attacked case
+/// (2,023), as the judge does.
+#[test]
+fn the_studies_take_the_shape_their_rule_judges() {
+    let bench = Bench::new();
+    let first_line = |args: &[&str]| bench.run(args).ok().stdout.lines().next().unwrap_or_default().to_string();
+    let asr = first_line(&["study", "--grid", "--replicates", "10"]);
+    assert!(asr.contains("(102 user tasks, 40 injection tasks, 999 attacked cases)"), "{asr}");
+    let utility = first_line(&["study", "--grid", "--utility", "--replicates", "10"]);
+    assert!(utility.starts_with("R3 "), "{utility}");
+    assert!(utility.contains("(102 user tasks, 40 injection tasks, 2023 attacked cases)"), "{utility}");
+}
+
 /// R4's sequential test (`study --early-stop --reference`, docs/statistics.md has it at
 /// more replicates): a candidate worse than its reference exactly by the margin is
 /// approved early in at most 5 % of runs (Monte Carlo error about 1.5 points at 200),

@@ -124,18 +124,18 @@ struct PairedFindings {
 
 /// Runs the study the flags ask for.
 fn run(profile: &Profile, args: &Args, t: &Thresholds) -> Findings {
-    let shape = Shape::of_profile(profile);
-    let what = format!(
-        "{}'s shape ({} user tasks, {} injection tasks, {} attacked cases)",
-        profile.name,
-        shape.user_tasks(),
-        shape.injection_tasks(),
-        shape.cases().len()
-    );
     if args.early_stop && args.reference {
         let shape = Shape::of_profile_all_attacks(profile);
         return Findings::Paired(paired(shape, &profile.name, args, &t.r4));
     }
+    // R3 judges utility under attack on every attacked case, of every family; only R2
+    // narrows to the held-out families.
+    if args.utility {
+        let shape = Shape::of_profile_all_attacks(profile);
+        return Findings::Grid(grid(&shape, described(profile, &shape), args, t));
+    }
+    let shape = Shape::of_profile(profile);
+    let what = described(profile, &shape);
     if args.early_stop {
         return Findings::EarlyStop(early_stop(&shape, what, args, &t.r2));
     }
@@ -144,6 +144,17 @@ fn run(profile: &Profile, args: &Args, t: &Thresholds) -> Findings {
         return Findings::Boundary { what, result };
     }
     Findings::Grid(grid(&shape, what, args, t))
+}
+
+/// The shape studied, in words, for the first line of a study's output.
+fn described(profile: &Profile, shape: &Shape) -> String {
+    format!(
+        "{}'s shape ({} user tasks, {} injection tasks, {} attacked cases)",
+        profile.name,
+        shape.user_tasks(),
+        shape.injection_tasks(),
+        shape.cases().len()
+    )
 }
 
 fn grid(shape: &Shape, what: String, args: &Args, t: &Thresholds) -> GridFindings {
