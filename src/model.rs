@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::container::{self, AcquireError};
+use crate::container::{self, AcquireError, ServerSetup};
 use pruefstand_core::record::ModelServerFacts;
 use pruefstand_core::settings::url::SecretUrl;
-use pruefstand_core::spec::{Backend, Version};
+use pruefstand_core::spec::Backend;
 use pruefstand_core::util;
 use pruefstand_sim as sim;
 
@@ -84,17 +84,17 @@ impl Endpoint {
     }
 }
 
-pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Result<Endpoint, AcquireError> {
-    let model = &version.spec.model;
-    match model.backend.get_ref() {
+pub async fn up(server: &ServerSetup, truth_file: &Path, ctx: &UpContext<'_>) -> Result<Endpoint, AcquireError> {
+    let model = &server.model;
+    match server.backend() {
         Backend::Sim => {
             let truth = sim::Truth::load(truth_file)?;
             let api_key = util::new_api_key();
             let settings = sim::SimSettings {
-                config: version.spec.sim.clone().unwrap_or_default(),
+                config: server.sim.clone().unwrap_or_default(),
                 truth: Arc::new(truth),
                 served_name: model.served_name.clone(),
-                adapters: version.spec.adapter.iter().map(|a| a.name.clone()).collect(),
+                adapters: server.adapter.iter().map(|a| a.name.clone()).collect(),
                 api_key: Some(api_key.clone()),
             };
             let server = sim::Server::start(settings, "127.0.0.1:0".parse().expect("valid address"))
@@ -111,7 +111,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Re
             let url = model.url.clone().context("backend \"external\" needs model.url")?;
             let api_key = match &model.api_key_env {
                 Some(var) => Some(std::env::var(var).with_context(|| {
-                    format!("{}: model.api_key_env names {var}, which is not set", version.path.display())
+                    format!("{}: model.api_key_env names {var}, which is not set", server.spec_file.display())
                 })?),
                 None => None,
             };
@@ -119,7 +119,7 @@ pub async fn up(version: &Version, truth_file: &Path, ctx: &UpContext<'_>) -> Re
         }
         Backend::Docker => {
             let request = container::Request {
-                version,
+                server,
                 truth_file,
                 run_dir: ctx.run_dir,
                 job: ctx.job,

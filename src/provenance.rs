@@ -11,9 +11,10 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
+use crate::container::ServerSetup;
 use crate::container::pool::Container;
 use pruefstand_core::record::Provenance;
-use pruefstand_core::spec::{ServedFileKind, Version};
+use pruefstand_core::spec::ServedFileKind;
 use pruefstand_core::util;
 use pruefstand_store::RunDir;
 
@@ -26,7 +27,7 @@ const MAX_FILES: usize = 2000;
 /// Owned, so that collecting (git, NVML, hashing the model's files) can run on the
 /// blocking pool.
 pub struct Inputs {
-    pub version: Version,
+    pub server: ServerSetup,
     pub plan_name: String,
     pub plan_hash: String,
     pub benchmark_version: String,
@@ -44,7 +45,7 @@ pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
 }
 
 pub fn collect(i: &Inputs) -> Provenance {
-    let spec = &i.version.spec;
+    let server = &i.server;
     let container = i.container.as_ref().map(|c| {
         json!({
             "id": c.id, "name": c.name,
@@ -53,7 +54,7 @@ pub fn collect(i: &Inputs) -> Provenance {
             "published": format!("127.0.0.1:{}", c.host_port),
             // The base model and every adapter loaded so far (a warm server's too).
             "served": c.served,
-            "gpu": spec.model.gpu,
+            "gpu": server.model.gpu,
             // The context the server was given: a case that outgrows it is scored as a
             // context overflow, so the figure belongs with the results.
             "max_model_len": crate::container::vllm_option(&c.command, "--max-model-len").and_then(|v| v.parse::<u64>().ok()),
@@ -76,8 +77,8 @@ pub fn collect(i: &Inputs) -> Provenance {
             }
         }
         None => {
-            for (kind, host) in i.version.served_files() {
-                let sha256 = std::fs::read(&host).ok().map(|bytes| util::sha256_hex(&bytes));
+            for (kind, host) in &server.served_files {
+                let sha256 = std::fs::read(host).ok().map(|bytes| util::sha256_hex(&bytes));
                 files[kind.field()] = json!({"path": host, "sha256": sha256});
             }
         }
@@ -85,10 +86,10 @@ pub fn collect(i: &Inputs) -> Provenance {
     Provenance {
         collected_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         pruefstand: ours(),
-        version: json!({"name": i.version.name, "spec_hash": i.version.hash, "backend": spec.model.backend.get_ref()}),
+        version: json!({"name": server.name, "spec_hash": server.spec_hash, "backend": server.model.backend.get_ref()}),
         // The spec hash sees the URL redacted: a keyed hash tells two credentials apart
         // without revealing either (an unkeyed one falls to a dictionary offline).
-        model_url: spec.model.url.as_ref().map(|u| {
+        model_url: server.model.url.as_ref().map(|u| {
             json!({"shown": u, "hmac_sha256": u.keyed_identity(&i.identity_key), "key": ".pruefstand/identity.key"})
         }),
         plan: json!({"name": i.plan_name, "hash": i.plan_hash, "benchmark_version": i.benchmark_version}),
@@ -209,11 +210,11 @@ mod tests {
         std::fs::write(&spec, text).unwrap();
         std::fs::write(dir.path().join("tools.jinja"), "{{ messages }}").unwrap();
         std::fs::write(dir.path().join("parser.py"), "# parser").unwrap();
-        let version = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
+        let version = pruefstand_core::spec::Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
         // Gone since the spec was checked: its path stays on record, its hash is absent.
         std::fs::remove_file(dir.path().join("parser.py")).unwrap();
         let inputs = Inputs {
-            version,
+            server: ServerSetup::of(&version),
             plan_name: "p".into(),
             plan_hash: "h".into(),
             benchmark_version: "b".into(),

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::container::ServerSetup;
 use crate::guard::gpu::GpuGuard;
 use crate::guard::units::{Bus, BusClient};
 use crate::guard::{Guards, OwnProcesses};
@@ -115,7 +116,7 @@ async fn probe(root: Option<PathBuf>, args: &Args) -> Report {
     report.extend(docker);
     if let Some(version) = &version {
         check_external_server(version, &mut report).await;
-        check_model_files(version, &mut report);
+        check_model_files(&ServerSetup::of(version), &mut report);
         check_tool_result_role(version, &mut report);
         if let Some(root) = &root {
             check_trained_exports(root, version, args.plan.as_deref(), &mut report);
@@ -520,19 +521,20 @@ fn shipped_profiles(root: &Root) -> Vec<(String, Result<Profile, String>)> {
         .collect()
 }
 
-fn check_model_files(version: &Version, report: &mut Report) {
-    let spec = &version.spec;
-    match *spec.model.backend.get_ref() {
+/// What the version's model server reads here: its vLLM arguments, model folder, served
+/// files and adapter.
+fn check_model_files(server: &ServerSetup, report: &mut Report) {
+    match server.backend() {
         Backend::Docker => {
-            for warning in crate::container::vllm_warnings(version) {
+            for warning in crate::container::vllm_warnings(server) {
                 report.warn(
                     format!("vLLM arguments: {warning}"),
-                    Some(format!("edit [model] args in {}", version.path.display())),
+                    Some(format!("edit [model] args in {}", server.spec_file.display())),
                 );
             }
-            readable_dir(report, "model", spec.model.path.as_deref(), "set [model] path to the weights' folder");
-            for (kind, file) in version.served_files() {
-                match std::fs::read(&file) {
+            readable_dir(report, "model", server.model.path.as_deref(), "set [model] path to the weights' folder");
+            for (kind, file) in &server.served_files {
+                match std::fs::read(file) {
                     Ok(text) => report.ok(format!(
                         "{} {} (sha256 {}…), passed to the server as {}",
                         kind.label(),
@@ -542,18 +544,18 @@ fn check_model_files(version: &Version, report: &mut Report) {
                     )),
                     Err(e) => report.fail(
                         format!("{} {}: {e}", kind.label(), file.display()),
-                        format!("set [model] {} in {}", kind.field(), version.path.display()),
+                        format!("set [model] {} in {}", kind.field(), server.spec_file.display()),
                     ),
                 }
             }
-            if let Some(adapter) = &spec.adapter {
-                adapter_dir(report, version, &adapter.name, adapter.path.as_deref());
+            if let Some(adapter) = &server.adapter {
+                adapter_dir(report, &server.spec_file, &adapter.name, adapter.path.as_deref());
             }
         }
         Backend::Sim => report.ok("model: simulated (no container, GPU or model files needed)"),
         Backend::External => report.ok(format!(
             "model: external server {} (not probed)",
-            spec.model.url.as_ref().map_or("?".to_string(), |u| u.to_string())
+            server.model.url.as_ref().map_or("?".to_string(), |u| u.to_string())
         )),
     }
 }
@@ -643,11 +645,11 @@ fn readable_dir(report: &mut Report, what: &str, path: Option<&Path>, fix: &str)
 
 /// An adapter folder as vLLM would load it: the path resolved (a symlink to `/etc` is
 /// `/etc`), and a LoRA there only with PEFT's `adapter_config.json`.
-fn adapter_dir(report: &mut Report, version: &Version, name: &str, path: Option<&Path>) {
+fn adapter_dir(report: &mut Report, spec_file: &Path, name: &str, path: Option<&Path>) {
     let field = || {
-        let text = std::fs::read_to_string(&version.path).unwrap_or_default();
+        let text = std::fs::read_to_string(spec_file).unwrap_or_default();
         let offset = input::table_key_offset(&text, "adapter", "path").unwrap_or(0);
-        input::at(&version.path, &text, offset, "adapter.path").to_string()
+        input::at(spec_file, &text, offset, "adapter.path").to_string()
     };
     let Some(path) = path else {
         return report.fail(format!("{}: the spec names none", field()), "set [adapter] path to the LoRA's folder");

@@ -11,6 +11,7 @@
 //! the spec says `pull = true`.
 
 pub mod pool;
+mod server;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,8 +29,9 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 
 pub use pool::{InterruptClients, Lease, Pool, Request};
+pub use server::ServerSetup;
 
-use pruefstand_core::spec::{Backend, GpuMode, ServedFileKind, Version};
+use pruefstand_core::spec::{Backend, GpuMode, ServedFileKind};
 use pruefstand_core::util;
 
 /// Labels on every container we create; `managed` is what orphan removal looks for.
@@ -78,12 +80,12 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Result<()> {
-    let model = &version.spec.model;
-    if *model.backend.get_ref() != Backend::Docker {
+pub async fn preflight_with(docker: &Docker, server: &ServerSetup) -> anyhow::Result<()> {
+    let model = &server.model;
+    if server.backend() != Backend::Docker {
         return Ok(());
     }
-    let spec_file = version.path.display();
+    let spec_file = server.spec_file.display();
     let image = model.image.as_deref().context("backend \"docker\" needs model.image")?;
     if image_info(docker, image).await?.is_none() && !model.pull {
         bail!("{spec_file}: {}", missing_image(image));
@@ -93,12 +95,12 @@ pub async fn preflight_with(docker: &Docker, version: &Version) -> anyhow::Resul
     {
         bail!("{spec_file}: model.path {} is not a folder on this machine", path.display());
     }
-    if let Some(path) = version.spec.adapter.as_ref().and_then(|a| a.path.as_ref())
+    if let Some(path) = server.adapter.as_ref().and_then(|a| a.path.as_ref())
         && !path.is_dir()
     {
         bail!("{spec_file}: adapter.path {} is not a folder on this machine", path.display());
     }
-    if let Some(path) = version.spec.adapter.as_ref().and_then(|a| a.path.as_ref())
+    if let Some(path) = server.adapter.as_ref().and_then(|a| a.path.as_ref())
         && !path.join("adapter_config.json").is_file()
     {
         // vLLM answers such a folder with 404 only once the job has started.
@@ -258,13 +260,18 @@ pub struct ServedFile {
 }
 
 impl ServedFile {
-    fn read_all(version: &Version) -> anyhow::Result<Vec<ServedFile>> {
-        let read = |(kind, file): (ServedFileKind, PathBuf)| {
-            let text = std::fs::read(&file)
-                .with_context(|| format!("{}: model.{} {}", version.path.display(), kind.field(), file.display()))?;
-            Ok(ServedFile { kind, host: std::path::absolute(&file)?, sha256: pruefstand_core::util::sha256_hex(&text) })
+    fn read_all(server: &ServerSetup) -> anyhow::Result<Vec<ServedFile>> {
+        let read = |(kind, file): &(ServedFileKind, PathBuf)| {
+            let text = std::fs::read(file).with_context(|| {
+                format!("{}: model.{} {}", server.spec_file.display(), kind.field(), file.display())
+            })?;
+            Ok(ServedFile {
+                kind: *kind,
+                host: std::path::absolute(file)?,
+                sha256: pruefstand_core::util::sha256_hex(&text),
+            })
         };
-        version.served_files().into_iter().map(read).collect()
+        server.served_files.iter().map(read).collect()
     }
 }
 
@@ -286,10 +293,10 @@ fn path_word(s: &str) -> String {
 }
 
 impl Setup {
-    pub fn new(version: &Version, model_host: PathBuf, adapter_host: Option<PathBuf>) -> anyhow::Result<Setup> {
-        let m = &version.spec.model;
+    pub fn new(server: &ServerSetup, model_host: PathBuf, adapter_host: Option<PathBuf>) -> anyhow::Result<Setup> {
+        let m = &server.model;
         let runtime_lora = m.runtime_lora;
-        let adapter = match (&version.spec.adapter, adapter_host) {
+        let adapter = match (&server.adapter, adapter_host) {
             (Some(a), Some(host)) => {
                 let host = std::path::absolute(&host).with_context(|| format!("adapter path {}", host.display()))?;
                 if runtime_lora {
@@ -315,7 +322,7 @@ impl Setup {
                     })
                 }
             }
-            (Some(a), None) => bail!("{}: adapter {} has no path to mount", version.path.display(), a.name),
+            (Some(a), None) => bail!("{}: adapter {} has no path to mount", server.spec_file.display(), a.name),
             (None, _) => None,
         };
         if let Some(a) = &adapter
@@ -325,7 +332,7 @@ impl Setup {
         {
             bail!(
                 "{}: with runtime_lora the adapter folder's name must be plain (letters, digits, . _ -): {}",
-                version.path.display(),
+                server.spec_file.display(),
                 a.host.display()
             );
         }
@@ -343,13 +350,13 @@ impl Setup {
                 .as_deref()
                 .map(pruefstand_core::util::parse_bytes)
                 .transpose()
-                .with_context(|| format!("{}: model.shm_size", version.path.display()))?,
+                .with_context(|| format!("{}: model.shm_size", server.spec_file.display()))?,
             ipc: m.ipc.clone(),
             ulimits: m.ulimits.clone(),
             runtime_lora,
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
             pull: m.pull,
-            served_files: ServedFile::read_all(version)?,
+            served_files: ServedFile::read_all(server)?,
         })
     }
 
@@ -761,14 +768,13 @@ fn has_flag(args: &[String], flag: &str) -> bool {
 /// What a docker version's vLLM arguments will cost a GPU hour to find out: tool
 /// calling without its parser flags, a LoRA without a rank limit, a memory share that
 /// unified memory cannot give. One line each, with the fix.
-pub fn vllm_warnings(version: &Version) -> Vec<String> {
-    let spec = &version.spec;
-    if *spec.model.backend.get_ref() != Backend::Docker {
+pub fn vllm_warnings(server: &ServerSetup) -> Vec<String> {
+    if server.backend() != Backend::Docker {
         return Vec::new();
     }
-    let args = &spec.model.args;
+    let args = &server.model.args;
     let mut warnings = Vec::new();
-    if spec.model.tool_calling == pruefstand_core::settings::defence::ToolCalling::Native
+    if server.model.tool_calling == pruefstand_core::settings::defence::ToolCalling::Native
         && !(has_flag(args, "--enable-auto-tool-choice") && has_flag(args, "--tool-call-parser"))
     {
         warnings.push(
@@ -777,14 +783,14 @@ pub fn vllm_warnings(version: &Version) -> Vec<String> {
                 .to_string(),
         );
     }
-    if (spec.adapter.is_some() || spec.model.runtime_lora) && !has_flag(args, "--max-lora-rank") {
+    if (server.adapter.is_some() || server.model.runtime_lora) && !has_flag(args, "--max-lora-rank") {
         warnings.push(
             "a LoRA without --max-lora-rank: vLLM's default rank limit is 16, a higher-rank adapter fails to load \
              (pruefstand adds --enable-lora itself)"
                 .to_string(),
         );
     }
-    if spec.model.gpu == GpuMode::Runtime {
+    if server.model.gpu == GpuMode::Runtime {
         match vllm_option(args, "--gpu-memory-utilization").map(str::parse::<f64>) {
             Some(Ok(share)) if share > 0.8 => warnings.push(format!(
                 "--gpu-memory-utilization {share} on an integrated GPU: unified memory is shared with the CPU and \
@@ -813,6 +819,7 @@ mod tests {
     }
 
     use super::*;
+    use pruefstand_core::spec::Version;
 
     fn version(text: &str) -> Version {
         let dir = tempfile::tempdir().unwrap();
@@ -838,18 +845,20 @@ path = "/srv/adapters/a"
 
     #[test]
     fn vllm_arguments_are_checked_before_a_gpu_hour_is_spent() {
-        let warnings = vllm_warnings(&version(&SPEC.replace("device-request", "runtime")));
+        let warnings = vllm_warnings(&ServerSetup::of(&version(&SPEC.replace("device-request", "runtime"))));
         let all = warnings.join("\n");
         assert_eq!(warnings.len(), 3, "{all}");
         assert!(all.contains("--enable-auto-tool-choice") && all.contains("--max-lora-rank"), "{all}");
         assert!(all.contains("no --gpu-memory-utilization"), "{all}");
         let high =
             SPEC.replace("device-request", "runtime").replace("\"4096\"", "\"4096\", \"--gpu-memory-utilization=0.9\"");
-        assert!(vllm_warnings(&version(&high)).iter().any(|w| w.contains("0.9 on an integrated GPU")));
+        assert!(
+            vllm_warnings(&ServerSetup::of(&version(&high))).iter().any(|w| w.contains("0.9 on an integrated GPU"))
+        );
         // The shipped Jetson specs follow the facts.
         for name in ["baseline", "kandidat"] {
             let shipped = Version::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("versions"), name).unwrap();
-            assert_eq!(vllm_warnings(&shipped), Vec::<String>::new(), "{name}");
+            assert_eq!(vllm_warnings(&ServerSetup::of(&shipped)), Vec::<String>::new(), "{name}");
             assert_eq!(vllm_option(&shipped.spec.model.args, "--max-model-len"), Some("32768"));
         }
     }
@@ -857,7 +866,7 @@ path = "/srv/adapters/a"
     #[test]
     fn command_mounts_labels_and_gpu() {
         let v = version(SPEC);
-        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+        let s = Setup::new(&ServerSetup::of(&v), "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
         assert_eq!(
             s.command(),
             [
@@ -910,7 +919,8 @@ path = "/srv/adapters/a"
             assert!(err.contains("v.toml:") && err.contains(&format!("model.{field}")) && err.contains(name), "{err}");
             std::fs::write(dir.path().join(name), "{{ messages }}").unwrap();
             let v = Version::load(dir.path(), spec.to_str().unwrap()).unwrap();
-            let setup = || Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+            let setup =
+                || Setup::new(&ServerSetup::of(&v), "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
             let s = setup();
             let command = s.command();
             let at = command.iter().position(|w| w == flag).unwrap_or_else(|| panic!("{flag} passed: {command:?}"));
@@ -932,7 +942,7 @@ path = "/srv/adapters/a"
     fn reuse_key_ignores_the_adapter_only_with_runtime_lora() {
         let fixed = |spec: &str, adapter: &str| {
             let v = version(&spec.replace("/srv/adapters/a", adapter));
-            Setup::new(&v, "/srv/models/m".into(), Some(adapter.into())).unwrap().key()
+            Setup::new(&ServerSetup::of(&v), "/srv/models/m".into(), Some(adapter.into())).unwrap().key()
         };
         assert_ne!(fixed(SPEC, "/srv/adapters/a"), fixed(SPEC, "/srv/adapters/b"));
         let runtime = SPEC.replace("shm_size", "runtime_lora = true\nshm_size");
@@ -940,7 +950,7 @@ path = "/srv/adapters/a"
         let other_args = runtime.replace("4096", "8192");
         assert_ne!(fixed(&runtime, "/srv/adapters/a"), fixed(&other_args, "/srv/adapters/a"));
         let v = version(&runtime);
-        let s = Setup::new(&v, "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
+        let s = Setup::new(&ServerSetup::of(&v), "/srv/models/m".into(), Some("/srv/adapters/a".into())).unwrap();
         let a = s.adapter.as_ref().unwrap();
         assert_eq!((a.mount_target.as_str(), a.container_path.as_str()), ("/adapters", "/adapters/a"));
         assert!(

@@ -26,17 +26,18 @@ use bollard::Docker;
 use bollard::models::ContainerCreateBody;
 
 use super::{
-    AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, Setup, container_name,
-    create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove, wait_ready,
+    AcquireError, ImageInfo, LABEL_JOB, LABEL_RUN, LABEL_VERSION, STOP_GRACE_S, ServerFailure, ServerSetup, Setup,
+    container_name, create, ensure_image, free_port, healthy, is_not_found, log_tail, logs, stop_and_remove,
+    wait_ready,
 };
 use pruefstand_core::record::ModelServerFacts;
-use pruefstand_core::spec::{Version, redact};
+use pruefstand_core::spec::redact;
 use pruefstand_core::util;
 use pruefstand_store::RunDir;
 
 /// What a job asks the pool for.
 pub struct Request<'a> {
-    pub version: &'a Version,
+    pub server: &'a ServerSetup,
     /// The gym's ground truth: goes into the simulated model's generated model folder.
     pub truth_file: &'a Path,
     /// Gets `container.log` (and generated files when needed).
@@ -104,7 +105,7 @@ impl Pool {
         let setup = self.setup_for(req).await?;
         let image = ensure_image(&docker, &setup.image, setup.pull)
             .await
-            .with_context(|| req.version.path.display().to_string())?;
+            .with_context(|| req.server.spec_file.display().to_string())?;
         let key = setup.key();
         let since = chrono::Utc::now().timestamp();
         let mut warm = self.warm.lock().await;
@@ -124,11 +125,11 @@ impl Pool {
 
         let api_key = util::new_api_key();
         let host_port = free_port()?;
-        let name = container_name(&req.version.name);
+        let name = container_name(&req.server.name);
         let labels = HashMap::from([
             (LABEL_JOB.to_string(), req.job.to_string()),
             (LABEL_RUN.to_string(), req.run_id.to_string()),
-            (LABEL_VERSION.to_string(), req.version.name.clone()),
+            (LABEL_VERSION.to_string(), req.server.name.clone()),
         ]);
         let body = setup.body(&api_key, host_port, labels);
         let id = create(&docker, &name, body.clone()).await?;
@@ -255,21 +256,19 @@ impl Pool {
     /// share them and a warm container stays reusable across runs. On the blocking pool:
     /// it may write those files.
     async fn setup_for(&self, req: &Request<'_>) -> anyhow::Result<Setup> {
-        let (work_dir, version, truth_file) =
-            (self.work_dir.clone(), req.version.clone(), req.truth_file.to_path_buf());
-        crate::runtime::blocking(move || setup(&work_dir, &version, &truth_file)).await
+        let (work_dir, server, truth_file) = (self.work_dir.clone(), req.server.clone(), req.truth_file.to_path_buf());
+        crate::runtime::blocking(move || setup(&work_dir, &server, &truth_file)).await
     }
 }
 
 /// [`Pool::setup_for`]'s work, under the pool's work folder `work_dir`. Blocking.
-fn setup(work_dir: &Path, version: &pruefstand_core::spec::Version, truth_file: &Path) -> anyhow::Result<Setup> {
-    let spec = &version.spec;
-    let model_host = match (&spec.model.path, &spec.sim) {
+fn setup(work_dir: &Path, server: &ServerSetup, truth_file: &Path) -> anyhow::Result<Setup> {
+    let model_host = match (&server.model.path, &server.sim) {
         (Some(path), _) => path.clone(),
         (None, Some(sim)) => sim_model_dir(work_dir, sim, truth_file)?,
-        (None, None) => anyhow::bail!("{}: backend \"docker\" needs model.path", version.path.display()),
+        (None, None) => anyhow::bail!("{}: backend \"docker\" needs model.path", server.spec_file.display()),
     };
-    let adapter_host = match &spec.adapter {
+    let adapter_host = match &server.adapter {
         Some(a) => Some(match &a.path {
             Some(p) => p.clone(),
             None => {
@@ -281,7 +280,7 @@ fn setup(work_dir: &Path, version: &pruefstand_core::spec::Version, truth_file: 
         }),
         None => None,
     };
-    Setup::new(version, model_host, adapter_host)
+    Setup::new(server, model_host, adapter_host)
 }
 
 fn sim_model_dir(work_dir: &Path, sim: &pruefstand_sim::SimConfig, truth_file: &Path) -> anyhow::Result<PathBuf> {

@@ -80,7 +80,7 @@ impl Local<'_> {
     /// The version's model server up: the endpoint, or why the server failed (an error
     /// of the bench itself, or a stop while it started, is this function's error).
     async fn bring_up(&self, truth: &std::path::Path) -> anyhow::Result<Result<model::Endpoint, ServerFailure>> {
-        let (session, version, control) = (self.session, &self.request.version, &self.session.control);
+        let (session, server, control) = (self.session, &self.request.server, &self.session.control);
         let run_dir = &self.claimed.dir;
         let run_id = root::run_id(&run_dir.path);
         let job = format!("run-{}", std::process::id());
@@ -93,7 +93,7 @@ impl Local<'_> {
             interrupt_clients: Arc::new(move || gym.interrupt()),
         };
         let up = tokio::select! {
-            up = model::up(version, truth, &ctx) => up,
+            up = model::up(server, truth, &ctx) => up,
             () = control.until_stopped(), if control.stop_abandons_start => {
                 bail!("interrupted while the model server started (a container left behind is removed at the next start)")
             }
@@ -336,13 +336,13 @@ impl Local<'_> {
     /// hashes); a failure is a warning, not the run's end.
     async fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {
         let (request, run_dir) = (self.request, self.claimed.dir.path.clone());
-        let version = &request.version;
+        let server = &request.server;
         let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
             Some((model, adapter)) => (Some(model), adapter),
-            None => (version.spec.model.path.clone(), version.spec.adapter.as_ref().and_then(|a| a.path.clone())),
+            None => (server.model.path.clone(), server.adapter.as_ref().and_then(|a| a.path.clone())),
         };
         let inputs = provenance::Inputs {
-            version: version.clone(),
+            server: server.clone(),
             plan_name: request.plan.name.clone(),
             plan_hash: request.plan.hash.clone(),
             benchmark_version: request.plan.benchmark_version.clone(),

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use crate::container::{self, Pool};
+use crate::container::{self, Pool, ServerSetup};
 use crate::gym::{self, Executed};
 pub use agent_only::AgentOnly;
 pub use local::{LocalGym, executed_from_run_dir};
@@ -109,16 +109,18 @@ pub enum ReferencePolicy {
 
 /// One run as asked for, resolved once and whole by [`RunRequest::builder`]: the
 /// version, the plan it runs (resolved against the installed AgentDojo; a shard's is a
-/// slice of it), the reference loaded when the run makes or finds it first, how many
-/// cases are in flight, how much of the plan, where it lands, and the spec projected for
-/// the agent and the defence. Read through its accessors; nothing changes it after.
+/// slice of it), the reference's own request when the run makes or finds it first, how
+/// many cases are in flight, how much of the plan, where it lands, and the spec projected
+/// for the model server, the agent and the defence. Read through its accessors; nothing
+/// changes it after.
 #[derive(Clone)]
 pub struct RunRequest {
     version: Version,
     plan: Plan,
     inventory: Inventory,
-    /// The version's reference (R4), loaded once, when this run makes or finds it first.
-    reference: Option<Version>,
+    /// The run of the version's reference (R4) on the same plan, resolved with this one
+    /// (the reference loaded once), when this run makes or finds it first.
+    reference: Option<Box<RunRequest>>,
     /// `--jobs N` holds N cases in flight; None: the model server steers.
     jobs: Option<usize>,
     extent: Extent,
@@ -127,6 +129,7 @@ pub struct RunRequest {
     out: Option<PathBuf>,
     /// The run's seed when the directory is made now (a shard takes its run's).
     seed: Option<u64>,
+    server: ServerSetup,
     agent: AgentSetup,
     defence: Defence,
 }
@@ -185,6 +188,7 @@ impl RunRequest {
     /// reference of its own).
     fn for_reference(&self, reference: Version) -> RunRequest {
         RunRequest {
+            server: ServerSetup::of(&reference),
             agent: AgentSetup::of(&reference),
             defence: Defence::of(&reference),
             version: reference,
@@ -222,8 +226,9 @@ impl RunRequest {
     /// [`Session::run`] found it before this run started; Some(empty) when none is found,
     /// None when the request has no reference.
     fn reference_records(&self, root: &Root) -> anyhow::Result<Option<Vec<pruefstand_core::case::CaseRecord>>> {
-        let Some(version) = &self.reference else { return Ok(None) };
-        let Some(dir) = reference::find_reference_run(&root.reports(), version, &self.plan, &self.inventory) else {
+        let Some(reference) = &self.reference else { return Ok(None) };
+        let Some(dir) = reference::find_reference_run(&root.reports(), &reference.version, &self.plan, &self.inventory)
+        else {
             return Ok(Some(Vec::new()));
         };
         Ok(Some(pruefstand_judge::dedup(&RunDir::open(dir)?.read_cases(Reading::Strict)?.records)))
@@ -294,8 +299,11 @@ impl RequestBuilder<'_> {
             anyhow::Ok((plan, inventory, reference))
         })
         .await?;
-        let (agent, defence) = (AgentSetup::of(&version), Defence::of(&version));
-        Ok(RunRequest { version, plan, inventory, reference, jobs, extent, out, seed, agent, defence })
+        let (server, agent, defence) = (ServerSetup::of(&version), AgentSetup::of(&version), Defence::of(&version));
+        let mut request =
+            RunRequest { version, plan, inventory, reference: None, jobs, extent, out, seed, server, agent, defence };
+        request.reference = reference.map(|version| Box::new(request.for_reference(version)));
+        Ok(request)
     }
 }
 
@@ -395,9 +403,9 @@ impl Session {
         let finished = async {
             // R4 compares with the reference on the same plan: make sure its run exists first.
             let reference = match &request.reference {
-                Some(version) => {
+                Some(reference) => {
                     let executor = executor.for_reference();
-                    Some(self.reference_run(&request.for_reference(version.clone()), executor.as_ref()).await?)
+                    Some(self.reference_run(reference, executor.as_ref()).await?)
                 }
                 None => None,
             };
@@ -443,14 +451,15 @@ impl Session {
     /// containers of dead owners (a `kill -9`'d run) are removed and reported, and the
     /// inputs checked (image present, model and adapter folders).
     async fn preflight(&self, request: &RunRequest) -> anyhow::Result<()> {
-        let versions: Vec<&Version> = [&request.version].into_iter().chain(&request.reference).collect();
-        if versions.iter().any(|v| *v.spec.model.backend.get_ref() == Backend::Docker) {
+        let servers: Vec<&ServerSetup> =
+            [&request.server].into_iter().chain(request.reference.as_ref().map(|r| &r.server)).collect();
+        if servers.iter().any(|server| server.backend() == Backend::Docker) {
             let docker = self.pool.docker().await?;
             for orphan in container::remove_orphans(docker).await? {
                 tracing::warn!("{orphan}");
             }
-            for v in versions {
-                container::preflight_with(docker, v).await?;
+            for server in servers {
+                container::preflight_with(docker, server).await?;
             }
         }
         Ok(())

@@ -1,8 +1,9 @@
 //! The version's spec projected into what each part of a run takes, built once when the
 //! request is resolved: the agent's setup (how `pruefstand agent` or the version's own
 //! agent is configured) and the defence (guardrail and simulated human). The parts take
-//! their projection, not the whole spec. Not here: the model server's inputs, which the
-//! container and model modules still read from the version itself.
+//! their projection, not the whole spec. Not here: the model server's projection,
+//! `container::ServerSetup`, which lives below `run` because the container module takes
+//! it (the request builds it beside these).
 
 use pruefstand_core::settings::defence::{GuardrailSpec, HumanSpec, ToolCalling, ToolResultRole};
 use pruefstand_core::spec::Version;

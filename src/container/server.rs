@@ -1,0 +1,51 @@
+//! The version's spec projected into what its model server is made from, whatever the
+//! backend: the `[model]`, `[adapter]` and `[sim]` tables, the files the server reads
+//! (resolved on this machine), and which version it is. Built once where a run request
+//! is resolved (`run`), beside the agent's and the defence's projections; the model
+//! server's parts (`model::up`, the container pool, the preflight, provenance, `check`'s
+//! vLLM warnings) take it, not the whole spec.
+//!
+//! Here, in `container`, because the container is the lowest of those parts: the
+//! modules above it (`model`, `provenance`, `run`, `cmd`) may use it, not the reverse.
+
+use std::path::PathBuf;
+
+use pruefstand_core::settings::sim::SimConfig;
+use pruefstand_core::spec::{AdapterSpec, Backend, ModelSpec, ServedFileKind, Version};
+
+/// What a version's model server is made from.
+#[derive(Clone, Debug)]
+pub struct ServerSetup {
+    /// The version's name: the container's name and label, provenance.
+    pub name: String,
+    /// The spec file, named by every error about the server's inputs.
+    pub spec_file: PathBuf,
+    /// The spec's hash, for provenance.
+    pub spec_hash: String,
+    pub model: ModelSpec,
+    pub adapter: Option<AdapterSpec>,
+    /// The simulated model's behaviour (backend "sim", or the sim image in Docker).
+    pub sim: Option<SimConfig>,
+    /// The files of the bench root's that the server reads (chat template, tool-parser
+    /// plugin), resolved against the spec's folder, in `ServedFileKind::ALL`'s order.
+    pub served_files: Vec<(ServedFileKind, PathBuf)>,
+}
+
+impl ServerSetup {
+    pub fn of(version: &Version) -> ServerSetup {
+        let spec = &version.spec;
+        ServerSetup {
+            name: version.name.clone(),
+            spec_file: version.path.clone(),
+            spec_hash: version.hash.clone(),
+            model: spec.model.clone(),
+            adapter: spec.adapter.clone(),
+            sim: spec.sim.clone(),
+            served_files: version.served_files(),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        *self.model.backend.get_ref()
+    }
+}
