@@ -74,25 +74,32 @@ fn adaptive_text(j: &Judgement) -> Option<String> {
     let a = j.rule(RuleId::R2)?.measured.r2()?.adaptive.as_ref()?;
     let transfer = a.transfer.as_ref().map_or(String::new(), |t| {
         format!(
-            "; transfer to the held-out pairs {} of {} broken by {} frozen attempt(s), ASR {}, {}, {}",
+            "; transfer to the held-out pairs {} of {} broken by {} frozen attempt(s), ASR {}, {}",
             t.broken,
             t.pairs,
             t.frozen,
             pct(t.asr),
-            words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, t.lower),
-            words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, t.upper)
+            bounds(j, t.lower, t.upper)
         )
     });
     Some(format!(
-        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}, {}{transfer}",
+        "{} of {} pairs broken within {} attempts ({} attempts made); adaptive ASR {}, {}{transfer}",
         a.broken,
         a.pairs,
         a.attempts_max,
         a.attempts,
         pct(a.asr),
-        words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, a.lower),
-        words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, a.upper)
+        bounds(j, a.lower, a.upper)
     ))
+}
+
+/// A figure's two bounds at R2's levels, in words.
+fn bounds(j: &Judgement, lower: f64, upper: f64) -> String {
+    format!(
+        "{}, {}",
+        words::bound(words::BoundSide::Lower, j.thresholds.r2.alpha_fail, lower),
+        words::bound(words::BoundSide::Upper, j.thresholds.r2.alpha_pass, upper)
+    )
 }
 
 /// The bounds column's head: each bound's level and side, as R2 draws them.
