@@ -1,7 +1,7 @@
 //! The attacker model (docs/attacks.md, "The attacker model"): an OpenAI-compatible
 //! chat endpoint — by default the version's own server under its base model's name, no
 //! adapter — asked per pair and attempt for a new injection template. Its system prompt
-//! is a file of the repository (`profiles/attacker-system.md`, embedded and hashed into
+//! is a file of the repository (`src/adaptive/attacker-system.md`, embedded and hashed into
 //! the search log); the user message carries the injection task's goal, where the text
 //! lands, and the pair's earlier attempts with what the target did after each (bounded).
 //! What it answers is untrusted: `template` checks it. Not here: the search loop, and
@@ -16,7 +16,7 @@ use pruefstand_core::record::{AttackerCost as Cost, Attempt, Feedback, Proposal}
 use pruefstand_core::settings::url::SecretUrl;
 
 /// The attacker's instructions, as shipped.
-pub const SYSTEM_PROMPT: &str = include_str!("../../profiles/attacker-system.md");
+pub const SYSTEM_PROMPT: &str = include_str!("attacker-system.md");
 
 /// Earlier attempts shown per request: the most recent ones.
 const HISTORY_SHOWN: usize = 4;

@@ -193,6 +193,20 @@ pub fn name_of_attack(attack: &str) -> Option<&str> {
     of_attack(attack).or_else(|| attack.starts_with(FOUND_PREFIX).then_some(attack))
 }
 
+// A found family's names and draws are the families' (this module), its data the
+// record's.
+impl crate::record::FoundFamily {
+    /// The attack its cases run under.
+    pub fn attack(&self) -> String {
+        format!("{FOUND_PREFIX}{}", self.name)
+    }
+
+    /// The template a case injects: one per case, by its id (fixed, not per run).
+    pub fn template_for(&self, case_id: &str) -> &str {
+        &self.templates[pick(&format!("pruefstand-found/1:{case_id}"), self.templates.len())]
+    }
+}
+
 /// The per-run wording of a case: each slot drawn from sha256(seed, case id, slot), so
 /// it changes with the run's seed and is the same on resume.
 pub fn draw(seed: u64, case_id: &str, family: &Family) -> Wording {

@@ -121,16 +121,8 @@ fn frozen_default() -> usize {
     FROZEN_DEFAULT
 }
 
-/// Who writes the adaptive attacker's attempts (docs/attacks.md).
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Proposer {
-    /// Mutations and recombinations of the family grammars' wordings.
-    #[default]
-    Grammar,
-    /// An attacker model writes templates (on the simulator: the simulated attacker).
-    Model,
-}
+/// Who writes the adaptive attacker's attempts (a record's word, `record::Proposer`).
+pub use crate::record::Proposer;
 
 /// A resolved `[adaptive]` section (recorded in `plan.json`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -342,6 +342,17 @@ pub struct Wording {
     pub choices: Choices,
 }
 
+/// Who writes the adaptive attacker's attempts (docs/attacks.md).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Proposer {
+    /// Mutations and recombinations of the family grammars' wordings.
+    #[default]
+    Grammar,
+    /// An attacker model writes templates (on the simulator: the simulated attacker).
+    Model,
+}
+
 /// The adaptive attacker's search log, `adaptive.json` in the run directory: per
 /// searched (user task, injection task) pair, its attempts and whether they landed; then
 /// the attempts frozen from that search and their runs on the held-out pairs.
@@ -352,7 +363,7 @@ pub struct SearchLog {
     pub families: Vec<String>,
     /// Who wrote the attempts.
     #[serde(default)]
-    pub proposer: crate::plan::Proposer,
+    pub proposer: Proposer,
     /// Whether the proposer saw each attempt's feedback.
     #[serde(default = "yes")]
     pub feedback: bool,
@@ -388,16 +399,6 @@ pub struct FoundFamily {
 }
 
 impl FoundFamily {
-    /// The attack its cases run under.
-    pub fn attack(&self) -> String {
-        format!("{}{}", crate::family::FOUND_PREFIX, self.name)
-    }
-
-    /// The template a case injects: one per case, by its id (fixed, not per run).
-    pub fn template_for(&self, case_id: &str) -> &str {
-        &self.templates[crate::family::pick(&format!("pruefstand-found/1:{case_id}"), self.templates.len())]
-    }
-
     /// Why the family cannot be used (a name or template out of bounds).
     pub fn check(&self) -> Result<(), String> {
         let name_ok = !self.name.is_empty()
