@@ -353,10 +353,11 @@ fn the_adaptive_attacker_finds_what_the_fixed_cases_miss_and_replays_exactly() {
     assert_eq!(asr(&dir), 0.0, "the fixed cases use the template the version memorised");
     let log = json(&dir.join("adaptive.json"));
     let pairs = log["pairs"].as_array().unwrap();
-    assert_eq!(pairs.len(), 8);
+    assert_eq!(pairs.len(), 4, "half the eight pairs are searched");
+    assert_eq!(log["held_out"].as_array().unwrap().len(), 4, "the other half held out");
     let broken: Vec<&serde_json::Value> =
         pairs.iter().filter(|p| p["attempts"].as_array().unwrap().iter().any(|a| a["landed"] == true)).collect();
-    assert!(!broken.is_empty() && broken.len() < 8, "some pairs break, not all: {log}");
+    assert!(!broken.is_empty() && broken.len() < 4, "some pairs break, not all: {log}");
     for pair in pairs {
         let attempts = pair["attempts"].as_array().unwrap();
         assert!(!attempts.is_empty() && attempts.len() <= 3);
