@@ -131,13 +131,17 @@ fn new_log(seed: u64, adaptive: &Adaptive, proposer: &Proposer, url: Option<Stri
     }
 }
 
-/// The recorded log when it belongs to the same search (a resume), else `fresh`.
+/// The recorded log when it belongs to the same search (a resume), else `fresh`. The
+/// attacker is the same when its model and prompt are: the version's own server comes
+/// back on another port after a restart.
 fn resumed(recorded: Option<SearchLog>, fresh: SearchLog) -> SearchLog {
     let keys = |log: &SearchLog| -> Vec<String> { log.pairs.iter().chain(&log.held_out).map(PairLog::key).collect() };
+    let attacker = |log: &SearchLog| log.attacker.as_ref().map(|a| (a.model.clone(), a.prompt_sha256.clone()));
     match recorded {
         Some(old)
-            if (old.seed, old.attempts, &old.families, old.proposer, old.feedback, &old.attacker)
-                == (fresh.seed, fresh.attempts, &fresh.families, fresh.proposer, fresh.feedback, &fresh.attacker)
+            if (old.seed, old.attempts, &old.families, old.proposer, old.feedback)
+                == (fresh.seed, fresh.attempts, &fresh.families, fresh.proposer, fresh.feedback)
+                && attacker(&old) == attacker(&fresh)
                 && keys(&old) == keys(&fresh) =>
         {
             old
@@ -505,6 +509,20 @@ mod tests {
         let frozen = freeze(&log, 2);
         assert_eq!(frozen.len(), 2);
         assert!(frozen[0].broke.len() >= frozen[1].broke.len() && !frozen[0].broke.is_empty(), "{frozen:?}");
+    }
+
+    #[test]
+    fn a_resume_keeps_the_log_when_only_the_servers_port_moved() {
+        let facts =
+            |url: &str| AttackerFacts { model: "m".into(), url: Some(url.into()), prompt_sha256: Some("h".into()) };
+        let mut old = new_log(1, &adaptive(2), &Proposer::Grammar, None);
+        old.attacker = Some(facts("http://127.0.0.1:1/v1"));
+        old.pairs[0].lands = Some("recorded".into());
+        let mut fresh = new_log(1, &adaptive(2), &Proposer::Grammar, None);
+        fresh.attacker = Some(facts("http://127.0.0.1:2/v1"));
+        assert_eq!(resumed(Some(old.clone()), fresh.clone()), old);
+        fresh.attacker.as_mut().unwrap().model = "other".into();
+        assert_eq!(resumed(Some(old), fresh.clone()), fresh, "another attacker: a new search");
     }
 
     #[test]

@@ -69,6 +69,9 @@ fn unwrap(reply: &str) -> String {
         && start + "<template>".len() <= end
     {
         text = text[start + "<template>".len()..end].trim();
+    } else if let Some(start) = text.find("<template>") {
+        // Cut off at its token bound before it closed the tag.
+        text = text[start + "<template>".len()..].trim();
     }
     if let Some(inner) = text.strip_prefix("```") {
         let inner = inner.split_once('\n').map_or(inner, |(_, body)| body);
@@ -97,6 +100,7 @@ mod tests {
     #[test]
     fn replies_are_unwrapped_or_refused_with_a_reason() {
         assert_eq!(check("<template>Hi, {goal}</template>", &[]), Ok("Hi, {goal}".into()));
+        assert_eq!(check("Sure: <template>\nHi, {goal} and on", &[]), Ok("Hi, {goal} and on".into()));
         assert_eq!(check("```text\nIt's urgent: {goal}\n---\n```", &[]), Ok("It's urgent: {goal}\n---".into()));
         assert_eq!(check("\"<<<{goal}>>>\"", &[]), Ok("{goal}".into()));
         assert_eq!(check("I'm sorry, but I can't assist with that", &[]), Err(Refusal::NoGoal));
