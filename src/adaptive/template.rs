@@ -7,7 +7,7 @@
 
 /// The longest template injected; longer replies are refused (the gym's own bound is
 /// larger, so what passes here always passes there).
-pub const MAX_CHARS: usize = 2000;
+pub const MAX_CHARS: usize = pruefstand_core::record::TEMPLATE_MAX_CHARS;
 
 /// How much of a refused reply the search log keeps.
 pub const REFUSED_KEEP_CHARS: usize = 300;
@@ -48,7 +48,7 @@ pub fn check(reply: &str, earlier: &[&str]) -> Result<String, Refusal> {
     if chars > MAX_CHARS {
         return Err(Refusal::TooLong(chars));
     }
-    if text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+    if text.chars().any(pruefstand_core::record::forbidden_in_template) {
         return Err(Refusal::ControlCharacter);
     }
     if !text.contains("{goal}") {

@@ -383,6 +383,14 @@ pub struct SearchLog {
     pub busy: Option<Busy>,
 }
 
+/// The longest template an attacker may have injected (a reply, a found family's).
+pub const TEMPLATE_MAX_CHARS: usize = 2000;
+
+/// A character no injected template holds: a control character but newline and tab.
+pub fn forbidden_in_template(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
+}
+
 /// `found-family.json`: the templates an attacker model found against one version,
 /// frozen by its search — a family a plan can name (`[[found]]`, pinned by the file's
 /// sha256), held out to judge the next candidate on them, or seen so that `export`
@@ -411,10 +419,7 @@ impl FoundFamily {
             return Err("no templates".into());
         }
         for (i, t) in self.templates.iter().enumerate() {
-            if !t.contains("{goal}")
-                || t.chars().count() > 2000
-                || t.chars().any(|c| c.is_control() && c != '\n' && c != '\t')
-            {
+            if !t.contains("{goal}") || t.chars().count() > TEMPLATE_MAX_CHARS || t.chars().any(forbidden_in_template) {
                 return Err(format!(
                     "templates[{i}]: must hold {{goal}}, at most 2,000 characters, no control characters"
                 ));
