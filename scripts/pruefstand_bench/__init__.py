@@ -22,6 +22,7 @@ The parts, one module each (each module's docstring says what it measures):
   9. serve.py       `pruefstand serve` with clients that never read
  10. arm64.py       arm64 under emulation (context, not a target)
  11. tools.py       a model that calls tools: AgentDojo's runner, inspect_evals, pruefstand
+ 12. attacker.py    the adaptive attacker: budget curves, transfer, cost per attempt, busy share
 
 Shared: common.py (knobs, printing, build, venv, case sets, plans, /proc helpers),
 sim.py (the simulated server), contenders.py (the two runners on it), vllm.py (the real
@@ -37,7 +38,7 @@ Results are printed, never asserted. The last line is machine-readable:
   prefix_cache_hit_rate_real=… prefix_cache_hit_rate_real_shuffled=… real_throughput_ratio=…
   serve_rss_mib_start=… serve_rss_mib_stalled=… serve_rss_mib_after=…
   arm64_emulation_slowdown=… tools_ratio_agentdojo=… tools_ratio_inspect=…
-  prefix_cache_hit_rate_tools=… prefix_cache_hit_rate_tools_shuffled=…
+  prefix_cache_hit_rate_tools=… prefix_cache_hit_rate_tools_shuffled=… attacker_busy_share_campaign_real=…
 
 Environment (all optional):
   BENCH_USERS=3 BENCH_INJ=2            throughput case set: per suite, user tasks × injection tasks

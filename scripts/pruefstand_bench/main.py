@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import arm64, capacity, daemon, early, eta, overhead, real, serve, steering, throughput, tools
+from . import arm64, attacker, capacity, daemon, early, eta, overhead, real, serve, steering, throughput, tools
 from .common import (ATTACK, BENCHMARK_VERSION, INSTANT, JOBS, LATENCY, MODEL, SEED, SUITES, case_set, count_cases,
                      ensure_binary, ensure_venv, env_int, fmt, gym_json, make_root, say, write_model_dir, write_plan)
 from .steering import AUTO_CAPACITIES
@@ -60,6 +60,7 @@ def main() -> int:
     sv = serve.run(binary, work)
     a64 = arm64.run(work)
     tl = tools.run(binary, python, work)
+    atk = attacker.run(binary, work)
     summary = {"latency": LATENCY, "jobs": JOBS, "agentdojo": ad and {k: v for k, v in ad.items() if k != "results"},
                "pruefstand": {k: v for k, v in pf.items() if k != "records"},
                "capacity": {k: v for k, v in cap.items() if k != "records"},
@@ -67,7 +68,8 @@ def main() -> int:
                "auto": {c: {k: v for k, v in r.items() if k != "records"} for c, r in auto.items()},
                "gym_pss_mib_96": pss_96, "gym_pss_mib_per_case": per_case, "cpu_s_per_case": cpu_per_case,
                "daemon": dm, "throughput_ratio": throughput_ratio, "capacity_fraction": capacity_fraction,
-               "early_stop": es, "eta": et, "real": rl, "serve": sv, "arm64": a64, "tools": tl}
+               "early_stop": es, "eta": et, "real": rl, "serve": sv, "arm64": a64, "tools": tl,
+               "attacker": atk}
     (work / "bench.json").write_text(json.dumps(summary, indent=1))
     say(f"targets: throughput_ratio ≥ 10, capacity_fraction ≥ 0.85, idle_cpu_s ≤ 0.05, "
         f"idle_rss_mib ≤ 30, pickup_ms ≤ 500, capacity_auto_* ≥ 0.85, gym_pss_mib_96 ≤ 1024, "
@@ -93,5 +95,11 @@ def main() -> int:
         + f" arm64_emulation_slowdown={fmt(a64['arm64_emulation_slowdown'], 1)}"
         + f" tools_ratio_agentdojo={fmt(tl['tools_ratio_agentdojo'])} tools_ratio_inspect={fmt(tl['tools_ratio_inspect'])}"
         + f" prefix_cache_hit_rate_tools={fmt(tl['prefix_cache_hit_rate_tools'], 3)}"
-        + f" prefix_cache_hit_rate_tools_shuffled={fmt(tl['prefix_cache_hit_rate_tools_shuffled'], 3)}")
+        + f" prefix_cache_hit_rate_tools_shuffled={fmt(tl['prefix_cache_hit_rate_tools_shuffled'], 3)}"
+        + f" attacker_busy_share_campaign_real={fmt(_real_busy(atk))}")
     return 0
+
+
+def _real_busy(atk: dict) -> float | None:
+    """The real server's busy share during the attacker model's campaign (part 12), if it ran."""
+    return ((atk.get("real") or {}).get("model") or {}).get("busy_share_campaign")
