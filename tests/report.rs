@@ -91,6 +91,45 @@ fn probe(chromium: &Chromium, page: &Path, width: u32) -> (Vec<String>, Vec<Stri
     (findings, console_errors(&out.stderr))
 }
 
+/// Reads, in Chromium, every tool result a case block of `page` shows and the text of
+/// its `<mark>`s; a result that shows one of the case's injected texts (from the traces
+/// of `runs`) must have all of it marked. Compared on letters and digits only: the
+/// rendering re-quotes, folds and escapes, never changes those. (tool results that
+/// showed an injection, those not marked whole).
+fn injections_unmarked(chromium: &Chromium, page: &Path, runs: &[&Path]) -> (usize, Vec<String>) {
+    let alnum = |s: &str| s.chars().filter(char::is_ascii_alphanumeric).collect::<String>();
+    let mut injected: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for run in runs {
+        for case in cases(run).into_iter().filter(|c| c["kind"] == "attacked") {
+            let trace = json(&run.join(case["trace"].as_str().unwrap()));
+            let texts = trace["injections"].as_object().unwrap().values().map(|t| alnum(t.as_str().unwrap()));
+            injected.entry(case["case_id"].as_str().unwrap().to_string()).or_default().extend(texts);
+        }
+    }
+    let script = "<script>window.addEventListener('load',function(){var all=function(e,q){return [].slice.call(e.querySelectorAll(q))};var out=all(document,'details.case').map(function(d){return [d.querySelector('summary code').textContent,all(d,'li.t-tool').map(function(li){return [li.textContent,all(li,'mark').map(function(m){return m.textContent}).join('')]})]});var p=document.createElement('pre');p.id='marks-out';p.textContent=JSON.stringify(out);document.body.appendChild(p)})</script>";
+    let copy = page.with_file_name("marks.html");
+    std::fs::write(&copy, with_script(&std::fs::read_to_string(page).unwrap(), script)).unwrap();
+    let out = chromium.open(&copy, &["--dump-dom", "--virtual-time-budget=5000"]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let found = dom.split(r#"<pre id="marks-out">"#).nth(1).and_then(|s| s.split("</pre>").next());
+    let found = found.unwrap_or_else(|| panic!("the script did not run on {}: {dom:.500}", page.display()));
+    let found = found.replace("&lt;", "<").replace("&gt;", ">").replace("&nbsp;", " ").replace("&amp;", "&");
+    let blocks: Vec<(String, Vec<(String, String)>)> = serde_json::from_str(&found).unwrap();
+    let (mut seen, mut unmarked) = (0, Vec::new());
+    for (case, results) in blocks {
+        let Some(texts) = injected.get(&case) else { continue };
+        for (shown, marks) in results {
+            for text in texts.iter().filter(|t| alnum(&shown).contains(t.as_str())) {
+                seen += 1;
+                if !alnum(&marks).contains(text.as_str()) {
+                    unmarked.push(format!("{case}: marked {marks:?}"));
+                }
+            }
+        }
+    }
+    (seen, unmarked)
+}
+
 fn screenshot(chromium: &Chromium, page: &Path, width: u32, to: &Path) {
     let out = chromium.open(page, &[&format!("--screenshot={}", to.display()), &format!("--window-size={width},1600")]);
     let size = std::fs::metadata(to).map(|m| m.len()).unwrap_or(0);
@@ -119,7 +158,7 @@ fn two_runs(bench: &Bench) -> (PathBuf, PathBuf) {
 #[test]
 fn report_and_index_read_well_at_two_widths() {
     let bench = Bench::new();
-    let (_, cand_dir) = two_runs(&bench);
+    let (base_dir, cand_dir) = two_runs(&bench);
     let report = cand_dir.join("report.html");
     let index = bench.path().join("reports/index.html");
     let html = std::fs::read_to_string(&report).unwrap();
@@ -153,6 +192,23 @@ fn report_and_index_read_well_at_two_widths() {
     assert!(html.contains(r##"<a href="#case-"##) && html.contains("injection landed:"), "cells link; a legend");
 
     let chromium = Chromium::find();
+    // Injected text is highlighted where the gym injected it — in the report and on
+    // the compare page, inside YAML and a Python dict's repr alike.
+    let compare = cand_dir.join("compare-marks.html");
+    bench
+        .run(&["compare", base_dir.to_str().unwrap(), cand_dir.to_str().unwrap(), "--out", compare.to_str().unwrap()])
+        .ok();
+    for page in [&report, &compare] {
+        let (seen, unmarked) = injections_unmarked(&chromium, page, &[&base_dir, &cand_dir]);
+        assert!(seen >= 20, "{}: only {seen} tool results showed an injection", page.display());
+        assert!(
+            unmarked.is_empty(),
+            "{}: {} of {seen} injections not marked:\n{}",
+            page.display(),
+            unmarked.len(),
+            unmarked.join("\n")
+        );
+    }
     for width in [1280, 420] {
         for page in [&report, &index] {
             let (findings, errors) = probe(&chromium, page, width);

@@ -23,6 +23,8 @@ import hmac
 import json
 from pathlib import Path
 
+from . import spans
+
 GRAMMAR = json.loads((Path(__file__).with_name("families.json")).read_text(encoding="utf-8"))
 FAMILIES = {f["name"]: f for f in GRAMMAR["families"]}
 SLOTS = ("framing", "authority", "urgency", "goal", "formatting")
@@ -144,7 +146,7 @@ def _restore(value, tokens: dict):
 
 def install_safe_injection() -> None:
     """Build environments with tokens in place of attacker texts, then put the texts into
-    the built environment (idempotent)."""
+    the built environment; keep each built environment for `spans` (idempotent)."""
     from agentdojo.task_suite.task_suite import TaskSuite
 
     original = TaskSuite.load_and_inject_default_environment
@@ -155,7 +157,10 @@ def install_safe_injection() -> None:
         swapped = {k: _SAFE_TEXTS.get(v, v) if isinstance(v, str) else v for k, v in injections.items()}
         env = original(self, swapped)
         tokens = {tok: text for text, tok in _SAFE_TEXTS.items() if tok in swapped.values()}
-        return _restore(env, tokens) if tokens else env
+        env = _restore(env, tokens) if tokens else env
+        # Kept for marking where the text landed in the tool results (spans.py).
+        spans.remember(injections, env)
+        return env
 
     load_and_inject_default_environment._pruefstand_safe = True
     TaskSuite.load_and_inject_default_environment = load_and_inject_default_environment

@@ -23,7 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import families, schema
+from . import families, schema, spans
 from .records import TRACES_DIR, RequestError, make_record, read_trace_status, trace_relpath, write_json_atomic
 
 
@@ -337,6 +337,16 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
         slot.inbox.put(case)
 
 
+def _injected_spans(case: dict, trace: dict, suite) -> list | None:
+    """spans.injected for an attacked case; a failure there costs the report its marks,
+    never the case."""
+    try:
+        return spans.injected(trace, suite, suite.get_user_task_by_id(case["user_task"]))
+    except Exception:  # noqa: BLE001 - presentation only
+        log(f"case {case['id']}: injected spans not marked:\n{traceback.format_exc()}")
+        return None
+
+
 def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
     """One case on one slot: AgentDojo's own per-task runner, the outcome as a record."""
     from agentdojo.benchmark import run_task_with_injection_tasks, run_task_without_injection_tasks
@@ -401,6 +411,11 @@ def _run_case(case: dict, element, pipeline, shared: _Shared) -> dict:
                 # What the agent did that the messages do not show (a denied step, a
                 # withheld output), for the report to mark where it happened.
                 data["pruefstand_events"] = element.events
+                changed = True
+            marked = _injected_spans(case, data, suite) if case["kind"] not in ("clean", "injection_goal") else None
+            if marked is not None:
+                # Where the injected text sits in each tool result, for the report.
+                data["pruefstand_injected"] = marked
                 changed = True
             if element.tools:
                 # The schemas of the tools the model was offered (an export's `tools`).
