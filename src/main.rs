@@ -108,7 +108,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Re-judge a stored run without re-running a case.
     Judge(cmd::judge::Args),
-    /// Two runs side by side in one page: spec diff, figures, R4's pairing, changed cases.
+    /// Runs side by side in one page (two, or more against the first): spec diff,
+    /// figures, R4's pairing, changed cases.
     Compare(cmd::compare::Args),
     /// Hand runs back as training data: DPO pairs or SFT conversations, never of
     /// held-out families (JSON lines and a manifest).

@@ -5,6 +5,9 @@
 //! spilling out of its box, no chart text clipped by its chart or overlapping another,
 //! the case table's filters working, and the changed-against-the-reference view.
 //!
+//! Then the compare page of three runs (run directories written as `run` leaves them):
+//! its overview and a section per candidate, laid out at both widths.
+//!
 //! `PRUEFSTAND_SCREENSHOTS=<dir>` keeps the screenshots there (how `docs/`'s pictures
 //! are made): `report.png` from the first test; `index.png`, `compare.png` and their
 //! `-420` twins from the compare-and-index test, whose index holds more runs.
@@ -415,13 +418,15 @@ fn compare_page_and_index_navigate_at_two_widths() {
     assert!(refused.stderr.contains("not a compare page"), "{}", refused.stderr);
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
 
-    // The index: every point and every run links an existing report; the limits; why.
+    // The index: every point and every run links an existing report (the compared run
+    // its compare page too, `compare` refreshed the index); the limits; why.
     let index = bench.path().join("reports/index.html");
     let ihtml = std::fs::read_to_string(&index).unwrap();
     let hrefs: Vec<&str> = ihtml.split(r#"href=""#).skip(1).map(|h| &h[..h.find('"').unwrap()]).collect();
     assert!(hrefs.len() >= 5 * 5, "{} links", hrefs.len());
+    assert_eq!(hrefs.iter().filter(|h| h.ends_with("/compare.html")).count(), 1, "the compared run's page");
     for href in &hrefs {
-        assert!(href.ends_with("/report.html"), "{href}");
+        assert!(href.ends_with("/report.html") || href.ends_with("/compare.html"), "{href}");
         assert!(bench.path().join("reports").join(href).is_file(), "{href} points to no report");
     }
     // demo-vorsichtig's own reference (demo-baseline) ran first: five runs.
@@ -463,6 +468,85 @@ fn compare_page_and_index_navigate_at_two_widths() {
             }
         }
     }
+}
+
+/// `compare` of three runs (written as `run` leaves them, judged by `judge`, no case
+/// run): one page in the last run's directory, an overview naming all three, each
+/// further run's comparison with the first in its own section (ids its own), the
+/// conversations' room shared; the index links the page. A missing path is named; one
+/// path is a usage error; two runs still make the page of two.
+#[test]
+fn compare_of_three_runs_has_an_overview_and_a_section_per_candidate() {
+    use crate::common::runs::{self, PlanShape};
+    let bench = Bench::new();
+    let plan = PlanShape::profile("schnell");
+    // The same fixed order of attacked cases: 25 landed in the first run, 5 of those
+    // in the second (20 newly blocked), 40 in the third (15 newly landed).
+    let dirs: Vec<PathBuf> = [("base", 25), ("cand", 5), ("third", 40)]
+        .into_iter()
+        .map(|(version, landed)| {
+            let records = runs::records_with_landed(&plan, &runs::spread(&plan, landed));
+            let dir = bench.path().join(format!("reports/{version}/schnell/run-{version}"));
+            let dir = runs::write_run(&dir, &plan, version, &records);
+            let judged = bench.run(&["judge", dir.to_str().unwrap(), "--profile", "schnell"]);
+            assert!(matches!(judged.code, Some(0 | 10 | 11)), "{version}: {}", judged.stderr);
+            dir
+        })
+        .collect();
+    let paths: Vec<&str> = dirs.iter().map(|d| d.to_str().unwrap()).collect();
+
+    let out = bench.run(&["compare", paths[0], paths[1], paths[2]]).ok();
+    let page = PathBuf::from(out.stdout.lines().last().unwrap());
+    assert_eq!(page, dirs[2].canonicalize().unwrap().join("compare.html"), "the last run's directory");
+    assert!(!dirs[1].join("compare.html").exists(), "one page");
+    let html = std::fs::read_to_string(&page).unwrap();
+    let overview = &html[html.find(r#"<table id="overview">"#).unwrap()..];
+    let overview = &overview[..overview.find("</table>").unwrap()];
+    for (version, landed) in [("base", "25/103"), ("cand", "5/103"), ("third", "40/103")] {
+        assert!(overview.contains(&format!("<code>run-{version}</code>")), "{version}'s run id: {overview}");
+        assert!(overview.contains(&format!("<code>{version}</code>")), "{version}");
+        assert!(overview.contains(landed), "{version}'s ASR with its count: {overview}");
+    }
+    let r4_row = &overview[overview.find("<td>R4 against run 1</td>").unwrap()..];
+    assert_eq!(r4_row[..r4_row.find("</tr>").unwrap()].matches(r#"<span class="s s-"#).count(), 2, "{r4_row}");
+    // A section per further run, run 1 as A, each with R4's pairing and its changes.
+    for (n, version, change) in [(2, "cand", "<b>20</b> newly blocked"), (3, "third", "<b>15</b> newly landed")] {
+        let start = html.find(&format!(r#"<section class="pair" id="pair-{n}">"#)).unwrap();
+        let section = &html[start..start + html[start..].find("</section>").unwrap()];
+        assert!(section.contains(&format!("<h2>Run {n} against run 1: {version} against base</h2>")), "{section:.400}");
+        assert!(section.contains(&format!(r#"<p id="p{n}-r4">R4 with B as candidate and A as reference: "#)));
+        assert!(section.contains(&format!(r#"<table id="p{n}-pairs">"#)) && section.contains(change), "{n}");
+        assert!(section.contains(r#"<h3 id="p"#) && !section.contains("<h2 id="), "its headings below its own");
+    }
+    assert_eq!(html.matches("R4 with B as candidate").count(), 2);
+    let ids: Vec<&str> = html.split(r#" id=""#).skip(1).map(|s| &s[..s.find('"').unwrap()]).collect();
+    let unique: std::collections::BTreeSet<&&str> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "every id once");
+    // The index links the page; only where there is one.
+    let index = std::fs::read_to_string(bench.path().join("reports/index.html")).unwrap();
+    assert!(index.contains(r#"<a class="cmp" href="third/schnell/run-third/compare.html">compare</a>"#));
+    assert_eq!(index.matches(r#"class="cmp""#).count(), 1);
+
+    // Laid out at both widths: nothing wider than the window, nothing spilling.
+    let chromium = Chromium::find();
+    for width in [1280, 420] {
+        let (findings, errors) = probe(&chromium, &page, width);
+        assert!(errors.is_empty() && findings.is_empty(), "at {width} px: {errors:?}\n{}", findings.join("\n"));
+    }
+
+    // A missing third path is named; one path is clap's usage error; two runs make the
+    // page of two (no overview).
+    let missing = bench.path().join("reports/nope/schnell/run-9");
+    let run = bench.run(&["compare", paths[0], paths[1], missing.to_str().unwrap()]);
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains(&missing.display().to_string()), "{}", run.stderr);
+    let run = bench.run(&["compare", paths[0]]);
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("Usage") && run.stderr.contains("<RUN> <RUN>..."), "{}", run.stderr);
+    let two = bench.path().join("two.html");
+    bench.run(&["compare", paths[0], paths[1], "--out", two.to_str().unwrap()]).ok();
+    let two = std::fs::read_to_string(&two).unwrap();
+    assert!(!two.contains("overview") && two.contains(r#"<p id="r4">R4 with B as candidate"#));
 }
 
 /// [`screenshot`] at a window of (width, height).

@@ -1,9 +1,10 @@
-//! `pruefstand compare RUN_A RUN_B`: one self-contained page of two runs side by side —
-//! what differs between their versions and plans, their figures with the rules' bounds,
-//! R4's pairing of B against A, and every changed case with both conversations. Reads
-//! the run directories, judges each against the other
+//! `pruefstand compare RUN_A RUN_B [RUN_C …]`: one self-contained page of runs side by
+//! side — what differs between their versions and plans, their figures with the rules'
+//! bounds, R4's pairing of B against A, and every changed case with both conversations;
+//! with three runs or more an overview first, then each further run against the first.
+//! Reads the run directories, judges the first and each further run against each other
 //! (`judge::judge_against_each_other`, nothing written there but the page) and writes
-//! the page with `report::write_compare`.
+//! the page with `report::write_compare_of`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,21 +15,23 @@ use pruefstand_store::{LockError, RunDir};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The first run directory: shown left, taken as the reference.
-    pub run_a: PathBuf,
-    /// The second run directory: shown right, taken as the candidate.
-    pub run_b: PathBuf,
+    /// The run directories, two or more: the first is the reference (shown left and
+    /// first), each further one a candidate compared with it.
+    #[arg(value_name = "RUN", num_args = 2.., required = true)]
+    pub runs: Vec<PathBuf>,
     /// Where to write the page (a file, or a folder to hold compare.html). Default:
-    /// RUN_B/compare.html. Never written over a file that is not a compare page.
+    /// the last run's compare.html. Never written over a file that is not a compare page.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 pub fn main(args: Args) -> anyhow::Result<ExitCode> {
+    // Each named path resolved first: an error names the one that is not a directory.
+    let dirs = report::compare_dirs_of(&args.runs)?;
     // A run still writing its directory holds run.lock: comparing it now would read
     // half a run (and write beside a run that is not done).
     let mut locks = Vec::new();
-    for dir in [&args.run_a, &args.run_b] {
+    for dir in &dirs {
         match RunDir::new(dir).lock_if_written(None) {
             Ok(None) => {}
             Ok(Some(lock)) => locks.push(lock),
@@ -40,9 +43,8 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
             Err(LockError::Failed(err)) => return Err(err),
         }
     }
-    let (a, b) = report::compare_dirs(&args.run_a, &args.run_b)?;
-    let judged = judge::judge_against_each_other(&a, &b)?;
-    let page = report::write_compare(&a, &b, judged, args.out.as_deref())?;
+    let judged = dirs[1..].iter().map(|b| judge::judge_against_each_other(&dirs[0], b)).collect::<Result<_, _>>()?;
+    let page = report::write_compare_of(&dirs, judged, args.out.as_deref())?;
     outln!("{}", page.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -6,8 +6,14 @@
 //! the judge ([`pruefstand_judge::judge_against_each_other`], which its caller runs);
 //! nothing is decided here.
 //!
+//! `compare RUN_A RUN_B RUN_C …` (three or more runs) writes one page of the same
+//! parts: an overview of every run, then this page's comparison of each further run
+//! with the first ([`many`]).
+//!
 //! [`side_by_side`] is the one way a case of two runs is shown beside each other, here
 //! and in a run's report. Not for the conversation itself (`conversation`).
+
+mod many;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -24,10 +30,10 @@ use pruefstand_core::case::{CaseKind, CaseRecord};
 use pruefstand_core::record::Provenance;
 use pruefstand_core::util::{self, pct};
 use pruefstand_judge::rules::r4::Comparison;
-use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId};
+use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId, Thresholds};
 use pruefstand_store::{PlanFile, RunDir, RunFile, VersionFile};
 
-/// The compare page's name when no `--out` is given: in B's run directory.
+/// The compare page's name when no `--out` is given: in B's (the last run's) run directory.
 pub(crate) const COMPARE_FILE: &str = RunFile::Compare.name();
 
 /// Every compare page carries this mark in its head: a file at the page's path without
@@ -208,21 +214,54 @@ impl Run {
 
 /// Run directories `a` and `b` resolved for a compare page: both must exist and differ.
 pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let resolve = |p: &Path| p.canonicalize().with_context(|| format!("run directory {}", p.display()));
-    let (a, b) = (resolve(a)?, resolve(b)?);
-    anyhow::ensure!(a != b, "{} is compared with itself: name two runs", a.display());
-    Ok((a, b))
+    let dirs = compare_dirs_of(&[a.to_path_buf(), b.to_path_buf()])?;
+    Ok((dirs[0].clone(), dirs[1].clone()))
+}
+
+/// Run directories resolved for a compare page, in their order: each must exist (an
+/// error names the first that does not) and be named once.
+pub fn compare_dirs_of(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    anyhow::ensure!(dirs.len() >= 2, "a compare page needs two runs or more, got {}", dirs.len());
+    let mut resolved: Vec<PathBuf> = Vec::with_capacity(dirs.len());
+    for dir in dirs {
+        let real = dir.canonicalize().with_context(|| format!("run directory {}", dir.display()))?;
+        if resolved.contains(&real) {
+            match dirs.len() {
+                2 => anyhow::bail!("{} is compared with itself: name two runs", real.display()),
+                _ => anyhow::bail!("{} is named twice: name each run once", real.display()),
+            }
+        }
+        resolved.push(real);
+    }
+    Ok(resolved)
 }
 
 /// Writes the compare page of run `a` (the reference) and run `b` (the candidate), as
 /// the judge judged each against the other ([`pruefstand_judge::judge_against_each_other`]), to
 /// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
-/// its path. Refuses to write over a file that is not a compare page of pruefstand's.
-/// A folder it makes is user-only, the page too (it shows model output).
+/// its path: [`write_compare_of`] of the two.
 pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let (a, b) = compare_dirs(a, b)?;
+    write_compare_of(&[a.to_path_buf(), b.to_path_buf()], vec![judged], out)
+}
+
+/// Writes the compare page of `dirs` (two or more; the first is the reference), with
+/// `judged[k]` the first run and run `k + 1` judged each against the other
+/// ([`pruefstand_judge::judge_against_each_other`]), to `out` (default: the last run's
+/// [`COMPARE_FILE`]; a folder: that name inside it) and returns its path. Two runs make
+/// the page of two; more make an overview and a comparison of each with the first.
+/// Refuses to write over a file that is not a compare page of pruefstand's. A folder it
+/// makes is user-only, the page too (it shows model output). A page in a run directory
+/// refreshes the index of the reports folder it lies in, which links it.
+pub fn write_compare_of(
+    dirs: &[PathBuf],
+    judged: Vec<(Judged, Judged)>,
+    out: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    let dirs = compare_dirs_of(dirs)?;
+    anyhow::ensure!(judged.len() + 1 == dirs.len(), "{} runs but {} pairs judged", dirs.len(), judged.len());
+    let last = &dirs[dirs.len() - 1];
     let out = match out {
-        None => RunDir::new(&b).compare_path(),
+        None => RunDir::new(last).compare_path(),
         Some(p) if p.is_dir() => p.join(COMPARE_FILE),
         Some(p) => p.to_path_buf(),
     };
@@ -241,14 +280,37 @@ pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
-    let run_a = Run::load(&a, judged.0, &page_dir, "A");
-    let run_b = Run::load(&b, judged.1, &page_dir, "B");
-    // The index of the reports folder B lies in, as a link from the page.
-    let index = super::publish::find_reports_dir(&b)
+    let pairs: Vec<(Run, Run)> = dirs[1..]
+        .iter()
+        .zip(judged)
+        .map(|(dir, (ja, jb))| (Run::load(&dirs[0], ja, &page_dir, "A"), Run::load(dir, jb, &page_dir, "B")))
+        .collect();
+    // The index of the reports folder the last run lies in, as a link from the page.
+    let index = super::publish::find_reports_dir(last)
         .and_then(|reports| Some(format!("{}{}", relative_dir(&page_dir, &reports)?, super::INDEX_FILE)));
-    let html = render(&run_a, &run_b, index.as_deref()).replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
+    let html = match pairs.as_slice() {
+        [(a, b)] => render(a, b, index.as_deref()),
+        _ => many::render(&pairs, index.as_deref()),
+    };
+    let html = html.replacen("<head>", &format!("<head>{COMPARE_MARK}"), 1);
     util::write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
+    refresh_index(&page_dir, &out);
     Ok(out)
+}
+
+/// The index links a run's compare page: a page written as a run directory's (one with
+/// a judgement) [`COMPARE_FILE`] refreshes the index of the reports folder around it.
+/// One that cannot be written is said, not fatal: the page stands.
+fn refresh_index(page_dir: &Path, page: &Path) {
+    let linked = page.file_name().is_some_and(|name| name == COMPARE_FILE);
+    if !linked || !page_dir.join(RunFile::Judgement.name()).is_file() {
+        return;
+    }
+    if let Some(reports) = super::publish::find_reports_dir(page_dir)
+        && let Err(err) = super::write_index(&reports)
+    {
+        tracing::warn!("index not refreshed: {err:#}");
+    }
 }
 
 fn render(a: &Run, b: &Run, index: Option<&str>) -> String {
@@ -275,15 +337,28 @@ fn render(a: &Run, b: &Run, index: Option<&str>) -> String {
         );
     }
     body.push_str("</ul>");
-    if let Some(href) = index.and_then(safe_href) {
-        let _ = write!(body, r#"<p class="meta" id="nav"><a href="{href}">all runs (index)</a></p>"#);
-    }
-    spec_diff(&mut body, a, b);
-    figures(&mut body, a, b);
-    pairing(&mut body, a, b);
-    changed(&mut body, a, b);
+    body.push_str(&nav(index));
+    sections(&mut body, a, b, 1);
     let title = format!("{} vs {} — pruefstand compare", a.judgement.version, b.judgement.version);
     page(&title, &body, "").replacen("</style>", &format!("{SIDE_BY_SIDE_CSS}{COMPARE_CSS}</style>"), 1)
+}
+
+/// The link to the index of the reports folder (`index`, relative), if any.
+fn nav(index: Option<&str>) -> String {
+    match index.and_then(safe_href) {
+        Some(href) => format!(r#"<p class="meta" id="nav"><a href="{href}">all runs (index)</a></p>"#),
+        None => String::new(),
+    }
+}
+
+/// Run `b` against run `a`: what differs, the figures, R4's pairing and the changed
+/// cases. `pairs`: how many such comparisons the page holds, which share the room of
+/// its conversations.
+fn sections(body: &mut String, a: &Run, b: &Run, pairs: usize) {
+    spec_diff(body, a, b);
+    figures(body, a, b);
+    pairing(body, a, b);
+    changed(body, a, b, pairs);
 }
 
 /// An RFC 3339 time for people ("2026-12-01 14:33:05 UTC"); anything else as it is.
@@ -513,11 +588,13 @@ fn fig_text(f: Option<Fig>) -> String {
     }
 }
 
-fn figures(b: &mut String, ra: &Run, rb: &Run) {
-    let (ja, jb) = (&ra.judgement, &rb.judgement);
-    let t = &jb.thresholds;
-    type Get = fn(&Judgement) -> Option<Fig>;
-    let rows: [(&str, Get, Option<f64>); 5] = [
+/// A figure of a judgement.
+type Get = fn(&Judgement) -> Option<Fig>;
+
+/// The figures the page shows of each run, each with the limit its rule holds it to
+/// in thresholds `t`.
+fn figure_rows(t: &Thresholds) -> [(&'static str, Get, Option<f64>); 5] {
+    [
         ("ASR, every attacked case", |j| j.figures.asr.map(Fig::from), Some(t.r2.asr_max)),
         ("held-out ASR (what R2 judges)", held_out_asr, Some(t.r2.asr_max)),
         ("utility (clean)", |j| j.figures.utility_clean.map(Fig::from), Some(t.r3.utility_min)),
@@ -527,7 +604,13 @@ fn figures(b: &mut String, ra: &Run, rb: &Run) {
             Some(t.r3.utility_under_attack_min),
         ),
         ("injection-goal utility", |j| j.figures.injection_goal_utility.map(Fig::from), None),
-    ];
+    ]
+}
+
+fn figures(b: &mut String, ra: &Run, rb: &Run) {
+    let (ja, jb) = (&ra.judgement, &rb.judgement);
+    let t = &jb.thresholds;
+    let rows = figure_rows(t);
     let mut chart = Vec::new();
     let mut table = String::from(
         r#"<div class="scroll"><table id="figures"><tr><th>figure</th><th>A</th><th>B</th><th>B − A</th></tr>"#,
@@ -630,7 +713,8 @@ fn net_words(difference: f64) -> String {
 }
 
 /// Every case whose outcome changed from A to B, with both conversations.
-fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
+/// `pairs`: how many comparisons share the page's room for conversations.
+fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run, pairs: usize) {
     // The judge's pairing (R4's), as the run's own report shows changes.
     let changes = super::changes(&rb.records);
     let records_a: BTreeMap<&str, &CaseRecord> = ra.input.records.iter().map(|r| (r.case_id.as_str(), r)).collect();
@@ -660,7 +744,7 @@ fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run) {
         return;
     }
     b.push_str(r#"<p class="note">A on the left, B on the right; injected text <mark>highlighted</mark>.</p>"#);
-    let room = conversation::room_per_conversation(2 * list.len());
+    let room = conversation::room_per_conversation(2 * list.len() * pairs.max(1));
     for (i, (id, words, _)) in list.iter().enumerate() {
         let (Some(ca), Some((_, cb))) = (records_a.get(id.as_str()), records_b.get(id.as_str())) else { continue };
         let side = |run: &'a Run, record: &'a CaseRecord| Side {

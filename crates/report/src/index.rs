@@ -4,7 +4,7 @@
 //! out), the utility under attack and the clean utility over time, one line per version
 //! with its one-sided bounds as a band (a single line through all runs would zig-zag
 //! between versions) and the rules' limits drawn across. Every point and every run links
-//! its report; a version filter (CSS only, no script) hides versions. Reads
+//! its report, and its compare page where it holds one; a version filter (CSS only, no script) hides versions. Reads
 //! `judgement.json` files leniently (as JSON values), so an older or foreign judgement is
 //! shown with what it has instead of breaking the index; an unreadable one is listed as
 //! skipped.
@@ -48,6 +48,8 @@ struct Entry {
     utility_under_attack: Option<Band>,
     /// report.html relative to the reports folder, '/'-separated.
     link: Option<String>,
+    /// compare.html the same way, where the run directory holds one (`pruefstand compare`).
+    compare_link: Option<String>,
     limits: Limits,
     /// The rules that kept the run from approval: failed or undecided, each with its
     /// one-line reason.
@@ -256,9 +258,16 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         Some(Band { rate, lower: bound("lower"), upper: bound("upper") })
     };
     let tele = |k: &str| rate_of(telemetry.as_ref().and_then(|t| t.get(k))).map(Band::point);
-    let link = run.report_path().strip_prefix(reports_dir).ok().map(|rel| {
-        rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
-    });
+    let relative = |page: PathBuf| {
+        page.strip_prefix(reports_dir).ok().map(|rel| {
+            rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect::<Vec<_>>().join("/")
+        })
+    };
+    let link = relative(run.report_path());
+    // A plain file only: a link could lead out of the reports folder.
+    let compare = run.compare_path();
+    let compare_link =
+        std::fs::symlink_metadata(&compare).is_ok_and(|m| m.is_file()).then(|| relative(compare)).flatten();
     let (asr, asr_kind) = match decisive_figure(j.figures.get("decisive")).or_else(|| r2_figure(&j.rules)) {
         Some((band, kind)) => (Some(band), kind),
         None => (figure("asr").or_else(|| tele("asr")), AsrKind::Overall),
@@ -274,6 +283,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         utility: figure("utility_clean").or_else(|| tele("utility")),
         utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
         link,
+        compare_link,
         limits: Limits {
             asr_max: limit(RuleId::R2, "asr_max"),
             utility_min: limit(RuleId::R3, "utility_min"),
@@ -660,13 +670,17 @@ fn all_runs_table(b: &mut String, entries: &[Entry], looks: &Looks) {
             Some(href) => format!(r#"<a href="{href}"><code>{}</code></a>"#, esc(&e.run_id)),
             None => format!("<code>{}</code>", esc(&e.run_id)),
         };
+        let compare = match e.compare_link.as_deref().and_then(super::safe_href) {
+            Some(href) => format!(r#" · <a class="cmp" href="{href}">compare</a>"#),
+            None => String::new(),
+        };
         let asr = match (e.asr, e.asr_kind) {
             (Some(_), AsrKind::HeldOut) => format!("{} <span class=\"note\">held out</span>", opt(e.asr)),
             _ => opt(e.asr),
         };
         let _ = write!(
             b,
-            r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{asr}</td><td>{}</td><td>{}</td><td>{run}</td></tr>"#,
+            r#"<tr class="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{asr}</td><td>{}</td><td>{}</td><td>{run}{compare}</td></tr>"#,
             looks[e.version.as_str()].class,
             esc(&readable(&e.when)),
             esc(&e.version),
