@@ -265,11 +265,12 @@ fn fake_model_server(respond: fn(&str) -> Option<String>) -> String {
 
 #[test]
 fn a_broken_model_server_gives_case_errors_with_reasons_and_the_run_goes_on() {
-    // The server's failures are the bench's: errors, after the agent's retries.
+    // The server's failures are the bench's: errors, after the agent's retries. The
+    // four retries' backoff is 7.5 s: the case's limit leaves them room on a busy machine.
     let bench = Bench::new();
     let plan = bench.write(
         "small.toml",
-        "name = \"small\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\ncase_timeout_s = 8\n\
+        "name = \"small\"\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\"]\njobs = 2\ncase_timeout_s = 15\n\
          injection_goals = false\n[[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_0\", \"user_task_3\"]\n",
     );
     let failing =
