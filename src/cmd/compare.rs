@@ -4,7 +4,7 @@
 //! with three runs or more an overview first, then each further run against the first.
 //! Reads the run directories, judges the first and each further run against each other
 //! (`judge::judge_against_each_other`, nothing written there but the page) and writes
-//! the page with `report::write_compare_of`.
+//! the page with `report::write_compare`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,7 +27,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> anyhow::Result<ExitCode> {
     // Each named path resolved first: an error names the one that is not a directory.
-    let dirs = report::compare_dirs_of(&args.runs)?;
+    let dirs = report::compare_dirs(&args.runs)?;
     // A run still writing its directory holds run.lock: comparing it now would read
     // half a run (and write beside a run that is not done).
     let mut locks = Vec::new();
@@ -44,7 +44,7 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let judged = dirs[1..].iter().map(|b| judge::judge_against_each_other(&dirs[0], b)).collect::<Result<_, _>>()?;
-    let page = report::write_compare_of(&dirs, judged, args.out.as_deref())?;
+    let page = report::write_compare(&dirs, judged, args.out.as_deref())?;
     outln!("{}", page.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -212,15 +212,9 @@ impl Run {
     }
 }
 
-/// Run directories `a` and `b` resolved for a compare page: both must exist and differ.
-pub fn compare_dirs(a: &Path, b: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let dirs = compare_dirs_of(&[a.to_path_buf(), b.to_path_buf()])?;
-    Ok((dirs[0].clone(), dirs[1].clone()))
-}
-
 /// Run directories resolved for a compare page, in their order: each must exist (an
 /// error names the first that does not) and be named once.
-pub fn compare_dirs_of(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn compare_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     anyhow::ensure!(dirs.len() >= 2, "a compare page needs two runs or more, got {}", dirs.len());
     let mut resolved: Vec<PathBuf> = Vec::with_capacity(dirs.len());
     for dir in dirs {
@@ -236,14 +230,6 @@ pub fn compare_dirs_of(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(resolved)
 }
 
-/// Writes the compare page of run `a` (the reference) and run `b` (the candidate), as
-/// the judge judged each against the other ([`pruefstand_judge::judge_against_each_other`]), to
-/// `out` (default: `b`'s [`COMPARE_FILE`]; a folder: that name inside it) and returns
-/// its path: [`write_compare_of`] of the two.
-pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&Path>) -> anyhow::Result<PathBuf> {
-    write_compare_of(&[a.to_path_buf(), b.to_path_buf()], vec![judged], out)
-}
-
 /// Writes the compare page of `dirs` (two or more; the first is the reference), with
 /// `judged[k]` the first run and run `k + 1` judged each against the other
 /// ([`pruefstand_judge::judge_against_each_other`]), to `out` (default: the last run's
@@ -252,12 +238,8 @@ pub fn write_compare(a: &Path, b: &Path, judged: (Judged, Judged), out: Option<&
 /// Refuses to write over a file that is not a compare page of pruefstand's. A folder it
 /// makes is user-only, the page too (it shows model output). A page in a run directory
 /// refreshes the index of the reports folder it lies in, which links it.
-pub fn write_compare_of(
-    dirs: &[PathBuf],
-    judged: Vec<(Judged, Judged)>,
-    out: Option<&Path>,
-) -> anyhow::Result<PathBuf> {
-    let dirs = compare_dirs_of(dirs)?;
+pub fn write_compare(dirs: &[PathBuf], judged: Vec<(Judged, Judged)>, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let dirs = compare_dirs(dirs)?;
     anyhow::ensure!(judged.len() + 1 == dirs.len(), "{} runs but {} pairs judged", dirs.len(), judged.len());
     let last = &dirs[dirs.len() - 1];
     let out = match out {
@@ -773,7 +755,7 @@ mod tests {
 
     /// What `compare` does: judge the two runs against each other, write the page.
     fn compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
-        write_compare(a, b, pruefstand_judge::judge_against_each_other(a, b)?, out)
+        write_compare(&[a.to_path_buf(), b.to_path_buf()], vec![pruefstand_judge::judge_against_each_other(a, b)?], out)
     }
 
     #[test]

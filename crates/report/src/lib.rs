@@ -32,7 +32,7 @@ use pruefstand_core::words::{self, BoundSide};
 use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
 use pruefstand_store::RunDir;
 
-pub use compare::{compare_dirs, compare_dirs_of, write_compare, write_compare_of};
+pub use compare::{compare_dirs, write_compare};
 use html::{esc, safe_href};
 pub use index::{INDEX_FILE, write_index};
 pub use publish::write;
