@@ -47,8 +47,9 @@ _SITES_LOCK = threading.Lock()
 
 
 def remember(injections: dict, env) -> None:
-    """Keeps (a copy of) the environment just built for this thread's case."""
-    if getattr(_LOCAL, "busy", False):
+    """Keeps (a copy of) the environment just built for this thread's case: the run
+    changes the one it gets. An environment without injections is never marked."""
+    if not injections or getattr(_LOCAL, "busy", False):
         return
     _LOCAL.last = (dict(injections), env.model_copy(deep=True))
 
@@ -126,7 +127,9 @@ def _split(real: str, before: str, after: str) -> tuple[int, int] | None:
 
 def _shadow(env, injections: dict, sites: dict):
     """A copy of `env` with each injected part letter-swapped; those parts; and whether
-    every vector was found (else a result without a difference proves nothing)."""
+    every vector was found (else a result without a difference proves nothing). Read
+    from `env`, written to the copy: one object can sit at two paths (an inbox's email
+    in `initial_emails` and `emails`), and swapping it twice in place would undo it."""
     shadow = env.model_copy(deep=True)
     parts = []
     complete = True
@@ -200,14 +203,14 @@ def injected(trace: dict, suite, task) -> list[dict] | None:
     from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
     from agentdojo.base_tasks import BaseUserTask
     from agentdojo.functions_runtime import FunctionsRuntime
+    from agentdojo.types import get_text_content_as_str
 
     last = getattr(_LOCAL, "last", None)
     _LOCAL.last = None
     injections = trace.get("injections")
     if not injections or last is None or last[0] != injections:
         return None
-    env = last[1]
-    shadow, parts, complete = _shadow(env, injections, _sites(suite))
+    shadow, parts, complete = _shadow(last[1], injections, _sites(suite))
     if isinstance(task, BaseUserTask):
         shadow = task.init_environment(shadow)
     runtime = FunctionsRuntime(suite.tools)
@@ -218,10 +221,7 @@ def injected(trace: dict, suite, task) -> list[dict] | None:
             continue
         result, _ = runtime.run_function(shadow, call["function"], call.get("args") or {}, raise_on_error=False)
         content = message.get("content")
-        if isinstance(content, list):
-            text = "\n".join(b["content"] for b in content if b.get("content") is not None)
-        else:
-            text = content or ""
+        text = get_text_content_as_str(content) if isinstance(content, list) else content or ""
         spans = _spans_of(text, tool_result_to_str(result), parts) if parts else []
         # Where a vector was not found, a result without a difference is unknown.
         if spans is not None and (spans or complete):
