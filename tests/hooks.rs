@@ -100,7 +100,7 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
     );
     bench.write("pruefstand.toml", &config);
 
-    let daemon = bench.daemon();
+    let mut daemon = bench.daemon();
     let first = bench.start(&["demo-baseline", "--plan", "mini"]);
     // A job whose snapshot disappears after `start`: it fails, and that fires too.
     let second = failing_job(&bench);
@@ -194,8 +194,13 @@ argv = ["/bin/sh", "-c", "env | grep ^PRUEFSTAND_ | sort >> \"$0\"; echo --- >> 
             && env.contains("PRUEFSTAND_ERROR=job 2")
     );
 
-    // Secrets: warned about (the config is 0644), never written anywhere.
+    // Secrets: warned about (the config is 0644), never written anywhere — also not by
+    // the stop, which writes down the dead hook's notification as owed. Stopped first,
+    // the daemon writes no ledger while the files are read (one renamed into place
+    // between listing and reading was gone).
+    assert!(daemon.signal_and_wait("TERM").success());
     let log = daemon.log();
+    assert!(log.contains("job 1: the notification to hook \"dead\" is still owed"), "{log}");
     assert!(log.contains("readable by group or others (mode 644)"), "{log}");
     assert!(!log.contains("SECRET-TOKEN"), "a webhook secret in the log:\n{log}");
     for dir in ["reports", ".pruefstand"] {
