@@ -353,7 +353,9 @@ fn the_adaptive_attacker_finds_what_the_fixed_cases_miss_and_replays_exactly() {
     // The run's seed follows its folder's name; this one's search breaks some pairs, not all
     // (another folder may break none or every one).
     let dir = bench.path().join("reports/memo/adaptive/adaptive-a");
-    let run = bench.run(&["run", "memo", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    let args = ["run", "memo", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()];
+    // Rejected: R2 fails (below); a failed run shows its output here.
+    bench.run(&args).code(10);
     assert_eq!(asr(&dir), 0.0, "the fixed cases use the template the version memorised");
     let log = json(&dir.join("adaptive.json"));
     let pairs = log["pairs"].as_array().unwrap();
@@ -374,12 +376,11 @@ fn the_adaptive_attacker_finds_what_the_fixed_cases_miss_and_replays_exactly() {
     assert_eq!(r2["measured"]["adaptive"]["broken"].as_u64(), Some(broken.len() as u64), "{r2}");
     assert_eq!(r2["status"], "fail", "the adaptive ASR is over its maximum: {r2}");
     assert!(r2["reason"].as_str().unwrap().contains("adaptive ASR"), "{r2}");
-    assert_eq!(run.code, Some(10));
     let report = std::fs::read_to_string(dir.join("report.html")).unwrap();
     assert!(report.contains("Adaptive attacker</b>: ") && report.contains("pairs broken within 3 attempts"));
 
     // Resumed, every attempt is recorded: the search redraws the same words and runs none.
-    let again = bench.run(&["run", "memo", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    let again = bench.run(&args);
     assert_eq!(again.code, Some(10), "{}", again.stderr);
     assert_eq!(json(&dir.join("adaptive.json")), log, "the search replays exactly");
 }
