@@ -1,5 +1,5 @@
 //! The report's adaptive-attacker section (docs/attacks.md): who wrote the attempts, the
-//! budget curve (search pairs broken within k attempts, for every k up to K), the
+//! budget curve drawn (search pairs broken within k attempts, for every k up to K), the
 //! transfer figure, and the frozen attempts with the pairs each broke — the found
 //! templates an operator may turn into a family. Not for judging (`judge`'s R2) or
 //! for running the search (the binary's `adaptive`).
@@ -9,12 +9,15 @@ use std::fmt::Write;
 use super::html::esc;
 use pruefstand_core::record::{Proposal, SearchLog};
 use pruefstand_core::util::pct;
+use pruefstand_judge::Judgement;
+
+use super::svg::{self, Level};
 
 /// The longest template text the page shows.
 const TEMPLATE_SHOWN: usize = 800;
 
 /// The HTML section; nothing when the run did not search.
-pub fn html(b: &mut String, log: &SearchLog) {
+pub fn html(b: &mut String, log: &SearchLog, j: &Judgement) {
     let who = match &log.attacker {
         Some(a) => format!(
             "attacker model {}{}{}",
@@ -38,32 +41,65 @@ pub fn html(b: &mut String, log: &SearchLog) {
         let _ = write!(b, " {refused} attempt(s) were refused before use (they count against the budget).");
     }
     b.push_str("</p>");
-    curve(b, log);
+    curve(b, log, j);
     found(b, log);
 }
 
-/// Pairs broken within k attempts, k = 1..=K.
-fn curve(b: &mut String, log: &SearchLog) {
+/// Pairs broken within k attempts, k = 1..=K: drawn as steps, with the transfer
+/// figure and R2's adaptive maximum across; the numbers below, folded, one row per k
+/// where the count changed (a flat curve is one row, not K columns).
+fn curve(b: &mut String, log: &SearchLog, j: &Judgement) {
     let n = log.pairs.len();
-    b.push_str("<div class=\"scroll\"><table id=\"budget-curve\"><tr><th>attempts k</th>");
-    for k in 1..=log.attempts {
-        let _ = write!(b, "<th>{k}</th>");
+    let broken = log.curve();
+    let (transferred, held_out) = log.transfer();
+    let mut levels = Vec::new();
+    if held_out > 0 {
+        let rate = transferred as f64 / held_out as f64;
+        levels.push(Level {
+            value: rate,
+            label: format!("transfer {transferred}/{held_out} ({})", pct(rate)),
+            dash: "2 3",
+        });
     }
-    b.push_str("</tr><tr><td>search pairs broken within k</td>");
-    for broken in log.curve() {
-        let rate = if n == 0 { 0.0 } else { broken as f64 / n as f64 };
-        let _ = write!(b, "<td>{broken}/{n} ({})</td>", pct(rate));
+    if let Some(max) = j.thresholds.r2.asr_adaptive_max {
+        levels.push(Level { value: max, label: format!("R2 ≤ {}", pct(max)), dash: "6 3" });
     }
-    b.push_str("</tr></table></div>");
-    let (broken, held_out) = log.transfer();
+    b.push_str(&svg::budget_chart(
+        "budget-curve-chart",
+        &format!("Search pairs broken within k attempts ({n} pairs, K = {})", log.attempts),
+        &broken,
+        n,
+        &levels,
+    ));
+    let _ = write!(
+        b,
+        "<details id=\"budget-curve-numbers\"><summary>the curve in numbers</summary><table id=\"budget-curve\">\
+         <tr><th>attempts k</th><th>search pairs broken within k</th></tr>"
+    );
+    let mut last = None;
+    for (i, &count) in broken.iter().enumerate() {
+        if last == Some(count) {
+            continue;
+        }
+        let rate = if n == 0 { 0.0 } else { count as f64 / n as f64 };
+        let _ = write!(b, "<tr><td>{}</td><td>{count}/{n} ({})</td></tr>", k_span(&broken, i), pct(rate));
+        last = Some(count);
+    }
+    b.push_str("</table><p class=\"note\">One row where the count changed; it holds until the next row.</p></details>");
     if held_out > 0 {
         let _ = write!(
             b,
-            "<p id=\"transfer\"><b>Transfer</b>: the {} frozen attempt(s) broke {broken} of {held_out} held-out pairs \
-             (never searched; R2's adaptive figure).</p>",
+            "<p id=\"transfer\"><b>Transfer</b>: the {} frozen attempt(s) broke {transferred} of {held_out} held-out \
+             pairs (never searched; R2's adaptive figure).</p>",
             log.frozen.len()
         );
     }
+}
+
+/// The attempts a table row covers: "3" or "3–19" (up to the next change, or K).
+fn k_span(broken: &[usize], i: usize) -> String {
+    let end = (i + 1..broken.len()).take_while(|&e| broken[e] == broken[i]).last().unwrap_or(i) + 1;
+    if end == i + 1 { end.to_string() } else { format!("{}–{end}", i + 1) }
 }
 
 /// The frozen attempts: what each injects and the pairs it broke.
@@ -94,4 +130,16 @@ fn found(b: &mut String, log: &SearchLog) {
         );
     }
     b.push_str("</table>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_curves_numbers_are_a_row_per_change() {
+        assert_eq!(k_span(&[12, 12, 12], 0), "1–3", "a flat curve is one row");
+        assert_eq!(k_span(&[1, 2, 2, 5], 1), "2–3");
+        assert_eq!(k_span(&[1, 2, 2, 5], 3), "4");
+    }
 }

@@ -570,15 +570,34 @@ fn fig_text(f: Option<Fig>) -> String {
     }
 }
 
+/// The adaptive attacker's search figure, as R2 measured it: searched pairs broken
+/// within K attempts, with R2's bounds.
+fn adaptive_asr(j: &Judgement) -> Option<Fig> {
+    let a = j.rule(RuleId::R2)?.measured.r2()?.adaptive.as_ref()?;
+    Some(Fig { x: a.broken, n: a.pairs, rate: a.asr, lower: a.lower, upper: a.upper })
+}
+
+/// The transfer figure: held-out pairs broken by the attempts frozen from the search,
+/// with R2's bounds — what R2 decides on when the profile sets `asr_adaptive_max`.
+fn transfer_asr(j: &Judgement) -> Option<Fig> {
+    let t = j.rule(RuleId::R2)?.measured.r2()?.adaptive.as_ref()?.transfer.as_ref()?;
+    Some(Fig { x: t.broken, n: t.pairs, rate: t.asr, lower: t.lower, upper: t.upper })
+}
+
 /// A figure of a judgement.
 type Get = fn(&Judgement) -> Option<Fig>;
 
 /// The figures the page shows of each run, each with the limit its rule holds it to
-/// in thresholds `t`.
-fn figure_rows(t: &Thresholds) -> [(&'static str, Get, Option<f64>); 5] {
+/// in thresholds `t` (the adaptive maximum only on the figure R2 decides it on, and
+/// only when the profile sets one), as judged by `j` (B's judgement).
+fn figure_rows(t: &Thresholds, j: &Judgement) -> [(&'static str, Get, Option<f64>); 7] {
+    // The adaptive maximum holds the transfer figure where there is one, else the search's.
+    let adaptive = |transfer: bool| t.r2.asr_adaptive_max.filter(|_| transfer_asr(j).is_some() == transfer);
     [
         ("ASR, every attacked case", |j| j.figures.asr.map(Fig::from), Some(t.r2.asr_max)),
         ("held-out ASR (what R2 judges)", held_out_asr, Some(t.r2.asr_max)),
+        ("adaptive ASR (search pairs broken within K attempts)", adaptive_asr, adaptive(false)),
+        ("transfer ASR (held-out pairs broken by the frozen attempts)", transfer_asr, adaptive(true)),
         ("utility (clean)", |j| j.figures.utility_clean.map(Fig::from), Some(t.r3.utility_min)),
         (
             "utility under attack",
@@ -592,7 +611,7 @@ fn figure_rows(t: &Thresholds) -> [(&'static str, Get, Option<f64>); 5] {
 fn figures(b: &mut String, ra: &Run, rb: &Run) {
     let (ja, jb) = (&ra.judgement, &rb.judgement);
     let t = &jb.thresholds;
-    let rows = figure_rows(t);
+    let rows = figure_rows(t, jb);
     let mut chart = Vec::new();
     let mut table = String::from(
         r#"<div class="scroll"><table id="figures"><tr><th>figure</th><th>A</th><th>B</th><th>B − A</th></tr>"#,
@@ -603,7 +622,7 @@ fn figures(b: &mut String, ra: &Run, rb: &Run) {
             continue;
         }
         let mut series = Vec::new();
-        for (f, run, colour) in [(fa, ra, "#757575"), (fb, rb, "#1565c0")] {
+        for (f, run, colour) in [(fa, ra, super::REFERENCE), (fb, rb, super::CANDIDATE)] {
             if let Some(f) = f {
                 series.push((run.label.clone(), colour, f.lower, f.rate, f.upper));
             }
@@ -634,7 +653,10 @@ fn figures(b: &mut String, ra: &Run, rb: &Run) {
         b,
         "<p class=\"note\">Bounds are the ones the rules decide on: R2's upper bound at {} and lower at {}, R3's at {} \
          (one-sided; 95 % unless the profile says otherwise), cluster-adjusted, errored cases counted against the \
-         version. The held-out ASR is R2's figure where the plan holds attack families out.{}</p>",
+         version. The held-out ASR is R2's figure where the plan holds attack families out; a plan with an adaptive \
+         attacker adds its figures, pairs broken rather than cases: the search half's within its budget of K \
+         attempts, and the held-out half's by the attempts frozen from the search (the one R2's adaptive maximum \
+         decides on).{}</p>",
         pct(1.0 - t.r2.alpha_pass),
         pct(1.0 - t.r2.alpha_fail),
         pct(1.0 - t.r3.alpha),

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::html::esc;
 use super::svg;
-use super::{page, verdict_class};
+use super::{colours, page, verdict_badge};
 use pruefstand_core::record::{RuleId, RuleStatus, Verdict};
 use pruefstand_core::util::{self, pct};
 use pruefstand_store::{RunDir, RunDocument, RunFile};
@@ -46,6 +46,14 @@ struct Entry {
     asr_kind: AsrKind,
     utility: Option<Band>,
     utility_under_attack: Option<Band>,
+    /// The adaptive attacker's figures as R2 measured them: the search half's pairs
+    /// broken within K attempts, and the held-out pairs the frozen attempts broke.
+    adaptive: Option<Band>,
+    transfer: Option<Band>,
+    /// The candidate version this run was made as the reference of (`run.json`): it was
+    /// judged, but only ever shown as that candidate's reference — no verdict was asked
+    /// of it, so the index shows it as "reference".
+    reference_for: Option<String>,
     /// report.html relative to the reports folder, '/'-separated.
     link: Option<String>,
     /// compare.html the same way, where the run directory holds one (`pruefstand compare`).
@@ -81,6 +89,9 @@ impl AsrKind {
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Limits {
     asr_max: Option<f64>,
+    /// R2's adaptive maximum, on the transfer figure where the run has one, else on the
+    /// search figure.
+    asr_adaptive_max: Option<f64>,
     utility_min: Option<f64>,
     utility_under_attack_min: Option<f64>,
 }
@@ -238,6 +249,18 @@ fn lenient_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IndexedRul
     Ok(lenient(d)?.unwrap_or_default())
 }
 
+/// What the index reads of `run.json`: whether the run was made as a candidate's
+/// reference (absent in runs from before it was recorded: shown as their verdict).
+#[derive(Serialize, Deserialize)]
+struct RunFacts {
+    #[serde(default, deserialize_with = "lenient")]
+    reference_for: Option<String>,
+}
+
+impl RunDocument for RunFacts {
+    const FILE: RunFile = RunFile::RunMeta;
+}
+
 /// A `telemetry.json` of any age: its headline rates, as numbers or as objects.
 #[derive(Serialize, Deserialize)]
 #[serde(transparent)]
@@ -251,6 +274,8 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
     let run = RunDir::open(file.parent().unwrap_or(reports_dir))?;
     let j: IndexedJudgement = run.read()?.context("no judgement")?;
     let telemetry: Option<Value> = run.read::<TelemetryOfAnyAge>().ok().flatten().map(|t| t.0);
+    let reference_for = run.read::<RunFacts>().ok().flatten().and_then(|f| f.reference_for);
+    let (adaptive, transfer) = adaptive_figures(&j.rules);
     let figure = |k: &str| {
         let e = j.figures.get(k)?;
         let rate = e.get("rate")?.as_f64()?;
@@ -282,10 +307,14 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
         asr_kind,
         utility: figure("utility_clean").or_else(|| tele("utility")),
         utility_under_attack: figure("utility_under_attack").or_else(|| tele("utility_under_attack")),
+        adaptive,
+        transfer,
+        reference_for,
         link,
         compare_link,
         limits: Limits {
             asr_max: limit(RuleId::R2, "asr_max"),
+            asr_adaptive_max: limit(RuleId::R2, "asr_adaptive_max"),
             utility_min: limit(RuleId::R3, "utility_min"),
             utility_under_attack_min: limit(RuleId::R3, "utility_under_attack_min"),
         },
@@ -316,6 +345,19 @@ fn r2_figure(rules: &[IndexedRule]) -> Option<(Band, AsrKind)> {
     Some((band, if held_out { AsrKind::HeldOut } else { AsrKind::Judged }))
 }
 
+/// The adaptive attacker's two figures from R2's `measured.adaptive`: the search
+/// half's (pairs broken within K attempts) and the transfer to the held-out half, each
+/// with the bounds R2 drew.
+fn adaptive_figures(rules: &[IndexedRule]) -> (Option<Band>, Option<Band>) {
+    let Some(a) = rules.iter().find(|r| r.id == Some(RuleId::R2)).and_then(|r| r.measured.get("adaptive")) else {
+        return (None, None);
+    };
+    let band = |v: &Value| {
+        Some(Band { rate: v.get("asr")?.as_f64()?, lower: v.get("lower")?.as_f64()?, upper: v.get("upper")?.as_f64()? })
+    };
+    (band(a), a.get("transfer").and_then(band))
+}
+
 /// The rules that failed or stayed undecided, with their reasons.
 fn why(rules: &[IndexedRule]) -> Vec<Why> {
     rules
@@ -332,6 +374,9 @@ const WHY_CHARS: usize = 220;
 
 /// A run's why as HTML: one line per rule that kept it from approval.
 fn why_html(e: &Entry) -> String {
+    if let Some(candidate) = &e.reference_for {
+        return format!(r#"<span class="note">run as the reference of {}</span>"#, esc(candidate));
+    }
     if e.why.is_empty() {
         return match e.verdict {
             Some(Verdict::Approved) => r#"<span class="note">every rule passed</span>"#.into(),
@@ -352,12 +397,20 @@ fn why_html(e: &Entry) -> String {
     out + "</ul>"
 }
 
+/// A run's badge: its verdict in the verdict's colour, or — for a run made as a
+/// candidate's reference — "reference", neutral, its verdict only in the tooltip.
 fn badge(e: &Entry) -> String {
-    let (class, word) = match e.verdict {
-        Some(v) => (verdict_class(v), v.as_str()),
-        None => ("s-not_applicable", "?"),
+    let inner = match (&e.reference_for, e.verdict) {
+        (Some(candidate), verdict) => format!(
+            r#"<span class="vb v-reference" title="{}">reference</span>"#,
+            esc(&format!(
+                "run as the reference of {candidate}; judged on its own (no verdict was asked of it): {}",
+                verdict.map_or("?", Verdict::as_str)
+            ))
+        ),
+        (None, Some(v)) => verdict_badge(v),
+        (None, None) => r#"<span class="vb v-reference">?</span>"#.into(),
     };
-    let inner = format!(r#"<span class="s {class}">{word}</span>"#);
     match e.link.as_deref().and_then(super::safe_href) {
         Some(href) => format!(r#"<a href="{href}">{inner}</a>"#),
         None => inner,
@@ -416,21 +469,33 @@ fn time_axis(whens: &[&str]) -> (Vec<f64>, Vec<(f64, String)>) {
     }
 }
 
-/// A version's colour, the same in every chart of the page.
-const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f", "#5d4037", "#ad1457"];
-
 /// The figures shown per plan: (label, chart id part, which band, its limit).
 type Pick = fn(&Entry) -> Option<Band>;
-type Limit = fn(&Limits) -> Option<(f64, &'static str)>;
-const TRENDS: [(&str, &str, Pick, Limit); 3] = [
-    ("ASR", "asr", |e| e.asr, |l| l.asr_max.map(|v| (v, "R2 ≤"))),
+type Limit = fn(&Entry) -> Option<(f64, &'static str)>;
+const TRENDS: [(&str, &str, Pick, Limit); 5] = [
+    ("ASR", "asr", |e| e.asr, |e| e.limits.asr_max.map(|v| (v, "R2 ≤"))),
+    // A plan with an adaptive attacker: its transfer figure (what R2's adaptive maximum
+    // decides on) and its search figure, pairs broken rather than cases. Drawn only
+    // where a run of the plan has them; the limit on the figure it holds.
+    (
+        "transfer ASR (held-out pairs broken by the frozen attempts)",
+        "transfer",
+        |e| e.transfer,
+        |e| e.limits.asr_adaptive_max.filter(|_| e.transfer.is_some()).map(|v| (v, "R2 ≤")),
+    ),
+    (
+        "adaptive ASR (search pairs broken within K attempts)",
+        "adaptive",
+        |e| e.adaptive,
+        |e| e.limits.asr_adaptive_max.filter(|_| e.transfer.is_none()).map(|v| (v, "R2 ≤")),
+    ),
     (
         "utility under attack",
         "utility-under-attack",
         |e| e.utility_under_attack,
-        |l| l.utility_under_attack_min.map(|v| (v, "R3 ≥")),
+        |e| e.limits.utility_under_attack_min.map(|v| (v, "R3 ≥")),
     ),
-    ("clean utility", "utility", |e| e.utility, |l| l.utility_min.map(|v| (v, "R3 ≥"))),
+    ("clean utility", "utility", |e| e.utility, |e| e.limits.utility_min.map(|v| (v, "R3 ≥"))),
 ];
 
 /// "10 %", "2.5 %": a limit as short as it can be said.
@@ -499,11 +564,27 @@ fn render(entries: &[Entry], skipped: &[String]) -> String {
     for e in entries {
         latest.entry(&e.version).or_default().insert(&e.plan, e);
     }
+    // A version only ever run as a reference is grey, as a run's report draws its
+    // reference; the others take the series' colours in order, the candidate's blue
+    // first. No line has a verdict's colour.
+    let only_reference: Vec<&str> = latest
+        .keys()
+        .copied()
+        .filter(|v| entries.iter().filter(|e| e.version == *v).all(|e| e.reference_for.is_some()))
+        .collect();
+    let (mut references, mut candidates) = (0, 0);
     let looks: Looks = latest
         .keys()
         .enumerate()
         .map(|(i, v)| {
-            (*v, Look { colour: PALETTE[i % PALETTE.len()], style: svg::LineStyle::nth(i), class: format!("ver-{i}") })
+            let colour = if only_reference.contains(v) {
+                references += 1;
+                colours::REFERENCE_SERIES[(references - 1) % colours::REFERENCE_SERIES.len()]
+            } else {
+                candidates += 1;
+                colours::SERIES[(candidates - 1) % colours::SERIES.len()]
+            };
+            (*v, Look { colour, style: svg::LineStyle::nth(i), class: format!("ver-{i}") })
         })
         .collect();
     version_filter(&mut b, &looks);
@@ -593,7 +674,7 @@ fn plan_section(b: &mut String, p: &str, entries: &[Entry], latest: &Latest, loo
             continue;
         }
         // The limits the plan's runs were judged with (one, unless the profile changed).
-        let mut limits: Vec<(f64, &str)> = runs.iter().filter_map(|e| limit(&e.limits)).collect();
+        let mut limits: Vec<(f64, &str)> = runs.iter().filter_map(|e| limit(e)).collect();
         limits.sort_by(|a, b| a.0.total_cmp(&b.0));
         limits.dedup_by(|a, b| (a.0 - b.0).abs() < 1e-12);
         let thresholds: Vec<svg::Threshold> = limits
@@ -635,7 +716,10 @@ fn trend_points(
                     pct(f.rate),
                     pct(f.lower),
                     pct(f.upper),
-                    e.verdict.map_or("?", Verdict::as_str),
+                    match &e.reference_for {
+                        Some(c) => format!("reference of {c}"),
+                        None => e.verdict.map_or("?", Verdict::as_str).to_string(),
+                    },
                     readable(&e.when),
                     e.run_id
                 ),

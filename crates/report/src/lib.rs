@@ -10,6 +10,7 @@ pub mod export;
 
 mod adaptive;
 mod cases;
+pub mod colours;
 mod compare;
 mod conversation;
 mod families;
@@ -32,6 +33,7 @@ use pruefstand_core::words::{self, BoundSide};
 use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
 use pruefstand_store::RunDir;
 
+use colours::{CANDIDATE, REFERENCE};
 pub use compare::{compare_dirs, write_compare};
 use html::{esc, safe_href};
 pub use index::{INDEX_FILE, write_index};
@@ -173,12 +175,10 @@ const CSS: &str = r#"
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:1100px;padding:0 1rem;color:#222}
 h1{font-size:1.4rem;margin-bottom:.2rem} h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
 #verdict{display:inline-block;font-size:2.6rem;font-weight:800;letter-spacing:.05em;text-transform:uppercase;padding:.3rem 1.2rem;border-radius:.4rem;color:#fff;margin:.6rem 0}
-.v-approved{background:#2e7d32}.v-rejected{background:#c62828}.v-inconclusive{background:#ef8f00}.v-invalid{background:#6a1b9a}
 .meta{color:#555;font-size:.9rem} table{border-collapse:collapse;margin:.6rem 0;font-size:.9rem} td,th{border:1px solid #ddd;padding:.25rem .5rem;vertical-align:top;text-align:left}
-.s{font-weight:700;border-radius:.25rem;padding:0 .4rem;color:#fff}.s-pass{background:#2e7d32}.s-fail{background:#c62828}.s-inconclusive{background:#ef8f00}.s-not_applicable{background:#9e9e9e}
 pre{font-size:.75rem;background:#f6f6f6;padding:.4rem;overflow:auto;margin:0;white-space:pre-wrap;overflow-wrap:anywhere} svg.chart{display:block;margin:1rem 0 .2rem;max-width:100%;height:auto}
 .note{color:#555;font-size:.85rem} code{overflow-wrap:anywhere}
-.scroll{overflow-x:auto;max-width:100%} td{overflow-wrap:break-word} .s{white-space:nowrap}
+.scroll{overflow-x:auto;max-width:100%} td{overflow-wrap:break-word}
 ul.legend{list-style:none;padding:0;margin:0 0 1rem;font-size:.85rem;display:flex;flex-wrap:wrap;gap:.3rem 1.2rem} ul.legend li{overflow-wrap:anywhere}
 .sw{display:inline-block;width:.8rem;height:.8rem;margin-right:.3rem;vertical-align:middle;border-radius:2px}
 dl.kv{margin:0;font-size:.8rem;display:grid;grid-template-columns:auto auto;gap:0 .6rem} dl.kv dt{color:#555} dl.kv dd{margin:0}
@@ -203,8 +203,9 @@ fn page(title: &str, body: &str, script: &str) -> String {
         "default-src 'none'; script-src {script_src}; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
     );
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>\n{body}\n{script_tag}</body></html>\n",
-        esc(title)
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{csp}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}{}</style></head><body>\n{body}\n{script_tag}</body></html>\n",
+        esc(title),
+        colours::css()
     )
 }
 
@@ -324,9 +325,9 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
     let anchors = cases::anchors(&ordered);
     let changes = changes(&judged.records);
     figures(&mut b, j);
-    families::html(&mut b, j);
+    families::html(&mut b, j, families::of_reference(input, judged.records.reference.as_deref()).as_ref());
     if let Some(log) = &input.adaptive {
-        adaptive::html(&mut b, log);
+        adaptive::html(&mut b, log, j);
     }
     breakdowns(&mut b, j, input, judged.records.reference.as_deref(), &anchors);
     operations(&mut b, &input.records);
@@ -444,15 +445,15 @@ fn interval_rows(j: &Judgement) -> Vec<IntervalRow> {
     let mut add = |label: &str, cand: Option<Estimate>, refr: Option<Estimate>, threshold: Option<f64>| {
         let mut series = Vec::new();
         if let Some(e) = cand {
-            series.push((j.version.clone(), "#1565c0", e.lower, e.rate, e.upper));
+            series.push((j.version.clone(), CANDIDATE, e.lower, e.rate, e.upper));
             if let Some((lo, hi)) = e.without_errors {
-                series.push((format!("{} (errors left out)", j.version), "#90caf9", lo, e.rate, hi));
+                series.push((format!("{} (errors left out)", j.version), colours::CANDIDATE_LIGHT, lo, e.rate, hi));
             }
         }
         if let Some(e) = refr {
             series.push((
                 format!("{} (ref)", j.reference_version.as_deref().unwrap_or("reference")),
-                "#757575",
+                REFERENCE,
                 e.lower,
                 e.rate,
                 e.upper,
@@ -519,10 +520,6 @@ fn figures_note(b: &mut String, j: &Judgement) {
         words::INJECTION_GOAL_UTILITY,
     );
 }
-
-/// Colours of the candidate and the reference in every chart.
-const CANDIDATE: &str = "#1565c0";
-const REFERENCE: &str = "#757575";
 
 /// A bar of `x` of `n` with its one-sided 95 % bounds (not adjusted for clustering:
 /// a breakdown's cases are few, the bars show their spread, the rules decide).
@@ -728,14 +725,9 @@ fn error_class(error: &str) -> String {
     svg::truncate(head, 60)
 }
 
-/// The verdict's colour class, for the index.
-fn verdict_class(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Approved => "s-pass",
-        Verdict::Rejected => "s-fail",
-        Verdict::Inconclusive => "s-inconclusive",
-        Verdict::Invalid => "s-not_applicable",
-    }
+/// A verdict as a badge in its colour ([`colours`]).
+fn verdict_badge(v: Verdict) -> String {
+    format!(r#"<span class="vb v-{0}">{0}</span>"#, v.as_str())
 }
 
 #[cfg(test)]

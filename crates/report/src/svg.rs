@@ -122,6 +122,9 @@ pub struct Bar {
     pub upper: f64,
 }
 
+/// The width of a bar at (or near) 0 %: a tick on the axis, so the bar is seen.
+const MIN_BAR_W: f64 = 3.0;
+
 /// One row of a bar chart: a label and one bar per series (candidate, reference).
 pub(crate) struct BarRow {
     pub label: String,
@@ -157,9 +160,22 @@ pub(crate) fn bar_chart(
             let by = y + i as f64 * bar_h;
             let rate = if bar.n == 0 { 0.0 } else { bar.x as f64 / bar.n as f64 };
             let cy = by + bar_h / 2.0 - 1.0;
+            // A bar at 0 % has no length: its outline and a tick on the axis in its
+            // colour still show it is there (the figure beside it says 0.0 %).
+            let width = PLOT_W * rate;
+            let outline = if width < MIN_BAR_W {
+                format!(
+                    r##"<rect class="zero" x="{LABEL_W}" y="{by:.1}" width="{MIN_BAR_W}" height="{:.1}" fill="{}" stroke="{}" stroke-width="1"/>"##,
+                    bar_h - 2.0,
+                    bar.colour,
+                    bar.colour
+                )
+            } else {
+                String::new()
+            };
             let _ = write!(
                 out,
-                r##"<g><title>{}: {}/{} = {} [{}, {}]</title><rect x="{LABEL_W}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}" opacity="0.8"/><line x1="{:.1}" y1="{cy:.1}" x2="{:.1}" y2="{cy:.1}" stroke="#000" stroke-width="1.2"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#333">{} ({}/{})</text></g>"##,
+                r##"<g class="bar"><title>{}: {}/{} = {} [{}, {}]</title><rect x="{LABEL_W}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}" opacity="0.8"/>{outline}<line x1="{:.1}" y1="{cy:.1}" x2="{:.1}" y2="{cy:.1}" stroke="#000" stroke-width="1.2"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#000"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#333">{} ({}/{})</text></g>"##,
                 esc(&row.label),
                 bar.x,
                 bar.n,
@@ -167,7 +183,7 @@ pub(crate) fn bar_chart(
                 pct(bar.lower),
                 pct(bar.upper),
                 by,
-                PLOT_W * rate,
+                width,
                 bar_h - 2.0,
                 bar.colour,
                 x_of(bar.lower),
@@ -564,9 +580,125 @@ fn time_series(out: &mut String, f: Frame, s: &TimeSeries, y_of: impl Fn(&TimePo
     out.push_str("</g>");
 }
 
+/// A label right of a plot, at the height of what it names.
+struct RightLabel {
+    y: f64,
+    text: String,
+}
+
+/// Labels right of a plot, each at its own height unless that is within 11 px of the one
+/// above it (then just below that), so no two overlap.
+fn right_labels(out: &mut String, x: f64, mut labels: Vec<RightLabel>) {
+    labels.sort_by(|a, b| a.y.total_cmp(&b.y));
+    let mut last = f64::NEG_INFINITY;
+    for l in labels {
+        let y = (l.y + 3.0).max(last + 11.0);
+        last = y;
+        let _ = write!(out, r#"<text x="{x:.1}" y="{y:.1}" font-size="10">{}</text>"#, esc(&l.text));
+    }
+}
+
+/// A level drawn across a budget chart: a dashed line at `value` (0–1), labelled.
+pub(crate) struct Level {
+    pub value: f64,
+    pub label: String,
+    pub dash: &'static str,
+}
+
+/// The adaptive attacker's budget curve: the share of `n` pairs broken within k
+/// attempts for k = 1..=K (`broken[k - 1]`), drawn as steps over the attempts, each
+/// step's count in its tooltip and the last one's beside the line's end; `levels` are
+/// dashed lines across (the transfer figure, R2's adaptive maximum), labelled right of
+/// the plot.
+pub(crate) fn budget_chart(id: &str, title: &str, broken: &[usize], n: usize, levels: &[Level]) -> String {
+    let (w, h, left, right, top, plot_h) = (720.0, 238.0, 46.0, 150.0, 28.0, 160.0);
+    let frame = Frame { left, top, plot_w: w - left - right, plot_h };
+    let k_max = broken.len().max(1);
+    let share = |x: usize| if n == 0 { 0.0 } else { x as f64 / n as f64 };
+    let px = |k: f64| frame.px(k / k_max as f64);
+    let mut out = open_chart(id, title, title, w, h);
+    // The share axis, and the attempts below it (at most about ten labels).
+    time_axes(&mut out, frame, &[]);
+    let every = k_max.div_ceil(10);
+    for k in (1..=k_max).filter(|k| k % every == 0 || *k == 1) {
+        let _ = write!(
+            out,
+            r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle" fill="#666">{k}</text>"##,
+            px(k as f64),
+            top + plot_h + 14.0
+        );
+    }
+    let _ = write!(
+        out,
+        r##"<text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle" fill="#666">attempts per pair (k)</text>"##,
+        left + frame.plot_w / 2.0,
+        top + plot_h + 30.0
+    );
+    let mut labels = Vec::new();
+    for level in levels {
+        let y = frame.py(level.value);
+        let _ = write!(
+            out,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#000" stroke-dasharray="{}"><title>{}</title></line>"##,
+            left + frame.plot_w,
+            level.dash,
+            esc(&level.label)
+        );
+        labels.push(RightLabel { y, text: level.label.clone() });
+    }
+    // Steps: "within k attempts" holds from k - 1 to k.
+    let colour = super::colours::CANDIDATE;
+    let mut path = format!("M{:.1} {:.1}", px(0.0), frame.py(share(broken.first().copied().unwrap_or(0))));
+    for (i, b) in broken.iter().enumerate() {
+        let _ = write!(path, "V{:.1}H{:.1}", frame.py(share(*b)), px(i as f64 + 1.0));
+    }
+    let _ = write!(out, r#"<path d="{path}" fill="none" stroke="{colour}" stroke-width="2.5"/>"#);
+    if k_max <= 40 {
+        for (i, b) in broken.iter().enumerate() {
+            let k = i + 1;
+            let _ = write!(
+                out,
+                r#"<g class="step"><title>within {k} attempt(s): {b}/{n} pairs broken ({})</title>{}</g>"#,
+                pct(share(*b)),
+                marker(Marker::Circle, px(k as f64), frame.py(share(*b)), colour)
+            );
+        }
+    }
+    if let Some(last) = broken.last() {
+        labels.push(RightLabel { y: frame.py(share(*last)), text: format!("{last}/{n} ({})", pct(share(*last))) });
+    }
+    right_labels(&mut out, left + frame.plot_w + 8.0, labels);
+    out.push_str("</svg>");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_curve_is_drawn_as_steps_with_its_end_and_levels_labelled() {
+        let broken = vec![12, 12, 14, 14, 20];
+        let levels = [Level { value: 0.1, label: "transfer 3/30 (10.0 %)".into(), dash: "6 3" }];
+        let s = budget_chart("bc", "B", &broken, 30, &levels);
+        assert!(s.contains(r#"class="chart""#) && s.contains(r#"<path d="M46.0 "#), "{s}");
+        assert_eq!(s.matches(r#"<g class="step">"#).count(), 5, "a point per k");
+        assert!(s.contains("within 3 attempt(s): 14/30 pairs broken (46.7 %)"));
+        assert!(s.contains(">20/30 (66.7 %)<") && s.contains(">transfer 3/30 (10.0 %)<"));
+        // Labels that would sit on one height are moved 11 px apart.
+        let mut out = String::new();
+        let labels = vec![RightLabel { y: 50.0, text: "a".into() }, RightLabel { y: 51.0, text: "b".into() }];
+        right_labels(&mut out, 0.0, labels);
+        assert!(out.contains(r#"y="53.0""#) && out.contains(r#"y="64.0""#), "{out}");
+    }
+
+    #[test]
+    fn a_bar_at_zero_is_still_drawn() {
+        let bar = Bar { colour: "#123456", x: 0, n: 9, lower: 0.0, upper: 0.3 };
+        let s = bar_chart("b", "B", &[BarRow { label: "x".into(), bars: vec![bar] }], &[], None);
+        assert!(s.contains(r#"<rect class="zero" x="200" "#) && s.contains(r#"width="3""#), "{s}");
+        assert!(s.contains("0.0 % (0/9)"), "its figure beside it");
+    }
 
     #[test]
     fn heat_runs_green_to_red() {

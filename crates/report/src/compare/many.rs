@@ -91,7 +91,7 @@ fn overview(b: &mut String, runs: &[&Run], pairs: &[(Run, Run)]) {
     row(b, "started", each(&|r| esc(&r.input.run.started_at.as_deref().map_or("–".into(), readable))));
     row(b, "cases", each(&|r| r.records.run.len().to_string()));
     // The overview draws no limits: the rows' thresholds are only their getters' company.
-    for (label, get, _) in figure_rows(&runs[0].judgement.thresholds) {
+    for (label, get, _) in figure_rows(&runs[0].judgement.thresholds, &runs[0].judgement) {
         let figures: Vec<_> = runs.iter().map(|r| get(&r.judgement)).collect();
         if figures.iter().any(Option::is_some) {
             row(b, label, figures.into_iter().map(fig_text).collect());
@@ -109,7 +109,11 @@ fn overview(b: &mut String, runs: &[&Run], pairs: &[(Run, Run)]) {
         });
     }
     row(b, "R4 against run 1", r4);
-    let verdicts = each(&|r| esc(r.stored.as_ref().map_or("not judged", |j| j.verdict.as_str())));
+    // The verdicts as badges in their colours; R4's status above them quieter.
+    let verdicts = each(&|r| match r.stored.as_ref() {
+        Some(j) => format!(r#"<span class="vb v-{0}">{0}</span>"#, esc(&j.verdict)),
+        None => "not judged".into(),
+    });
     row(b, "verdict as judged (its own reference)", verdicts);
     b.push_str(
         r#"</table></div><p class="note">Figures with their one-sided bounds as each pair's section shows them; R4 judges each run as the candidate against run 1. Each run's section below says what differs, its figures beside run 1's, R4's pairing and its changed cases.</p>"#,
