@@ -133,6 +133,9 @@ pub struct RunRequest {
     agent: AgentSetup,
     defence: Defence,
 }
+    /// The candidate whose reference this run is (its `run.json` says so, and the index
+    /// shows it as that reference rather than by a verdict no one asked for).
+    reference_for: Option<String>,
 
 /// Keeps some of a resolved plan's cases (a shard's slice).
 type CaseFilter = Box<dyn FnOnce(Vec<Case>) -> Vec<Case> + Send>;
@@ -200,6 +203,7 @@ impl RunRequest {
             out: None,
             seed: None,
         }
+            reference_for: Some(self.version.name.clone()),
     }
 
     /// What a run directory of this request must match to be resumed.
@@ -300,8 +304,20 @@ impl RequestBuilder<'_> {
         })
         .await?;
         let (server, agent, defence) = (ServerSetup::of(&version), AgentSetup::of(&version), Defence::of(&version));
-        let mut request =
-            RunRequest { version, plan, inventory, reference: None, jobs, extent, out, seed, server, agent, defence };
+        let mut request = RunRequest {
+            version,
+            plan,
+            inventory,
+            reference: None,
+            jobs,
+            extent,
+            out,
+            seed,
+            server,
+            agent,
+            defence,
+            reference_for: None,
+        };
         request.reference = reference.map(|version| Box::new(request.for_reference(version)));
         Ok(request)
     }
@@ -506,6 +522,7 @@ impl Session {
             }
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
+            reference_for: request.reference_for.clone(),
             let judged = judge::judge_dir(&run_dir.path, None, None)?;
             report::write(&run_dir.path, &judged, Some(&reports))?;
             Ok(judged.judgement)

@@ -177,6 +177,10 @@ pub struct RunMeta {
     /// (docs/attacks.md): what R2 judges.
     #[serde(default, skip_serializing_if = "AttackFamilies::is_empty")]
     pub attack_families: AttackFamilies,
+    /// The candidate version whose reference this run was made as (R4): it is judged
+    /// like any run, but no verdict was asked of it — the index shows it as a reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_for: Option<String>,
 }
 
 /// The shards a clustered run was cut into, merged into one run directory.

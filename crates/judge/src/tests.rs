@@ -72,6 +72,7 @@ pub fn schnell(landed: usize) -> JudgeInput {
         early_stop: None,
         shards: None,
         attack_families: Default::default(),
+        reference_for: None,
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
