@@ -104,8 +104,16 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
         let Some(href) = url_of(reports, &folder.join(&name)) else { continue };
         let esc = pruefstand_report::html::esc;
         let row = if meta.is_dir() {
-            let verdict = verdict_of(&real)
-                .map_or(String::new(), |v| format!(r#" <span class="verdict v-{0}">{0}</span>"#, esc(&v)));
+            // A verdict in its colour (the reports' own); a run made as a candidate's
+            // reference as "reference", as the index shows it.
+            let verdict = match (verdict_of(&real), reference_for(&real)) {
+                (Some(_), Some(candidate)) => format!(
+                    r#" <span class="verdict vb v-reference" title="run as the reference of {}">reference</span>"#,
+                    esc(&candidate)
+                ),
+                (Some(v), None) => format!(r#" <span class="verdict vb v-{0}">{0}</span>"#, esc(&v)),
+                (None, _) => String::new(),
+            };
             format!(r#"<li><a href="{}/">{}/</a>{verdict}</li>"#, esc(&href), esc(&name))
         } else if meta.is_file() {
             format!(r#"<li><a href="{}">{}</a></li>"#, esc(&href), esc(&name))
@@ -123,8 +131,9 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     let title = pruefstand_report::html::esc(shown);
     let html = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
-<style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{font-weight:700;margin-left:.6rem}}</style></head>\
-<body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>"
+<style>body{{font-family:sans-serif;margin:2rem}}li{{margin:.2rem 0}}.verdict{{margin-left:.6rem}}{}</style></head>\
+<body><p><a href=\"/\">live view</a></p><h1>{title}</h1>{up}{empty}<ul id=\"entries\">{items}</ul></body></html>",
+        pruefstand_report::colours::css()
     );
     Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: super::csp::STRICT }
 }
@@ -143,6 +152,22 @@ impl RunDocument for VerdictOnly {
 /// A run folder's verdict, from its `judgement.json`.
 fn verdict_of(dir: &Path) -> Option<String> {
     Some(RunDir::open(dir).ok()?.read::<VerdictOnly>().ok()??.verdict)
+}
+
+/// What a listing reads of `run.json`: the candidate a reference run was made for.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ReferenceFor {
+    #[serde(default)]
+    reference_for: Option<String>,
+}
+
+impl RunDocument for ReferenceFor {
+    const FILE: RunFile = RunFile::RunMeta;
+}
+
+/// The candidate a run folder was made as the reference of, from its `run.json`.
+fn reference_for(dir: &Path) -> Option<String> {
+    RunDir::open(dir).ok()?.read::<ReferenceFor>().ok()??.reference_for
 }
 
 /// A segment that names an entry of its folder: not empty, not `.`/`..` or another

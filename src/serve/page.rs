@@ -2,7 +2,9 @@
 //! script, allowed by its hash like the reports' own) that opens `EventSource('/events')`
 //! and fills in the daemon's line, the running job's progress and the queue from the
 //! `status` and `jobs` events — with `textContent` only, never markup from data. The
-//! page itself holds no data, so it is the same bytes every time. Not the feed
+//! page itself holds no data, so it is the same bytes every time. A job's state is
+//! written in grey (running and failed stand out); its verdict carries the colour, the
+//! reports' own (`pruefstand_report::colours`). Not the feed
 //! (`serve::live`) nor the files (`serve::files`).
 
 use std::sync::LazyLock;
@@ -19,8 +21,7 @@ h1{font-size:1.4rem;margin:0 0 .3rem} h2{font-size:1.1rem;margin-top:1.6rem;bord
 #job h3{margin:0;font-size:1rem;overflow-wrap:anywhere} #job-run{margin:.1rem 0 .4rem;overflow-wrap:anywhere}
 progress{width:100%;height:1.2rem} dl{display:flex;flex-wrap:wrap;gap:.2rem 1.6rem;margin:.4rem 0 0} dt{color:#555;font-size:.8rem} dd{margin:0;font-weight:700}
 .scroll{overflow-x:auto;max-width:100%} table{border-collapse:collapse;font-size:.9rem;width:100%} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;vertical-align:top}
-td.r{text-align:right} .st{font-weight:700;white-space:nowrap} .st-running{color:#1565c0} .st-done{color:#2e7d32} .st-failed,.st-cancelled{color:#c62828} .st-pending,.st-interrupted{color:#ef8f00}
-.v-approved{color:#2e7d32}.v-rejected{color:#c62828}.v-inconclusive{color:#ef8f00}.v-invalid{color:#6a1b9a}
+td.r{text-align:right} .st{white-space:nowrap;color:#555} .st-running{color:#1565c0;font-weight:700} .st-failed{color:#c62828;font-weight:700}
 .err{color:#c62828;font-size:.85rem;overflow-wrap:anywhere}
 @media (max-width:600px){.wide{display:none} body{margin:.8rem auto} td,th{padding:.2rem .3rem}}
 "#;
@@ -69,7 +70,7 @@ function onJobs(d){
   cell(tr,j.id,"r");cell(tr,j.state,"st st-"+j.state);cell(tr,j.version);cell(tr,j.plan,"wide");
   var p=cell(tr,"");
   if(j.state==="running"){p.setAttribute("data-running",String(j.id));p.textContent=running&&running.job===j.id?progressText():"running";}
-  else if(j.verdict){p.textContent=j.verdict;p.className="v-"+j.verdict;if(j.summary)p.title=j.summary;}
+  else if(j.verdict){var v=document.createElement("span");v.textContent=j.verdict;v.className="vb v-"+j.verdict;if(j.summary)v.title=j.summary;p.appendChild(v);}
   else if(j.error){p.textContent=j.error;p.className="err";}
   cell(tr,when(j.started),"wide");cell(tr,when(j.finished),"wide");
   var r=cell(tr,"");
@@ -100,8 +101,9 @@ pub static CSP: LazyLock<String> = LazyLock::new(|| {
 /// The page, the same bytes on every request.
 pub static PAGE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>pruefstand — live</title><style>{CSS}</style></head><body>\n{BODY}\n<script>{SCRIPT}</script></body></html>\n",
-        *CSP
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>pruefstand — live</title><style>{CSS}{}</style></head><body>\n{BODY}\n<script>{SCRIPT}</script></body></html>\n",
+        *CSP,
+        pruefstand_report::colours::css()
     )
 });
 
@@ -117,5 +119,20 @@ mod tests {
         assert!(
             !SCRIPT.contains("innerHTML") && !SCRIPT.contains("outerHTML") && !SCRIPT.contains("insertAdjacentHTML")
         );
+    }
+
+    #[test]
+    fn a_done_job_is_grey_and_its_verdict_wears_the_reports_colour() {
+        use pruefstand_report::colours;
+        // No verdict's colour on a job's state: "done" beside "rejected" never reads as
+        // two verdicts.
+        let states = &CSS[CSS.find(".st{").unwrap()..];
+        let states = &states[..states.find('\n').unwrap()];
+        assert!(!states.contains(".st-done"), "done is plain grey: {states}");
+        assert!(!states.contains(colours::APPROVED) && !states.contains(colours::INCONCLUSIVE), "{states}");
+        for (verdict, colour) in [("approved", colours::APPROVED), ("rejected", colours::REJECTED)] {
+            assert!(PAGE.contains(&format!(".v-{verdict}{{background:{colour};color:#fff}}")), "{verdict}");
+        }
+        assert!(SCRIPT.contains(r#"v.className="vb v-"+j.verdict"#), "the verdict is a badge");
     }
 }
