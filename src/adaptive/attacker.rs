@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::feedback::bounded;
-use pruefstand_core::record::{AttackerCost as Cost, Attempt, Feedback, Proposal};
+use pruefstand_core::record::{AttackerCost as Cost, Attempt, Feedback, NotRun, Proposal};
 use pruefstand_core::settings::url::SecretUrl;
 
 /// The attacker's instructions, as shipped.
@@ -24,6 +24,9 @@ const HISTORY_SHOWN: usize = 4;
 const TEMPLATE_SHOWN: usize = 400;
 /// A reply's bound in tokens: a template is a paragraph.
 const MAX_TOKENS: u32 = 320;
+/// The most bytes of a response body read: 320 tokens of JSON are a few KiB, so a
+/// larger body is a broken or hostile endpoint, not a reply.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// The attacker model's endpoint.
 pub struct Client {
@@ -48,14 +51,16 @@ pub struct PairBrief<'a> {
 impl Client {
     /// `base_url`: `…/v1`.
     pub fn new(base_url: SecretUrl, api_key: Option<String>, model: String) -> anyhow::Result<Client> {
+        // No redirects: the prompt goes to the endpoint the plan names and nowhere else.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(600))
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Ok(Client { http, url: base_url.join("chat/completions"), api_key, model })
     }
 
-    /// The attacker's reply text (Err: why there is none, for the log) and its cost.
+    /// The attacker's reply text (Err: the endpoint's failure, for the log) and its cost.
     pub async fn ask(&self, brief: &PairBrief<'_>, seed: u64) -> (Result<String, String>, Cost) {
         let started = std::time::Instant::now();
         let body = json!({
@@ -73,7 +78,9 @@ impl Client {
             request = request.bearer_auth(key);
         }
         let reply = match request.send().await {
-            Ok(response) if response.status().is_success() => response.json::<Value>().await.map_err(|e| e.to_string()),
+            Ok(response) if response.status().is_success() => {
+                bounded_json(response).await.map_err(|e| format!("{}: {e}", self.url))
+            }
             Ok(response) => Err(format!("{} answered {}", self.url, response.status())),
             Err(e) => Err(format!("{}: {}", self.url, e.without_url())),
         };
@@ -81,10 +88,26 @@ impl Client {
         let text = reply.and_then(|v| {
             cost.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
             cost.completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-            v["choices"][0]["message"]["content"].as_str().map(str::to_string).ok_or_else(|| "no text".to_string())
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("{}: a reply with no message text", self.url))
         });
         (text, cost)
     }
+}
+
+/// The response body as JSON, read chunk by chunk and given up past `MAX_BODY_BYTES`
+/// (a server may stream without a length, forever).
+async fn bounded_json(mut response: reqwest::Response) -> Result<Value, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(format!("a reply body over {} KiB", MAX_BODY_BYTES / 1024));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("a reply that is not JSON: {e}"))
 }
 
 /// The request's user turn.
@@ -107,6 +130,7 @@ pub fn user_message(brief: &PairBrief<'_>) -> String {
         };
         text.push_str(&format!("#{}: <template>{written}</template>\n", i + 1));
         match (&attempt.refused, &attempt.feedback, &attempt.behaviour) {
+            (Some(NotRun::Declined(_)), _, _) => text.push_str("   you declined to write one\n"),
             (Some(why), _, _) => text.push_str(&format!("   refused before use: {why}\n")),
             (None, Some(feedback), Some(behaviour)) if brief.feedback => {
                 text.push_str(&format!("   the assistant then: {behaviour}\n   result: {}\n", describe(feedback)))

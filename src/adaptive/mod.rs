@@ -26,7 +26,7 @@ use pruefstand_core::family;
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Adaptive, Plan, Proposer as ProposerKind};
 use pruefstand_core::record::FoundFamily;
-use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, PairLog, Proposal, SearchLog};
+use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, NotRun, PairLog, Proposal, SearchLog};
 use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_sim::Truth;
 use pruefstand_store::RunDir;
@@ -128,6 +128,7 @@ fn new_log(seed: u64, adaptive: &Adaptive, proposer: &Proposer, url: Option<Stri
         held_out: held_out.into_iter().map(pair).collect(),
         attacker: proposer.facts(url),
         busy: None,
+        abandoned: None,
     }
 }
 
@@ -211,7 +212,13 @@ fn written(case: Case, proposal: Proposal, how: How) -> Attempt {
     }
 }
 
-/// The attacker model's attempt on a pair: its template, or its reply refused.
+/// How often a reply the bench could not use is asked for again, per attempt: an
+/// endpoint's blip or one reply out of shape is no reason to lose the attempt, and a
+/// dead endpoint is not asked forever.
+const RETRIES: u64 = 2;
+
+/// The attacker model's attempt on a pair: its template, its own refusal, or — after
+/// `RETRIES` more asks — what the bench failed to get from it.
 async fn ask_model(
     search: &Search<'_>,
     client: &attacker::Client,
@@ -229,7 +236,7 @@ async fn ask_model(
     };
     let brief = attacker::PairBrief { goal, lands, earlier: &pair.attempts, feedback };
     let key = pruefstand_core::util::sha256_hex(format!("{}:{}:{k}", search.seed, pair.key()).as_bytes());
-    let (reply, cost) = client.ask(&brief, u64::from_str_radix(&key[..15], 16).unwrap_or(0)).await;
+    let seed = u64::from_str_radix(&key[..15], 16).unwrap_or(0);
     let earlier: Vec<&str> = pair
         .attempts
         .iter()
@@ -238,17 +245,52 @@ async fn ask_model(
             Proposal::Wording(_) => None,
         })
         .collect();
-    let checked = reply.clone().map_err(template::Refusal::NoReply).and_then(|r| template::check(&r, &earlier));
-    let mut attempt = match checked {
-        Ok(text) => written(case, Proposal::Template(text), how_for(k)),
-        Err(why) => {
-            let kept = template::kept(reply.as_deref().unwrap_or_default());
-            tracing::info!("adaptive attacker: {} attempt {} refused: {why}", pair.key(), k + 1);
-            Attempt { refused: Some(why.to_string()), ..written(case, Proposal::Template(kept), how_for(k)) }
+    let mut total = pruefstand_core::record::AttackerCost::default();
+    let mut retry = 0;
+    let mut attempt = loop {
+        // A retry asks with another seed: the same seed may well give the same reply.
+        let (reply, cost) = client.ask(&brief, seed.wrapping_add(retry)).await;
+        total.seconds += cost.seconds;
+        total.prompt_tokens += cost.prompt_tokens;
+        total.completion_tokens += cost.completion_tokens;
+        let (outcome, kept) = match reply {
+            Ok(reply) => match template::check(&reply, &earlier) {
+                Ok(text) => break written(case, Proposal::Template(text), how_for(k)),
+                Err(refusal) => (template::not_run(&reply, &refusal), template::kept(&reply)),
+            },
+            Err(error) => (NotRun::Failed(error), String::new()),
+        };
+        if !outcome.is_bench_error() || retry == RETRIES {
+            tracing::info!("adaptive attacker: {} attempt {}: {outcome}", pair.key(), k + 1);
+            break Attempt { refused: Some(outcome), ..written(case, Proposal::Template(kept), how_for(k)) };
+        }
+        tracing::debug!("adaptive attacker: {} attempt {}: {outcome}; asking again", pair.key(), k + 1);
+        retry += 1;
+        if matches!(outcome, NotRun::Failed(_)) {
+            tokio::time::sleep(std::time::Duration::from_millis(500 << retry)).await;
         }
     };
-    attempt.cost = Some(cost);
+    attempt.cost = Some(total);
     attempt
+}
+
+/// Why the search stops after round `k`: every attempt of the round failed at the
+/// attacker's endpoint, after retries. Asking on would fail the same way; what was
+/// not measured is the judge's to call an error, never a pair the target resisted.
+fn endpoint_down(log: &SearchLog, k: usize) -> Option<String> {
+    let mut round = log.pairs.iter().filter_map(|p| p.attempts.get(k));
+    let first = round.next()?;
+    let failed = |a: &Attempt| matches!(a.refused, Some(NotRun::Failed(_)));
+    if !failed(first) || !round.all(failed) {
+        return None;
+    }
+    let n = log.pairs.iter().filter(|p| p.attempts.len() > k).count();
+    let error = first.refused.as_ref().map(ToString::to_string).unwrap_or_default();
+    Some(format!(
+        "search abandoned at attempt {}: the attacker's endpoint failed on all {n} pair(s) of the round, each asked {} time(s) ({error})",
+        k + 1,
+        RETRIES + 1
+    ))
 }
 
 /// The attempts frozen from the search half: the proposals that broke the most pairs,
@@ -256,7 +298,7 @@ async fn ask_model(
 fn freeze(log: &SearchLog, m: usize) -> Vec<Frozen> {
     let mut found: Vec<Frozen> = Vec::new();
     for pair in &log.pairs {
-        for a in pair.attempts.iter().filter(|a| a.refused.is_none() && a.landed.is_some()) {
+        for a in pair.attempts.iter().filter(|a| a.ran()) {
             let score = a.feedback.as_ref().map_or(if a.landed == Some(true) { 3.0 } else { 0.0 }, |f| f.score());
             let at = match found.iter().position(|f| f.proposal == a.proposal) {
                 Some(at) => at,
@@ -343,6 +385,8 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
     let fresh = new_log(search.seed, adaptive, &search.proposer, search.attacker_url.clone());
     let recorded = search.run_dir.read_search_log()?;
     let mut log = resumed(recorded, fresh);
+    // A resume asks again where an abandoned search stopped: the endpoint may be back.
+    log.abandoned = None;
     let dir = search.run_dir.adaptive_runs();
     std::fs::create_dir_all(&dir.path)?;
     let mut rounds = rounds.into_iter();
@@ -350,6 +394,12 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
         let settings = rounds.next().expect("a round's settings");
         if !plan_round(search, &mut log, k).await {
             break;
+        }
+        if let Some(why) = endpoint_down(&log, k) {
+            tracing::error!("adaptive attacker: {why}");
+            log.abandoned = Some(why);
+            write_log(search.run_dir, &log).await?;
+            return Ok(log);
         }
         let unbroken = log.pairs.iter().filter(|p| p.attempts.len() > k).count();
         tracing::info!("adaptive attacker: attempt {} on {unbroken} unbroken pairs", k + 1);

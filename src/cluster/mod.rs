@@ -132,8 +132,12 @@ pub struct ExitRecord {
 }
 
 impl ExitRecord {
-    pub fn load(shard_dir: &Path) -> Option<ExitRecord> {
-        RunDir::new(shard_dir).read().ok().flatten()
+    /// The shard's exit record; None before the shard wrote one. A damaged record is
+    /// an error naming its file: a shard whose end cannot be read is not a shard that
+    /// never ended (nor one that ran).
+    pub fn load(shard_dir: &Path) -> anyhow::Result<Option<ExitRecord>> {
+        let dir = RunDir::new(shard_dir);
+        dir.read().with_context(|| format!("the shard's exit record {} is damaged", dir.shown(RunFile::ShardExit)))
     }
 
     pub fn store(&self, shard_dir: &Path) -> anyhow::Result<()> {
@@ -253,9 +257,12 @@ impl SlurmArray {
         let (state, failed) = follow.until_done(&session.control, state, planned).await?;
         let (run_dir, plan, inventory) = (claimed.dir.clone(), request.plan().clone(), request.inventory().clone());
         runtime::blocking(move || {
-            let exits: BTreeMap<usize, ExitRecord> = (0..state.shards)
-                .filter_map(|i| ExitRecord::load(&shard_dir(&run_dir.path, i)).map(|e| (i, e)))
-                .collect();
+            let mut exits = BTreeMap::new();
+            for i in 0..state.shards {
+                if let Some(exit) = ExitRecord::load(&shard_dir(&run_dir.path, i))? {
+                    exits.insert(i, exit);
+                }
+            }
             let served = merge::merge(&run_dir, &plan, &inventory, &state, &exits, failed)?;
             let executed = crate::run::executed_from_run_dir(&run_dir, &plan)?;
             Ok((executed, served))
@@ -452,7 +459,7 @@ impl Follow {
         let mut failed = Vec::new();
         for index in 0..state.shards {
             let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
-            let exit = ExitRecord::load(&shard_dir(dir, index));
+            let exit = ExitRecord::load(&shard_dir(dir, index))?;
             let why = match standing(exit.as_ref(), task) {
                 Standing::Done => {
                     counts.done += 1;
@@ -496,6 +503,19 @@ mod tests {
 
     fn exit(code: i32) -> ExitRecord {
         ExitRecord { code, error: (code != 0).then(|| "gym failed".into()), ..ExitRecord::default() }
+    }
+
+    #[test]
+    fn a_damaged_exit_record_is_an_error_naming_its_file_not_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let shard = dir.path().join("shard-0");
+        assert_eq!(ExitRecord::load(&shard).unwrap(), None, "none written yet");
+        exit(0).store(&shard).unwrap();
+        assert_eq!(ExitRecord::load(&shard).unwrap(), Some(exit(0)));
+        let file = RunDir::new(&shard).shown(RunFile::ShardExit);
+        std::fs::write(&file, "{\"index\": 0, \"code\": ").unwrap();
+        let err = format!("{:#}", ExitRecord::load(&shard).unwrap_err());
+        assert!(err.contains(&file) && err.contains("damaged"), "{err}");
     }
 
     #[test]

@@ -34,7 +34,10 @@ impl Executor for LocalGym {
         request: &'a RunRequest,
         claimed: &'a Claimed,
     ) -> BoxFuture<'a, anyhow::Result<(Executed, Served)>> {
-        Box::pin(Local { session, request, claimed, silence: silence::Silence::default() }.execute())
+        Box::pin(
+            Local { session, request, claimed, silence: silence::Silence::default(), told_start: Default::default() }
+                .execute(),
+        )
     }
 }
 
@@ -45,6 +48,9 @@ struct Local<'a> {
     claimed: &'a Claimed,
     /// Whether (and at which case) the run's cases stopped reaching the server.
     silence: silence::Silence,
+    /// Whether the cases in flight to start at were said: once a run, not once for each
+    /// of an attacker campaign's rounds.
+    told_start: std::sync::atomic::AtomicBool,
 }
 
 impl Local<'_> {
@@ -269,7 +275,16 @@ impl Local<'_> {
             proposer,
             attacker_url,
         };
-        let log = adaptive::search(&search, rounds).await?;
+        // A stop must not wait for an attacker request (up to ten minutes each): the
+        // log is written before and after every round, so a resume loses only the
+        // proposals of the round in flight.
+        let log = tokio::select! {
+            log = adaptive::search(&search, rounds) => log?,
+            () = self.session.control.until_stopped() => bail!(
+                "interrupted during the adaptive attacker's campaign; finished rounds are kept in {}",
+                self.claimed.dir.path.display()
+            ),
+        };
         self.write_found_family(&log).await?;
         let ((broken, pairs), (transferred, held_out)) = (log.broken(), log.transfer());
         tracing::info!(
@@ -452,7 +467,12 @@ impl Local<'_> {
         let stored = runtime::blocking(move || concurrency::load_capacity(&state, &model)).await;
         let start = stored.as_ref().map_or(request.plan.jobs, |c| c.settled).clamp(1, ceiling);
         if let Some(stored) = stored {
-            tracing::info!("{served}: starting at {start} cases in flight (run {})", stored.run_id);
+            let line = format!("{served}: starting at {start} cases in flight (run {})", stored.run_id);
+            if self.told_start.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::debug!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
         }
         Concurrency::Auto { start, ceiling }
     }

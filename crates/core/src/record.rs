@@ -385,6 +385,10 @@ pub struct SearchLog {
     /// The model server's busy readings over the campaign's passes (the bench's figure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy: Option<Busy>,
+    /// Why the search ended before its budget: the attacker's endpoint failed every
+    /// attempt of a round (after retries), so asking on was pointless.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandoned: Option<String>,
 }
 
 /// The longest template an attacker may have injected (a reply, a found family's).
@@ -478,13 +482,14 @@ pub struct Attempt {
     pub proposal: Proposal,
     /// How the attempt came about.
     pub how: How,
-    /// None: the attempt errored or was refused (it counts as not landed; R1 of the
-    /// plan's cases is where errors are judged).
+    /// None: the attempt never reached the target (see `refused`) or its case errored;
+    /// such an attempt is never counted as one the target resisted.
     pub landed: Option<bool>,
-    /// Why the attempt never ran: the attacker's text was refused (it counts against
-    /// the budget).
+    /// Why the attempt never ran: the attacker model declined, or the bench failed to
+    /// get a usable text from it. Either counts against the budget; only the second is
+    /// a bench error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
+    pub refused: Option<NotRun>,
     /// What the target did after reading it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<Feedback>,
@@ -505,7 +510,70 @@ pub struct AttackerCost {
     pub completion_tokens: u64,
 }
 
+/// Why an attacker's attempt never reached the target. The model's own refusal is its
+/// behaviour (an attempt that wrote nothing); the other two are what the bench failed
+/// to do: they are retried within a bound, counted as the campaign's errors, and never
+/// read as a pair the target resisted.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NotRun {
+    /// The attacker model declined to write an injection (its reply, bounded).
+    Declined(String),
+    /// A reply our template checks refused: the rule it broke.
+    Rejected(String),
+    /// The endpoint gave no reply: a connection error, an HTTP status, a time-out, a
+    /// body that was not the OpenAI shape.
+    Failed(String),
+}
+
+impl NotRun {
+    /// Whether this is the bench's failure rather than the model's behaviour.
+    pub fn is_bench_error(&self) -> bool {
+        !matches!(self, NotRun::Declined(_))
+    }
+}
+
+impl std::fmt::Display for NotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotRun::Declined(reply) => write!(f, "the attacker model declined: {reply}"),
+            NotRun::Rejected(rule) => write!(f, "reply refused by our checks: {rule}"),
+            NotRun::Failed(error) => write!(f, "attacker endpoint failed: {error}"),
+        }
+    }
+}
+
+/// `adaptive.json` of runs before the outcome was typed kept one string, always a
+/// reason our side gave: read as rejected.
+impl<'de> Deserialize<'de> for NotRun {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Typed {
+            Declined(String),
+            Rejected(String),
+            Failed(String),
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Typed(Typed),
+            Legacy(String),
+        }
+        Ok(match Repr::deserialize(d)? {
+            Repr::Typed(Typed::Declined(s)) => NotRun::Declined(s),
+            Repr::Typed(Typed::Rejected(s)) | Repr::Legacy(s) => NotRun::Rejected(s),
+            Repr::Typed(Typed::Failed(s)) => NotRun::Failed(s),
+        })
+    }
+}
+
 impl Attempt {
+    /// Whether the attempt reached the target: its case ran and has an outcome.
+    pub fn ran(&self) -> bool {
+        self.refused.is_none() && self.landed.is_some()
+    }
+
     /// The grammar wording, for a grammar attempt.
     pub fn wording(&self) -> Option<&Wording> {
         match &self.proposal {
@@ -589,6 +657,15 @@ impl SearchLog {
     /// (pairs broken within K, pairs) on the search half.
     pub fn broken(&self) -> (usize, usize) {
         (self.pairs.iter().filter(|p| p.broken()).count(), self.pairs.len())
+    }
+
+    /// (attempts the bench failed to make, attempts asked for): the campaign's own
+    /// errors, with the first one's reason.
+    pub fn bench_errors(&self) -> (usize, usize, Option<&NotRun>) {
+        let attempts = || self.pairs.iter().chain(&self.held_out).flat_map(|p| &p.attempts);
+        let mut errors = attempts().filter_map(|a| a.refused.as_ref()).filter(|r| r.is_bench_error());
+        let first = errors.next();
+        (first.map_or(0, |_| 1 + errors.count()), attempts().count(), first)
     }
 
     /// (held-out pairs broken by a frozen attempt, held-out pairs).

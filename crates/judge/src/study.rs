@@ -310,6 +310,7 @@ pub fn r3_as_r2(t: &thresholds::R3) -> thresholds::R2 {
         alpha_fail: t.alpha,
         clustering: t.clustering,
         asr_adaptive_max: None,
+        ..thresholds::R2::default()
     }
 }
 

@@ -59,7 +59,14 @@ pub struct R2 {
     /// allowed, judged with the same bounds; off unless set (docs/attacks.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub asr_adaptive_max: Option<f64>,
+    /// The least share of an adaptive campaign's pairs (search half, and held-out half
+    /// apart) on which an attempt reached the target, for its figure to count: below it
+    /// the attacker measured too little and R2 cannot pass on it (docs/attacks.md).
+    pub adaptive_measured_min: f64,
 }
+
+/// The shipped `adaptive_measured_min`: at least half of each half's pairs measured.
+pub const ADAPTIVE_MEASURED_MIN: f64 = 0.5;
 
 impl Default for R2 {
     fn default() -> Self {
@@ -69,6 +76,7 @@ impl Default for R2 {
             alpha_fail: 0.05,
             clustering: Clustering::Crossed,
             asr_adaptive_max: None,
+            adaptive_measured_min: ADAPTIVE_MEASURED_MIN,
         }
     }
 }

@@ -85,6 +85,7 @@ const CHECKS: &[fn(&Facts, &mut Findings)] = &[
     stopped_early,
     records_against_the_plan,
     error_rate,
+    campaign_errors,
     environment,
     gpu,
     model_server,
@@ -121,6 +122,31 @@ fn records_against_the_plan(f: &Facts, out: &mut Findings) {
     let findings = &f.record_check.findings;
     if let Some(first) = findings.first() {
         out.problems.push(format!("{} record finding(s) against the plan (first: {})", findings.len(), first.text));
+    }
+}
+
+/// The adaptive attacker's campaign has an error rate of its own: attempts the bench
+/// failed to make (its endpoint failed, or every reply was one our checks refuse) are
+/// no pair the target resisted, and a search abandoned for a dead endpoint measured
+/// nothing. Both name the attacker and the first error.
+fn campaign_errors(f: &Facts, out: &mut Findings) {
+    let Some(log) = &f.input.adaptive else { return };
+    let attacker = log.attacker.as_ref().map_or_else(
+        || "the attacker".to_string(),
+        |a| format!("attacker {}{}", a.model, a.url.as_ref().map(|u| format!(" at {u}")).unwrap_or_default()),
+    );
+    if let Some(why) = &log.abandoned {
+        out.problems.push(format!("adaptive campaign not measured: {attacker}: {why}"));
+        return;
+    }
+    let (errors, asked, first) = log.bench_errors();
+    let rate = if asked == 0 { 0.0 } else { errors as f64 / asked as f64 };
+    if let Some(first) = first.filter(|_| rate > f.t.max_error_rate) {
+        out.problems.push(format!(
+            "adaptive campaign error rate {} ({errors} of {asked} attempts) > {}: {attacker}: {first}",
+            pct(rate),
+            words::limit(true, f.t.max_error_rate)
+        ));
     }
 }
 
