@@ -1,0 +1,166 @@
+//! `pruefstand train VERSION --export FILE…`: trains a LoRA adapter on the bench's
+//! exports from VERSION's model (`train`: the refusals, the trainer in the model's
+//! image, the adapter, its manifest and the new version's spec), then judges the new
+//! version on the plan as `pruefstand run NEW --plan PLAN` does, unless `--no-judge`.
+//! The exit status is the verdict's, or 0 with `--no-judge`; 2 when it refused or could
+//! not train (the message says why; the same command resumes a training that was
+//! stopped).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::lock_wait::{self, Waited};
+use crate::train::{self, Ask, request::Hyper};
+use pruefstand_core::root::Root;
+use pruefstand_core::spec::Version;
+use pruefstand_report::export::Format;
+use pruefstand_store::benchlock;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The base version: a model served from Docker out of a model folder, no adapter
+    /// (e.g. real-smol).
+    pub version: String,
+    /// An export of `pruefstand export` (its manifest beside it); give it once per file.
+    #[arg(long = "export", value_name = "FILE", required = true)]
+    pub exports: Vec<PathBuf>,
+    /// What to train: DPO on preference pairs or SFT on conversations (default: the
+    /// exports' format).
+    #[arg(long, value_parser = kind_parser)]
+    pub kind: Option<Format>,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub steps: u32,
+    /// The trainer's seed (same rows, same seed: the same adapter bytes).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The new version's name (default: <VERSION>-<kind>-<training id>).
+    #[arg(long, value_parser = crate::cmd::name_parser)]
+    pub name: Option<String>,
+    /// The plan the new version is judged on; an export holding a family it holds out
+    /// is refused. `schnell`, `voll` or a plan file.
+    #[arg(long, default_value = "schnell")]
+    pub plan: String,
+    /// Train and write the spec, but do not run the new version.
+    #[arg(long)]
+    pub no_judge: bool,
+    #[arg(long, default_value_t = 5e-5, value_parser = positive)]
+    pub learning_rate: f64,
+    /// The LoRA's rank.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub lora_r: u32,
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub lora_alpha: u32,
+    /// Tokens of a row the trainer takes (longer rows are cut).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=131_072))]
+    pub max_length: u32,
+    /// DPO's beta.
+    #[arg(long, default_value_t = 0.1, value_parser = positive)]
+    pub beta: f64,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub batch_size: u32,
+}
+
+fn kind_parser(text: &str) -> Result<Format, String> {
+    match text {
+        "dpo" => Ok(Format::Dpo),
+        "sft" => Ok(Format::Sft),
+        _ => Err(format!("{text:?}: dpo or sft")),
+    }
+}
+
+fn positive(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 10.0 => Ok(v),
+        _ => Err(format!("{text:?} is not a number above 0 and at most 10")),
+    }
+}
+
+pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let base = Version::load(&root.versions(), &args.version)?;
+    let ask = Ask {
+        base,
+        exports: args.exports,
+        kind: args.kind,
+        hyper: Hyper {
+            steps: args.steps,
+            learning_rate: args.learning_rate,
+            lora_r: args.lora_r,
+            lora_alpha: args.lora_alpha,
+            max_length: args.max_length,
+            beta: args.beta,
+            batch_size: args.batch_size,
+        },
+        seed: args.seed,
+        name: args.name,
+        plan: args.plan.clone(),
+    };
+    let trained = {
+        // The trainer takes the GPU as a run does: one user of it at a time.
+        let _gpu = match benchlock::needs_gpu(&ask.base)? {
+            true => Some(bench_lock(&root, &ask.base).await?),
+            false => None,
+        };
+        train::train(&root, ask, stopped()).await?
+    };
+    let m = &trained.manifest;
+    outln!("trained: {}{}", trained.version, if trained.reused { " (the adapter of an earlier run)" } else { "" });
+    outln!("  adapter: {}", m.adapter.path.display());
+    outln!("  manifest: {}", trained.dir.manifest().display());
+    outln!("  spec: {}", trained.spec.display());
+    outln!(
+        "  {} step(s) on {} of {} row(s); loss {}",
+        m.steps,
+        m.rows_used,
+        m.rows,
+        m.losses.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>().join(" → ")
+    );
+    if args.no_judge {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let run = crate::cmd::run::Args {
+        version: trained.version,
+        plan: args.plan,
+        jobs: None,
+        out: None,
+        full: false,
+        no_wait: false,
+        json: false,
+    };
+    crate::cmd::run::main(Some(root.path), run).await
+}
+
+/// Resolves on Ctrl-C or SIGTERM: the trainer's container is removed, its checkpoints
+/// stay.
+async fn stopped() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(term) => {
+                term.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+/// The bench lock, waited for (saying for whom); Ctrl-C ends the wait.
+async fn bench_lock(root: &Root, base: &Version) -> anyhow::Result<pruefstand_store::RunLock> {
+    let holder = format!("`pruefstand train {}`, pid {}", base.name, std::process::id());
+    let mut said = false;
+    let waiting = |other: &str| {
+        if !said {
+            tracing::info!("waiting for the GPU: {}", benchlock::held_by(other));
+            said = true;
+        }
+    };
+    match lock_wait::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
+        Waited::Taken(lock) => Ok(lock),
+        Waited::Stopped(_) => anyhow::bail!("interrupted while waiting for the GPU"),
+    }
+}

@@ -1,0 +1,268 @@
+//! Training an adapter from the bench's exports (`pruefstand train`, docs/training.md):
+//! the refusals before any step (`checks`), the trainer (`scripts/pruefstand_train`,
+//! TRL with a PEFT LoRA) run in a container of the base version's model image while the
+//! base version's model server answers its `/tokenize` check (`trainer`), and what a
+//! finished training leaves (`output`): the adapter beside its training manifest and
+//! the new version's spec. A training's folder is durable
+//! (`reports/<new>/training/<id>/`), so the same command after a `kill -9` resumes from
+//! the last checkpoint, and after a finished training reuses its adapter.
+//!
+//! Not here: judging the new version (`pruefstand train` then runs it as `pruefstand
+//! run` does), the command line (`cmd::train`).
+
+pub mod checks;
+pub mod output;
+pub mod request;
+pub mod trainer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+
+use crate::container::{self, ServerSetup};
+use crate::model;
+use pruefstand_core::plan::Profile;
+use pruefstand_core::root::Root;
+use pruefstand_core::spec::{ServedFileKind, Version};
+use pruefstand_core::util;
+use pruefstand_report::export::Format;
+use request::{Hyper, TrainerRequest, TrainingDir};
+
+/// What `pruefstand train` is asked.
+pub struct Ask {
+    pub base: Version,
+    pub exports: Vec<PathBuf>,
+    /// None: the exports' format.
+    pub kind: Option<Format>,
+    pub hyper: Hyper,
+    pub seed: u64,
+    /// The new version's name; none: `<base>-<kind>-<id>`.
+    pub name: Option<String>,
+    /// The plan the new version is judged on (its held-out families are guarded).
+    pub plan: String,
+}
+
+/// A training done (now or before).
+pub struct Trained {
+    pub version: String,
+    pub spec: PathBuf,
+    pub dir: TrainingDir,
+    pub manifest: output::TrainingManifest,
+    /// The adapter was there already, from an earlier run of the same command.
+    pub reused: bool,
+}
+
+/// Refuses or trains. `stop` ends the trainer early (its checkpoints stay).
+pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<Trained> {
+    let base = ask.base;
+    let model_path = checks::base_usable(&base)?;
+    let (_, plan, _) = Profile::load_named(&root.path, &ask.plan)?;
+    let checked = {
+        let (base, model_path, exports, kind, plan_name) =
+            (base.clone(), model_path.clone(), ask.exports.clone(), ask.kind, ask.plan.clone());
+        crate::runtime::blocking(move || checks::check(&base, &model_path, &exports, kind, &plan_name, &plan)).await?
+    };
+    let kind = checked.kind;
+    let shas: Vec<String> = checked.exports.iter().map(|e| e.sha256.clone()).collect();
+    let id = request::training_id(&base.hash, kind, &shas, &ask.hyper, ask.seed);
+    let name = ask.name.unwrap_or_else(|| format!("{}-{}-{}", base.name, kind.as_str(), &id[..8]));
+    pruefstand_core::input::check_name(&name).map_err(|why| anyhow::anyhow!("--name {name:?}: {why}"))?;
+    if name == base.name {
+        bail!("--name {name}: that is the base version's name; the trained version needs its own");
+    }
+    let dir = TrainingDir::new(&root.reports(), &name, &id);
+    for folder in [dir.checkpoints(), dir.out(), dir.code()] {
+        std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+    }
+    let _lock = lock(root, &dir)?;
+    tracing::info!(
+        "training {name} from {} ({} {} row(s) in {} export(s)): {}",
+        base.name,
+        checked.rows(),
+        kind.as_str(),
+        checked.exports.len(),
+        dir.path.display()
+    );
+
+    let manifest_path = dir.manifest();
+    if let Some(manifest) = crate::runtime::blocking({
+        let dir = dir.clone();
+        move || output::finished(&dir)
+    })
+    .await
+    {
+        tracing::info!("already trained: the adapter in {} (same command, same inputs)", dir.adapter().display());
+        let spec = write_spec(root, &base, &name, &manifest, &manifest_path).await?;
+        return Ok(Trained { version: name, spec, dir, manifest, reused: true });
+    }
+
+    let trainer_sha256 = crate::runtime::blocking({
+        let dir = dir.clone();
+        move || write_code(&dir)
+    })
+    .await?;
+    let server = ServerSetup::of(&base);
+    let docker = container::connect().await?;
+    for orphan in container::remove_orphans(&docker).await? {
+        tracing::info!("{orphan}");
+    }
+    let image_name = server.model.image.clone().context("backend \"docker\" needs model.image")?;
+    let image = container::ensure_image(&docker, &image_name, server.model.pull)
+        .await
+        .with_context(|| base.path.display().to_string())?;
+    let base_model = crate::runtime::blocking({
+        let path = model_path.clone();
+        move || output::base_model(&path)
+    })
+    .await?;
+
+    // The server the rows are checked against, as a run starts it.
+    tracing::info!("starting {}'s model server for the token check", base.name);
+    let pool = container::Pool::new(dir.path.join("server"));
+    let context = model::UpContext {
+        pool: &pool,
+        run_dir: &dir.path,
+        job: &format!("train-{}", std::process::id()),
+        run_id: &id,
+        interrupt_clients: Arc::new(|| false),
+    };
+    let endpoint = match model::up(&server, &dir.path.join("no-truth.json"), &context).await {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            let _ = pool.shutdown().await;
+            return Err(anyhow::Error::new(e).context(format!("starting {}'s model server", base.name)));
+        }
+    };
+    let api_key = endpoint.api_key.clone();
+    let check = trainer::CheckServer { endpoint, pool };
+    let trainer_request = TrainerRequest {
+        kind,
+        base_model: request::MODEL.into(),
+        base_model_name: base.spec.model.served_name.clone(),
+        chat_template: base
+            .served_file(ServedFileKind::ChatTemplate)
+            .map(|_| ServedFileKind::ChatTemplate.container_path().to_string()),
+        rows: (0..checked.exports.len()).map(request::export_in_container).collect(),
+        tokenize_url: check.tokenize_url(),
+        served_model: base.spec.model.served_name.clone(),
+        out: request::OUT.into(),
+        checkpoints: request::CHECKPOINTS.into(),
+        seed: ask.seed,
+        hyper: ask.hyper.clone(),
+    };
+    let written = crate::runtime::blocking({
+        let path = dir.request();
+        move || util::write_json_atomic(&path, &trainer_request)
+    })
+    .await;
+    if let Err(e) = written {
+        let _ = check.stop().await;
+        return Err(e);
+    }
+    let exports: Vec<PathBuf> = checked.exports.iter().map(|e| e.path.clone()).collect();
+    let launch = trainer::Launch {
+        docker: &docker,
+        server: &server,
+        model_host: &model_path,
+        dir: &dir,
+        exports: &exports,
+        api_key,
+        version: &name,
+    };
+    let attempt = trainer::run(&launch, Some(check), stop).await?;
+    if let Some(reason) = attempt.refused {
+        bail!("refused before the first step: the trainer says: {reason}");
+    }
+    let Some(trainer::Event::Done { sha256, losses, rows_used, .. }) = attempt.done else {
+        bail!("the trainer ended without its `done` line (its log: {})", dir.log().display());
+    };
+    let adapter = crate::runtime::blocking({
+        let dir = dir.clone();
+        move || output::install_adapter(&dir, &sha256)
+    })
+    .await?;
+    let (step_seconds, attempts) = output::steps_from_events(&dir.events());
+    let manifest = output::TrainingManifest {
+        version: name.clone(),
+        base_version: base.name.clone(),
+        base_spec_hash: base.hash.clone(),
+        training: id.clone(),
+        kind,
+        exports: checked.exports.iter().map(output::ExportRef::of).collect(),
+        rows: checked.rows(),
+        rows_used,
+        hyperparameters: ask.hyper.clone(),
+        seed: ask.seed,
+        base_model,
+        image: output::ImageRef { name: image.name.clone(), id: image.id.clone(), digest: image.digest() },
+        trainer_sha256,
+        steps: losses.len(),
+        losses,
+        step_seconds,
+        attempts,
+        wall_s: attempt.wall_s,
+        adapter,
+        finished_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        written_by: format!("pruefstand {}", env!("CARGO_PKG_VERSION")),
+    };
+    crate::runtime::blocking({
+        let (path, manifest) = (manifest_path.clone(), manifest.clone());
+        move || util::write_json_atomic(&path, &manifest)
+    })
+    .await?;
+    let spec = write_spec(root, &base, &name, &manifest, &manifest_path).await?;
+    Ok(Trained { version: name, spec, dir, manifest, reused: false })
+}
+
+/// [`output::write_spec`] on the blocking pool.
+async fn write_spec(
+    root: &Root,
+    base: &Version,
+    name: &str,
+    manifest: &output::TrainingManifest,
+    manifest_path: &std::path::Path,
+) -> anyhow::Result<PathBuf> {
+    let (versions, base, name, manifest, manifest_path) =
+        (root.versions(), base.clone(), name.to_string(), manifest.clone(), manifest_path.to_path_buf());
+    crate::runtime::blocking(move || output::write_spec(&versions, &base, &name, &manifest, &manifest_path)).await
+}
+
+/// One `train` at a time in a training's folder: a second (a user's double start) says
+/// so instead of writing the same checkpoints.
+fn lock(root: &Root, dir: &TrainingDir) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = root.lock_file(&format!("train-{}", dir.id))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        anyhow::anyhow!("another `pruefstand train` works on {} now ({} is held)", dir.path.display(), path.display())
+    })
+}
+
+/// Writes the trainer's package as this binary embeds it (the files of
+/// `scripts/gym.manifest` under `pruefstand_train/`) into the training's folder, and
+/// returns a sha256 over them.
+fn write_code(dir: &TrainingDir) -> anyhow::Result<String> {
+    let files: Vec<&(&str, &[u8])> =
+        pruefstand_gym::pyenv::GYM_FILES.iter().filter(|(path, _)| path.starts_with("pruefstand_train/")).collect();
+    if files.is_empty() {
+        bail!(
+            "this build of pruefstand embeds no trainer (no pruefstand_train/ files in scripts/gym.manifest): \
+             `pruefstand train` needs one"
+        );
+    }
+    let mut listing = String::new();
+    for (path, bytes) in files {
+        let target = dir.code().join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        util::write_atomic(&target, bytes)?;
+        listing.push_str(&format!("{path} {}\n", util::sha256_hex(bytes)));
+    }
+    Ok(util::sha256_hex(listing.as_bytes()))
+}
