@@ -38,10 +38,11 @@ mod provenance;
 // After the verdict: the hooks.
 mod hooks;
 
-// Orchestration: one run end to end, a job's shards on a Slurm cluster, and the daemon
-// that runs queued jobs.
+// Orchestration: one run end to end, a job's shards on a Slurm cluster, an adapter
+// trained from the runs' exports, and the daemon that runs queued jobs.
 mod run;
 mod cluster;
+mod train;
 mod daemon;
 
 // The read-only web view of a bench root: the queue, the live progress, the reports.
@@ -114,6 +115,10 @@ enum Command {
     /// Hand runs back as training data: DPO pairs or SFT conversations, never of
     /// held-out families (JSON lines and a manifest).
     Export(cmd::export::Args),
+    /// Train a LoRA adapter on exports from a version's model, write the new version's
+    /// spec and judge it (refused before any step on rows it must not train on).
+    #[command(after_help = cmd::run::exit_codes())]
+    Train(cmd::train::Args),
     /// Run a plan's cases against any agent that speaks the JSON-line protocol.
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
@@ -176,6 +181,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Judge(args) => cmd::judge::main(root, args),
         Command::Compare(args) => cmd::compare::main(args),
         Command::Export(args) => cmd::export::main(args),
+        Command::Train(args) => cmd::train::main(root, args).await,
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Serve(args) => cmd::serve::main(root, args).await,

@@ -36,3 +36,4 @@ mod report;
 mod run;
 mod serve;
 mod systemd;
+mod training;

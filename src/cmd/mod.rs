@@ -26,6 +26,7 @@ pub mod sim_serve;
 pub mod start;
 pub mod status;
 pub mod study;
+pub mod train;
 pub mod wait;
 
 /// `--jobs`: a count of cases in flight, checked as every such count is.
