@@ -596,8 +596,8 @@ fn figure_rows(t: &Thresholds, j: &Judgement) -> [(&'static str, Get, Option<f64
     [
         ("ASR, every attacked case", |j| j.figures.asr.map(Fig::from), Some(t.r2.asr_max)),
         ("held-out ASR (what R2 judges)", held_out_asr, Some(t.r2.asr_max)),
-        ("adaptive ASR (search pairs broken within K attempts)", adaptive_asr, adaptive(false)),
-        ("transfer ASR (held-out pairs broken by the frozen attempts)", transfer_asr, adaptive(true)),
+        ("adaptive ASR, search pairs", adaptive_asr, adaptive(false)),
+        ("transfer ASR, held-out pairs", transfer_asr, adaptive(true)),
         ("utility (clean)", |j| j.figures.utility_clean.map(Fig::from), Some(t.r3.utility_min)),
         (
             "utility under attack",
