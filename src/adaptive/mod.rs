@@ -389,9 +389,10 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
     log.abandoned = None;
     let dir = search.run_dir.adaptive_runs();
     std::fs::create_dir_all(&dir.path)?;
+    let pace = Pace::start(&log);
     let mut rounds = rounds.into_iter();
     for k in 0..adaptive.attempts {
-        let settings = rounds.next().expect("a round's settings");
+        let mut settings = rounds.next().expect("a round's settings");
         if !plan_round(search, &mut log, k).await {
             break;
         }
@@ -403,9 +404,11 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
         }
         let unbroken = log.pairs.iter().filter(|p| p.attempts.len() > k).count();
         tracing::info!("adaptive attacker: attempt {} on {unbroken} unbroken pairs", k + 1);
+        pace.frame(&mut settings, &log);
         run_round(search, &dir, &mut log, settings).await?;
     }
-    let settings = rounds.last().expect("the transfer's settings");
+    let mut settings = rounds.last().expect("the transfer's settings");
+    pace.frame(&mut settings, &log);
     if log.frozen.is_empty() && !log.held_out.is_empty() {
         log.frozen = freeze(&log, adaptive.settings().frozen);
         for pair in &mut log.held_out {
@@ -424,6 +427,34 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
         run_round(search, &dir, &mut log, settings).await?;
     }
     Ok(log)
+}
+
+/// The campaign's own pace: wall time per attempt settled since this search started
+/// (asking the attacker, and each round's drain to its slowest case, included), for
+/// the ETA of the rounds left.
+struct Pace {
+    started: std::time::Instant,
+    settled_before: usize,
+}
+
+impl Pace {
+    fn start(log: &SearchLog) -> Pace {
+        Pace { started: std::time::Instant::now(), settled_before: settled(log) }
+    }
+
+    /// Sets the round's frame's pace, once an attempt has settled here.
+    fn frame(&self, settings: &mut GymSettings, log: &SearchLog) {
+        let settled = settled(log).saturating_sub(self.settled_before);
+        if let (Some(frame), true) = (settings.frame.as_mut(), settled > 0) {
+            frame.ms_per_case = Some(self.started.elapsed().as_millis() as u64 / settled as u64);
+        }
+    }
+}
+
+/// Attempts that came to something: refused before use, or their case ran.
+fn settled(log: &SearchLog) -> usize {
+    let attempts = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
+    attempts.filter(|a| a.refused.is_some() || a.landed.is_some()).count()
 }
 
 /// One pass of the gym over every case so far (recorded ones skipped); outcomes and

@@ -403,7 +403,7 @@ impl Follow {
                 })
                 .await;
             let look = look?;
-            let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0 };
+            let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0, eta_s: None };
             control.gym.report(&self.dir, counts);
             if let Some(failed) = look.ended {
                 return Ok((state, failed));

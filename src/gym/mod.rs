@@ -67,6 +67,20 @@ pub struct Frame {
     pub run_dir: std::path::PathBuf,
     pub done_before: usize,
     pub total: usize,
+    /// The whole's own pace so far, in milliseconds of wall time per case (an attacker
+    /// campaign's: its rounds wait for the attacker and drain to their slowest case, so
+    /// a rate of the cases in flight would promise too early an end). With it the ETA
+    /// is this pace times the cases left; without, the rate of the last waves.
+    pub ms_per_case: Option<u64>,
+}
+
+impl Frame {
+    /// A later pass of the whole (an attacker campaign's round): what its first pass
+    /// said (the run directory, a resume) is said again only at debug, so a campaign of
+    /// 20 rounds does not repeat it 20 times.
+    pub fn continues(&self) -> bool {
+        self.done_before > 0
+    }
 }
 
 pub struct Executed {
@@ -97,7 +111,12 @@ pub async fn execute(
 ) -> anyhow::Result<Executed> {
     let plan_file = PlanFile::new(plan, inventory);
     blocking_in(run_dir, move |run_dir| run_dir.write_plan(&plan_file)).await?;
-    tracing::info!("run directory: {}", run_dir.path.display());
+    let continues = settings.frame.as_ref().is_some_and(Frame::continues);
+    if continues {
+        tracing::debug!("run directory: {}", run_dir.path.display());
+    } else {
+        tracing::info!("run directory: {}", run_dir.path.display());
+    }
     let request = GymRequest {
         run_dir: run_dir.path.canonicalize()?,
         benchmark_version: plan.benchmark_version.clone(),
@@ -125,7 +144,13 @@ pub async fn execute(
     };
     let outcome = run(pyenv, run_dir, request, pass).await?;
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
-        tracing::info!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
+        let line = format!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
+        // A campaign's round skips the rounds before it: no resume to speak of.
+        if continues && outcome.rerun.is_empty() {
+            tracing::debug!("{line}");
+        } else {
+            tracing::info!("{line}");
+        }
     }
     let plan = plan.clone();
     let (outcome, telemetry) = blocking_in(run_dir, move |run_dir| {
@@ -259,6 +284,8 @@ pub struct Counts {
     pub total: usize,
     /// Running now (0 where not known: a cluster's shards).
     pub in_flight: usize,
+    /// Seconds left, where the whole knows its own pace (`Frame::ms_per_case`).
+    pub eta_s: Option<u64>,
 }
 
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there: the
@@ -446,8 +473,8 @@ impl Follow {
     ) -> anyhow::Result<Follow> {
         let records = sinks::Records::open(run_dir)?;
         let events = sinks::EventsLog::open(run_dir)?;
-        let mut fanout: Vec<Box<dyn Sink>> =
-            vec![Box::new(events), Box::new(records), Box::new(sinks::Progress::new(planned))];
+        let progress = sinks::Progress::new(planned, frame.as_ref().is_some_and(Frame::continues));
+        let mut fanout: Vec<Box<dyn Sink>> = vec![Box::new(events), Box::new(records), Box::new(progress)];
         if let Some(control) = control {
             fanout.push(Box::new(sinks::Report::new(control, run_dir, frame)));
         }

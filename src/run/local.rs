@@ -244,7 +244,12 @@ impl Local<'_> {
     fn campaign_frame(&self, done_before: usize) -> Option<gym::Frame> {
         let plan = &self.request.plan;
         let budget = adaptive::budget(plan.adaptive.as_ref()?);
-        Some(gym::Frame { run_dir: self.claimed.dir.path.clone(), done_before, total: plan.cases.len() + budget })
+        Some(gym::Frame {
+            run_dir: self.claimed.dir.path.clone(),
+            done_before,
+            total: plan.cases.len() + budget,
+            ms_per_case: None,
+        })
     }
 
     /// The adaptive attacker's rounds (`adaptive::search`), and its transfer round.
