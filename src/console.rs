@@ -279,6 +279,9 @@ pub struct Progress {
     /// A plain progress line waiting for the finished case's slot to be refilled: said
     /// at the record, it would count that slot as empty while cases remain.
     line_due: bool,
+    /// A later pass of one run (an attacker campaign's round): its start line is
+    /// debug, as the run's first pass said it and the campaign says each round.
+    continuing: bool,
 }
 
 impl Progress {
@@ -306,7 +309,15 @@ impl Progress {
             last_line: 0,
             eta: Eta::new(Instant::now()),
             line_due: false,
+            continuing: false,
         }
+    }
+
+    /// For a later pass of a run whose first pass had its own progress (a campaign's
+    /// round): what it starts with is not said again at `info`.
+    pub fn continuing(mut self) -> Progress {
+        self.continuing = true;
+        self
     }
 
     /// The plan's size and what is already recorded (a resumed run).
@@ -323,9 +334,14 @@ impl Progress {
             bar.set_position(self.done as u64);
         }
         let resumed = if self.done > 0 { format!(", {} already recorded", self.done) } else { String::new() };
-        tracing::info!(
+        let line = format!(
             "{to_run} of {total} cases to run, {jobs} in flight at first on {processes} gym processes{resumed}"
         );
+        if self.continuing {
+            tracing::debug!("{line}");
+        } else {
+            tracing::info!("{line}");
+        }
     }
 
     /// Cases running now (shown on the bar; in the plain progress lines).

@@ -114,3 +114,52 @@ fn the_progress_line_counts_the_case_in_flight_until_none_is_left() {
         assert!(line.contains(&format!("progress: {}/4 cases, {in_flight} in flight, ", n + 1)), "{line}");
     }
 }
+
+/// A plan with an attacker campaign of three attempts on four banking pairs, against a
+/// version that never follows (every round runs).
+const CAMPAIGN: &str = r#"
+name = "campaign"
+benchmark_version = "v1.2.2"
+wording = "per_run"
+attacks = ["important_instructions"]
+injection_goals = false
+jobs = 4
+case_timeout_s = 60
+[[suites]]
+name = "banking"
+user_tasks = ["user_task_0", "user_task_3"]
+injection_tasks = ["injection_task_0", "injection_task_1"]
+[adaptive]
+attempts = 3
+families = ["important_instructions", "roleplay"]
+"#;
+
+/// An attacker campaign's rounds are passes of the gym over one run: what a run says
+/// once (where it starts its cases in flight, its folder, a resume) is said once, not
+/// again for every round as if the run had crashed and come back.
+#[test]
+fn a_campaign_says_a_runs_lines_once_not_once_a_round() {
+    let bench = Bench::new();
+    bench.write("profiles/campaign.toml", CAMPAIGN);
+    bench.write(
+        "versions/steady.toml",
+        "[model]\nbackend = \"sim\"\nserved_name = \"sim/m\"\ntool_calling = \"native\"\n[sim]\nseed = 11\n\
+         [sim.models.\"sim/m\"]\nsusceptibility = 0.0\n",
+    );
+    let run = |name: &str| {
+        let out = bench.path().join("reports/steady/campaign").join(name);
+        let run = bench.run(&["run", "steady", "--plan", "campaign", "--out", out.to_str().unwrap()]);
+        assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+        run
+    };
+    // The first run leaves where the server settled; the second starts there and says so.
+    run("first");
+    let second = run("second");
+    let stderr = &second.stderr;
+    let count = |text: &str| stderr.lines().filter(|l| l.contains(text)).count();
+    assert_eq!(count("adaptive attacker: attempt "), 3, "every round ran:\n{stderr}");
+    assert_eq!(count("starting at "), 1, "said once:\n{stderr}");
+    for once in ["resumed: ", "run directory: ", " cases to run, "] {
+        assert!(count(once) <= 1, "{once:?} more than once:\n{stderr}");
+    }
+}
