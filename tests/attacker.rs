@@ -229,7 +229,8 @@ fn found_family_judges_the_next_candidate(bench: &Bench, found_in: &Path) {
     assert_eq!(r2["status"], "fail", "{r2}");
     assert_eq!(r2["measured"]["judged_families"], serde_json::json!([attack]), "{r2}");
     let out = bench.path().join("rows.jsonl");
-    bench.run(&["export", "--format", "dpo", next.to_str().unwrap(), "--out", out.to_str().unwrap()]).ok();
+    // One run gives no DPO pair: the export is written empty, and says so with exit 1.
+    bench.run(&["export", "--format", "dpo", next.to_str().unwrap(), "--out", out.to_str().unwrap()]).code(1);
     let manifest = json(&PathBuf::from(format!("{}.manifest.json", out.display())));
     assert!(
         !std::fs::read_to_string(&out).unwrap().contains("carrier pigeon"),

@@ -146,7 +146,8 @@ fn judge_rejudges_stored_cases_and_refuses_damaged_ones() {
             .unwrap()
             .replace("utility_min = 0.50", "utility_min = 0.97"),
     );
-    let run = bench.run(&["judge", dir.to_str().unwrap(), "--profile", strict.to_str().unwrap()]).code(10);
+    let run =
+        bench.run(&["judge", dir.to_str().unwrap(), "--profile", strict.to_str().unwrap(), "--in-place"]).code(10);
     assert!(run.stdout.contains("verdict: rejected"), "{}", run.stdout);
     assert_eq!(status(&dir, "R3"), "fail");
     assert_eq!(std::fs::read(dir.join("cases.jsonl")).unwrap(), cases_before, "stored cases are never modified");
@@ -247,9 +248,10 @@ fn the_r4_early_stop_study_keeps_its_false_approvals_within_the_promise() {
 
 use crate::common::runs::{self, PlanShape};
 
-/// `pruefstand judge DIR --profile PLAN`: (exit code, stdout, judgement.json).
+/// `pruefstand judge DIR --profile PLAN --in-place` (each edit of a run judged again in
+/// its own judgement.json): (exit code, stdout, judgement.json).
 fn judge_dir(bench: &Bench, dir: &Path, plan: &str, extra: &[&str]) -> (i32, String, serde_json::Value) {
-    let mut args = vec!["judge", dir.to_str().unwrap(), "--profile", plan];
+    let mut args = vec!["judge", dir.to_str().unwrap(), "--profile", plan, "--in-place"];
     args.extend_from_slice(extra);
     let run = bench.run(&args);
     let judgement = json(&dir.join("judgement.json"));

@@ -211,3 +211,121 @@ fn check_of_the_demo_warns_about_nothing_it_was_not_asked_to_watch() {
     }
     assert_eq!(check.stdout.lines().last(), Some("0 FAIL, 0 WARN"), "{}", check.stdout);
 }
+
+/// SIGHUP while a job runs: the daemon stops the job (back in the queue), and every
+/// line and the job's own record name the signal it got — not SIGTERM.
+#[test]
+fn a_sighup_during_a_job_is_named_sighup_in_the_log_and_the_job() {
+    let bench = Bench::new();
+    bench.write("profiles/mini.toml", MINI_PLAN);
+    bench.write("versions/slow.toml", &slow_version(300));
+    let mut daemon = bench.daemon();
+    let id = bench.start(&["slow", "--plan", "mini"]);
+    bench.wait_cases(id, 1);
+    let status = daemon.signal_and_wait("HUP");
+    let log = daemon.log();
+    assert_eq!(status.code(), Some(75), "a reload: {log}");
+    assert!(log.contains(&format!("SIGHUP: stopping job {id}")), "{log}");
+    assert!(log.contains("SIGHUP: daemon exits"), "{log}");
+    assert!(!log.contains("SIGTERM"), "no SIGTERM was sent:\n{log}");
+    let job = bench.job(id);
+    assert_eq!(job["state"], "interrupted", "{job}");
+    assert!(job.to_string().contains("stopped by SIGHUP"), "{job}");
+}
+
+/// `compare` and `export` take what a newcomer has at hand: version names (their newest
+/// finished run), `latest`, `job:N` — each said with the folder it became — besides
+/// paths; a word that names no run is an error naming it and what a run may be. An
+/// export of one run has no DPO pair: it says why and what to pass, and exits 1.
+#[test]
+fn compare_and_export_take_version_names_latest_and_jobs_and_say_what_is_missing() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "tiny"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    let (baseline, kandidat) = (run.reference_dir(), run.run_dir());
+
+    let compared = bench.run(&["compare", "demo-baseline", "demo-kandidat"]).ok();
+    assert_eq!(compared.stdout.trim(), kandidat.canonicalize().unwrap().join("compare.html").to_str().unwrap());
+    for (name, dir) in [("demo-baseline", &baseline), ("demo-kandidat", &kandidat)] {
+        let said = format!("{name}: {} (the newest finished run of {name})", dir.display());
+        assert!(compared.stderr.contains(&said), "{said:?} not in:\n{}", compared.stderr);
+    }
+    // `latest`: the candidate, which started after its reference.
+    let latest = bench.run(&["compare", "demo-baseline", "latest"]).ok();
+    assert!(latest.stderr.contains(&format!("latest: {} (the newest finished run)", kandidat.display())));
+
+    let nobody = bench.run(&["compare", "demo-baseline", "nobody"]).code(2);
+    assert!(
+        nobody.stderr.contains("\"nobody\": no such run") && nobody.stderr.contains("job:N (job N's run) or latest"),
+        "{}",
+        nobody.stderr
+    );
+    bench.run(&["pause"]).ok();
+    let id = bench.start(&["demo-kandidat", "--plan", "tiny"]);
+    let pending = bench.run(&["compare", "demo-baseline", &format!("job:{id}")]).code(2);
+    assert!(pending.stderr.contains(&format!("job {id} has no run directory yet (pending)")), "{}", pending.stderr);
+    let missing = bench.run(&["export", "--format", "sft", "job:99", "--out", "/nonexistent/x.jsonl"]).code(2);
+    assert!(missing.stderr.contains("\"job:99\": not a job") && missing.stderr.contains("no job 99"));
+
+    let out = bench.path().join("exports/one.jsonl");
+    let one = bench.run(&["export", "--format", "dpo", "demo-kandidat", "--out", out.to_str().unwrap()]).code(1);
+    assert!(one.stdout.contains("0 dpo row(s)"), "{}", one.stdout);
+    assert!(
+        one.stderr.contains(
+            "no DPO pair: a pair is one attacked case from two runs, one that resisted it and one that followed it"
+        ) && one.stderr.contains("pass two or more runs of the same plan"),
+        "{}",
+        one.stderr
+    );
+    let out = bench.path().join("exports/sft.jsonl");
+    let sft = bench.run(&["export", "--format", "sft", "demo-kandidat", "--out", out.to_str().unwrap()]);
+    assert!(sft.code == Some(0) && !sft.stderr.contains("no SFT row"), "{}\n{}", sft.stdout, sft.stderr);
+}
+
+/// `judge RUN --profile P` with other thresholds keeps the run's own judgement (what
+/// the index and the hooks showed) and writes its own beside it, named after the
+/// profile, saying so; `--in-place` replaces the run's own and says what it was.
+#[test]
+fn judge_under_another_profile_writes_beside_the_runs_own_judgement() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    bench.write("profiles/strict.toml", &format!("{TINY_PLAN}\n[rules.R3]\nutility_min = 0.999\n"));
+    let run = bench.run(&["run", "demo-kandidat", "--plan", "tiny"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "{}\n{}", run.stdout, run.stderr);
+    let dir = run.run_dir();
+    let own: Vec<Vec<u8>> =
+        ["judgement.json", "judgement.md", "report.html"].iter().map(|f| std::fs::read(dir.join(f)).unwrap()).collect();
+    let verdict = json(&dir.join("judgement.json"))["verdict"].as_str().unwrap().to_string();
+
+    let strict = bench.run(&["judge", dir.to_str().unwrap(), "--profile", "strict"]);
+    assert!(
+        strict.stdout.contains(&format!("report: {}", dir.join("report-strict.html").display())),
+        "{}",
+        strict.stdout
+    );
+    assert!(
+        strict
+            .stderr
+            .contains("judged under other thresholds than the run's own: written beside it as judgement-strict.json")
+            && strict.stderr.contains(&format!("the run's own judgement ({verdict}, judged at "))
+            && strict.stderr.contains("is kept (--in-place replaces it)"),
+        "{}",
+        strict.stderr
+    );
+    for (file, before) in ["judgement.json", "judgement.md", "report.html"].iter().zip(&own) {
+        assert_eq!(&std::fs::read(dir.join(file)).unwrap(), before, "{file} is the run's own, untouched");
+    }
+    let beside = json(&dir.join("judgement-strict.json"));
+    assert_eq!(beside["thresholds"]["R3"]["utility_min"], 0.999, "{beside}");
+    assert!(dir.join("judgement-strict.md").is_file() && dir.join("report-strict.html").is_file());
+
+    let replaced = bench.run(&["judge", dir.to_str().unwrap(), "--profile", "strict", "--in-place"]);
+    assert!(
+        replaced.stderr.contains(&format!("the run's own judgement ({verdict}, judged at ")),
+        "{}",
+        replaced.stderr
+    );
+    assert!(replaced.stderr.contains("replaced in "), "{}", replaced.stderr);
+    assert_eq!(json(&dir.join("judgement.json"))["thresholds"]["R3"]["utility_min"], 0.999);
+}

@@ -2,6 +2,7 @@
 //! side — what differs between their versions and plans, their figures with the rules'
 //! bounds, R4's pairing of B against A, and every changed case with both conversations;
 //! with three runs or more an overview first, then each further run against the first.
+//! Each RUN is a run directory, a version name, `job:N` or `latest` (`cmd::runs`).
 //! Reads the run directories, judges the first and each further run against each other
 //! (`judge::judge_against_each_other`, nothing written there but the page) and writes
 //! the page with `report::write_compare`.
@@ -15,8 +16,9 @@ use pruefstand_store::{LockError, RunDir};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The run directories, two or more: the first is the reference (shown left and
-    /// first), each further one a candidate compared with it.
+    /// The runs, two or more: the first is the reference (shown left and first), each
+    /// further one a candidate compared with it. Each is a run directory, a version
+    /// name (its newest finished run under reports/), job:N (job N's run) or latest.
     #[arg(value_name = "RUN", num_args = 2.., required = true)]
     pub runs: Vec<PathBuf>,
     /// Where to write the page (a file, or a folder to hold compare.html). Default:
@@ -25,9 +27,10 @@ pub struct Args {
     pub out: Option<PathBuf>,
 }
 
-pub fn main(args: Args) -> anyhow::Result<ExitCode> {
-    // Each named path resolved first: an error names the one that is not a directory.
-    let dirs = report::compare_dirs(&args.runs)?;
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    // Each word resolved first: an error names the one that names no run.
+    let dirs = crate::cmd::runs::resolve(root.as_deref(), &args.runs)?;
+    let dirs = report::compare_dirs(&dirs)?;
     // A run still writing its directory holds run.lock: comparing it now would read
     // half a run (and write beside a run that is not done).
     let mut locks = Vec::new();

@@ -1,8 +1,10 @@
-//! `pruefstand export --format dpo|sft RUN_DIR… --out FILE`: hands runs back as
+//! `pruefstand export --format dpo|sft RUN… --out FILE`: hands runs back as
 //! training data (docs/training.md) — JSON lines at FILE and `FILE.manifest.json`
 //! beside it (counts, refused held-out families, sources with their `run.json` hashes,
 //! the export's sha256). The rows and what is refused are `export`'s; this reads the
-//! command line, keeps runs that are still being written out, and says what was written.
+//! command line (a RUN is a folder, a version name, `job:N` or `latest`: `cmd::runs`),
+//! keeps runs that are still being written out, and says what was written. An export
+//! that wrote no row says why on stderr and exits [`EXIT_EMPTY`] (1).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,9 +27,11 @@ pub struct Args {
     /// What the rows are.
     #[arg(long, value_enum)]
     pub format: FormatArg,
-    /// The run directories to read (each holds run.json, version.json, cases.jsonl and
-    /// traces/); a DPO pair takes its two sides from two of them.
-    #[arg(required = true)]
+    /// The runs to read: each a run directory (it holds run.json, version.json,
+    /// cases.jsonl and traces/), a version name (its newest finished run under
+    /// reports/), job:N (job N's run) or latest. A DPO pair takes its two sides from two
+    /// of them.
+    #[arg(value_name = "RUN", required = true)]
     pub run_dirs: Vec<PathBuf>,
     /// The export file (JSON lines); its manifest is written beside it as
     /// FILE.manifest.json.
@@ -35,7 +39,8 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-pub fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
+    args.run_dirs = crate::cmd::runs::resolve(root.as_deref(), &args.run_dirs)?;
     // A run still writing its directory holds run.lock: its records are not all there.
     // A run given twice is refused before any lock: the second would wait for our own.
     let mut seen = std::collections::BTreeSet::new();
@@ -72,7 +77,35 @@ pub fn main(args: Args) -> anyhow::Result<ExitCode> {
         outln!("  skipped: {skipped} ({})", why.join("; "));
     }
     outln!("manifest: {} ({refused} refused)", export::manifest_path(&args.out).display());
+    if manifest.rows == 0 {
+        tracing::warn!("{}", why_empty(format, args.run_dirs.len()));
+        return Ok(ExitCode::from(EXIT_EMPTY));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The exit status of an export that wrote no row (its file and manifest are there):
+/// not 0, so that `export … && train …` stops; not 2, which says the command could not
+/// run.
+pub const EXIT_EMPTY: u8 = 1;
+
+/// Why an export came out empty, and what to pass instead.
+fn why_empty(format: Format, runs: usize) -> String {
+    match format {
+        Format::Dpo if runs < 2 => format!(
+            "no DPO pair: a pair is one attacked case from two runs, one that resisted it and one that followed \
+             it, and {runs} run was given; pass two or more runs of the same plan, e.g. the reference and the \
+             candidate: `pruefstand export --format dpo demo-baseline demo-kandidat --out FILE` (a RUN is {})",
+            crate::cmd::runs::WORDS
+        ),
+        Format::Dpo => "no DPO pair: no attacked case that one of these runs resisted was followed in another (or \
+                        every such case is of a held-out family; the manifest counts what was skipped and \
+                        refused); pass a run that followed injections beside one that resisted them"
+            .to_string(),
+        Format::Sft => "no SFT row: no conversation of these runs both kept utility and resisted (the manifest \
+                        counts what was skipped and refused)"
+            .to_string(),
+    }
 }
 
 /// How an export names itself in a run's lock while it reads: another export's hold

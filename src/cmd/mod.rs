@@ -19,6 +19,7 @@ pub mod priority;
 pub mod queue;
 pub mod restart;
 pub mod run;
+pub mod runs;
 pub mod serve;
 pub mod setup;
 pub mod shard;

@@ -189,7 +189,8 @@ struct Daemon<G: Gate> {
 
 enum Flow {
     Continue,
-    Exit,
+    /// The daemon exits: a signal (its name, for the log line) stopped the job.
+    Exit(&'static str),
 }
 
 /// How [`Daemon::start`] left a job.
@@ -322,8 +323,8 @@ impl<G: Gate> Daemon<G> {
                 LockEnd::Signal(name) => return self.exit(name).await,
             };
             let span = tracing::info_span!("job", job = job.id);
-            if let Flow::Exit = self.run_job(job).instrument(span).await? {
-                return self.exit("SIGTERM").await;
+            if let Flow::Exit(signal) = self.run_job(job).instrument(span).await? {
+                return self.exit(signal).await;
             }
             // A warm model container is kept only for a job that is already waiting: an
             // idle daemon must not hold the shared GPU.
@@ -540,11 +541,17 @@ impl<G: Gate> Daemon<G> {
     /// line by then.
     async fn settle(&mut self, id: u64, result: Result<Judged, Failure>, stop: Option<Stop>) -> anyhow::Result<Flow> {
         match (result, stop) {
+            // Judged within the grace a signal gave it: recorded, and the daemon still
+            // exits as the signal asked.
+            (Ok(outcome), Some(Stop::Signal(name))) => {
+                self.finished(id, outcome).await?;
+                Ok(Flow::Exit(name))
+            }
             (Ok(outcome), _) => self.finished(id, outcome).await,
             (Err(_), Some(Stop::Signal(name))) => {
                 tracing::info!("job {id}: interrupted; back in the queue at the next start");
                 self.record(id, Transition::Interrupt { reason: format!("stopped by {name}"), crashed: false }).await?;
-                Ok(Flow::Exit)
+                Ok(Flow::Exit(name))
             }
             (Err(_), Some(Stop::Cancel)) => {
                 tracing::info!("job {id}: cancelled");
