@@ -15,7 +15,7 @@ use crate::common::*;
 /// The image (tagged `pruefstand-vllm-cpu:current`) and the host folder holding the
 /// converted model and the adapters, built once per test process (the script does
 /// nothing when its inputs are unchanged).
-fn real_server() -> &'static Path {
+pub fn real_server() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         ensure_dockerd();

@@ -114,7 +114,11 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         m.steps,
         m.rows_used,
         m.rows,
-        m.losses.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>().join(" → ")
+        m.losses
+            .iter()
+            .map(|l| l.map_or_else(|| "–".to_string(), |l| format!("{l:.4}")))
+            .collect::<Vec<_>>()
+            .join(" → ")
     );
     if args.no_judge {
         return Ok(ExitCode::SUCCESS);

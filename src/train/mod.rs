@@ -231,7 +231,7 @@ async fn write_spec(
 /// One `train` at a time in a training's folder: a second (a user's double start) says
 /// so instead of writing the same checkpoints.
 fn lock(root: &Root, dir: &TrainingDir) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
-    let path = root.lock_file(&format!("train-{}", dir.id))?;
+    let path = root.lock_file(&format!("train-{}-{}", dir.version, dir.id))?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -46,7 +46,8 @@ pub struct TrainingManifest {
     pub trainer_sha256: String,
     /// The steps trained, and the loss after each, from step 1.
     pub steps: usize,
-    pub losses: Vec<f64>,
+    /// Null where the loss was not finite.
+    pub losses: Vec<Option<f64>>,
     /// Each step's seconds as the trainer measured them (a step run again after a
     /// restart counts once, its last time).
     pub step_seconds: Vec<f64>,
@@ -137,7 +138,7 @@ pub fn steps_from_events(events: &Path) -> (Vec<f64>, usize) {
     let mut starts = 0;
     for line in text.lines() {
         match serde_json::from_str::<super::trainer::Event>(line) {
-            Ok(super::trainer::Event::Step { step, seconds: s, .. }) => {
+            Ok(super::trainer::Event::Step { step, seconds: Some(s), .. }) => {
                 seconds.insert(step, s);
             }
             Ok(super::trainer::Event::Start { .. }) => starts += 1,

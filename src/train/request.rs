@@ -64,12 +64,18 @@ pub fn export_in_container(index: usize) -> String {
 #[derive(Clone, Debug)]
 pub struct TrainingDir {
     pub path: PathBuf,
+    /// The version the adapter becomes.
+    pub version: String,
     pub id: String,
 }
 
 impl TrainingDir {
     pub fn new(reports: &Path, version: &str, id: &str) -> TrainingDir {
-        TrainingDir { path: reports.join(version).join("training").join(id), id: id.to_string() }
+        TrainingDir {
+            path: reports.join(version).join("training").join(id),
+            version: version.to_string(),
+            id: id.to_string(),
+        }
     }
     /// The request the trainer reads (mounted read-only).
     pub fn request(&self) -> PathBuf {

@@ -40,17 +40,18 @@ pub enum Event {
         steps: u64,
         resumed_from: u64,
     },
-    /// After an optimizer step; `seconds`: that step's wall time.
+    /// After an optimizer step (its checkpoint durable); `seconds`: that step's wall
+    /// time. Either may be null (a loss that was not finite, a time not measured).
     Step {
         step: u64,
         steps: u64,
-        loss: f64,
-        seconds: f64,
+        loss: Option<f64>,
+        seconds: Option<f64>,
     },
     Done {
         adapter: String,
         sha256: BTreeMap<String, String>,
-        losses: Vec<f64>,
+        losses: Vec<Option<f64>>,
         rows_used: u64,
     },
     /// Bad input, before the first step.
@@ -65,7 +66,7 @@ pub struct Attempt {
     pub checked: Option<(u64, u64)>,
     pub resumed_from: Option<u64>,
     /// Per step seen in this attempt: (step, loss, seconds).
-    pub steps: Vec<(u64, f64, f64)>,
+    pub steps: Vec<(u64, Option<f64>, Option<f64>)>,
     pub done: Option<Event>,
     pub refused: Option<String>,
     pub exit_code: i64,
@@ -243,11 +244,15 @@ async fn on_line(line: &[u8], attempt: &mut Attempt, clock: &mut StepClock, chec
         }
         Event::Step { step, steps, loss, seconds } => {
             attempt.steps.push((*step, *loss, *seconds));
-            clock.observe(*seconds);
+            if let Some(seconds) = seconds {
+                clock.observe(*seconds);
+            }
             let eta = clock
                 .remaining_s(steps.saturating_sub(*step))
                 .map_or_else(String::new, |s| format!(", ETA {}", span(s)));
-            tracing::info!("step {step}/{steps}: loss {loss:.4} ({seconds:.1} s){eta}");
+            let loss = loss.map_or_else(|| "not finite".to_string(), |l| format!("{l:.4}"));
+            let took = seconds.map_or_else(String::new, |s| format!(" ({s:.1} s)"));
+            tracing::info!("step {step}/{steps}: loss {loss}{took}{eta}");
         }
         Event::Done { .. } => attempt.done = Some(event.clone()),
         Event::Refused { reason } => attempt.refused = Some(reason.clone()),
@@ -313,7 +318,7 @@ fn body(launch: &Launch<'_>) -> anyhow::Result<bollard::models::ContainerCreateB
         "HOME=/tmp".into(),
     ];
     if let Some(key) = &launch.api_key {
-        env.push(format!("PRUEFSTAND_API_KEY={key}"));
+        env.push(format!("PRUEFSTAND_TOKENIZE_KEY={key}"));
     }
     body.env = Some(env);
     body.exposed_ports = None;
@@ -322,6 +327,9 @@ fn body(launch: &Launch<'_>) -> anyhow::Result<bollard::models::ContainerCreateB
     let host = body.host_config.get_or_insert_with(Default::default);
     host.port_bindings = None;
     host.network_mode = Some("host".into());
+    // An init as PID 1, so a stop's SIGTERM ends the trainer at once (Python as PID 1
+    // ignores it, and the stop would wait out its grace period).
+    host.init = Some(true);
     let mut mounts: Vec<Mount> =
         host.mounts.take().unwrap_or_default().into_iter().filter(|m| m.typ == Some(MountType::BIND)).collect();
     let bind = |source: &Path, target: &str, read_only: bool| Mount {
@@ -358,7 +366,7 @@ mod tests {
         );
         assert_eq!(
             parse(r#"{"event":"step","step":1,"steps":4,"loss":0.693,"seconds":21.5}"#),
-            Event::Step { step: 1, steps: 4, loss: 0.693, seconds: 21.5 }
+            Event::Step { step: 1, steps: 4, loss: Some(0.693), seconds: Some(21.5) }
         );
         let done = parse(
             r#"{"event":"done","adapter":"/work/out/adapter","sha256":{"adapter_config.json":"ab"},"losses":[0.69,0.5],"rows_used":3}"#,
@@ -368,7 +376,15 @@ mod tests {
             parse(r#"{"event":"refused","reason":"row a.jsonl:2: token 5 differs"}"#),
             Event::Refused { reason: "row a.jsonl:2: token 5 differs".into() }
         );
-        assert!(serde_json::from_str::<Event>(r#"{"event":"step","step":1}"#).is_err(), "a step without its loss");
+        assert_eq!(
+            parse(r#"{"event":"step","step":2,"steps":4,"loss":null,"seconds":null}"#),
+            Event::Step { step: 2, steps: 4, loss: None, seconds: None }
+        );
+        assert!(serde_json::from_str::<Event>(r#"{"event":"step","steps":4}"#).is_err(), "a step without its number");
+        assert!(
+            matches!(parse(r#"{"event":"checked","rows":1,"tokens":2,"server":true}"#), Event::Checked { rows: 1, .. }),
+            "a field of a newer trainer is no error"
+        );
     }
 
     #[test]
