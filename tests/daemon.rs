@@ -408,3 +408,104 @@ fn a_queued_job_runs_the_reference_as_it_was_at_start() {
     let snapshot = bench.path().join(format!(".pruefstand/jobs/{b}/snapshot/reference/ref-b.toml"));
     assert_eq!(std::fs::read_to_string(snapshot).unwrap(), baseline);
 }
+
+/// A version whose adapter names its exports relative to its spec's folder, as
+/// docs/training.md shows it, runs through the daemon as through `run`: `start` resolves
+/// the path where the spec lies and pins the export and its manifest (the job's copy of
+/// the spec lies elsewhere), `restart` works, and an export changed after `start` fails
+/// the queued job naming it — said once by `wait` — and `restart` refuses it.
+#[test]
+fn a_job_finds_the_exports_its_spec_names_beside_it_and_pins_them() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    let export = crate::queue::trained_version(&bench, "trainiert", &["important_instructions"]);
+    let daemon = bench.daemon();
+    let queued = bench.run(&["start", "trainiert", "--plan", "tiny", "--wait"]);
+    assert!(matches!(queued.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", queued.code, queued.stdout, queued.stderr);
+    let dir = queued.run_dir();
+    let recorded = &json(&dir.join("run.json"))["attack_families"]["trained_on_exports"][0];
+    let sha = crate::common::runs::sha256_hex(&std::fs::read(&export).unwrap());
+    assert_eq!(recorded["sha256"], sha.as_str(), "{recorded}");
+    assert!(recorded["path"].as_str().unwrap().ends_with("exports/dpo.jsonl"), "{recorded}");
+    let pinned = bench.job(1)["snapshot"]["pinned"].clone();
+    let pinned: Vec<&str> = pinned.as_array().unwrap().iter().map(|p| p["path"].as_str().unwrap()).collect();
+    assert!(
+        pinned.len() == 2 && pinned[0].ends_with("exports/dpo.jsonl") && pinned[1].ends_with(".manifest.json"),
+        "{pinned:?}"
+    );
+    // Restarted, it runs again from its snapshot.
+    bench.run(&["restart", "1"]).ok();
+    let again = bench.run(&["wait", "1"]);
+    assert_eq!(again.code, queued.code, "{}\n{}", again.stdout, again.stderr);
+
+    // The export retrained after `start` (its manifest written with it, so `run` would
+    // take it): the queued job fails naming the file, and `restart` refuses.
+    bench.run(&["pause"]).ok();
+    let id = bench.start(&["trainiert", "--plan", "tiny"]);
+    crate::queue::write_export(&bench, "{\"row\": 2}\n", &["important_instructions"]);
+    let changed = "adapter.trained_on_exports of version trainiert changed since the job was queued";
+    let refused = bench.run(&["restart", "1"]).code(2);
+    assert!(refused.stderr.contains(changed) && refused.stderr.contains("exports/dpo.jsonl"), "{}", refused.stderr);
+    bench.run(&["resume"]).ok();
+    let failed = bench.run(&["wait", &id.to_string()]).code(2);
+    let said = format!("{}{}", failed.stdout, failed.stderr);
+    assert_eq!(said.matches(changed).count(), 1, "the error, once:\n{said}");
+    assert!(daemon.log().contains(changed), "{}", daemon.log());
+}
+
+/// A plan's `[[found]]` families are read when the job is queued — a relative file
+/// against the plan's own folder, as `run` reads it; an absolute one too — and copied
+/// into the job's snapshot: removed or changed after `start`, the job runs them as they
+/// were. One whose sha256 is not the pinned one is refused by `start`, at the plan's
+/// line, and nothing is queued.
+#[test]
+fn a_jobs_found_families_are_read_at_start_relative_to_the_plan_and_copied_into_its_snapshot() {
+    use crate::queue::{tiny_plan_with, write_found_family};
+    let bench = Bench::new();
+    bench.write("versions/slow.toml", &slow_version(0));
+    let found = |file: &str, sha: &str| format!("[[found]]\nfile = {file:?}\nsha256 = \"{sha}\"\nheld_out = true\n");
+    let sha = write_found_family(&bench, "profiles/found/h1.json", "h1");
+    bench.write("profiles/relativ.toml", &tiny_plan_with("relativ", "", &found("found/h1.json", &sha)));
+    let elsewhere = bench.path().join("elsewhere/h2.json");
+    let sha2 = write_found_family(&bench, "elsewhere/h2.json", "h2");
+    let absolut =
+        bench.write("plans/absolut.toml", &tiny_plan_with("absolut", "", &found(elsewhere.to_str().unwrap(), &sha2)));
+    let wrong = bench.write(
+        "plans/falsch.toml",
+        &tiny_plan_with("falsch", "", &found("../profiles/found/h1.json", &"0".repeat(64))),
+    );
+
+    bench.run(&["pause"]).ok();
+    let a = bench.start(&["slow", "--plan", "relativ"]);
+    let b = bench.start(&["slow", "--plan", absolut.to_str().unwrap()]);
+    let refused = bench.run(&["start", "slow", "--plan", wrong.to_str().unwrap()]).code(2);
+    assert!(
+        refused.stderr.contains("falsch.toml:") && refused.stderr.contains("the plan pins 0000"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!bench.path().join(".pruefstand/jobs/3").exists(), "nothing queued");
+    // After `start`: one family file removed, the other overwritten.
+    std::fs::remove_file(bench.path().join("profiles/found/h1.json")).unwrap();
+    write_found_family(&bench, "elsewhere/h2.json", "h2-edited");
+
+    let _daemon = bench.daemon();
+    bench.run(&["resume"]).ok();
+    for (id, attack) in [(a, "found_h1"), (b, "found_h2")] {
+        let waited = bench.run(&["wait", &id.to_string()]);
+        assert!(
+            matches!(waited.code, Some(0 | 10 | 11)),
+            "job {id}: {:?}\n{}\n{}",
+            waited.code,
+            waited.stdout,
+            waited.stderr
+        );
+        let job = bench.job(id);
+        let dir = std::path::PathBuf::from(job["run_dir"].as_str().unwrap());
+        let under: Vec<_> = cases(&dir).into_iter().filter(|r| r["attack"] == attack).collect();
+        assert_eq!(under.len(), 2, "job {id}: every pair under {attack}");
+        let copy = &job["snapshot"]["found"][0];
+        let copied = bench.path().join(format!(".pruefstand/jobs/{id}/{}", copy["copy"].as_str().unwrap()));
+        assert_eq!(crate::common::runs::sha256_hex(&std::fs::read(copied).unwrap()), copy["sha256"].as_str().unwrap());
+    }
+}

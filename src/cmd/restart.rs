@@ -3,6 +3,9 @@
 //! cases it has recorded are not run again. Its tries go on counting (`queue`'s `try`),
 //! and `took` sums them all.
 //!
+//! The job runs its snapshot again: a file it pinned at `start` (an adapter's export, a
+//! chat template) that has changed since is refused here, naming it.
+//!
 //! A notification of the ended try still owed is dropped (its retries stop): the new
 //! try's result is what is news, sent under its own key `<job>-<try>-<outcome>`.
 
@@ -21,7 +24,16 @@ pub struct Args {
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
-    let id = queue.find(&args.job)?.id;
+    let found = queue.find(&args.job)?;
+    let id = found.id;
+    // What the job pinned at `start` must still be there, as it was: a file changed
+    // since is named now, not when the daemon picks the job up again. (A job that has
+    // not ended is refused by the transition, in its words.)
+    if found.state.is_final()
+        && let Err(err) = queue.materialise(&root, &found)
+    {
+        return Err(err.context(format!("job {id} is not restarted")));
+    }
     let job = queue.transition(id, Transition::Restart)?;
     drop_owed_notifications(&queue, id)?;
     let next = job.starts.max(job.attempt) + 1;

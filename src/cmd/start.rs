@@ -36,15 +36,24 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
-    let job = queue.enqueue(&root, &args.version, &args.plan, args.priority)?;
+    let prepared = queue.prepare(&root, &args.version, &args.plan)?;
+    let job = queue.enqueue(prepared, args.priority)?;
     outln!("{}", job.id);
     tracing::info!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
     note_without_daemon(&root, &queue)?;
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
     }
-    let job = wait_final(&queue, job.id, |job| tracing::info!("job {}: {}", job.id, describe(job)))?;
+    let job = wait_final(&queue, job.id, say_progress)?;
     Ok(print_end(&job))
+}
+
+/// A state a waited-for job passes through, on stderr; its end is [`print_end`]'s to
+/// say, once (a failed job's error said here too would be said twice).
+pub fn say_progress(job: &Job) {
+    if !job.state.is_final() {
+        tracing::info!("job {}: {}", job.id, describe(job));
+    }
 }
 
 /// What `run` prints at its end (run folder, summary, rules, report, verdict), from

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::cmd::start::{describe, print_end, wait_final};
+use crate::cmd::start::{print_end, say_progress, wait_final};
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
@@ -19,6 +19,6 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let id = queue.find(&args.job)?.id;
-    let job = wait_final(&queue, id, |job| tracing::info!("job {}: {}", job.id, describe(job)))?;
+    let job = wait_final(&queue, id, say_progress)?;
     Ok(print_end(&job))
 }

@@ -20,6 +20,8 @@ pub mod util;
 pub mod fuzzing;
 // Reading configuration files and names, with errors at file:line:col.
 pub mod input;
+// Reading the files a spec or plan names: regular files only, size-capped, unblocking.
+pub mod files;
 // The names of the figures and how bounds are said, for every view.
 pub mod words;
 // How long the cases left will take, for the console and the daemon alike.

@@ -17,6 +17,7 @@ use crate::case::Case;
 #[cfg(test)]
 use crate::case::CaseKind;
 use crate::family;
+use crate::files;
 use crate::input;
 use crate::inventory::Inventory;
 use crate::record::FoundFamily;
@@ -326,7 +327,7 @@ impl Plan {
             bail!("{}: case {} is planned twice (a task is listed twice)", path.display(), dup.id);
         }
         let mut held_out = held_out_families(&profile, &cases, &bad)?;
-        let found = found_families(path, &profile, &bad)?;
+        let found: Vec<FoundFamily> = read_found(path, &profile, &text)?.into_iter().map(|f| f.family).collect();
         for (family, section) in found.iter().zip(&profile.found) {
             cases.extend(found_cases(&profile, &family.attack()));
             if section.held_out {
@@ -411,19 +412,29 @@ fn suite_cases(
     Ok(cases)
 }
 
-/// The `[[found]]` families, each read from its file (beside the plan) and checked
-/// against its pinned sha256.
-fn found_families(
-    path: &Path,
-    profile: &Profile,
-    bad: &dyn Fn(usize, String) -> anyhow::Error,
-) -> anyhow::Result<Vec<FoundFamily>> {
+/// One `[[found]]` family as its plan names it: the file on this machine, its bytes
+/// (whose sha256 the plan pins) and the family they hold.
+#[derive(Clone, Debug)]
+pub struct FoundFile {
+    pub path: PathBuf,
+    pub bytes: Vec<u8>,
+    pub family: FoundFamily,
+}
+
+/// The `[[found]]` families of the plan file at `path` (its `profile`, parsed from
+/// `text`), each read from its file (relative to the plan's folder) and checked against
+/// its pinned sha256; errors at the plan's line. A file is read only when it is a
+/// regular file of at most [`files::MAX_FOUND_FAMILY_BYTES`]: a plan may name anything,
+/// `/dev/zero` or a FIFO included.
+pub fn read_found(path: &Path, profile: &Profile, text: &str) -> anyhow::Result<Vec<FoundFile>> {
+    let bad = |at: usize, message: String| input::at(path, text, at, &message);
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut out: Vec<FoundFamily> = Vec::new();
+    let mut out: Vec<FoundFile> = Vec::new();
     for section in &profile.found {
         let file = dir.join(section.file.get_ref());
         let at = section.file.span().start;
-        let bytes = std::fs::read(&file).map_err(|e| bad(at, format!("found: {}: {e}", file.display())))?;
+        let bytes = files::read_regular(&file, files::MAX_FOUND_FAMILY_BYTES, "a found family")
+            .map_err(|e| bad(at, format!("found: {e:#}")))?;
         let actual = util::sha256_hex(&bytes);
         if !actual.eq_ignore_ascii_case(section.sha256.get_ref()) {
             let message =
@@ -433,10 +444,10 @@ fn found_families(
         let family: FoundFamily = serde_json::from_slice(&bytes)
             .map_err(|e| bad(at, format!("found: {} is no found family: {e}", file.display())))?;
         family.check().map_err(|e| bad(at, format!("found: {}: {e}", file.display())))?;
-        if out.iter().any(|f| f.name == family.name) {
+        if out.iter().any(|f| f.family.name == family.name) {
             return Err(bad(at, format!("found: family {:?} is named twice", family.name)));
         }
-        out.push(family);
+        out.push(FoundFile { path: file, bytes, family });
     }
     Ok(out)
 }

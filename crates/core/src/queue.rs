@@ -15,15 +15,25 @@
 //!   jobs/<id>/notifications.json  its hooks' notifications, each delivered or still owed
 //!   jobs/<id>/snapshot/version/<name>.toml   the spec text as it was at `start`
 //!   jobs/<id>/snapshot/plan/<name>.toml      the profile text as it was at `start`
+//!   jobs/<id>/snapshot/plan/found/<n>.json   its `[[found]]` family files, copied
 //!   jobs/<id>/snapshot/reference/<name>.toml the reference's spec (and its own
 //!                                            reference's, down the chain) at `start`
 //! ```
+//!
+//! A job holds or pins everything its spec and plan name, resolved at `start` where
+//! `run` resolves it (against the spec's or the plan's own folder), so a job runs what
+//! `start` checked: the plan's found families are copied (the copied plan names the
+//! copies); the files a spec names beside itself (an adapter's exports and their
+//! manifests, a chat template, a tool-parser plugin) stay where they are, read through
+//! the folder the spec was queued from (`Snapshot::origins`), each pinned by its sha256
+//! (`Snapshot::pinned`) and checked again when the job starts.
 //!
 //! Every change is a whole-file atomic replace (temporary file, fsync, rename, fsync of
 //! the folder); a new job appears by renaming its finished folder into `jobs/`, so a
 //! crash never leaves a half-queued job. All state changes go through [`Job::apply`],
 //! the one place that knows which transitions are legal.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,10 +41,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::plan::Profile;
+use crate::files;
+use crate::plan::{FoundFile, Profile};
 use crate::record::Verdict;
 use crate::root::Root;
-use crate::spec::Version;
+use crate::spec::{Origins, ServedFileKind, Version};
 use crate::util;
 
 /// Starts of one job, crashes included, before it is given up as failed.
@@ -123,12 +134,94 @@ pub struct Snapshot {
     pub spec_hash: String,
     pub plan: PathBuf,
     pub plan_source: PathBuf,
+    /// sha256 of the plan text as read (the copy differs where it names the copied
+    /// found families).
     pub plan_sha256: String,
     /// The folder (relative to the job folder) holding the reference's spec as it was
     /// at `start`, where the job's references are found; absent without a reference
     /// (and in jobs queued before references were snapshotted: then `versions/`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub references: Option<PathBuf>,
+    /// By version name (the job's and its references'), the folder its spec was
+    /// queued from: the files a spec names relative to its folder are found there.
+    /// Empty in jobs queued before it was kept (their files then resolve in the
+    /// snapshot, as they did).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub origins: BTreeMap<String, PathBuf>,
+    /// The files outside the snapshot the specs name, each by its sha256 at `start`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<Pinned>,
+    /// The plan's `[[found]]` family files, each copied into the snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<Copied>,
+}
+
+/// A file a job's spec names, pinned when the job was queued: the job starts only while
+/// the file still has this sha256.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Pinned {
+    /// Absolute, as the run reads it (links are not resolved: the run follows them too).
+    pub path: PathBuf,
+    pub sha256: String,
+    /// Which field of which version names it, for the error when it changed.
+    pub named_by: String,
+}
+
+impl Pinned {
+    /// The file at `path` as it is now, named by `named_by`.
+    fn take(path: PathBuf, named_by: String) -> anyhow::Result<Pinned> {
+        let sha256 = files::sha256_regular(&path).with_context(|| named_by.clone())?;
+        Ok(Pinned { path, sha256, named_by })
+    }
+
+    /// Whether the file is still what it was when pinned; an error naming it, and both
+    /// hashes, when it is not.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let now = files::sha256_regular(&self.path)
+            .with_context(|| format!("{}, pinned when the job was queued, is gone or unreadable", self.named_by))?;
+        anyhow::ensure!(
+            now == self.sha256,
+            "{} changed since the job was queued: {} has sha256 {now}, it had {} then; queue the version again \
+             (`pruefstand start`) to run it on the file as it is now",
+            self.named_by,
+            self.path.display(),
+            self.sha256
+        );
+        Ok(())
+    }
+}
+
+/// A file copied into a job's snapshot: from where, to where (relative to the job
+/// folder) and its sha256.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Copied {
+    pub source: PathBuf,
+    pub copy: PathBuf,
+    pub sha256: String,
+}
+
+/// A job as `start` asked for it, read and checked but not yet queued
+/// ([`Queue::prepare`], then [`Queue::enqueue`]): the caller can refuse it in between.
+pub struct Prepared {
+    pub version: Version,
+    pub plan_path: PathBuf,
+    pub profile: Profile,
+    plan_text: String,
+    spec_text: String,
+    /// The plan's `[[found]]` families, read and checked against their pins.
+    pub found: Vec<FoundFile>,
+    origins: BTreeMap<String, PathBuf>,
+    pinned: Vec<Pinned>,
+}
+
+impl Prepared {
+    /// The families the plan holds out: its `held_out` and its held-out found families
+    /// (their attacks, as a run records them).
+    pub fn held_out(&self) -> Vec<String> {
+        let found = self.found.iter().zip(&self.profile.found).filter(|(_, section)| section.held_out);
+        let found = found.map(|(file, _)| file.family.attack());
+        self.profile.held_out.iter().map(|f| f.get_ref().clone()).chain(found).collect()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -399,13 +492,30 @@ impl Queue {
         Ok(QueueLock(lock))
     }
 
-    /// Validates the spec and the plan, snapshots both and queues a job; returns it.
-    /// A bad spec or plan is an error naming file:line:col, and nothing is queued.
-    pub fn enqueue(&self, root: &Root, version_arg: &str, plan_arg: &str, priority: i32) -> anyhow::Result<Job> {
+    /// Reads and checks what `start` names: the spec (and its references), the plan,
+    /// the plan's found families, and the files the specs name (each pinned now). A bad
+    /// spec or plan is an error naming file:line:col; nothing is queued yet.
+    pub fn prepare(&self, root: &Root, version_arg: &str, plan_arg: &str) -> anyhow::Result<Prepared> {
         let version = Version::load(&root.versions(), version_arg)?;
         let (plan_path, profile, plan_text) = Profile::load_named(&root.path, plan_arg)?;
+        let found = crate::plan::read_found(&plan_path, &profile, &plan_text)?;
         let spec_text =
             std::fs::read_to_string(&version.path).with_context(|| format!("reading {}", version.path.display()))?;
+        let mut origins = BTreeMap::new();
+        let mut pinned = Vec::new();
+        for each in std::iter::once(Ok(version.clone())).chain(reference_chain(&version)) {
+            let each = each?;
+            let folder = std::path::absolute(&each.files_dir)
+                .with_context(|| format!("the folder of {}", each.path.display()))?;
+            pinned.extend(pins(&each, &folder)?);
+            origins.insert(each.name.clone(), folder);
+        }
+        Ok(Prepared { version, plan_path, profile, plan_text, spec_text, found, origins, pinned })
+    }
+
+    /// Snapshots a prepared job and queues it; returns it.
+    pub fn enqueue(&self, prepared: Prepared, priority: i32) -> anyhow::Result<Job> {
+        let Prepared { version, plan_path, profile, plan_text, spec_text, found, origins, pinned } = prepared;
         // The plan's own name (checked when it was read), not its file's: the name becomes
         // a folder under reports/ and text in chat hooks.
         let plan_name = profile.name.clone();
@@ -425,7 +535,12 @@ impl Queue {
             None => spec_text,
         };
         write_private(&staging.path().join(&spec_rel), spec_text.as_bytes())?;
-        write_private(&staging.path().join(&plan_rel), plan_text.as_bytes())?;
+        let plan_sha256 = util::sha256_hex(plan_text.as_bytes());
+        let (snapshot_plan, copies) = copy_found(&plan_text, &profile, &found, &plan_path, &plan_rel)?;
+        for (copy, bytes) in copies.iter().zip(&found) {
+            write_private(&staging.path().join(&copy.copy), &bytes.bytes)?;
+        }
+        write_private(&staging.path().join(&plan_rel), snapshot_plan.as_bytes())?;
         let job = Job {
             id,
             version: version.name.clone(),
@@ -448,8 +563,11 @@ impl Queue {
                 spec_hash: version.hash.clone(),
                 plan: plan_rel,
                 plan_source: absolute(&plan_path),
-                plan_sha256: util::sha256_hex(plan_text.as_bytes()),
+                plan_sha256,
                 references: references.then(|| PathBuf::from(REFERENCES_DIR)),
+                origins,
+                pinned,
+                found: copies,
             },
             history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
         };
@@ -582,12 +700,17 @@ impl Queue {
     }
 
     /// The job's snapshot as a loaded version (references resolve against the root's
-    /// versions/, as for `run`) and the snapshot profile's path.
+    /// versions/, as for `run`) and the snapshot profile's path. Every file the job
+    /// pinned is checked first: one changed since `start` is an error naming it.
     pub fn materialise(&self, root: &Root, job: &Job) -> anyhow::Result<(Version, PathBuf)> {
+        for pin in &job.snapshot.pinned {
+            pin.check().with_context(|| format!("job {}", job.id))?;
+        }
         let dir = self.job_dir(job.id);
         let spec = dir.join(&job.snapshot.spec);
         let versions = job.snapshot.references.as_ref().map_or_else(|| root.versions(), |refs| dir.join(refs));
-        let version = Version::load(&versions, &spec.to_string_lossy())
+        let origins = Origins::new(job.snapshot.origins.clone());
+        let version = Version::load_in(&versions, &spec.to_string_lossy(), origins)
             .with_context(|| format!("job {}: its spec snapshot", job.id))?;
         Ok((version, dir.join(&job.snapshot.plan)))
     }
@@ -614,6 +737,75 @@ fn json_bytes<T: Serialize>(value: &T) -> anyhow::Result<Vec<u8>> {
 
 /// Where a job's references are snapshotted, in its folder.
 const REFERENCES_DIR: &str = "snapshot/reference";
+
+/// The folder beside a job's plan copy where its found families are copied.
+const FOUND_DIR: &str = "found";
+
+/// `version`'s reference, that one's, and so on down the chain, each loaded as `run`
+/// would load it; a chain that comes back to a version already seen ends there.
+fn reference_chain(version: &Version) -> impl Iterator<Item = anyhow::Result<Version>> {
+    let mut seen = vec![version.name.clone()];
+    let mut current = Some(version.clone());
+    std::iter::from_fn(move || {
+        let loaded = current.take()?.load_reference()?;
+        match loaded {
+            Ok(reference) if seen.contains(&reference.name) => None,
+            Ok(reference) => {
+                seen.push(reference.name.clone());
+                current = Some(reference.clone());
+                Some(Ok(reference))
+            }
+            Err(err) => Some(Err(err)),
+        }
+    })
+}
+
+/// The files `version` names outside its spec, each pinned as the run will read it:
+/// `folder` (the spec's own, absolute) joined with the path the spec gives.
+fn pins(version: &Version, folder: &Path) -> anyhow::Result<Vec<Pinned>> {
+    let name = &version.name;
+    let mut pins = Vec::new();
+    for export in version.spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
+        let path = folder.join(export.get_ref());
+        let manifest = PathBuf::from(format!("{}{EXPORT_MANIFEST_SUFFIX}", path.display()));
+        pins.push(Pinned::take(path.clone(), format!("adapter.trained_on_exports of version {name}"))?);
+        pins.push(Pinned::take(manifest, format!("the manifest of {name}'s export {}", path.display()))?);
+    }
+    for kind in ServedFileKind::ALL {
+        if let Some(file) = version.spec.model.served_file(kind) {
+            let path = folder.join(file.get_ref());
+            pins.push(Pinned::take(path, format!("model.{} of version {name}", kind.field()))?);
+        }
+    }
+    Ok(pins)
+}
+
+/// An export's manifest beside it, as `pruefstand export` names it.
+const EXPORT_MANIFEST_SUFFIX: &str = ".manifest.json";
+
+/// The plan text as the snapshot holds it — each `[[found]]` file named as its copy,
+/// `found/<n>.json` beside the plan's copy — and the copies (relative to the job folder).
+fn copy_found(
+    text: &str,
+    profile: &Profile,
+    found: &[FoundFile],
+    plan_path: &Path,
+    plan_rel: &Path,
+) -> anyhow::Result<(String, Vec<Copied>)> {
+    let mut text = text.to_string();
+    let mut copies = Vec::new();
+    // From the last to the first, so the spans before each stay where they were.
+    for (n, (section, file)) in profile.found.iter().zip(found).enumerate().rev() {
+        let name = format!("{FOUND_DIR}/{}.json", n + 1);
+        let span = section.file.span();
+        anyhow::ensure!(text.get(span.clone()).is_some(), "{}: the found file's place in it", plan_path.display());
+        text = format!("{}{name:?}{}", &text[..span.start], &text[span.end..]);
+        let copy = plan_rel.parent().unwrap_or(Path::new("")).join(&name);
+        copies.push(Copied { source: absolute(&file.path), copy, sha256: util::sha256_hex(&file.bytes) });
+    }
+    copies.reverse();
+    Ok((text, copies))
+}
 
 /// Copies `version`'s reference — and that one's reference, down the chain — into
 /// `dir` as `<name>.toml`, each as it is now (a reference given as a path resolved now,
@@ -730,6 +922,9 @@ mod tests {
                 plan_source: "p".into(),
                 plan_sha256: String::new(),
                 references: None,
+                origins: BTreeMap::new(),
+                pinned: Vec::new(),
+                found: Vec::new(),
             },
             history: Vec::new(),
         }
@@ -865,6 +1060,39 @@ mod tests {
         assert_eq!(to_clean(&jobs, 0), vec![1, 3, 4, 6]);
         assert_eq!(to_clean(&jobs, 2), vec![1, 3]);
         assert_eq!(to_clean(&jobs, 10), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn the_plan_copy_names_each_found_family_by_its_copy_and_changes_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let family = |name: &str| format!(r#"{{"name": "{name}", "templates": ["do {{goal}}"], "found_by": "t"}}"#);
+        std::fs::create_dir(dir.path().join("f")).unwrap();
+        std::fs::write(dir.path().join("f/a b.json"), family("a")).unwrap();
+        std::fs::write(dir.path().join("c.json"), family("c")).unwrap();
+        let sha = |name: &str| util::sha256_hex(&std::fs::read(dir.path().join(name)).unwrap());
+        let text = format!(
+            "name = \"p\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\nsuites = []\n\
+             [[found]]\nfile = \"f/a b.json\" # beside the plan\nsha256 = \"{}\"\n\
+             [[found]]\nfile = 'c.json'\nsha256 = \"{}\"\nheld_out = true\n",
+            sha("f/a b.json"),
+            sha("c.json")
+        );
+        let plan = dir.path().join("p.toml");
+        std::fs::write(&plan, &text).unwrap();
+        let (profile, text) = Profile::load(&plan).unwrap();
+        let found = crate::plan::read_found(&plan, &profile, &text).unwrap();
+        let (copy, copies) = copy_found(&text, &profile, &found, &plan, Path::new("snapshot/plan/p.toml")).unwrap();
+        let expected = text.replace("\"f/a b.json\"", "\"found/1.json\"").replace("'c.json'", "\"found/2.json\"");
+        assert_eq!(copy, expected);
+        let copies: Vec<(&Path, &Path)> = copies.iter().map(|c| (c.source.as_path(), c.copy.as_path())).collect();
+        let source = |name: &str| dir.path().canonicalize().unwrap().join(name);
+        assert_eq!(
+            copies,
+            [
+                (source("f/a b.json").as_path(), Path::new("snapshot/plan/found/1.json")),
+                (source("c.json").as_path(), Path::new("snapshot/plan/found/2.json"))
+            ]
+        );
     }
 
     #[test]

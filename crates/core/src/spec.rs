@@ -5,7 +5,9 @@
 //! A spec says what to run, not how: bringing the model up is `run`'s (and later the
 //! container's) job.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
@@ -186,6 +188,30 @@ pub struct Version {
     /// Where a reference given by name is found: the root's `versions/`, or a queued
     /// job's snapshot of its references (`Queue::materialise`).
     pub versions_dir: PathBuf,
+    /// The folder the files it names (exports, served files) are relative to: the
+    /// spec's own, or for a queued job's snapshot the one the spec was queued from.
+    pub files_dir: PathBuf,
+    /// Where the files of the versions it finds by name are relative to (its reference
+    /// loaded from a snapshot).
+    pub origins: Origins,
+}
+
+/// The folder each version's relative file paths start at, by version name, where that
+/// is not its spec file's own folder: a queued job holds copies of its specs (the
+/// version's and its references'), while the files they name stay where the specs were
+/// queued from. Empty for a spec read where it lies.
+#[derive(Clone, Debug, Default)]
+pub struct Origins(Arc<BTreeMap<String, PathBuf>>);
+
+impl Origins {
+    pub fn new(folders: BTreeMap<String, PathBuf>) -> Origins {
+        Origins(Arc::new(folders))
+    }
+
+    /// The folder `name`'s files start at, when it is not beside its spec.
+    pub fn of(&self, name: &str) -> Option<&Path> {
+        self.0.get(name).map(PathBuf::as_path)
+    }
 }
 
 impl Version {
@@ -195,6 +221,12 @@ impl Version {
     }
 
     pub fn load(versions_dir: &Path, name_or_path: &str) -> anyhow::Result<Version> {
+        Version::load_in(versions_dir, name_or_path, Origins::default())
+    }
+
+    /// [`Version::load`], the files it names relative to the folder `origins` gives for
+    /// it (where it does: a job's snapshot), else to its spec's folder.
+    pub fn load_in(versions_dir: &Path, name_or_path: &str, origins: Origins) -> anyhow::Result<Version> {
         let named = input::Named::new("version", name_or_path, versions_dir);
         let text = named.read()?;
         if input::Named::is_path(name_or_path) {
@@ -205,9 +237,10 @@ impl Version {
         // The name becomes a folder under reports/.
         input::check_name(&name)
             .map_err(|why| anyhow::anyhow!("{}: not a usable version name: {why}", path.display()))?;
-        let spec = parse(&path, &text, versions_dir)?;
+        let files_dir = origins.of(&name).map_or_else(|| spec_folder(&path).to_path_buf(), Path::to_path_buf);
+        let spec = parse_in(&path, &text, versions_dir, &files_dir)?;
         let hash = util::sha256_hex(serde_json::to_string(&spec)?.as_bytes());
-        Ok(Version { name, path, spec, hash, versions_dir: versions_dir.to_path_buf() })
+        Ok(Version { name, path, spec, hash, versions_dir: versions_dir.to_path_buf(), files_dir, origins })
     }
 
     /// A version that is only an agent command (`pruefstand gym`): no model server of
@@ -226,7 +259,15 @@ impl Version {
         table.insert("agent_cmd".into(), agent_cmd.into());
         table.insert("model".into(), model.into());
         let spec: VersionSpec = toml::from_str(&toml::to_string(&table)?)?;
-        Ok(Version { name: name.to_string(), path: PathBuf::new(), spec, hash, versions_dir: PathBuf::new() })
+        Ok(Version {
+            name: name.to_string(),
+            path: PathBuf::new(),
+            spec,
+            hash,
+            versions_dir: PathBuf::new(),
+            files_dir: PathBuf::new(),
+            origins: Origins::default(),
+        })
     }
 
     /// The model name the agent sends: the adapter's when there is one (vLLM serves
@@ -236,9 +277,9 @@ impl Version {
     }
 
     /// A file the model's container reads, on this machine: its `model.*` field
-    /// resolved against the spec's folder.
+    /// resolved against the spec's folder ([`Version::files_dir`]).
     pub fn served_file(&self, kind: ServedFileKind) -> Option<PathBuf> {
-        Some(spec_relative(&self.path, self.spec.model.served_file(kind)?.get_ref()))
+        Some(self.files_dir.join(self.spec.model.served_file(kind)?.get_ref()))
     }
 
     /// Every file the spec names for the model's container, in `ServedFileKind::ALL`'s
@@ -248,19 +289,20 @@ impl Version {
     }
 
     /// The adapter's `trained_on_exports` on this machine, resolved against the spec's
-    /// folder.
+    /// folder ([`Version::files_dir`]).
     pub fn trained_on_exports(&self) -> Vec<PathBuf> {
         let exports = self.spec.adapter.iter().flat_map(|a| &a.trained_on_exports);
-        exports.map(|e| spec_relative(&self.path, e.get_ref())).collect()
+        exports.map(|e| self.files_dir.join(e.get_ref())).collect()
     }
 
     pub fn reference(&self) -> Option<&str> {
         self.spec.reference.as_ref().map(|r| r.get_ref().as_str())
     }
 
-    /// The reference, loaded from where this version finds it ([`Version::versions_dir`]).
+    /// The reference, loaded from where this version finds it ([`Version::versions_dir`]),
+    /// its files where [`Version::origins`] says.
     pub fn load_reference(&self) -> Option<anyhow::Result<Version>> {
-        self.reference().map(|name| Version::load(&self.versions_dir, name))
+        self.reference().map(|name| Version::load_in(&self.versions_dir, name, self.origins.clone()))
     }
 }
 
@@ -327,15 +369,21 @@ impl ModelSpec {
     }
 }
 
-/// A file a spec names (`model.chat_template`, `model.tool_parser_plugin`, an adapter's
-/// export) on this machine: relative to the spec's folder.
-fn spec_relative(spec_path: &Path, file: &Path) -> PathBuf {
-    spec_path.parent().unwrap_or(Path::new(".")).join(file)
+/// The folder of a spec file, where the files it names (`model.chat_template`,
+/// `model.tool_parser_plugin`, an adapter's export) are relative to.
+fn spec_folder(spec_path: &Path) -> &Path {
+    spec_path.parent().unwrap_or(Path::new("."))
 }
 
 /// Parses and validates one spec text: syntax, then each table's own checks in turn
 /// (the first error found is the one reported).
 pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<VersionSpec> {
+    parse_in(path, text, versions_dir, spec_folder(path))
+}
+
+/// [`parse`], the files the spec names relative to `files_dir` (a job's snapshot: the
+/// folder the spec was queued from).
+fn parse_in(path: &Path, text: &str, versions_dir: &Path, files_dir: &Path) -> anyhow::Result<VersionSpec> {
     // Syntax first, so a structural check below can rely on a table.
     let table: toml::Table = input::parse_toml(path, text)?;
     if table.contains_key("adapter") && !table.contains_key("model") {
@@ -347,7 +395,7 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
         ));
     }
     let spec: VersionSpec = input::parse_toml(path, text)?;
-    let source = Source { path, text };
+    let source = Source { path, text, files_dir };
     check_backend(&spec, &source)?;
     check_model_limits(&spec.model, &source)?;
     check_reference(&spec, &source, versions_dir)?;
@@ -365,6 +413,8 @@ pub fn parse(path: &Path, text: &str, versions_dir: &Path) -> anyhow::Result<Ver
 struct Source<'a> {
     path: &'a Path,
     text: &'a str,
+    /// Where the files it names are relative to.
+    files_dir: &'a Path,
 }
 
 impl Source<'_> {
@@ -427,7 +477,7 @@ fn check_docker(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     check_container_options(model, source)?;
     for kind in ServedFileKind::ALL {
         if let Some(named) = model.served_file(kind) {
-            let file = spec_relative(source.path, named.get_ref());
+            let file = source.files_dir.join(named.get_ref());
             if !file.is_file() {
                 return Err(source.bad(
                     named.span().start,
@@ -507,7 +557,7 @@ fn check_reference(spec: &VersionSpec, source: &Source, versions_dir: &Path) -> 
 /// `[adapter] trained_on_exports`: files that exist.
 fn check_adapter(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
     for export in spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
-        let file = spec_relative(source.path, export.get_ref());
+        let file = source.files_dir.join(export.get_ref());
         if !file.is_file() {
             return Err(source.bad(
                 export.span().start,
@@ -748,9 +798,19 @@ susceptibility = 0.02
         std::fs::create_dir(dir.path().join("exports")).unwrap();
         std::fs::write(dir.path().join("exports/dpo.jsonl"), "").unwrap();
         let path = dir.path().join("cand.toml");
-        let spec = parse(&path, &with_export("exports/dpo.jsonl"), dir.path()).unwrap();
-        let version = Version { name: "cand".into(), path, spec, hash: String::new(), versions_dir: PathBuf::new() };
+        std::fs::write(&path, with_export("exports/dpo.jsonl")).unwrap();
+        let version = Version::load(dir.path(), &path.to_string_lossy()).unwrap();
         assert_eq!(version.trained_on_exports(), [dir.path().join("exports/dpo.jsonl")]);
+        // A copy of the spec elsewhere (a job's snapshot) finds the files where the
+        // origins say, under the version's name.
+        let copy = dir.path().join("snapshot/cand.toml");
+        std::fs::create_dir(copy.parent().unwrap()).unwrap();
+        std::fs::copy(&path, &copy).unwrap();
+        let origins = Origins::new([("cand".to_string(), dir.path().to_path_buf())].into());
+        let version = Version::load_in(dir.path(), &copy.to_string_lossy(), origins).unwrap();
+        assert_eq!(version.trained_on_exports(), [dir.path().join("exports/dpo.jsonl")]);
+        let err = Version::load(dir.path(), &copy.to_string_lossy()).unwrap_err().to_string();
+        assert!(err.contains("snapshot/exports/dpo.jsonl is not a file"), "{err}");
         let plain = check(GOOD).unwrap();
         assert!(!serde_json::to_string(&plain).unwrap().contains("trained_on_exports"), "older specs keep their hash");
     }

@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use pruefstand_core::case::{CaseKind, CaseRecord, Outcome};
 use pruefstand_core::family;
+use pruefstand_core::files;
 use pruefstand_core::record::{RunMeta, TrainedExport};
 use pruefstand_core::util;
 use pruefstand_store as rundir;
@@ -558,7 +559,8 @@ fn export_is_ours(out: &Path) -> bool {
 /// The manifest beside an export, named in any error.
 pub(crate) fn read_manifest(export: &Path) -> anyhow::Result<Manifest> {
     let path = manifest_path(export);
-    let text = std::fs::read(&path)
+    // A regular file of bounded size only: a spec's `trained_on_exports` may name anything.
+    let text = files::read_regular(&path, files::MAX_MANIFEST_BYTES, "an export's manifest")
         .with_context(|| format!("{}: no manifest beside it ({} unreadable)", export.display(), path.display()))?;
     serde_json::from_slice(&text).with_context(|| format!("{}: not an export's manifest", path.display()))
 }
@@ -570,8 +572,9 @@ pub fn trained_exports(paths: &[PathBuf]) -> anyhow::Result<Vec<TrainedExport>> 
         .iter()
         .map(|path| {
             let manifest = read_manifest(path)?;
-            let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            let sha256 = util::sha256_hex(&bytes);
+            // Hashed as a stream, a regular file only: an export may be gigabytes, and
+            // a spec may name a device or a FIFO.
+            let sha256 = files::sha256_regular(path).with_context(|| format!("reading {}", path.display()))?;
             if sha256 != manifest.sha256 {
                 bail!(
                     "{}: changed since its manifest was written (sha256 {sha256}, the manifest says {})",
