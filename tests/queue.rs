@@ -3,7 +3,8 @@
 //! lines, `queue`'s times and figures, `priority`, `restart` into the same run
 //! directory, `clean`, plain-language refusals, typos with a "did you mean", and the
 //! bench lock shared by `run` and the daemon; completions and man pages. What a plan or
-//! spec names that is no regular file or too large.
+//! spec names that is no regular file or too large, and `wait` on a job file changed in
+//! place.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -589,4 +590,37 @@ fn a_found_family_or_a_manifest_that_is_no_regular_file_or_too_large_is_refused_
     let check = run_within(bench.cmd(&["check", "trainiert", "--plan", "tiny"]), 120, "check");
     assert!(check.stdout.lines().any(|l| l.starts_with("FAIL") && l.contains("is a FIFO")), "{}", check.stdout);
     assert_eq!(queued_jobs(&bench), 0, "nothing was queued");
+}
+
+/// `wait` follows the job's own file: one changed in place (not through the queue,
+/// which also bumps `jobs/.changed`) ends the wait as soon as it says the job ended.
+#[test]
+fn wait_sees_its_job_file_changed_in_place() {
+    use std::io::{BufRead, Write};
+    let bench = bench_with_tiny(0);
+    let id = bench.start(&["slow", "--plan", "tiny"]);
+    let mut wait = bench.cmd(&["wait", &id.to_string()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Its first line says it is waiting: its watches are set by then.
+    let mut stderr = std::io::BufReader::new(wait.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.contains(&format!("job {id}: pending")), "{line}");
+
+    let path = bench.path().join(format!(".pruefstand/jobs/{id}/job.json"));
+    let mut job = bench.job(id);
+    job["state"] = "cancelled".into();
+    job["history"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"at": "2026-01-01T00:00:00.000Z", "state": "cancelled"}));
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let before = inode(&path);
+    let mut file = std::fs::OpenOptions::new().write(true).truncate(true).open(&path).unwrap();
+    file.write_all(serde_json::to_string_pretty(&job).unwrap().as_bytes()).unwrap();
+    drop(file);
+    assert_eq!(inode(&path), before, "changed in place, not replaced");
+
+    let (status, out) = ended_within(wait, 30);
+    assert_eq!(status.code(), Some(2), "a cancelled job's code:\n{out}");
+    assert!(out.contains("cancelled"), "{out}");
 }

@@ -133,20 +133,53 @@ pub fn describe(job: &Job) -> String {
 }
 
 /// Blocks until the job is done, failed or cancelled, calling `on_change` on every
-/// state it passes through. Wakes on inotify events of `jobs/` only.
+/// state it passes through. Wakes on inotify events of `jobs/` (the queue's own writes
+/// bump `jobs/.changed`) and of the job's `job.json` in its folder: a file changed in
+/// place, by anything but the queue, bumps nothing else. The job's other files (its
+/// log grows with every line) do not wake it.
 pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
     use notify::Watcher;
     let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |event| {
-        if is_change(&event) {
+    let jobs_dir = queue.jobs_dir();
+    let job_dir = queue.job_dir(id);
+    let watched_jobs = jobs_dir.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let relevant = event.as_ref().map_or(true, |event| {
+            event.paths.iter().any(|path| {
+                path.parent() == Some(watched_jobs.as_path()) || path.file_name().is_some_and(|n| n == "job.json")
+            })
+        });
+        if relevant && is_change(&event) {
             let _ = tx.send(());
         }
     })
     .context("starting inotify")?;
-    watcher.watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)?;
+    watcher.watch(&jobs_dir, notify::RecursiveMode::NonRecursive)?;
+    // The folder, not the file: an atomic replace puts a new file in its place, and a
+    // watch on the old one would see no more.
+    watcher
+        .watch(&job_dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {}", job_dir.display()))?;
     let mut last = None;
+    let mut unreadable = None;
     loop {
-        let job = queue.load(id)?;
+        let job = match queue.load(id) {
+            Ok(job) => job,
+            // A file changed in place is seen half-written at times, and a damaged one
+            // the daemon replaces: wait for its next change. One that is gone ends it.
+            Err(err) if job_dir.join("job.json").exists() => {
+                let said = format!("{err:#}");
+                if unreadable.as_ref() != Some(&said) {
+                    tracing::warn!("job {id}: its file does not load now ({said}); waiting for it to change");
+                    unreadable = Some(said);
+                }
+                rx.recv().context("inotify ended")?;
+                while rx.try_recv().is_ok() {}
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        unreadable = None;
         if last != Some((job.state, job.starts)) {
             last = Some((job.state, job.starts));
             on_change(&job);
