@@ -3,8 +3,8 @@
 //! lines, `queue`'s times and figures, `priority`, `restart` into the same run
 //! directory, `clean`, plain-language refusals, typos with a "did you mean", and the
 //! bench lock shared by `run` and the daemon; completions and man pages. What a plan or
-//! spec names that is no regular file or too large, and `wait` on a job file changed in
-//! place.
+//! spec names that is no regular file or too large, `wait` on a job file changed in
+//! place, and a held-out clash refused before a case runs.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -623,4 +623,41 @@ fn wait_sees_its_job_file_changed_in_place() {
     let (status, out) = ended_within(wait, 30);
     assert_eq!(status.code(), Some(2), "a cancelled job's code:\n{out}");
     assert!(out.contains("cancelled"), "{out}");
+}
+
+/// A plan that holds out a family the adapter's exports hold is refused by `run` before
+/// its first case (it ran all of them, then R1 found the run invalid) and by `start`
+/// before anything is queued, with the words `check --plan` fails it with; a found
+/// family held out counts as the plan's `held_out` does.
+#[test]
+fn a_plan_holding_out_what_the_adapter_was_trained_on_is_refused_before_a_case_runs() {
+    let bench = Bench::new();
+    trained_version(&bench, "trainiert", &["important_instructions", "found_h1"]);
+    bench.write("profiles/haelt.toml", &tiny_plan_with("haelt", "held_out = [\"important_instructions\"]\n", ""));
+    let sha = write_found_family(&bench, "profiles/found/h1.json", "h1");
+    let found = format!("[[found]]\nfile = \"found/h1.json\"\nsha256 = \"{sha}\"\nheld_out = true\n");
+    bench.write("profiles/haelt-found.toml", &tiny_plan_with("haelt-found", "", &found));
+
+    let check = bench.run(&["check", "trainiert", "--plan", "haelt"]).code(2);
+    let clash = "plan haelt: the adapter was trained on export ";
+    let fail = check.stdout.lines().find(|l| l.starts_with("FAIL") && l.contains(clash)).unwrap_or_else(|| {
+        panic!("check names the clash:\n{}", check.stdout);
+    });
+    let reason = &fail[fail.find(clash).unwrap()..];
+    assert!(reason.contains("exports/dpo.jsonl") && reason.contains("important_instructions"), "{reason}");
+
+    let run = run_within(bench.cmd(&["run", "trainiert", "--plan", "haelt"]), 300, "run");
+    assert_eq!(run.code, Some(2), "refused as bad input:\n{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(reason), "check's words:\n{}", run.stderr);
+    assert!(!bench.path().join("reports/trainiert").exists(), "no run directory, no case ran");
+    let start = bench.run(&["start", "trainiert", "--plan", "haelt"]).code(2);
+    assert!(start.stderr.contains(reason), "{}", start.stderr);
+
+    let start = bench.run(&["start", "trainiert", "--plan", "haelt-found"]).code(2);
+    assert!(start.stderr.contains("held-out family found_h1"), "{}", start.stderr);
+    let run = run_within(bench.cmd(&["run", "trainiert", "--plan", "haelt-found"]), 300, "run");
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("held-out family found_h1"), "{}", run.stderr);
+    assert_eq!(queued_jobs(&bench), 0, "nothing was queued");
+    assert!(!bench.path().join("reports/trainiert").exists(), "no run directory, no case ran");
 }

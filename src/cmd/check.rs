@@ -465,7 +465,7 @@ fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, rep
             );
         }
     };
-    let fix = "train on an export of runs whose plans hold this family out (`pruefstand export` refuses their held-out families), or run a plan that does not hold it out";
+    let fix = contamination::FIX;
     let plans: Vec<(String, Result<Profile, String>)> = match plan {
         Some(name) => {
             let profile = Profile::load_named(&root.path, name).map(|(_, p, _)| p).map_err(|e| format!("{e:#}"));

@@ -11,9 +11,10 @@ use anyhow::Context;
 
 use crate::cmd::run::print_judgement;
 use crate::hooks;
-use pruefstand_core::queue::{Job, Queue, State};
+use pruefstand_core::queue::{Job, Prepared, Queue, State};
 use pruefstand_core::root::Root;
 use pruefstand_judge::Judgement;
+use pruefstand_judge::contamination;
 use pruefstand_store::RunDir;
 
 #[derive(clap::Args)]
@@ -37,6 +38,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
     let prepared = queue.prepare(&root, &args.version, &args.plan)?;
+    refuse_held_out_clash(&prepared)?;
     let job = queue.enqueue(prepared, args.priority)?;
     outln!("{}", job.id);
     tracing::info!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
@@ -53,6 +55,25 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
 pub fn say_progress(job: &Job) {
     if !job.state.is_final() {
         tracing::info!("job {}: {}", job.id, describe(job));
+    }
+}
+
+/// The held-out guard `run` applies before its first case, at `start` already: a plan
+/// holding out a family the adapter's exports hold is refused in `check --plan`'s words,
+/// and nothing is queued (a nightly job would otherwise run the whole plan to an
+/// invalid verdict).
+fn refuse_held_out_clash(prepared: &Prepared) -> anyhow::Result<()> {
+    let version = &prepared.version;
+    let paths = version.trained_on_exports();
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let exports = pruefstand_report::export::trained_exports(&paths)?;
+    let trained_on: Vec<String> = version.spec.trained_on.iter().map(|f| f.get_ref().clone()).collect();
+    let plan = &prepared.profile.name;
+    match contamination::refusal(plan, &version.name, &prepared.held_out(), &trained_on, &exports) {
+        Some(refusal) => anyhow::bail!("refused, nothing queued: {refusal}"),
+        None => Ok(()),
     }
 }
 

@@ -41,6 +41,7 @@ use pruefstand_core::util::Failure;
 use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_judge as judge;
 use pruefstand_judge::Judgement;
+use pruefstand_judge::contamination;
 use pruefstand_report as report;
 use pruefstand_report::export;
 use pruefstand_store::{Claimed, Identity, Reading, RunDir};
@@ -132,10 +133,10 @@ pub struct RunRequest {
     server: ServerSetup,
     agent: AgentSetup,
     defence: Defence,
-}
     /// The candidate whose reference this run is (its `run.json` says so, and the index
     /// shows it as that reference rather than by a verdict no one asked for).
     reference_for: Option<String>,
+}
 
 /// Keeps some of a resolved plan's cases (a shard's slice).
 type CaseFilter = Box<dyn FnOnce(Vec<Case>) -> Vec<Case> + Send>;
@@ -202,8 +203,8 @@ impl RunRequest {
             extent: Extent::Full,
             out: None,
             seed: None,
-        }
             reference_for: Some(self.version.name.clone()),
+        }
     }
 
     /// What a run directory of this request must match to be resumed.
@@ -411,6 +412,15 @@ impl Session {
         // or changed one stops the run here, not after the night (R1 judges what they
         // hold; docs/training.md).
         let trained_on_exports = trained_exports(request.version()).await?;
+        // A plan holding out a family those exports hold is refused here, in
+        // `check --plan`'s words: R1 would only find the run invalid after every case.
+        let trained_on: Vec<String> = request.version().spec.trained_on.iter().map(|f| f.get_ref().clone()).collect();
+        let (plan, version) = (&request.plan.name, &request.version().name);
+        if let Some(refusal) =
+            contamination::refusal(plan, version, &request.plan.held_out, &trained_on, &trained_on_exports)
+        {
+            return Err(Failure::Other(anyhow::anyhow!("refused before any case ran: {refusal}")));
+        }
         if executor.runs_here() {
             self.preflight(request).await?;
         }
@@ -512,6 +522,7 @@ impl Session {
             early_stop: served.early_stop,
             shards: served.shards,
             attack_families,
+            reference_for: request.reference_for.clone(),
         };
         let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
         crate::runtime::blocking(move || {
@@ -522,7 +533,6 @@ impl Session {
             }
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
-            reference_for: request.reference_for.clone(),
             let judged = judge::judge_dir(&run_dir.path, None, None)?;
             report::write(&run_dir.path, &judged, Some(&reports))?;
             Ok(judged.judgement)

@@ -48,6 +48,28 @@ pub fn held_out_for(held_out: &[String], trained_on: &[String]) -> Vec<String> {
     held_out.iter().filter(|f| !trained_on.contains(f)).cloned().collect()
 }
 
+/// What to do about a clash, as `check --plan` and a refused `run` or `start` say it.
+pub const FIX: &str = "train on an export of runs whose plans hold this family out (`pruefstand export` refuses their held-out families), or run a plan that does not hold it out";
+
+/// Why `version` may not run on `plan` at all: the clashes `check --plan` fails on, in
+/// its words, and the fix; None without one. `run` and `start` refuse on it before a
+/// case runs (R1 would find the run invalid after all of them).
+pub fn refusal(
+    plan: &str,
+    version: &str,
+    held_out: &[String],
+    trained_on: &[String],
+    exports: &[TrainedExport],
+) -> Option<String> {
+    let clashes = clashes(&held_out_for(held_out, trained_on), exports);
+    if clashes.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> =
+        clashes.iter().map(|clash| format!("plan {plan}: {} (version {version})", clash.describe())).collect();
+    Some(format!("{} → {FIX}", lines.join("; ")))
+}
+
 /// R1's problems for a run's families: one line per clash.
 pub fn problems(families: &AttackFamilies) -> Vec<String> {
     let held_out = held_out_for(&families.held_out, &families.trained_on);
@@ -64,6 +86,17 @@ mod tests {
             sha256: "ab".into(),
             families: families.iter().map(|f| f.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_refusal_names_the_plan_each_clash_and_the_fix_and_a_declared_family_is_none() {
+        let exports = [export("a.jsonl", &["roleplay", "authority"])];
+        let held_out = ["roleplay".to_string(), "authority".to_string()];
+        let said = refusal("nacht", "v", &held_out, &[], &exports).unwrap();
+        assert!(said.starts_with("plan nacht: the adapter was trained on export a.jsonl, which holds rows of the held-out family roleplay (version v); plan nacht: "), "{said}");
+        assert!(said.ends_with(&format!(" → {FIX}")), "{said}");
+        let declared = ["roleplay".to_string(), "authority".to_string()];
+        assert_eq!(refusal("nacht", "v", &held_out, &declared, &exports), None);
     }
 
     #[test]
