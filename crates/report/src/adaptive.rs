@@ -107,7 +107,9 @@ fn found(b: &mut String, log: &SearchLog) {
     if log.frozen.is_empty() {
         return;
     }
-    b.push_str("<table id=\"found-templates\"><tr><th>#</th><th>attempt</th><th>search pairs broken</th><th>held-out pairs broken</th></tr>");
+    // Pair keys (`banking/user_task_0/injection_task_0`) break anywhere: the table
+    // fits a phone's width.
+    b.push_str("<div class=\"scroll\"><table id=\"found-templates\"><tr><th>#</th><th>attempt</th><th>search pairs broken</th><th>held-out pairs broken</th></tr>");
     for (j, frozen) in log.frozen.iter().enumerate() {
         let text = match &frozen.proposal {
             Proposal::Template(t) => super::svg::truncate(t, TEMPLATE_SHOWN),
@@ -129,7 +131,7 @@ fn found(b: &mut String, log: &SearchLog) {
             esc(&transferred.join(", "))
         );
     }
-    b.push_str("</table>");
+    b.push_str("</table></div>");
 }
 
 #[cfg(test)]

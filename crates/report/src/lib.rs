@@ -187,6 +187,7 @@ details.case{border-top:1px solid #eee;padding:.2rem 0} details.case summary{cur
 ol.conv{list-style:none;padding:0;margin:.4rem 0} .turn{margin:.3rem 0;padding:.3rem .5rem;border-left:4px solid #ccc}
 .t-system{border-color:#9e9e9e}.t-user{border-color:#1565c0}.t-assistant{border-color:#2e7d32}.t-tool{border-color:#ef8f00}
 .call{font-size:.85rem;margin:.2rem 0} mark{background:#ffcdd2} .err{color:#c62828} .gap{color:#777}
+#found-templates td{overflow-wrap:anywhere} #found-templates td:first-child{overflow-wrap:normal}
 "#;
 
 /// The page around a body; `script` (no data in it) goes last, inline. A strict
