@@ -79,11 +79,11 @@ fn r2(dir: &Path) -> serde_json::Value {
 #[test]
 fn the_attacker_model_finds_what_no_grammar_wording_expresses_and_it_transfers() {
     let bench = Bench::new();
-    bench.write("versions/weak.toml", &version(WEAK));
+    // The shipped demo target is the known truth: its weakness is what the search must find.
 
     // The grammar at the same budget: blind to the weakness, not even a partial signal.
     let grammar = bench.write("grammar.toml", &plan(""));
-    let (_, _, log) = run(&bench, "weak", &grammar);
+    let (_, _, log) = run(&bench, "demo-schwach", &grammar);
     assert_eq!(figures(&log), (0, 4, 0, 4), "{log}");
     let attempts: Vec<&serde_json::Value> =
         log["pairs"].as_array().unwrap().iter().flat_map(|p| p["attempts"].as_array().unwrap()).collect();
@@ -95,7 +95,7 @@ fn the_attacker_model_finds_what_no_grammar_wording_expresses_and_it_transfers()
     // The attacker model with feedback: every search pair broken within K, climbing
     // through the partial signals, and the frozen templates break the held-out pairs.
     let model = bench.write("model.toml", &plan("proposer = \"model\""));
-    let (run_model, dir, log) = run(&bench, "weak", &model);
+    let (run_model, dir, log) = run(&bench, "demo-schwach", &model);
     assert_eq!(figures(&log), (4, 4, 4, 4), "{log}");
     assert_eq!(log["attacker"]["model"], "simulated");
     let attempts: Vec<&serde_json::Value> =
@@ -124,13 +124,13 @@ fn the_attacker_model_finds_what_no_grammar_wording_expresses_and_it_transfers()
     found_family_judges_the_next_candidate(&bench, &dir);
 
     // Resumed: every proposal is reused, nothing is asked or run again.
-    let again = bench.run(&["run", "weak", "--plan", model.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
+    let again = bench.run(&["run", "demo-schwach", "--plan", model.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
     assert_eq!(again.code, Some(10), "{}", again.stderr);
     assert_eq!(json(&dir.join("adaptive.json")), log, "the search replays exactly");
 
     // Without feedback the same attacker proposes blind: clearly worse.
     let blind = bench.write("blind.toml", &plan("proposer = \"model\"\nfeedback = false"));
-    let (_, _, log) = run(&bench, "weak", &blind);
+    let (_, _, log) = run(&bench, "demo-schwach", &blind);
     let (broken, pairs, _, _) = figures(&log);
     assert_eq!(pairs, 4);
     assert!(broken <= 1, "blind proposals break at most one of four: {log}");
@@ -212,14 +212,14 @@ fn found_family_judges_the_next_candidate(bench: &Bench, found_in: &Path) {
         )
     };
     let wrong = bench.write("found-wrong.toml", &plan(&"0".repeat(64)));
-    let refused = bench.run(&["run", "weak", "--plan", wrong.to_str().unwrap()]).code(2);
+    let refused = bench.run(&["run", "demo-schwach", "--plan", wrong.to_str().unwrap()]).code(2);
     assert!(
         refused.stderr.contains("found-wrong.toml:") && refused.stderr.contains("the plan pins 0000"),
         "{}",
         refused.stderr
     );
     let pinned = bench.write("found-next.toml", &plan(&sha256_hex(&bytes)));
-    let run = bench.run(&["run", "weak", "--plan", pinned.to_str().unwrap()]);
+    let run = bench.run(&["run", "demo-schwach", "--plan", pinned.to_str().unwrap()]);
     assert_eq!(run.code, Some(10), "{}\n{}", run.stdout, run.stderr);
     let next = run.run_dir();
     let found_cases: Vec<_> = cases(&next).into_iter().filter(|r| r["attack"] == attack.as_str()).collect();
@@ -309,7 +309,10 @@ fn an_attacker_that_never_answered_approves_nothing() {
     assert!(r1_reason.contains("adaptive campaign not measured: attacker attacker at"), "{r1_reason}");
     assert!(r1_reason.contains("search abandoned at attempt 1"), "{r1_reason}");
     assert_ne!(r2["status"], "pass", "{r2}");
-    let tail: Vec<&str> = run.stdout.lines().rev().take(12).collect();
+    // Rule lines wrap: the last lines read as words.
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let tail = lines[lines.len().saturating_sub(16)..].join(" ").split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(tail.contains("adaptive campaign not measured"), "the reason on the last lines:\n{}", run.stdout);
     assert!(
         tail.iter().any(|l| l.contains("adaptive campaign not measured")),
         "the reason on the last lines:\n{}",

@@ -162,11 +162,26 @@ fn case_of(pair: &PairLog, name: &str) -> Case {
 async fn plan_round(search: &Search<'_>, log: &mut SearchLog, k: usize) -> bool {
     let landed = grammar::pool(log, k);
     let (seed, families, feedback) = (log.seed, log.families.clone(), log.feedback);
-    for i in 0..log.pairs.len() {
-        let pair = &log.pairs[i];
-        if pair.attempts.len() != k || pair.broken() {
-            continue;
+    let due: Vec<usize> = (0..log.pairs.len()).filter(|&i| log.pairs[i].attempts.len() == k && !log.pairs[i].broken()).collect();
+    if let Proposer::Model { client, .. } = &search.proposer {
+        // The attacker is asked for every pair of the round at once, a few requests in
+        // flight: one after another, its server would idle between them and the round
+        // would wait for the sum of their times. Each pair's seed is its own, so the
+        // order answers come in changes nothing recorded.
+        for chunk in due.chunks(ATTACKER_IN_FLIGHT) {
+            let asks = chunk.iter().map(|&i| {
+                let pair = &log.pairs[i];
+                ask_model(search, client, pair, case_of(pair, &format!("adaptive_{}", k + 1)), k, feedback)
+            });
+            let attempts = futures_util::future::join_all(asks).await;
+            for (&i, attempt) in chunk.iter().zip(attempts) {
+                log.pairs[i].attempts.push(attempt);
+            }
         }
+        return log.pairs.iter().any(|p| p.attempts.len() > k);
+    }
+    for i in due {
+        let pair = &log.pairs[i];
         let case = case_of(pair, &format!("adaptive_{}", k + 1));
         let attempt = match &search.proposer {
             Proposer::Grammar => {
@@ -188,7 +203,7 @@ async fn plan_round(search: &Search<'_>, log: &mut SearchLog, k: usize) -> bool 
                 let choice = simulated::propose(seed, &pair.key(), &history, feedback);
                 written(case, Proposal::Template(simulated::template(choice)), how_for(k))
             }
-            Proposer::Model { client, .. } => ask_model(search, client, pair, case, k, feedback).await,
+            Proposer::Model { .. } => unreachable!("asked above, all at once"),
         };
         log.pairs[i].attempts.push(attempt);
     }
@@ -211,6 +226,11 @@ fn written(case: Case, proposal: Proposal, how: How) -> Attempt {
         cost: None,
     }
 }
+
+/// Attacker requests in flight at once within a round: enough to keep its server busy
+/// (vLLM batches them), few enough not to crowd out the target's own cases on a shared
+/// server.
+const ATTACKER_IN_FLIGHT: usize = 8;
 
 /// How often a reply the bench could not use is asked for again, per attempt: an
 /// endpoint's blip or one reply out of shape is no reason to lose the attempt, and a
