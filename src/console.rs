@@ -18,6 +18,13 @@
 //!   (`pruefstand queue | head -1`) ends the process quietly with status 0, as ripgrep
 //!   does, instead of a panic.
 //!
+//! - A command hint is written `` `pruefstand …` `` in backticks. When `pruefstand` is
+//!   not what runs this binary — run by its path or by `cargo run`, not found on
+//!   `PATH` — the console says the command the user can run instead (`cargo run
+//!   --release --` in the checkout it was built in, else the binary's path): see
+//!   [`as_run`]. A process described as `` `pruefstand run x`, pid N `` (a lock's
+//!   holder) is left as it was named.
+//!
 //! Not here: what a message says (the caller's), the daemon's status file (`daemon`).
 
 use std::collections::BTreeMap;
@@ -44,9 +51,102 @@ pub enum Audience {
     Agent,
 }
 
+/// Whether hints are said as the user can run them ([`as_run`]): not for the agent,
+/// whose output is a protocol, nor for pages generated from the command line.
+static HINTS_AS_RUN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Output that must stay as written whatever runs the binary (`man`, `completions`:
+/// what a package ships): hints are not rewritten.
+pub fn verbatim() {
+    HINTS_AS_RUN.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The command that runs this binary, when it is not `pruefstand` on `PATH`: in the
+/// cargo checkout it was built in (the working directory inside it), `cargo run
+/// [--release] --`; else the binary's own path, shell-quoted. None: `pruefstand` is
+/// the name to use.
+fn invocation() -> Option<&'static str> {
+    static INVOCATION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    INVOCATION
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
+            let on_path = std::env::var_os("PATH").is_some_and(|path| {
+                std::env::split_paths(&path)
+                    .any(|dir| dir.join("pruefstand").canonicalize().is_ok_and(|found| found == exe))
+            });
+            if on_path {
+                return None;
+            }
+            Some(cargo_run(&exe).unwrap_or_else(|| {
+                let path = exe.to_string_lossy().into_owned();
+                shlex::try_quote(&path).map_or(path.clone(), |q| q.into_owned())
+            }))
+        })
+        .as_deref()
+}
+
+/// `cargo run --release --` (or `cargo run --` for a debug build) when `exe` is
+/// `<checkout>/target/<profile>/pruefstand` and the working directory lies in that
+/// checkout, where cargo finds its Cargo.toml.
+fn cargo_run(exe: &std::path::Path) -> Option<String> {
+    let profile_dir = exe.parent()?;
+    let target = profile_dir.parent()?;
+    let checkout = target.parent()?;
+    if target.file_name()? != "target" || !checkout.join("Cargo.toml").is_file() {
+        return None;
+    }
+    let cwd = std::env::current_dir().ok()?.canonicalize().ok()?;
+    if !cwd.starts_with(checkout) {
+        return None;
+    }
+    Some(match profile_dir.file_name()?.to_str()? {
+        "release" => "cargo run --release --".to_string(),
+        "debug" => "cargo run --".to_string(),
+        other => format!("cargo run --profile {other} --"),
+    })
+}
+
+/// `text` with each command hint `` `pruefstand …` `` said as the user can run it
+/// ([`invocation`]); unchanged where `pruefstand` is on `PATH`, for the agent and for
+/// [`verbatim`] output. A hint naming a process (`` `pruefstand run x`, pid 7 ``) is
+/// left alone: it says what ran, not what to type.
+pub fn as_run(text: &str) -> std::borrow::Cow<'_, str> {
+    let wanted = HINTS_AS_RUN.load(std::sync::atomic::Ordering::Relaxed) && text.contains("pruefstand ");
+    match invocation().filter(|_| wanted) {
+        Some(invocation) => std::borrow::Cow::Owned(said_as(text, invocation)),
+        None => std::borrow::Cow::Borrowed(text),
+    }
+}
+
+/// [`as_run`]'s rewrite with `invocation` for `pruefstand`.
+fn said_as(text: &str, invocation: &str) -> String {
+    const NAME: &str = "pruefstand ";
+    let mut said = String::with_capacity(text.len() + 32);
+    let mut rest = text;
+    // A hint opens with a backtick, maybe `nohup ` before the name.
+    let next = |rest: &str| {
+        ["`", "`nohup "].iter().filter_map(|open| Some((rest.find(&format!("{open}{NAME}"))?, open.len()))).min()
+    };
+    while let Some((at, open)) = next(rest) {
+        said.push_str(&rest[..at + open]);
+        let after = &rest[at + open + NAME.len()..];
+        let a_process = after.find('`').is_some_and(|end| after[end + 1..].starts_with(", pid "));
+        if a_process {
+            said.push_str(NAME);
+        } else {
+            said.push_str(invocation);
+            said.push(' ');
+        }
+        rest = after;
+    }
+    said.push_str(rest);
+    said
+}
+
 /// Installs the process's one subscriber. `PRUEFSTAND_LOG` (an `EnvFilter`) overrides
 /// the audience's default.
 pub fn init(audience: Audience) {
+    HINTS_AS_RUN.store(audience != Audience::Agent, std::sync::atomic::Ordering::Relaxed);
     let default = match audience {
         Audience::Command | Audience::Daemon => "warn,pruefstand=info",
         Audience::Agent => "warn",
@@ -229,8 +329,11 @@ struct Stderr;
 
 impl Write for Stderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // tracing hands over one whole line at a time.
+        let said = std::str::from_utf8(buf).map(as_run);
+        let bytes = said.as_ref().map_or(buf, |text| text.as_bytes());
         let write = || {
-            let _ = std::io::stderr().write_all(buf);
+            let _ = std::io::stderr().write_all(bytes);
         };
         match bar() {
             Some(bar) => bar.suspend(write),
@@ -248,8 +351,11 @@ impl Write for Stderr {
 /// Writes a command's result to stdout. A closed stdout (the reader went away) ends the
 /// process quietly with status 0; any other write error is reported and ends it with 2.
 pub fn out(args: std::fmt::Arguments<'_>) {
+    let text = args.as_str().map_or_else(|| args.to_string(), str::to_string);
+    let text = as_run(&text);
     let mut stdout = std::io::stdout().lock();
-    if let Err(err) = stdout.write_fmt(args).and_then(|()| stdout.write_all(b"\n")).and_then(|()| stdout.flush()) {
+    let written = stdout.write_all(text.as_bytes()).and_then(|()| stdout.write_all(b"\n"));
+    if let Err(err) = written.and_then(|()| stdout.flush()) {
         if err.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
@@ -438,6 +544,20 @@ impl Drop for Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hints_are_said_as_run_and_a_process_as_it_was_named() {
+        let text = "start one: `pruefstand daemon` or `systemctl --user start pruefstand`; \
+                    held by `pruefstand run kandidat`, pid 7; `pruefstand resume`; \
+                    `nohup pruefstand --root /r daemon >> daemon.log 2>&1 &`";
+        assert_eq!(
+            said_as(text, "cargo run --release --"),
+            "start one: `cargo run --release -- daemon` or `systemctl --user start pruefstand`; \
+             held by `pruefstand run kandidat`, pid 7; `cargo run --release -- resume`; \
+             `nohup cargo run --release -- --root /r daemon >> daemon.log 2>&1 &`"
+        );
+        assert_eq!(said_as("no hint here", "x"), "no hint here");
+    }
 
     #[test]
     fn journald_priorities_follow_syslog() {

@@ -148,6 +148,10 @@ fn main() -> ExitCode {
         Command::Agent(_) => console::Audience::Agent,
         _ => console::Audience::Command,
     });
+    // What a package ships is generated from these two: the words as written.
+    if matches!(cli.command, Command::Man(_) | Command::Completions(_)) {
+        console::verbatim();
+    }
     // The process's one runtime: Docker, D-Bus and HTTP clients are made and used on it,
     // and the daemon's jobs run on it. An agent answers one query at a time (and there
     // are dozens of them), so it gets a single thread.

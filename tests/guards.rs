@@ -124,7 +124,9 @@ fn check_names_what_is_busy_and_what_is_missing() {
 
     assert!(line(&run, "WARN", "pruefstand.toml is writable by group/others (mode 664)").contains("→ chmod 600 "));
     let venv = line(&run, "FAIL", "Python venv: no venv at ");
-    assert!(venv.ends_with("→ run `pruefstand setup` (creates it, about a minute)"), "{venv}");
+    // The binary under test runs from the checkout's target/, not from PATH: the hint
+    // says the command that runs it there.
+    assert!(venv.ends_with("→ run `cargo run -- setup` (creates it, about a minute)"), "{venv}");
     // kandidat runs in Docker: now its absence fails, and the model files are checked.
     line(&run, "FAIL", "Docker not reachable at unix://");
     line(&run, "FAIL", "model path /srv/models/Qwen3-8B: ");

@@ -7,6 +7,7 @@
 //! Not here: the live view's links and the progress line's ETA (`serve`, `console`), a
 //! killed run's processes (`console`).
 
+use std::path::Path;
 use std::process::Stdio;
 
 use crate::common::*;
@@ -328,4 +329,97 @@ fn judge_under_another_profile_writes_beside_the_runs_own_judgement() {
     );
     assert!(replaced.stderr.contains("replaced in "), "{}", replaced.stderr);
     assert_eq!(json(&dir.join("judgement.json"))["thresholds"]["R3"]["utility_min"], 0.999);
+}
+
+/// Hints name a command the user can run: `pruefstand` when that is this binary on
+/// `PATH`; in the checkout it was built in, `cargo run --` (the README's way in); else
+/// the binary's path. `status` without a daemon and without a systemd user session
+/// says what `start` says there, not `systemctl --user start`; the log it names is one
+/// git ignores in a checkout, and so is the docs' `exports/`.
+#[test]
+fn hints_name_the_command_that_runs_here_and_status_says_what_start_says() {
+    let bench = Bench::new();
+    let status = |cwd: &Path, path: Option<&std::ffi::OsStr>| {
+        let mut cmd = bench.cmd(&["status"]);
+        cmd.current_dir(cwd).env_remove("XDG_RUNTIME_DIR");
+        if let Some(path) = path {
+            cmd.env("PATH", path);
+        }
+        Run::from(cmd.output().unwrap()).ok().stdout
+    };
+    let root = bench.path().canonicalize().unwrap();
+    // From the checkout, the binary not on PATH: the README's `cargo run`.
+    let said = status(&repo(), None);
+    assert!(said.contains("daemon: not running; start one: there is no systemd user session here"), "{said}");
+    assert!(!said.contains("systemctl --user start"), "a command that cannot work here: {said}");
+    assert!(said.contains(&format!("`nohup cargo run -- --root {} daemon >> daemon.log 2>&1 &`", root.display())));
+    assert!(said.contains("each job's also to `cargo run -- log <id>`"), "{said}");
+    // Elsewhere: the binary's own path.
+    let bin = Path::new(BIN).canonicalize().unwrap();
+    let said = status(bench.path(), None);
+    assert!(said.contains(&format!("`nohup {} --root ", bin.display())), "{said}");
+    // On PATH: its name.
+    let mut path = std::ffi::OsString::from(bin.parent().unwrap());
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    let said = status(&repo(), Some(&path));
+    assert!(said.contains(&format!("`nohup pruefstand --root {} daemon", root.display())), "{said}");
+
+    // What the docs' commands leave in a checkout used as the bench root is ignored.
+    let log = said.split(" >> ").nth(1).and_then(|rest| rest.split(' ').next()).unwrap();
+    for left in [log, "exports/dpo.jsonl"] {
+        let ignored =
+            std::process::Command::new("git").arg("-C").arg(repo()).args(["check-ignore", "-q", left]).status();
+        assert!(ignored.unwrap().success(), "{left} would be left untracked in a checkout");
+    }
+}
+
+/// `run --help` lists the plans the bench root has — the shipped `nacht` and the
+/// user's own — not a list written into the source.
+#[test]
+fn run_help_lists_the_plans_of_the_bench_root() {
+    let bench = Bench::new();
+    bench.write("profiles/meine.toml", TINY_PLAN);
+    for command in ["run", "start"] {
+        let help = bench.run(&[command, "--help"]).ok().stdout;
+        let plan = help.split("--plan <PLAN>").nth(1).unwrap_or_default();
+        for name in ["nacht", "schnell", "voll", "meine"] {
+            assert!(plan.split("--").next().unwrap().contains(name), "{command}: {name} missing:\n{help}");
+        }
+    }
+}
+
+/// `queue --last N`: the jobs changed last (a cancel, an end), not the highest ids.
+#[test]
+fn queue_last_shows_the_job_changed_last() {
+    let bench = Bench::new();
+    bench.write("profiles/tiny.toml", TINY_PLAN);
+    bench.run(&["pause"]).ok();
+    let ids: Vec<u64> = (0..3).map(|_| bench.start(&["demo-kandidat", "--plan", "tiny"])).collect();
+    bench.run(&["cancel", &ids[0].to_string()]).ok();
+    let jobs: serde_json::Value =
+        serde_json::from_str(&bench.run(&["queue", "--json", "--last", "1"]).ok().stdout).unwrap();
+    let listed: Vec<u64> = jobs.as_array().unwrap().iter().map(|j| j["id"].as_u64().unwrap()).collect();
+    assert_eq!(listed, vec![ids[0]], "the cancelled job changed last");
+    let text = bench.run(&["queue", "--last", "1"]).ok().stdout;
+    assert!(text.contains("cancelled") && !text.contains(&format!("{:>4}  pending", ids[2])), "{text}");
+}
+
+/// `setup` of a new venv shows pip's progress between "installing agentdojo" and
+/// "venv ready" (a minute or more): packages collected, the install — never a long
+/// silence that reads as a hang.
+#[test]
+fn setup_shows_pips_progress_while_it_installs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Run::from(
+        std::process::Command::new(BIN).arg("setup").env("PRUEFSTAND_VENV", dir.path().join("venv")).output().unwrap(),
+    )
+    .ok();
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    let from = lines.iter().position(|l| l.starts_with("installing agentdojo==")).expect(&run.stderr);
+    let to = lines.iter().position(|l| l.starts_with("venv ready (")).expect(&run.stderr);
+    let between = &lines[from + 1..to];
+    assert!(between.iter().any(|l| l.starts_with("pip: 1 of ") && l.contains(" packages collected (")), "{between:#?}");
+    assert!(between.iter().any(|l| l.starts_with("pip: every package collected; installing ")), "{between:#?}");
+    assert!(between.iter().any(|l| l.starts_with("pip: installed, ")), "{between:#?}");
 }

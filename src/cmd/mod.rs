@@ -44,9 +44,88 @@ pub fn name_parser(text: &str) -> Result<String, String> {
 
 /// The command line, parsed; on a mistake clap's error (exit 2), with a guess for a
 /// mistyped command that clap's own similarity misses — `rn` for `run` — from the
-/// visible commands by edit distance (`input::closest`).
+/// visible commands by edit distance (`input::closest`). `--plan`'s help names the
+/// plans of the bench root the command would use ([`with_plans`]).
 pub fn parse<P: clap::Parser>() -> P {
-    P::try_parse().unwrap_or_else(|err| with_guess(err, &P::command()).exit())
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let command = with_plans(P::command(), &args);
+    let parsed = command
+        .clone()
+        .try_get_matches_from(&args)
+        .and_then(|mut matches| <P as clap::FromArgMatches>::from_arg_matches_mut(&mut matches));
+    parsed.unwrap_or_else(|err| with_guess(err.format(&mut command.clone()), &command).exit())
+}
+
+/// Every `--plan`'s help with the plans there are: the profiles of the bench root
+/// found as the command will find it (`--root`, `PRUEFSTAND_ROOT`, or a parent of the
+/// working directory) — the shipped ones and the user's own, never a list written
+/// into the source that goes stale.
+fn with_plans(command: clap::Command, args: &[std::ffi::OsString]) -> clap::Command {
+    let profiles = root_for_help(args).map(|root| root.join("profiles"));
+    let mut names: Vec<String> = profiles
+        .as_ref()
+        .and_then(|dir| std::fs::read_dir(dir).ok())
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let list = match (&profiles, names.is_empty()) {
+        (Some(dir), false) => format!("{} ({})", dir.display(), names.join(", ")),
+        (Some(dir), true) => format!("{} (none there yet)", dir.display()),
+        (None, _) => "the bench root's profiles/ (no bench root here)".to_string(),
+    };
+    let subcommands: Vec<String> = command
+        .get_subcommands()
+        .filter(|c| c.get_arguments().any(|a| a.get_id() == "plan"))
+        .map(|c| c.get_name().to_string())
+        .collect();
+    subcommands.into_iter().fold(command, |command, name| {
+        command.mut_subcommand(name, |sub| {
+            sub.mut_arg("plan", |arg| {
+                let own = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                let own = if own.ends_with('.') { own } else { format!("{own}.") };
+                // A help that only listed plans is replaced; any other keeps its words.
+                let help = if own.starts_with("`schnell`") {
+                    format!("A plan: a name from {list}, or a plan file.")
+                } else {
+                    format!("{own} Plans here: {list}.")
+                };
+                arg.help(help.clone()).long_help(help)
+            })
+        })
+    })
+}
+
+/// The bench root a command given `args` would use, if there is one: `--root DIR`
+/// (or `--root=DIR`), else `PRUEFSTAND_ROOT`, else the nearest parent of the working
+/// directory holding a pruefstand.toml.
+fn root_for_help(args: &[std::ffi::OsString]) -> Option<std::path::PathBuf> {
+    let mut words = args.iter().skip(1).map(|a| a.to_string_lossy());
+    let mut explicit = None;
+    while let Some(word) = words.next() {
+        if word == "--" {
+            break;
+        }
+        if word == "--root" {
+            explicit = words.next().map(|w| std::path::PathBuf::from(w.as_ref()));
+        } else if let Some(dir) = word.strip_prefix("--root=") {
+            explicit = Some(std::path::PathBuf::from(dir));
+        }
+    }
+    let explicit = explicit.or_else(|| std::env::var_os("PRUEFSTAND_ROOT").map(std::path::PathBuf::from));
+    match explicit {
+        Some(dir) => Some(dir),
+        None => {
+            let cwd = std::env::current_dir().ok()?;
+            cwd.ancestors().find(|d| d.join(pruefstand_core::root::CONFIG_FILE).is_file()).map(|d| d.to_path_buf())
+        }
+    }
 }
 
 /// Other tools' words for one of our commands (pueue's and a shell's `kill`, Slurm's

@@ -1,6 +1,6 @@
 //! `pruefstand queue`: the jobs of this bench root, oldest first, with when each started
 //! and ended, how long it took, and the headline figures of a finished one; `--state`
-//! and `--last N` narrow the list.
+//! and `--last N` (the N jobs changed last) narrow the list.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +18,8 @@ pub struct Args {
     /// Only the jobs in this state.
     #[arg(long, value_parser = ["pending", "running", "done", "failed", "cancelled", "interrupted"])]
     pub state: Option<String>,
-    /// Only the last N jobs (the newest, after `--state`), still oldest first.
+    /// Only the N jobs changed last (queued, started, ended, cancelled…; after
+    /// `--state`), listed by id.
     #[arg(long, value_name = "N")]
     pub last: Option<usize>,
 }
@@ -29,9 +30,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let mut jobs = queue.list()?;
     jobs.retain(|job| args.state.as_deref().is_none_or(|state| job.state.as_str() == state));
     if let Some(last) = args.last {
-        jobs.sort_by_key(|job| job.id);
+        // The jobs a user just touched (a cancel, a restart, an end), not the highest ids.
+        jobs.sort_by(|a, b| (last_change(a), a.id).cmp(&(last_change(b), b.id)));
         jobs.drain(..jobs.len().saturating_sub(last));
     }
+    jobs.sort_by_key(|job| job.id);
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(ExitCode::SUCCESS);
@@ -52,6 +55,12 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// When the job last changed: its history's last entry (RFC 3339 in UTC, which sorts
+/// as text), else when it was queued.
+fn last_change(job: &Job) -> &str {
+    job.history.last().map_or(job.enqueued_at.as_str(), |h| h.at.as_str())
 }
 
 /// The widest a line gets: a terminal of 100 columns shows the queue unwrapped.

@@ -111,28 +111,13 @@ pub fn is_change(event: &notify::Result<notify::Event>) -> bool {
 /// Says so when no daemon will pick the queue up, or when the queue is paused.
 pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
     if !daemon_running(queue)? {
-        let how = if user_systemd() {
-            "`systemctl --user start pruefstand` (or `pruefstand daemon` in a terminal)".to_string()
-        } else {
-            // Without a user manager `systemctl --user` only fails: say what works.
-            format!(
-                "there is no systemd user session here, so run it yourself: `nohup pruefstand --root {} daemon >> \
-                 daemon.log 2>&1 &` (its lines go to daemon.log, each job's also to `pruefstand log <id>`)",
-                root.path.display()
-            )
-        };
+        let how = crate::cmd::status::how_to_start(root);
         tracing::info!("note: no daemon runs for {}; start one: {how}", root.path.display());
     }
     if queue.is_paused() {
         tracing::info!("note: the queue is paused; `pruefstand resume` lets the daemon start jobs again");
     }
     Ok(())
-}
-
-/// Whether this login has a systemd user manager to run the unit (its private socket
-/// under `$XDG_RUNTIME_DIR`): not in a container, nor after `su` or `sudo -u`.
-fn user_systemd() -> bool {
-    std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| std::path::Path::new(&dir).join("systemd/private").exists())
 }
 
 pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {

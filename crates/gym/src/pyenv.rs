@@ -259,23 +259,107 @@ fn create_venv(venv: &Path, requirements: &[u8]) -> anyhow::Result<()> {
     util::write_atomic(&venv.join(OWNER_MARKER), b"made by pruefstand; it may replace this folder\n")?;
     let req_path = venv.join("requirements.txt");
     std::fs::write(&req_path, requirements)?;
-    tracing::info!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies");
-    let output = Command::new(venv.join("bin/python"))
-        .args(["-m", "pip", "install", "--disable-pip-version-check", "-q", "-r"])
+    let pinned = String::from_utf8_lossy(requirements)
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .count();
+    tracing::info!("installing agentdojo=={AGENTDOJO_VERSION} and its pinned dependencies ({pinned} packages)");
+    let started = std::time::Instant::now();
+    let mut child = Command::new(venv.join("bin/python"))
+        .args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "-r"])
         .arg(&req_path)
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running pip")?;
-    if !output.status.success() {
+    let stdout = child.stdout.take().context("pip's stdout")?;
+    let mut stderr = child.stderr.take().context("pip's stderr")?;
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    follow_pip(stdout, pinned, started);
+    let status = child.wait().context("waiting for pip")?;
+    let errors = errors.join().unwrap_or_default();
+    if !status.success() {
         let _ = remove_own_venv(venv);
         bail!(
             "installing agentdojo=={AGENTDOJO_VERSION} into {} failed (is PyPI reachable?):\n{}",
             venv.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
+            errors.trim()
         );
     }
-    tracing::info!("venv ready");
+    tracing::info!("venv ready ({})", elapsed(started));
     Ok(())
+}
+
+/// How long pip may say nothing before the bench says it is still at work.
+const PIP_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// pip's own lines, condensed into a few progress lines (a minute or two of pip
+/// would otherwise look like a hang): every tenth package collected, the start of the
+/// install, and while pip is silent a line every [`PIP_HEARTBEAT`] with the time so far.
+/// Reads until pip closes its stdout.
+fn follow_pip(stdout: std::process::ChildStdout, pinned: usize, started: std::time::Instant) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut progress = PipProgress { pinned, collected: 0, installing: false };
+    loop {
+        match rx.recv_timeout(PIP_HEARTBEAT) {
+            Ok(line) => {
+                if let Some(said) = progress.line(&line) {
+                    tracing::info!("pip: {said}, {}", elapsed(started));
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tracing::info!(
+                "pip: still {}, {}",
+                if progress.installing { "installing" } else { "collecting" },
+                elapsed(started)
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// What pip's lines said so far, and which of them is worth a progress line.
+struct PipProgress {
+    pinned: usize,
+    collected: usize,
+    installing: bool,
+}
+
+impl PipProgress {
+    /// The progress line one of pip's lines is worth, if any.
+    fn line(&mut self, line: &str) -> Option<String> {
+        if let Some(package) = line.strip_prefix("Collecting ") {
+            self.collected += 1;
+            let package = package.split_whitespace().next().unwrap_or(package);
+            let of = if self.collected <= self.pinned { format!(" of {}", self.pinned) } else { String::new() };
+            return (self.collected == 1 || self.collected.is_multiple_of(10))
+                .then(|| format!("{}{of} packages collected ({package})", self.collected));
+        }
+        if let Some(packages) = line.strip_prefix("Installing collected packages: ") {
+            self.installing = true;
+            let n = packages.split(',').filter(|p| !p.trim().is_empty()).count();
+            return Some(format!("every package collected; installing {n} packages"));
+        }
+        line.starts_with("Successfully installed ").then(|| "installed".to_string())
+    }
+}
+
+/// `42 s`, `1 min 32 s`: time since `started`, for a person.
+fn elapsed(started: std::time::Instant) -> String {
+    let s = started.elapsed().as_secs();
+    if s < 60 { format!("{s} s") } else { format!("{} min {} s", s / 60, s % 60) }
 }
 /// The ground-truth export (docs/protocol.md §3), cached; returns the file's path so a
 /// simulator (in-process or in a container) can load it.
@@ -296,6 +380,30 @@ mod gym_manifest;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pips_lines_condense_to_a_line_every_tenth_package_and_the_install() {
+        let mut progress = PipProgress { pinned: 12, collected: 0, installing: false };
+        let said: Vec<String> = [
+            "Collecting agentdojo==0.1.35 (from -r requirements.txt (line 1))",
+            "  Using cached agentdojo-0.1.35-py3-none-any.whl.metadata (8.9 kB)",
+        ]
+        .into_iter()
+        .chain(std::iter::repeat_n("Collecting idna==3.20 (from -r r.txt (line 2))", 12))
+        .chain(["Installing collected packages: idna, agentdojo", "Successfully installed agentdojo-0.1.35 idna-3.20"])
+        .filter_map(|l| progress.line(l))
+        .collect();
+        assert_eq!(
+            said,
+            [
+                "1 of 12 packages collected (agentdojo==0.1.35)",
+                "10 of 12 packages collected (idna==3.20)",
+                "every package collected; installing 2 packages",
+                "installed"
+            ]
+        );
+        assert!(progress.installing);
+    }
 
     fn scripts() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
