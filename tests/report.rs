@@ -628,6 +628,8 @@ fn a_candidate_and_its_reference_read_alike_on_every_page_and_the_terminal() {
     };
     assert!(!run.stdout.contains("verdict: rejected"), "no verdict printed for the reference:\n{}", run.stdout);
     assert_eq!(json(&base_dir.join("run.json"))["reference_for"], CAND);
+    let base_report = std::fs::read_to_string(base_dir.join("report.html")).unwrap();
+    assert!(base_report.contains(&format!(r#"id="reference-for">Made as the reference of <b>{CAND}</b>"#)));
     // The terminal (here a pipe): plain, the figure R2 judged and the rules within 100
     // columns (paths are not cut), the rule lines' reasons continuing under themselves.
     assert!(!run.stdout.contains('\x1b') && run.stdout.contains(&format!("\nverdict: {verdict}\n")), "{}", run.stdout);

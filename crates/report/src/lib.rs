@@ -287,6 +287,13 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
         v = j.verdict.as_str(),
     );
     b.push_str(&nav(run_dir, j));
+    if let Some(candidate) = &input.run.reference_for {
+        let _ = write!(
+            b,
+            r#"<p class="meta" id="reference-for">Made as the reference of <b>{}</b>'s run: judged as any run is, but no verdict was asked of it (the index shows it as "reference").</p>"#,
+            esc(candidate)
+        );
+    }
     if let Some(line) = j.decisive_line() {
         let _ = write!(b, r#"<p id="decisive"><b>{}</b></p>"#, esc(&line));
     }
