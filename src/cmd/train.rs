@@ -44,6 +44,10 @@ pub struct Args {
     /// Train and write the spec, but do not run the new version.
     #[arg(long)]
     pub no_judge: bool,
+    /// The judging run's directory; an existing one of the same plan is resumed (an
+    /// interrupted judgement says the command with it).
+    #[arg(long, conflicts_with = "no_judge")]
+    pub out: Option<PathBuf>,
     #[arg(long, default_value_t = 5e-5, value_parser = positive)]
     pub learning_rate: f64,
     /// The LoRA's rank.
@@ -127,7 +131,7 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         version: trained.version,
         plan: args.plan,
         jobs: None,
-        out: None,
+        out: args.out,
         full: false,
         no_wait: false,
         json: false,
