@@ -299,7 +299,16 @@ fn judge_under_another_profile_writes_beside_the_runs_own_judgement() {
         ["judgement.json", "judgement.md", "report.html"].iter().map(|f| std::fs::read(dir.join(f)).unwrap()).collect();
     let verdict = json(&dir.join("judgement.json"))["verdict"].as_str().unwrap().to_string();
 
-    let strict = bench.run(&["judge", dir.to_str().unwrap(), "--profile", "strict"]);
+    // A profile's name is looked up in the bench root the command finds by itself too
+    // (here: its working directory), not only under --root.
+    let strict = Run::from(
+        std::process::Command::new(BIN)
+            .args(["judge", dir.to_str().unwrap(), "--profile", "strict"])
+            .current_dir(bench.path())
+            .env_remove("PRUEFSTAND_ROOT")
+            .output()
+            .unwrap(),
+    );
     assert!(
         strict.stdout.contains(&format!("report: {}", dir.join("report-strict.html").display())),
         "{}",

@@ -206,13 +206,18 @@ fn say_where(run: &RunDir, own: Option<&Own>, other_terms: &[&str], beside: Opti
     }
 }
 
-/// `--profile schnell` means `<root>/profiles/schnell.toml` when no such file exists here.
+/// `--profile schnell` means `<root>/profiles/schnell.toml` when no such file exists here
+/// (the root as every command finds it: `--root`, `PRUEFSTAND_ROOT`, or a parent of the
+/// working directory).
 fn resolve_profile(root: Option<&Path>, p: &Path) -> PathBuf {
-    match root {
-        Some(root) if !p.exists() && p.components().count() == 1 => {
-            let named = root.join("profiles").join(p).with_extension("toml");
+    if p.exists() || p.components().count() != 1 {
+        return p.to_path_buf();
+    }
+    match pruefstand_core::root::Root::find(root.map(Path::to_path_buf)) {
+        Ok(root) => {
+            let named = root.path.join("profiles").join(p).with_extension("toml");
             if named.exists() { named } else { p.to_path_buf() }
         }
-        _ => p.to_path_buf(),
+        Err(_) => p.to_path_buf(),
     }
 }
