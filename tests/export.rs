@@ -231,7 +231,7 @@ fn r1(dir: &Path) -> Value {
 }
 
 #[test]
-fn a_version_trained_on_an_export_fails_check_and_r1_where_the_plan_holds_its_family_out_and_passes_elsewhere() {
+fn a_version_trained_on_an_export_fails_check_is_refused_by_run_where_the_plan_holds_its_family_out_and_passes_elsewhere() {
     let bench = Bench::new();
     let out = bench.path().join("exports/dpo.jsonl");
     let (rows, manifest) = export(&bench, "dpo", &out);
@@ -252,18 +252,14 @@ fn a_version_trained_on_an_export_fails_check_and_r1_where_the_plan_holds_its_fa
     bench.write("profiles/haelt-tos.toml", &guard_plan("haelt-tos", &both, "tool_output_spoof"));
     let clash = |line: &&str| line.contains("exports/dpo.jsonl") && line.contains("important_instructions");
 
-    // Plan A holds the export's family out: check fails naming both, and so does R1.
+    // Plan A holds the export's family out: check fails naming both, and `run` refuses
+    // before a case runs (it ran them all, then R1 failed).
     let check = bench.run(&["check", "trainiert", "--plan", "haelt-ii"]).code(2);
     let fail = check.stdout.lines().find(|l| l.starts_with("FAIL") && clash(l));
     assert!(fail.is_some_and(|l| l.contains("haelt-ii")), "{}", check.stdout);
-    let run = bench.run(&["run", "trainiert", "--plan", "haelt-ii"]).code(12);
-    let dir = run.run_dir();
-    let r1_a = r1(&dir);
-    assert_eq!(r1_a["status"], "fail", "{r1_a}");
-    assert!(clash(&r1_a["reason"].as_str().unwrap()), "{r1_a}");
-    let recorded = &json(&dir.join("run.json"))["attack_families"]["trained_on_exports"][0];
-    assert_eq!(recorded["sha256"], manifest["sha256"], "run.json records the export by its hash");
-    assert!(recorded["path"].as_str().unwrap().ends_with("exports/dpo.jsonl"), "{recorded}");
+    let run = bench.run(&["run", "trainiert", "--plan", "haelt-ii"]).code(2);
+    assert!(run.stderr.lines().any(|l| clash(&l) && l.contains("refused before any case ran")), "{}", run.stderr);
+    assert!(!bench.path().join("reports/trainiert/haelt-ii").exists(), "no case ran");
 
     // Plan B holds out only what the export refused: no clash, R1 passes.
     let check = bench.run(&["check", "trainiert", "--plan", "haelt-tos"]);
@@ -271,8 +267,22 @@ fn a_version_trained_on_an_export_fails_check_and_r1_where_the_plan_holds_its_fa
     assert!(check.stdout.lines().any(|l| l.starts_with("OK") && l.contains("plan haelt-tos")), "{}", check.stdout);
     let run = bench.run(&["run", "trainiert", "--plan", "haelt-tos"]);
     assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
-    let r1_b = r1(&run.run_dir());
+    let dir = run.run_dir();
+    let r1_b = r1(&dir);
     assert_eq!(r1_b["status"], "pass", "{r1_b}");
+    let recorded = &json(&dir.join("run.json"))["attack_families"]["trained_on_exports"][0];
+    assert_eq!(recorded["sha256"], manifest["sha256"], "run.json records the export by its hash");
+    assert!(recorded["path"].as_str().unwrap().ends_with("exports/dpo.jsonl"), "{recorded}");
+
+    // R1 still judges what a run recorded: the same run, its record holding the
+    // export's family out, is invalid, naming both.
+    let mut meta = json(&dir.join("run.json"));
+    meta["attack_families"]["held_out"] = serde_json::json!(["important_instructions"]);
+    std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
+    bench.run(&["judge", dir.to_str().unwrap(), "--in-place"]).code(12);
+    let r1_a = r1(&dir);
+    assert_eq!(r1_a["status"], "fail", "{r1_a}");
+    assert!(clash(&r1_a["reason"].as_str().unwrap()), "{r1_a}");
 
     // Without --plan: a WARN for the shipped plan that would clash, none for the other.
     let check = bench.run(&["check", "trainiert"]);
