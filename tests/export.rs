@@ -231,7 +231,7 @@ fn r1(dir: &Path) -> Value {
 }
 
 #[test]
-fn a_version_trained_on_an_export_fails_check_is_refused_by_run_where_the_plan_holds_its_family_out_and_passes_elsewhere() {
+fn a_trained_version_is_refused_by_check_and_run_where_the_plan_holds_its_family_out_and_passes_elsewhere() {
     let bench = Bench::new();
     let out = bench.path().join("exports/dpo.jsonl");
     let (rows, manifest) = export(&bench, "dpo", &out);
