@@ -86,12 +86,14 @@ fn with_plans(command: clap::Command, args: &[std::ffi::OsString]) -> clap::Comm
         .map(|c| c.get_name().to_string())
         .collect();
     subcommands.into_iter().fold(command, |command, name| {
+        // Where `--plan` only names the plan to run, its help is the list; elsewhere
+        // (`check`) the list follows the help's own words.
+        let only_names = matches!(name.as_str(), "run" | "start" | "gym");
         command.mut_subcommand(name, |sub| {
             sub.mut_arg("plan", |arg| {
                 let own = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
                 let own = if own.ends_with('.') { own } else { format!("{own}.") };
-                // A help that only listed plans is replaced; any other keeps its words.
-                let help = if own.starts_with("`schnell`") {
+                let help = if only_names {
                     format!("A plan: a name from {list}, or a plan file.")
                 } else {
                     format!("{own} Plans here: {list}.")
