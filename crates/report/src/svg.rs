@@ -665,7 +665,8 @@ pub(crate) fn budget_chart(id: &str, title: &str, broken: &[usize], n: usize, le
         }
     }
     if let Some(last) = broken.last() {
-        labels.push(RightLabel { y: frame.py(share(*last)), text: format!("{last}/{n} ({})", pct(share(*last))) });
+        labels
+            .push(RightLabel { y: frame.py(share(*last)), text: format!("search {last}/{n} ({})", pct(share(*last))) });
     }
     right_labels(&mut out, left + frame.plot_w + 8.0, labels);
     out.push_str("</svg>");
@@ -684,7 +685,7 @@ mod tests {
         assert!(s.contains(r#"class="chart""#) && s.contains(r#"<path d="M46.0 "#), "{s}");
         assert_eq!(s.matches(r#"<g class="step">"#).count(), 5, "a point per k");
         assert!(s.contains("within 3 attempt(s): 14/30 pairs broken (46.7 %)"));
-        assert!(s.contains(">20/30 (66.7 %)<") && s.contains(">transfer 3/30 (10.0 %)<"));
+        assert!(s.contains(">search 20/30 (66.7 %)<") && s.contains(">transfer 3/30 (10.0 %)<"));
         // Labels that would sit on one height are moved 11 px apart.
         let mut out = String::new();
         let labels = vec![RightLabel { y: 50.0, text: "a".into() }, RightLabel { y: 51.0, text: "b".into() }];
