@@ -1,10 +1,12 @@
 //! `reports/index.html`: the trend index over every judged run below a reports folder —
 //! each version's latest verdict per plan with why (the rules that failed or stayed
 //! undecided), and per plan the ASR R2 judged (held-out families where the plan holds any
-//! out), the utility under attack and the clean utility over time, one line per version
+//! out), the utility under attack and the clean utility — and, with an adaptive attacker,
+//! its transfer and search ASR — over time, one line per version
 //! with its one-sided bounds as a band (a single line through all runs would zig-zag
 //! between versions) and the rules' limits drawn across. Every point and every run links
-//! its report, and its compare page where it holds one; a version filter (CSS only, no script) hides versions. Reads
+//! its report, and its compare page where it holds one; a version filter (CSS only, no script) hides versions. A run
+//! made as a candidate's reference shows as "reference", not by its verdict. Reads
 //! `judgement.json` files leniently (as JSON values), so an older or foreign judgement is
 //! shown with what it has instead of breaking the index; an unreadable one is listed as
 //! skipped.
