@@ -523,6 +523,7 @@ impl Session {
             shards: served.shards,
             attack_families,
             reference_for: request.reference_for.clone(),
+            lineage: None,
         };
         let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
         crate::runtime::blocking(move || {

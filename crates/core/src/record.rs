@@ -181,6 +181,10 @@ pub struct RunMeta {
     /// like any run, but no verdict was asked of it — the index shows it as a reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_for: Option<String>,
+    /// Where a trained adapter came from, checked link by link when the run was
+    /// recorded (`pruefstand train`'s adapters; docs/training.md, "Lineage").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 /// The shards a clustered run was cut into, merged into one run directory.
@@ -223,6 +227,50 @@ impl AttackFamilies {
     pub fn is_empty(&self) -> bool {
         self.held_out.is_empty() && self.trained_on.is_empty() && self.trained_on_exports.is_empty()
     }
+}
+
+/// A trained adapter's lineage: adapter → training manifest (`training.json` beside
+/// it) → exports → the runs they were made from, each link with the sha256 it was
+/// pinned by and whether it still holds. `broken` names every link that does not: R1
+/// fails on any.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Lineage {
+    /// The adapter folder.
+    pub adapter: String,
+    /// The training manifest and its sha256 when read.
+    pub manifest: String,
+    pub manifest_sha256: String,
+    /// The version the training made and the one it started from.
+    pub version: String,
+    pub base_version: String,
+    pub kind: String,
+    pub steps: usize,
+    pub seed: u64,
+    /// The base model's weights hash the training recorded.
+    pub base_model_sha256: String,
+    pub exports: Vec<LineageExport>,
+    /// Families the training saw rows of (every export's families together).
+    pub trained_families: Vec<String>,
+    /// Every link that does not hold, in words naming it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broken: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct LineageExport {
+    pub path: String,
+    pub sha256: String,
+    pub rows: usize,
+    pub families: Vec<String>,
+    /// The runs it was made from: run directory (as the export recorded it) and id.
+    pub sources: Vec<LineageSource>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct LineageSource {
+    pub run_dir: String,
+    pub run_id: String,
+    pub version: String,
 }
 
 /// One export (`pruefstand export`) an adapter was trained on: where it was, its

@@ -73,6 +73,7 @@ pub fn schnell(landed: usize) -> JudgeInput {
         shards: None,
         attack_families: Default::default(),
         reference_for: None,
+        lineage: None,
     };
     let environment_checks = vec![EnvCheck {
         suite: "banking".into(),
@@ -520,6 +521,20 @@ fn r1_fails_a_run_whose_adapter_was_trained_on_an_export_of_a_held_out_family_na
     assert!(r.reason.contains("exports/dpo.jsonl") && r.reason.contains("tool_output_spoof"), "{}", r.reason);
     let seen_only = r1_after(|input| held_out(input, &["important_instructions"]));
     assert_eq!(seen_only.status, RuleStatus::Pass, "{}", seen_only.reason);
+}
+
+#[test]
+fn r1_fails_a_trained_version_whose_lineage_broke_naming_the_link() {
+    use pruefstand_core::record::Lineage;
+    let lineage =
+        Lineage { adapter: "adapters/x".into(), manifest: "adapters/x/training.json".into(), ..Lineage::default() };
+    let intact = r1_after(|input| input.run.lineage = Some(lineage.clone()));
+    assert_eq!(intact.status, RuleStatus::Pass, "{}", intact.reason);
+    let changed = "export exports/dpo.jsonl: sha256 now 12ab…, training.json pinned 34cd…";
+    let broken = Lineage { broken: vec![changed.into()], ..lineage.clone() };
+    let r = r1_after(|input| input.run.lineage = Some(broken.clone()));
+    assert_eq!(r.status, RuleStatus::Fail);
+    assert!(r.reason.contains(&format!("lineage broken: {changed}")), "{}", r.reason);
 }
 
 #[test]

@@ -92,6 +92,7 @@ const CHECKS: &[fn(&Facts, &mut Findings)] = &[
     shards,
     pinned,
     held_out_not_trained_on,
+    lineage_intact,
     image_digest,
     cases_trusted,
 ];
@@ -231,6 +232,14 @@ fn pinned(f: &Facts, out: &mut Findings) {
 /// A held-out family the adapter was trained on is not held out (docs/training.md).
 fn held_out_not_trained_on(f: &Facts, out: &mut Findings) {
     out.problems.extend(crate::contamination::problems(&f.run.attack_families));
+}
+
+/// A trained adapter's lineage must hold link by link: an adapter whose files, training
+/// manifest or exports changed since training is not the adapter those were about.
+fn lineage_intact(f: &Facts, out: &mut Findings) {
+    if let Some(lineage) = &f.run.lineage {
+        out.problems.extend(lineage.broken.iter().map(|link| format!("lineage broken: {link}")));
+    }
 }
 
 /// Only a container has an image; the simulated model runs in-process, an external
