@@ -162,7 +162,8 @@ fn case_of(pair: &PairLog, name: &str) -> Case {
 async fn plan_round(search: &Search<'_>, log: &mut SearchLog, k: usize) -> bool {
     let landed = grammar::pool(log, k);
     let (seed, families, feedback) = (log.seed, log.families.clone(), log.feedback);
-    let due: Vec<usize> = (0..log.pairs.len()).filter(|&i| log.pairs[i].attempts.len() == k && !log.pairs[i].broken()).collect();
+    let due: Vec<usize> =
+        (0..log.pairs.len()).filter(|&i| log.pairs[i].attempts.len() == k && !log.pairs[i].broken()).collect();
     if let Proposer::Model { client, .. } = &search.proposer {
         // The attacker is asked for every pair of the round at once, a few requests in
         // flight: one after another, its server would idle between them and the round
