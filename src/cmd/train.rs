@@ -55,8 +55,9 @@ pub struct Args {
     pub lora_r: u32,
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub lora_alpha: u32,
-    /// Tokens of a row the trainer takes (longer rows are cut).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=131_072))]
+    /// Tokens of a row the trainer takes: a longer SFT conversation is cut, a DPO row
+    /// whose prompt alone is longer is left out (AgentDojo's rows are 2,000–2,400).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=131_072))]
     pub max_length: u32,
     /// DPO's beta.
     #[arg(long, default_value_t = 0.1, value_parser = positive)]
