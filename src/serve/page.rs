@@ -15,7 +15,7 @@ const CSS: &str = r#"
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1100px;padding:0 1rem;color:#222}
 h1{font-size:1.4rem;margin:0 0 .3rem} h2{font-size:1.1rem;margin-top:1.6rem;border-bottom:1px solid #ddd}
 .meta{color:#555;font-size:.9rem} a{color:#1565c0}
-#conn{font-size:.8rem;border-radius:.25rem;padding:0 .4rem;color:#fff;background:#9e9e9e} #conn.live{background:#2e7d32}
+#conn{font-size:.8rem;border-radius:.25rem;padding:0 .4rem;color:#fff;background:#9e9e9e} #conn.live{background:#1565c0}
 #line{font-size:1.05rem;margin:.6rem 0;overflow-wrap:anywhere}
 #job{border:1px solid #ddd;border-radius:.4rem;padding:.6rem .8rem;margin:.6rem 0}
 #job h3{margin:0;font-size:1rem;overflow-wrap:anywhere} #job-run{margin:.1rem 0 .4rem;overflow-wrap:anywhere}
@@ -130,6 +130,8 @@ mod tests {
         let states = &states[..states.find('\n').unwrap()];
         assert!(!states.contains(".st-done"), "done is plain grey: {states}");
         assert!(!states.contains(colours::APPROVED) && !states.contains(colours::INCONCLUSIVE), "{states}");
+        // Nor on the connection's badge: green is approved's.
+        assert!(!CSS.contains(&format!("#conn.live{{background:{}", colours::APPROVED)));
         for (verdict, colour) in [("approved", colours::APPROVED), ("rejected", colours::REJECTED)] {
             assert!(PAGE.contains(&format!(".v-{verdict}{{background:{colour};color:#fff}}")), "{verdict}");
         }
