@@ -111,7 +111,7 @@ pub fn is_change(event: &notify::Result<notify::Event>) -> bool {
 /// Says so when no daemon will pick the queue up, or when the queue is paused.
 pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
     if !daemon_running(queue)? {
-        let how = crate::cmd::status::how_to_start(root);
+        let how = how_to_start(root);
         tracing::info!("note: no daemon runs for {}; start one: {how}", root.path.display());
     }
     if queue.is_paused() {
@@ -196,4 +196,25 @@ pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> an
         rx.recv().context("inotify ended")?;
         while rx.try_recv().is_ok() {}
     }
+}
+
+/// How to start a daemon here, as `status` and `start` say it: the user unit where a
+/// systemd user manager runs, else the command to run it by hand and where it logs.
+pub fn how_to_start(root: &Root) -> String {
+    if user_systemd() {
+        "`systemctl --user start pruefstand` (or `pruefstand daemon` in a terminal)".to_string()
+    } else {
+        // Without a user manager `systemctl --user` only fails: say what works.
+        format!(
+            "there is no systemd user session here, so run it yourself: `nohup pruefstand --root {} daemon >> \
+             daemon.log 2>&1 &` (its lines go to daemon.log, each job's also to `pruefstand log <id>`)",
+            root.path.display()
+        )
+    }
+}
+
+/// Whether this login has a systemd user manager to run the unit (its private socket
+/// under `$XDG_RUNTIME_DIR`): not in a container, nor after `su` or `sudo -u`.
+fn user_systemd() -> bool {
+    std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| std::path::Path::new(&dir).join("systemd/private").exists())
 }

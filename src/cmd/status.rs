@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cmd::start::daemon_running;
+use crate::cmd::start::{daemon_running, how_to_start};
 use crate::daemon::state::{self, Activity, DaemonState, Overview};
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
@@ -80,27 +80,6 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         outln!("the queue is paused: no job starts until `pruefstand resume`");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// How to start a daemon here, as `status` and `start` say it: the user unit where a
-/// systemd user manager runs, else the command to run it by hand and where it logs.
-pub fn how_to_start(root: &Root) -> String {
-    if user_systemd() {
-        "`systemctl --user start pruefstand` (or `pruefstand daemon` in a terminal)".to_string()
-    } else {
-        // Without a user manager `systemctl --user` only fails: say what works.
-        format!(
-            "there is no systemd user session here, so run it yourself: `nohup pruefstand --root {} daemon >> \
-             daemon.log 2>&1 &` (its lines go to daemon.log, each job's also to `pruefstand log <id>`)",
-            root.path.display()
-        )
-    }
-}
-
-/// Whether this login has a systemd user manager to run the unit (its private socket
-/// under `$XDG_RUNTIME_DIR`): not in a container, nor after `su` or `sudo -u`.
-fn user_systemd() -> bool {
-    std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|dir| std::path::Path::new(&dir).join("systemd/private").exists())
 }
 
 /// Whether a daemon holds the lock, and its published state (stale when it does not).
