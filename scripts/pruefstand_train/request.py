@@ -103,8 +103,10 @@ def load(path):
             continue
         # JSON true/false are ints to Python; no field here is a boolean.
         if isinstance(value, bool) or not isinstance(value, types):
-            want = " or ".join("number" if t is float else {str: "string", int: "integer", list: "list"}[t] for t in types)
-            raise Refused(f"request {path}: field `{name}` must be a {want}{'' if required else ' or null'}, not {json.dumps(value)}")
+            want = " or ".join("a number" if t is float else {str: "a string", int: "an integer", list: "a list"}[t] for t in types)
+            if want == "an integer or a number":
+                want = "a number"
+            raise Refused(f"request {path}: field `{name}` must be {want}{'' if required else ' or null'}, not {json.dumps(value)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise Refused(f"request {path}: field `{name}` must be finite")
         values[name] = value

@@ -82,7 +82,7 @@ def read(paths, kind):
                 raise Refused(f"row {where}: not a JSON object")
             other = ("messages",) if kind == "dpo" else ("prompt", "chosen", "rejected")
             if any(k in data for k in other) and not all(k in data for k in want):
-                raise Refused(f"row {where}: a {'sft' if kind == 'dpo' else 'dpo'} row, and this is {kind} training")
+                raise Refused(f"row {where}: an {'SFT' if kind == 'dpo' else 'DPO'} row, and this is {kind.upper()} training")
             for field in want:
                 if field not in data:
                     raise Refused(f"row {where}: field `{field}` is missing")

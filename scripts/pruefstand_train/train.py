@@ -169,6 +169,14 @@ def run(request, rows, tokenizer, template, print_):
     if not examples:
         raise Refused(f"no rows: none of the {len(rows)} rows fits max_length {request.max_length} tokens")
     resumed_from, checkpoint = last_checkpoint(request, print_)
+    if resumed_from == request.steps:
+        # Every step is done (a run killed after its last checkpoint, or run again):
+        # the last checkpoint's adapter is the adapter. TRL would run one step more.
+        events.emit("start", steps=request.steps, resumed_from=resumed_from)
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            history = json.load(f).get("log_history", [])
+        finish(request, lambda tmp: _copy_adapter(checkpoint, tmp), history, len(examples))
+        return
 
     import torch
     from datasets import Dataset
@@ -231,6 +239,8 @@ def run(request, rows, tokenizer, template, print_):
 
         def on_save(self, args, state, control, **kwargs):
             step = state.global_step
+            if step > request.steps:
+                raise RuntimeError(f"TRL saved step {step} of {request.steps}")
             path = os.path.join(args.output_dir, f"checkpoint-{step}")
             seconds = time.monotonic() - self.began if self.began is not None else None
             loss = _finite(self.losses.get(step))
@@ -266,21 +276,33 @@ def run(request, rows, tokenizer, template, print_):
     events.emit("start", steps=request.steps, resumed_from=resumed_from)
     trainer.train(resume_from_checkpoint=checkpoint)
 
+    finish(request, trainer.model.save_pretrained, trainer.state.log_history, len(examples))
+
+
+def _copy_adapter(checkpoint, tmp):
+    os.makedirs(tmp)
+    for name in ADAPTER_FILES:
+        shutil.copyfile(os.path.join(checkpoint, name), os.path.join(tmp, name))
+
+
+def finish(request, save, log_history, rows_used):
+    """Writes the adapter (SAVE writes its files into a folder) and emits done, the
+    losses from the trainer's log (the checkpoint's, for steps before a resume)."""
     losses = {}
-    for entry in trainer.state.log_history:
+    for entry in log_history:
         if "loss" in entry and "step" in entry:
             losses[entry["step"]] = _finite(entry["loss"])
-    adapter, digests = write_adapter(request, trainer.model)
+    adapter, digests = write_adapter(request, save)
     events.emit(
         "done",
         adapter=adapter,
         sha256=digests,
         losses=[losses.get(step) for step in range(1, request.steps + 1)],
-        rows_used=len(examples),
+        rows_used=rows_used,
     )
 
 
-def write_adapter(request, model):
+def write_adapter(request, save):
     """Saves the LoRA to OUT/adapter atomically: written and synced in a folder beside
     it, then renamed into place (an adapter already there is moved aside first and
     removed after). adapter_config.json names the base model by the request's
@@ -289,7 +311,7 @@ def write_adapter(request, model):
     final = request.adapter
     tmp = os.path.join(request.out, f".adapter.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    save(tmp)
     for name in os.listdir(tmp):
         if name not in ADAPTER_FILES:
             # PEFT's model card (README.md): not read by vLLM, and it carries nothing
@@ -308,6 +330,10 @@ def write_adapter(request, model):
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
+    # safetensors writes 0600; the server's container may read as another user.
+    os.chmod(tmp, 0o755)
+    for name in ADAPTER_FILES:
+        os.chmod(os.path.join(tmp, name), 0o644)
     _fsync_tree(tmp)
     old = None
     if os.path.lexists(final):
