@@ -119,6 +119,9 @@ enum Command {
     /// spec and judge it (refused before any step on rows it must not train on).
     #[command(after_help = cmd::run::exit_codes())]
     Train(cmd::train::Args),
+    /// Queue a training job: the daemon trains as `train` does, under a bench job's
+    /// guards, then judges the version it made (one job, one verdict).
+    StartTraining(cmd::start_training::Args),
     /// Run a plan's cases against any agent that speaks the JSON-line protocol.
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
@@ -186,6 +189,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Compare(args) => cmd::compare::main(root, args),
         Command::Export(args) => cmd::export::main(root, args),
         Command::Train(args) => cmd::train::main(root, args).await,
+        Command::StartTraining(args) => cmd::start_training::main(root, args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Serve(args) => cmd::serve::main(root, args).await,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::lock_wait::{self, Waited};
-use crate::train::{self, Ask, request::Hyper};
+use crate::train::{self, Order, request::Hyper};
 use pruefstand_core::root::Root;
 use pruefstand_core::spec::Version;
 use pruefstand_report::export::Format;
@@ -81,12 +81,10 @@ fn positive(text: &str) -> Result<f64, String> {
     }
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
-    let root = Root::find(root)?;
-    let base = Version::load(&root.versions(), &args.version)?;
-    let ask = Ask {
-        base,
-        exports: args.exports,
+/// What to train, as the arguments say it (`start-training` queues the same).
+pub fn order(args: &Args) -> Order {
+    Order {
+        exports: args.exports.clone(),
         kind: args.kind,
         hyper: Hyper {
             steps: args.steps,
@@ -98,9 +96,14 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             batch_size: args.batch_size,
         },
         seed: args.seed,
-        name: args.name,
-        plan: args.plan.clone(),
-    };
+        name: args.name.clone(),
+    }
+}
+
+pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    let base = Version::load(&root.versions(), &args.version)?;
+    let ask = order(&args).ask(base, args.plan.clone());
     let trained = {
         // The trainer takes the GPU as a run does: one user of it at a time.
         let _gpu = match benchlock::needs_gpu(&ask.base)? {

@@ -207,6 +207,33 @@ enum Stop {
     Signal(&'static str),
 }
 
+/// A training job's first half: the training (resumed from its checkpoints when the job
+/// was interrupted), then the version it made, to be judged into a run folder of its
+/// own name beside the one the job was given.
+async fn trained(
+    session: &Session,
+    order: serde_json::Value,
+    base: pruefstand_core::spec::Version,
+    plan: &str,
+    run_dir: &std::path::Path,
+) -> anyhow::Result<(pruefstand_core::spec::Version, PathBuf)> {
+    let order: crate::train::Order = serde_json::from_value(order).context("reading the job's training order")?;
+    let trained =
+        crate::train::train(&session.root, order.ask(base, plan.to_string()), session.control.until_stopped()).await?;
+    let m = &trained.manifest;
+    tracing::info!(
+        "trained {}: {} step(s), adapter {}; judging it now",
+        trained.version,
+        m.steps,
+        m.adapter.path.display()
+    );
+    let version = pruefstand_core::spec::Version::load(&session.root.versions(), &trained.version)?;
+    // reports/<base>/<plan>/<stamp> → reports/<new>/<plan>/<stamp>: the run is the new version's.
+    let stamp = run_dir.file_name().map(PathBuf::from).unwrap_or_default();
+    let plan_dir = run_dir.parent().and_then(|p| p.file_name()).map(PathBuf::from).unwrap_or_default();
+    Ok((version, session.root.reports().join(&trained.version).join(plan_dir).join(stamp)))
+}
+
 /// A started job's run: what its task needs.
 struct JobRun {
     id: u64,
@@ -214,6 +241,8 @@ struct JobRun {
     plan_path: PathBuf,
     run_dir: PathBuf,
     control: Arc<RunControl>,
+    /// A training job's order: train first, then judge what it made.
+    training: Option<serde_json::Value>,
 }
 
 impl JobRun {
@@ -221,10 +250,14 @@ impl JobRun {
     /// flock, maybe the pip build) and resolving the plan against the installed
     /// AgentDojo (a Python process) block: they run on the blocking pool.
     async fn run(self, root: Root, pool: Arc<crate::container::Pool>) -> Result<Judged, Failure> {
-        let JobRun { id, version, plan_path, run_dir, control } = self;
+        let JobRun { id, version, plan_path, run_dir, control, training } = self;
         let pyenv = runtime::blocking(PyEnv::ensure).await?;
         let session = Session { pyenv, root, pool, control };
         let plan = plan_path.to_string_lossy();
+        let (version, run_dir) = match training {
+            Some(order) => trained(&session, order, version, &plan, &run_dir).await?,
+            None => (version, run_dir),
+        };
         let request = RunRequest::builder(&session, version, &plan).out(Some(run_dir)).resolve().await?;
         let executor = crate::cluster::executor(&session.root, id)?;
         let finished = session.run(&request, executor.as_ref()).await?;
@@ -468,7 +501,8 @@ impl<G: Gate> Daemon<G> {
             reference: None,
         }));
         let control = self.control();
-        self.spawn_run(JobRun { id, version, plan_path, run_dir, control: control.clone() });
+        let training = job.training.clone();
+        self.spawn_run(JobRun { id, version, plan_path, run_dir, control: control.clone(), training });
         Ok(Started::Running(control))
     }
 

@@ -43,6 +43,25 @@ pub struct Ask {
     pub plan: String,
 }
 
+/// What a queued training job trains (`Job::training`, written by `start-training`):
+/// an [`Ask`] without the base version and the plan, which the job's snapshot holds.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
+pub struct Order {
+    pub exports: Vec<PathBuf>,
+    pub kind: Option<Format>,
+    pub hyper: Hyper,
+    pub seed: u64,
+    pub name: Option<String>,
+}
+
+impl Order {
+    /// The ask of a job: its snapshot's version and plan.
+    pub fn ask(self, base: Version, plan: String) -> Ask {
+        let Order { exports, kind, hyper, seed, name } = self;
+        Ask { base, exports, kind, hyper, seed, name, plan }
+    }
+}
+
 /// A training done (now or before).
 pub struct Trained {
     pub version: String,

@@ -262,6 +262,11 @@ pub struct Job {
     pub cancel_requested: bool,
     pub snapshot: Snapshot,
     pub history: Vec<HistoryEntry>,
+    /// A training job (`pruefstand start-training`): what to train from the job's
+    /// version, as the trainer's order reads it (opaque here). The daemon trains, then
+    /// judges the version the training made on the job's plan: one job, one verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<serde_json::Value>,
 }
 
 impl Job {
@@ -515,6 +520,31 @@ impl Queue {
 
     /// Snapshots a prepared job and queues it; returns it.
     pub fn enqueue(&self, prepared: Prepared, priority: i32) -> anyhow::Result<Job> {
+        self.enqueue_job(prepared, priority, None)
+    }
+
+    /// Queues a training job: `order` is what to train (opaque here), and `inputs` the
+    /// files it reads (exports and their manifests), pinned now like a spec's files.
+    pub fn enqueue_training(
+        &self,
+        mut prepared: Prepared,
+        priority: i32,
+        order: serde_json::Value,
+        inputs: &[PathBuf],
+    ) -> anyhow::Result<Job> {
+        for path in inputs {
+            let path = std::path::absolute(path).with_context(|| format!("the export {}", path.display()))?;
+            prepared.pinned.push(Pinned::take(path.clone(), format!("the training's input {}", path.display()))?);
+        }
+        self.enqueue_job(prepared, priority, Some(order))
+    }
+
+    fn enqueue_job(
+        &self,
+        prepared: Prepared,
+        priority: i32,
+        training: Option<serde_json::Value>,
+    ) -> anyhow::Result<Job> {
         let Prepared { version, plan_path, profile, plan_text, spec_text, found, origins, pinned } = prepared;
         // The plan's own name (checked when it was read), not its file's: the name becomes
         // a folder under reports/ and text in chat hooks.
@@ -570,6 +600,7 @@ impl Queue {
                 found: copies,
             },
             history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
+            training,
         };
         write_private(&staging.path().join("job.json"), &json_bytes(&job)?)?;
         let staged = staging.keep();
@@ -927,6 +958,7 @@ mod tests {
                 found: Vec::new(),
             },
             history: Vec::new(),
+            training: None,
         }
     }
 
