@@ -312,3 +312,53 @@ fn a_training_killed_mid_way_resumes_to_the_same_losses_and_adapter_bytes() {
     let again = Run::from(train_smol("smol-killed", "2", &["--no-judge"]).output().unwrap()).ok();
     assert!(again.stdout.contains("(the adapter of an earlier run)"), "{}", again.stdout);
 }
+
+/// `start-training`: refused at queue time as `train` refuses before a step (nothing
+/// queued); queued, the daemon trains and judges the version it made — one job, its
+/// verdict the judgement's, its run folder the trained version's, each step in its log.
+#[test]
+fn a_training_job_of_the_queue_trains_then_judges_what_it_made_under_the_daemon() {
+    let smol = smol_export();
+    let bench = &smol.bench;
+    let export = smol.export.to_str().unwrap();
+    let refused = bench.run(&["start-training", "demo-kandidat", "--export", export]).code(2);
+    assert!(refused.stderr.contains("is not served from Docker"), "{}", refused.stderr);
+    assert!(!bench.path().join(".pruefstand/jobs/1").exists(), "nothing queued");
+    let queued = bench
+        .run(&[
+            "start-training",
+            "real-smol",
+            "--export",
+            export,
+            "--kind",
+            "sft",
+            "--steps",
+            "1",
+            "--max-length",
+            "2048",
+            "--plan",
+            "smol-five",
+            "--name",
+            "smol-job",
+        ])
+        .ok();
+    let id: u64 = queued.stdout.trim().parse().unwrap();
+    let queued_job = bench.job(id);
+    assert_eq!(queued_job["version"], "real-smol");
+    assert_eq!(queued_job["training"]["name"], "smol-job", "{queued_job}");
+    let pinned = queued_job["snapshot"]["pinned"].to_string();
+    assert!(pinned.contains("smol-sft.jsonl") && pinned.contains("smol-sft.jsonl.manifest.json"), "{pinned}");
+    let daemon = bench.daemon();
+    let job = bench.wait_job(id, "done", 2400);
+    assert!(job["verdict"].is_string(), "{job}");
+    let run_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
+    assert!(run_dir.starts_with(bench.path().join("reports/smol-job")), "the trained version's run: {job}");
+    let judgement = json(&run_dir.join("judgement.json"));
+    assert_eq!(judgement["verdict"], job["verdict"], "the job's verdict is the judgement's");
+    assert_eq!(json(&run_dir.join("run.json"))["version"], "smol-job");
+    let log = bench.run(&["log", &id.to_string()]).ok().stdout;
+    assert!(log.contains("step 1/1: loss "), "the step in the job's log:\n{log}");
+    assert!(log.contains("trained smol-job: 1 step(s)"), "{log}");
+    drop(daemon);
+    assert_eq!(json(&training_dir("smol-job").join("training.json"))["steps"], 1);
+}

@@ -47,11 +47,16 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         inputs.push(export.path.clone());
         inputs.push(pruefstand_report::export::manifest_path(&export.path));
     }
-    let order = serde_json::to_value(crate::cmd::train::order(&train))?;
+    // The trained version's name is fixed now, so the job's run folder is its own.
+    let mut order = crate::cmd::train::order(&train);
+    let id = crate::train::id_of(&prepared.version, &checked, &order.hyper, order.seed);
+    let name =
+        order.name.get_or_insert_with(|| crate::train::default_name(&prepared.version, checked.kind, &id)).clone();
+    let order = serde_json::to_value(order)?;
     let job = queue.enqueue_training(prepared, priority, order, &inputs)?;
     outln!("{}", job.id);
     tracing::info!(
-        "queued training job {}: from {} on {} row(s), judged on {} (priority {})",
+        "queued training job {}: {name} from {} on {} row(s), judged on {} (priority {})",
         job.id,
         job.version,
         checked.rows(),

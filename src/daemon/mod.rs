@@ -208,15 +208,14 @@ enum Stop {
 }
 
 /// A training job's first half: the training (resumed from its checkpoints when the job
-/// was interrupted), then the version it made, to be judged into a run folder of its
-/// own name beside the one the job was given.
+/// was interrupted), then the version it made, to be judged into the job's run folder
+/// (under the trained version's name, fixed when the job was queued).
 async fn trained(
     session: &Session,
     order: serde_json::Value,
     base: pruefstand_core::spec::Version,
     plan: &str,
-    run_dir: &std::path::Path,
-) -> anyhow::Result<(pruefstand_core::spec::Version, PathBuf)> {
+) -> anyhow::Result<pruefstand_core::spec::Version> {
     let order: crate::train::Order = serde_json::from_value(order).context("reading the job's training order")?;
     let trained =
         crate::train::train(&session.root, order.ask(base, plan.to_string()), session.control.until_stopped()).await?;
@@ -227,11 +226,7 @@ async fn trained(
         m.steps,
         m.adapter.path.display()
     );
-    let version = pruefstand_core::spec::Version::load(&session.root.versions(), &trained.version)?;
-    // reports/<base>/<plan>/<stamp> → reports/<new>/<plan>/<stamp>: the run is the new version's.
-    let stamp = run_dir.file_name().map(PathBuf::from).unwrap_or_default();
-    let plan_dir = run_dir.parent().and_then(|p| p.file_name()).map(PathBuf::from).unwrap_or_default();
-    Ok((version, session.root.reports().join(&trained.version).join(plan_dir).join(stamp)))
+    pruefstand_core::spec::Version::load(&session.root.versions(), &trained.version)
 }
 
 /// A started job's run: what its task needs.
@@ -254,9 +249,9 @@ impl JobRun {
         let pyenv = runtime::blocking(PyEnv::ensure).await?;
         let session = Session { pyenv, root, pool, control };
         let plan = plan_path.to_string_lossy();
-        let (version, run_dir) = match training {
-            Some(order) => trained(&session, order, version, &plan, &run_dir).await?,
-            None => (version, run_dir),
+        let version = match training {
+            Some(order) => trained(&session, order, version, &plan).await?,
+            None => version,
         };
         let request = RunRequest::builder(&session, version, &plan).out(Some(run_dir)).resolve().await?;
         let executor = crate::cluster::executor(&session.root, id)?;
@@ -465,7 +460,10 @@ impl<G: Gate> Daemon<G> {
     /// run's control, or how the job ended before it could start.
     async fn start(&mut self, job: Job) -> anyhow::Result<Started> {
         let id = job.id;
-        let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&job.version, &job.plan));
+        // A training job's run is the trained version's (its name fixed when queued).
+        let judged = job.training.as_ref().and_then(|o| serde_json::from_value::<crate::train::Order>(o.clone()).ok());
+        let judged = judged.and_then(|o| o.name).unwrap_or_else(|| job.version.clone());
+        let run_dir = job.run_dir.clone().unwrap_or_else(|| self.root.new_run_dir(&judged, &job.plan));
         let attempts = job.attempt;
         self.known = Some(job);
         if attempts >= queue::MAX_ATTEMPTS {

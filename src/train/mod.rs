@@ -72,6 +72,18 @@ pub struct Trained {
     pub reused: bool,
 }
 
+/// The training's id: a hash of what is asked (the base, the kind, the exports' bytes,
+/// the knobs, the seed), so the same order finds its folder and checkpoints again.
+pub fn id_of(base: &Version, checked: &checks::Checked, hyper: &Hyper, seed: u64) -> String {
+    let shas: Vec<String> = checked.exports.iter().map(|e| e.sha256.clone()).collect();
+    request::training_id(&base.hash, checked.kind, &shas, hyper, seed)
+}
+
+/// The trained version's name when none is given: `<base>-<kind>-<id, 8 digits>`.
+pub fn default_name(base: &Version, kind: Format, id: &str) -> String {
+    format!("{}-{}-{}", base.name, kind.as_str(), &id[..8])
+}
+
 /// Refuses or trains. `stop` ends the trainer early (its checkpoints stay).
 pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<Trained> {
     let base = ask.base;
@@ -83,9 +95,8 @@ pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output 
         crate::runtime::blocking(move || checks::check(&base, &model_path, &exports, kind, &plan_name, &plan)).await?
     };
     let kind = checked.kind;
-    let shas: Vec<String> = checked.exports.iter().map(|e| e.sha256.clone()).collect();
-    let id = request::training_id(&base.hash, kind, &shas, &ask.hyper, ask.seed);
-    let name = ask.name.unwrap_or_else(|| format!("{}-{}-{}", base.name, kind.as_str(), &id[..8]));
+    let id = id_of(&base, &checked, &ask.hyper, ask.seed);
+    let name = ask.name.unwrap_or_else(|| default_name(&base, kind, &id));
     pruefstand_core::input::check_name(&name).map_err(|why| anyhow::anyhow!("--name {name:?}: {why}"))?;
     if name == base.name {
         bail!("--name {name}: that is the base version's name; the trained version needs its own");
