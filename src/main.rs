@@ -215,3 +215,13 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Man(args) => cmd::completions::man(args, Cli::command()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap checks a command's definition only when that command is parsed: every
+    /// command's, here, so a clash (a flattened group's name) fails a test, not a user.
+    #[test]
+    fn every_command_is_defined_without_a_clash() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
+    }
+}

@@ -355,7 +355,18 @@ fn a_training_job_of_the_queue_trains_then_judges_what_it_made_under_the_daemon(
     assert!(run_dir.starts_with(bench.path().join("reports/smol-job")), "the trained version's run: {job}");
     let judgement = json(&run_dir.join("judgement.json"));
     assert_eq!(judgement["verdict"], job["verdict"], "the job's verdict is the judgement's");
-    assert_eq!(json(&run_dir.join("run.json"))["version"], "smol-job");
+    let meta = json(&run_dir.join("run.json"));
+    assert_eq!(meta["version"], "smol-job");
+    // Its lineage, checked link by link when the run was recorded: intact.
+    let lineage = &meta["lineage"];
+    assert!(lineage["broken"].is_null(), "{lineage}");
+    assert_eq!(lineage["base_version"], "real-smol");
+    assert_eq!(lineage["exports"][0]["path"], export, "{lineage}");
+    assert!(lineage["exports"][0]["sources"][0]["run_dir"].is_string(), "{lineage}");
+    let r1 = &judgement["rules"][0];
+    assert_eq!(r1["measured"]["lineage"]["manifest"], lineage["manifest"], "judgement.json shows it: {r1}");
+    let report = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
+    assert!(report.contains(r#"id="lineage-chain""#) && report.contains("report.html"), "the report links the runs");
     let log = bench.run(&["log", &id.to_string()]).ok().stdout;
     assert!(log.contains("step 1/1: loss "), "the step in the job's log:\n{log}");
     assert!(log.contains("trained smol-job: 1 step(s)"), "{log}");

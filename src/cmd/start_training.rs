@@ -16,7 +16,10 @@ use crate::train::checks;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
+// `train`'s arguments are flattened in: the group of this struct's own would clash with
+// theirs by name.
 #[derive(clap::Args)]
+#[group(skip)]
 pub struct Args {
     #[command(flatten)]
     pub train: crate::cmd::train::Args,

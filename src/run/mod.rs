@@ -504,6 +504,7 @@ impl Session {
         attack_families: AttackFamilies,
     ) -> anyhow::Result<Judgement> {
         let plan = &request.plan;
+        let lineage = lineage_of(&request.version).await?;
         let mut meta = RunMeta {
             run_id: root::run_id(&run_dir.path),
             version: request.version.name.clone(),
@@ -523,7 +524,7 @@ impl Session {
             shards: served.shards,
             attack_families,
             reference_for: request.reference_for.clone(),
-            lineage: None,
+            lineage,
         };
         let (run_dir, thresholds, reports) = (run_dir.clone(), plan.profile.rules.clone(), self.root.reports());
         crate::runtime::blocking(move || {
@@ -544,6 +545,14 @@ impl Session {
 
 /// The exports the version's adapter was trained on, read and checked (on the blocking
 /// pool); recorded by path and hash, with the families each holds (R1's guard).
+/// The adapter's lineage when `pruefstand train` made it (`training.json` beside it),
+/// checked link by link now, as the run is recorded.
+async fn lineage_of(version: &Version) -> anyhow::Result<Option<pruefstand_core::record::Lineage>> {
+    let Some(path) = version.spec.adapter.as_ref().and_then(|a| a.path.clone()) else { return Ok(None) };
+    let (dir, exports) = (version.files_dir.join(path), version.trained_on_exports());
+    crate::runtime::blocking(move || Ok(pruefstand_report::lineage::lineage(&dir, &exports))).await
+}
+
 async fn trained_exports(version: &Version) -> anyhow::Result<Vec<TrainedExport>> {
     let exports = version.trained_on_exports();
     crate::runtime::blocking(move || export::trained_exports(&exports)).await

@@ -18,6 +18,7 @@ mod index;
 mod publish;
 mod svg;
 pub mod html;
+pub mod lineage;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -315,6 +316,9 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
             write!(b, r#"<p id="cases-changed"><b>{}</b>: the verdict is about the file as it is now.</p>"#, esc(why));
     }
     rules_table(&mut b, j);
+    if let Some(lineage) = &input.run.lineage {
+        lineage_section(&mut b, run_dir.unwrap_or(Path::new(".")), lineage, &input.run.attack_families.held_out);
+    }
     if !j.outlook.is_empty() {
         b.push_str("<h2>Would <code>voll</code> decide?</h2><ul>");
         for o in &j.outlook {
@@ -400,6 +404,70 @@ fn number(v: f64) -> String {
     } else {
         let s = format!("{v:.4}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Where a trained version came from, link by link (each source run's report linked),
+/// the families it trained on and those the plan held out from it; broken links first.
+fn lineage_section(b: &mut String, run_dir: &Path, l: &pruefstand_core::record::Lineage, held_out: &[String]) {
+    b.push_str(r#"<h2 id="lineage">Lineage</h2>"#);
+    for broken in &l.broken {
+        let _ = write!(b, r#"<p class="lineage-broken"><b>broken:</b> {}</p>"#, esc(broken));
+    }
+    let _ = write!(
+        b,
+        r#"<ol id="lineage-chain"><li>adapter <code>{}</code></li><li>training manifest <code>{}</code> (sha256 <code>{}</code>): {} from <b>{}</b>, {} step(s), seed {}, base model sha256 <code>{}</code></li>"#,
+        esc(&l.adapter),
+        esc(&l.manifest),
+        esc(&l.manifest_sha256),
+        esc(&l.kind),
+        esc(&l.base_version),
+        l.steps,
+        l.seed,
+        esc(&l.base_model_sha256),
+    );
+    for export in &l.exports {
+        let _ = write!(
+            b,
+            r#"<li>export <code>{}</code> (sha256 <code>{}</code>, {} row(s); families {}) from"#,
+            esc(&export.path),
+            esc(&export.sha256),
+            export.rows,
+            esc(&export.families.join(", "))
+        );
+        b.push_str("<ul>");
+        for source in &export.sources {
+            let report = Path::new(&source.run_dir).join("report.html");
+            let _ = write!(
+                b,
+                r#"<li>run <a href="{}">{}</a> of {}</li>"#,
+                esc(&relative_href(run_dir, &report)),
+                esc(&source.run_id),
+                esc(&source.version)
+            );
+        }
+        b.push_str("</ul></li>");
+    }
+    let judged: Vec<&String> = held_out.iter().filter(|f| !l.trained_families.contains(f)).collect();
+    let _ = write!(
+        b,
+        r#"</ol><p id="lineage-families">trained on: {} · held out by this plan: {}</p>"#,
+        esc(&l.trained_families.join(", ")),
+        esc(&judged.iter().map(|f| f.as_str()).collect::<Vec<_>>().join(", "))
+    );
+}
+
+/// `to` as a link from a page in `from`: relative when both lie under one folder.
+fn relative_href(from: &Path, to: &Path) -> String {
+    let (from, to) = (from.canonicalize().unwrap_or(from.to_path_buf()), to.to_path_buf());
+    let common = from.ancestors().find(|a| to.starts_with(a) && a.parent().is_some());
+    match common {
+        Some(common) => {
+            let ups = from.strip_prefix(common).map_or(0, |rest| rest.components().count());
+            let down = to.strip_prefix(common).unwrap_or(&to);
+            format!("{}{}", "../".repeat(ups), down.display())
+        }
+        None => to.display().to_string(),
     }
 }
 

@@ -50,6 +50,10 @@ pub struct Validity {
     /// judgement of a run without them stays as it was.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trained_on_exports: Vec<TrainedExport>,
+    /// A trained adapter's lineage as the run recorded it (adapter → training manifest
+    /// → exports → source runs), each broken link named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<pruefstand_core::record::Lineage>,
 }
 
 /// The run as R1 sees it, gathered once for every check.
@@ -319,6 +323,7 @@ impl<'a> Facts<'a> {
             model_server: run.model_server.clone(),
             shards: run.shards.clone(),
             trained_on_exports: run.attack_families.trained_on_exports.clone(),
+            lineage: run.lineage.clone(),
         }
     }
 }
