@@ -531,8 +531,9 @@ fn the_shipped_xlam_plugin_streams_each_calls_own_arguments_where_vllms_xlam_giv
 
 #[test]
 fn every_exported_row_renders_through_the_real_qwen_chat_template_with_its_tools() {
-    // The demo runs' exports (tests/export.rs), rendered as docs/training.md prepares
-    // them for TRL: the model folder's own tokenizer and chat template, tools included.
+    // The demo runs' exports (tests/export.rs), rendered as the trainer renders them:
+    // the model folder's tokenizer, the chat template the version is served with, tools
+    // included.
     let model = tool_model();
     let runs = crate::export::demo_runs();
     let out = tempfile::Builder::new().prefix("pruefstand-export-").tempdir().unwrap();
@@ -547,8 +548,13 @@ fn every_exported_row_renders_through_the_real_qwen_chat_template_with_its_tools
     render.arg("-v").arg(format!("{}:/model:ro", model.display()));
     render.arg("-v").arg(format!("{}:/export:ro", out.path().display()));
     render.arg("-v").arg(format!("{}:/fixture:ro", repo().join("tests/fixtures/export").display()));
+    // render.py renders as the trainer does (its package), with the template real-qwen
+    // is served with, not the model folder's (which gave 0 of 5 parsed calls on vLLM).
+    render.arg("-v").arg(format!("{}:/scripts/pruefstand_train:ro", repo().join("scripts/pruefstand_train").display()));
+    render.arg("-v").arg(format!("{}:/template.jinja:ro", repo().join("versions/qwen2.5-json-tools.jinja").display()));
+    render.args(["-e", "PYTHONPATH=/scripts"]);
     render.args(["--entrypoint", "python", "pruefstand-vllm-cpu:current", "/fixture/render.py", "/model"]);
-    render.args(["/export/dpo.jsonl", "/export/sft.jsonl"]);
+    render.args(["/export/dpo.jsonl", "/export/sft.jsonl", "--chat-template", "/template.jinja"]);
     let done = render.output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&done.stdout), String::from_utf8_lossy(&done.stderr));
     assert!(done.status.success(), "render.py failed:\n{stdout}\n{stderr}");

@@ -168,3 +168,54 @@ pub fn lineage(adapter_dir: &Path, exports: &[PathBuf]) -> Option<Lineage> {
 fn short(sha: &str) -> &str {
     &sha[..sha.len().min(12)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A training folder as `train` leaves it: adapter/, training.json naming one export
+    /// made from one run.
+    fn trained(dir: &Path) -> (PathBuf, PathBuf) {
+        let adapter = dir.join("training/abc/adapter");
+        std::fs::create_dir_all(&adapter).unwrap();
+        std::fs::write(adapter.join("adapter_model.safetensors"), b"weights").unwrap();
+        let run = dir.join("reports/base/plan/r1");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("run.json"), b"{}").unwrap();
+        let export = dir.join("exports/dpo.jsonl");
+        std::fs::create_dir_all(export.parent().unwrap()).unwrap();
+        std::fs::write(&export, b"{}\n").unwrap();
+        let manifest = serde_json::json!({
+            "version": "base-dpo", "base_version": "base", "kind": "dpo", "steps": 2, "seed": 0,
+            "base_model": {"sha256": "m"},
+            "exports": [{"path": export, "sha256": util::sha256_hex(b"{}\n"), "rows": 1,
+                "families": {"important_instructions": 1, "roleplay": 0},
+                "sources": [{"run_dir": run, "run": "r1", "version": "base", "spec_hash": "s", "plan": "p",
+                    "plan_hash": "h", "run_json_sha256": util::sha256_hex(b"{}")}]}],
+            "adapter": {"sha256": {"adapter_model.safetensors": util::sha256_hex(b"weights")}},
+        });
+        std::fs::write(dir.join("training/abc").join(MANIFEST), manifest.to_string()).unwrap();
+        (adapter, export)
+    }
+
+    #[test]
+    fn an_intact_chain_has_no_broken_link_and_each_changed_link_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let (adapter, export) = trained(dir.path());
+        let intact = lineage(&adapter, std::slice::from_ref(&export)).unwrap();
+        assert!(intact.broken.is_empty(), "{:?}", intact.broken);
+        assert_eq!(intact.trained_families, vec!["important_instructions".to_string()]);
+        assert_eq!(intact.exports[0].sources[0].run_id, "r1");
+
+        std::fs::write(adapter.join("adapter_model.safetensors"), b"other").unwrap();
+        std::fs::write(dir.path().join("reports/base/plan/r1/run.json"), b"{\"x\":1}").unwrap();
+        let other = dir.path().join("exports/other.jsonl");
+        let broken = lineage(&adapter, &[export, other]).unwrap().broken;
+        assert_eq!(broken.len(), 3, "{broken:?}");
+        assert!(broken[0].starts_with("adapter file") && broken[0].contains("adapter_model.safetensors"));
+        assert!(broken[1].contains("its run.json changed since the export"));
+        assert!(broken[2].contains("other.jsonl, which its training manifest does not list"));
+        // No manifest beside it: an adapter trained elsewhere has no lineage to check.
+        assert!(lineage(&dir.path().join("elsewhere/adapter"), &[]).is_none());
+    }
+}
