@@ -64,6 +64,10 @@ fn a_base_version_the_trainer_cannot_start_from_is_refused_naming_why() {
         train(&bench, "real-smol-lora", &["--export", export]),
         &["real-smol-lora", "serves the adapter smol-lora already"],
     );
+    // `start-training` refuses the same before anything is queued.
+    let queued = bench.run(&["start-training", "demo-kandidat", "--export", export]);
+    refused(&bench, queued, &["demo-kandidat", "is not served from Docker"]);
+    assert!(!bench.path().join(".pruefstand/jobs/1").exists(), "nothing queued");
 }
 
 #[test]
@@ -225,14 +229,29 @@ fn training_dir(name: &str) -> PathBuf {
 
 #[test]
 fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judges() {
+    // As a job of the queue (`start-training`): the daemon trains, then judges what
+    // the training made — one job, its verdict the judgement's.
     let smol = smol_export();
-    let run = Run::from(train_smol("smol-sft", "2", &[]).output().unwrap());
+    let bench = &smol.bench;
+    let export = smol.export.to_str().unwrap();
+    let args = ["start-training", "real-smol", "--export", export, "--kind", "sft", "--steps", "2"];
+    let queued =
+        bench.run(&[&args[..], &["--max-length", "2048", "--plan", "smol-five", "--name", "smol-sft"]].concat()).ok();
+    let id: u64 = queued.stdout.trim().parse().unwrap();
+    let queued_job = bench.job(id);
+    assert_eq!((&queued_job["version"], &queued_job["training"]["name"]), (&"real-smol".into(), &"smol-sft".into()));
+    let pinned = queued_job["snapshot"]["pinned"].to_string();
+    assert!(pinned.contains("smol-sft.jsonl\"") && pinned.contains("smol-sft.jsonl.manifest.json"), "{pinned}");
+    let daemon = bench.daemon();
+    let job = bench.wait_job(id, "done", 3000);
+    drop(daemon);
     // The trained version's verdict, whatever a 135M model earns, but a valid run.
-    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
-    for step in ["step 1/2: loss ", "step 2/2: loss "] {
-        assert!(run.stderr.contains(step), "{step:?} shown:\n{}", run.stderr);
+    assert!(matches!(job["verdict"].as_str(), Some("approved" | "rejected" | "inconclusive")), "{job}");
+    let log = bench.run(&["log", &id.to_string()]).ok().stdout;
+    for step in ["step 1/2: loss ", "step 2/2: loss ", "trained smol-sft: 2 step(s)"] {
+        assert!(log.contains(step), "{step:?} in the job's log:\n{log}");
     }
-    assert!(run.stderr.contains("rendered as the server renders them (/tokenize)"), "{}", run.stderr);
+    assert!(log.contains("rendered as the server renders them (/tokenize)"), "{log}");
     let dir = training_dir("smol-sft");
     let manifest = json(&dir.join("training.json"));
     assert_eq!(manifest["steps"], 2, "{manifest}");
@@ -255,16 +274,25 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     assert!(spec.contains("reference = \"real-smol\""), "{spec}");
     assert!(spec.contains(&dir.join("adapter").display().to_string()), "{spec}");
     assert!(spec.contains(smol.export.to_str().unwrap()), "{spec}");
-    // Its run loaded the adapter into the real server and was judged, the export's
-    // families checked against the plan's held-out ones (R1).
-    let run_dir = run.run_dir();
+    // Its run (the trained version's folder) loaded the adapter into the real server and
+    // was judged, the export's families checked against the plan's held-out ones (R1).
+    let run_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
+    assert!(run_dir.starts_with(bench.path().join("reports/smol-sft")), "{job}");
     let served = &json(&run_dir.join("provenance.json"))["container"]["served"];
     assert!(served.as_array().unwrap().iter().any(|s| s == "smol-sft"), "the adapter was served: {served}");
     let judgement = json(&run_dir.join("judgement.json"));
     assert_eq!(judgement["rules"][0]["status"], "pass", "R1: {}", judgement["rules"][0]["reason"]);
     let families = &json(&run_dir.join("run.json"))["attack_families"]["trained_on_exports"];
     assert_eq!(families[0]["sha256"], export_sha.as_str(), "{families}");
-    assert!(run.stdout.contains("verdict: "), "{}", run.stdout);
+    assert_eq!(judgement["verdict"], job["verdict"]);
+    // Its lineage, checked link by link as the run was recorded: intact, and shown.
+    let lineage = &json(&run_dir.join("run.json"))["lineage"];
+    assert!(lineage["broken"].is_null(), "{lineage}");
+    assert_eq!((&lineage["base_version"], &lineage["exports"][0]["path"]), (&"real-smol".into(), &export.into()));
+    assert!(lineage["exports"][0]["sources"][0]["run_dir"].is_string(), "{lineage}");
+    assert_eq!(judgement["rules"][0]["measured"]["lineage"]["manifest"], lineage["manifest"]);
+    let report = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
+    assert!(report.contains(r#"id="lineage-chain""#) && report.contains("report.html"), "the runs linked");
 }
 
 #[test]
@@ -311,65 +339,4 @@ fn a_training_killed_mid_way_resumes_to_the_same_losses_and_adapter_bytes() {
     // And a finished training is not run again: its adapter is reused.
     let again = Run::from(train_smol("smol-killed", "2", &["--no-judge"]).output().unwrap()).ok();
     assert!(again.stdout.contains("(the adapter of an earlier run)"), "{}", again.stdout);
-}
-
-/// `start-training`: refused at queue time as `train` refuses before a step (nothing
-/// queued); queued, the daemon trains and judges the version it made — one job, its
-/// verdict the judgement's, its run folder the trained version's, each step in its log.
-#[test]
-fn a_training_job_of_the_queue_trains_then_judges_what_it_made_under_the_daemon() {
-    let smol = smol_export();
-    let bench = &smol.bench;
-    let export = smol.export.to_str().unwrap();
-    let refused = bench.run(&["start-training", "demo-kandidat", "--export", export]).code(2);
-    assert!(refused.stderr.contains("is not served from Docker"), "{}", refused.stderr);
-    assert!(!bench.path().join(".pruefstand/jobs/1").exists(), "nothing queued");
-    let queued = bench
-        .run(&[
-            "start-training",
-            "real-smol",
-            "--export",
-            export,
-            "--kind",
-            "sft",
-            "--steps",
-            "1",
-            "--max-length",
-            "2048",
-            "--plan",
-            "smol-five",
-            "--name",
-            "smol-job",
-        ])
-        .ok();
-    let id: u64 = queued.stdout.trim().parse().unwrap();
-    let queued_job = bench.job(id);
-    assert_eq!(queued_job["version"], "real-smol");
-    assert_eq!(queued_job["training"]["name"], "smol-job", "{queued_job}");
-    let pinned = queued_job["snapshot"]["pinned"].to_string();
-    assert!(pinned.contains("smol-sft.jsonl") && pinned.contains("smol-sft.jsonl.manifest.json"), "{pinned}");
-    let daemon = bench.daemon();
-    let job = bench.wait_job(id, "done", 2400);
-    assert!(job["verdict"].is_string(), "{job}");
-    let run_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
-    assert!(run_dir.starts_with(bench.path().join("reports/smol-job")), "the trained version's run: {job}");
-    let judgement = json(&run_dir.join("judgement.json"));
-    assert_eq!(judgement["verdict"], job["verdict"], "the job's verdict is the judgement's");
-    let meta = json(&run_dir.join("run.json"));
-    assert_eq!(meta["version"], "smol-job");
-    // Its lineage, checked link by link when the run was recorded: intact.
-    let lineage = &meta["lineage"];
-    assert!(lineage["broken"].is_null(), "{lineage}");
-    assert_eq!(lineage["base_version"], "real-smol");
-    assert_eq!(lineage["exports"][0]["path"], export, "{lineage}");
-    assert!(lineage["exports"][0]["sources"][0]["run_dir"].is_string(), "{lineage}");
-    let r1 = &judgement["rules"][0];
-    assert_eq!(r1["measured"]["lineage"]["manifest"], lineage["manifest"], "judgement.json shows it: {r1}");
-    let report = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
-    assert!(report.contains(r#"id="lineage-chain""#) && report.contains("report.html"), "the report links the runs");
-    let log = bench.run(&["log", &id.to_string()]).ok().stdout;
-    assert!(log.contains("step 1/1: loss "), "the step in the job's log:\n{log}");
-    assert!(log.contains("trained smol-job: 1 step(s)"), "{log}");
-    drop(daemon);
-    assert_eq!(json(&training_dir("smol-job").join("training.json"))["steps"], 1);
 }
