@@ -309,7 +309,7 @@ fn a_training_killed_mid_way_resumes_to_the_same_losses_and_adapter_bytes() {
     let events = || {
         let trainings = smol_export().bench.path().join("reports/smol-killed/training");
         let dir = std::fs::read_dir(&trainings).ok()?.flatten().next()?.path();
-        std::fs::read_to_string(dir.join("events.jsonl")).ok()
+        std::fs::read_to_string(dir.join("trainer-events.jsonl")).ok()
     };
     let stepped = |text: String| {
         text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).any(|e| e["event"] == "step")
@@ -328,7 +328,7 @@ fn a_training_killed_mid_way_resumes_to_the_same_losses_and_adapter_bytes() {
     let weights = |dir: &Path| std::fs::read(dir.join("adapter/adapter_model.safetensors")).unwrap();
     assert!(weights(&a) == weights(&b), "the same adapter bytes");
     // No step was reported twice.
-    let steps: Vec<u64> = std::fs::read_to_string(b.join("events.jsonl"))
+    let steps: Vec<u64> = std::fs::read_to_string(b.join("trainer-events.jsonl"))
         .unwrap()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

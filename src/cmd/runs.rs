@@ -122,7 +122,7 @@ fn finished_runs(dir: &Path, depth: usize) -> anyhow::Result<Vec<(String, PathBu
 /// When a finished run started (its judgement's `started_at`, else when it was
 /// judged): RFC 3339, which sorts as text. None: no readable judgement.
 fn started(run: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(run.join("judgement.json")).ok()?;
+    let text = std::fs::read_to_string(run.join(pruefstand_store::RunFile::Judgement.name())).ok()?;
     let judgement: serde_json::Value = serde_json::from_str(&text).ok()?;
     let at = |key: &str| judgement[key].as_str().map(str::to_string);
     Some(at("started_at").or_else(|| at("judged_at")).unwrap_or_default())
@@ -141,7 +141,11 @@ mod tests {
     fn run(root: &Path, rel: &str, started_at: &str) -> PathBuf {
         let dir = root.join(rel);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("judgement.json"), format!("{{\"started_at\": \"{started_at}\"}}")).unwrap();
+        std::fs::write(
+            dir.join(pruefstand_store::RunFile::Judgement.name()),
+            format!("{{\"started_at\": \"{started_at}\"}}"),
+        )
+        .unwrap();
         dir
     }
 

@@ -130,7 +130,7 @@ pub fn base_model(path: &Path) -> anyhow::Result<BaseModel> {
     Ok(BaseModel { path: path.to_path_buf(), sha256: util::sha256_hex(listing.as_bytes()), files })
 }
 
-/// The step times of every attempt, from `events.jsonl` (the last time a step was
+/// The step times of every attempt, from `trainer-events.jsonl` (the last time a step was
 /// reported wins), and how many times the trainer started.
 pub fn steps_from_events(events: &Path) -> (Vec<f64>, usize) {
     let text = std::fs::read_to_string(events).unwrap_or_default();
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn steps_run_again_after_a_restart_count_once() {
         let dir = tempfile::tempdir().unwrap();
-        let events = dir.path().join("events.jsonl");
+        let events = dir.path().join("trainer-events.jsonl");
         let lines = [
             r#"{"event":"start","steps":3,"resumed_from":0}"#,
             r#"{"event":"step","step":1,"steps":3,"loss":0.69,"seconds":20.0}"#,

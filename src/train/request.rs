@@ -99,7 +99,7 @@ impl TrainingDir {
     }
     /// Every event line the trainer printed, across attempts.
     pub fn events(&self) -> PathBuf {
-        self.path.join("events.jsonl")
+        self.path.join("trainer-events.jsonl")
     }
     /// The trainer's stderr, across attempts.
     pub fn log(&self) -> PathBuf {

@@ -5,7 +5,7 @@
 //! (read-only) and its durable folders; run as `python -m pruefstand_train
 //! /work/request.json` — an argv, no shell. Its JSON-line events (the contract in
 //! docs/training.md) are read as they come: step, loss and ETA shown, every line kept
-//! in `events.jsonl`, its stderr in `trainer.log`.
+//! in `trainer-events.jsonl`, its stderr in `trainer.log`.
 //!
 //! The model server it checks its rows against (`/tokenize`) is stopped as soon as the
 //! trainer says every row matched, so the trainer never shares the GPU with it.
@@ -216,7 +216,7 @@ async fn on_line(line: &[u8], attempt: &mut Attempt, clock: &mut StepClock, chec
     let event: Event = match serde_json::from_str(text) {
         Ok(event) => event,
         Err(e) => {
-            // A line of another kind (a newer trainer's) is kept in events.jsonl only.
+            // A line of another kind (a newer trainer's) is kept in trainer-events.jsonl only.
             tracing::debug!(
                 "trainer: a line that is no event of ours ({e}): {}",
                 pruefstand_core::util::cut(text, 200)

@@ -437,7 +437,7 @@ fn lineage_section(b: &mut String, run_dir: &Path, l: &pruefstand_core::record::
         );
         b.push_str("<ul>");
         for source in &export.sources {
-            let report = Path::new(&source.run_dir).join("report.html");
+            let report = Path::new(&source.run_dir).join(pruefstand_store::RunFile::Report.name());
             let _ = write!(
                 b,
                 r#"<li>run <a href="{}">{}</a> of {}</li>"#,
