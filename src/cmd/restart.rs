@@ -29,10 +29,10 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     // What the job pinned at `start` must still be there, as it was: a file changed
     // since is named now, not when the daemon picks the job up again. (A job that has
     // not ended is refused by the transition, in its words.)
-    if found.state.is_final()
-        && let Err(err) = queue.materialise(&root, &found)
-    {
-        return Err(err.context(format!("job {id} is not restarted")));
+    if found.state.is_final() {
+        for pin in &found.snapshot.pinned {
+            pin.check().map_err(|err| err.context(format!("job {id} is not restarted")))?;
+        }
     }
     let job = queue.transition(id, Transition::Restart)?;
     drop_owed_notifications(&queue, id)?;
