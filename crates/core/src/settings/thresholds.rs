@@ -62,7 +62,14 @@ pub struct R2 {
     /// The least share of an adaptive campaign's pairs (search half, and held-out half
     /// apart) on which an attempt reached the target, for its figure to count: below it
     /// the attacker measured too little and R2 cannot pass on it (docs/attacks.md).
+    /// Written only when it differs from the shipped value, so judgements of runs made
+    /// before it existed read the same.
+    #[serde(skip_serializing_if = "is_shipped_measured_min")]
     pub adaptive_measured_min: f64,
+}
+
+fn is_shipped_measured_min(v: &f64) -> bool {
+    *v == ADAPTIVE_MEASURED_MIN
 }
 
 /// The shipped `adaptive_measured_min`: at least half of each half's pairs measured.
