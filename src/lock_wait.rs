@@ -40,3 +40,20 @@ pub async fn wait<S>(
         }
     }
 }
+/// The bench lock for a command of this process (`holder` says which, for whoever
+/// waits on it next), waited for with one line saying who holds it; Ctrl-C ends the
+/// wait. `run` and `train` take the GPU this way.
+pub async fn bench_lock(root: &pruefstand_core::root::Root, holder: &str) -> anyhow::Result<RunLock> {
+    use pruefstand_store::benchlock;
+    let mut said = false;
+    let waiting = |other: &str| {
+        if !said {
+            tracing::info!("waiting for the GPU: {}", benchlock::held_by(other));
+            said = true;
+        }
+    };
+    match wait(|| benchlock::try_take(root, holder), waiting, tokio::signal::ctrl_c()).await? {
+        Waited::Taken(lock) => Ok(lock),
+        Waited::Stopped(_) => anyhow::bail!("interrupted while waiting for the GPU"),
+    }
+}

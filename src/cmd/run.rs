@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::lock_wait::{self, Waited};
+use crate::lock_wait;
 use crate::run::{Extent, LocalGym, RunControl, RunRequest, Session};
 use pruefstand_core::record::PrefixCache;
 use pruefstand_core::root::Root;
@@ -367,17 +367,7 @@ async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<Run
     if no_wait {
         return benchlock::try_take(root, &holder);
     }
-    let mut said = false;
-    let waiting = |other: &str| {
-        if !said {
-            tracing::info!("waiting for the GPU: {}", benchlock::held_by(other));
-            said = true;
-        }
-    };
-    match lock_wait::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
-        Waited::Taken(lock) => Ok(lock),
-        Waited::Stopped(_) => Err(anyhow::anyhow!("interrupted while waiting for the GPU").into()),
-    }
+    Ok(lock_wait::bench_lock(root, &holder).await?)
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::lock_wait::{self, Waited};
 use crate::train::{self, Order, request::Hyper};
 use pruefstand_core::root::Root;
 use pruefstand_core::spec::Version;
@@ -107,7 +106,10 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let trained = {
         // The trainer takes the GPU as a run does: one user of it at a time.
         let _gpu = match benchlock::needs_gpu(&ask.base)? {
-            true => Some(bench_lock(&root, &ask.base).await?),
+            true => {
+                let holder = format!("`pruefstand train {}`, pid {}", ask.base.name, std::process::id());
+                Some(crate::lock_wait::bench_lock(&root, &holder).await?)
+            }
             false => None,
         };
         train::train(&root, ask, stopped()).await?
@@ -158,21 +160,5 @@ async fn stopped() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
-    }
-}
-
-/// The bench lock, waited for (saying for whom); Ctrl-C ends the wait.
-async fn bench_lock(root: &Root, base: &Version) -> anyhow::Result<pruefstand_store::RunLock> {
-    let holder = format!("`pruefstand train {}`, pid {}", base.name, std::process::id());
-    let mut said = false;
-    let waiting = |other: &str| {
-        if !said {
-            tracing::info!("waiting for the GPU: {}", benchlock::held_by(other));
-            said = true;
-        }
-    };
-    match lock_wait::wait(|| benchlock::try_take(root, &holder), waiting, tokio::signal::ctrl_c()).await? {
-        Waited::Taken(lock) => Ok(lock),
-        Waited::Stopped(_) => anyhow::bail!("interrupted while waiting for the GPU"),
     }
 }
