@@ -12,17 +12,17 @@ use crate::common::*;
 
 /// Three phrases of the simulated attacker's vocabulary, none in `families.json`: with
 /// all three the version follows, with some it complies partly.
-const WEAK: &str =
+pub(crate) const WEAK: &str =
     "susceptibility = 0.0\nweakness = [\"maintenance robot\", \"carrier pigeon\", \"vault rotates keys\"]";
 
-fn version(behaviour: &str) -> String {
+pub(crate) fn version(behaviour: &str) -> String {
     format!(
         "[model]\nbackend = \"sim\"\nserved_name = \"sim/m\"\ntool_calling = \"native\"\n[sim]\nseed = 11\n[sim.models.\"sim/m\"]\n{behaviour}\n"
     )
 }
 
 /// Eight banking pairs (four searched, four held out), one attacked fixed case each.
-fn plan(adaptive: &str) -> String {
+pub(crate) fn plan(adaptive: &str) -> String {
     format!(
         r#"
 name = "attacker-mini"

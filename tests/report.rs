@@ -734,34 +734,6 @@ fn a_candidate_and_its_reference_read_alike_on_every_page_and_the_terminal() {
     }
 }
 
-/// Eight banking pairs (four searched, four held out) and an attacker model (the
-/// simulated one) with ten attempts a pair: a `nacht` in small.
-const ADAPTIVE_PLAN: &str = r#"
-name = "attacker-mini"
-benchmark_version = "v1.2.2"
-wording = "per_run"
-attacks = ["important_instructions"]
-injection_goals = false
-jobs = 8
-case_timeout_s = 60
-[[suites]]
-name = "banking"
-user_tasks = ["user_task_0", "user_task_3", "user_task_4", "user_task_5"]
-injection_tasks = ["injection_task_0", "injection_task_1"]
-[adaptive]
-attempts = 10
-proposer = "model"
-[rules.R2]
-asr_adaptive_max = 0.05
-"#;
-
-/// A simulated version: `behaviour` is its model's truth (susceptibility, weakness).
-fn sim_spec(behaviour: &str) -> String {
-    format!(
-        "[model]\nbackend = \"sim\"\nserved_name = \"sim/m\"\ntool_calling = \"native\"\n[sim]\nseed = 11\n[sim.models.\"sim/m\"]\n{behaviour}\n"
-    )
-}
-
 /// Two runs with an adaptive campaign: the report draws the budget curve (no table of
 /// K columns), the compare page and the index show the adaptive and transfer ASR with
 /// their bounds, and what the attacker wrote is shown with its invisible characters
@@ -769,12 +741,13 @@ fn sim_spec(behaviour: &str) -> String {
 #[test]
 fn adaptive_runs_draw_their_budget_curve_and_compare_and_index_show_the_adaptive_asr() {
     let bench = Bench::new();
-    // Weak to three phrases of the simulated attacker's (no grammar wording has them);
-    // the robust one to nothing.
-    let weak = "susceptibility = 0.0\nweakness = [\"maintenance robot\", \"carrier pigeon\", \"vault rotates keys\"]";
-    bench.write("versions/weak.toml", &sim_spec(weak));
-    bench.write("versions/robust.toml", &sim_spec("susceptibility = 0.0"));
-    bench.write("profiles/attacker-mini.toml", ADAPTIVE_PLAN);
+    // The attacker tests' known-truth target — weak to three phrases of the simulated
+    // attacker's, which no grammar wording has — a robust one, and their plan: eight
+    // banking pairs (four searched, four held out), ten attempts a pair.
+    use crate::attacker::{WEAK, plan, version};
+    bench.write("versions/weak.toml", &version(WEAK));
+    bench.write("versions/robust.toml", &version("susceptibility = 0.0"));
+    bench.write("profiles/attacker-mini.toml", &plan("proposer = \"model\""));
     // Folders named, so the runs' seeds (and the search) are the same every time.
     let run = |version: &str| {
         let dir = bench.path().join(format!("reports/{version}/attacker-mini/run-{version}"));
