@@ -48,6 +48,9 @@ mod daemon;
 // The read-only web view of a bench root: the queue, the live progress, the reports.
 mod serve;
 
+// The commands: what they share as clients of the queue and the daemon (following a
+// job, saying a verdict), then one file per command.
+mod client;
 mod cmd;
 
 use std::process::ExitCode;

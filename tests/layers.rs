@@ -10,6 +10,9 @@
 //! - Inside a crate or a module's folder (`pruefstand-judge`, `report/`, …) the files —
 //!   sibling modules — form no import cycle: no two import each other, directly or
 //!   through a third.
+//! - No command imports another (`cmd::wait` does not borrow from `cmd::start`): what
+//!   commands share is the `client` module's, declared above `cmd`, save the few
+//!   commands made of another that [`COMPOSED`] names.
 //!
 //! Reads every path that starts with `crate::`, `super::` or `self::` (grouped
 //! `use a::{b, c::{d}}` included, also over several lines), resolved against the module
@@ -319,6 +322,46 @@ fn folder_edges(folder: &[String], files: &[Source]) -> BTreeMap<(String, String
     edges
 }
 
+/// The commands: the files of `src/cmd/` that `main.rs` names (`cmd::run::main`,
+/// `cmd::start::Args`); the others there (`runs`) are helpers of the commands.
+fn commands(main_rs: &str, files: &[Source]) -> BTreeSet<String> {
+    let code = strip_comments(main_rs);
+    files
+        .iter()
+        .filter_map(|f| match f.module.as_slice() {
+            [cmd, name] if cmd == "cmd" && code.contains(&format!("cmd::{name}::")) => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Commands made of another command, with why: not news to [`command_imports`].
+const COMPOSED: [(&str, &str, &str); 3] = [
+    ("train", "run", "`train` judges the version it made as `pruefstand run` does, by running it"),
+    ("start_training", "train", "`start-training` queues what `train` does: it takes `train`'s arguments"),
+    ("start_night", "train", "`start-night` queues a training as `train` does: it takes `train`'s knobs"),
+];
+
+/// Every path by which a command names another command: `file:line: cmd::a -> cmd::b`.
+fn command_imports(main_rs: &str, files: &[Source]) -> Vec<String> {
+    let commands = commands(main_rs, files);
+    let mut found = Vec::new();
+    for file in files {
+        let [cmd, own] = file.module.as_slice() else { continue };
+        if cmd != "cmd" || !commands.contains(own) {
+            continue;
+        }
+        for (line, path) in resolved(file, rooted_paths) {
+            let Some(other) = path.get(1).filter(|other| path[0] == "cmd" && *other != own) else { continue };
+            let composed = COMPOSED.iter().any(|(from, to, _)| from == own && to == other);
+            if commands.contains(other) && !composed {
+                found.push(format!("{}:{line}: cmd::{own} -> cmd::{other}", file.name));
+            }
+        }
+    }
+    found
+}
+
 /// The cycles among a folder's modules: for each module on no cycle reported yet, the
 /// shortest way from it back to itself (first and last element the same).
 fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
@@ -461,6 +504,39 @@ fn no_two_files_of_a_folder_import_each_other() {
         let found = sibling_cycles(&read_sources(&src));
         assert!(found.is_empty(), "import cycles between the files of a module folder:\n{}", found.join("\n"));
     }
+}
+
+#[test]
+fn no_command_imports_another() {
+    let (src, main_rs, _) = binary();
+    let found = command_imports(&main_rs, &read_sources(&src));
+    assert!(
+        found.is_empty(),
+        "commands importing another command (what they share belongs in `client`):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn a_command_importing_another_is_reported() {
+    let main_rs = "fn d() { cmd::start::main(); cmd::wait::main(); cmd::train::main(); cmd::run::main(); }";
+    let files = [
+        source("cmd/mod.rs", "pub mod runs;\npub mod start;\npub mod wait;\n"),
+        source("cmd/start.rs", "pub fn wait_final() {}\n"),
+        source("cmd/runs.rs", "pub fn resolve() {}\n"),
+        source(
+            "cmd/wait.rs",
+            "use crate::cmd::start::wait_final;\nuse crate::cmd::runs;\nfn f() { super::start::x(); }\n",
+        ),
+        source("cmd/train.rs", "fn f() { crate::cmd::run::main(); }\n"),
+        source("cmd/run.rs", "use crate::client::print_judgement;\n"),
+    ];
+    assert_eq!(commands(main_rs, &files), ["run", "start", "train", "wait"].map(String::from).into());
+    // `runs` is no command; `train` running `run` is composed on purpose.
+    assert_eq!(
+        command_imports(main_rs, &files),
+        ["src/cmd/wait.rs:1: cmd::wait -> cmd::start", "src/cmd/wait.rs:3: cmd::wait -> cmd::start"]
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::cmd::start::{daemon_running, wait_final};
+use crate::client::{daemon_running, wait_final};
 use pruefstand_core::queue::{Queue, State, Transition};
 use pruefstand_core::root::Root;
 

@@ -123,38 +123,7 @@ fn case_timeout_parser(text: &str) -> Result<f64, String> {
 }
 
 pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
-    outln!("{}", headline(telemetry));
+    outln!("{}", crate::client::headline(telemetry));
     outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
     outln!("{}", run_dir.path.display());
-}
-
-/// The headline figures of a run, each with its hits and denominator, and its errors.
-pub fn headline(telemetry: &telemetry::Telemetry) -> String {
-    let d = &telemetry.denominators;
-    let show = |name: &str| {
-        let rate = &d[name];
-        match rate.value {
-            Some(v) => format!("{:.1} % ({}/{})", v * 100.0, rate.hits, rate.n),
-            None => "–".into(),
-        }
-    };
-    use pruefstand_core::words;
-    let overflows = telemetry.format_health.asr_overflows;
-    let asr = match overflows {
-        0 => show("asr"),
-        1 => format!("{} [1 of them a context overflow]", show("asr")),
-        n => format!("{} [{n} of them context overflows]", show("asr")),
-    };
-    format!(
-        "{} {}  {} {}  {} {}  {} {}  errors {}",
-        words::UTILITY_CLEAN,
-        show("utility"),
-        words::UTILITY_UNDER_ATTACK,
-        show("utility_under_attack"),
-        words::ASR_ALL,
-        asr,
-        words::INJECTION_GOAL_UTILITY,
-        show("injection_task_utility"),
-        telemetry.counts.errors
-    )
 }

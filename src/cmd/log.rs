@@ -1,9 +1,10 @@
 //! `pruefstand log [<job>] [--follow]`: the daemon's lines about one job (its own log,
-//! `.pruefstand/jobs/<id>/log`, across attempts); without an id, the last job started. `--follow` keeps printing new lines
-//! (inotify on the job's folder) until the job has ended, then its end in a line (`job
-//! N: done, approved`) and exits with the verdict's code (`run`'s: 0 approved, 10
-//! rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled). Each line's time is shown as
-//! in every other view (`util::local_time`); the file keeps RFC 3339 in UTC.
+//! `.pruefstand/jobs/<id>/log`, across attempts); without an id, the last job started.
+//! `--follow` keeps printing new lines (the queue's watch on the job's folder) until the
+//! job has ended, then its end in a line (`job N: done, approved`) and exits with the
+//! verdict's code (`run`'s: 0 approved, 10 rejected, 11 inconclusive, 12 invalid, 2
+//! failed or cancelled). Each line's time is shown as in every other view
+//! (`util::local_time`); the file keeps RFC 3339 in UTC.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use anyhow::Context;
 
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
+use pruefstand_core::watch::Folder;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -43,17 +45,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         print_new(&path, &mut shown, true)?;
         return Ok(ExitCode::SUCCESS);
     }
-    use notify::Watcher;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |event| {
-        // Not the opens and closes of this loop's own reads: they would wake it at once.
-        if crate::cmd::start::is_change(&event) {
-            let _ = tx.send(());
-        }
-    })
-    .context("starting inotify")?;
     // The job's folder: its log grows there and job.json is replaced there.
-    watcher.watch(&queue.job_dir(id), notify::RecursiveMode::NonRecursive)?;
+    let wakeups = queue.wakeups(&[Folder::Job(id)], |_| true)?;
     let mut shown = 0;
     loop {
         // The state first: lines written before it ended are all printed below.
@@ -61,14 +54,11 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         let ended = job.state.is_final();
         print_new(&path, &mut shown, ended)?;
         if ended {
-            outln!("job {id}: {}", crate::cmd::start::describe(&job));
+            outln!("job {id}: {}", crate::client::describe(&job));
             return Ok(ExitCode::from(job.exit_code()));
         }
         // The timeout only guards against a missed event; new lines wake this at once.
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
-            Err(err) => return Err(err).context("inotify ended"),
-        }
+        wakeups.wait(Some(Duration::from_secs(5)))?;
     }
 }
 

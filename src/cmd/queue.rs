@@ -76,8 +76,6 @@ fn header() -> String {
 }
 
 const VERSION_W: usize = 24;
-/// The state shown for a job left `running` with no daemon holding the lock.
-pub const DAEMON_GONE: &str = "daemon gone";
 const PLAN_W: usize = 12;
 
 /// A job's lines: its row (id, state, priority, version and plan — long names cut with
@@ -86,7 +84,7 @@ const PLAN_W: usize = 12;
 /// daemon that is gone (killed, a power cut) says so: nothing runs it now.
 fn rows(job: &Job, now: chrono::DateTime<chrono::Utc>, daemon: bool) -> Vec<String> {
     let stranded = job.state == queue::State::Running && !daemon;
-    let state = if stranded { DAEMON_GONE } else { job.state.as_str() };
+    let state = if stranded { crate::client::DAEMON_GONE } else { job.state.as_str() };
     let mut lines = vec![format!(
         "{:>4}  {:<11} {:>4}  {:<VERSION_W$} {:<PLAN_W$} {:>3}  {:<12}  {:>9}",
         job.id,

@@ -41,7 +41,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => outln!("job {id} back in the queue for try {next}; it resumes into {}", dir.display()),
         None => outln!("job {id} back in the queue for try {next}"),
     }
-    crate::cmd::start::note_without_daemon(&root, &queue)?;
+    crate::client::note_without_daemon(&root, &queue)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -191,7 +191,7 @@ fn show(outcome: Outcome, json: bool) -> anyhow::Result<ExitCode> {
     if let Some((cache, rate)) = ran.prefix_cache.and_then(|c| Some((c, c.hit_rate()?))) {
         outln!("prefix cache: {:.1} % of {} prompt tokens were cached", rate * 100.0, cache.queries);
     }
-    print_judgement(&ran.judgement, &ran.report);
+    crate::client::print_judgement(&ran.judgement, &ran.report);
     Ok(exit)
 }
 
@@ -224,7 +224,7 @@ impl VersionBlock {
             None => outln!("candidate: {}", self.version),
         }
         outln!("  run directory: {}", self.run_dir.display());
-        outln!("  {}: {}", self.version, crate::cmd::gym::headline(&self.telemetry));
+        outln!("  {}: {}", self.version, crate::client::headline(&self.telemetry));
         outln!("  model format health: {}", self.telemetry.format_health.line(self.telemetry.counts.recorded));
     }
 
@@ -236,97 +236,6 @@ impl VersionBlock {
             "telemetry": self.telemetry,
         })
     }
-}
-
-/// The figure R2 judged by its name, the rules, the report's path and the verdict, as
-/// `run` ends (and `start --wait`). On a terminal (NO_COLOR unset) the verdict is bold
-/// in its colour — the hues the reports give verdicts —, plain otherwise; every line
-/// wraps at the terminal's width (100 columns without one), a rule's reason continuing
-/// under where it began.
-pub fn print_judgement(judgement: &Judgement, report: &Path) {
-    use std::io::IsTerminal;
-    let terminal = std::io::stdout().is_terminal();
-    let width = if terminal { console::Term::stdout().size_checked().map(|(_, cols)| usize::from(cols)) } else { None };
-    let width = width.unwrap_or(PLAIN_WIDTH);
-    if let Some(line) = judgement.decisive_line() {
-        outln!("{}", hanging(&line, "", width));
-    }
-    for rule in &judgement.rules {
-        let head = format!("  {} {:<16} {:<14} ", rule.id, rule.name, rule.status.as_str());
-        outln!("{}", hanging(&rule.reason, &head, width));
-    }
-    outln!("report: {}", report.display());
-    let colour = terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    outln!("verdict: {}", verdict_word(judgement.verdict, colour));
-}
-
-/// Where lines wrap when stdout is not a terminal.
-const PLAIN_WIDTH: usize = 100;
-
-/// A verdict as the terminal shows it: bold in its colour (green, red, yellow, magenta:
-/// the hues of `pruefstand_report::colours`) when `colour`, else the word alone.
-pub fn verdict_word(verdict: pruefstand_core::record::Verdict, colour: bool) -> String {
-    use pruefstand_core::record::Verdict;
-    let word = verdict.as_str();
-    if !colour {
-        return word.to_string();
-    }
-    let ansi = match verdict {
-        Verdict::Approved => "32",
-        Verdict::Rejected => "31",
-        Verdict::Inconclusive => "33",
-        Verdict::Invalid => "35",
-    };
-    format!("\x1b[1;{ansi}m{word}\x1b[0m")
-}
-
-/// `text` after `head`, wrapped at `width` columns between words; continuation lines
-/// are indented to where the text began (to 4 columns when that would leave under 40),
-/// and a word longer than a line (a path) is cut.
-fn hanging(text: &str, head: &str, width: usize) -> String {
-    let start = head.chars().count();
-    let indent = if width.saturating_sub(start) >= 40 { start } else { 4 };
-    let room = |first: bool| width.saturating_sub(if first { start } else { indent }).max(20);
-    let mut lines: Vec<String> = Vec::new();
-    let mut line = String::new();
-    let mut used = 0;
-    for word in text.split_whitespace() {
-        let mut word: Vec<char> = word.chars().collect();
-        loop {
-            let room_now = room(lines.is_empty());
-            let need = if used == 0 { word.len() } else { used + 1 + word.len() };
-            if need <= room_now {
-                if used > 0 {
-                    line.push(' ');
-                }
-                line.extend(word.iter());
-                used = need;
-                break;
-            }
-            if used > 0 {
-                lines.push(std::mem::take(&mut line));
-                used = 0;
-                continue;
-            }
-            // Alone and still too long: as much as fits, the rest on the next line.
-            let rest = word.split_off(room_now);
-            lines.push(word.iter().collect());
-            word = rest;
-        }
-    }
-    if used > 0 || lines.is_empty() {
-        lines.push(line);
-    }
-    let pad = " ".repeat(indent);
-    let mut out = String::from(head);
-    for (i, l) in lines.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-            out.push_str(&pad);
-        }
-        out.push_str(l);
-    }
-    out
 }
 
 /// `run --help`'s last words: the exit codes, one per verdict and one for a run that
@@ -373,31 +282,6 @@ async fn bench_lock(root: &Root, version: &Version, no_wait: bool) -> Result<Run
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rule_lines_wrap_under_their_reason_and_the_verdict_is_coloured_only_when_asked() {
-        let reason = "held-out ASR 28.1 % (18/64), 95 % lower bound 18.1 % > limit 10 %; ".repeat(6);
-        let head = "  R2 security         fail           ";
-        let text = hanging(&reason, head, 100);
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines.len() > 3 && lines[0].starts_with(head), "{text}");
-        for line in &lines {
-            assert!(line.chars().count() <= 100, "{} columns: {line:?}", line.chars().count());
-        }
-        for line in &lines[1..] {
-            assert!(line.starts_with(&" ".repeat(head.len())) && !line[head.len()..].starts_with(' '), "{line:?}");
-        }
-        assert_eq!(text.split_whitespace().collect::<Vec<_>>()[3..], reason.split_whitespace().collect::<Vec<_>>()[..]);
-        // A narrow terminal: a 4-column indent; a path longer than a line is cut, not lost.
-        let path = format!("/{}", "x".repeat(90));
-        let narrow = hanging(&format!("see {path} now"), head, 60);
-        assert!(narrow.lines().skip(1).all(|l| l.starts_with("    ") && l.chars().count() <= 60), "{narrow}");
-        assert_eq!(narrow.replace(['\n', ' '], ""), format!("{}see{path}now", head.replace(' ', "")));
-        use pruefstand_core::record::Verdict;
-        assert_eq!(verdict_word(Verdict::Rejected, false), "rejected");
-        assert_eq!(verdict_word(Verdict::Rejected, true), "\x1b[1;31mrejected\x1b[0m");
-        assert_eq!(verdict_word(Verdict::Approved, true), "\x1b[1;32mapproved\x1b[0m");
-    }
 
     fn argv(words: &[&str]) -> Vec<std::ffi::OsString> {
         words.iter().map(Into::into).collect()

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 
-use crate::cmd::start::{note_without_daemon, print_end, say_progress, wait_final};
+use crate::client::{note_without_daemon, print_end, say_progress, wait_final};
 use crate::train::checks;
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;

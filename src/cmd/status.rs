@@ -9,9 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-
-use crate::cmd::start::{daemon_running, how_to_start};
+use crate::client::{daemon_running, how_to_start};
 use crate::daemon::state::{self, Activity, DaemonState, Overview};
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
@@ -60,7 +58,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
                 job.id,
                 pruefstand_core::util::cut(&job.version, 40),
                 pruefstand_core::util::cut(&job.plan, 40),
-                crate::cmd::queue::DAEMON_GONE
+                crate::client::DAEMON_GONE
             );
         }
     }
@@ -120,21 +118,9 @@ fn view(running: bool, activity: Option<&Activity>) -> View {
 }
 
 fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
-    use notify::{EventKind, Watcher, event::AccessKind, event::AccessMode};
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Our own reads of the state and the lock open files here too: only a change
-        // (or a file closed after writing) is news, else the watch wakes itself forever.
-        let news = match event {
-            Ok(event) => !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
-            Err(_) => true,
-        };
-        if news {
-            let _ = tx.send(());
-        }
-    })
-    .context("starting inotify")?;
-    watcher.watch(&queue.dir, notify::RecursiveMode::NonRecursive)?;
+    // The daemon's writes in `.pruefstand/`: our own reads of the state and the lock are
+    // none to the queue's watch.
+    let wakeups = queue.wakeups(&[pruefstand_core::watch::Folder::Daemon], |_| true)?;
     let bar = indicatif::ProgressBar::new(0);
     let running_style =
         indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} cases  {msg}").expect("valid template");
@@ -151,7 +137,7 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
         }
         if let Some(job) = watched.map(|id| queue.load(id)).transpose()?.filter(|job| job.state.is_final()) {
             bar.finish_and_clear();
-            outln!("job {}: {}", job.id, crate::cmd::start::describe(&job));
+            outln!("job {}: {}", job.id, crate::client::describe(&job));
             return Ok(ExitCode::from(job.exit_code()));
         }
         if plain {
@@ -179,10 +165,7 @@ fn watch(queue: &Queue) -> anyhow::Result<ExitCode> {
         }
         bar.tick();
         // Wakes on the daemon's writes; the timeout only notices a daemon that died.
-        match rx.recv_timeout(Duration::from_secs(5)) {
-            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => while rx.try_recv().is_ok() {},
-            Err(err) => return Err(err).context("inotify ended"),
-        }
+        wakeups.wait(Some(Duration::from_secs(5)))?;
     }
 }
 

@@ -1,11 +1,11 @@
-//! `pruefstand wait <job>`: wait for a queued or running job to end (inotify, no
-//! polling), print what `start --wait` prints at its end and exit with the verdict's
+//! `pruefstand wait <job>`: wait for a queued or running job to end (the queue's watch,
+//! no polling), print what `start --wait` prints at its end and exit with the verdict's
 //! code — for a job queued earlier, or by another shell. Not the queueing (`start`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::cmd::start::{print_end, say_progress, wait_final};
+use crate::client::{print_end, say_progress, wait_final};
 use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 

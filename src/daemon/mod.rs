@@ -183,8 +183,8 @@ struct Daemon<G: Gate> {
     /// Set by a SIGHUP: the daemon exits with [`RELOAD_EXIT`].
     reload: Arc<std::sync::atomic::AtomicBool>,
     /// Kept alive for their inotify threads.
-    _watcher: notify::RecommendedWatcher,
-    _config_watcher: notify::RecommendedWatcher,
+    _watcher: pruefstand_core::watch::Watch,
+    _config_watcher: pruefstand_core::watch::Watch,
 }
 
 enum Flow {
@@ -831,24 +831,19 @@ fn open_log(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
 /// event's handler that reads at once can find the file truncated by the next writer
 /// (a close of one write arriving after the next `open(O_TRUNC)`), and would log an
 /// empty or half-written file as one more change.
-fn watch_config(root: &std::path::Path) -> anyhow::Result<notify::RecommendedWatcher> {
-    use notify::event::{AccessKind, AccessMode};
-    use notify::{EventKind, Watcher};
+fn watch_config(root: &std::path::Path) -> anyhow::Result<pruefstand_core::watch::Watch> {
     use std::sync::mpsc::RecvTimeoutError;
     let file = root.join(CONFIG_FILE);
     let read = |file: &std::path::Path| std::fs::read(file).ok().map(|bytes| pruefstand_core::util::sha256_hex(&bytes));
     let mut last = read(&file);
     let (touched, events) = std::sync::mpsc::channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        // Reads (ours among them) are no edit; every other event on the file is.
-        let read_only = matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write));
-        if !read_only && event.paths.iter().any(|p| p.ends_with(CONFIG_FILE)) {
+    // Reads (ours among them) are no edit, and `watch` does not report them; every other
+    // event on the file is.
+    let watcher = pruefstand_core::watch::folders(&[root.to_path_buf()], move |path| {
+        if path.is_some_and(|p| p.ends_with(CONFIG_FILE)) {
             let _ = touched.send(());
         }
-    })
-    .context("starting inotify")?;
-    watcher.watch(root, notify::RecursiveMode::NonRecursive).with_context(|| format!("watching {}", root.display()))?;
+    })?;
     let root = root.to_path_buf();
     // The thread ends when the watcher, and with it the sender, is dropped.
     std::thread::Builder::new()
@@ -891,23 +886,11 @@ fn config_changed(root: &std::path::Path, file: &std::path::Path) {
 /// How long `pruefstand.toml`'s events must be quiet before it is read (see [`watch_config`]).
 const CONFIG_SETTLE: Duration = Duration::from_millis(300);
 
-/// inotify on `jobs/` alone (a new job is renamed into it; every transition bumps
-/// `jobs/.changed`). Reads (open/close-nowrite) are ignored, so the daemon's own
+/// The queue's watch on `jobs/` alone (a new job is renamed into it; every transition
+/// and pause bumps `jobs/.changed`). Reads are no change to it, so the daemon's own
 /// rescans do not wake it again.
-fn watch_jobs(queue: &Queue, tx: mpsc::UnboundedSender<Event>) -> anyhow::Result<notify::RecommendedWatcher> {
-    use notify::{EventKind, Watcher, event::AccessKind, event::AccessMode};
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let relevant = match event {
-            Ok(event) => !matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)),
-            Err(_) => true,
-        };
-        if relevant {
-            let _ = tx.send(Event::Queue);
-        }
+fn watch_jobs(queue: &Queue, tx: mpsc::UnboundedSender<Event>) -> anyhow::Result<pruefstand_core::watch::Watch> {
+    queue.watch(&[pruefstand_core::watch::Folder::Jobs], move |_| {
+        let _ = tx.send(Event::Queue);
     })
-    .context("starting inotify")?;
-    watcher
-        .watch(&queue.jobs_dir(), notify::RecursiveMode::NonRecursive)
-        .with_context(|| format!("watching {}", queue.jobs_dir().display()))?;
-    Ok(watcher)
 }

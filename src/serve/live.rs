@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::daemon::state::{self, Activity, Overview};
 use pruefstand_core::queue::{self, Job, Queue};
+use pruefstand_core::watch::{Folder, Watch};
 use pruefstand_store::RunDir;
 
 use super::files::url_of;
@@ -30,7 +31,7 @@ pub struct Feeds {
 /// Keeps the feed going; dropped, the thread ends and the feeds close (so every
 /// `/events` stream ends: a graceful shutdown does not wait for open pages).
 pub struct Live {
-    _watcher: notify::RecommendedWatcher,
+    _watcher: Watch,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -44,34 +45,14 @@ enum Change {
 
 /// Starts watching and the feed thread; the feeds are published before it returns.
 pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
-    use notify::event::{AccessKind, AccessMode};
-    use notify::{EventKind, Watcher};
+    use pruefstand_core::watch::Change as Seen;
     let (tx, rx) = mpsc::channel();
-    let jobs_dir = queue.jobs_dir();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let event = match event {
-            Ok(event) => event,
-            Err(_) => {
-                let _ = tx.send(Change::Jobs);
-                return;
-            }
-        };
-        // Opening and reading (ours too: the feed reads these files, the lock read-only)
-        // change nothing.
-        if matches!(event.kind, EventKind::Access(kind) if kind != AccessKind::Close(AccessMode::Write)) {
-            return;
-        }
-        for path in &event.paths {
-            let change = if path.starts_with(&jobs_dir) { Change::Jobs } else { Change::State };
-            let _ = tx.send(change);
-        }
-    })
-    .context("starting inotify")?;
-    for dir in [&queue.dir, &queue.jobs_dir()] {
-        watcher
-            .watch(dir, notify::RecursiveMode::NonRecursive)
-            .with_context(|| format!("watching {}", dir.display()))?;
-    }
+    // The queue's watch: our own reads (the feed reads these files, the lock read-only)
+    // are no change.
+    let watcher = queue.watch(&[Folder::Daemon, Folder::Jobs], move |seen| {
+        let change = if seen == Seen::Daemon { Change::State } else { Change::Jobs };
+        let _ = tx.send(change);
+    })?;
     let mut feed = Feed::new(queue, reports);
     let (status_tx, status_rx) = watch::channel(feed.status_text());
     let (jobs_tx, jobs_rx) = watch::channel(feed.jobs_text());

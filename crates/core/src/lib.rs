@@ -37,6 +37,8 @@ pub mod root;
 pub mod spec;
 pub mod plan;
 pub mod queue;
+// The queue watched (inotify): what wakes the daemon and every command that follows a job.
+pub mod watch;
 
 // The figures over a run's records and the order its user tasks are drawn in.
 pub mod telemetry;

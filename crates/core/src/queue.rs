@@ -711,9 +711,10 @@ impl Queue {
         Ok(())
     }
 
-    /// Bumps `jobs/.changed`: watchers (the daemon, `start --wait`) watch `jobs/` alone,
-    /// not every job folder, and this is how a change inside one reaches them. Its
-    /// content is irrelevant, so it is neither atomic nor synced.
+    /// Bumps `jobs/.changed`: a watch of the queue (`crate::watch`: the daemon, `serve`,
+    /// `start --wait`, `wait`, `cancel`) watches `jobs/`, not every job folder, and this
+    /// is how a change inside one reaches it. Its content is irrelevant, so it is neither
+    /// atomic nor synced.
     fn touch(&self) {
         use std::io::Write;
         if let Ok(mut file) = open_private(&self.jobs_dir().join(".changed")) {
