@@ -19,6 +19,7 @@ mod daemon;
 mod daemon_guards;
 mod defences;
 mod docs;
+mod environment;
 mod export;
 mod faults;
 mod guards;

@@ -12,7 +12,7 @@ use crate::run::{AgentOnly, Extent, ReferencePolicy, RunControl, RunRequest, Ses
 use pruefstand_core::plan::Filters;
 use pruefstand_core::root::Root;
 use pruefstand_core::spec::Version;
-use pruefstand_core::{telemetry, util};
+use pruefstand_core::{family, telemetry, util};
 use pruefstand_store::RunDir;
 
 #[derive(clap::Args)]
@@ -22,8 +22,8 @@ pub struct Args {
     pub plan: String,
     /// The agent under test, e.g. "python3 scripts/examples/agent_counter.py". Split
     /// like a shell would split words, but no shell runs it.
-    #[arg(long)]
-    pub agent_cmd: String,
+    #[arg(long, required_unless_present = "dataset")]
+    pub agent_cmd: Option<String>,
     /// Only these suites (repeatable).
     #[arg(long = "suite")]
     pub suites: Vec<String>,
@@ -61,6 +61,16 @@ pub struct Args {
     /// environment otherwise; a variable that is not set is an error.
     #[arg(long = "pass-env", value_name = "NAME")]
     pub pass_env: Vec<String>,
+    /// Run nothing: print the plan's cases as the gym would be handed them, as one JSON
+    /// object — each case with its attack family, the wording drawn from `--seed`, the
+    /// found families' templates, the families the plan holds out. The training
+    /// environment's dataset (scripts/pruefstand_env, docs/training.md).
+    #[arg(long, conflicts_with_all = ["out", "jobs", "order", "pass_env", "case_timeout"])]
+    pub dataset: bool,
+    /// The seed `--dataset` draws the per-run wording from (a run's own is in its
+    /// `identity.json`).
+    #[arg(long, requires = "dataset", default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,9 +81,10 @@ pub enum Order {
 
 pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
-    let agent_cmd = shlex::split(&args.agent_cmd)
+    let given = args.agent_cmd.clone().unwrap_or_else(|| "-".to_string());
+    let agent_cmd = shlex::split(&given)
         .filter(|argv| !argv.is_empty())
-        .with_context(|| format!("--agent-cmd {:?} is empty or has unbalanced quotes", args.agent_cmd))?;
+        .with_context(|| format!("--agent-cmd {given:?} is empty or has unbalanced quotes"))?;
     let filters = Filters {
         suites: args.suites,
         user_tasks: args.user_tasks,
@@ -92,6 +103,10 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
         .out(args.out)
         .resolve()
         .await?;
+    if args.dataset {
+        outln!("{}", serde_json::to_string(&dataset(request.plan(), args.seed))?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let agent_env = args
         .pass_env
         .iter()
@@ -112,6 +127,34 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
     let (run_dir, executed, _) = executed?;
     print_summary(&run_dir, &executed.telemetry);
     Ok(ExitCode::from(util::EXIT_APPROVED))
+}
+
+/// `--dataset`: the resolved plan's cases as the gym's request would carry them, each
+/// with its family ([`family::name_of_attack`]: a found family's is its attack), and
+/// what the plan holds out; the environment leaves the held-out ones out itself.
+fn dataset(plan: &pruefstand_core::plan::Plan, seed: u64) -> serde_json::Value {
+    let cases: Vec<serde_json::Value> = plan
+        .cases
+        .iter()
+        .map(|case| {
+            let mut value = serde_json::to_value(case).expect("a case serializes");
+            value["family"] = case.attack.as_deref().and_then(family::name_of_attack).into();
+            value
+        })
+        .collect();
+    serde_json::json!({
+        "plan": plan.name,
+        "plan_file": plan.source,
+        "plan_hash": plan.hash,
+        "benchmark_version": plan.benchmark_version,
+        "case_timeout_s": plan.case_timeout_s,
+        "jobs": plan.jobs,
+        "seed": seed,
+        "held_out": plan.held_out,
+        "cases": cases,
+        "wording": family::wordings(&plan.cases, seed),
+        "templates": crate::gym::found_templates(plan),
+    })
 }
 
 fn case_timeout_parser(text: &str) -> Result<f64, String> {

@@ -89,7 +89,7 @@ pub struct Executed {
 }
 
 /// The template each case of a found family injects (fixed per case id).
-fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String> {
+pub fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     for family in &plan.found {
         let attack = family.attack();
