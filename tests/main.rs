@@ -38,3 +38,4 @@ mod run;
 mod serve;
 mod systemd;
 mod training;
+mod training_progress;

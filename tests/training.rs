@@ -243,6 +243,21 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     let pinned = queued_job["snapshot"]["pinned"].to_string();
     assert!(pinned.contains("smol-sft.jsonl\"") && pinned.contains("smol-sft.jsonl.manifest.json"), "{pinned}");
     let daemon = bench.daemon();
+    // While it trains, `status` shows its step, the loss after it and the ETA.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3000);
+    let stepping = format!("training smol-sft (job {id}): step ");
+    let live = loop {
+        let said = bench.run(&["status"]).ok().stdout;
+        let line = said.lines().find(|l| l.starts_with(&stepping) && l.contains(", loss ") && l.contains(", ETA "));
+        if let Some(line) = line {
+            break line.to_string();
+        }
+        let state = bench.job(id)["state"].clone();
+        assert!(state == "pending" || state == "running", "job {id} is {state} before `status` showed a step:\n{said}");
+        assert!(std::time::Instant::now() < deadline, "no step in `status` yet:\n{said}");
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    };
+    assert!(live.contains(" step 1/2, ") || live.contains(" step 2/2, "), "{live}");
     let job = bench.wait_job(id, "done", 3000);
     drop(daemon);
     // The trained version's verdict, whatever a 135M model earns, but a valid run.
@@ -258,6 +273,20 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     let losses = manifest["losses"].as_array().unwrap();
     assert_eq!(losses.len(), 2);
     assert!(losses.iter().all(|l| l.as_f64().is_some_and(|l| l.is_finite() && l > 0.0)), "{manifest}");
+    // The job recorded its training folder; `status` (the job done, its daemon gone) shows
+    // the training's last step and loss, as `--json` does.
+    let recorded = PathBuf::from(job["training_dir"].as_str().unwrap());
+    assert_eq!(recorded.canonicalize().unwrap(), dir.canonicalize().unwrap(), "{job}");
+    let last = losses[1].as_f64().unwrap();
+    let status = bench.run(&["status"]).ok().stdout;
+    let line = format!("training smol-sft (job {id}, done): done, step 2/2, loss {last:.4}");
+    assert!(status.lines().any(|l| l == line), "{line:?} in:\n{status}");
+    let status: serde_json::Value = serde_json::from_str(&bench.run(&["status", "--json"]).ok().stdout).unwrap();
+    let training = &status["training"];
+    assert_eq!((&training["job"], &training["phase"]), (&id.into(), &"done".into()), "{training}");
+    assert_eq!(training["state"], "done", "{training}");
+    assert_eq!((training["step"].as_u64(), training["steps"].as_u64()), (Some(2), Some(2)), "{training}");
+    assert_eq!((&training["loss"], training["eta_s"].is_null()), (&losses[1], true), "{training}");
     assert!(manifest["rows_used"].as_u64() >= Some(1), "{manifest}");
     let export_sha = crate::common::runs::sha256_hex(&std::fs::read(&smol.export).unwrap());
     assert_eq!(manifest["exports"][0]["sha256"], export_sha.as_str());

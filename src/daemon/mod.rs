@@ -212,13 +212,14 @@ enum Stop {
 /// (under the trained version's name, fixed when the job was queued).
 async fn trained(
     session: &Session,
+    job_id: u64,
     order: serde_json::Value,
     base: pruefstand_core::spec::Version,
     plan: &str,
 ) -> anyhow::Result<pruefstand_core::spec::Version> {
     let order: crate::train::Order = serde_json::from_value(order).context("reading the job's training order")?;
-    let trained =
-        crate::train::train(&session.root, order.ask(base, plan.to_string()), session.control.until_stopped()).await?;
+    let stop = session.control.until_stopped();
+    let trained = crate::train::train_for_job(&session.root, job_id, order.ask(base, plan.to_string()), stop).await?;
     let m = &trained.manifest;
     tracing::info!(
         "trained {}: {} step(s), adapter {}; judging it now",
@@ -250,7 +251,7 @@ impl JobRun {
         let session = Session { pyenv, root, pool, control };
         let plan = plan_path.to_string_lossy();
         let version = match training {
-            Some(order) => trained(&session, order, version, &plan).await?,
+            Some(order) => trained(&session, id, order, version, &plan).await?,
             None => version,
         };
         let request = RunRequest::builder(&session, version, &plan).out(Some(run_dir)).resolve().await?;

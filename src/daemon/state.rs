@@ -230,8 +230,8 @@ pub fn read(path: &Path) -> Option<DaemonState> {
 }
 
 /// What `pruefstand status --json` prints and `pruefstand serve` streams: whether a
-/// daemon holds the lock, the state it published, the pending jobs, the pause, and a
-/// cluster job's shards. One reader for both.
+/// daemon holds the lock, the state it published, the pending jobs, the pause, a
+/// cluster job's shards and a training job's progress. One reader for both.
 #[derive(Clone, Debug)]
 pub struct Overview {
     pub running: bool,
@@ -240,6 +240,8 @@ pub struct Overview {
     pub pending: usize,
     pub paused: bool,
     pub shards: Option<crate::cluster::ShardCounts>,
+    /// The running training job's progress, else the newest training's.
+    pub training: Option<crate::train::progress::JobTraining>,
 }
 
 impl Overview {
@@ -258,6 +260,7 @@ impl Overview {
             pending: jobs.iter().filter(|j| j.state == queue::State::Pending).count(),
             paused: queue.is_paused(),
             shards,
+            training: crate::train::progress::JobTraining::shown(jobs, running),
         })
     }
 
@@ -274,6 +277,7 @@ impl Overview {
             "paused": self.paused,
             "state": if self.running { serde_json::to_value(&self.published).unwrap_or_default() } else { serde_json::Value::Null },
             "shards": self.shards,
+            "training": self.training,
         })
     }
 }

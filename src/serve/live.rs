@@ -1,20 +1,23 @@
 //! `serve`'s live feed: what the page shows, kept current from inotify on the queue's
 //! folders (`.pruefstand/` and `.pruefstand/jobs/`, neither recursive) — the daemon's
-//! published state, the pause marker and every job change — never from a timer. One
+//! published state, the pause marker and every job change — and, while a training job
+//! trains, on its training folder (its `trainer-events.jsonl`) — never from a timer. One
 //! thread wakes on those events, reads the state with the reader `status` uses
-//! ([`Overview`]) and the job list, and publishes two feeds (`status` and `jobs`, JSON
-//! text) that change only when their text does; `/events` streams them. At rest the
-//! thread sleeps in `recv`. Not the HTTP side (`serve`) nor the page (`serve::page`).
+//! ([`Overview`], a training's progress with it) and the job list, and publishes two
+//! feeds (`status` and `jobs`, JSON text) that change only when their text does;
+//! `/events` streams them. At rest the thread sleeps in `recv`. Not the HTTP side
+//! (`serve`) nor the page (`serve::page`).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
 
 use anyhow::Context;
 use serde_json::json;
 use tokio::sync::watch;
 
 use crate::daemon::state::{self, Activity, Overview};
+use crate::train::progress::JobTraining;
 use pruefstand_core::queue::{self, Job, Queue};
 use pruefstand_core::watch::{Folder, Watch};
 use pruefstand_store::RunDir;
@@ -31,7 +34,8 @@ pub struct Feeds {
 /// Keeps the feed going; dropped, the thread ends and the feeds close (so every
 /// `/events` stream ends: a graceful shutdown does not wait for open pages).
 pub struct Live {
-    _watcher: Watch,
+    /// The feed holds it weakly (to watch a training's folder): this is its one owner.
+    _watcher: Arc<Mutex<Watch>>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -50,10 +54,18 @@ pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
     // The queue's watch: our own reads (the feed reads these files, the lock read-only)
     // are no change.
     let watcher = queue.watch(&[Folder::Daemon, Folder::Jobs], move |seen| {
-        let change = if seen == Seen::Daemon { Change::State } else { Change::Jobs };
+        let change = match seen {
+            Seen::Jobs | Seen::Job(_) | Seen::JobFolder(_) | Seen::Unknown => Change::Jobs,
+            Seen::Daemon => Change::State,
+            Seen::Elsewhere(path) if is_training_events(&path) => Change::State,
+            // The rest of a training's folder: its trainer's log, written many times a
+            // step, and its checkpoints.
+            Seen::Elsewhere(_) => return,
+        };
         let _ = tx.send(change);
     })?;
-    let mut feed = Feed::new(queue, reports);
+    let watcher = Arc::new(Mutex::new(watcher));
+    let mut feed = Feed::new(queue, reports, Arc::downgrade(&watcher));
     let (status_tx, status_rx) = watch::channel(feed.status_text());
     let (jobs_tx, jobs_rx) = watch::channel(feed.jobs_text());
     std::thread::Builder::new()
@@ -63,17 +75,34 @@ pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
     Ok((Live { _watcher: watcher }, Feeds { status: status_rx, jobs: jobs_rx }))
 }
 
+/// A training's event lines (any other file of its folder is no news to the feed).
+fn is_training_events(path: &Path) -> bool {
+    path.file_name() == Some(std::ffi::OsStr::new(crate::train::request::EVENTS))
+}
+
 struct Feed {
     queue: Queue,
     reports: PathBuf,
     jobs: Vec<Job>,
     overview: Option<Overview>,
     errors: ErrorTally,
+    /// To watch the running training's folder; gone once `Live` is dropped.
+    watcher: Weak<Mutex<Watch>>,
+    /// The training folder watched now.
+    training_dir: Option<PathBuf>,
 }
 
 impl Feed {
-    fn new(queue: Queue, reports: PathBuf) -> Feed {
-        let mut feed = Feed { queue, reports, jobs: Vec::new(), overview: None, errors: ErrorTally::default() };
+    fn new(queue: Queue, reports: PathBuf, watcher: Weak<Mutex<Watch>>) -> Feed {
+        let mut feed = Feed {
+            queue,
+            reports,
+            jobs: Vec::new(),
+            overview: None,
+            errors: ErrorTally::default(),
+            watcher,
+            training_dir: None,
+        };
         feed.reload_jobs();
         feed.reload_status();
         feed
@@ -110,11 +139,35 @@ impl Feed {
         {
             self.errors.update(run_dir);
         }
+        self.follow_training();
+    }
+
+    /// Watches the folder of the training that runs now (its steps are written there,
+    /// not under `.pruefstand/`), and stops watching one whose job no longer runs.
+    fn follow_training(&mut self) {
+        let training = self.overview.as_ref().and_then(|o| o.training.as_ref());
+        let dir = training.filter(|t| t.state == queue::State::Running).map(|t| t.dir.clone());
+        if dir == self.training_dir {
+            return;
+        }
+        let Some(watcher) = self.watcher.upgrade() else { return };
+        let mut watcher = pruefstand_core::util::lock(&watcher);
+        if let Some(old) = self.training_dir.take() {
+            watcher.remove(&old);
+        }
+        if let Some(dir) = dir {
+            match watcher.add(&dir) {
+                Ok(()) => self.training_dir = Some(dir),
+                // Tried again at the next change; its steps show at the daemon's next word.
+                Err(err) => tracing::warn!("watching the training folder {}: {}", dir.display(), err.root_cause()),
+            }
+        }
     }
 
     /// The `status` feed: `status --json`, its one line, and of the running job: the
     /// ETA in words, the cases with an error so far, the run its cases go to (below
-    /// `reports/`) and whether that is its reference's run.
+    /// `reports/`) and whether that is its reference's run; and a training's progress
+    /// in words (`training`: the running training job's, else the newest training's).
     fn status_text(&self) -> Arc<str> {
         let Some(overview) = &self.overview else {
             return Arc::from(json!({ "status": null, "line": "cannot read the daemon's state" }).to_string());
@@ -147,6 +200,7 @@ impl Feed {
                 "run": run,
                 "reference": reference,
                 "shards": shards,
+                "training": overview.training.as_ref().map(training_words),
             })
             .to_string(),
         )
@@ -182,8 +236,24 @@ impl Feed {
             "started": started,
             "finished": finished,
             "report": report,
+            "training": JobTraining::of(job, false).map(|t| t.progress.line()),
         })
     }
+}
+
+/// A training's progress as the page shows it: the line `status` prints, and the step,
+/// loss and ETA in words for its fields.
+fn training_words(t: &JobTraining) -> serde_json::Value {
+    let p = &t.progress;
+    json!({
+        "job": t.job,
+        "line": t.line(),
+        "in_progress": t.in_progress(),
+        "step": p.step,
+        "steps": p.steps,
+        "loss": p.loss.map(|loss| format!("{loss:.4}")),
+        "eta": p.eta_s.map(crate::train::trainer::span),
+    })
 }
 
 fn publish(feed: &watch::Sender<Arc<str>>, text: Arc<str>) {

@@ -1,8 +1,9 @@
 //! `serve`'s live page, `/`: one self-contained HTML page (inline CSS and one inline
 //! script, allowed by its hash like the reports' own) that opens `EventSource('/events')`
-//! and fills in the daemon's line, the running job's progress and the queue from the
-//! `status` and `jobs` events — with `textContent` only, never markup from data. The
-//! page itself holds no data, so it is the same bytes every time. A job's state is
+//! and fills in the daemon's line, the running job's progress (a training job's steps,
+//! loss and ETA while it trains) and the queue from the `status` and `jobs` events —
+//! with `textContent` only, never markup from data. The page itself holds no data, so
+//! it is the same bytes every time. A job's state is
 //! written in grey (running and failed stand out); its verdict carries the colour, the
 //! reports' own (`pruefstand_report::colours`). Not the feed
 //! (`serve::live`) nor the files (`serve::files`).
@@ -30,31 +31,42 @@ const BODY: &str = r#"<h1>pruefstand <span id="conn">connecting…</span></h1>
 <p class="meta">A read-only view of this bench: <a id="index" href="/reports/index.html" hidden>the trend index</a> <span id="noindex">no trend index yet</span> · <a href="/reports/">reports/</a> · <a href="/api/status">status JSON</a> · <a href="/api/queue">queue JSON</a></p>
 <p id="line">waiting for the daemon's state…</p>
 <p id="paused" class="err" hidden>The queue is paused: no job starts until <code>pruefstand resume</code>.</p>
-<section id="job" hidden><h3 id="job-title"></h3><p id="job-run" class="meta"></p><progress id="bar" max="1" value="0"></progress>
-<dl><div><dt>cases done</dt><dd><span id="done">0</span> / <span id="total">0</span></dd></div><div><dt>errors</dt><dd id="errors">–</dd></div><div><dt>ETA</dt><dd id="eta">–</dd></div><div id="shards-box" hidden><dt>shards</dt><dd id="shards"></dd></div></dl></section>
+<section id="job" hidden><h3 id="job-title"></h3><p id="job-run" class="meta"></p><p id="job-train" class="meta" hidden></p><progress id="bar" max="1" value="0"></progress>
+<dl><div id="cases-box"><dt>cases done</dt><dd><span id="done">0</span> / <span id="total">0</span></dd></div><div id="steps-box" hidden><dt>steps done</dt><dd><span id="step">0</span> / <span id="steps">?</span></dd></div><div id="loss-box" hidden><dt>loss</dt><dd id="loss">–</dd></div><div id="errors-box"><dt>errors</dt><dd id="errors">–</dd></div><div><dt>ETA</dt><dd id="eta">–</dd></div><div id="shards-box" hidden><dt>shards</dt><dd id="shards"></dd></div></dl></section>
 <h2>Queue <span class="meta">(<span id="pending">0</span> pending)</span></h2>
 <div class="scroll"><table><thead><tr><th>job</th><th>state</th><th>version</th><th class="wide">plan</th><th>progress / verdict</th><th class="wide">started</th><th class="wide">finished</th><th>report</th></tr></thead><tbody id="jobs"><tr><td colspan="8">no jobs</td></tr></tbody></table></div>
 <noscript><p>This page follows the daemon with a small script; without it see <a href="/api/status">/api/status</a> and <a href="/reports/">/reports/</a>.</p></noscript>"#;
 
 const SCRIPT: &str = r#"(function(){"use strict";
 var $=function(id){return document.getElementById(id);};
-var events=0,running=null;
+var events=0,running=null,train=null;
 function mark(){events+=1;document.body.setAttribute("data-events",String(events));}
 function when(t){if(!t)return "";var d=new Date(t);if(isNaN(d.getTime()))return t;var p=function(n){return (n<10?"0":"")+n;};return p(d.getMonth()+1)+"-"+p(d.getDate())+" "+p(d.getHours())+":"+p(d.getMinutes());}
 function cell(tr,text,cls){var td=document.createElement("td");td.textContent=text==null?"":String(text);if(cls)td.className=cls;tr.appendChild(td);return td;}
-function progressText(){return running?running.done+" / "+running.total+" cases":"";}
+function progressText(){if(!running)return "";if(train&&train.in_progress)return train.steps==null?"training":"step "+train.step+" / "+train.steps;return running.done+" / "+running.total+" cases";}
 function onStatus(d){
  $("line").textContent=d.line;
  var s=d.status,st=s&&s.state;
  running=(s&&s.daemon==="running"&&st&&st.state==="running")?st:null;
+ train=(running&&d.training&&d.training.job===running.job)?d.training:null;
  $("job").hidden=!running;
  if(running){
+  var stepping=!!(train&&train.in_progress);
   $("job-title").textContent="job "+running.job+": "+running.version+" on "+running.plan;
   $("job-run").textContent=d.run?(d.reference?"its reference first: ":"run ")+d.run:"";
-  $("bar").max=Math.max(running.total,1);$("bar").value=running.done;
+  $("job-train").hidden=!train;$("job-train").textContent=train?train.line:"";
+  $("cases-box").hidden=stepping;$("errors-box").hidden=stepping;$("steps-box").hidden=!stepping;$("loss-box").hidden=!stepping;
+  if(stepping){
+   $("bar").max=Math.max(train.steps||0,1);$("bar").value=train.step;
+   $("step").textContent=String(train.step);$("steps").textContent=train.steps==null?"?":String(train.steps);
+   $("loss").textContent=train.loss==null?"–":train.loss;
+   $("eta").textContent=train.eta==null?"–":train.eta;
+  }else{
+   $("bar").max=Math.max(running.total,1);$("bar").value=running.done;
+   $("eta").textContent=d.eta==null?"–":d.eta;
+  }
   $("done").textContent=String(running.done);$("total").textContent=String(running.total);
   $("errors").textContent=d.errors==null?"–":String(d.errors);
-  $("eta").textContent=d.eta==null?"–":d.eta;
   $("shards-box").hidden=!d.shards;$("shards").textContent=d.shards||"";
  }
  $("pending").textContent=s?String(s.pending):"?";
@@ -72,6 +84,7 @@ function onJobs(d){
   if(j.state==="running"){p.setAttribute("data-running",String(j.id));p.textContent=running&&running.job===j.id?progressText():"running";}
   else if(j.verdict){var v=document.createElement("span");v.textContent=j.verdict;v.className="vb v-"+j.verdict;if(j.summary)v.title=j.summary;p.appendChild(v);}
   else if(j.error){p.textContent=j.error;p.className="err";}
+  if(j.training&&j.state!=="running"){var t=document.createElement("div");t.className="meta";t.textContent="training: "+j.training;p.appendChild(t);}
   cell(tr,when(j.started),"wide");cell(tr,when(j.finished),"wide");
   var r=cell(tr,"");
   if(j.report){var a=document.createElement("a");a.href=j.report;a.textContent="report";r.appendChild(a);}
@@ -136,5 +149,14 @@ mod tests {
             assert!(PAGE.contains(&format!(".v-{verdict}{{background:{colour};color:#fff}}")), "{verdict}");
         }
         assert!(SCRIPT.contains(r#"v.className="vb v-"+j.verdict"#), "the verdict is a badge");
+    }
+
+    #[test]
+    fn a_training_fills_the_fields_the_page_has() {
+        // Every element the script writes a training's progress into is on the page.
+        for id in ["job-train", "cases-box", "steps-box", "step", "steps", "loss-box", "loss", "errors-box", "eta"] {
+            assert!(BODY.contains(&format!("id=\"{id}\"")), "{id}");
+            assert!(SCRIPT.contains(&format!("$(\"{id}\")")), "{id}");
+        }
     }
 }

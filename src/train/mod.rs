@@ -12,6 +12,7 @@
 
 pub mod checks;
 pub mod output;
+pub mod progress;
 pub mod request;
 pub mod trainer;
 
@@ -86,6 +87,26 @@ pub fn default_name(base: &Version, kind: Format, id: &str) -> String {
 
 /// Refuses or trains. `stop` ends the trainer early (its checkpoints stay).
 pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<Trained> {
+    train_in(root, ask, stop, None).await
+}
+
+/// [`train`] as job `job` of the queue: the job records the training's folder before
+/// any step (`Job::training_dir`), so `status` and `serve` find its progress.
+pub async fn train_for_job(
+    root: &Root,
+    job: u64,
+    ask: Ask,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Trained> {
+    train_in(root, ask, stop, Some(job)).await
+}
+
+async fn train_in(
+    root: &Root,
+    ask: Ask,
+    stop: impl std::future::Future<Output = ()>,
+    job: Option<u64>,
+) -> anyhow::Result<Trained> {
     let base = ask.base;
     let model_path = checks::base_usable(&base)?;
     let (_, plan, _) = Profile::load_named(&root.path, &ask.plan)?;
@@ -106,6 +127,17 @@ pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output 
         std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
     }
     let _lock = lock(root, &dir)?;
+    if let Some(job) = job {
+        // Only what `status` shows depends on it: a failure is said, not fatal.
+        let (root, path) = (root.clone(), std::path::absolute(&dir.path)?);
+        let recorded = crate::runtime::blocking(move || {
+            pruefstand_core::queue::Queue::open(&root)?.record_training_dir(job, &path).map(drop)
+        })
+        .await;
+        if let Err(e) = recorded {
+            tracing::warn!("job {job}: recording its training folder: {e:#}");
+        }
+    }
     tracing::info!(
         "training {name} from {} ({} {} row(s) in {} export(s)): {}",
         base.name,

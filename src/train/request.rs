@@ -23,6 +23,9 @@ pub const CODE: &str = "/opt/pruefstand-train";
 /// The model folder inside the container (as the model server mounts it).
 pub const MODEL: &str = "/model";
 
+/// The trainer's event lines in a training's folder ([`TrainingDir::events`]).
+pub const EVENTS: &str = "trainer-events.jsonl";
+
 /// The trainer's knobs, as `request.json` names them.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct Hyper {
@@ -99,7 +102,7 @@ impl TrainingDir {
     }
     /// Every event line the trainer printed, across attempts.
     pub fn events(&self) -> PathBuf {
-        self.path.join("trainer-events.jsonl")
+        self.path.join(EVENTS)
     }
     /// The trainer's stderr, across attempts.
     pub fn log(&self) -> PathBuf {

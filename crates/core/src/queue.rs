@@ -262,6 +262,10 @@ pub struct Job {
     pub cancel_requested: bool,
     pub snapshot: Snapshot,
     pub history: Vec<HistoryEntry>,
+    /// A training job's training folder (`reports/<new>/training/<id>/`), recorded by
+    /// the daemon as the training starts: where `status` and `serve` read its progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_dir: Option<PathBuf>,
     /// A training job (`pruefstand start-training`): what to train from the job's
     /// version, as the trainer's order reads it (opaque here). The daemon trains, then
     /// judges the version the training made on the job's plan: one job, one verdict.
@@ -600,6 +604,7 @@ impl Queue {
                 found: copies,
             },
             history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
+            training_dir: None,
             training,
         };
         write_private(&staging.path().join("job.json"), &json_bytes(&job)?)?;
@@ -685,6 +690,16 @@ impl Queue {
         let _lock = self.lock()?;
         let mut job = self.load(id)?;
         job.apply(transition)?;
+        self.store(&job)?;
+        Ok(job)
+    }
+
+    /// Records a training job's training folder (`Job::training_dir`), under the queue
+    /// lock, as its training starts; returns the job.
+    pub fn record_training_dir(&self, id: u64, dir: &Path) -> anyhow::Result<Job> {
+        let _lock = self.lock()?;
+        let mut job = self.load(id)?;
+        job.training_dir = Some(dir.to_path_buf());
         self.store(&job)?;
         Ok(job)
     }
@@ -959,6 +974,7 @@ mod tests {
                 found: Vec::new(),
             },
             history: Vec::new(),
+            training_dir: None,
             training: None,
         }
     }
