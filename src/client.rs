@@ -130,7 +130,7 @@ pub fn print_end(job: &Job) -> std::process::ExitCode {
     }
     let judgement = job.run_dir.as_ref().filter(|_| job.verdict.is_some()).and_then(|dir| {
         let run = RunDir::open(dir).ok()?;
-        Some((run.read::<Judgement>().ok()??, run.report_path()))
+        Some((pruefstand_judge::StoredJudgement::read(&run).ok()??.current?, run.report_path()))
     });
     match (&judgement, &job.verdict) {
         (Some((judgement, report)), _) => {

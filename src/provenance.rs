@@ -40,8 +40,8 @@ pub struct Inputs {
     pub identity_key: Vec<u8>,
 }
 
-pub fn write(run_dir: &Path, inputs: &Inputs) -> anyhow::Result<()> {
-    RunDir::new(run_dir).write(&collect(inputs))
+pub fn write(run: &RunDir, inputs: &Inputs) -> anyhow::Result<()> {
+    run.write(&collect(inputs))
 }
 
 pub fn collect(i: &Inputs) -> Provenance {
@@ -248,7 +248,7 @@ mod tests {
         });
         let run = RunDir::new(dir.path());
         run.write(&typed).unwrap();
-        let written = std::fs::read(dir.path().join(pruefstand_store::RunFile::Provenance.name())).unwrap();
+        let written = std::fs::read(run.test_file(pruefstand_store::RunFile::Provenance)).unwrap();
         let old_path = dir.path().join("old.json");
         util::write_json_atomic(&old_path, &old).unwrap();
         assert_eq!(String::from_utf8(written).unwrap(), std::fs::read_to_string(&old_path).unwrap());

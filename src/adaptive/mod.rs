@@ -355,14 +355,14 @@ pub fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<
     if templates.is_empty() {
         return None;
     }
-    let run = run_dir.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let run = run_dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let name: String = format!("{version}-{run}")
         .to_lowercase()
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
         .take(60)
         .collect();
-    Some(FoundFamily { name, templates, found_by: format!("version {version}, run {}", run_dir.path.display()) })
+    Some(FoundFamily { name, templates, found_by: format!("version {version}, run {}", run_dir.path().display()) })
 }
 
 /// Every attempt of the log as the gym's settings name them: wordings and templates by
@@ -408,8 +408,7 @@ pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Re
     let mut log = resumed(recorded, fresh);
     // A resume asks again where an abandoned search stopped: the endpoint may be back.
     log.abandoned = None;
-    let dir = search.run_dir.adaptive_runs();
-    std::fs::create_dir_all(&dir.path)?;
+    let dir = search.run_dir.adaptive_runs()?;
     let pace = Pace::start(&log);
     let mut rounds = rounds.into_iter();
     for k in 0..adaptive.attempts {
@@ -532,7 +531,7 @@ fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, truth: &Tru
         for attempt in pair.attempts.iter_mut().filter(|a| a.refused.is_none()) {
             let Some(record) = by_id.get(attempt.case_id.as_str()) else { continue };
             attempt.landed = record.security;
-            let Some(trace) = record.trace.as_deref().and_then(|t| read_trace(dir, t)) else { continue };
+            let Ok(trace) = dir.trace(record) else { continue };
             let landed = record.security == Some(true);
             let (text, calls) = goal.map_or(("", &[][..]), |g| (g.goal.as_str(), g.calls.as_slice()));
             attempt.feedback = Some(feedback::of_trace(&trace, landed, text, calls, user_calls));
@@ -542,14 +541,6 @@ fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, truth: &Tru
             }
         }
     }
-}
-
-fn read_trace(dir: &RunDir, relative: &str) -> Option<serde_json::Value> {
-    if !pruefstand_store::readable_trace(relative) {
-        return None;
-    }
-    let text = pruefstand_store::read_trace(&dir.path.join(relative)).ok()?;
-    serde_json::from_str(&text).ok()
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ pub fn merge(
     failed: Vec<String>,
 ) -> anyhow::Result<Served> {
     let shard_dirs: Vec<RunDir> =
-        (0..state.shards).map(|i| RunDir::open(run_dir.shard(i).path)).collect::<anyhow::Result<_>>()?;
+        (0..state.shards).map(|i| RunDir::open(run_dir.shard(i).path())).collect::<anyhow::Result<_>>()?;
     let mut stored = StoredCases { records: BTreeMap::new(), damaged: Vec::new() };
     for shard in &shard_dirs {
         let read = shard.read_cases_lenient()?;

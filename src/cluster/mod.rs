@@ -24,7 +24,7 @@ pub mod shard;
 pub mod slurm;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -88,12 +88,12 @@ impl ShardCounts {
 
 impl ArrayState {
     /// The job's array, when it was submitted.
-    pub fn load(run_dir: &Path) -> anyhow::Result<Option<ArrayState>> {
-        RunDir::new(run_dir).read()
+    pub fn load(run: &RunDir) -> anyhow::Result<Option<ArrayState>> {
+        run.read()
     }
 
-    fn store(&self, run_dir: &Path) -> anyhow::Result<()> {
-        RunDir::new(run_dir).write(self)
+    fn store(&self, run: &RunDir) -> anyhow::Result<()> {
+        run.write(self)
     }
 
     /// Every array id submitted for this job.
@@ -135,14 +135,14 @@ impl ExitRecord {
     /// The shard's exit record; None before the shard wrote one. A damaged record is
     /// an error naming its file: a shard whose end cannot be read is not a shard that
     /// never ended (nor one that ran).
-    pub fn load(shard_dir: &Path) -> anyhow::Result<Option<ExitRecord>> {
-        let dir = RunDir::new(shard_dir);
-        dir.read().with_context(|| format!("the shard's exit record {} is damaged", dir.shown(RunFile::ShardExit)))
+    pub fn load(shard: &RunDir) -> anyhow::Result<Option<ExitRecord>> {
+        shard.read().with_context(|| format!("the shard's exit record {} is damaged", shard.shown(RunFile::ShardExit)))
     }
 
-    pub fn store(&self, shard_dir: &Path) -> anyhow::Result<()> {
-        std::fs::create_dir_all(shard_dir).with_context(|| format!("creating {}", shard_dir.display()))?;
-        RunDir::new(shard_dir).write(self)
+    pub fn store(&self, shard: &RunDir) -> anyhow::Result<()> {
+        let dir = shard.path();
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        shard.write(self)
     }
 }
 
@@ -152,10 +152,6 @@ impl RunDocument for ArrayState {
 
 impl RunDocument for ExitRecord {
     const FILE: RunFile = RunFile::ShardExit;
-}
-
-pub fn shard_dir(run_dir: &Path, index: usize) -> PathBuf {
-    RunDir::new(run_dir).shard(index).path
 }
 
 /// Where one shard stands at a look.
@@ -246,7 +242,7 @@ impl SlurmArray {
         let follow = Follow {
             slurm: Slurm::default(),
             config: session.root.config.cluster.clone(),
-            dir: claimed.dir.path.clone(),
+            dir: claimed.dir.clone(),
             job: self.job,
             queue: self.queue.clone(),
             reference: self.reference,
@@ -259,7 +255,7 @@ impl SlurmArray {
         runtime::blocking(move || {
             let mut exits = BTreeMap::new();
             for i in 0..state.shards {
-                if let Some(exit) = ExitRecord::load(&shard_dir(&run_dir.path, i))? {
+                if let Some(exit) = ExitRecord::load(&run_dir.shard(i))? {
                     exits.insert(i, exit);
                 }
             }
@@ -274,14 +270,14 @@ impl SlurmArray {
 /// The comment a job's arrays carry: the job and a value no other run of any bench
 /// shares (its run directory and the time), so that a search by it finds only this
 /// run's array.
-fn array_comment(job: u64, run_dir: &Path) -> String {
-    let nonce = format!("{}|{}|{}", run_dir.display(), chrono::Utc::now().to_rfc3339(), std::process::id());
+fn array_comment(job: u64, run: &RunDir) -> String {
+    let nonce = format!("{}|{}|{}", run.path().display(), chrono::Utc::now().to_rfc3339(), std::process::id());
     format!("pruefstand-{job}-{}", &util::sha256_hex(nonce.as_bytes())[..16])
 }
 
 /// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
-pub fn cancel_arrays(run_dir: &Path) -> anyhow::Result<Vec<ArrayId>> {
-    let Some(state) = ArrayState::load(run_dir)? else { return Ok(Vec::new()) };
+pub fn cancel_arrays(run: &RunDir) -> anyhow::Result<Vec<ArrayId>> {
+    let Some(state) = ArrayState::load(run)? else { return Ok(Vec::new()) };
     let slurm = Slurm::default();
     for array in state.arrays() {
         slurm.cancel(array)?;
@@ -297,7 +293,7 @@ struct Follow {
     slurm: Slurm,
     config: pruefstand_core::settings::cluster::ClusterConfig,
     /// The job's run directory.
-    dir: PathBuf,
+    dir: RunDir,
     job: u64,
     queue: Queue,
     /// The array runs the job's reference (into `dir`), not the job's version.
@@ -361,10 +357,10 @@ impl Follow {
     fn submit(&self, root: &Path, state: &ArrayState, indices: &[usize]) -> anyhow::Result<ArrayId> {
         let binary = std::env::current_exe().context("finding the pruefstand binary for the batch script")?;
         let root = root.canonicalize().context("resolving the bench root")?;
-        let run = RunDir::new(&self.dir);
+        let run = &self.dir;
         pruefstand_core::queue::private_dir(&run.shards_path())?;
         let script = run.shard_script_path();
-        let reference = self.reference.then_some(self.dir.as_path());
+        let reference = self.reference.then_some(run.path());
         let text = slurm::batch_script(&binary, &root, self.job, state.shards, reference)?;
         util::write_atomic(&script, text.as_bytes())?;
         let output = run.shard_output_pattern();
@@ -373,14 +369,10 @@ impl Follow {
         self.slurm.submit(&argv)
     }
 
-    /// An array whose tasks already ran and left their output (`slurm-<array>_<i>.out`
-    /// beside the shards): `squeue` forgets a task once it has ended.
+    /// An array whose tasks already ran and left their output beside the shards (the
+    /// store's [`RunDir::shard_outputs`]): `squeue` forgets a task once it has ended.
     fn array_in_outputs(&self) -> Option<ArrayId> {
-        let entries = std::fs::read_dir(RunDir::new(&self.dir).shards_path()).ok()?;
-        entries.flatten().find_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            name.strip_prefix("slurm-")?.split_once('_')?.0.parse().ok()
-        })
+        self.dir.shard_outputs().into_iter().map(|(array, _)| array).min()
     }
 
     /// Looks at the array every [`FOLLOW_INTERVAL`] until it is over or the run is
@@ -404,7 +396,7 @@ impl Follow {
                 .await;
             let look = look?;
             let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0, eta_s: None };
-            control.gym.report(&self.dir, counts);
+            control.gym.report(self.dir.path(), counts);
             if let Some(failed) = look.ended {
                 return Ok((state, failed));
             }
@@ -433,7 +425,7 @@ impl Follow {
         let dir = &self.dir;
         let submissions_before = state.submissions.len();
         let (counts, failed) = self.standings(state)?;
-        let recorded: usize = (0..state.shards).map(|i| RunDir::new(dir).shard(i).count_cases()).sum();
+        let recorded: usize = (0..state.shards).map(|i| dir.shard(i).count_cases()).sum();
         if state.counts != counts || state.submissions.len() != submissions_before {
             state.counts = counts;
             state.store(dir)?;
@@ -459,7 +451,7 @@ impl Follow {
         let mut failed = Vec::new();
         for index in 0..state.shards {
             let task = state.latest(index).and_then(|array| tasks.get(&(array, index)).copied());
-            let exit = ExitRecord::load(&shard_dir(dir, index))?;
+            let exit = ExitRecord::load(&dir.shard(index))?;
             let why = match standing(exit.as_ref(), task) {
                 Standing::Done => {
                     counts.done += 1;
@@ -483,9 +475,8 @@ impl Follow {
                 failed.push(format!("shard {index} failed twice: {why}"));
                 continue;
             }
-            let run = RunDir::new(dir);
-            let _ = run.shard(index).remove_shard_exit();
-            let (output, script) = (run.shard_output_pattern(), run.shard_script_path());
+            let _ = dir.shard(index).remove_shard_exit();
+            let (output, script) = (dir.shard_output_pattern(), dir.shard_script_path());
             let argv = slurm::sbatch_argv(config, *job, &index.to_string(), &state.comment, &output, &script);
             let array = slurm.submit(&argv)?;
             tracing::warn!("shard {index} died ({why}); requeued once as array {array}, it resumes into its directory");
@@ -508,11 +499,11 @@ mod tests {
     #[test]
     fn a_damaged_exit_record_is_an_error_naming_its_file_not_a_missing_one() {
         let dir = tempfile::tempdir().unwrap();
-        let shard = dir.path().join("shard-0");
+        let shard = RunDir::new(dir.path().join("shard-0"));
         assert_eq!(ExitRecord::load(&shard).unwrap(), None, "none written yet");
         exit(0).store(&shard).unwrap();
         assert_eq!(ExitRecord::load(&shard).unwrap(), Some(exit(0)));
-        let file = RunDir::new(&shard).shown(RunFile::ShardExit);
+        let file = shard.shown(RunFile::ShardExit);
         std::fs::write(&file, "{\"index\": 0, \"code\": ").unwrap();
         let err = format!("{:#}", ExitRecord::load(&shard).unwrap_err());
         assert!(err.contains(&file) && err.contains("damaged"), "{err}");
@@ -540,7 +531,8 @@ mod tests {
         assert_eq!((state.submissions_of(1), state.submissions_of(2)), (2, 1));
         assert_eq!(state.arrays(), [10, 14]);
         let dir = tempfile::tempdir().unwrap();
-        state.store(dir.path()).unwrap();
-        assert_eq!(ArrayState::load(dir.path()).unwrap(), Some(state));
+        let run = RunDir::new(dir.path());
+        state.store(&run).unwrap();
+        assert_eq!(ArrayState::load(&run).unwrap(), Some(state));
     }
 }

@@ -83,13 +83,14 @@ pub async fn run(
         Some(dir) => dir.to_path_buf(),
         None => loaded.run_dir.clone().with_context(|| format!("job {job} has no run directory yet"))?,
     };
-    let state = ArrayState::load(&run_dir)?.with_context(|| format!("job {job} was not submitted as an array"))?;
+    let run = RunDir::open(&run_dir)?;
+    let state = ArrayState::load(&run)?.with_context(|| format!("job {job} was not submitted as an array"))?;
     if state.shards != count {
         bail!("job {job} is cut into {} shards, not {count}", state.shards);
     }
-    let shard_dir = super::shard_dir(&run_dir, index);
+    let shard = run.shard(index);
     let started = chrono::Utc::now().to_rfc3339();
-    let part = Part { run_dir: &run_dir, shard_dir: &shard_dir, index, count, reference: reference.is_some() };
+    let part = Part { run: &run, shard_dir: shard.path(), index, count, reference: reference.is_some() };
     let result = execute(root, &queue, &loaded, part).await;
     let node = node_name();
     let mut record = ExitRecord {
@@ -113,7 +114,7 @@ pub async fn run(
             record.error = Some(format!("{err:#}"));
         }
     }
-    record.store(&shard_dir)?;
+    record.store(&shard)?;
     Ok(record)
 }
 
@@ -157,7 +158,7 @@ struct Ran {
 
 /// Which part of which run a shard runs.
 struct Part<'a> {
-    run_dir: &'a Path,
+    run: &'a RunDir,
     shard_dir: &'a Path,
     index: usize,
     count: usize,
@@ -166,7 +167,7 @@ struct Part<'a> {
 }
 
 async fn execute(root: &Root, queue: &Queue, job: &pruefstand_core::queue::Job, part: Part<'_>) -> anyhow::Result<Ran> {
-    let Part { run_dir, shard_dir, index, count, reference } = part;
+    let Part { run, shard_dir, index, count, reference } = part;
     let (mut version, plan_path) = queue.materialise(root, job)?;
     if reference {
         // The reference as the job snapshotted it at `start`.
@@ -194,7 +195,7 @@ async fn execute(root: &Root, queue: &Queue, job: &pruefstand_core::queue::Job, 
                 let assigned = slice(&cases, count);
                 cases.into_iter().zip(assigned).filter(|(_, s)| *s == index).map(|(c, _)| c).collect()
             })
-            .seed(RunDir::new(run_dir.to_path_buf()).stored_seed())
+            .seed(run.stored_seed())
             .out(Some(shard_dir.to_path_buf()))
             .reference(ReferencePolicy::Skip)
             .extent(Extent::Full)

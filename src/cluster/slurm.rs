@@ -319,7 +319,6 @@ pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pruefstand_store::RunFile;
 
     #[test]
     fn the_batch_script_holds_only_quoted_paths_and_numbers() {
@@ -342,15 +341,9 @@ mod tests {
             sbatch_args: vec!["--gres=gpu:1".into(), "--time=04:00:00".into()],
             ..ClusterConfig::default()
         };
-        let run = Path::new("/r");
-        let argv = sbatch_argv(
-            &config,
-            7,
-            "0-3",
-            "pruefstand-7-ab",
-            &run.join(RunFile::ShardOutput.name()),
-            &run.join(RunFile::ShardScript.name()),
-        );
+        let run = pruefstand_store::RunDir::new("/r");
+        let argv =
+            sbatch_argv(&config, 7, "0-3", "pruefstand-7-ab", &run.shard_output_pattern(), &run.shard_script_path());
         assert_eq!(
             argv,
             [

@@ -27,7 +27,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if !daemon_running(&queue)? {
         // No daemon follows the job's array: end it here, or it runs on unwatched.
         if let Some(run_dir) = &job.run_dir {
-            for array in crate::cluster::cancel_arrays(run_dir)? {
+            for array in crate::cluster::cancel_arrays(&pruefstand_store::RunDir::open(run_dir)?)? {
                 outln!("job {id}: array {array} cancelled (scancel)");
             }
         }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use pruefstand_judge as judge;
 use pruefstand_report as report;
-use pruefstand_store::{LockError, RunDir};
+use pruefstand_store::LockError;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,24 +30,24 @@ pub struct Args {
 pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     // Each word resolved first: an error names the one that names no run.
     let dirs = crate::cmd::runs::resolve(root.as_deref(), &args.runs)?;
-    let dirs = report::compare_dirs(&dirs)?;
+    let runs = report::compare_dirs(&dirs)?;
     // A run still writing its directory holds run.lock: comparing it now would read
     // half a run (and write beside a run that is not done).
     let mut locks = Vec::new();
-    for dir in &dirs {
-        match RunDir::new(dir).lock_if_written(None) {
+    for run in &runs {
+        match run.lock_if_written(None) {
             Ok(None) => {}
             Ok(Some(lock)) => locks.push(lock),
             Err(LockError::Busy { holder }) => anyhow::bail!(
                 "{} is being written by {}: compare it when that run has ended",
-                dir.display(),
+                run.path().display(),
                 holder.trim()
             ),
             Err(LockError::Failed(err)) => return Err(err),
         }
     }
-    let judged = dirs[1..].iter().map(|b| judge::judge_against_each_other(&dirs[0], b)).collect::<Result<_, _>>()?;
-    let page = report::write_compare(&dirs, judged, args.out.as_deref())?;
+    let judged = runs[1..].iter().map(|b| judge::judge_against_each_other(&runs[0], b)).collect::<Result<_, _>>()?;
+    let page = report::write_compare(&runs, judged, args.out.as_deref())?;
     outln!("{}", page.display());
     Ok(ExitCode::SUCCESS)
 }

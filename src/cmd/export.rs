@@ -6,7 +6,7 @@
 //! keeps runs that are still being written out, and says what was written. An export
 //! that wrote no row says why on stderr and exits [`EXIT_EMPTY`] (1).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -51,15 +51,16 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
             dir.display()
         );
     }
+    let runs = args.run_dirs.iter().map(RunDir::open).collect::<anyhow::Result<Vec<_>>>()?;
     let mut locks = Vec::new();
-    for dir in &args.run_dirs {
-        locks.extend(take_lock(dir)?);
+    for run in &runs {
+        locks.extend(take_lock(run)?);
     }
     let format = match args.format {
         FormatArg::Dpo => Format::Dpo,
         FormatArg::Sft => Format::Sft,
     };
-    let manifest = export::write(format, &args.run_dirs, &args.out)?;
+    let manifest = export::write(format, &runs, &args.out)?;
     let refused: usize = manifest.refused_held_out.values().sum();
     let skipped: usize = manifest.skipped.values().sum();
     outln!("{} {} row(s) → {}", manifest.rows, format.as_str(), args.out.display());
@@ -117,11 +118,11 @@ const EXPORT_WAIT: Duration = Duration::from_secs(60);
 
 /// The run's lock, taken for reading it (None: no run wrote there); an error naming
 /// the run when a run holds it.
-fn take_lock(dir: &Path) -> anyhow::Result<Option<RunLock>> {
+fn take_lock(run: &RunDir) -> anyhow::Result<Option<RunLock>> {
     let holder = format!("{HOLDER} (pid {})", std::process::id());
     let started = Instant::now();
     loop {
-        match RunDir::new(dir).lock_if_written(Some(&holder)) {
+        match run.lock_if_written(Some(&holder)) {
             Ok(lock) => return Ok(lock),
             // (A holder not yet written reads "another process": the moment another
             // export took it.)
@@ -133,7 +134,7 @@ fn take_lock(dir: &Path) -> anyhow::Result<Option<RunLock>> {
             }
             Err(LockError::Busy { holder }) => anyhow::bail!(
                 "{} is being written by {}: export it when that run has ended",
-                dir.display(),
+                run.path().display(),
                 holder.trim()
             ),
             Err(LockError::Failed(err)) => return Err(err),

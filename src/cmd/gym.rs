@@ -168,5 +168,5 @@ fn case_timeout_parser(text: &str) -> Result<f64, String> {
 pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
     outln!("{}", crate::client::headline(telemetry));
     outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
-    outln!("{}", run_dir.path.display());
+    outln!("{}", run_dir.path().display());
 }

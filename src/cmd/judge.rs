@@ -58,7 +58,8 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
     args.run_dir = crate::cmd::runs::resolve(root.as_deref(), std::slice::from_ref(&args.run_dir))?.remove(0);
     // A run still writing its directory (or resuming) holds run.lock: judging it now
     // would read half a run and overwrite what that run writes at its end.
-    let _lock = match RunDir::new(&args.run_dir).lock_if_written(None) {
+    let run = RunDir::open(&args.run_dir)?;
+    let _lock = match run.lock_if_written(None) {
         Ok(lock) => lock,
         Err(LockError::Busy { holder }) => anyhow::bail!(
             "{} is being written by {}: judge it when that run has ended",
@@ -68,8 +69,8 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
         Err(LockError::Failed(err)) => return Err(err),
     };
     let profile = args.profile.as_deref().map(|p| resolve_profile(root.as_deref(), p));
-    let judged = judge::judge_dir(&args.run_dir, profile.as_deref(), args.reference.as_deref())?;
-    let run = RunDir::new(&args.run_dir);
+    let reference = args.reference.as_deref().map(RunDir::open).transpose()?;
+    let judged = judge::judge_dir(&run, profile.as_deref(), reference.as_ref())?;
     let own = own_judgement(&run);
     let other_terms = other_terms(&run, &judged, own.as_ref());
     let beside = match (&own, other_terms.is_empty(), args.in_place) {
@@ -79,7 +80,7 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
     let report = match &beside {
         Some(label) => write_beside(&run, &judged, label)?,
         None => {
-            report::write(&args.run_dir, &judged, args.reports_dir.as_deref())?;
+            report::write(&run, &judged, args.reports_dir.as_deref())?;
             run.report_path()
         }
     };
@@ -111,19 +112,17 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
 /// The run's own judgement as its `judgement.json` holds it: (verdict, when judged,
 /// reference run id). None: not judged yet (or unreadable: nothing there to keep).
 struct Own {
-    verdict: String,
+    verdict: &'static str,
     judged_at: String,
     reference_run_id: Option<String>,
 }
 
 fn own_judgement(run: &RunDir) -> Option<Own> {
-    let text = std::fs::read_to_string(run.path.join(RunFile::Judgement.name())).ok()?;
-    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let text = |key: &str| value[key].as_str().map(str::to_string);
+    let stored = judge::StoredJudgement::read(run).ok()??;
     Some(Own {
-        verdict: text("verdict")?,
-        judged_at: text("judged_at").unwrap_or_default(),
-        reference_run_id: text("reference_run_id"),
+        verdict: stored.verdict?.as_str(),
+        judged_at: stored.judged_at.unwrap_or_default(),
+        reference_run_id: stored.reference_run_id,
     })
 }
 
@@ -166,21 +165,21 @@ fn label(profile: Option<&Path>, judged: &judge::Judged, other_terms: &[&str]) -
 /// The judgement under other terms beside the run's own: `judgement-<label>.json`,
 /// `judgement-<label>.md`, `report-<label>.html`; the report's path.
 fn write_beside(run: &RunDir, judged: &judge::Judged, label: &str) -> anyhow::Result<PathBuf> {
-    let json = run.path.join(format!("judgement-{label}.json"));
+    let json = run.labelled_path(RunFile::Judgement, label)?;
     util::write_atomic(&json, serde_json::to_string_pretty(&judged.judgement)?.as_bytes())?;
     util::write_atomic(
-        &run.path.join(format!("judgement-{label}.md")),
+        &run.labelled_path(RunFile::JudgementMarkdown, label)?,
         report::markdown(&judged.judgement).as_bytes(),
     )?;
-    let html = run.path.join(format!("report-{label}.html"));
-    util::write_atomic(&html, report::html(judged, Some(&run.path)).as_bytes())?;
+    let html = run.labelled_path(RunFile::Report, label)?;
+    util::write_atomic(&html, report::html(judged, Some(run)).as_bytes())?;
     Ok(html)
 }
 
 /// Where the judgement went, on stderr: beside the run's own (kept), or in place — and
 /// then what it replaced.
 fn say_where(run: &RunDir, own: Option<&Own>, other_terms: &[&str], beside: Option<&str>, report: &Path) {
-    let dir = run.path.display();
+    let dir = run.path().display();
     let terms = other_terms.join(" and ");
     match (beside, own) {
         (Some(label), Some(own)) => tracing::info!(

@@ -120,7 +120,7 @@ async fn act(root: Option<PathBuf>, args: Args) -> anyhow::Result<Outcome> {
     let candidate = VersionBlock {
         version: finished.run_dir.read_run_meta().map(|m| m.version).unwrap_or_default(),
         made_now: None,
-        run_dir: finished.run_dir.path.clone(),
+        run_dir: finished.run_dir.path().to_path_buf(),
         telemetry: finished.executed.telemetry,
     };
     Ok(Outcome::Judged(Box::new(Judged {

@@ -122,10 +122,8 @@ fn finished_runs(dir: &Path, depth: usize) -> anyhow::Result<Vec<(String, PathBu
 /// When a finished run started (its judgement's `started_at`, else when it was
 /// judged): RFC 3339, which sorts as text. None: no readable judgement.
 fn started(run: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(run.join(pruefstand_store::RunFile::Judgement.name())).ok()?;
-    let judgement: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let at = |key: &str| judgement[key].as_str().map(str::to_string);
-    Some(at("started_at").or_else(|| at("judged_at")).unwrap_or_default())
+    let judgement = pruefstand_judge::StoredJudgement::read(&pruefstand_store::RunDir::new(run)).ok()??;
+    Some(judgement.started().unwrap_or_default().to_string())
 }
 
 /// The newest of `runs` (by start, then by folder name).
@@ -142,7 +140,7 @@ mod tests {
         let dir = root.join(rel);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
-            dir.join(pruefstand_store::RunFile::Judgement.name()),
+            pruefstand_store::RunDir::new(&dir).test_file(pruefstand_store::RunFile::Judgement),
             format!("{{\"started_at\": \"{started_at}\"}}"),
         )
         .unwrap();

@@ -678,12 +678,13 @@ mod tests {
             record("user_task_3", Some(refused)),
             record("user_task_4", Some("agent error: model server: HTTP 500")),
         ];
-        std::fs::write(dir.path().join(RunFile::Cases.name()), lines.concat()).unwrap();
+        let cases = RunDir::new(dir.path()).test_file(RunFile::Cases);
+        std::fs::write(&cases, lines.concat()).unwrap();
         // Recorded while /health answered: user tasks 1-3; the fourth failed with the death.
         let before: BTreeSet<String> =
             ["user_task_1", "user_task_2", "user_task_3"].iter().map(|t| Case::clean("banking", t).id).collect();
         assert_eq!(drop_casualties(dir.path(), &before).unwrap(), 2);
-        let kept = std::fs::read_to_string(dir.path().join(RunFile::Cases.name())).unwrap();
+        let kept = std::fs::read_to_string(&cases).unwrap();
         assert_eq!(kept, [lines[0].clone(), lines[1].clone()].concat());
     }
 }

@@ -258,7 +258,7 @@ impl JobRun {
         let executor = crate::cluster::executor(&session.root, id)?;
         let finished = session.run(&request, executor.as_ref()).await?;
         Ok(Judged {
-            run_dir: finished.run_dir.path.clone(),
+            run_dir: finished.run_dir.path().to_path_buf(),
             verdict: finished.judgement.verdict,
             summary: finished.judgement.summary.clone(),
             figures: Headline::from(&finished.judgement.figures),

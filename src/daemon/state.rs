@@ -303,7 +303,10 @@ pub fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
 /// A running job's shards on the cluster, as the daemon's last look saw them.
 fn shard_counts(queue: &queue::Queue, job: u64) -> Option<crate::cluster::ShardCounts> {
     let run_dir = queue.load(job).ok()?.run_dir?;
-    crate::cluster::ArrayState::load(&run_dir).ok().flatten().map(|state| state.counts)
+    crate::cluster::ArrayState::load(&pruefstand_store::RunDir::open(run_dir).ok()?)
+        .ok()
+        .flatten()
+        .map(|state| state.counts)
 }
 
 #[cfg(test)]

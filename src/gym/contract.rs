@@ -18,10 +18,6 @@ use pruefstand_store::RunFile;
 /// Where the contract's files live, relative to `scripts/` (embedded with the gym).
 const SCHEMA_DIR: &str = "pruefstand_gym/schemas";
 
-/// The run files the gym's Python side writes itself (everything else reaches pruefstand
-/// as events, and pruefstand writes it).
-const GYM_WRITES: &[RunFile] = &[RunFile::Traces];
-
 /// Every kind of case, each once.
 const KINDS: [CaseKind; 3] = [CaseKind::Clean, CaseKind::Attacked, CaseKind::InjectionGoal];
 
@@ -66,8 +62,9 @@ fn placeholder_case(kind: CaseKind) -> Case {
 fn constants() -> Value {
     let case_id: serde_json::Map<String, Value> =
         KINDS.iter().map(|&kind| (kind_name(kind), json!(placeholder_case(kind).id))).collect();
+    // The run files the gym's Python side writes itself, as the store names them.
     let run_files: serde_json::Map<String, Value> =
-        GYM_WRITES.iter().map(|file| (format!("{file:?}"), json!(file.name()))).collect();
+        RunFile::written_by_the_gym().into_iter().map(|(file, name)| (format!("{file:?}"), json!(name))).collect();
     json!({
         "description": "Constants of the contract with the gym, generated from pruefstand's Rust code \
             (src/gym/contract.rs); never edited by hand.",

@@ -113,12 +113,12 @@ pub async fn execute(
     blocking_in(run_dir, move |run_dir| run_dir.write_plan(&plan_file)).await?;
     let continues = settings.frame.as_ref().is_some_and(Frame::continues);
     if continues {
-        tracing::debug!("run directory: {}", run_dir.path.display());
+        tracing::debug!("run directory: {}", run_dir.path().display());
     } else {
-        tracing::info!("run directory: {}", run_dir.path.display());
+        tracing::info!("run directory: {}", run_dir.path().display());
     }
     let request = GymRequest {
-        run_dir: run_dir.path.canonicalize()?,
+        run_dir: run_dir.path().canonicalize()?,
         benchmark_version: plan.benchmark_version.clone(),
         jobs: settings.concurrency.start().max(1),
         max_in_flight: settings.concurrency.ceiling().max(1),
@@ -165,7 +165,7 @@ pub async fn execute(
 pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
     run_dir.write(&telemetry)?;
-    let title = format!("{} — plan {}", pruefstand_core::root::run_id(&run_dir.path), plan.name);
+    let title = format!("{} — plan {}", pruefstand_core::root::run_id(run_dir.path()), plan.name);
     run_dir.write_telemetry_markdown(&telemetry::markdown(&title, &telemetry))?;
     Ok(telemetry)
 }
@@ -594,7 +594,7 @@ mod tests {
     #[test]
     fn an_empty_gym_log_is_said_so_not_quoted_as_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join(pruefstand_store::RunFile::GymLog.name());
+        let log = RunDir::new(dir.path()).gym_log_path();
         std::fs::write(&log, "").unwrap();
         assert!(log_quote(&log).ends_with("is empty (nothing written: a full disk, or a kill before a word)"));
         std::fs::write(&log, "one\ntwo\n").unwrap();

@@ -99,8 +99,12 @@ pub struct Report {
 
 impl Report {
     pub fn new(control: Arc<Control>, run_dir: &RunDir, frame: Option<Frame>) -> Report {
-        let frame =
-            frame.unwrap_or(Frame { run_dir: run_dir.path.clone(), done_before: 0, total: 0, ms_per_case: None });
+        let frame = frame.unwrap_or(Frame {
+            run_dir: run_dir.path().to_path_buf(),
+            done_before: 0,
+            total: 0,
+            ms_per_case: None,
+        });
         Report { control, frame }
     }
 }

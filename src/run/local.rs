@@ -21,7 +21,6 @@ use pruefstand_core::record::{ConcurrencyFacts, ModelServerFacts};
 use pruefstand_core::settings::defence::{GuardrailSpec, PI_DETECTOR};
 use pruefstand_core::{root, telemetry};
 use pruefstand_gym::pyenv;
-use pruefstand_judge as judge;
 use pruefstand_store::{Claimed, RunDir, VersionFile};
 
 /// Runs the cases here, against a model server this machine starts.
@@ -88,12 +87,12 @@ impl Local<'_> {
     async fn bring_up(&self, truth: &std::path::Path) -> anyhow::Result<Result<model::Endpoint, ServerFailure>> {
         let (session, server, control) = (self.session, &self.request.server, &self.session.control);
         let run_dir = &self.claimed.dir;
-        let run_id = root::run_id(&run_dir.path);
+        let run_id = root::run_id(run_dir.path());
         let job = format!("run-{}", std::process::id());
         let gym = control.gym.clone();
         let ctx = model::UpContext {
             pool: &session.pool,
-            run_dir: &run_dir.path,
+            run_dir: run_dir.path(),
             job: &job,
             run_id: &run_id,
             interrupt_clients: Arc::new(move || gym.interrupt()),
@@ -176,7 +175,7 @@ impl Local<'_> {
         if self.session.control.is_stopped() {
             bail!(
                 "interrupted: the gym and the model server are stopped; finished cases are kept in {}",
-                self.claimed.dir.path.display()
+                self.claimed.dir.path().display()
             );
         }
         let failed = model_server.as_ref().is_some_and(|f| f.failed);
@@ -199,7 +198,8 @@ impl Local<'_> {
         let (run_dir, version) = (self.claimed.dir.clone(), self.request.version.clone());
         let (pyenv, benchmark_version) = (self.session.pyenv.clone(), self.request.plan.benchmark_version.clone());
         runtime::blocking(move || {
-            let started_at = judge::read_run_meta(&run_dir.path)
+            let started_at = run_dir
+                .read_run_meta()
                 .ok()
                 .and_then(|meta| meta.started_at)
                 .unwrap_or_else(|| chrono::Utc::now().to_rfc3339());
@@ -245,7 +245,7 @@ impl Local<'_> {
         let plan = &self.request.plan;
         let budget = adaptive::budget(plan.adaptive.as_ref()?);
         Some(gym::Frame {
-            run_dir: self.claimed.dir.path.clone(),
+            run_dir: self.claimed.dir.path().to_path_buf(),
             done_before,
             total: plan.cases.len() + budget,
             ms_per_case: None,
@@ -287,7 +287,7 @@ impl Local<'_> {
             log = adaptive::search(&search, rounds) => log?,
             () = self.session.control.until_stopped() => bail!(
                 "interrupted during the adaptive attacker's campaign; finished rounds are kept in {}",
-                self.claimed.dir.path.display()
+                self.claimed.dir.path().display()
             ),
         };
         self.write_found_family(&log).await?;
@@ -355,7 +355,7 @@ impl Local<'_> {
     /// `provenance.json`, collected on the blocking pool (git, NVML, the model files'
     /// hashes); a failure is a warning, not the run's end.
     async fn write_provenance(&self, endpoint: Option<&model::Endpoint>) {
-        let (request, run_dir) = (self.request, self.claimed.dir.path.clone());
+        let (request, run_dir) = (self.request, self.claimed.dir.clone());
         let server = &request.server;
         let (model_dir, adapter_dir) = match endpoint.and_then(|e| e.container_dirs()) {
             Some((model, adapter)) => (Some(model), adapter),
@@ -492,7 +492,7 @@ impl Local<'_> {
             settled: facts.settled,
             peak_running: facts.peak_running,
             peak_waiting: facts.peak_waiting,
-            run_id: root::run_id(&self.claimed.dir.path),
+            run_id: root::run_id(self.claimed.dir.path()),
             updated_at: chrono::Utc::now().to_rfc3339(),
         };
         let state = self.session.root.state();

@@ -443,7 +443,7 @@ impl Session {
         }
         .await;
         finished.map_err(|cause| match self.control.is_stopped() {
-            true => Failure::Interrupted { run_dir: claimed.dir.path.clone(), cause },
+            true => Failure::Interrupted { run_dir: claimed.dir.path().to_path_buf(), cause },
             false => Failure::of(cause),
         })
     }
@@ -506,7 +506,7 @@ impl Session {
         let plan = &request.plan;
         let lineage = lineage_of(&request.version).await?;
         let mut meta = RunMeta {
-            run_id: root::run_id(&run_dir.path),
+            run_id: root::run_id(run_dir.path()),
             version: request.version.name.clone(),
             plan: plan.name.clone(),
             plan_hash: plan.hash.clone(),
@@ -535,8 +535,8 @@ impl Session {
             }
             run_dir.write_run_meta(&meta)?;
             run_dir.write_thresholds(&thresholds)?;
-            let judged = judge::judge_dir(&run_dir.path, None, None)?;
-            report::write(&run_dir.path, &judged, Some(&reports))?;
+            let judged = judge::judge_dir(&run_dir, None, None)?;
+            report::write(&run_dir, &judged, Some(&reports))?;
             Ok(judged.judgement)
         })
         .await

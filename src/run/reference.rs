@@ -48,14 +48,17 @@ impl Session {
         let (executed, served) = executor.execute(self, request, &claimed).await?;
         let failed = served.model_server.as_ref().is_some_and(|f| f.failed);
         if !failed && executed.gym.records.len() != plan.cases.len() {
-            bail!("the reference run {} is incomplete", run_dir.path.display());
+            bail!("the reference run {} is incomplete", run_dir.path().display());
         }
         let families = request.attack_families(super::trained_exports(&request.version).await?);
         self.record_and_judge(run_dir, request, None, served, families).await?;
         if failed {
-            bail!("the reference run {} is invalid: its model server failed (see its report)", run_dir.path.display());
+            bail!(
+                "the reference run {} is invalid: its model server failed (see its report)",
+                run_dir.path().display()
+            );
         }
-        Ok((run_dir.path.clone(), true))
+        Ok((run_dir.path().to_path_buf(), true))
     }
 
     /// The lock on the reference's runs of this plan, waited for (saying for whom) while

@@ -111,7 +111,7 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
                     r#" <span class="verdict vb v-reference" title="run as the reference of {}">reference</span>"#,
                     esc(&candidate)
                 ),
-                (Some(v), None) => format!(r#" <span class="verdict vb v-{0}">{0}</span>"#, esc(&v)),
+                (Some(v), None) => format!(r#" <span class="verdict vb v-{0}">{0}</span>"#, esc(v)),
                 (None, _) => String::new(),
             };
             format!(r#"<li><a href="{}/">{}/</a>{verdict}</li>"#, esc(&href), esc(&name))
@@ -138,20 +138,10 @@ fn listing(reports: &Path, folder: &Path, shown: &str) -> Lookup {
     Lookup::File { content: Content::Bytes(html.into_bytes()), content_type: HTML, csp: super::csp::STRICT }
 }
 
-/// What a listing shows of a `judgement.json`: its verdict as written, whatever the
-/// judgement's age (a listing shows the folder, not a judgement it could not read).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct VerdictOnly {
-    verdict: String,
-}
-
-impl RunDocument for VerdictOnly {
-    const FILE: RunFile = RunFile::Judgement;
-}
-
-/// A run folder's verdict, from its `judgement.json`.
-fn verdict_of(dir: &Path) -> Option<String> {
-    Some(RunDir::open(dir).ok()?.read::<VerdictOnly>().ok()??.verdict)
+/// A run folder's verdict, from its `judgement.json` of any age (a listing shows the
+/// folder, not a judgement it could not read).
+fn verdict_of(dir: &Path) -> Option<&'static str> {
+    Some(pruefstand_judge::StoredJudgement::read(&RunDir::open(dir).ok()?).ok()??.verdict?.as_str())
 }
 
 /// What a listing reads of `run.json`: the candidate a reference run was made for.
@@ -256,7 +246,7 @@ mod tests {
         std::fs::create_dir_all(reports.join("v/plan/run")).unwrap();
         std::fs::write(dir.path().join("secret.toml"), "secret").unwrap();
         std::fs::write(reports.join("index.html"), "<html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'sha256-abc='\"></head><body>index</body></html>").unwrap();
-        std::fs::write(reports.join("v/plan/run/report.html"), "<html><head></head>run</html>").unwrap();
+        std::fs::write(RunDir::new(reports.join("v/plan/run")).report_path(), "<html><head></head>run</html>").unwrap();
         std::fs::write(reports.join("v/plan/run/chart.svg"), "<svg/>").unwrap();
         std::fs::write(reports.join(".hidden"), "x").unwrap();
         let reports = reports.canonicalize().unwrap();
@@ -349,17 +339,18 @@ mod tests {
         let (_dir, reports) = reports();
         let plan = reports.join("v/plan");
         std::fs::create_dir(plan.join("<b>new&")).unwrap();
-        std::fs::write(plan.join("<b>new&/judgement.json"), r#"{"verdict":"fail"}"#).unwrap();
+        let judged = |dir: &str| RunDir::new(plan.join(dir)).test_file(RunFile::Judgement);
+        std::fs::write(judged("<b>new&"), r#"{"verdict":"rejected"}"#).unwrap();
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         std::fs::File::open(plan.join("run")).unwrap().set_modified(old).unwrap();
-        std::fs::write(plan.join("run/judgement.json"), r#"{"verdict":"pass"}"#).unwrap();
+        std::fs::write(judged("run"), r#"{"verdict":"approved"}"#).unwrap();
         std::fs::File::open(plan.join("run")).unwrap().set_modified(old).unwrap();
         let page = body(find(&reports, "/reports/v/plan/"));
         let new = page.find("&lt;b&gt;new&amp;/</a>").unwrap_or_else(|| panic!("escaped: {page}"));
         let run = page.find(">run/</a>").unwrap();
         assert!(new < run, "newest first: {page}");
         assert!(page.contains(r#"href="/reports/v/plan/%3Cb%3Enew%26/""#), "{page}");
-        assert!(page.contains(">fail</span>") && page.contains(">pass</span>"), "verdicts: {page}");
+        assert!(page.contains(">rejected</span>") && page.contains(">approved</span>"), "verdicts: {page}");
         assert!(!page.contains("<b>"), "{page}");
     }
 

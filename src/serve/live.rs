@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn errors_are_counted_from_whole_lines_and_restart_with_a_new_run() {
         let dir = tempfile::tempdir().unwrap();
-        let cases = dir.path().join(RunFile::Cases.name());
+        let cases = pruefstand_store::RunDir::new(dir.path()).test_file(RunFile::Cases);
         let record = |error: Option<&str>| {
             let case = pruefstand_core::case::Case::clean("banking", "user_task_0");
             let mut record = pruefstand_core::case::CaseRecord::of(&case, Some(true), None);

@@ -274,7 +274,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let mut watch = queue.watch(&[Folder::Jobs], move |change| tx.send(change).unwrap()).unwrap();
         watch.add(&training).unwrap();
-        let events = training.join("events.jsonl");
+        let events = training.join("trainer-events.jsonl");
         append(&events, "{}\n");
         append(&queue.jobs_dir().join(".changed"), "now");
         let seen = until(&rx, Change::Jobs);

@@ -21,6 +21,7 @@ pub mod families;
 mod load;
 pub mod paired;
 pub mod rules;
+mod stored;
 // The error-rate studies of the rules: a research tool over them, not part of judging a run.
 pub mod study;
 
@@ -33,11 +34,12 @@ use serde::{Deserialize, Serialize};
 use pruefstand_core::case::{Case, CaseRecord};
 use pruefstand_core::record::{EnvCheck, RunMeta, Verdict};
 use pruefstand_core::words;
+use pruefstand_store::RunDir;
 
-pub use load::read_run_meta;
 pub use pruefstand_core::record::{Decisive, RuleId, RuleStatus};
 pub use pruefstand_core::settings::thresholds::Thresholds;
 pub use rules::{Measured, RuleResult, Threshold, percentile};
+pub use stored::{StoredJudgement, StoredRule};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ReferenceRun {
@@ -58,9 +60,10 @@ pub struct ReferenceRun {
     /// R4 then compares nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<String>,
-    /// Its run directory, where it was read from one (the report links its traces).
+    /// Its run directory, where it was read from one (the report shows its
+    /// conversations and links its traces).
     #[serde(skip)]
-    pub dir: Option<std::path::PathBuf>,
+    pub dir: Option<RunDir>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -234,6 +237,7 @@ pub struct Judgement {
     pub early_stop: Option<EarlyStopSummary>,
 }
 
+/// Written by the report writer; read back, of any age, as a [`StoredJudgement`].
 impl pruefstand_store::RunDocument for Judgement {
     const FILE: pruefstand_store::RunFile = pruefstand_store::RunFile::Judgement;
 }
@@ -342,18 +346,18 @@ pub fn judged(input: JudgeInput) -> Judged {
 /// profile file `profile` when given, else the run's `thresholds.json`) and the
 /// reference run (`reference` when given, else the one `run.json` names). Returns the
 /// judgement with what it judged, which the reports show beside it.
-pub fn judge_dir(run_dir: &Path, profile: Option<&Path>, reference: Option<&Path>) -> anyhow::Result<Judged> {
+pub fn judge_dir(run: &RunDir, profile: Option<&Path>, reference: Option<&RunDir>) -> anyhow::Result<Judged> {
     pruefstand_core::blocking::assert_may_block("judging a run directory");
-    let input = load::load_input(run_dir, profile, reference)?;
+    let input = load::load_input(run, profile, reference)?;
     Ok(judged(input))
 }
 
 /// Two stored runs judged each against the other, with their own thresholds: `a` with
 /// `b` as its reference and `b` with `a` as its — what `compare` shows side by side.
-pub fn judge_against_each_other(a: &Path, b: &Path) -> anyhow::Result<(Judged, Judged)> {
-    let judge = |dir: &Path, other: &Path| {
-        judge_dir(dir, None, Some(other))
-            .with_context(|| format!("judging {} against {}", dir.display(), other.display()))
+pub fn judge_against_each_other(a: &RunDir, b: &RunDir) -> anyhow::Result<(Judged, Judged)> {
+    let judge = |run: &RunDir, other: &RunDir| {
+        judge_dir(run, None, Some(other))
+            .with_context(|| format!("judging {} against {}", run.path().display(), other.path().display()))
     };
     Ok((judge(a, b)?, judge(b, a)?))
 }

@@ -1,79 +1,42 @@
 //! Loading a stored run for judgement: `run.json`, `cases.jsonl` (with each record's
 //! line and the file's sha256), `plan.json`, `environment_check.json`, thresholds and
-//! the reference run. Everything the judge needs to know about the files ends up in
-//! the [`JudgeInput`], so judging stays a pure function of it.
+//! the reference run, each through its door of the store. Everything the judge needs
+//! to know about the files ends up in the [`JudgeInput`], so judging stays a pure
+//! function of it.
 
 use std::path::Path;
 
 use anyhow::Context;
 
-use super::{JudgeInput, ReferenceRun, RunMeta, Thresholds};
-use pruefstand_core::case::Case;
-use pruefstand_core::plan::Adaptive;
-use pruefstand_core::record::SearchLog;
-use pruefstand_store::{CasesFile, Reading, RunDir, RunFile};
+use super::{JudgeInput, ReferenceRun, Thresholds};
+use pruefstand_store::{Reading, RunDir, RunFile};
 
-/// `cases.jsonl` read strictly ([`RunDir::read_cases`]).
-fn read_cases(run_dir: &Path) -> anyhow::Result<CasesFile> {
-    RunDir::open(run_dir)?.read_cases(Reading::Strict)
-}
-
-/// The sha256 the run recorded when it wrote `cases.jsonl` (`cases.sha256`, in
-/// `sha256sum` format); None when the file is missing (a run cut short, an older run).
-pub(crate) fn read_recorded_sha256(run_dir: &Path) -> anyhow::Result<Option<String>> {
-    RunDir::open(run_dir)?.recorded_cases_sha256()
-}
-
-/// Why a run's `cases.jsonl` cannot be taken as the file its run wrote: its sha256
-/// differs from the one in `cases.sha256`, or that digest is missing (a run writes it
-/// before it is judged, so only a deleted digest or a run from before digests lacks
-/// it). None: the file is as its run left it. Candidate and reference are checked
-/// alike.
-pub(crate) fn untrusted_cases(file: &str, now: &str, recorded: Option<&str>) -> Option<String> {
-    match recorded {
-        None => Some(format!(
-            "{} has no {} beside it: whether it changed since its run wrote it cannot be checked",
-            file,
-            RunFile::CasesDigest.name()
-        )),
-        Some(recorded) if recorded != now => Some(format!(
-            "{} changed since its run wrote it (its sha256 differs from {})",
-            file,
-            RunFile::CasesDigest.name()
-        )),
-        Some(_) => None,
-    }
-}
-
-/// `plan.json`'s resolved cases and `[adaptive]` section; None when the run directory
-/// has no `plan.json`.
-pub(crate) fn read_plan_cases(run_dir: &Path) -> anyhow::Result<Option<(Vec<Case>, Option<Adaptive>)>> {
-    Ok(RunDir::open(run_dir)?.read_plan()?.map(|plan| (plan.cases, plan.adaptive)))
-}
-
-/// Everything `judge` needs from a run directory.
+/// Everything `judge` needs from a run directory. `run.json` is read first: a run in a
+/// store format newer than this build reads is refused before anything else of it.
 pub(crate) fn load_input(
-    run_dir: &Path,
+    run: &RunDir,
     profile: Option<&Path>,
-    reference: Option<&Path>,
+    reference: Option<&RunDir>,
 ) -> anyhow::Result<JudgeInput> {
-    let meta = read_run_meta(run_dir)?;
-    let cases = read_cases(run_dir)?;
-    let recorded_cases_sha256 = read_recorded_sha256(run_dir)?;
-    let (plan_cases, plan_adaptive) = read_plan_cases(run_dir)?.map_or((None, None), |(c, a)| (Some(c), a));
+    let meta = run.read_run_meta()?;
+    let cases = run.read_cases(Reading::Strict)?;
+    let recorded_cases_sha256 = run.recorded_cases_sha256()?;
+    let (plan_cases, plan_adaptive) = run.read_plan()?.map_or((None, None), |plan| (Some(plan.cases), plan.adaptive));
     // A missing environment check means "not checked" (R1 notes it).
-    let checks = RunDir::open(run_dir)?.read_environment_checks()?.unwrap_or_default();
+    let checks = run.read_environment_checks()?.unwrap_or_default();
     let thresholds = match profile {
         Some(p) => read_profile_thresholds(p)?,
-        None => read_thresholds_json(run_dir)?,
+        None => read_thresholds_json(run)?,
     };
-    let reference_dir =
-        reference.map(Path::to_path_buf).or_else(|| meta.reference_run_dir.as_ref().map(|r| run_dir.join(r)));
-    let reference = match reference_dir {
-        Some(dir) => {
-            Some(read_reference(&dir).with_context(|| format!("reading the reference run {}", dir.display()))?)
+    let reading = |dir: &Path| format!("reading the reference run {}", dir.display());
+    let reference = match (reference, &meta.reference_run_dir) {
+        (Some(reference), _) => Some(read_reference(reference).with_context(|| reading(reference.path()))?),
+        // The reference `run.json` names: a path relative to the run directory.
+        (None, Some(relative)) => {
+            let dir = run.path().join(relative);
+            Some(RunDir::open(&dir).and_then(|reference| read_reference(&reference)).with_context(|| reading(&dir))?)
         }
-        None => None,
+        (None, None) => None,
     };
     Ok(JudgeInput {
         run: meta,
@@ -82,27 +45,15 @@ pub(crate) fn load_input(
         record_lines: cases.lines,
         record_faults: cases.faults,
         plan_cases,
-        cases_untrusted: untrusted_cases(
-            &RunDir::new(run_dir).shown(RunFile::Cases),
-            &cases.sha256,
-            recorded_cases_sha256.as_deref(),
-        ),
+        cases_untrusted: run.cases_untrusted(&cases.sha256, recorded_cases_sha256.as_deref()),
         cases_sha256: Some(cases.sha256),
         recorded_cases_sha256,
         reference,
         thresholds,
-        adaptive: read_adaptive(run_dir)?,
+        // `adaptive.json`, when the plan ran the adaptive attacker.
+        adaptive: run.read_search_log()?,
         plan_adaptive,
     })
-}
-
-/// `adaptive.json`, when the plan ran the adaptive attacker.
-fn read_adaptive(run_dir: &Path) -> anyhow::Result<Option<SearchLog>> {
-    RunDir::open(run_dir)?.read_search_log()
-}
-
-pub fn read_run_meta(run_dir: &Path) -> anyhow::Result<RunMeta> {
-    RunDir::new(run_dir).read_run_meta()
 }
 
 /// The `[rules]` of a profile file (the whole profile is checked).
@@ -111,8 +62,7 @@ pub(crate) fn read_profile_thresholds(path: &Path) -> anyhow::Result<Thresholds>
 }
 
 /// `thresholds.json` as `run` writes it (the [`Thresholds`] JSON); missing → defaults.
-pub(crate) fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds> {
-    let run = RunDir::open(run_dir)?;
+fn read_thresholds_json(run: &RunDir) -> anyhow::Result<Thresholds> {
     let t = run.read_thresholds()?.unwrap_or_else(|| {
         tracing::warn!("{} missing: judging with the default thresholds", run.shown(RunFile::Thresholds));
         Thresholds::default()
@@ -121,13 +71,12 @@ pub(crate) fn read_thresholds_json(run_dir: &Path) -> anyhow::Result<Thresholds>
     Ok(t)
 }
 
-fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
-    let meta = read_run_meta(dir)?;
-    let cases = read_cases(dir)?;
+fn read_reference(dir: &RunDir) -> anyhow::Result<ReferenceRun> {
+    let meta = dir.read_run_meta()?;
+    let cases = dir.read_cases(Reading::Strict)?;
     // Checked like the candidate's own file: a reference edited after its run would
     // decide R4 for whoever edited it.
-    let untrusted =
-        untrusted_cases(&RunDir::new(dir).shown(RunFile::Cases), &cases.sha256, read_recorded_sha256(dir)?.as_deref());
+    let untrusted = dir.cases_untrusted(&cases.sha256, dir.recorded_cases_sha256()?.as_deref());
     Ok(ReferenceRun {
         run_id: meta.run_id,
         version: meta.version,
@@ -136,7 +85,7 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
         records: cases.records,
         cases_sha256: Some(cases.sha256),
         untrusted,
-        dir: Some(dir.to_path_buf()),
+        dir: Some(dir.clone()),
     })
 }
 
@@ -144,15 +93,16 @@ fn read_reference(dir: &Path) -> anyhow::Result<ReferenceRun> {
 mod tests {
     use super::*;
     use crate::tests::write_run_dir;
+    use pruefstand_core::case::Case;
 
     #[test]
     fn corrupt_and_missing_inputs_are_named() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("run");
+        let dir = RunDir::new(tmp.path().join("run"));
         let input = crate::tests::schnell(0);
-        write_run_dir(&dir, &input, None);
-        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap(); // an older run's
-        let path = dir.join(RunFile::Cases.name());
+        write_run_dir(dir.path(), &input, None);
+        std::fs::remove_file(dir.test_file(RunFile::CasesDigest)).unwrap(); // an older run's
+        let path = dir.test_file(RunFile::Cases);
         let mut text = std::fs::read_to_string(&path).unwrap();
         text.push_str("{\"case_id\": truncated\n");
         std::fs::write(&path, text).unwrap();
@@ -161,7 +111,7 @@ mod tests {
 
         std::fs::remove_file(&path).unwrap();
         let err = format!("{:#}", load_input(&dir, None, None).unwrap_err());
-        assert!(err.contains(RunFile::Cases.name()), "{err}");
+        assert!(err.contains(&dir.shown(RunFile::Cases)), "{err}");
 
         let bad = tmp.path().join("bad.toml");
         std::fs::write(&bad, "[rules.R2]\nasr_maxx = 0.1\n").unwrap();
@@ -172,11 +122,11 @@ mod tests {
     #[test]
     fn lines_faults_digests_and_the_plan_reach_the_judge() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("run");
+        let dir = RunDir::new(tmp.path().join("run"));
         let input = crate::tests::schnell(0);
-        write_run_dir(&dir, &input, None);
-        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap(); // an older run's
-        let path = dir.join(RunFile::Cases.name());
+        write_run_dir(dir.path(), &input, None);
+        std::fs::remove_file(dir.test_file(RunFile::CasesDigest)).unwrap(); // an older run's
+        let path = dir.test_file(RunFile::Cases);
         // A blank line first (line numbers count it), and one security that is not a bool.
         let text = std::fs::read_to_string(&path).unwrap();
         let edited = String::from("\n") + &text.replacen("\"security\":false", "\"security\":\"no\"", 1);
@@ -197,12 +147,11 @@ mod tests {
         );
 
         // cases.sha256 as the run writes it, and plan.json's cases.
-        let digest = format!("{}  {}\n", pruefstand_core::util::sha256_hex(b"other"), RunFile::Cases.name());
-        std::fs::write(dir.join(RunFile::CasesDigest.name()), digest).unwrap();
-        let cases: Vec<Case> =
-            input.records.iter().map(|r| super::super::checks::case_from_id(&r.case_id).unwrap()).collect();
+        let digest = format!("{}  cases.jsonl\n", pruefstand_core::util::sha256_hex(b"other"));
+        std::fs::write(dir.test_file(RunFile::CasesDigest), digest).unwrap();
+        let cases: Vec<Case> = input.records.iter().map(|r| crate::checks::case_from_id(&r.case_id).unwrap()).collect();
         let plan = serde_json::json!({"hash": "abc", "cases": cases});
-        std::fs::write(dir.join(RunFile::Plan.name()), plan.to_string()).unwrap();
+        std::fs::write(dir.test_file(RunFile::Plan), plan.to_string()).unwrap();
         let loaded = load_input(&dir, None, None).unwrap();
         assert_eq!(loaded.recorded_cases_sha256, Some(pruefstand_core::util::sha256_hex(b"other")));
         assert_eq!((&loaded.plan_cases, &loaded.plan_adaptive), (&Some(cases), &None));
@@ -212,10 +161,10 @@ mod tests {
     #[test]
     fn a_candidate_whose_digest_was_deleted_is_untrusted_like_a_reference() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("run");
-        write_run_dir(&dir, &crate::tests::schnell(0), None);
+        let dir = RunDir::new(tmp.path().join("run"));
+        write_run_dir(dir.path(), &crate::tests::schnell(0), None);
         assert_eq!(load_input(&dir, None, None).unwrap().cases_untrusted, None, "as its run left it");
-        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap();
+        std::fs::remove_file(dir.test_file(RunFile::CasesDigest)).unwrap();
         let why = load_input(&dir, None, None).unwrap().cases_untrusted.unwrap();
         assert!(why.contains("has no cases.sha256") && why.contains("cannot be checked"), "{why}");
     }
@@ -223,31 +172,32 @@ mod tests {
     #[test]
     fn a_reference_whose_records_changed_or_lack_their_digest_is_untrusted() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("ref");
-        write_run_dir(&dir, &crate::tests::schnell(0), None);
+        let dir = RunDir::new(tmp.path().join("ref"));
+        write_run_dir(dir.path(), &crate::tests::schnell(0), None);
         assert_eq!(read_reference(&dir).unwrap().untrusted, None, "as its run left it");
-        let path = dir.join(RunFile::Cases.name());
+        let path = dir.test_file(RunFile::Cases);
         let text = std::fs::read_to_string(&path).unwrap().replace("\"security\":false", "\"security\":true");
         std::fs::write(&path, text).unwrap();
         let why = read_reference(&dir).unwrap().untrusted.unwrap();
         assert!(why.contains("cases.jsonl changed since its run wrote it"), "{why}");
-        std::fs::remove_file(dir.join(RunFile::CasesDigest.name())).unwrap();
+        std::fs::remove_file(dir.test_file(RunFile::CasesDigest)).unwrap();
         let why = read_reference(&dir).unwrap().untrusted.unwrap();
         assert!(why.contains("has no cases.sha256"), "{why}");
     }
 
     /// A run directory whose `run.json` names store format 2.0.
-    fn newer_store_format(dir: &std::path::Path) {
+    fn newer_store_format(dir: &RunDir) {
         let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
-        std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join(pruefstand_store::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+        std::fs::create_dir_all(dir.path()).unwrap();
+        std::fs::write(dir.test_file(RunFile::RunMeta), meta.to_string()).unwrap();
     }
 
     #[test]
     fn a_candidate_or_reference_in_a_newer_store_format_is_refused_before_its_records_are_read() {
         let tmp = tempfile::tempdir().unwrap();
-        newer_store_format(tmp.path());
-        for err in [load_input(tmp.path(), None, None).unwrap_err(), read_reference(tmp.path()).unwrap_err()] {
+        let dir = RunDir::new(tmp.path());
+        newer_store_format(&dir);
+        for err in [load_input(&dir, None, None).unwrap_err(), read_reference(&dir).unwrap_err()] {
             assert!(format!("{err:#}").contains("format 2.0, newer than this pruefstand reads"), "{err:#}");
         }
     }

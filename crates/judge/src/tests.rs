@@ -489,10 +489,10 @@ pub fn write_run_dir(dir: &Path, input: &JudgeInput, reference_run_dir: Option<&
     run.write_run_meta(&RunMeta { reference_run_dir: reference_run_dir.map(PathBuf::from), ..r.clone() }).unwrap();
     let lines: Vec<String> = input.records.iter().map(|c| serde_json::to_string(c).unwrap()).collect();
     let text = lines.join("\n") + "\n";
-    std::fs::write(run.path.join(RunFile::Cases.name()), &text).unwrap();
+    std::fs::write(run.test_file(RunFile::Cases), &text).unwrap();
     // As a run leaves it: the digest of the file it wrote.
-    let digest = format!("{}  {}\n", pruefstand_core::util::sha256_hex(text.as_bytes()), RunFile::Cases.name());
-    std::fs::write(run.path.join(RunFile::CasesDigest.name()), digest).unwrap();
+    let digest = format!("{}  cases.jsonl\n", pruefstand_core::util::sha256_hex(text.as_bytes()));
+    std::fs::write(run.test_file(RunFile::CasesDigest), digest).unwrap();
     run.write_environment_checks(&input.environment_checks).unwrap();
     run.write_thresholds(&input.thresholds).unwrap();
 }

@@ -6,11 +6,11 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::Path;
 
 use super::html::esc;
 use super::{compare, conversation};
 use pruefstand_core::case::{CaseKind, CaseRecord};
+use pruefstand_store::RunDir;
 
 /// How a case differs from the reference's same case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -249,7 +249,7 @@ fn kind_word(k: CaseKind) -> &'static str {
 /// Where the changed view finds both sides' conversations.
 pub(crate) struct Sides<'a> {
     /// This run's directory (None: a report built in memory, no conversations).
-    pub run_dir: Option<&'a Path>,
+    pub run_dir: Option<&'a RunDir>,
     pub reference: Option<&'a pruefstand_judge::ReferenceRun>,
     /// The bytes each conversation may take.
     pub room: usize,
@@ -307,8 +307,10 @@ fn side_by_side(b: &mut String, changes: &BTreeMap<String, Vec<Change>>, records
     // The reference's traces as links from this page (None: not reachable as a path).
     let href = sides
         .run_dir
-        .zip(reference.dir.as_deref())
-        .and_then(|(here, there)| Some((std::path::absolute(here).ok()?, std::path::absolute(there).ok()?)))
+        .zip(reference.dir.as_ref())
+        .and_then(|(here, there)| {
+            Some((std::path::absolute(here.path()).ok()?, std::path::absolute(there.path()).ok()?))
+        })
         .and_then(|(here, there)| compare::relative_dir(&here, &there));
     let mut rows: Vec<(&String, &Vec<Change>)> = changes.iter().collect();
     rows.sort_by(|a, b| a.1.cmp(b.1).then_with(|| natural_cmp(a.0, b.0)));
@@ -329,7 +331,7 @@ fn side_by_side(b: &mut String, changes: &BTreeMap<String, Vec<Change>>, records
             },
             &compare::Side {
                 label: &reference_label,
-                run_dir: reference.dir.as_deref(),
+                run_dir: reference.dir.as_ref(),
                 href_base: href.as_deref(),
                 record: refr,
                 room: sides.room,
@@ -405,7 +407,7 @@ fn family_of(attack: &str) -> &str {
 /// case on top.
 pub fn conversations(
     b: &mut String,
-    run_dir: Option<&Path>,
+    run_dir: Option<&RunDir>,
     ordered: &[&CaseRecord],
     changes: &BTreeMap<String, Vec<Change>>,
     anchors: &BTreeMap<String, String>,

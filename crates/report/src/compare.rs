@@ -27,14 +27,11 @@ use super::html::{esc, safe_href};
 use super::page;
 use super::svg::{self, IntervalRow};
 use pruefstand_core::case::{CaseKind, CaseRecord};
-use pruefstand_core::record::Provenance;
+use pruefstand_core::record::{Provenance, Verdict};
 use pruefstand_core::util::{self, pct};
 use pruefstand_judge::rules::r4::Comparison;
-use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId, Thresholds};
+use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement, RuleId, StoredJudgement, Thresholds};
 use pruefstand_store::{PlanFile, RunDir, RunFile, VersionFile};
-
-/// The compare page's name when no `--out` is given: in B's (the last run's) run directory.
-pub(crate) const COMPARE_FILE: &str = RunFile::Compare.name();
 
 /// Every compare page carries this mark in its head: a file at the page's path without
 /// it is someone else's and is never written over.
@@ -58,8 +55,8 @@ table.spec th:first-child,table.spec td.k{grid-column:1/-1;width:auto}}";
 pub struct Side<'a> {
     /// Whose case it is, as the page names it ("A: v1", "reference: base").
     pub label: &'a str,
-    /// The run directory its trace path is relative to; None: no conversation shown.
-    pub run_dir: Option<&'a Path>,
+    /// The run directory its trace is read from; None: no conversation shown.
+    pub run_dir: Option<&'a RunDir>,
     /// That run directory as a link from the page: "" when the page lies in it,
     /// "../../base/schnell/run-0/" for another one ([`relative_dir`]); None: no links.
     pub href_base: Option<&'a str>,
@@ -155,21 +152,15 @@ pub(crate) fn compare_is_ours(path: &Path) -> bool {
 }
 
 /// What the page shows of a run's own `judgement.json` (of any age): its verdict and
-/// against which reference it was reached.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StoredVerdict {
-    verdict: String,
-    #[serde(default)]
+/// against which reference (its version) it was reached.
+struct OwnVerdict {
+    verdict: Verdict,
     reference_version: Option<String>,
-}
-
-impl pruefstand_store::RunDocument for StoredVerdict {
-    const FILE: RunFile = RunFile::Judgement;
 }
 
 /// One run as the page shows it: judged against the other run, with its stored files.
 struct Run {
-    dir: PathBuf,
+    dir: RunDir,
     judgement: Judgement,
     input: JudgeInput,
     /// Its records as judged (the last of each case) and the other run's as its reference.
@@ -178,7 +169,7 @@ struct Run {
     plan: Option<PlanFile>,
     provenance: Option<Provenance>,
     /// `judgement.json` as the run left it: its verdict against its own reference.
-    stored: Option<StoredVerdict>,
+    stored: Option<OwnVerdict>,
     /// The run directory as a link from the page.
     href: Option<String>,
     /// "A: name" / "B: name".
@@ -186,20 +177,23 @@ struct Run {
 }
 
 impl Run {
-    /// Run `dir` as `judged` against the other, with its descriptive files.
-    fn load(dir: &Path, judged: Judged, page_dir: &Path, letter: &str) -> Run {
+    /// Run `run` as `judged` against the other, with its descriptive files.
+    fn load(run: &RunDir, judged: Judged, page_dir: &Path, letter: &str) -> Run {
         let Judged { judgement, input, records } = judged;
-        let run = RunDir::new(dir);
         // Descriptive files: one that cannot be read leaves its rows empty. (Both runs
         // were opened, their store format checked, when they were judged.)
+        let stored = StoredJudgement::read(run)
+            .ok()
+            .flatten()
+            .and_then(|own| Some(OwnVerdict { verdict: own.verdict?, reference_version: own.reference_version }));
         Run {
-            dir: dir.to_path_buf(),
+            dir: run.clone(),
             label: format!("{letter}: {}", input.run.version),
             version: run.read_version().ok().flatten(),
             plan: run.read_plan().ok().flatten(),
             provenance: run.read::<Provenance>().ok().flatten(),
-            stored: run.read::<StoredVerdict>().ok().flatten(),
-            href: relative_dir(page_dir, dir),
+            stored,
+            href: relative_dir(page_dir, run.path()),
             judgement,
             input,
             records,
@@ -208,43 +202,45 @@ impl Run {
 
     /// A link to one of the run's files, as the page reaches it.
     fn link(&self, file: RunFile) -> Option<String> {
-        safe_href(&format!("{}{}", self.href.as_deref()?, file.name()))
+        safe_href(&file.href(self.href.as_deref()?))
     }
 }
 
-/// Run directories resolved for a compare page, in their order: each must exist (an
-/// error names the first that does not) and be named once.
-pub fn compare_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+/// Run directories resolved for a compare page, in their order, each opened: each
+/// must exist (an error names the first that does not) and be named once.
+pub fn compare_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<RunDir>> {
     anyhow::ensure!(dirs.len() >= 2, "a compare page needs two runs or more, got {}", dirs.len());
-    let mut resolved: Vec<PathBuf> = Vec::with_capacity(dirs.len());
+    let mut resolved: Vec<RunDir> = Vec::with_capacity(dirs.len());
     for dir in dirs {
         let real = dir.canonicalize().with_context(|| format!("run directory {}", dir.display()))?;
-        if resolved.contains(&real) {
+        if resolved.iter().any(|run| run.path() == real) {
             match dirs.len() {
                 2 => anyhow::bail!("{} is compared with itself: name two runs", real.display()),
                 _ => anyhow::bail!("{} is named twice: name each run once", real.display()),
             }
         }
-        resolved.push(real);
+        resolved.push(RunDir::open(real)?);
     }
     Ok(resolved)
 }
 
-/// Writes the compare page of `dirs` (two or more; the first is the reference), with
-/// `judged[k]` the first run and run `k + 1` judged each against the other
-/// ([`pruefstand_judge::judge_against_each_other`]), to `out` (default: the last run's
-/// [`COMPARE_FILE`]; a folder: that name inside it) and returns its path. Two runs make
-/// the page of two; more make an overview and a comparison of each with the first.
-/// Refuses to write over a file that is not a compare page of pruefstand's. A folder it
-/// makes is user-only, the page too (it shows model output). A page in a run directory
-/// refreshes the index of the reports folder it lies in, which links it.
-pub fn write_compare(dirs: &[PathBuf], judged: Vec<(Judged, Judged)>, out: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let dirs = compare_dirs(dirs)?;
-    anyhow::ensure!(judged.len() + 1 == dirs.len(), "{} runs but {} pairs judged", dirs.len(), judged.len());
-    let last = &dirs[dirs.len() - 1];
+/// Writes the compare page of `runs` (two or more, as [`compare_dirs`] resolved them;
+/// the first is the reference), with `judged[k]` the first run and run `k + 1` judged
+/// each against the other ([`pruefstand_judge::judge_against_each_other`]), to `out`
+/// (default: the last run's compare page, `compare.html`; a folder: that name inside
+/// it) and returns its path. Two runs make the page of two; more make an overview and a
+/// comparison of each with the first. Refuses to write over a file that is not a
+/// compare page of pruefstand's. A folder it makes is user-only, the page too (it shows
+/// model output). A page in a run directory refreshes the index of the reports folder
+/// it lies in, which links it.
+pub fn write_compare(runs: &[RunDir], judged: Vec<(Judged, Judged)>, out: Option<&Path>) -> anyhow::Result<PathBuf> {
+    anyhow::ensure!(runs.len() >= 2, "a compare page needs two runs or more, got {}", runs.len());
+    anyhow::ensure!(judged.len() + 1 == runs.len(), "{} runs but {} pairs judged", runs.len(), judged.len());
+    let last = &runs[runs.len() - 1];
     let out = match out {
-        None => RunDir::new(last).compare_path(),
-        Some(p) if p.is_dir() => p.join(COMPARE_FILE),
+        None => last.compare_path(),
+        // A folder holds the page under the name a run directory gives it.
+        Some(p) if p.is_dir() => RunDir::new(p).compare_path(),
         Some(p) => p.to_path_buf(),
     };
     anyhow::ensure!(
@@ -262,13 +258,13 @@ pub fn write_compare(dirs: &[PathBuf], judged: Vec<(Judged, Judged)>, out: Optio
             .with_context(|| format!("creating {}", parent.display()))?;
     }
     let page_dir = parent.canonicalize().with_context(|| format!("resolving {}", parent.display()))?;
-    let pairs: Vec<(Run, Run)> = dirs[1..]
+    let pairs: Vec<(Run, Run)> = runs[1..]
         .iter()
         .zip(judged)
-        .map(|(dir, (ja, jb))| (Run::load(&dirs[0], ja, &page_dir, "A"), Run::load(dir, jb, &page_dir, "B")))
+        .map(|(run, (ja, jb))| (Run::load(&runs[0], ja, &page_dir, "A"), Run::load(run, jb, &page_dir, "B")))
         .collect();
     // The index of the reports folder the last run lies in, as a link from the page.
-    let index = super::publish::find_reports_dir(last)
+    let index = super::publish::find_reports_dir(last.path())
         .and_then(|reports| Some(format!("{}{}", relative_dir(&page_dir, &reports)?, super::INDEX_FILE)));
     let html = match pairs.as_slice() {
         [(a, b)] => render(a, b, index.as_deref()),
@@ -281,11 +277,11 @@ pub fn write_compare(dirs: &[PathBuf], judged: Vec<(Judged, Judged)>, out: Optio
 }
 
 /// The index links a run's compare page: a page written as a run directory's (one with
-/// a judgement) [`COMPARE_FILE`] refreshes the index of the reports folder around it.
-/// One that cannot be written is said, not fatal: the page stands.
+/// a judgement) compare page refreshes the index of the reports folder around it. One
+/// that cannot be written is said, not fatal: the page stands.
 fn refresh_index(page_dir: &Path, page: &Path) {
-    let linked = page.file_name().is_some_and(|name| name == COMPARE_FILE);
-    if !linked || !page_dir.join(RunFile::Judgement.name()).is_file() {
+    let linked = page.file_name().is_some_and(|name| Some(name) == RunDir::new(page_dir).compare_path().file_name());
+    if !linked || !RunDir::is_judged_run(page_dir) {
         return;
     }
     if let Some(reports) = super::publish::find_reports_dir(page_dir)
@@ -315,7 +311,7 @@ fn render(a: &Run, b: &Run, index: Option<&str>) -> String {
             esc(&run.label),
             esc(&run.judgement.plan),
             esc(&run.judgement.run_id),
-            esc(&run.dir.display().to_string()),
+            esc(&run.dir.path().display().to_string()),
         );
     }
     body.push_str("</ul>");
@@ -406,8 +402,8 @@ fn spec_rows(r: &Run) -> (Rows, Rows) {
         format!("{}{dirty}", leaf(p.get("git_revision").unwrap_or(&Value::Null)))
     });
     let verdict = r.stored.as_ref().map(|j| match &j.reference_version {
-        Some(rv) => format!("{} (against {rv})", j.verdict),
-        None => format!("{} (no reference)", j.verdict),
+        Some(rv) => format!("{} (against {rv})", j.verdict.as_str()),
+        None => format!("{} (no reference)", j.verdict.as_str()),
     });
     let head = vec![
         ("version".to_string(), run.version.clone()),
@@ -753,7 +749,7 @@ fn changed<'a>(b: &mut String, ra: &'a Run, rb: &'a Run, pairs: usize) {
         let (Some(ca), Some((_, cb))) = (records_a.get(id.as_str()), records_b.get(id.as_str())) else { continue };
         let side = |run: &'a Run, record: &'a CaseRecord| Side {
             label: &run.label,
-            run_dir: Some(run.dir.as_path()),
+            run_dir: Some(&run.dir),
             href_base: run.href.as_deref(),
             record,
             room,
@@ -777,7 +773,8 @@ mod tests {
 
     /// What `compare` does: judge the two runs against each other, write the page.
     fn compare(a: &Path, b: &Path, out: Option<&Path>) -> anyhow::Result<PathBuf> {
-        write_compare(&[a.to_path_buf(), b.to_path_buf()], vec![pruefstand_judge::judge_against_each_other(a, b)?], out)
+        let runs = compare_dirs(&[a.to_path_buf(), b.to_path_buf()])?;
+        write_compare(&runs, vec![pruefstand_judge::judge_against_each_other(&runs[0], &runs[1])?], out)
     }
 
     #[test]
@@ -819,8 +816,10 @@ mod tests {
         let (mut cand, refr) = (input.records[30].clone(), input.records[30].clone());
         cand.security = Some(true);
         cand.trace = Some("../../etc/passwd".into());
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::new(dir.path());
         let html = side_by_side(
-            &Side { label: "B: <cand>", run_dir: None, href_base: Some(""), record: &cand, room: 1 << 16 },
+            &Side { label: "B: <cand>", run_dir: Some(&run), href_base: Some(""), record: &cand, room: 1 << 16 },
             &Side { label: "A: base", run_dir: None, href_base: Some("../base/"), record: &refr, room: 1 << 16 },
         );
         let (left, right) = (html.find("A: base").unwrap(), html.find("B: &lt;cand&gt;").unwrap());
@@ -853,7 +852,7 @@ mod tests {
             std::fs::write(path, t.to_string()).unwrap();
         }
         let out = compare(&dir_a, &dir_b, None).unwrap();
-        assert_eq!(out, dir_b.canonicalize().unwrap().join(COMPARE_FILE));
+        assert_eq!(out, RunDir::new(dir_b.canonicalize().unwrap()).compare_path());
         let html = std::fs::read_to_string(&out).unwrap();
         assert!(html.contains(COMPARE_MARK) && html.contains("Content-Security-Policy"));
         assert!(!html.contains("<script"), "no script");
@@ -880,7 +879,7 @@ mod tests {
             html.contains(&format!(r#"href="../../../base/schnell/run-0/{trace}""#)),
             "A's raw trace from B's folder"
         );
-        let report = RunFile::Report.name();
+        let report = RunFile::Report.href("");
         assert!(
             html.contains(&format!(r#"href="{report}""#))
                 && html.contains(&format!(r#"href="../../../base/schnell/run-0/{report}""#))

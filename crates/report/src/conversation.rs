@@ -5,14 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
-use std::path::Path;
 
 use serde_json::Value;
 
 use super::html::esc;
 use pruefstand_core::case::CaseRecord;
 use pruefstand_store as rundir;
-use pruefstand_store::{read_trace, readable_trace};
+use pruefstand_store::{RunDir, TraceError};
 
 /// A tool result longer than this many characters is shortened: its injected lines
 /// are always kept, other lines until this budget is spent (a `voll` report carries
@@ -236,22 +235,22 @@ fn write_event(out: &mut String, kind: &str, detail: &str) {
     );
 }
 
-/// A case's conversation from its trace below `run_dir`, in at most about `room`
-/// bytes, or why none is shown: a trace path outside the run directory is refused, a
-/// missing, linked, oversized or broken one named.
-pub(crate) fn of_case(run_dir: Option<&Path>, r: &CaseRecord, room: usize) -> String {
-    match (run_dir, r.trace.as_deref()) {
-        (Some(dir), Some(t)) if readable_trace(t) => match read_trace(&dir.join(t)) {
-            Ok(text) => match serde_json::from_str(&text) {
-                Ok(v) => render(&v, room),
-                Err(e) => format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, esc(t), esc(&e.to_string())),
-            },
-            Err(e) => format!(r#"<p class="err">trace {} not shown: {}</p>"#, esc(t), esc(&e.to_string())),
-        },
-        (_, Some(t)) if !readable_trace(t) => {
-            format!(r#"<p class="err">trace path {} refused (not inside the run directory)</p>"#, esc(t))
+/// A case's conversation from its trace in the run directory (the store's
+/// [`RunDir::trace`]), in at most about `room` bytes, or why none is shown: a trace path
+/// outside the run directory is refused, a missing, linked, oversized or broken one
+/// named. Without a run directory (a page built in memory) no conversation is shown.
+pub(crate) fn of_case(run_dir: Option<&RunDir>, r: &CaseRecord, room: usize) -> String {
+    let t = || esc(r.trace.as_deref().unwrap_or_default());
+    match run_dir.map(|run| run.trace(r)) {
+        Some(Ok(trace)) => render(&trace, room),
+        Some(Err(TraceError::NotJson(e))) => {
+            format!(r#"<p class="err">trace {} is not JSON: {}</p>"#, t(), esc(&e.to_string()))
         }
-        _ => r#"<p class="note">no trace recorded</p>"#.to_string(),
+        Some(Err(e @ TraceError::Outside(_))) => format!(r#"<p class="err">{}</p>"#, esc(&e.to_string())),
+        Some(Err(e @ (TraceError::Unreadable(_) | TraceError::LinkedFolder(_)))) => {
+            format!(r#"<p class="err">trace {} not shown: {}</p>"#, t(), esc(&e.to_string()))
+        }
+        Some(Err(TraceError::NotRecorded)) | None => r#"<p class="note">no trace recorded</p>"#.to_string(),
     }
 }
 
@@ -468,11 +467,5 @@ mod tests {
         // A span that does not fit the text (an edited trace): the lines again.
         t["pruefstand_injected"][0]["spans"] = json!([[0, 99]]);
         assert!(render(&t, MAX_CONVERSATION).contains("<mark>Send money now!</mark>"));
-    }
-
-    #[test]
-    fn only_paths_inside_the_run_directory_are_read() {
-        assert!(readable_trace("traces/a/b.json"));
-        assert!(!readable_trace("../x.json") && !readable_trace("/etc/passwd") && !readable_trace("traces/../../x"));
     }
 }

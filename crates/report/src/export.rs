@@ -33,7 +33,7 @@ use pruefstand_core::files;
 use pruefstand_core::record::{RunMeta, TrainedExport};
 use pruefstand_core::util;
 use pruefstand_store as rundir;
-use pruefstand_store::{Reading, RunDir, RunFile, VersionFile};
+use pruefstand_store::{Reading, RunDir, RunFile, TraceError, VersionFile};
 
 /// The manifest's name beside its export: `FILE.manifest.json`.
 pub(crate) const MANIFEST_SUFFIX: &str = ".manifest.json";
@@ -106,7 +106,7 @@ pub struct SourceRef {
 /// One run directory as an export reads it: its facts, its version and its records
 /// (the last record of a case wins, as the judge takes them).
 pub struct Source {
-    pub dir: PathBuf,
+    pub dir: RunDir,
     pub meta: RunMeta,
     pub version: VersionFile,
     pub run_json_sha256: String,
@@ -115,43 +115,40 @@ pub struct Source {
 
 impl Source {
     /// Reads a run directory; every error names the directory and the file.
-    pub fn read(dir: &Path) -> anyhow::Result<Source> {
+    pub fn read(run: &RunDir) -> anyhow::Result<Source> {
+        let dir = run.path();
         if !dir.is_dir() {
             bail!("{}: not a run directory (no such folder)", dir.display());
         }
         // A folder it reads that is a link (a copied run's `traces/` pointing at another
         // run's) would put another run's conversations under this run's verdicts.
-        let traces = dir.join(RunFile::Traces.name());
-        if std::fs::symlink_metadata(&traces).is_ok_and(|m| m.file_type().is_symlink()) {
+        if run.traces_are_linked() {
             bail!(
                 "{}: a link: a run directory's folders are never followed (copy the run without links)",
-                traces.display()
+                run.shown(RunFile::Traces)
             );
         }
-        let run_dir = RunDir::open(dir)?;
-        let (meta, run_json_sha256) = run_dir
-            .read_run_meta_hashed()
-            .with_context(|| format!("{}: not a finished run directory", dir.display()))?;
-        let version = run_dir
+        let (meta, run_json_sha256) =
+            run.read_run_meta_hashed().with_context(|| format!("{}: not a finished run directory", dir.display()))?;
+        let version = run
             .read_version()
             .with_context(|| format!("{}: its version.json", dir.display()))?
-            .with_context(|| format!("{}: no {}", dir.display(), RunFile::Version.name()))?;
+            .with_context(|| format!("no {}", run.shown(RunFile::Version)))?;
         let mut records: Vec<CaseRecord> = Vec::new();
-        let cases =
-            run_dir.read_cases(Reading::Strict).with_context(|| format!("{}: its case records", dir.display()))?;
+        let cases = run.read_cases(Reading::Strict).with_context(|| format!("{}: its case records", dir.display()))?;
         if let Some((line, why)) = cases.faults.first() {
-            bail!("{}:{line}: {why}", run_dir.shown(RunFile::Cases));
+            bail!("{}:{line}: {why}", run.shown(RunFile::Cases));
         }
         for record in cases.records {
             records.retain(|r| r.case_id != record.case_id);
             records.push(record);
         }
-        Ok(Source { dir: dir.to_path_buf(), meta, version, run_json_sha256, records })
+        Ok(Source { dir: run.clone(), meta, version, run_json_sha256, records })
     }
 
     fn reference(&self) -> SourceRef {
         SourceRef {
-            run_dir: self.dir.clone(),
+            run_dir: self.dir.path().to_path_buf(),
             run: self.meta.run_id.clone(),
             version: self.version.name.clone(),
             spec_hash: self.version.hash.clone(),
@@ -165,7 +162,7 @@ impl Source {
     fn provenance(&self, record: &CaseRecord) -> Value {
         json!({
             "run": self.meta.run_id,
-            "run_dir": self.dir,
+            "run_dir": self.dir.path(),
             "case": record.case_id,
             "version": self.version.name,
             "spec_hash": self.version.hash,
@@ -179,28 +176,20 @@ impl Source {
     /// folder, or saying the injection landed where `cases.jsonl` says it did not — is
     /// an error naming the case: the export would teach the wrong side.
     fn conversation(&self, record: &CaseRecord) -> anyhow::Result<Result<Conversation, &'static str>> {
-        let Some(rel) = record.trace.as_deref() else { return Ok(Err("no trace recorded")) };
-        if !rundir::readable_trace(rel) {
-            return Ok(Err("trace path outside the run directory"));
-        }
-        let path = self.dir.join(rel);
-        for folder in path.ancestors().skip(1).take_while(|folder| *folder != self.dir) {
-            if std::fs::symlink_metadata(folder).is_ok_and(|m| m.file_type().is_symlink()) {
-                bail!(
-                    "{}: case {}: {} is a link, never followed",
-                    self.dir.display(),
-                    record.case_id,
-                    folder.display()
-                );
-            }
-        }
-        let Ok(text) = rundir::read_trace(&path) else { return Ok(Err("trace unreadable")) };
-        let Ok(trace) = serde_json::from_str::<Value>(&text) else { return Ok(Err("trace is not JSON")) };
+        let dir = self.dir.path().display();
+        let trace = match self.dir.trace(record) {
+            Ok(trace) => trace,
+            Err(TraceError::NotRecorded) => return Ok(Err("no trace recorded")),
+            Err(TraceError::Outside(_)) => return Ok(Err("trace path outside the run directory")),
+            Err(e @ TraceError::LinkedFolder(_)) => bail!("{dir}: case {}: {e}", record.case_id),
+            Err(TraceError::Unreadable(_)) => return Ok(Err("trace unreadable")),
+            Err(TraceError::NotJson(_)) => return Ok(Err("trace is not JSON")),
+        };
         if let (Some(traced), Some(recorded)) = (trace.get("security").and_then(Value::as_bool), record.security) {
+            let rel = record.trace.as_deref().unwrap_or_default();
             anyhow::ensure!(
                 traced == recorded,
-                "{}: case {}: its trace {rel} says security {traced}, cases.jsonl says {recorded}: the trace is not this case's (nothing exported)",
-                self.dir.display(),
+                "{dir}: case {}: its trace {rel} says security {traced}, cases.jsonl says {recorded}: the trace is not this case's (nothing exported)",
                 record.case_id
             );
         }
@@ -499,18 +488,19 @@ pub fn build(format: Format, sources: &[Source]) -> anyhow::Result<(Vec<u8>, Man
 
 /// Reads the run directories, writes the export to `out` and its manifest beside it
 /// (each atomically), and returns the manifest.
-pub fn write(format: Format, run_dirs: &[PathBuf], out: &Path) -> anyhow::Result<Manifest> {
+pub fn write(format: Format, runs: &[RunDir], out: &Path) -> anyhow::Result<Manifest> {
     pruefstand_core::blocking::assert_may_block("exporting runs");
     let mut seen = BTreeSet::new();
     let mut sources = Vec::new();
-    for dir in run_dirs {
-        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+    for run in runs {
+        let dir = run.path();
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         if !seen.insert(canonical) {
             bail!("{}: given twice", dir.display());
         }
-        sources.push(Source::read(dir)?);
+        sources.push(Source::read(run)?);
     }
-    check_out(out, run_dirs)?;
+    check_out(out, runs)?;
     let (bytes, manifest) = build(format, &sources)?;
     util::write_atomic(out, &bytes).with_context(|| format!("writing {}", out.display()))?;
     util::write_json_atomic(&manifest_path(out), &manifest)?;
@@ -520,17 +510,14 @@ pub fn write(format: Format, run_dirs: &[PathBuf], out: &Path) -> anyhow::Result
 /// `--out` may only replace an export of pruefstand's (a file its manifest beside it
 /// still vouches for, by sha256) and never lies in a run directory: `--out
 /// RUN/cases.jsonl` would replace a run's records with rows.
-fn check_out(out: &Path, run_dirs: &[PathBuf]) -> anyhow::Result<()> {
+fn check_out(out: &Path, runs: &[RunDir]) -> anyhow::Result<()> {
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // The folder may be made by the write: the nearest one that is there decides.
     let existing = parent.ancestors().find(|dir| dir.as_os_str().is_empty() || dir.exists()).unwrap_or(parent);
     let existing = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
     let parent = existing.canonicalize().with_context(|| format!("--out {}: its folder", out.display()))?;
-    let run_dirs: Vec<PathBuf> = run_dirs.iter().filter_map(|d| d.canonicalize().ok()).collect();
-    if let Some(run) = parent.ancestors().find(|dir| {
-        run_dirs.iter().any(|r| r == dir)
-            || [RunFile::RunMeta, RunFile::Cases].iter().any(|f| dir.join(f.name()).exists())
-    }) {
+    let run_dirs: Vec<PathBuf> = runs.iter().filter_map(|run| run.path().canonicalize().ok()).collect();
+    if let Some(run) = parent.ancestors().find(|dir| run_dirs.iter().any(|r| r == dir) || RunDir::is_run(dir)) {
         bail!(
             "--out {}: inside the run directory {}: an export is never written into a run (choose another --out)",
             out.display(),
@@ -642,14 +629,14 @@ mod tests {
     }
 
     /// A run directory with one attacked case per family given: (family, landed).
-    fn run_dir(dir: &Path, name: &str, held_out: &[&str], cases: &[(&str, bool)]) -> PathBuf {
-        let run = dir.join(name);
-        std::fs::create_dir_all(run.join(RunFile::Traces.name())).unwrap();
+    fn run_dir(dir: &Path, name: &str, held_out: &[&str], cases: &[(&str, bool)]) -> RunDir {
+        let run = RunDir::new(dir.join(name));
+        std::fs::create_dir_all(run.test_file(RunFile::Traces)).unwrap();
         let mut meta = RunMeta { run_id: name.into(), version: name.into(), plan: "p".into(), ..RunMeta::default() };
         meta.attack_families.held_out = held_out.iter().map(|f| f.to_string()).collect();
-        std::fs::write(run.join(RunFile::RunMeta.name()), serde_json::to_vec(&meta).unwrap()).unwrap();
+        std::fs::write(run.test_file(RunFile::RunMeta), serde_json::to_vec(&meta).unwrap()).unwrap();
         let version = json!({"name": name, "hash": format!("hash-{name}")});
-        std::fs::write(run.join(RunFile::Version.name()), version.to_string()).unwrap();
+        std::fs::write(run.test_file(RunFile::Version), version.to_string()).unwrap();
         let mut lines = String::new();
         for (i, (family, landed)) in cases.iter().enumerate() {
             let case = pruefstand_core::case::Case::attacked(
@@ -661,11 +648,11 @@ mod tests {
             let mut record = CaseRecord::of(&case, Some(true), Some(*landed));
             let rel = format!("traces/{i}.json");
             let t = if *landed { trace(Some("send_money"), "Sent.") } else { trace(None, "Your bill is 10.") };
-            std::fs::write(run.join(&rel), t.to_string()).unwrap();
+            std::fs::write(run.path().join(&rel), t.to_string()).unwrap();
             record.trace = Some(rel);
             lines += &(serde_json::to_string(&record).unwrap() + "\n");
         }
-        std::fs::write(run.join(RunFile::Cases.name()), lines).unwrap();
+        std::fs::write(run.test_file(RunFile::Cases), lines).unwrap();
         run
     }
 
@@ -715,25 +702,26 @@ mod tests {
     fn a_missing_run_directory_or_run_json_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("gone");
-        let err = format!("{:#}", Source::read(&gone).err().unwrap());
+        let err = format!("{:#}", Source::read(&RunDir::new(&gone)).err().unwrap());
         assert!(err.contains(&gone.display().to_string()), "{err}");
-        let err = format!("{:#}", Source::read(dir.path()).err().unwrap());
-        let run_json = RunFile::RunMeta.name();
-        assert!(err.contains(run_json) && err.contains(&dir.path().display().to_string()), "{err}");
+        let run = RunDir::new(dir.path());
+        let err = format!("{:#}", Source::read(&run).err().unwrap());
+        assert!(err.contains(&run.shown(RunFile::RunMeta)), "{err}");
     }
 
     /// A run directory whose `run.json` names store format 2.0.
-    fn newer_store_format(dir: &std::path::Path) {
+    fn newer_store_format(run: &RunDir) {
         let meta = serde_json::json!({"store_format": {"major": 2, "minor": 0}, "run_id": "r"});
-        std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(dir.join(pruefstand_store::RunFile::RunMeta.name()), meta.to_string()).unwrap();
+        std::fs::create_dir_all(run.path()).unwrap();
+        std::fs::write(run.test_file(RunFile::RunMeta), meta.to_string()).unwrap();
     }
 
     #[test]
     fn a_run_in_a_newer_store_format_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        newer_store_format(tmp.path());
-        let err = format!("{:#}", Source::read(tmp.path()).err().unwrap());
+        let run = RunDir::new(tmp.path());
+        newer_store_format(&run);
+        let err = format!("{:#}", Source::read(&run).err().unwrap());
         assert!(err.contains("format 2.0, newer than this pruefstand reads"), "{err}");
     }
 }

@@ -6,10 +6,10 @@
 //! with its one-sided bounds as a band (a single line through all runs would zig-zag
 //! between versions) and the rules' limits drawn across. Every point and every run links
 //! its report, and its compare page where it holds one; a version filter (CSS only, no script) hides versions. A run
-//! made as a candidate's reference shows as "reference", not by its verdict. Reads
-//! `judgement.json` files leniently (as JSON values), so an older or foreign judgement is
-//! shown with what it has instead of breaking the index; an unreadable one is listed as
-//! skipped.
+//! made as a candidate's reference shows as "reference", not by its verdict. Reads each
+//! `judgement.json` as a judgement of any age ([`StoredJudgement`]), so an older or
+//! foreign judgement is shown with what it has instead of breaking the index; an
+//! unreadable one is listed as skipped.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -24,6 +24,7 @@ use super::svg;
 use super::{colours, page, verdict_badge};
 use pruefstand_core::record::{RuleId, RuleStatus, Verdict};
 use pruefstand_core::util::{self, pct};
+use pruefstand_judge::{StoredJudgement, StoredRule};
 use pruefstand_store::{RunDir, RunDocument, RunFile};
 
 /// The trend index's file in a reports folder.
@@ -153,16 +154,17 @@ pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
     );
     // A run written elsewhere (`--out`) into a root without runs yet still gets an index.
     std::fs::create_dir_all(reports_dir).with_context(|| format!("creating {}", reports_dir.display()))?;
-    let mut files = Vec::new();
-    find_judgements(reports_dir, 0, &mut files).with_context(|| format!("scanning {}", reports_dir.display()))?;
+    let mut runs = Vec::new();
+    find_judged_runs(reports_dir, 0, &mut runs).with_context(|| format!("scanning {}", reports_dir.display()))?;
     let mut entries = Vec::new();
     let mut skipped = Vec::new();
-    for file in files {
-        match read_entry(reports_dir, &file) {
+    for dir in runs {
+        match RunDir::open(&dir).and_then(|run| read_entry(reports_dir, &run)) {
             Ok(e) => entries.push(e),
             Err(err) => {
-                tracing::warn!("index: skipping {}: {err:#}", file.display());
-                skipped.push(format!("{}: {err:#}", file.display()));
+                let file = RunDir::new(dir).shown(RunFile::Judgement);
+                tracing::warn!("index: skipping {file}: {err:#}");
+                skipped.push(format!("{file}: {err:#}"));
             }
         }
     }
@@ -171,21 +173,24 @@ pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
     util::write_atomic(&reports_dir.join(INDEX_FILE), html.as_bytes())
 }
 
-fn find_judgements(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// The judged runs in `dir` and the folders below it (a run folder holding a plain
+/// `judgement.json`, [`RunDir::is_judged_run`]), in the order of their names.
+fn find_judged_runs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     if depth > MAX_DEPTH {
         return Ok(());
     }
     let mut children: Vec<_> = std::fs::read_dir(dir)?.filter_map(Result::ok).collect();
     children.sort_by_key(|e| e.file_name());
+    if RunDir::is_judged_run(dir) {
+        out.push(dir.to_path_buf());
+    }
     for child in children {
         let path = child.path();
         // Symlinks are not followed: a loop or a link out of the reports folder must
         // not end up in the index.
         let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
         if meta.is_dir() {
-            find_judgements(&path, depth + 1, out)?;
-        } else if meta.is_file() && child.file_name() == RunFile::Judgement.name() {
-            out.push(path);
+            find_judged_runs(&path, depth + 1, out)?;
         }
     }
     Ok(())
@@ -197,58 +202,9 @@ fn rate_of(v: Option<&Value>) -> Option<f64> {
     v.as_f64().or_else(|| ["rate", "value", "mean"].iter().find_map(|k| v.get(k)?.as_f64()))
 }
 
-/// A `judgement.json` of any age, as the index reads it: the fields it shows, typed,
-/// each optional but the run id, so that an older judgement still has its row (what
-/// it lacks stays blank). The figures and thresholds stay JSON: their sets have grown
-/// over time, and the index takes what each has.
-#[derive(Serialize, Deserialize)]
-struct IndexedJudgement {
-    run_id: String,
-    #[serde(default, deserialize_with = "lenient")]
-    version: Option<String>,
-    #[serde(default, deserialize_with = "lenient")]
-    plan: Option<String>,
-    #[serde(default, deserialize_with = "lenient")]
-    verdict: Option<Verdict>,
-    #[serde(default, deserialize_with = "lenient")]
-    started_at: Option<String>,
-    #[serde(default, deserialize_with = "lenient")]
-    judged_at: Option<String>,
-    #[serde(default)]
-    figures: Value,
-    #[serde(default, deserialize_with = "lenient_list")]
-    rules: Vec<IndexedRule>,
-    #[serde(default)]
-    thresholds: Value,
-}
-
-impl RunDocument for IndexedJudgement {
-    const FILE: RunFile = RunFile::Judgement;
-}
-
-/// A rule of a judgement of any age: its id and status as this version knows them.
-#[derive(Serialize, Deserialize)]
-struct IndexedRule {
-    /// None: an id this version does not know.
-    #[serde(default, deserialize_with = "lenient")]
-    id: Option<RuleId>,
-    #[serde(default, deserialize_with = "lenient")]
-    status: Option<RuleStatus>,
-    #[serde(default, deserialize_with = "lenient")]
-    reason: Option<String>,
-    /// What the rule measured (R2: `asr` with its bounds in an older judgement).
-    #[serde(default)]
-    measured: Value,
-}
-
 /// A field read as None where it holds something this version does not read as `T`.
 fn lenient<'de, D: serde::Deserializer<'de>, T: serde::de::DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
     Ok(serde_json::from_value(Value::deserialize(d)?).ok())
-}
-
-/// A list whose items this version cannot read is read as empty.
-fn lenient_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IndexedRule>, D::Error> {
-    Ok(lenient(d)?.unwrap_or_default())
 }
 
 /// What the index reads of `run.json`: whether the run was made as a candidate's
@@ -272,9 +228,9 @@ impl RunDocument for TelemetryOfAnyAge {
     const FILE: RunFile = RunFile::Telemetry;
 }
 
-fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
-    let run = RunDir::open(file.parent().unwrap_or(reports_dir))?;
-    let j: IndexedJudgement = run.read()?.context("no judgement")?;
+fn read_entry(reports_dir: &Path, run: &RunDir) -> anyhow::Result<Entry> {
+    let j = StoredJudgement::read(run)?.context("no judgement")?;
+    let run_id = j.run_id.clone().context("no run_id")?;
     let telemetry: Option<Value> = run.read::<TelemetryOfAnyAge>().ok().flatten().map(|t| t.0);
     let reference_for = run.read::<RunFacts>().ok().flatten().and_then(|f| f.reference_for);
     let (adaptive, transfer) = adaptive_figures(&j.rules);
@@ -321,7 +277,7 @@ fn read_entry(reports_dir: &Path, file: &Path) -> anyhow::Result<Entry> {
             utility_under_attack_min: limit(RuleId::R3, "utility_under_attack_min"),
         },
         why: why(&j.rules),
-        run_id: j.run_id,
+        run_id,
     })
 }
 
@@ -339,7 +295,7 @@ fn decisive_figure(decisive: Option<&Value>) -> Option<(Band, AsrKind)> {
 /// bounds it decided on), and whether that was over held-out families
 /// (`judged_families`, docs/attacks.md). None when R2 measured nothing (not judged, or a
 /// judgement from before these figures).
-fn r2_figure(rules: &[IndexedRule]) -> Option<(Band, AsrKind)> {
+fn r2_figure(rules: &[StoredRule]) -> Option<(Band, AsrKind)> {
     let m = &rules.iter().find(|r| r.id == Some(RuleId::R2))?.measured;
     let band =
         Band { rate: m.get("asr")?.as_f64()?, lower: m.get("lower")?.as_f64()?, upper: m.get("upper")?.as_f64()? };
@@ -350,7 +306,7 @@ fn r2_figure(rules: &[IndexedRule]) -> Option<(Band, AsrKind)> {
 /// The adaptive attacker's two figures from R2's `measured.adaptive`: the search
 /// half's (pairs broken within K attempts) and the transfer to the held-out half, each
 /// with the bounds R2 drew.
-fn adaptive_figures(rules: &[IndexedRule]) -> (Option<Band>, Option<Band>) {
+fn adaptive_figures(rules: &[StoredRule]) -> (Option<Band>, Option<Band>) {
     let Some(a) = rules.iter().find(|r| r.id == Some(RuleId::R2)).and_then(|r| r.measured.get("adaptive")) else {
         return (None, None);
     };
@@ -361,7 +317,7 @@ fn adaptive_figures(rules: &[IndexedRule]) -> (Option<Band>, Option<Band>) {
 }
 
 /// The rules that failed or stayed undecided, with their reasons.
-fn why(rules: &[IndexedRule]) -> Vec<Why> {
+fn why(rules: &[StoredRule]) -> Vec<Why> {
     rules
         .iter()
         .filter_map(|r| {
@@ -794,12 +750,12 @@ mod tests {
             input.run.version = version.into();
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
             let judged = judge::judged(input.clone());
-            let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &judged).unwrap();
+            let run = RunDir::new(reports.join(version).join("schnell").join(&input.run.run_id));
+            super::super::write_run_report(&run, &judged).unwrap();
         }
         // A telemetry-only figure and a corrupt judgement.
         std::fs::create_dir_all(reports.join("x/<b>/r")).unwrap();
-        std::fs::write(reports.join("x/<b>/r").join(RunFile::Judgement.name()), "{not json").unwrap();
+        std::fs::write(RunDir::new(reports.join("x/<b>/r")).test_file(RunFile::Judgement), "{not json").unwrap();
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();
         assert!(html.contains(r#"class="chart""#) && html.contains("<polyline"));
@@ -832,8 +788,8 @@ mod tests {
             input.run.attack_families.held_out = vec!["important_instructions".into()];
             input.run.started_at = Some(format!("2025-01-0{}T00:00:00Z", i + 1));
             let judged = judge::judged(input.clone());
-            let run_dir = reports.join(version).join("schnell").join(&input.run.run_id);
-            super::super::write_run_report(&run_dir, &judged).unwrap();
+            let run = RunDir::new(reports.join(version).join("schnell").join(&input.run.run_id));
+            super::super::write_run_report(&run, &judged).unwrap();
         }
         write_index(reports).unwrap();
         let html = std::fs::read_to_string(reports.join(INDEX_FILE)).unwrap();

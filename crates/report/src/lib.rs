@@ -32,7 +32,7 @@ use pruefstand_core::record::{RuleStatus, Verdict};
 use pruefstand_core::util::{self, pct};
 use pruefstand_core::words::{self, BoundSide};
 use pruefstand_judge::{Estimate, JudgeInput, Judged, JudgedRecords, Judgement};
-use pruefstand_store::RunDir;
+use pruefstand_store::{RunDir, RunFile};
 
 use colours::{CANDIDATE, REFERENCE};
 pub use compare::{compare_dirs, write_compare};
@@ -41,13 +41,13 @@ pub use index::{INDEX_FILE, write_index};
 pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 
-/// Writes `judgement.json`, `judgement.md` and `report.html` into `run_dir` (atomic
-/// replacements; `cases.jsonl` is never touched).
-pub(crate) fn write_run_report(run_dir: &Path, judged: &Judged) -> anyhow::Result<()> {
-    let (run, judgement) = (RunDir::new(run_dir), &judged.judgement);
+/// Writes `judgement.json`, `judgement.md` and `report.html` into the run directory
+/// (atomic replacements; `cases.jsonl` is never touched).
+pub(crate) fn write_run_report(run: &RunDir, judged: &Judged) -> anyhow::Result<()> {
+    let judgement = &judged.judgement;
     run.write(judgement)?;
     util::write_atomic(&run.judgement_markdown_path(), markdown(judgement).as_bytes())?;
-    util::write_atomic(&run.report_path(), html(judged, Some(run_dir)).as_bytes())
+    util::write_atomic(&run.report_path(), html(judged, Some(run)).as_bytes())
         .with_context(|| format!("writing the report of run {}", judgement.run_id))
 }
 
@@ -219,8 +219,9 @@ pub const PAGE_SCRIPTS: &[&str] = &[cases::SCRIPT];
 /// reached: the reports folder's index (written right after the report), the
 /// reference's report (`<reports>/<reference>/<plan>/<run id>/`) and a compare page
 /// beside this report.
-fn nav(run_dir: Option<&Path>, j: &Judgement) -> String {
-    let Some(run_dir) = run_dir.and_then(|d| d.canonicalize().ok()) else { return String::new() };
+fn nav(run: Option<&RunDir>, j: &Judgement) -> String {
+    let Some(run) = run else { return String::new() };
+    let Ok(run_dir) = run.path().canonicalize() else { return String::new() };
     let mut links: Vec<(String, &str)> = Vec::new();
     let reports = publish::find_reports_dir(&run_dir);
     if let Some(reports) = &reports
@@ -229,15 +230,15 @@ fn nav(run_dir: Option<&Path>, j: &Judgement) -> String {
         links.push((format!("{up}{INDEX_FILE}"), "all runs (index)"));
     }
     if let (Some(reports), Some(id), Some(version)) = (&reports, &j.reference_run_id, &j.reference_version) {
-        let reference = reports.join(version).join(&j.plan).join(id);
-        if RunDir::new(&reference).report_path().is_file()
-            && let Some(dir) = compare::relative_dir(&run_dir, &reference)
+        let reference = RunDir::new(reports.join(version).join(&j.plan).join(id));
+        if reference.has_report()
+            && let Some(dir) = compare::relative_dir(&run_dir, reference.path())
         {
-            links.push((format!("{dir}{}", pruefstand_store::RunFile::Report.name()), "the reference's report"));
+            links.push((RunFile::Report.href(&dir), "the reference's report"));
         }
     }
-    if RunDir::new(&run_dir).compare_path().is_file() {
-        links.push((compare::COMPARE_FILE.to_string(), "compared with another run"));
+    if run.has_compare_page() {
+        links.push((RunFile::Compare.href(""), "compared with another run"));
     }
     let links: Vec<String> = links
         .into_iter()
@@ -267,8 +268,8 @@ pub fn sha256_base64(bytes: &[u8]) -> String {
 }
 
 /// The self-contained run report; conversations are read from the traces below
-/// `run_dir` when given.
-pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
+/// the run directory when given.
+pub fn html(judged: &Judged, run_dir: Option<&RunDir>) -> String {
     let (j, input) = (&judged.judgement, &judged.input);
     let mut b = String::new();
     let _ = write!(
@@ -317,7 +318,8 @@ pub fn html(judged: &Judged, run_dir: Option<&Path>) -> String {
     }
     rules_table(&mut b, j);
     if let Some(lineage) = &input.run.lineage {
-        lineage_section(&mut b, run_dir.unwrap_or(Path::new(".")), lineage, &input.run.attack_families.held_out);
+        let here = run_dir.map_or(Path::new("."), RunDir::path);
+        lineage_section(&mut b, here, lineage, &input.run.attack_families.held_out);
     }
     if !j.outlook.is_empty() {
         b.push_str("<h2>Would <code>voll</code> decide?</h2><ul>");
@@ -437,7 +439,7 @@ fn lineage_section(b: &mut String, run_dir: &Path, l: &pruefstand_core::record::
         );
         b.push_str("<ul>");
         for source in &export.sources {
-            let report = Path::new(&source.run_dir).join(pruefstand_store::RunFile::Report.name());
+            let report = RunDir::new(&source.run_dir).report_path();
             let _ = write!(
                 b,
                 r#"<li>run <a href="{}">{}</a> of {}</li>"#,
@@ -810,7 +812,6 @@ fn verdict_badge(v: Verdict) -> String {
 mod tests {
     use super::*;
     use pruefstand_judge as judge;
-    use pruefstand_store::RunFile;
 
     #[test]
     fn attack_successes_that_are_context_overflows_are_said_beside_the_asr() {
@@ -822,8 +823,9 @@ mod tests {
                     context, which AgentDojo scores as a landed attack, not a followed injection";
         assert!(markdown(&j).contains(said), "{}", markdown(&j));
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &judge::judged(input.clone())).unwrap();
-        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
+        let run = RunDir::new(dir.path());
+        write_run_report(&run, &judge::judged(input.clone())).unwrap();
+        let html = std::fs::read_to_string(run.report_path()).unwrap();
         assert!(html.contains(r#"id="asr-overflows""#) && html.contains(&esc(said)));
         // None: nothing said.
         let j = judge::judge(&judge::tests::schnell(3));
@@ -845,8 +847,9 @@ mod tests {
         input.records[0].trace = Some("javascript:alert(1)".into());
         let judged = judge::judged(input.clone());
         let dir = tempfile::tempdir().unwrap();
-        write_run_report(dir.path(), &judged).unwrap();
-        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
+        let run = RunDir::new(dir.path());
+        write_run_report(&run, &judged).unwrap();
+        let html = std::fs::read_to_string(run.report_path()).unwrap();
         assert!(html.contains(r#"id="verdict" class="v-inconclusive">inconclusive</div>"#));
         assert!(html.matches(r#"class="chart""#).count() >= 4);
         assert!(html.contains(r#"id="matrix""#));
@@ -863,11 +866,12 @@ mod tests {
                 || html.matches("http://").all(|_| html.contains("xmlns=\"http://www.w3.org/2000/svg\""))
         );
         assert!(!html.contains("<link") && !html.contains("@import") && !html.contains("url("));
-        let back: Judgement =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join(RunFile::Judgement.name())).unwrap())
-                .unwrap();
-        assert_eq!(back.verdict, Verdict::Inconclusive);
-        let md = std::fs::read_to_string(dir.path().join(RunFile::JudgementMarkdown.name())).unwrap();
+        let back = judge::StoredJudgement::read(&run).unwrap().unwrap();
+        assert_eq!(back.verdict, Some(Verdict::Inconclusive));
+        // In full (a float may come back a last digit off: serde_json's parser).
+        let full = back.current.as_ref().expect("read back in full");
+        assert_eq!((&full.summary, &full.rules.len()), (&judged.judgement.summary, &judged.judgement.rules.len()));
+        let md = std::fs::read_to_string(run.judgement_markdown_path()).unwrap();
         assert!(md.contains("**inconclusive**") && md.contains("| R2 | security | inconclusive |"));
     }
 
@@ -908,12 +912,12 @@ mod tests {
         std::fs::write(dir.path().join("traces/rambling.json"), serde_json::json!({"messages": turns}).to_string())
             .unwrap();
         let judged = judge::judged(input.clone());
-        write_run_report(dir.path(), &judged).unwrap();
-        let size = std::fs::metadata(dir.path().join(RunFile::Report.name())).unwrap().len();
-        let conversations =
-            html_size_of_conversations(&std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap());
+        let run = RunDir::new(dir.path());
+        write_run_report(&run, &judged).unwrap();
+        let size = std::fs::metadata(run.report_path()).unwrap().len();
+        let conversations = html_size_of_conversations(&std::fs::read_to_string(run.report_path()).unwrap());
         assert!(size < 15_000_000, "report.html of a rambling voll: {size} bytes, {conversations} in conversations");
-        let html = std::fs::read_to_string(dir.path().join(RunFile::Report.name())).unwrap();
+        let html = std::fs::read_to_string(run.report_path()).unwrap();
         assert_eq!(html.matches("more turn(s) not shown").count(), 2_165, "every conversation says it was cut");
     }
 

@@ -17,7 +17,7 @@ use crate::export::SourceRef;
 use pruefstand_core::files;
 use pruefstand_core::record::{Lineage, LineageExport, LineageSource};
 use pruefstand_core::util;
-use pruefstand_store::RunFile;
+use pruefstand_store::RunDir;
 
 /// The training manifest's name beside the adapter folder.
 pub const MANIFEST: &str = "training.json";
@@ -120,8 +120,7 @@ pub fn lineage(adapter_dir: &Path, exports: &[PathBuf]) -> Option<Lineage> {
         }
         // Link 3: the runs each export was made from.
         for source in &export.sources {
-            let run_json = source.run_dir.join(RunFile::RunMeta.name());
-            match files::sha256_regular(&run_json) {
+            match RunDir::new(&source.run_dir).run_meta_sha256() {
                 Ok(now) if now == source.run_json_sha256 => {}
                 Ok(_) => lineage.broken.push(format!(
                     "source run {} of export {}: its run.json changed since the export",
@@ -173,6 +172,7 @@ fn short(sha: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pruefstand_store::RunFile;
 
     /// A training folder as `train` leaves it: adapter/, training.json naming one export
     /// made from one run.
@@ -182,7 +182,7 @@ mod tests {
         std::fs::write(adapter.join("adapter_model.safetensors"), b"weights").unwrap();
         let run = dir.join("reports/base/plan/r1");
         std::fs::create_dir_all(&run).unwrap();
-        std::fs::write(run.join(RunFile::RunMeta.name()), b"{}").unwrap();
+        std::fs::write(RunDir::new(&run).test_file(RunFile::RunMeta), b"{}").unwrap();
         let export = dir.join("exports/dpo.jsonl");
         std::fs::create_dir_all(export.parent().unwrap()).unwrap();
         std::fs::write(&export, b"{}\n").unwrap();
@@ -209,7 +209,8 @@ mod tests {
         assert_eq!(intact.exports[0].sources[0].run_id, "r1");
 
         std::fs::write(adapter.join("adapter_model.safetensors"), b"other").unwrap();
-        std::fs::write(dir.path().join("reports/base/plan/r1").join(RunFile::RunMeta.name()), b"{\"x\":1}").unwrap();
+        let run = RunDir::new(dir.path().join("reports/base/plan/r1"));
+        std::fs::write(run.test_file(RunFile::RunMeta), b"{\"x\":1}").unwrap();
         let other = dir.path().join("exports/other.jsonl");
         let broken = lineage(&adapter, &[export, other]).unwrap().broken;
         assert_eq!(broken.len(), 3, "{broken:?}");

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use super::index::{INDEX_FILE, index_is_ours};
 use super::{write_index, write_run_report};
 use pruefstand_judge::Judged;
+use pruefstand_store::RunDir;
 
-/// Writes the reports of a judged run into `run_dir` and refreshes the index when a
-/// reports folder is given or found.
-pub fn write(run_dir: &Path, judged: &Judged, reports_dir: Option<&Path>) -> anyhow::Result<()> {
-    write_run_report(run_dir, judged)?;
-    if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run_dir)) {
+/// Writes the reports of a judged run into its run directory and refreshes the index
+/// when a reports folder is given or found.
+pub fn write(run: &RunDir, judged: &Judged, reports_dir: Option<&Path>) -> anyhow::Result<()> {
+    write_run_report(run, judged)?;
+    if let Some(reports) = reports_dir.map(Path::to_path_buf).or_else(|| find_reports_dir(run.path())) {
         // The run's own reports stand; an index that cannot be written is said, not fatal.
         if let Err(err) = write_index(&reports) {
             tracing::warn!("index not refreshed: {err:#}");
@@ -46,12 +47,12 @@ mod tests {
 
     /// What `run` and `judge` do: judge the directory, then publish.
     fn rejudge(
-        run_dir: &Path,
+        run: &RunDir,
         profile: Option<&Path>,
-        reference: Option<&Path>,
+        reference: Option<&RunDir>,
     ) -> anyhow::Result<(pruefstand_judge::Judgement, pruefstand_judge::JudgeInput)> {
-        let judged = pruefstand_judge::judge_dir(run_dir, profile, reference)?;
-        write(run_dir, &judged, None)?;
+        let judged = pruefstand_judge::judge_dir(run, profile, reference)?;
+        write(run, &judged, None)?;
         Ok((judged.judgement, judged.input))
     }
 
@@ -68,18 +69,19 @@ mod tests {
         for r in cand.records.iter_mut().filter(|r| r.kind != pruefstand_core::case::CaseKind::InjectionGoal).take(40) {
             r.utility = Some(false);
         }
-        let run_dir = reports.join("cand/schnell/run-1");
-        write_run_dir(&run_dir, &cand, Some("../../../base/schnell/run-0"));
-        let cases_before = std::fs::read(run_dir.join(RunFile::Cases.name())).unwrap();
+        let run = RunDir::new(reports.join("cand/schnell/run-1"));
+        write_run_dir(run.path(), &cand, Some("../../../base/schnell/run-0"));
+        let cases_before = std::fs::read(run.test_file(RunFile::Cases)).unwrap();
 
-        let (j, _) = rejudge(&run_dir, None, None).unwrap();
+        let (j, _) = rejudge(&run, None, None).unwrap();
         assert_eq!(j.verdict, Verdict::Rejected);
         assert_eq!(j.reference_run_id.as_deref(), Some("run-0"));
         for f in [RunFile::Judgement, RunFile::JudgementMarkdown, RunFile::Report] {
-            assert!(run_dir.join(f.name()).is_file(), "{f:?}");
+            assert!(run.test_file(f).is_file(), "{f:?}");
         }
+        assert!(RunDir::is_judged_run(run.path()));
         assert!(reports.join(INDEX_FILE).is_file(), "found the reports folder by name");
-        assert_eq!(std::fs::read(run_dir.join(RunFile::Cases.name())).unwrap(), cases_before);
+        assert_eq!(std::fs::read(run.test_file(RunFile::Cases)).unwrap(), cases_before);
 
         // A profile overrides thresholds.json; an explicit reference overrides run.json.
         let profile = tmp.path().join("p.toml");
@@ -88,7 +90,7 @@ mod tests {
             "name = \"x\"\nbenchmark_version = \"v1.2.2\"\nattacks = []\nsuites = []\n[rules.R3]\nutility_min = 0.0\nutility_under_attack_min = 0.0\n[rules.R4]\nmargin = 0.9\n",
         )
         .unwrap();
-        let (j, input) = rejudge(&run_dir, Some(&profile), Some(&ref_dir)).unwrap();
+        let (j, input) = rejudge(&run, Some(&profile), Some(&RunDir::new(&ref_dir))).unwrap();
         assert_eq!(input.thresholds.r4.margin, 0.9);
         assert_eq!(j.verdict, Verdict::Approved, "{:?}", j.rules);
     }

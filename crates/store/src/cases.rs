@@ -242,6 +242,25 @@ impl RunDir {
         }
     }
 
+    /// Why `cases.jsonl`, whose sha256 as read is `now`, cannot be taken as the file its
+    /// run wrote: it differs from the sha256 the run recorded (`recorded`, from
+    /// [`RunDir::recorded_cases_sha256`]), or that record is missing (a run writes it
+    /// before it is judged, so only a deleted digest or a run from before digests lacks
+    /// it). None: the file is as its run left it. The judge asks it of a run and of its
+    /// reference alike.
+    pub fn cases_untrusted(&self, now: &str, recorded: Option<&str>) -> Option<String> {
+        let (file, digest) = (self.shown(RunFile::Cases), RunFile::CasesDigest.name());
+        match recorded {
+            None => Some(format!(
+                "{file} has no {digest} beside it: whether it changed since its run wrote it cannot be checked"
+            )),
+            Some(recorded) if recorded != now => {
+                Some(format!("{file} changed since its run wrote it (its sha256 differs from {digest})"))
+            }
+            Some(_) => None,
+        }
+    }
+
     /// Keeps the records of `cases.jsonl` that `keep` accepts (and every line that is
     /// not a case record, as it was), replacing the file atomically; the number dropped.
     ///

@@ -1,7 +1,8 @@
 //! The names of a run directory's files: [`RunFile`] lists every file and folder a run
-//! writes, with what it holds and who writes it. Only the store turns a name into a
-//! path ([`RunFile::path_in`] is private to it): everyone else asks the store for what
-//! a file holds.
+//! writes, with what it holds and who writes it. The names are the store's alone
+//! ([`RunFile::name`] and [`RunFile::path_in`] are private to it): everyone else asks
+//! the store for what a file holds, and names a file only as a [`RunFile`] (a
+//! document's file, a file in a message, a link from a page).
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 macro_rules! run_files {
     ($($(#[doc = $doc:literal])* $file:ident => $name:literal,)*) => {
         /// A file or folder of a run directory: what it holds, who writes it, who reads
-        /// it. Its name is [`RunFile::name`], relative to the run directory.
+        /// it. Its name is the store's ([`RunFile::name`], relative to the run directory).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum RunFile {
             $($(#[doc = $doc])* $file,)*
@@ -19,10 +20,10 @@ macro_rules! run_files {
         impl RunFile {
             /// Every file and folder, in the order they are declared.
             #[cfg_attr(not(test), allow(dead_code))]
-            pub const ALL: &[RunFile] = &[$(RunFile::$file,)*];
+            pub(crate) const ALL: &[RunFile] = &[$(RunFile::$file,)*];
 
-            /// Its path relative to the run directory.
-            pub const fn name(self) -> &'static str {
+            /// Its path relative to the run directory: the store's alone.
+            pub(crate) const fn name(self) -> &'static str {
                 match self {
                     $(RunFile::$file => $name,)*
                 }
@@ -133,6 +134,20 @@ impl RunFile {
     pub(super) fn path_in(self, run_dir: &Path) -> PathBuf {
         run_dir.join(self.name())
     }
+
+    /// The files and folders the gym's Python side writes itself, with their names (all
+    /// else reaches pruefstand as events, and pruefstand writes it): the gym is told
+    /// these names by its contract (`constants.json`), so the Python spells none of them.
+    pub fn written_by_the_gym() -> Vec<(RunFile, &'static str)> {
+        [RunFile::Traces].into_iter().map(|file| (file, file.name())).collect()
+    }
+
+    /// Its link from a page that reaches the run directory as `run_href` ("" from a page
+    /// in it, else a relative link ending in '/'): a URL in a page (a report links its
+    /// compare page, a compare page each run's report), never a path to open.
+    pub fn href(self, run_href: &str) -> String {
+        format!("{run_href}{}", self.name())
+    }
 }
 
 #[cfg(test)]
@@ -149,14 +164,19 @@ mod tests {
         assert!(names.iter().all(|name| !name.is_empty() && !name.starts_with('/') && !name.contains("..")));
     }
 
-    /// This file is the only one that spells a run file's name as a string literal: a
-    /// name written anywhere else would be a second spelling to drift from its readers.
-    /// Folders (no dot in their names: `shards`, `traces`, `adaptive`) are common words
-    /// and are not looked for.
+    /// This file is the only one that spells a run file's name as a string literal, and
+    /// the store the only crate that turns a [`RunFile`] into a path: a name written
+    /// anywhere else would be a second spelling to drift from its readers, and a path
+    /// built elsewhere a reader beside the store's. Outside the store no source file
+    /// may hold a run file's name in quotes (or at the end of a quoted path, or the
+    /// fixed start of a pattern's: `"slurm-`), a `RunFile::X.name()` call, or a
+    /// `.join(` of a `RunFile`. Folders (no dot in their names: `shards`, `traces`,
+    /// `adaptive`) are common words and are not looked for.
     #[test]
     fn no_other_source_file_names_a_run_file() {
         fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            for entry in entries {
                 let path = entry.unwrap().path();
                 if path.is_dir() {
                     sources(&path, out);
@@ -166,34 +186,117 @@ mod tests {
             }
         }
         // Every crate's sources (crates/*/src) and the binary's at the repository root.
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let src = manifest.join("src");
         // Compared canonical: this crate's folder is read as `crates/store/../store/src`.
-        let this = src.join("files.rs").canonicalize().unwrap();
+        let (this, store) = (src.join("files.rs").canonicalize().unwrap(), src.canonicalize().unwrap());
         let mut files = Vec::new();
-        for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("..")).unwrap() {
+        for entry in std::fs::read_dir(manifest.join("..")).unwrap() {
             sources(&entry.unwrap().path().join("src"), &mut files);
         }
-        sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../src"), &mut files);
+        sources(&manifest.join("../../src"), &mut files);
         let named: Vec<&str> = RunFile::ALL.iter().map(|file| file.name()).filter(|name| name.contains('.')).collect();
         let own = std::fs::read_to_string(&this).unwrap();
         assert!(named.iter().all(|name| own.contains(&format!("\"{name}\""))), "the search finds them here");
-        // Each name, and the last part of a name in a folder (`shard.sbatch`).
-        let mut literals: Vec<String> = named
-            .iter()
-            .flat_map(|name| [*name, name.rsplit('/').next().unwrap_or_default()])
-            .map(|name| format!("\"{name}\""))
-            .collect();
-        literals.dedup();
         let mut found = Vec::new();
-        for file in files.iter().filter(|file| file.canonicalize().unwrap() != this) {
+        for file in &files {
+            let canonical = file.canonicalize().unwrap();
+            if canonical == this {
+                continue;
+            }
             let text = std::fs::read_to_string(file).unwrap();
+            let outside = !canonical.starts_with(&store);
             for (number, line) in text.lines().enumerate() {
-                for literal in literals.iter().filter(|literal| line.contains(literal.as_str())) {
-                    found.push(format!("{}:{}: {literal}", file.display(), number + 1));
+                let at = format!("{}:{}", file.display(), number + 1);
+                found.extend(named_in(line, &named).into_iter().map(|why| format!("{at}: {why}")));
+                if outside {
+                    found.extend(path_built_in(line).into_iter().map(|why| format!("{at}: {why}")));
                 }
             }
         }
         assert!(files.len() > 50, "read {} files under {}", files.len(), src.display());
-        assert!(found.is_empty(), "name these through pruefstand_store::RunFile:\n{}", found.join("\n"));
+        assert!(found.is_empty(), "ask pruefstand_store::RunDir for these:\n{}", found.join("\n"));
+    }
+
+    /// A run file's name spelled in `line`: quoted whole (`"cases.jsonl"`, the last part
+    /// of a name in a folder: `"shard.sbatch"`), the fixed start of a pattern's name
+    /// (`"slurm-`), or ending a quoted path that is joined or opened (`.join("a/b/
+    /// report.html")`, `fs::write("…/judgement.json", …)`; a link a page is expected to
+    /// hold is a URL, not a path).
+    fn named_in(line: &str, named: &[&str]) -> Vec<String> {
+        let mut spellings: Vec<String> = Vec::new();
+        let opened = line.contains(".join(") || line.contains("fs::");
+        for name in named {
+            let last = name.rsplit('/').next().unwrap_or_default();
+            spellings.extend([format!("\"{name}\""), format!("\"{last}\"")]);
+            if opened {
+                spellings.push(format!("/{last}\""));
+            }
+            if let Some((start, _)) = last.split_once('%') {
+                spellings.push(format!("\"{start}"));
+            }
+        }
+        spellings.sort();
+        spellings.dedup();
+        spellings.into_iter().filter(|spelling| line.contains(spelling.as_str())).collect()
+    }
+
+    /// A run file turned into a path or a name in `line`: `RunFile::X.name()`, or a
+    /// `.join(` whose argument names a `RunFile`.
+    fn path_built_in(line: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for (at, _) in line.match_indices("RunFile::") {
+            let rest = &line[at + "RunFile::".len()..];
+            let variant = rest.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap_or_default();
+            if rest[variant.len()..].starts_with(".name()") {
+                found.push(format!("RunFile::{variant}.name()"));
+            }
+        }
+        if line.match_indices(".join(").any(|(at, _)| argument(&line[at + ".join(".len()..]).contains("RunFile::")) {
+            found.push("a .join( of a RunFile".to_string());
+        }
+        found
+    }
+
+    /// The argument of a call whose `(` just ended: up to its closing parenthesis, or
+    /// the rest of the line when it goes on below.
+    fn argument(after: &str) -> &str {
+        let mut depth = 1;
+        for (at, c) in after.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' if depth == 1 => return &after[..at],
+                ')' => depth -= 1,
+                _ => {}
+            }
+        }
+        after
+    }
+
+    /// The guard's own searches find what they look for (and nothing in a plain line).
+    #[test]
+    fn the_guard_finds_each_spelling_of_a_run_file() {
+        let named = ["cases.jsonl", "shards/shard.sbatch", "shards/slurm-%A_%a.out"];
+        for line in [
+            r#"dir.join("cases.jsonl")"#,
+            r#"std::fs::read(format!("{}/cases.jsonl", dir))"#,
+            r#"reports.join("v/plan/run/cases.jsonl")"#,
+            r#"let script = "shard.sbatch";"#,
+            r#"name.strip_prefix("slurm-")"#,
+        ] {
+            assert!(!named_in(line, &named).is_empty(), "{line}");
+        }
+        assert!(named_in("// cases.jsonl is appended", &named).is_empty());
+        assert!(named_in(r#"assert!(html.contains(r"href="v1/p/r0/cases.jsonl""));"#, &named).is_empty(), "a URL");
+        for line in [
+            "let name = RunFile::Cases.name();",
+            "dir.join(pruefstand_store::RunFile::Judgement.name())",
+            "dir.join(RunFile::Cases.path_in(x))",
+        ] {
+            assert!(!path_built_in(line).is_empty(), "{line}");
+        }
+        assert!(path_built_in("run.shown(RunFile::Cases)").is_empty());
+        assert!(path_built_in(r#"RunDir::new(dir.join("x")).test_file(RunFile::Cases)"#).is_empty());
+        assert!(path_built_in("const FILE: RunFile = RunFile::Judgement;").is_empty());
     }
 }

@@ -46,6 +46,13 @@ impl RunDir {
         Ok(self.read_run_meta_hashed()?.0)
     }
 
+    /// The sha256 of `run.json` as it lies there now, read as a regular file (never
+    /// through a link) and not parsed: an adapter's lineage checks that an export's
+    /// source run still has the `run.json` the export took.
+    pub fn run_meta_sha256(&self) -> anyhow::Result<String> {
+        pruefstand_core::files::sha256_regular(&self.path_of(RunFile::RunMeta))
+    }
+
     /// [`RunDir::read_run_meta`], with the sha256 of the bytes it was read from (an
     /// export names the `run.json` it took).
     pub fn read_run_meta_hashed(&self) -> anyhow::Result<(RunMeta, String)> {

@@ -26,12 +26,14 @@ mod cases;
 mod claim;
 mod files;
 mod format;
+mod traces;
 
 pub use cases::{CasesFile, CasesTail, CasesWriter, Reading, StoredCases};
 pub use claim::{Claimed, Identity, LockError, RunLock};
 pub use files::RunFile;
+pub use traces::TraceError;
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::de::DeserializeOwned;
@@ -49,9 +51,11 @@ use pruefstand_core::util;
 /// names its file once, here, and reads and writes it with [`RunDir::read`] and
 /// [`RunDir::write`].
 ///
-/// Reading needs `Deserialize` too; a document only written (the gym's request, the
-/// telemetry, whose readers read a view of their own) need not have it.
-pub trait RunDocument: Serialize {
+/// Reading needs `Deserialize`, writing `Serialize`: a document only written (the gym's
+/// request, the telemetry, whose readers read a view of their own) need not be
+/// readable, and a reader's view of a file (the judgement of any age the judge crate
+/// reads back) cannot be written over it.
+pub trait RunDocument {
     /// The file it is stored in.
     const FILE: RunFile;
 }
@@ -138,16 +142,58 @@ struct EnvironmentCheckFile {
     checks: Vec<EnvCheck>,
 }
 
-#[derive(Clone, Debug)]
+/// A run directory: an opaque handle, its path kept inside. Callers ask it for what its
+/// files hold ([`RunDir::read`], [`RunDir::read_cases`], [`RunDir::trace`], …), never for
+/// a file's path; the few doors that hand one out say why.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunDir {
-    pub path: PathBuf,
+    path: PathBuf,
 }
 
 impl RunDir {
     /// A run directory being written (its writer has claimed it, or is a part of a run
-    /// that has: the gym, the model server's watch). A reader uses [`RunDir::open`].
+    /// that has: the gym, the model server's watch), or named where nothing of it is
+    /// read (a link to it). A reader uses [`RunDir::open`].
     pub fn new(path: impl Into<PathBuf>) -> RunDir {
         RunDir { path: path.into() }
+    }
+
+    /// The directory itself: to show it, to hand it to a process not ours (the gym is
+    /// given it), to link it from a page or to name a run by its folder. Never to build
+    /// a path to one of its files: ask the handle (the store's guard test refuses a run
+    /// file's name or a join to one outside this crate).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether `dir` holds a run: its `run.json` or its `cases.jsonl` (a run still
+    /// going has only the latter). An export is never written into one.
+    pub fn is_run(dir: &Path) -> bool {
+        [RunFile::RunMeta, RunFile::Cases].iter().any(|file| file.path_in(dir).exists())
+    }
+
+    /// Whether `dir` holds a judged run: its `judgement.json` is a plain file (never a
+    /// link, which could lead out of a reports folder). The trend index looks for them.
+    pub fn is_judged_run(dir: &Path) -> bool {
+        std::fs::symlink_metadata(RunFile::Judgement.path_in(dir)).is_ok_and(|meta| meta.is_file())
+    }
+
+    /// Whether its report (`report.html`) is there, for a page that links it.
+    pub fn has_report(&self) -> bool {
+        self.path_of(RunFile::Report).is_file()
+    }
+
+    /// Whether a compare page (`compare.html`) lies in it, for its report's link.
+    pub fn has_compare_page(&self) -> bool {
+        self.path_of(RunFile::Compare).is_file()
+    }
+
+    /// For tests of other crates, which damage a file, write one of an older or foreign
+    /// layout, or compare its bytes: a file's path. Built only with the `test-support`
+    /// feature, which only tests turn on.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn test_file(&self, file: RunFile) -> PathBuf {
+        self.path_of(file)
     }
 
     /// The path of one of its files: the store's alone.
@@ -169,7 +215,7 @@ impl RunDir {
 
     /// Writes a document of its owner's type ([`RunDocument`]), pretty-printed and
     /// replaced atomically.
-    pub fn write<T: RunDocument>(&self, document: &T) -> anyhow::Result<()> {
+    pub fn write<T: RunDocument + Serialize>(&self, document: &T) -> anyhow::Result<()> {
         self.write_json(T::FILE, document)
     }
 
@@ -288,6 +334,21 @@ impl RunDir {
         self.path_of(RunFile::Compare)
     }
 
+    /// A page or document of a judgement under other terms than the run's own, beside
+    /// the run's (`judgement-<label>.json`, `judgement-<label>.md`,
+    /// `report-<label>.html` for [`RunFile::Judgement`], [`RunFile::JudgementMarkdown`],
+    /// [`RunFile::Report`]): `judge` writes it. `label` is letters, digits, `.`, `_`
+    /// and `-`, not starting with a dot; another is refused.
+    pub fn labelled_path(&self, file: RunFile, label: &str) -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(
+            !label.starts_with('.') && label.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+            "{label:?} cannot label a judgement's file: letters, digits, '.', '_' and '-' only"
+        );
+        let name = file.name();
+        let (stem, extension) = name.rsplit_once('.').unwrap_or((name, ""));
+        Ok(self.path.join(format!("{stem}-{label}.{extension}")))
+    }
+
     /// `gym-request.json`: `gym.py run` is handed its path (the store writes it, as a
     /// [`RunDocument`] of the gym's).
     pub fn gym_request_path(&self) -> PathBuf {
@@ -330,9 +391,12 @@ impl RunDir {
         file.write_all(text).with_context(|| format!("writing {}", path.display()))
     }
 
-    /// The adaptive attacker's own run directory of attempts (`adaptive/`).
-    pub fn adaptive_runs(&self) -> RunDir {
-        RunDir::new(self.path_of(RunFile::AdaptiveRuns))
+    /// The adaptive attacker's own run directory of attempts (`adaptive/`), made here
+    /// when it is not there yet: its rounds run into it.
+    pub fn adaptive_runs(&self) -> anyhow::Result<RunDir> {
+        let path = self.path_of(RunFile::AdaptiveRuns);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(RunDir::new(path))
     }
 
     /// A clustered job's shards folder (`shards/`): made user-only by the cluster, and
@@ -355,6 +419,27 @@ impl RunDir {
     /// Slurm's `--output` pattern for each array task (array id, task index).
     pub fn shard_output_pattern(&self) -> PathBuf {
         self.path_of(RunFile::ShardOutput)
+    }
+
+    /// The task outputs Slurm left in `shards/` (named by [`RunDir::shard_output_pattern`]):
+    /// each one's (array id, task index), in no order. An array whose tasks already ran
+    /// is found by them once `squeue` has forgotten it.
+    pub fn shard_outputs(&self) -> Vec<(u64, usize)> {
+        let pattern = RunFile::ShardOutput.name().rsplit('/').next().unwrap_or_default();
+        let (Some((prefix, rest)), Some(suffix)) = (pattern.split_once("%A"), pattern.split_once("%a").map(|s| s.1))
+        else {
+            return Vec::new();
+        };
+        let between = rest.split_once("%a").map_or("", |(between, _)| between);
+        let Ok(entries) = std::fs::read_dir(self.path_of(RunFile::Shards)) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let (array, task) = name.strip_prefix(prefix)?.strip_suffix(suffix)?.split_once(between)?;
+                Some((array.parse().ok()?, task.parse().ok()?))
+            })
+            .collect()
     }
 
     /// Removes a shard's `exit.json` before the shard runs again (a requeue): its old
@@ -393,31 +478,6 @@ impl RunDir {
             None => RunLock::try_take(&path).map(Some),
         }
     }
-}
-
-/// A trace path that may be read: relative, inside the run directory.
-pub fn readable_trace(path: &str) -> bool {
-    !path.is_empty() && Path::new(path).components().all(|c| matches!(c, Component::Normal(_)))
-}
-
-/// The most of one trace that is read (a report shows it, an export takes it): a
-/// conversation of a `voll` case is tens of kilobytes; a model that wrote megabytes is
-/// refused.
-pub(crate) const MAX_TRACE_BYTES: u64 = 4 << 20;
-
-/// A trace file of the run: never through a link (a link in `traces/` could show a
-/// file from anywhere), and not beyond [`MAX_TRACE_BYTES`].
-pub fn read_trace(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    if std::fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Err(std::io::Error::other("a link, not followed"));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)?.take(MAX_TRACE_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_TRACE_BYTES {
-        return Err(std::io::Error::other(format!("over {} MiB", MAX_TRACE_BYTES >> 20)));
-    }
-    Ok(text)
 }
 
 /// A trace message's text (the report shows it, an export takes it): AgentDojo writes a string, null, or a list of `{type, content}`

@@ -48,9 +48,9 @@ pub(super) fn render(pairs: &[(Run, Run)], index: Option<&str>) -> String {
             esc(&b.judgement.version),
             esc(&a.judgement.version),
             esc(&a.judgement.run_id),
-            esc(&a.dir.display().to_string()),
+            esc(&a.dir.path().display().to_string()),
             esc(&b.judgement.run_id),
-            esc(&b.dir.display().to_string()),
+            esc(&b.dir.path().display().to_string()),
             scoped(&section, n)
         );
     }
@@ -111,7 +111,7 @@ fn overview(b: &mut String, runs: &[&Run], pairs: &[(Run, Run)]) {
     row(b, "R4 against run 1", r4);
     // The verdicts as badges in their colours; R4's status above them quieter.
     let verdicts = each(&|r| match r.stored.as_ref() {
-        Some(j) => format!(r#"<span class="vb v-{0}">{0}</span>"#, esc(&j.verdict)),
+        Some(j) => format!(r#"<span class="vb v-{0}">{0}</span>"#, j.verdict.as_str()),
         None => "not judged".into(),
     });
     row(b, "verdict as judged (its own reference)", verdicts);
