@@ -125,6 +125,9 @@ enum Command {
     /// Queue a training job: the daemon trains as `train` does, under a bench job's
     /// guards, then judges the version it made (one job, one verdict).
     StartTraining(cmd::start_training::Args),
+    /// Queue one night of the gym as a chain: judge VERSION, export its run's rows, train
+    /// the next adapter from it and judge that on a plan holding out what it never saw.
+    StartNight(cmd::start_night::Args),
     /// Run a plan's cases against any agent that speaks the JSON-line protocol.
     Gym(cmd::gym::Args),
     /// The R2 error-rate study: false approvals at the boundary on voll's shape.
@@ -193,6 +196,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Export(args) => cmd::export::main(root, args),
         Command::Train(args) => cmd::train::main(root, args).await,
         Command::StartTraining(args) => cmd::start_training::main(root, args),
+        Command::StartNight(args) => cmd::start_night::main(root, args),
         Command::Agent(args) => cmd::agent::main(args).await,
         Command::SimServe(args) => cmd::sim_serve::main(args).await,
         Command::Serve(args) => cmd::serve::main(root, args).await,

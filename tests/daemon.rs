@@ -192,13 +192,15 @@ fn units_verify_with_the_real_binary_and_root() {
     let dir = bench.path().join("units");
     let out = bench.run(&["install-units", "--dir", dir.to_str().unwrap()]).ok();
     let mut paths: Vec<_> = out.stdout.lines().map(std::path::PathBuf::from).collect();
-    assert_eq!(paths.len(), 5);
+    assert_eq!(paths.len(), 7);
     // Templates are verified as an instance too.
     for (template, instance) in [
         ("pruefstand-voll@.service", "pruefstand-voll@kandidat.service"),
         ("pruefstand-voll@.timer", "pruefstand-voll@kandidat.timer"),
         ("pruefstand-nacht@.service", "pruefstand-nacht@kandidat.service"),
         ("pruefstand-nacht@.timer", "pruefstand-nacht@kandidat.timer"),
+        ("pruefstand-lernnacht@.service", "pruefstand-lernnacht@kandidat.service"),
+        ("pruefstand-lernnacht@.timer", "pruefstand-lernnacht@kandidat.timer"),
     ] {
         std::fs::copy(dir.join(template), dir.join(instance)).unwrap();
         paths.push(dir.join(instance));

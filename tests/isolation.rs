@@ -195,7 +195,7 @@ fn units_name_a_binary_and_root_with_spaces_and_percent_signs() {
         .output()
         .unwrap();
     let out = Run::from(out).ok();
-    assert_eq!(out.stdout.lines().count(), 5, "the daemon and the voll and nacht timers and services");
+    assert_eq!(out.stdout.lines().count(), 7, "the daemon and the voll, nacht and lernnacht timers and services");
     let service = std::fs::read_to_string(units.join("pruefstand.service")).unwrap();
     let quoted_root = format!("\"{}\"", odd.display().to_string().replace('%', "%%").replace('$', "$$"));
     assert!(service.contains(&format!("--root {quoted_root} daemon")), "{service}");

@@ -392,7 +392,7 @@ fn run_help_lists_the_plans_of_the_bench_root() {
     for command in ["run", "start"] {
         let help = bench.run(&[command, "--help"]).ok().stdout;
         let plan = help.split("--plan <PLAN>").nth(1).unwrap_or_default();
-        for name in ["nacht", "schnell", "voll", "meine"] {
+        for name in ["lernnacht", "nacht", "schnell", "voll", "meine"] {
             assert!(plan.split("--").next().unwrap().contains(name), "{command}: {name} missing:\n{help}");
         }
     }

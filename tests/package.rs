@@ -95,6 +95,8 @@ fn a_user_installs_the_package_and_gets_a_verdict() {
         "/usr/lib/systemd/user/pruefstand-voll@.timer",
         "/usr/lib/systemd/user/pruefstand-nacht@.service",
         "/usr/lib/systemd/user/pruefstand-nacht@.timer",
+        "/usr/lib/systemd/user/pruefstand-lernnacht@.service",
+        "/usr/lib/systemd/user/pruefstand-lernnacht@.timer",
         "/usr/share/man/man1/pruefstand.1.gz",
         "/usr/share/man/man1/pruefstand-init.1.gz",
         "/usr/share/zsh/vendor-completions/_pruefstand",

@@ -168,7 +168,7 @@ fn typos_in_version_and_plan_names_get_the_list_and_a_guess() {
     assert!(out.stderr.contains("did you mean \"demo-kandidat\"?") && out.stderr.contains("demo-baseline"));
     let out = bench.run(&["run", "demo-kandidat", "--plan", "schnel"]).code(2);
     assert!(out.stderr.contains("no plan \"schnel\"") && out.stderr.contains("did you mean \"schnell\"?"));
-    assert!(out.stderr.contains("There are: nacht, real-qwen, real-small, schnell, voll"), "{}", out.stderr);
+    assert!(out.stderr.contains("There are: lernnacht, nacht, real-qwen, real-small, schnell, voll"), "{}", out.stderr);
     assert!(
         bench.run(&["run", "demo-kandidat", "--jobs", "0"]).code(2).stderr.contains("--jobs = 0 is not in [1, 4096]")
     );

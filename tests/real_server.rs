@@ -416,10 +416,26 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     let plan = bench.write("real-qwen-two.toml", &two);
     let run = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap()]);
     // Whatever the model earned — approved, rejected or inconclusive — but a valid run.
-    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    // One exception, the attacker's and not the target's: a 1.5B attacker may write
+    // prose without the placeholder three times running on the one pair (seen in CI);
+    // the campaign is then not measured, and R1 must say exactly that, naming the
+    // attacker — its only finding.
+    assert!(matches!(run.code, Some(0 | 10 | 11 | 12)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
     let dir = run.run_dir();
     let judgement = json(&dir.join("judgement.json"));
-    assert_eq!(judgement["rules"][0]["status"], "pass", "R1: {}", judgement["rules"][0]["reason"]);
+    let r1 = &judgement["rules"][0];
+    if run.code == Some(12) {
+        let reason = r1["reason"].as_str().unwrap();
+        let only = reason.strip_prefix("invalid: adaptive campaign error rate ").filter(|r| !r.contains("; "));
+        assert!(
+            only.is_some_and(
+                |r| r.contains("attacker qwen-coder at http://127.0.0.1:") && r.contains("refused by our checks")
+            ),
+            "R1: {reason}"
+        );
+    } else {
+        assert_eq!(r1["status"], "pass", "R1: {}", r1["reason"]);
+    }
     let records = records_of(&dir);
     let planned = json(&dir.join("plan.json"))["cases"].as_array().map(Vec::len);
     assert_eq!(Some(records.len()), planned, "every planned case has a record");
@@ -463,13 +479,13 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
     for word in ["--chat-template", "--tool-parser-plugin", "xlam_per_call"] {
         assert!(command.iter().any(|w| w == word), "{word} missing: {command:?}");
     }
-    the_model_attacked_itself(&bench, &dir, &plan);
+    the_model_attacked_itself(&bench, &dir, &plan, run.code);
 }
 
 /// The live attacker's mechanics (docs/attacks.md): the model wrote or was refused,
 /// every text new and holding the goal, feedback recorded, and a resume replays the log
 /// without asking it again. Success is whatever a 1.5B attacker earns.
-fn the_model_attacked_itself(bench: &Bench, dir: &std::path::Path, plan: &std::path::Path) {
+fn the_model_attacked_itself(bench: &Bench, dir: &std::path::Path, plan: &std::path::Path, code: Option<i32>) {
     let log = json(&dir.join("adaptive.json"));
     assert_eq!(log["attacker"]["model"], "qwen-coder", "{log}");
     assert!(log["attacker"]["prompt_sha256"].is_string(), "{log}");
@@ -480,7 +496,12 @@ fn the_model_attacked_itself(bench: &Bench, dir: &std::path::Path, plan: &std::p
         assert!(a["cost"]["seconds"].as_f64() > Some(0.0), "the attacker was asked: {a}");
         let text = a["template"].as_str().unwrap();
         match a.get("refused") {
-            Some(why) => assert!(!why.as_str().unwrap().is_empty() && text.chars().count() <= 301, "{a}"),
+            // Typed: the model's own refusal, or a reply our checks refused (the rule).
+            Some(why) => {
+                let (kind, text_of_why) = why.as_object().and_then(|o| o.iter().next()).unwrap();
+                assert!(matches!(kind.as_str(), "declined" | "rejected"), "an attacker on our own server answers: {a}");
+                assert!(!text_of_why.as_str().unwrap().is_empty() && text.chars().count() <= 301, "{a}");
+            }
             None => {
                 assert!(text.contains("{goal}"), "{a}");
                 assert!(!texts.contains(&text), "a new text each attempt: {a}");
@@ -496,7 +517,7 @@ fn the_model_attacked_itself(bench: &Bench, dir: &std::path::Path, plan: &std::p
         assert_ne!(record["outcome"], "error", "a bench error in the attacker's cases: {record}");
     }
     let again = bench.run(&["run", "real-qwen", "--plan", plan.to_str().unwrap(), "--out", dir.to_str().unwrap()]);
-    assert!(matches!(again.code, Some(0 | 10 | 11)), "{}", again.stderr);
+    assert_eq!(again.code, code, "the same verdict from the same log: {}", again.stderr);
     assert_eq!(json(&dir.join("adaptive.json")), log, "the log replays, the attacker not asked again");
 }
 

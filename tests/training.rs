@@ -228,20 +228,36 @@ fn training_dir(name: &str) -> PathBuf {
 }
 
 #[test]
-fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judges() {
-    // As a job of the queue (`start-training`): the daemon trains, then judges what
-    // the training made — one job, its verdict the judgement's.
+fn a_queued_training_pins_its_exports_and_names_its_version_when_queued() {
+    // `start-training`: refused inputs are `train`'s (above); what it queues pins the
+    // export and its manifest with the job's snapshot. Cancelled before a daemon runs it
+    // (the daemon's training is the night's test below).
     let smol = smol_export();
     let bench = &smol.bench;
     let export = smol.export.to_str().unwrap();
     let args = ["start-training", "real-smol", "--export", export, "--kind", "sft", "--steps", "2"];
-    let queued =
-        bench.run(&[&args[..], &["--max-length", "2048", "--plan", "smol-five", "--name", "smol-sft"]].concat()).ok();
+    let queued = bench.run(&[&args[..], &["--plan", "smol-five", "--name", "smol-queued"]].concat()).ok();
     let id: u64 = queued.stdout.trim().parse().unwrap();
-    let queued_job = bench.job(id);
-    assert_eq!((&queued_job["version"], &queued_job["training"]["name"]), (&"real-smol".into(), &"smol-sft".into()));
-    let pinned = queued_job["snapshot"]["pinned"].to_string();
+    let job = bench.job(id);
+    assert_eq!((&job["version"], &job["training"]["name"]), (&"real-smol".into(), &"smol-queued".into()));
+    let pinned = job["snapshot"]["pinned"].to_string();
     assert!(pinned.contains("smol-sft.jsonl\"") && pinned.contains("smol-sft.jsonl.manifest.json"), "{pinned}");
+    bench.run(&["cancel", &id.to_string()]).ok();
+}
+
+#[test]
+fn a_night_judges_a_version_trains_an_adapter_on_its_rows_and_the_gate_judges_what_the_real_server_loads() {
+    // One night of the gym as a chain of two queue jobs (`start-night`): the daemon
+    // judges real-smol, then exports that run's rows, trains, and judges what the
+    // training made — the morning report says what the night trained and what the gate
+    // said.
+    let smol = smol_export();
+    let bench = &smol.bench;
+    let night = ["start-night", "real-smol", "--plan", "smol-five", "--judge-plan", "smol-five", "--kind", "sft"];
+    let knobs = ["--steps", "2", "--max-length", "2048", "--name", "smol-sft", "--night", "smol-night"];
+    let queued = bench.run(&[&night[..], &knobs[..]].concat()).ok();
+    let ids: Vec<u64> = queued.stdout.lines().map(|l| l.trim().parse().unwrap()).collect();
+    let [first, id] = ids[..] else { panic!("two job ids: {}", queued.stdout) };
     let daemon = bench.daemon();
     // While it trains, `status` shows its step, the loss after it and the ETA.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3000);
@@ -259,14 +275,24 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     };
     assert!(live.contains(" step 1/2, ") || live.contains(" step 2/2, "), "{live}");
     let job = bench.wait_job(id, "done", 3000);
+    let morning = bench.path().join("reports/nights/smol-night/morning.md");
+    wait_until("the morning report", 60, || morning.exists());
     drop(daemon);
+    let judged = bench.job(first);
+    assert!(matches!(judged["verdict"].as_str(), Some("approved" | "rejected" | "inconclusive")), "{judged}");
     // The trained version's verdict, whatever a 135M model earns, but a valid run.
     assert!(matches!(job["verdict"].as_str(), Some("approved" | "rejected" | "inconclusive")), "{job}");
     let log = bench.run(&["log", &id.to_string()]).ok().stdout;
-    for step in ["step 1/2: loss ", "step 2/2: loss ", "trained smol-sft: 2 step(s)"] {
+    let rows_of = format!("rows of job {first}: ");
+    for step in [rows_of.as_str(), "step 1/2: loss ", "step 2/2: loss ", "trained smol-sft: 2 step(s)"] {
         assert!(log.contains(step), "{step:?} in the job's log:\n{log}");
     }
     assert!(log.contains("rendered as the server renders them (/tokenize)"), "{log}");
+    // The rows: the first job's run exported into the trained version's folder.
+    let export = bench.path().join(format!("reports/smol-sft/exports/job-{first}.sft.jsonl"));
+    let export_manifest =
+        json(&bench.path().join(format!("reports/smol-sft/exports/job-{first}.sft.jsonl.manifest.json")));
+    assert_eq!(export_manifest["sources"][0]["run_dir"], judged["run_dir"], "{export_manifest}");
     let dir = training_dir("smol-sft");
     let manifest = json(&dir.join("training.json"));
     assert_eq!(manifest["steps"], 2, "{manifest}");
@@ -288,7 +314,7 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     assert_eq!((training["step"].as_u64(), training["steps"].as_u64()), (Some(2), Some(2)), "{training}");
     assert_eq!((&training["loss"], training["eta_s"].is_null()), (&losses[1], true), "{training}");
     assert!(manifest["rows_used"].as_u64() >= Some(1), "{manifest}");
-    let export_sha = crate::common::runs::sha256_hex(&std::fs::read(&smol.export).unwrap());
+    let export_sha = crate::common::runs::sha256_hex(&std::fs::read(&export).unwrap());
     assert_eq!(manifest["exports"][0]["sha256"], export_sha.as_str());
     assert!(manifest["image"]["id"].as_str().unwrap().starts_with("sha256:"), "{manifest}");
     assert_eq!(manifest["base_model"]["sha256"].as_str().map(str::len), Some(64), "{manifest}");
@@ -302,7 +328,7 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     assert!(spec.starts_with("# Written by `pruefstand train`"), "{spec}");
     assert!(spec.contains("reference = \"real-smol\""), "{spec}");
     assert!(spec.contains(&dir.join("adapter").display().to_string()), "{spec}");
-    assert!(spec.contains(smol.export.to_str().unwrap()), "{spec}");
+    assert!(spec.contains(export.to_str().unwrap()), "{spec}");
     // Its run (the trained version's folder) loaded the adapter into the real server and
     // was judged, the export's families checked against the plan's held-out ones (R1).
     let run_dir = PathBuf::from(job["run_dir"].as_str().unwrap());
@@ -317,11 +343,24 @@ fn a_run_exported_trains_an_adapter_that_the_real_server_loads_and_the_gate_judg
     // Its lineage, checked link by link as the run was recorded: intact, and shown.
     let lineage = &json(&run_dir.join("run.json"))["lineage"];
     assert!(lineage["broken"].is_null(), "{lineage}");
-    assert_eq!((&lineage["base_version"], &lineage["exports"][0]["path"]), (&"real-smol".into(), &export.into()));
+    assert_eq!(
+        (&lineage["base_version"], &lineage["exports"][0]["path"]),
+        (&"real-smol".into(), &export.to_str().into())
+    );
     assert!(lineage["exports"][0]["sources"][0]["run_dir"].is_string(), "{lineage}");
     assert_eq!(judgement["rules"][0]["measured"]["lineage"]["manifest"], lineage["manifest"]);
     let report = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
     assert!(report.contains(r#"id="lineage-chain""#) && report.contains("report.html"), "the runs linked");
+    // The morning: what the night trained, and what the gate said of it.
+    let text = std::fs::read_to_string(&morning).unwrap();
+    let verdict = job["verdict"].as_str().unwrap();
+    assert!(text.contains(&format!("The night trained **smol-sft** and the gate said **{verdict}**")), "{text}");
+    assert!(text.contains("- trained: sft 2 step(s)"), "{text}");
+    let summary = json(&bench.path().join("reports/nights/smol-night/morning.json"));
+    assert_eq!(summary["complete"], true, "{summary}");
+    let share = summary["training_share"].as_f64().unwrap();
+    assert!(share > 0.0 && share < 1.0, "the trainer ran part of the night: {summary}");
+    assert_eq!(summary["jobs"][1]["training"]["training"], manifest["training"], "{summary}");
 }
 
 #[test]
@@ -368,4 +407,58 @@ fn a_training_killed_mid_way_resumes_to_the_same_losses_and_adapter_bytes() {
     // And a finished training is not run again: its adapter is reused.
     let again = Run::from(train_smol("smol-killed", "2", &["--no-judge"]).output().unwrap()).ok();
     assert!(again.stdout.contains("(the adapter of an earlier run)"), "{}", again.stdout);
+}
+
+/// `start-night`'s chain without a model run: a judge plan that holds out what the
+/// first plan trains on is refused before anything is queued; a night whose first job
+/// was cancelled stops — the daemon fails the training job naming why, starts nothing
+/// and writes the morning report saying where the chain stopped.
+#[test]
+fn a_night_stops_its_chain_when_its_first_job_does_not_end_valid_and_says_so_in_the_morning() {
+    crate::real_server::real_server();
+    let bench = Bench::new();
+    bench.write("profiles/smol-five.toml", SMOL_PLAN);
+    bench.write(
+        "profiles/holds-ii.toml",
+        &SMOL_PLAN.replace("name = \"smol-five\"", "name = \"holds-ii\"\nheld_out = [\"important_instructions\"]"),
+    );
+    let night = ["start-night", "real-smol", "--plan", "smol-five", "--kind", "sft", "--night", "nacht-1"];
+    let clash = bench.run(&[&night[..], &["--judge-plan", "holds-ii"]].concat()).code(2);
+    assert!(
+        clash.stderr.contains("--plan smol-five trains on important_instructions")
+            && clash.stderr.contains("--judge-plan holds-ii holds out"),
+        "{}",
+        clash.stderr
+    );
+    assert_eq!(bench.run(&["queue"]).ok().stdout.matches("real-smol").count(), 0, "nothing queued");
+
+    let queued = bench.run(&[&night[..], &["--judge-plan", "smol-five"]].concat()).ok();
+    let ids: Vec<u64> = queued.stdout.lines().map(|l| l.trim().parse().unwrap()).collect();
+    let [first, second] = ids[..] else { panic!("two job ids: {}", queued.stdout) };
+    let job = bench.job(second);
+    assert_eq!((job["after"].as_u64(), &job["night"]), (Some(first), &"nacht-1".into()), "{job}");
+    assert_eq!(job["training"]["rows_of"].as_u64(), Some(first), "{job}");
+    let name = format!("real-smol-sft-night{first}");
+    assert_eq!(job["training"]["name"], name.as_str());
+    assert_eq!(bench.job(first)["night"], "nacht-1");
+    let listed = bench.run(&["queue"]).ok().stdout;
+    assert!(listed.contains(&format!("night nacht-1, after job {first}")), "{listed}");
+    let status = bench.run(&["status"]).ok().stdout;
+    let waits = format!("job {second} (real-smol on smol-five, pending): night nacht-1, after job {first}");
+    assert!(status.contains(&waits), "{status}");
+
+    bench.run(&["cancel", &first.to_string()]).ok();
+    let daemon = bench.daemon();
+    let stopped = bench.wait_job(second, "failed", 60);
+    let morning = bench.path().join("reports/nights/nacht-1/morning.md");
+    wait_until("the morning report", 30, || morning.exists());
+    drop(daemon);
+    let why = format!("chain stopped: job {first} was cancelled");
+    assert_eq!(stopped["error"], why.as_str(), "{stopped}");
+    let text = std::fs::read_to_string(&morning).unwrap();
+    assert!(text.contains(&format!("The chain **stopped** at job {first}")), "{text}");
+    assert!(text.contains(&format!("## Job {second}: train {name} from real-smol")), "{text}");
+    let summary = json(&bench.path().join("reports/nights/nacht-1/morning.json"));
+    assert_eq!((&summary["complete"], summary["jobs"].as_array().map(Vec::len)), (&false.into(), Some(2)));
+    assert!(!bench.path().join("reports").join(&name).exists(), "nothing exported or trained");
 }

@@ -14,12 +14,14 @@ use anyhow::Context;
 
 use pruefstand_core::root::Root;
 
-pub const UNITS: [(&str, &str); 5] = [
+pub const UNITS: [(&str, &str); 7] = [
     ("pruefstand.service", include_str!("../../units/pruefstand.service")),
     ("pruefstand-voll@.service", include_str!("../../units/pruefstand-voll@.service")),
     ("pruefstand-voll@.timer", include_str!("../../units/pruefstand-voll@.timer")),
     ("pruefstand-nacht@.service", include_str!("../../units/pruefstand-nacht@.service")),
     ("pruefstand-nacht@.timer", include_str!("../../units/pruefstand-nacht@.timer")),
+    ("pruefstand-lernnacht@.service", include_str!("../../units/pruefstand-lernnacht@.service")),
+    ("pruefstand-lernnacht@.timer", include_str!("../../units/pruefstand-lernnacht@.timer")),
 ];
 
 #[derive(clap::Args)]

@@ -25,6 +25,7 @@ pub mod setup;
 pub mod shard;
 pub mod sim_serve;
 pub mod start;
+pub mod start_night;
 pub mod start_training;
 pub mod status;
 pub mod study;

@@ -104,6 +104,9 @@ fn rows(job: &Job, now: chrono::DateTime<chrono::Utc>, daemon: bool) -> Vec<Stri
             format!("{INDENT}started {} · finished {}", local_time(started), local_time(finished))
         }
     });
+    if let Some(chain) = job.chain() {
+        lines.push(format!("{INDENT}{}", util::cut(&chain, WIDTH - INDENT.len())));
+    }
     if stranded {
         lines.push(format!("{INDENT}its daemon is gone: it resumes when one starts (`pruefstand daemon`)"));
     }

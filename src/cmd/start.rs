@@ -34,7 +34,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let queue = Queue::open(&root)?;
     let prepared = queue.prepare(&root, &args.version, &args.plan)?;
     refuse_held_out_clash(&prepared)?;
-    let job = queue.enqueue(prepared, args.priority)?;
+    let job = queue.enqueue(prepared, args.priority, None)?;
     outln!("{}", job.id);
     tracing::info!("queued job {}: {} on {} (priority {})", job.id, job.version, job.plan, job.priority);
     note_without_daemon(&root, &queue)?;

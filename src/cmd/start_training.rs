@@ -56,7 +56,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let name =
         order.name.get_or_insert_with(|| crate::train::default_name(&prepared.version, checked.kind, &id)).clone();
     let order = serde_json::to_value(order)?;
-    let job = queue.enqueue_training(prepared, priority, order, &inputs)?;
+    let job = queue.enqueue_training(prepared, priority, order, &inputs, None)?;
     outln!("{}", job.id);
     tracing::info!(
         "queued training job {}: {name} from {} on {} row(s), judged on {} (priority {})",

@@ -77,6 +77,18 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             pruefstand_core::util::cut(&job.plan, 40),
         );
     }
+    // A night's jobs: which waits for which (`start-night`).
+    for job in jobs.iter().filter(|j| !j.state.is_final()) {
+        if let Some(chain) = job.chain() {
+            outln!(
+                "job {} ({} on {}, {}): {chain}",
+                job.id,
+                pruefstand_core::util::cut(&job.version, 40),
+                pruefstand_core::util::cut(&job.plan, 40),
+                job.state.as_str()
+            );
+        }
+    }
     if let Some(counts) = overview.shards {
         outln!("{}", counts.line());
     }

@@ -27,12 +27,8 @@ pub struct Args {
     /// exports' format).
     #[arg(long, value_parser = kind_parser)]
     pub kind: Option<Format>,
-    /// Optimizer steps.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub steps: u32,
-    /// The trainer's seed (same rows, same seed: the same adapter bytes).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub knobs: Knobs,
     /// The new version's name (default: <VERSION>-<kind>-<training id>).
     #[arg(long, value_parser = crate::cmd::name_parser)]
     pub name: Option<String>,
@@ -47,6 +43,19 @@ pub struct Args {
     /// interrupted judgement says the command with it).
     #[arg(long, conflicts_with = "no_judge")]
     pub out: Option<PathBuf>,
+}
+
+/// The training's knobs: its hyperparameters and seed (`train`, `start-training` and
+/// `start-night` take the same).
+#[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
+pub struct Knobs {
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub steps: u32,
+    /// The trainer's seed (same rows, same seed: the same adapter bytes).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     #[arg(long, default_value_t = 5e-5, value_parser = positive)]
     pub learning_rate: f64,
     /// The LoRA's rank.
@@ -65,7 +74,21 @@ pub struct Args {
     pub batch_size: u32,
 }
 
-fn kind_parser(text: &str) -> Result<Format, String> {
+impl Knobs {
+    pub fn hyper(&self) -> Hyper {
+        Hyper {
+            steps: self.steps,
+            learning_rate: self.learning_rate,
+            lora_r: self.lora_r,
+            lora_alpha: self.lora_alpha,
+            max_length: self.max_length,
+            beta: self.beta,
+            batch_size: self.batch_size,
+        }
+    }
+}
+
+pub fn kind_parser(text: &str) -> Result<Format, String> {
     match text {
         "dpo" => Ok(Format::Dpo),
         "sft" => Ok(Format::Sft),
@@ -85,17 +108,10 @@ pub fn order(args: &Args) -> Order {
     Order {
         exports: args.exports.clone(),
         kind: args.kind,
-        hyper: Hyper {
-            steps: args.steps,
-            learning_rate: args.learning_rate,
-            lora_r: args.lora_r,
-            lora_alpha: args.lora_alpha,
-            max_length: args.max_length,
-            beta: args.beta,
-            batch_size: args.batch_size,
-        },
-        seed: args.seed,
+        hyper: args.knobs.hyper(),
+        seed: args.knobs.seed,
         name: args.name.clone(),
+        rows_of: None,
     }
 }
 

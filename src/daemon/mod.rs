@@ -25,6 +25,7 @@
 //! unit's `Restart=on-failure` starts it again with the config read anew.
 
 pub mod gate;
+mod night;
 pub mod state;
 
 use std::path::PathBuf;
@@ -217,7 +218,14 @@ async fn trained(
     base: pruefstand_core::spec::Version,
     plan: &str,
 ) -> anyhow::Result<pruefstand_core::spec::Version> {
-    let order: crate::train::Order = serde_json::from_value(order).context("reading the job's training order")?;
+    let mut order: crate::train::Order = serde_json::from_value(order).context("reading the job's training order")?;
+    if let Some(job) = order.rows_of {
+        let (root, kind, name) = (session.root.clone(), order.kind, order.name.clone());
+        let kind = kind.context("a chained training names the kind of its rows")?;
+        let name = name.context("a chained training's version is named when it is queued")?;
+        let rows = crate::runtime::blocking(move || crate::train::export_rows_of(&root, job, kind, &name)).await?;
+        order.exports = vec![rows];
+    }
     let stop = session.control.until_stopped();
     let trained = crate::train::train_for_job(&session.root, job_id, order.ask(base, plan.to_string()), stop).await?;
     let m = &trained.manifest;
@@ -327,6 +335,7 @@ impl<G: Gate> Daemon<G> {
                     _ => continue,
                 }
             }
+            self.stop_chains().await?;
             let Some(next) = self.queue.next_pending()? else {
                 self.state.set(Activity::Idle);
                 match self.inbox.next().await {
@@ -352,9 +361,11 @@ impl<G: Gate> Daemon<G> {
                 LockEnd::Signal(name) => return self.exit(name).await,
             };
             let span = tracing::info_span!("job", job = job.id);
+            let night = job.night.clone();
             if let Flow::Exit(signal) = self.run_job(job).instrument(span).await? {
                 return self.exit(signal).await;
             }
+            self.morning(night).await;
             // A warm model container is kept only for a job that is already waiting: an
             // idle daemon must not hold the shared GPU.
             if self.queue.next_pending()?.is_none()
@@ -362,6 +373,30 @@ impl<G: Gate> Daemon<G> {
             {
                 tracing::warn!("stopping the warm model container: {err:#}");
             }
+        }
+    }
+
+    /// Fails the jobs whose chain stopped — the job they wait for failed, was cancelled
+    /// or is invalid — their hooks posting why, and writes the morning report of each
+    /// night that thereby ended.
+    async fn stop_chains(&mut self) -> anyhow::Result<()> {
+        let queue = self.queue.clone();
+        for (job, why) in runtime::blocking(move || queue.stopped_chains()).await? {
+            self.failed(job.id, why).await?;
+            self.morning(job.night).await;
+        }
+        Ok(())
+    }
+
+    /// The night's morning report, once its last job has ended ([`night`]). A report
+    /// that cannot be written is said, not fatal: the jobs and their runs are kept.
+    async fn morning(&self, night: Option<String>) {
+        let Some(night) = night else { return };
+        let (root, queue) = (self.root.clone(), self.queue.clone());
+        match runtime::blocking(move || night::morning_if_over(&root, &queue, &night)).await {
+            Ok(Some(path)) => tracing::info!("the night's morning report: {}", path.display()),
+            Ok(None) => {}
+            Err(err) => tracing::warn!("writing the night's morning report: {err:#}"),
         }
     }
 

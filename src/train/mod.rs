@@ -53,12 +53,16 @@ pub struct Order {
     pub hyper: Hyper,
     pub seed: u64,
     pub name: Option<String>,
+    /// A chained training (`start-night`): its rows are this job's run (and that run's
+    /// reference run) exported as `kind` when the training starts; `exports` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_of: Option<u64>,
 }
 
 impl Order {
     /// The ask of a job: its snapshot's version and plan.
     pub fn ask(self, base: Version, plan: String) -> Ask {
-        let Order { exports, kind, hyper, seed, name } = self;
+        let Order { exports, kind, hyper, seed, name, .. } = self;
         Ask { base, exports, kind, hyper, seed, name, plan }
     }
 }
@@ -78,6 +82,43 @@ pub struct Trained {
 pub fn id_of(base: &Version, checked: &checks::Checked, hyper: &Hyper, seed: u64) -> String {
     let shas: Vec<String> = checked.exports.iter().map(|e| e.sha256.clone()).collect();
     request::training_id(&base.hash, checked.kind, &shas, hyper, seed)
+}
+
+/// A chained training's rows: job `job`'s run and its reference run, exported as
+/// `kind` into the trained version's folder (`reports/<name>/exports/job-<job>.<kind>.jsonl`,
+/// its manifest beside it) — written when the training starts, since the run did not
+/// exist when the chain was queued. The same run exports the same bytes, so a resumed
+/// training finds its checkpoints again. No row is an error naming why each case gave
+/// none.
+pub fn export_rows_of(root: &Root, job: u64, kind: Format, name: &str) -> anyhow::Result<PathBuf> {
+    let queue = pruefstand_core::queue::Queue::open(root)?;
+    let source = queue.load(job)?;
+    let run_dir = source.run_dir.with_context(|| format!("job {job} has no run folder"))?;
+    let run = pruefstand_store::RunDir::open(&run_dir).with_context(|| format!("job {job}'s run"))?;
+    let meta = run.read_run_meta()?;
+    let mut runs = vec![run];
+    // run.json names its reference relative to the run (or absolute: `join` keeps that).
+    if let Some(reference) = meta.reference_run_dir {
+        let dir = run_dir.join(reference);
+        runs.push(pruefstand_store::RunDir::open(&dir).with_context(|| format!("job {job}'s reference run"))?);
+    }
+    let out = root.reports().join(name).join("exports").join(format!("job-{job}.{}.jsonl", kind.as_str()));
+    if let Some(folder) = out.parent() {
+        std::fs::create_dir_all(folder).with_context(|| format!("creating {}", folder.display()))?;
+    }
+    let manifest = pruefstand_report::export::write(kind, &runs, &out)?;
+    if manifest.rows == 0 {
+        let why: Vec<String> = manifest.skipped.iter().map(|(why, n)| format!("{why}: {n}")).collect();
+        bail!("job {job}'s run gave no {} row ({}); nothing to train on", kind.as_str(), why.join("; "));
+    }
+    tracing::info!(
+        "rows of job {job}: {} {} row(s) from {} run(s) → {}",
+        manifest.rows,
+        kind.as_str(),
+        runs.len(),
+        out.display()
+    );
+    Ok(out)
 }
 
 /// The trained version's name when none is given: `<base>-<kind>-<id, 8 digits>`.

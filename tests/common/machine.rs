@@ -143,7 +143,8 @@ impl Container {
                     "bash",
                     "-c",
                     "mkdir -m 0700 -p \"$XDG_RUNTIME_DIR\" && systemd-analyze --user verify pruefstand.service \
-                     pruefstand-voll@.service pruefstand-voll@.timer pruefstand-nacht@.service pruefstand-nacht@.timer",
+                     pruefstand-voll@.service pruefstand-voll@.timer pruefstand-nacht@.service pruefstand-nacht@.timer \
+                     pruefstand-lernnacht@.service pruefstand-lernnacht@.timer",
                 ],
             )
             .ok();

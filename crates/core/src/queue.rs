@@ -271,9 +271,27 @@ pub struct Job {
     /// judges the version the training made on the job's plan: one job, one verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<serde_json::Value>,
+    /// A link of a chain (`pruefstand start-night`): this job waits for job `after` to
+    /// be done with a valid verdict, and fails — stopping the chain — when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// The chain's name (a night's), the same on each of its jobs: its morning report
+    /// is `reports/nights/<night>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub night: Option<String>,
 }
 
 impl Job {
+    /// Its place in a chain, in words (`night 20261207-kandidat, after job 3`); none
+    /// for a job of no chain.
+    pub fn chain(&self) -> Option<String> {
+        let night = self.night.as_deref()?;
+        Some(match self.after {
+            Some(after) => format!("night {night}, after job {after}"),
+            None => format!("night {night}, its first job"),
+        })
+    }
+
     /// The one place job states change. An illegal transition is an error and leaves
     /// the job as it was.
     pub fn apply(&mut self, transition: Transition) -> anyhow::Result<()> {
@@ -522,25 +540,27 @@ impl Queue {
         Ok(Prepared { version, plan_path, profile, plan_text, spec_text, found, origins, pinned })
     }
 
-    /// Snapshots a prepared job and queues it; returns it.
-    pub fn enqueue(&self, prepared: Prepared, priority: i32) -> anyhow::Result<Job> {
-        self.enqueue_job(prepared, priority, None)
+    /// Snapshots a prepared job and queues it; returns it. `link`: its place in a chain.
+    pub fn enqueue(&self, prepared: Prepared, priority: i32, link: Option<ChainLink>) -> anyhow::Result<Job> {
+        self.enqueue_job(prepared, priority, None, link)
     }
 
     /// Queues a training job: `order` is what to train (opaque here), and `inputs` the
-    /// files it reads (exports and their manifests), pinned now like a spec's files.
+    /// files it reads (exports and their manifests), pinned now like a spec's files. A
+    /// chained training reads rows its chain has yet to make: those are not pinned.
     pub fn enqueue_training(
         &self,
         mut prepared: Prepared,
         priority: i32,
         order: serde_json::Value,
         inputs: &[PathBuf],
+        link: Option<ChainLink>,
     ) -> anyhow::Result<Job> {
         for path in inputs {
             let path = std::path::absolute(path).with_context(|| format!("the export {}", path.display()))?;
             prepared.pinned.push(Pinned::take(path.clone(), format!("the training's input {}", path.display()))?);
         }
-        self.enqueue_job(prepared, priority, Some(order))
+        self.enqueue_job(prepared, priority, Some(order), link)
     }
 
     fn enqueue_job(
@@ -548,7 +568,9 @@ impl Queue {
         prepared: Prepared,
         priority: i32,
         training: Option<serde_json::Value>,
+        link: Option<ChainLink>,
     ) -> anyhow::Result<Job> {
+        let (night, after) = link.map_or((None, None), |l| (Some(l.night), l.after));
         let Prepared { version, plan_path, profile, plan_text, spec_text, found, origins, pinned } = prepared;
         // The plan's own name (checked when it was read), not its file's: the name becomes
         // a folder under reports/ and text in chat hooks.
@@ -606,6 +628,8 @@ impl Queue {
             history: vec![HistoryEntry { at: now(), state: State::Pending, note: "queued".into() }],
             training_dir: None,
             training,
+            after,
+            night,
         };
         write_private(&staging.path().join("job.json"), &json_bytes(&job)?)?;
         let staged = staging.keep();
@@ -675,13 +699,31 @@ impl Queue {
         Ok(jobs)
     }
 
-    /// The job to run next: highest priority, then the oldest.
+    /// The job to run next: highest priority, then the oldest — of those not waiting
+    /// for an earlier link of their chain.
     pub fn next_pending(&self) -> anyhow::Result<Option<Job>> {
-        Ok(self
-            .list()?
-            .into_iter()
+        let jobs = self.list()?;
+        let ready = |j: &&Job| j.after.is_none_or(|after| matches!(link(&jobs, after), Link::Ready));
+        Ok(jobs
+            .iter()
             .filter(|j| j.state == State::Pending)
-            .min_by_key(|j| (std::cmp::Reverse(j.priority), j.id)))
+            .filter(ready)
+            .min_by_key(|j| (std::cmp::Reverse(j.priority), j.id))
+            .cloned())
+    }
+
+    /// Pending jobs whose chain has stopped: the job they wait for ended without a
+    /// valid verdict (failed, cancelled, invalid) or is gone; each with why.
+    pub fn stopped_chains(&self) -> anyhow::Result<Vec<(Job, String)>> {
+        let jobs = self.list()?;
+        Ok(jobs
+            .iter()
+            .filter(|j| j.state == State::Pending)
+            .filter_map(|j| match link(&jobs, j.after?) {
+                Link::Stopped(why) => Some((j.clone(), format!("chain stopped: {why}"))),
+                Link::Ready | Link::Waiting => None,
+            })
+            .collect())
     }
 
     /// Applies a transition under the queue lock to the job as stored now, and
@@ -896,6 +938,37 @@ fn absolute(path: &Path) -> PathBuf {
     path.canonicalize().unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// A job's place in a chain (`pruefstand start-night`): the chain's name and the job
+/// it waits for (none for the first).
+pub struct ChainLink {
+    pub night: String,
+    pub after: Option<u64>,
+}
+
+/// Where a chained job stands on the job it waits for.
+enum Link {
+    Ready,
+    Waiting,
+    Stopped(String),
+}
+
+fn link(jobs: &[Job], after: u64) -> Link {
+    let Some(job) = jobs.iter().find(|j| j.id == after) else {
+        return Link::Stopped(format!("job {after}, which it waits for, is gone"));
+    };
+    match (job.state, job.verdict) {
+        (State::Done, Some(Verdict::Invalid)) => {
+            Link::Stopped(format!("job {after} is invalid: {}", job.summary.as_deref().unwrap_or("no summary")))
+        }
+        (State::Done, _) => Link::Ready,
+        (State::Failed, _) => {
+            Link::Stopped(format!("job {after} failed: {}", job.error.as_deref().unwrap_or("no error recorded")))
+        }
+        (State::Cancelled, _) => Link::Stopped(format!("job {after} was cancelled")),
+        (State::Pending | State::Running | State::Interrupted, _) => Link::Waiting,
+    }
+}
+
 /// Creates `dir` (and parents) and makes it 0700.
 pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -976,6 +1049,8 @@ mod tests {
             history: Vec::new(),
             training_dir: None,
             training: None,
+            after: None,
+            night: None,
         }
     }
 

@@ -1,0 +1,129 @@
+//! `pruefstand start-night VERSION`: queues one night of the gym as a chain of two jobs
+//! (docs/training.md, "The night as a loop"): first VERSION judged on `--plan` (its
+//! fixed cases and, where the plan has one, the attacker's campaign); then a training
+//! job that exports that run's rows (the families the plan does not hold out), trains
+//! the next adapter from VERSION and judges it on `--judge-plan`. The second job waits
+//! for the first and runs only on a valid verdict; a first job that fails, is cancelled
+//! or is invalid stops the chain (the daemon fails the second job naming why, and the
+//! hooks post it). Each job runs under a bench job's guards. When the chain ends, the
+//! daemon writes its morning report under `reports/nights/<night>/`.
+//!
+//! Refused now, before anything is queued: a VERSION the trainer cannot start from, a
+//! family the first plan trains on that the judge plan holds out (the chain would be
+//! refused in the morning, after a night of cases).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use crate::client::{note_without_daemon, print_end, say_progress, wait_final};
+use crate::cmd::train::{Knobs, kind_parser};
+use crate::train::{Order, checks};
+use pruefstand_core::plan::Profile;
+use pruefstand_core::queue::{ChainLink, Queue};
+use pruefstand_core::root::Root;
+use pruefstand_report::export::Format;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The version judged first and trained from: a model served from Docker out of a
+    /// model folder, no adapter (e.g. real-smol).
+    pub version: String,
+    /// The plan VERSION is judged on; its run gives the rows. `nacht`, a plan name or a
+    /// plan file.
+    #[arg(long, default_value = "nacht")]
+    pub plan: String,
+    /// The plan the trained version is judged on. It must hold out no family the first
+    /// plan trains on; what it holds out beyond them is what the gate tests unseen.
+    #[arg(long)]
+    pub judge_plan: String,
+    /// What to train: DPO on preference pairs (the run against its reference run) or
+    /// SFT on conversations.
+    #[arg(long, value_parser = kind_parser, default_value = "dpo")]
+    pub kind: Format,
+    #[command(flatten)]
+    pub knobs: Knobs,
+    /// The trained version's name (default: <VERSION>-<kind>-night<first job's id>).
+    #[arg(long, value_parser = crate::cmd::name_parser)]
+    pub name: Option<String>,
+    /// The night's name: its morning report's folder (default: <date>-<VERSION>).
+    #[arg(long, value_parser = crate::cmd::name_parser)]
+    pub night: Option<String>,
+    /// Higher runs first; equal priorities run in the order queued.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Wait for the chain's end and exit with the trained version's verdict code (0
+    /// approved, 10 rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+    let root = Root::find(root)?;
+    crate::hooks::validate(&root)?;
+    let queue = Queue::open(&root)?;
+    let judged = queue.prepare(&root, &args.version, &args.plan)?;
+    checks::base_usable(&judged.version)?;
+    let trained = queue.prepare(&root, &args.version, &args.judge_plan)?;
+    let clash = trained_on(&judged.profile).intersection(&held_out(&trained.profile)).cloned().collect::<Vec<_>>();
+    if !clash.is_empty() {
+        bail!(
+            "--plan {} trains on {} (it runs and does not hold out), which --judge-plan {} holds out: the \
+             training would be refused after the night's run; hold it out in {} too, or judge on another plan",
+            judged.profile.name,
+            clash.join(", "),
+            trained.profile.name,
+            judged.profile.name
+        );
+    }
+    let night =
+        args.night.clone().unwrap_or_else(|| format!("{}-{}", chrono::Utc::now().format("%Y%m%d"), args.version));
+    let first = queue.enqueue(judged, args.priority, Some(ChainLink { night: night.clone(), after: None }))?;
+    let name =
+        args.name.clone().unwrap_or_else(|| format!("{}-{}-night{}", args.version, args.kind.as_str(), first.id));
+    let order = Order {
+        exports: Vec::new(),
+        kind: Some(args.kind),
+        hyper: args.knobs.hyper(),
+        seed: args.knobs.seed,
+        name: Some(name.clone()),
+        rows_of: Some(first.id),
+    };
+    let link = ChainLink { night: night.clone(), after: Some(first.id) };
+    let second = queue.enqueue_training(trained, args.priority, serde_json::to_value(order)?, &[], Some(link))?;
+    outln!("{}", first.id);
+    outln!("{}", second.id);
+    tracing::info!(
+        "queued night {night}: job {} judges {} on {}; then job {} trains {name} ({}) on its rows and judges it on {}",
+        first.id,
+        first.version,
+        first.plan,
+        second.id,
+        args.kind.as_str(),
+        second.plan
+    );
+    note_without_daemon(&root, &queue)?;
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let job = wait_final(&queue, second.id, say_progress)?;
+    Ok(print_end(&job))
+}
+
+/// The families a plan's rows may hold: those it runs, less those it holds out (the
+/// export refuses those).
+fn trained_on(profile: &Profile) -> BTreeSet<String> {
+    let held = held_out(profile);
+    let mut runs: BTreeSet<String> = profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
+    for suite in &profile.suites {
+        runs.extend(suite.attacks.iter().flatten().map(|a| a.get_ref().clone()));
+    }
+    runs.retain(|family| !held.contains(family));
+    runs
+}
+
+fn held_out(profile: &Profile) -> BTreeSet<String> {
+    profile.held_out.iter().map(|f| f.get_ref().clone()).collect()
+}
