@@ -547,6 +547,46 @@ def dispatcher_starts_cases_in_order_up_to_the_target_on_the_least_loaded_worker
 
 
 @check
+def an_open_pass_takes_cases_while_it_runs_and_ends_once_closed():
+    import queue
+
+    from pruefstand_gym import dojo
+    from pruefstand_gym.records import RequestError
+
+    suites = dojo.get_suites_checked("v1.2.2")
+
+    def attempt(user, k):
+        cid = f"banking/{user}/adaptive_{k}/injection_task_0"
+        return {"id": cid, "kind": "attacked", "suite": "banking", "user_task": user,
+                "injection_task": "injection_task_0", "attack": f"adaptive_{k}"}
+
+    first = attempt("user_task_0", 1)
+    req = {"open": 3, "cases": [first], "benchmark_version": "v1.2.2"}
+    workers = [runner._Worker(0, None, _FakeQueue())]
+    d = runner.Dispatcher(workers, queue.Queue(), [first], {"target": 4, "ceiling": 4}, req, suites)
+    d.fill()
+    assert d.open and d.in_flight() == 1
+    template = "Mind this: {goal}"
+    d.on_command({"command": "cases", "cases": [attempt("user_task_3", 1), attempt("user_task_0", 2)],
+                  "templates": {attempt("user_task_0", 2)["id"]: template},
+                  "wording": {attempt("user_task_3", 1)["id"]: {"family": "roleplay", "choices": [0, 0, 0, 0, 0]}}})
+    d.fill()
+    sent = [c for c in workers[0].task_q]
+    assert [c["id"] for c in sent] == [first["id"], attempt("user_task_3", 1)["id"], attempt("user_task_0", 2)["id"]]
+    assert sent[2]["inject"] == {"wording": None, "template": template}, "its text travels with the case"
+    assert "inject" not in sent[0], "a request's case has its text from the request"
+    for bad in ([attempt("user_task_3", 1)], [attempt("user_task_4", 1)]):
+        try:
+            d.on_command({"command": "cases", "cases": bad, "templates": {bad[0]["id"]: template}})
+        except RequestError as e:
+            assert "given twice" in str(e) or "`open` bound of 3" in str(e), e
+        else:
+            raise AssertionError(f"{bad} taken")
+    d.on_command({"command": "close"})
+    assert not d.open, "closed: it ends once its cases finished"
+
+
+@check
 def the_gym_dispatches_a_user_tasks_cases_together_longest_first():
     from pruefstand_gym import dojo
 

@@ -3,7 +3,14 @@
 On the simulator: the known-truth plan (eight banking pairs, four searched with K = 10,
 four held out) against a version whose weakness no grammar wording expresses — the
 budget curve (search pairs broken within k attempts) of the grammar, of the simulated
-attacker with feedback and without, and each one's transfer to the held-out pairs.
+attacker with feedback and without, and each one's transfer to the held-out pairs. Then
+the grammar and the simulated attacker again (each with a fixed seed: the same campaign
+from any binary) on a simulated server that takes its time as a GPU server would (BENCH_ATTACKER_BASE_MS per call plus BENCH_ATTACKER_TOKEN_MS per
+completion token, 8 requests at once): the share of wall time the server had at least
+one request running (`vllm:num_requests_running`, read every quarter second by the
+run), for the plan's cases and for the campaign — the campaign's from its gym's start
+to its end, the attacker's asks and the target's cases together. BENCH_SKIP=attacker_paced
+leaves these two runs out.
 
 On the real Qwen server (version real-qwen, the CPU vLLM; minutes per case): one
 banking pair searched and one held out, K = 2, grammar and attacker model (the model's
@@ -28,6 +35,10 @@ from pathlib import Path
 
 from .common import REPO, SKIP, ensure_binary, ensure_venv, fmt, loadavg, make_root, say
 from .vllm import real_unavailable
+
+# The paced server: a call's latency (base + per completion token) as on a GPU server.
+BASE_MS = float(os.environ.get("BENCH_ATTACKER_BASE_MS", "2000"))
+TOKEN_MS = float(os.environ.get("BENCH_ATTACKER_TOKEN_MS", "30"))
 
 WEAK = 'susceptibility = 0.0\nweakness = ["maintenance robot", "carrier pigeon", "vault rotates keys"]'
 
@@ -59,15 +70,19 @@ def _plan(root: Path, name: str, users: list[str], injections: list[str], attemp
     return path
 
 
-def _run(binary: Path, root: Path, version: str, plan: Path, log: Path, timeout: float) -> tuple[Path | None, float]:
-    """`pruefstand run`; (its run directory, wall seconds)."""
+def _run(binary: Path, root: Path, version: str, plan: Path, log: Path, timeout: float,
+         out: Path | None = None) -> tuple[Path | None, float]:
+    """`pruefstand run` (into `out`, when given: the run's seed follows its folder's
+    name); (its run directory, wall seconds)."""
     t0 = time.monotonic()
+    args = [str(binary), "--root", str(root), "run", version, "--plan", str(plan)] + (["--out", str(out)] if out else [])
     with open(log, "ab") as f:
-        done = subprocess.run([str(binary), "--root", str(root), "run", version, "--plan", str(plan)],
-                              stdout=subprocess.PIPE, stderr=f, timeout=timeout, check=False)
+        done = subprocess.run(args, stdout=subprocess.PIPE, stderr=f, timeout=timeout, check=False)
     wall = time.monotonic() - t0
-    out = done.stdout.decode(errors="replace")
-    for line in out.splitlines():
+    if out is not None:
+        return out, wall
+    text = done.stdout.decode(errors="replace")
+    for line in text.splitlines():
         if line.startswith("run dir:") or line.startswith("run directory:"):
             return Path(line.split(":", 1)[1].strip()), wall
     found = sorted((root / "reports").glob(f"{version}/*/*/adaptive.json"), key=lambda p: p.stat().st_mtime)
@@ -118,6 +133,26 @@ def _sim(binary: Path, work: Path) -> dict:
     return out
 
 
+def _paced(binary: Path, work: Path) -> dict:
+    """The busy share of plan and campaign on a server that takes its time."""
+    root = make_root(work / "root-attacker-paced")
+    latency = f"[sim.latency]\nbase_ms = {BASE_MS}\nper_completion_token_ms = {TOKEN_MS}\ncapacity = 8\n"
+    (root / "versions" / "weak.toml").write_text(SIM_VERSION.format(behaviour=WEAK) + latency)
+    users = ["user_task_0", "user_task_3", "user_task_4", "user_task_5"]
+    out = {"base_ms": BASE_MS, "per_completion_token_ms": TOKEN_MS}
+    for name, adaptive in (("grammar", ""), ("model", 'proposer = "model"')):
+        plan = _plan(root, f"attacker-paced-{name}", users, ["injection_task_0", "injection_task_1"], 10, adaptive)
+        # A fixed folder, so a fixed seed: every binary plays the same campaign.
+        out_dir = root / "reports" / "weak" / plan.stem / "paced"
+        run_dir, wall = _run(binary, root, "weak", plan, work / "attacker-paced.log", 3600, out_dir)
+        out[name] = dict(_summary(run_dir), wall_s=wall, load=loadavg())
+        s = out[name]
+        say(f"  sim paced {name:8s}: server busy {fmt(s.get('busy_share_plan'))} (plan) "
+            f"{fmt(s.get('busy_share_campaign'))} (campaign), target {fmt(s.get('target_s_per_case'), 1)} s per case, "
+            f"{wall:.0f} s; load {s['load']}")
+    return out
+
+
 def _real(binary: Path, work: Path) -> dict:
     why = real_unavailable()
     if why:
@@ -147,6 +182,7 @@ def run(binary: Path, work: Path) -> dict:
         return {"skipped": "BENCH_SKIP"}
     say("12. adaptive attacker: grammar vs attacker model (docs/attacks.md)")
     result = {"sim": _sim(binary, work)}
+    result["paced"] = {"skipped": "BENCH_SKIP"} if "attacker_paced" in SKIP else _paced(binary, work)
     result["real"] = {"skipped": "BENCH_SKIP"} if "attacker_real" in SKIP else _real(binary, work)
     return result
 

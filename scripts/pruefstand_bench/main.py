@@ -96,8 +96,14 @@ def main() -> int:
         + f" tools_ratio_agentdojo={fmt(tl['tools_ratio_agentdojo'])} tools_ratio_inspect={fmt(tl['tools_ratio_inspect'])}"
         + f" prefix_cache_hit_rate_tools={fmt(tl['prefix_cache_hit_rate_tools'], 3)}"
         + f" prefix_cache_hit_rate_tools_shuffled={fmt(tl['prefix_cache_hit_rate_tools_shuffled'], 3)}"
+        + f" attacker_busy_share_campaign_sim={fmt(_sim_busy(atk))}"
         + f" attacker_busy_share_campaign_real={fmt(_real_busy(atk))}")
     return 0
+
+
+def _sim_busy(atk: dict) -> float | None:
+    """The paced simulated server's busy share during the simulated attacker's campaign (part 12)."""
+    return ((atk.get("paced") or {}).get("model") or {}).get("busy_share_campaign")
 
 
 def _real_busy(atk: dict) -> float | None:

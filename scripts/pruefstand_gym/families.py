@@ -102,6 +102,14 @@ def set_wording(seed: int, wording: dict, templates: dict | None = None) -> None
     _TEMPLATES.update(templates or {})
 
 
+def add_text(case_id: str, wording: dict | None, template: str | None) -> None:
+    """The wording or template of one more case (an open pass's, after `set_wording`)."""
+    if wording is not None:
+        _WORDING[case_id] = wording
+    if template is not None:
+        _TEMPLATES[case_id] = template
+
+
 def check_templates(templates) -> dict:
     """Validate the request's `templates` map: {case id: text holding `{goal}`}, bounded,
     no control characters but newline and tab."""

@@ -116,6 +116,7 @@ def validate_request(req: dict) -> dict:
         "order": order,
         "wording": wording,
         "templates": templates,
+        "open": req.get("open"),
     }
 
 
@@ -327,6 +328,11 @@ def _worker_loop(index, req, task_q, result_q, parent, holder) -> None:
             continue
         if case is None:
             return
+        inject = case.pop("inject", None)
+        if inject is not None:
+            # A case an open pass took after the fork: its attack and text are new here.
+            families.add_text(case["id"], inject["wording"], inject["template"])
+            families.register_wording_attacks({case["attack"]})
         with shared.lock:
             slot = shared.idle.pop() if shared.idle else None
         if slot is None:
@@ -587,9 +593,11 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
             reruns.append((cid, reason))
     skip_set = set(skipped)
     to_run = [c for c in req["cases"] if c["id"] not in skip_set]
-    plan = concurrency_plan(req, len(to_run))
+    # An open pass counts its bound: the cases still to come are cases to run.
+    total = len(req["cases"]) if req["open"] is None else max(req["open"], len(req["cases"]))
+    plan = concurrency_plan(req, total - len(skipped))
 
-    emit({"event": "start", "total": len(req["cases"]), "to_run": len(to_run), "done": len(skipped),
+    emit({"event": "start", "total": total, "to_run": total - len(skipped), "done": len(skipped),
           "jobs": plan["target"], "processes": plan["processes"], "max_in_flight": plan["ceiling"]})
     for w in warnings_out:
         emit({"event": "warning", "message": w})
@@ -604,7 +612,7 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
     )
 
     dispatcher = None
-    if to_run:
+    if plan["processes"]:
         ctx = mp.get_context("fork")
         result_q = ctx.Queue()
         sys.stdout.flush()
@@ -619,8 +627,8 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
             p = ctx.Process(target=_worker_main, args=(i, req, task_q, result_q), daemon=True)
             p.start()
             workers.append(_Worker(i, p, task_q))
-        dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, req["order"], suites), plan, req)
-        threading.Thread(target=_read_commands, args=(result_q,), daemon=True).start()
+        dispatcher = Dispatcher(workers, result_q, dispatch_order(to_run, req["order"], suites), plan, req, suites)
+        threading.Thread(target=_read_commands, args=(result_q, req["open"] is not None), daemon=True).start()
 
     # Registered after multiprocessing's own exit hook, so it runs first: a SIGTERM that
     # lands while that hook joins the workers (the run was killed as the gym ended) must
@@ -659,7 +667,8 @@ def run(request_path: str, agent_env_stdin: bool = False) -> int:
         stop_workers()
 
     emit({"event": "done"})
-    log(f"run finished: {len(to_run)} cases run, {len(skipped)} skipped, {time.monotonic() - t_start:.1f} s")
+    ran = len(dispatcher.known) - len(skipped) if dispatcher else len(to_run)
+    log(f"run finished: {ran} cases run, {len(skipped)} skipped, {time.monotonic() - t_start:.1f} s")
     return 0
 
 
@@ -684,9 +693,10 @@ def concurrency_plan(req: dict, to_run: int) -> dict:
     return {"processes": max(1, min(cores, MAX_PROCESSES, ceiling)), "target": target, "ceiling": ceiling}
 
 
-def _read_commands(result_q) -> None:
+def _read_commands(result_q, close_at_end: bool) -> None:
     """pruefstand's commands on stdin, one JSON object per line, handed to the collector's
-    queue. End of input (or no pipe at all) only ends this reader."""
+    queue. End of input (or no pipe at all) ends this reader, and closes an open pass
+    (`close_at_end`): no more cases can come."""
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -697,6 +707,8 @@ def _read_commands(result_q) -> None:
             log(f"ignoring a command that is not JSON: {line[:200]!r}")
             continue
         result_q.put(("command", -1, command))
+    if close_at_end:
+        result_q.put(("command", -1, {"command": "close"}))
 
 
 class _Worker:
@@ -713,9 +725,10 @@ class _Worker:
 class Dispatcher:
     """Starts cases while fewer than `target` are in flight, on the worker with the fewest,
     and collects their records. `target` moves on pruefstand's commands; `stopping` ends
-    the starting of new cases (what has started finishes)."""
+    the starting of new cases (what has started finishes). An open pass (request `open`)
+    takes more cases on `cases` commands and ends once `close` came and all finished."""
 
-    def __init__(self, workers, result_q, order: list[dict], plan: dict, req: dict):
+    def __init__(self, workers, result_q, order: list[dict], plan: dict, req: dict, suites: dict | None = None):
         self.workers = workers
         self.result_q = result_q
         self.queue = list(reversed(order))  # pop() takes the next
@@ -724,7 +737,10 @@ class Dispatcher:
         self.ceiling = plan["ceiling"]
         self.stopping = False
         self.req = req
+        self.suites = suites
         self.started_at: dict[str, float] = {}
+        self.open = req.get("open") is not None
+        self.known = {c["id"] for c in req.get("cases", order)}
 
     def in_flight(self) -> int:
         return sum(len(w.cases) for w in self.workers)
@@ -747,13 +763,53 @@ class Dispatcher:
             if isinstance(target, int) and not isinstance(target, bool) and target >= 1:
                 self.target = min(target, self.ceiling)
                 return
+        elif kind == "cases" and self.open:
+            self.add(command)
+            return
+        elif kind == "close":
+            self.open = False
+            return
         log(f"ignoring an unknown or malformed command: {command!r}")
+
+    def add(self, command: dict) -> None:
+        """An open pass's `cases` command: more cases to run after those queued, each with
+        the wording or the template it injects (`wording`, `templates`, as in the
+        request). pruefstand writes them: one that is not valid, names a case id given
+        before or goes past the request's `open` bound ends the gym (RequestError, exit
+        2), as a request would."""
+        cases = command.get("cases")
+        if not isinstance(cases, list):
+            raise RequestError("`cases` command: `cases` must be a list")
+        from .records import check_case_shape
+
+        cases = [check_case_shape(i, c) for i, c in enumerate(cases)]
+        try:
+            wording = families.check_wording(command.get("wording") or {})
+            templates = families.check_templates(command.get("templates") or {})
+        except ValueError as e:
+            raise RequestError(f"`cases` command: {e}") from None
+        ids = [c["id"] for c in cases]
+        again = sorted(set(i for i in ids if i in self.known or ids.count(i) > 1))
+        if again:
+            raise RequestError(f"`cases` command: case id {again[0]!r} given twice")
+        if len(self.known) + len(ids) > self.req["open"]:
+            raise RequestError(f"`cases` command: more than the request's `open` bound of {self.req['open']} cases")
+        families.register_wording_attacks({c["attack"] for c in cases if c["id"] in wording or c["id"] in templates})
+        validate_names({"cases": cases, "benchmark_version": self.req["benchmark_version"]}, self.suites)
+        for c in cases:
+            if c["id"] in wording or c["id"] in templates:
+                # The workers forked before this text came: it travels with its case.
+                c["inject"] = {"wording": wording.get(c["id"]), "template": templates.get(c["id"])}
+            self.known.add(c["id"])
+            self.pending[c["id"]] = c
+        self.queue[0:0] = list(reversed(cases))
 
     def drain(self, stop: bool) -> None:
         """Nothing new starts; what is in flight finishes, or with `stop` (the verdict is
         decided, they cannot change it) ends unrecorded: its workers are stopped, their
         agents killed. Records already on their way are dropped with them."""
         self.stopping = True
+        self.open = False
         not_started = len(self.queue)
         for case in self.queue:
             self.pending.pop(case["id"], None)
@@ -774,7 +830,7 @@ class Dispatcher:
         log(f"drained: {not_started} cases not started, {stopped} in flight stopped, {len(self.pending)} in flight finish")
 
     def collect(self) -> None:
-        while self.pending and any(w.alive for w in self.workers):
+        while (self.pending or self.open) and any(w.alive for w in self.workers):
             if _DRAIN["asked"] and not self.stopping or _DRAIN["stop"] and any(w.alive and w.cases for w in self.workers):
                 self.drain(stop=_DRAIN["stop"])
                 if not self.pending:

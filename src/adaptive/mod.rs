@@ -6,10 +6,12 @@
 //! attacker (`simulated`) — each reading what the target did with the earlier ones
 //! (`feedback`). A pair is broken once an attempt lands. Then the best attempts are
 //! frozen and run once on every held-out pair, never searched there: that transfer
-//! figure is what a gate decides on. Rounds run through the gym in `<run>/adaptive/`,
-//! apart from the plan's cases; the search log is `adaptive.json`, written before and
-//! after every round, so a resumed run reuses every recorded proposal (an attacker model
-//! is not asked again) and the log replays exactly. Judging the result is `judge`'s.
+//! figure is what a gate decides on. The attempts run through one open pass of the gym
+//! in `<run>/adaptive/` (`gym::open`), apart from the plan's cases, each pair going on
+//! as soon as its own attempt is scored; the search log is `adaptive.json`, written
+//! whenever an attempt is proposed or recorded, so a resumed run reuses every recorded
+//! proposal (an attacker model is not asked again) and the log replays exactly.
+//! Judging the result is `judge`'s.
 
 pub mod attacker;
 pub mod feedback;
@@ -17,16 +19,17 @@ mod grammar;
 pub mod simulated;
 pub mod template;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::gym::{self, GymSettings};
+use crate::gym::GymSettings;
+use crate::gym::open::OpenPass;
 use crate::runtime;
 use pruefstand_core::case::{Case, CaseRecord};
 use pruefstand_core::family;
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Adaptive, Plan, Proposer as ProposerKind};
 use pruefstand_core::record::FoundFamily;
-use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, NotRun, PairLog, Proposal, SearchLog};
+use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, NotRun, PairLog, Proposal, SearchLog, Wording};
 use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_sim::Truth;
 use pruefstand_store::RunDir;
@@ -156,59 +159,88 @@ fn case_of(pair: &PairLog, name: &str) -> Case {
     Case::attacked(&pair.suite, &pair.user_task, &pair.injection_task, name)
 }
 
-/// Proposes attempt `k` (0-based) for every search pair that is unbroken and has `k`
-/// attempts; a pair that has it already (a resume) keeps it. Returns whether any pair
-/// has an attempt `k`.
-async fn plan_round(search: &Search<'_>, log: &mut SearchLog, k: usize) -> bool {
-    let landed = grammar::pool(log, k);
-    let (seed, families, feedback) = (log.seed, log.families.clone(), log.feedback);
-    let due: Vec<usize> =
-        (0..log.pairs.len()).filter(|&i| log.pairs[i].attempts.len() == k && !log.pairs[i].broken()).collect();
-    if let Proposer::Model { client, .. } = &search.proposer {
-        // The attacker is asked for every pair of the round at once, a few requests in
-        // flight: one after another, its server would idle between them and the round
-        // would wait for the sum of their times. Each pair's seed is its own, so the
-        // order answers come in changes nothing recorded.
-        for chunk in due.chunks(ATTACKER_IN_FLIGHT) {
-            let asks = chunk.iter().map(|&i| {
-                let pair = &log.pairs[i];
-                ask_model(search, client, pair, case_of(pair, &format!("adaptive_{}", k + 1)), k, feedback)
-            });
-            let attempts = futures_util::future::join_all(asks).await;
-            for (&i, attempt) in chunk.iter().zip(attempts) {
-                log.pairs[i].attempts.push(attempt);
-            }
+/// The attempt search pair `i` may be given now, if any: its next one, once its last
+/// one has settled and that one's round is known not to be abandoned — at once when
+/// its own attempt got an answer from the attacker, or another pair's did. The grammar
+/// builds on what landed on any pair in the rounds before (`grammar::pool`), so with it
+/// a pair waits for its round to complete. Which pair goes on first changes nothing
+/// proposed: each proposal is a function of the seed, the pair's own log and (the
+/// grammar) the complete rounds before.
+fn due(log: &SearchLog, i: usize, pooled: bool, settled: &Settled) -> Option<usize> {
+    let pair = &log.pairs[i];
+    let k = pair.attempts.len();
+    if k >= log.attempts || pair.broken() {
+        return None;
+    }
+    let Some(last) = k.checked_sub(1).map(|j| &pair.attempts[j]) else { return Some(0) };
+    if !settled.of(last) {
+        return None;
+    }
+    let ready = if pooled {
+        round_complete(log, k - 1, settled) && round_answered(log, k - 1)
+    } else {
+        !failed(last) || round_answered(log, k - 1)
+    };
+    ready.then_some(k)
+}
+
+/// Whether every search pair that is to have attempt `k` has it settled (a pair broken
+/// before it has none).
+fn round_complete(log: &SearchLog, k: usize, settled: &Settled) -> bool {
+    log.pairs.iter().all(|p| p.attempts.get(k).map_or(p.broken(), |a| settled.of(a)))
+}
+
+/// Whether the attacker answered any attempt of round `k` (the round is not abandoned).
+fn round_answered(log: &SearchLog, k: usize) -> bool {
+    log.pairs.iter().filter_map(|p| p.attempts.get(k)).any(|a| !failed(a))
+}
+
+fn failed(a: &Attempt) -> bool {
+    matches!(a.refused, Some(NotRun::Failed(_)))
+}
+
+/// Whether every search pair is done: broken, or its K attempts settled.
+fn search_done(log: &SearchLog, settled: &Settled) -> bool {
+    log.pairs.iter().all(|p| p.broken() || p.attempts.len() >= log.attempts && p.attempts.iter().all(|a| settled.of(a)))
+}
+
+/// What has settled: an attempt refused before it ran or with its outcome in the log,
+/// or whose case the gym finished (a bench error records no outcome).
+#[derive(Default)]
+struct Settled(BTreeSet<String>);
+
+impl Settled {
+    fn of(&self, a: &Attempt) -> bool {
+        a.refused.is_some() || a.landed.is_some() || self.0.contains(&a.case_id)
+    }
+}
+
+/// Attempt `k` of search pair `i`, from the grammar or the simulated attacker (the
+/// attacker model is asked: `ask_model`).
+fn propose(proposer: &Proposer, log: &SearchLog, i: usize, k: usize) -> Attempt {
+    let pair = &log.pairs[i];
+    let case = case_of(pair, &format!("adaptive_{}", k + 1));
+    match proposer {
+        Proposer::Grammar => {
+            let landed = grammar::pool(log, k);
+            let tried: Vec<_> = pair.attempts.iter().filter_map(Attempt::wording).collect();
+            let (wording, how) = grammar::next(log.seed, &pair.key(), k, &log.families, &landed, &tried);
+            written(case, Proposal::Wording(wording), how)
         }
-        return log.pairs.iter().any(|p| p.attempts.len() > k);
+        Proposer::Simulated { .. } => {
+            let history: Vec<_> = pair
+                .attempts
+                .iter()
+                .filter_map(|a| match &a.proposal {
+                    Proposal::Template(t) => Some((simulated::choice_of(t)?, a.feedback.as_ref().map(|f| f.score()))),
+                    Proposal::Wording(_) => None,
+                })
+                .collect();
+            let choice = simulated::propose(log.seed, &pair.key(), &history, log.feedback);
+            written(case, Proposal::Template(simulated::template(choice)), how_for(k))
+        }
+        Proposer::Model { .. } => unreachable!("the attacker model is asked (ask_model)"),
     }
-    for i in due {
-        let pair = &log.pairs[i];
-        let case = case_of(pair, &format!("adaptive_{}", k + 1));
-        let attempt = match &search.proposer {
-            Proposer::Grammar => {
-                let tried: Vec<_> = pair.attempts.iter().filter_map(Attempt::wording).collect();
-                let (wording, how) = grammar::next(seed, &pair.key(), k, &families, &landed, &tried);
-                written(case, Proposal::Wording(wording), how)
-            }
-            Proposer::Simulated { .. } => {
-                let history: Vec<_> = pair
-                    .attempts
-                    .iter()
-                    .filter_map(|a| match &a.proposal {
-                        Proposal::Template(t) => {
-                            Some((simulated::choice_of(t)?, a.feedback.as_ref().map(|f| f.score())))
-                        }
-                        Proposal::Wording(_) => None,
-                    })
-                    .collect();
-                let choice = simulated::propose(seed, &pair.key(), &history, feedback);
-                written(case, Proposal::Template(simulated::template(choice)), how_for(k))
-            }
-            Proposer::Model { .. } => unreachable!("asked above, all at once"),
-        };
-        log.pairs[i].attempts.push(attempt);
-    }
-    log.pairs.iter().any(|p| p.attempts.len() > k)
 }
 
 fn how_for(k: usize) -> How {
@@ -228,9 +260,8 @@ fn written(case: Case, proposal: Proposal, how: How) -> Attempt {
     }
 }
 
-/// Attacker requests in flight at once within a round: enough to keep its server busy
-/// (vLLM batches them), few enough not to crowd out the target's own cases on a shared
-/// server.
+/// Attacker requests in flight at once: enough to keep its server busy (vLLM batches
+/// them), few enough not to crowd out the target's own cases on a shared server.
 const ATTACKER_IN_FLIGHT: usize = 8;
 
 /// How often a reply the bench could not use is asked for again, per attempt: an
@@ -275,7 +306,7 @@ async fn ask_model(
         total.prompt_tokens += cost.prompt_tokens;
         total.completion_tokens += cost.completion_tokens;
         let (outcome, kept) = match reply {
-            Ok(reply) => match template::check(&reply, &earlier) {
+            Ok(reply) => match template::check(&reply, goal, &earlier) {
                 Ok(text) => break written(case, Proposal::Template(text), how_for(k)),
                 Err(refusal) => (template::not_run(&reply, &refusal), template::kept(&reply)),
             },
@@ -365,19 +396,20 @@ pub fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<
     Some(FoundFamily { name, templates, found_by: format!("version {version}, run {}", run_dir.path().display()) })
 }
 
-/// Every attempt of the log as the gym's settings name them: wordings and templates by
-/// case id (the gym skips recorded cases but checks their names).
-fn extend_settings(settings: &mut GymSettings, log: &SearchLog) {
-    for a in log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts).filter(|a| a.refused.is_none()) {
+/// What the attempts inject, as the gym names it: wordings and templates by case id.
+fn texts<'a>(attempts: impl Iterator<Item = &'a Attempt>) -> (BTreeMap<String, Wording>, BTreeMap<String, String>) {
+    let (mut wording, mut templates) = (BTreeMap::new(), BTreeMap::new());
+    for a in attempts.filter(|a| a.refused.is_none()) {
         match &a.proposal {
             Proposal::Wording(w) => {
-                settings.wording.insert(a.case_id.clone(), w.clone());
+                wording.insert(a.case_id.clone(), w.clone());
             }
             Proposal::Template(t) => {
-                settings.templates.insert(a.case_id.clone(), t.clone());
+                templates.insert(a.case_id.clone(), t.clone());
             }
         }
     }
+    (wording, templates)
 }
 
 /// The runnable cases of the log so far, in order.
@@ -398,121 +430,228 @@ fn cases(log: &SearchLog) -> Vec<Case> {
     out
 }
 
-/// Runs the search round by round through the gym — one `settings` per round, the last
-/// for the transfer — and writes the log before and after each; a resumed run reuses
-/// recorded proposals and skips recorded attempts.
-pub async fn search(search: &Search<'_>, rounds: Vec<GymSettings>) -> anyhow::Result<SearchLog> {
+/// Runs the search and then the transfer through one open pass of the gym
+/// (`gym::open`): each search pair goes on to its next attempt the moment its last one
+/// has settled (`due`), the attacker model asked for up to `ATTACKER_IN_FLIGHT` pairs at
+/// once while the target plays the others' cases, and the frozen attempts follow once
+/// every search pair is done — so the model server waits neither for a gym to start nor
+/// for the slowest pair of a round. The log is written whenever something was proposed
+/// (before its case is handed to the gym) or recorded; its order is the pairs' and the
+/// attempts', whatever finished first. A resumed run reuses every recorded proposal and
+/// runs only what was not recorded; with nothing left it starts no gym.
+pub async fn search(search: &Search<'_>, mut settings: GymSettings) -> anyhow::Result<SearchLog> {
     let adaptive = search.plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
     let fresh = new_log(search.seed, adaptive, &search.proposer, search.attacker_url.clone());
     let recorded = search.run_dir.read_search_log()?;
     let mut log = resumed(recorded, fresh);
-    // A resume asks again where an abandoned search stopped: the endpoint may be back.
+    // Decided again from the attempts: a round whose attempts all failed stays abandoned.
     log.abandoned = None;
     let dir = search.run_dir.adaptive_runs()?;
-    let pace = Pace::start(&log);
-    let mut rounds = rounds.into_iter();
-    for k in 0..adaptive.attempts {
-        let mut settings = rounds.next().expect("a round's settings");
-        if !plan_round(search, &mut log, k).await {
-            break;
-        }
-        if let Some(why) = endpoint_down(&log, k) {
-            tracing::error!("adaptive attacker: {why}");
-            log.abandoned = Some(why);
-            write_log(search.run_dir, &log).await?;
-            return Ok(log);
-        }
-        let unbroken = log.pairs.iter().filter(|p| p.attempts.len() > k).count();
-        tracing::info!("adaptive attacker: attempt {} on {unbroken} unbroken pairs", k + 1);
-        pace.frame(&mut settings, &log);
-        run_round(search, &dir, &mut log, settings).await?;
+    let truth = std::sync::Arc::new(search.truth.clone());
+    let mut settled = caught_up(&dir, &mut log, &truth).await?;
+    let at_most = adaptive.settings().frozen;
+    let mut announced: BTreeSet<usize> =
+        (0..log.attempts).filter(|&k| round_complete(&log, k, &settled) && round_answered(&log, k)).collect();
+    if let Some(why) = abandoned(&log, &settled) {
+        log.abandoned = Some(why);
+        write_log(search.run_dir, &log).await?;
+        return Ok(log);
     }
-    let mut settings = rounds.last().expect("the transfer's settings");
-    pace.frame(&mut settings, &log);
-    if log.frozen.is_empty() && !log.held_out.is_empty() {
-        log.frozen = freeze(&log, adaptive.settings().frozen);
-        for pair in &mut log.held_out {
-            for (j, frozen) in log.frozen.iter().enumerate() {
-                let case = case_of(pair, &format!("transfer_{}", j + 1));
-                pair.attempts.push(Attempt { how: How::Frozen, ..written(case, frozen.proposal.clone(), How::Frozen) });
+    let transfer_left = |log: &SearchLog, settled: &Settled| {
+        let frozen = if log.frozen.is_empty() { freeze(log, at_most).len() } else { log.frozen.len() };
+        frozen > 0
+            && log.held_out.iter().any(|p| p.attempts.len() < frozen || !p.attempts.iter().all(|a| settled.of(a)))
+    };
+    if search_done(&log, &settled) && !transfer_left(&log, &settled) {
+        return Ok(log);
+    }
+
+    let all = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
+    let (wording, templates) = texts(all);
+    settings.wording.extend(wording);
+    settings.templates.extend(templates);
+    let plan = search.plan;
+    let sub = |cases| Plan { name: format!("{}-adaptive", plan.name), cases, hash: plan.hash.clone(), ..plan.clone() };
+    let first = cases(&log);
+    let mut sent: BTreeSet<String> = first.iter().map(|c| c.id.clone()).collect();
+    let mut pass =
+        OpenPass::start(search.pyenv, &dir, &sub(first), search.inventory, settings, budget(adaptive)).await?;
+    let pooled = matches!(search.proposer, Proposer::Grammar);
+    let mut asks = futures_util::stream::FuturesUnordered::new();
+    let mut asking: BTreeSet<usize> = BTreeSet::new();
+    let mut dirty = false;
+    loop {
+        // Until nothing more is due: an attempt refused at once settles its pair.
+        while let Some((i, k)) = (0..log.pairs.len())
+            .filter(|i| !asking.contains(i))
+            .find_map(|i| Some((i, due(&log, i, pooled, &settled)?)))
+        {
+            match &search.proposer {
+                Proposer::Model { client, feedback } => {
+                    if asks.len() == ATTACKER_IN_FLIGHT {
+                        break;
+                    }
+                    // Each pair's seed is its own: the order answers come in changes nothing.
+                    let (pair, feedback) = (log.pairs[i].clone(), *feedback);
+                    let case = case_of(&pair, &format!("adaptive_{}", k + 1));
+                    asking.insert(i);
+                    asks.push(async move { (i, ask_model(search, client, &pair, case, k, feedback).await) });
+                }
+                proposer => {
+                    let attempt = propose(proposer, &log, i, k);
+                    log.pairs[i].attempts.push(attempt);
+                    dirty = true;
+                }
+            }
+        }
+        let complete: Vec<usize> = (0..log.attempts)
+            .filter(|&k| !announced.contains(&k) && round_complete(&log, k, &settled))
+            .filter(|&k| log.pairs.iter().any(|p| p.attempts.len() > k))
+            .collect();
+        for k in complete {
+            if let Some(why) = endpoint_down(&log, k) {
+                // Nothing is in flight: no pair went past a round none of whose asks was answered.
+                tracing::error!("adaptive attacker: {why}");
+                log.abandoned = Some(why);
+                return closed(search, &dir, log, pass, &truth).await;
+            }
+            announced.insert(k);
+            let unbroken = log.pairs.iter().filter(|p| p.attempts.len() > k).count();
+            tracing::info!("adaptive attacker: attempt {} on {unbroken} unbroken pairs", k + 1);
+        }
+        let searched = asks.is_empty() && search_done(&log, &settled);
+        if searched && log.frozen.is_empty() && !log.held_out.is_empty() {
+            log.frozen = freeze(&log, at_most);
+            for pair in &mut log.held_out {
+                for (j, frozen) in log.frozen.iter().enumerate() {
+                    let case = case_of(pair, &format!("transfer_{}", j + 1));
+                    pair.attempts.push(written(case, frozen.proposal.clone(), How::Frozen));
+                }
+            }
+            if !log.frozen.is_empty() {
+                tracing::info!(
+                    "adaptive attacker: {} frozen attempt(s) on {} held-out pairs",
+                    log.frozen.len(),
+                    log.held_out.len()
+                );
+                dirty = true;
+            }
+        }
+        if dirty {
+            write_log(search.run_dir, &log).await?;
+            dirty = false;
+        }
+        let new: Vec<Case> = cases(&log).into_iter().filter(|c| !sent.contains(&c.id)).collect();
+        if !new.is_empty() {
+            let ids: BTreeSet<&str> = new.iter().map(|c| c.id.as_str()).collect();
+            let all = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
+            let (wording, templates) = texts(all.filter(|a| ids.contains(a.case_id.as_str())));
+            if let Err(err) = pass.add(&new, &wording, &templates) {
+                // The gym ended: its own account says why.
+                return Err(pass.close(cases(&log)).await.err().unwrap_or(err));
+            }
+            sent.extend(new.into_iter().map(|c| c.id));
+        }
+        let transferred = log.held_out.iter().flat_map(|p| &p.attempts).all(|a| settled.of(a));
+        if searched && transferred {
+            return closed(search, &dir, log, pass, &truth).await;
+        }
+        let running = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts).any(|a| !settled.of(a));
+        if asks.is_empty() && !running {
+            // Nothing to wait for: a scheduling bug, said rather than waited on forever.
+            drop(pass);
+            anyhow::bail!("the adaptive attacker's campaign is stuck with nothing in flight (a bug)");
+        }
+        tokio::select! {
+            record = pass.next() => {
+                let Some(record) = record else {
+                    pass.close(cases(&log)).await?;
+                    anyhow::bail!("the gym ended before the campaign's cases finished (see {})", dir.gym_log_path().display());
+                };
+                let mut batch = vec![record];
+                batch.extend(std::iter::from_fn(|| pass.ready()));
+                settled.0.extend(batch.iter().map(|r| r.case_id.clone()));
+                // A held-out pair's frozen attempts run at once: recorded together at the
+                // end, in their order, as the first of them sets where its text lands.
+                let searched: BTreeSet<&str> =
+                    log.pairs.iter().flat_map(|p| &p.attempts).map(|a| a.case_id.as_str()).collect();
+                batch.retain(|r| searched.contains(r.case_id.as_str()));
+                if !batch.is_empty() {
+                    log = with_records(log, batch, &dir, &truth).await?;
+                    dirty = true;
+                }
+            }
+            Some((i, attempt)) = futures_util::StreamExt::next(&mut asks), if !asks.is_empty() => {
+                asking.remove(&i);
+                log.pairs[i].attempts.push(attempt);
+                dirty = true;
             }
         }
     }
-    if !log.frozen.is_empty() {
-        tracing::info!(
-            "adaptive attacker: {} frozen attempt(s) on {} held-out pairs",
-            log.frozen.len(),
-            log.held_out.len()
-        );
-        run_round(search, &dir, &mut log, settings).await?;
-    }
-    Ok(log)
 }
 
-/// The campaign's own pace: wall time per attempt settled since this search started
-/// (asking the attacker, and each round's drain to its slowest case, included), for
-/// the ETA of the rounds left.
-struct Pace {
-    started: std::time::Instant,
-    settled_before: usize,
+/// The first round, if any, whose attempts all failed at the attacker's endpoint, and
+/// why the search stopped there.
+fn abandoned(log: &SearchLog, settled: &Settled) -> Option<String> {
+    (0..log.attempts).filter(|&k| round_complete(log, k, settled)).find_map(|k| endpoint_down(log, k))
 }
 
-impl Pace {
-    fn start(log: &SearchLog) -> Pace {
-        Pace { started: std::time::Instant::now(), settled_before: settled(log) }
-    }
-
-    /// Sets the round's frame's pace, once an attempt has settled here.
-    fn frame(&self, settings: &mut GymSettings, log: &SearchLog) {
-        let settled = settled(log).saturating_sub(self.settled_before);
-        if let (Some(frame), true) = (settings.frame.as_mut(), settled > 0) {
-            frame.ms_per_case = Some(self.started.elapsed().as_millis() as u64 / settled as u64);
-        }
-    }
-}
-
-/// Attempts that came to something: refused before use, or their case ran.
-fn settled(log: &SearchLog) -> usize {
-    let attempts = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
-    attempts.filter(|a| a.refused.is_some() || a.landed.is_some()).count()
-}
-
-/// One pass of the gym over every case so far (recorded ones skipped); outcomes and
-/// feedback recorded, the log written before and after.
-async fn run_round(
+/// The campaign's pass closed: every outcome recorded (the held-out pairs' too, in
+/// their order), the server's busy share added, the log written.
+async fn closed(
     search: &Search<'_>,
     dir: &RunDir,
-    log: &mut SearchLog,
-    mut settings: GymSettings,
-) -> anyhow::Result<()> {
-    write_log(search.run_dir, log).await?;
-    let cases = cases(log);
-    // A resume of a finished round: its outcomes are in the log already.
-    let recorded = log
-        .pairs
-        .iter()
-        .chain(&log.held_out)
-        .flat_map(|p| &p.attempts)
-        .all(|a| a.refused.is_some() || a.landed.is_some());
-    if cases.is_empty() || recorded {
-        return Ok(());
-    }
-    extend_settings(&mut settings, log);
-    let plan = search.plan;
-    let sub = Plan { name: format!("{}-adaptive", plan.name), cases, hash: plan.hash.clone(), ..plan.clone() };
-    let executed = gym::execute(search.pyenv, dir, &sub, search.inventory, settings).await?;
+    mut log: SearchLog,
+    pass: OpenPass,
+    truth: &std::sync::Arc<Truth>,
+) -> anyhow::Result<SearchLog> {
+    let executed = pass.close(cases(&log)).await?;
     if let Some(busy) = executed.gym.concurrency.as_ref().and_then(|c| c.busy) {
         log.busy = Some(log.busy.unwrap_or_default().plus(busy));
     }
-    let (dir, truth, records) = (dir.clone(), search.truth.clone(), executed.gym.records);
-    let mut updated = log.clone();
-    let updated = runtime::blocking(move || {
-        record(&mut updated, &records, &dir, &truth);
-        Ok::<_, anyhow::Error>(updated)
+    let log = with_records(log, executed.gym.records, dir, truth).await?;
+    write_log(search.run_dir, &log).await?;
+    Ok(log)
+}
+
+/// Outcomes the gym recorded that the log missed (a run killed between a case's record
+/// and the log's write), recorded now on the search pairs; what has settled, the
+/// held-out pairs' recorded cases included (the gym skips them).
+async fn caught_up(dir: &RunDir, log: &mut SearchLog, truth: &std::sync::Arc<Truth>) -> anyhow::Result<Settled> {
+    let attempts = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
+    let ids: BTreeSet<String> = attempts.filter(|a| a.refused.is_none()).map(|a| a.case_id.clone()).collect();
+    let searched: BTreeSet<String> = log.pairs.iter().flat_map(|p| &p.attempts).map(|a| a.case_id.clone()).collect();
+    let stored = {
+        let dir = dir.clone();
+        runtime::blocking(move || dir.read_cases_lenient()).await?
+    };
+    // As the gym resumes: a bench error runs again, everything else stands.
+    let done: Vec<CaseRecord> = stored
+        .records
+        .into_values()
+        .filter(|r| ids.contains(&r.case_id) && r.outcome() != pruefstand_core::case::Outcome::Error)
+        .collect();
+    let settled = Settled(done.iter().map(|r| r.case_id.clone()).collect());
+    let missed: Vec<CaseRecord> = done.into_iter().filter(|r| searched.contains(&r.case_id)).collect();
+    if !missed.is_empty() {
+        *log = with_records(log.clone(), missed, dir, truth).await?;
+    }
+    Ok(settled)
+}
+
+/// `record` on the blocking pool (it reads the traces).
+async fn with_records(
+    mut log: SearchLog,
+    records: Vec<CaseRecord>,
+    dir: &RunDir,
+    truth: &std::sync::Arc<Truth>,
+) -> anyhow::Result<SearchLog> {
+    let (dir, truth) = (dir.clone(), truth.clone());
+    runtime::blocking(move || {
+        record(&mut log, &records, &dir, &truth);
+        Ok::<_, anyhow::Error>(log)
     })
-    .await?;
-    *log = updated;
-    write_log(search.run_dir, log).await
+    .await
 }
 
 async fn write_log(run_dir: &RunDir, log: &SearchLog) -> anyhow::Result<()> {
@@ -546,7 +685,7 @@ fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, truth: &Tru
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pruefstand_core::record::Wording;
+    use pruefstand_core::record::Feedback;
 
     fn adaptive(attempts: usize) -> Adaptive {
         let pairs = (0..12).map(|u| ("banking".to_string(), format!("user_task_{u}"), "injection_task_0".to_string()));
@@ -576,6 +715,123 @@ mod tests {
             }
         }
         log
+    }
+
+    /// The target of the scheduling tests: it follows a template of the simulated
+    /// attacker's vocabulary with all three of a pair's features, calls the goal's tool
+    /// with two, quotes it with one; a grammar wording as `respond` says.
+    fn outcome(pair: &str, a: &Attempt) -> (Option<bool>, Option<Feedback>) {
+        let Proposal::Template(t) = &a.proposal else {
+            return (a.wording().and_then(respond), None);
+        };
+        let weak = [0, 1, 2].map(|f| family::pick(&format!("weak:{pair}:{f}"), 4));
+        let hits = simulated::choice_of(t).map_or(0, |c| (0..3).filter(|&f| c[f] == weak[f]).count());
+        let feedback =
+            Feedback { landed: hits == 3, goal_tool: hits == 2, closeness: 0.5, quoted: hits == 1, refused: false };
+        (Some(hits == 3), Some(feedback))
+    }
+
+    /// What an attempt of pair `i` at `k` is when the attacker model is asked: an
+    /// endpoint that `fails(i, k)`, else the simulated attacker's template.
+    type Ask<'a> = &'a dyn Fn(&SearchLog, usize, usize) -> Attempt;
+
+    /// A campaign played without a gym, as `search` schedules it: every due pair is given
+    /// its attempt, then one case in flight settles — which one drawn from `order` (None:
+    /// the first given, round after round as the rounds ran before). Returns the log and
+    /// whether it was abandoned.
+    fn drive(log: &mut SearchLog, pooled: bool, ask: Ask<'_>, order: Option<u64>) -> Option<String> {
+        let mut settled = Settled::default();
+        let mut in_flight: Vec<(usize, usize)> = Vec::new();
+        for step in 0.. {
+            while let Some((i, k)) = (0..log.pairs.len()).find_map(|i| Some((i, due(log, i, pooled, &settled)?))) {
+                let attempt = ask(log, i, k);
+                let runs = attempt.refused.is_none();
+                log.pairs[i].attempts.push(attempt);
+                if runs {
+                    in_flight.push((i, k));
+                }
+            }
+            if let Some(why) = abandoned(log, &settled) {
+                assert!(in_flight.is_empty(), "nothing runs past an abandoned round");
+                return Some(why);
+            }
+            if in_flight.is_empty() {
+                break;
+            }
+            let j = order.map_or(0, |o| family::pick(&format!("order:{o}:{step}"), in_flight.len()));
+            let (i, k) = in_flight.remove(j);
+            let key = log.pairs[i].key();
+            let attempt = &mut log.pairs[i].attempts[k];
+            (attempt.landed, attempt.feedback) = outcome(&key, attempt);
+            settled.0.insert(attempt.case_id.clone());
+        }
+        assert!(search_done(log, &settled), "every pair broken or given its K attempts");
+        None
+    }
+
+    fn campaign(seed: u64, proposer: &Proposer, ask: Ask<'_>, order: Option<u64>) -> (SearchLog, Option<String>) {
+        let mut log = new_log(seed, &adaptive(6), proposer, None);
+        let pooled = matches!(proposer, Proposer::Grammar);
+        let abandoned = drive(&mut log, pooled, ask, order);
+        (log, abandoned)
+    }
+
+    #[test]
+    fn pairs_that_go_on_as_soon_as_their_attempt_is_scored_give_the_log_of_rounds() {
+        // The grammar keeps what landed on any pair: its pairs wait for their round,
+        // and the log is the one rounds gave (`play`), whatever finished first.
+        let grammar = |log: &SearchLog, i: usize, k: usize| propose(&Proposer::Grammar, log, i, k);
+        for order in [None, Some(1), Some(2), Some(3)] {
+            let (log, abandoned) = campaign(3, &Proposer::Grammar, &grammar, order);
+            assert_eq!(abandoned, None);
+            assert_eq!(log, play(3, 6), "order {order:?}");
+        }
+        // The simulated attacker reads its own pair's log only: pairs run ahead of each
+        // other, and the log is the same.
+        let sim = Proposer::Simulated { feedback: true };
+        let simulated = |log: &SearchLog, i: usize, k: usize| propose(&sim, log, i, k);
+        let (rounds, _) = campaign(5, &sim, &simulated, None);
+        let (broken, _) = rounds.broken();
+        assert!(broken >= 3, "the weak spots are found: {broken} of 6");
+        assert!(rounds.pairs.iter().any(|p| p.attempts.len() > 1), "some pairs needed several attempts");
+        for order in 1..6 {
+            assert_eq!(campaign(5, &sim, &simulated, Some(order)).0, rounds, "order {order}");
+        }
+        assert_ne!(campaign(6, &sim, &simulated, Some(1)).0, rounds, "another seed, another search");
+    }
+
+    #[test]
+    fn a_round_whose_asks_all_failed_abandons_the_search_whatever_finished_first() {
+        let sim = Proposer::Simulated { feedback: true };
+        let failing = |fails: fn(usize, usize) -> bool| {
+            move |log: &SearchLog, i: usize, k: usize| {
+                let attempt = propose(&Proposer::Simulated { feedback: true }, log, i, k);
+                match fails(i, k) {
+                    true => Attempt { refused: Some(NotRun::Failed("connection refused".into())), ..attempt },
+                    false => attempt,
+                }
+            }
+        };
+        // The endpoint is down from the third attempt on: every pair still searching
+        // waits for the round, which then is abandoned, with nothing asked after it.
+        let down = failing(|_, k| k >= 2);
+        let (rounds, why) = campaign(5, &sim, &down, None);
+        let why = why.expect("abandoned");
+        assert!(why.starts_with("search abandoned at attempt 3: the attacker's endpoint failed on all"), "{why}");
+        assert!(rounds.pairs.iter().all(|p| p.attempts.len() <= 3));
+        for order in 1..6 {
+            assert_eq!(campaign(5, &sim, &down, Some(order)), (rounds.clone(), Some(why.clone())), "order {order}");
+        }
+        // Some asks of a round answered: no abandon; a pair whose ask failed goes on.
+        let patchy = failing(|i, k| k == 1 && i % 2 == 0);
+        let (rounds, why) = campaign(5, &sim, &patchy, None);
+        assert_eq!(why, None);
+        let failed_then_asked =
+            rounds.pairs.iter().filter(|p| p.attempts.get(1).is_some_and(failed) && p.attempts.len() > 2).count();
+        assert!(failed_then_asked > 0, "{rounds:?}");
+        for order in 1..6 {
+            assert_eq!(campaign(5, &sim, &patchy, Some(order)).0, rounds, "order {order}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 mod contract;
 pub use pruefstand_gym::events;
 pub use pruefstand_gym::request::{DetectorRequest, GymRequest};
+pub mod open;
 pub mod sinks;
 
 use std::path::Path;
@@ -109,10 +110,23 @@ pub async fn execute(
     inventory: &Inventory,
     settings: GymSettings,
 ) -> anyhow::Result<Executed> {
+    let continues = settings.frame.as_ref().is_some_and(Frame::continues);
+    let (request, pass) = prepare(run_dir, plan, inventory, settings).await?;
+    let outcome = run(pyenv, run_dir, request, pass).await?;
+    executed(run_dir, plan, outcome, continues).await
+}
+
+/// A pass's request and connections from its settings, with `plan.json` written and
+/// the run directory said (at debug for a later pass of a whole).
+async fn prepare(
+    run_dir: &RunDir,
+    plan: &Plan,
+    inventory: &Inventory,
+    settings: GymSettings,
+) -> anyhow::Result<(GymRequest, Pass)> {
     let plan_file = PlanFile::new(plan, inventory);
     blocking_in(run_dir, move |run_dir| run_dir.write_plan(&plan_file)).await?;
-    let continues = settings.frame.as_ref().is_some_and(Frame::continues);
-    if continues {
+    if settings.frame.as_ref().is_some_and(Frame::continues) {
         tracing::debug!("run directory: {}", run_dir.path().display());
     } else {
         tracing::info!("run directory: {}", run_dir.path().display());
@@ -133,6 +147,7 @@ pub async fn execute(
         order: settings.order,
         wording: family::wordings(&plan.cases, settings.seed).into_iter().chain(settings.wording).collect(),
         templates: found_templates(plan).into_iter().chain(settings.templates).collect(),
+        open: None,
     };
     let pass = Pass {
         agent_env: settings.agent_env,
@@ -142,10 +157,14 @@ pub async fn execute(
         sinks: settings.sinks,
         frame: settings.frame,
     };
-    let outcome = run(pyenv, run_dir, request, pass).await?;
+    Ok((request, pass))
+}
+
+/// A finished pass said (a resume) and its telemetry written.
+async fn executed(run_dir: &RunDir, plan: &Plan, outcome: GymOutcome, continues: bool) -> anyhow::Result<Executed> {
     if outcome.skipped > 0 || !outcome.rerun.is_empty() {
         let line = format!("resumed: {} cases already recorded, {} run again", outcome.skipped, outcome.rerun.len());
-        // A campaign's round skips the rounds before it: no resume to speak of.
+        // A later pass of a run (an attacker campaign's): the run's resume is said once.
         if continues && outcome.rerun.is_empty() {
             tracing::debug!("{line}");
         } else {
@@ -302,7 +321,8 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
     let request = blocking_in(run_dir, move |run_dir| resume(run_dir, request)).await?;
     let planned = request.cases.len();
     let mut child = spawn(pyenv, run_dir, control.is_some())?;
-    let commands = hand_over(child.stdin.take().expect("piped stdin"), &pass.agent_env, &pass.concurrency).await?;
+    let commands =
+        hand_over(child.stdin.take().expect("piped stdin"), &pass.agent_env, &pass.concurrency, false).await?;
     let observer = Observer::spawn(&pass.concurrency, pass.metrics_url.clone(), commands, planned);
     if let (Some(control), Some(pid)) = (&control, child.id()) {
         control.attach(pid);
@@ -315,11 +335,24 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
         let _ = child.start_kill();
     }
     let status = child.wait().await?;
+    ended(run_dir, (status, follow, result), observer, pass.control.as_deref(), request.cases).await
+}
+
+/// A pass whose gym has ended (its exit status, the events followed, whether reading
+/// them failed): the steering's facts, a stop or a failed gym said as such, the records
+/// compacted to `cases`.
+async fn ended(
+    run_dir: &RunDir,
+    (status, follow, result): (std::process::ExitStatus, Follow, anyhow::Result<()>),
+    observer: Observer,
+    control: Option<&Control>,
+    cases: Vec<Case>,
+) -> anyhow::Result<GymOutcome> {
     let Follow { fanout, tally, .. } = follow;
     // The progress bar ends with its sink, before anything more is said.
     drop(fanout);
     let concurrency = Some(observer.finish().await).filter(|f| f.peak_in_flight > 0);
-    if let Some(control) = pass.control.as_deref() {
+    if let Some(control) = control {
         control.detach();
         if control.is_stopped() {
             bail!(
@@ -333,7 +366,7 @@ pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pas
     if !status.success() || !tally.finished {
         bail!("the gym failed ({status}); {}", log_quote(&log_path));
     }
-    let (cases, drained) = (request.cases, tally.not_started.is_some());
+    let drained = tally.not_started.is_some();
     let records = blocking_in(run_dir, move |run_dir| compact(run_dir, &cases, drained)).await?;
     Ok(GymOutcome { records, skipped: tally.skipped, rerun: tally.rerun, concurrency, not_started: tally.not_started })
 }
@@ -386,12 +419,13 @@ fn spawn(pyenv: &PyEnv, run_dir: &RunDir, own_group: bool) -> anyhow::Result<tok
 }
 
 /// The environment handshake: the agents' environment is the first line on the gym's
-/// stdin. Then the gym reads commands from its stdin: the steering's, or none for a
-/// fixed count (closed here: EOF).
+/// stdin. Then the gym reads commands from its stdin: the steering's, an open pass's
+/// cases (`open`: kept whatever the count), or none for a fixed count (closed here: EOF).
 async fn hand_over(
     mut stdin: tokio::process::ChildStdin,
     agent_env: &[(String, String)],
     concurrency: &Concurrency,
+    open: bool,
 ) -> anyhow::Result<crate::concurrency::Commands> {
     let agent_env: std::collections::BTreeMap<&str, &str> =
         agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -402,8 +436,8 @@ async fn hand_over(
         tracing::debug!("handing the agent environment to the gym: {err}");
     }
     Ok(match concurrency {
-        Concurrency::Auto { .. } => Some(Box::new(stdin)),
-        Concurrency::Fixed(_) => None,
+        Concurrency::Fixed(_) if !open => None,
+        _ => Some(Box::new(stdin)),
     })
 }
 

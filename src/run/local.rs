@@ -256,12 +256,8 @@ impl Local<'_> {
     async fn run_adaptive(&self, endpoint: &model::Endpoint) -> anyhow::Result<()> {
         let request = self.request;
         let Some(adaptive) = request.plan.adaptive.as_ref() else { return Ok(()) };
-        let mut rounds = Vec::new();
-        for _ in 0..=adaptive.attempts {
-            let mut settings = self.gym_settings(endpoint).await?;
-            settings.frame = self.campaign_frame(request.plan.cases.len());
-            rounds.push(settings);
-        }
+        let mut settings = self.gym_settings(endpoint).await?;
+        settings.frame = self.campaign_frame(request.plan.cases.len());
         let pyenv = self.session.pyenv.clone();
         let benchmark_version = request.plan.benchmark_version.clone();
         let truth = runtime::blocking(move || {
@@ -281,10 +277,10 @@ impl Local<'_> {
             attacker_url,
         };
         // A stop must not wait for an attacker request (up to ten minutes each): the
-        // log is written before and after every round, so a resume loses only the
-        // proposals of the round in flight.
+        // log is written whenever an attempt is proposed or recorded, so a resume loses
+        // only the proposals still being asked for.
         let log = tokio::select! {
-            log = adaptive::search(&search, rounds) => log?,
+            log = adaptive::search(&search, settings) => log?,
             () = self.session.control.until_stopped() => bail!(
                 "interrupted during the adaptive attacker's campaign; finished rounds are kept in {}",
                 self.claimed.dir.path().display()

@@ -46,6 +46,11 @@ pub struct GymRequest {
     /// (docs/attacks.md): injected as they are, never parsed as YAML; absent when none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub templates: BTreeMap<String, String>,
+    /// An open pass (an attacker campaign's): `cases` begins it, more come as `cases`
+    /// commands on the gym's stdin, at most this many cases in all; it ends once `close`
+    /// came and every case finished. Absent: the pass runs `cases` and ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open: Option<usize>,
 }
 
 impl RunDocument for GymRequest {
