@@ -447,6 +447,18 @@ fn a_night_stops_its_chain_when_its_first_job_does_not_end_valid_and_says_so_in_
     let waits = format!("job {second} (real-smol on smol-five, pending): night nacht-1, after job {first}");
     assert!(status.contains(&waits), "{status}");
 
+    // A night's name is its own: one taken is refused; unnamed nights of a day count on.
+    let again = bench.run(&[&night[..], &["--judge-plan", "smol-five"]].concat()).code(2);
+    assert!(again.stderr.contains("--night nacht-1: the queue has jobs of that night already"), "{}", again.stderr);
+    let unnamed = ["start-night", "real-smol", "--plan", "smol-five", "--judge-plan", "smol-five", "--kind", "sft"];
+    let mut nights = Vec::new();
+    for _ in 0..2 {
+        for id in bench.run(&unnamed).ok().stdout.lines() {
+            nights.push(bench.job(id.trim().parse().unwrap())["night"].as_str().unwrap().to_string());
+            bench.run(&["cancel", id.trim()]).ok();
+        }
+    }
+    assert!(nights[0].ends_with("-real-smol") && nights[2] == format!("{}-2", nights[0]), "{nights:?}");
     bench.run(&["cancel", &first.to_string()]).ok();
     let daemon = bench.daemon();
     let stopped = bench.wait_job(second, "failed", 60);

@@ -48,7 +48,8 @@ pub struct Args {
     /// The trained version's name (default: <VERSION>-<kind>-night<first job's id>).
     #[arg(long, value_parser = crate::cmd::name_parser)]
     pub name: Option<String>,
-    /// The night's name: its morning report's folder (default: <date>-<VERSION>).
+    /// The night's name: its morning report's folder (default: <date>-<VERSION>, then
+    /// -2, -3, … for the version's next nights that day). One no queued job carries.
     #[arg(long, value_parser = crate::cmd::name_parser)]
     pub night: Option<String>,
     /// Higher runs first; equal priorities run in the order queued.
@@ -78,8 +79,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
             judged.profile.name
         );
     }
-    let night =
-        args.night.clone().unwrap_or_else(|| format!("{}-{}", chrono::Utc::now().format("%Y%m%d"), args.version));
+    let night = night_name(&queue, args.night.as_deref(), &args.version)?;
     let first = queue.enqueue(judged, args.priority, Some(ChainLink { night: night.clone(), after: None }))?;
     let name =
         args.name.clone().unwrap_or_else(|| format!("{}-{}-night{}", args.version, args.kind.as_str(), first.id));
@@ -110,6 +110,22 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     }
     let job = wait_final(&queue, second.id, say_progress)?;
     Ok(print_end(&job))
+}
+
+/// The night's name: `--night`, which no job of the queue may carry already (its
+/// morning report would mix two nights), else `<date>-<VERSION>`, with `-2`, `-3`, …
+/// for a second night of the version that day.
+fn night_name(queue: &Queue, asked: Option<&str>, version: &str) -> anyhow::Result<String> {
+    let taken: BTreeSet<String> = queue.list()?.into_iter().filter_map(|job| job.night).collect();
+    if let Some(asked) = asked {
+        if taken.contains(asked) {
+            bail!("--night {asked}: the queue has jobs of that night already (`pruefstand queue`); name another");
+        }
+        return Ok(asked.to_string());
+    }
+    let base = format!("{}-{version}", chrono::Utc::now().format("%Y%m%d"));
+    let name = (1..).map(|k| if k == 1 { base.clone() } else { format!("{base}-{k}") }).find(|n| !taken.contains(n));
+    Ok(name.expect("an unused name"))
 }
 
 /// The families a plan's rows may hold: those it runs, less those it holds out (the
