@@ -395,7 +395,7 @@ impl Follow {
                 })
                 .await;
             let look = look?;
-            let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0, eta_s: None };
+            let counts = gym::Counts { done: look.recorded.min(planned), total: planned, in_flight: 0 };
             control.gym.report(self.dir.path(), counts);
             if let Some(failed) = look.ended {
                 return Ok((state, failed));

@@ -154,14 +154,14 @@ impl Publisher {
 
     pub fn progress(&mut self, run_dir: &Path, counts: gym::Counts) {
         let Activity::Running(progress) = &mut self.state.activity else { return };
-        let gym::Counts { done, total, in_flight, eta_s } = counts;
+        let gym::Counts { done, total, in_flight } = counts;
         let now = Instant::now();
         if self.rate.as_ref().is_none_or(|(dir, _, _)| dir != run_dir) {
             self.rate = Some((run_dir.to_path_buf(), done, Eta::new(now)));
         }
         let (_, done0, eta) = self.rate.as_mut().expect("set above");
         eta.observe(done.saturating_sub(*done0), in_flight, now);
-        progress.eta_s = eta_s.map(|s| s as f64).or_else(|| eta.remaining_s(total.saturating_sub(done), now));
+        progress.eta_s = eta.remaining_s(total.saturating_sub(done), now);
         let own = self.own_run.as_deref().is_some_and(|own| same_dir(own, run_dir));
         progress.reference = (!own).then(|| reference_name(run_dir));
         progress.run_dir = Some(run_dir.to_path_buf());
@@ -352,7 +352,7 @@ pub(crate) mod tests {
         let Activity::Running(mut p) = running(0, 0) else { unreachable!() };
         p.run_dir = Some("/b/reports/v/p/run-1".into());
         publisher.set(Activity::Running(p));
-        let counts = |done| gym::Counts { done, total: 11, in_flight: 1, eta_s: None };
+        let counts = |done| gym::Counts { done, total: 11, in_flight: 1 };
         publisher.progress(Path::new("/b/reports/base/p/run-0"), counts(2));
         assert_eq!(publisher.state.activity.line(), "running job 3 (v on p), reference base first: 2/11 cases [run-0]");
         publisher.progress(Path::new("/b/reports/v/p/run-1"), counts(1));

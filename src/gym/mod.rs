@@ -68,11 +68,6 @@ pub struct Frame {
     pub run_dir: std::path::PathBuf,
     pub done_before: usize,
     pub total: usize,
-    /// The whole's own pace so far, in milliseconds of wall time per case (an attacker
-    /// campaign's: its rounds wait for the attacker and drain to their slowest case, so
-    /// a rate of the cases in flight would promise too early an end). With it the ETA
-    /// is this pace times the cases left; without, the rate of the last waves.
-    pub ms_per_case: Option<u64>,
 }
 
 impl Frame {
@@ -303,8 +298,6 @@ pub struct Counts {
     pub total: usize,
     /// Running now (0 where not known: a cluster's shards).
     pub in_flight: usize,
-    /// Seconds left, where the whole knows its own pace (`Frame::ms_per_case`).
-    pub eta_s: Option<u64>,
 }
 
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there: the

@@ -99,12 +99,7 @@ pub struct Report {
 
 impl Report {
     pub fn new(control: Arc<Control>, run_dir: &RunDir, frame: Option<Frame>) -> Report {
-        let frame = frame.unwrap_or(Frame {
-            run_dir: run_dir.path().to_path_buf(),
-            done_before: 0,
-            total: 0,
-            ms_per_case: None,
-        });
+        let frame = frame.unwrap_or(Frame { run_dir: run_dir.path().to_path_buf(), done_before: 0, total: 0 });
         Report { control, frame }
     }
 }
@@ -114,8 +109,7 @@ impl Sink for Report {
         if matches!(event, GymEvent::Start { .. } | GymEvent::Case { .. }) {
             let done = self.frame.done_before + seen.done;
             let total = self.frame.total.max(done).max(seen.total);
-            let eta_s = self.frame.ms_per_case.map(|ms| ms * (total - done) as u64 / 1000);
-            self.control.report(&self.frame.run_dir, Counts { done, total, in_flight: seen.in_flight, eta_s });
+            self.control.report(&self.frame.run_dir, Counts { done, total, in_flight: seen.in_flight });
         }
         Ok(Ask::Continue)
     }
@@ -165,24 +159,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_campaign_round_reports_the_eta_of_the_whole_at_its_own_pace() {
+    fn a_campaign_reports_its_cases_as_part_of_the_whole_run() {
         let seen_counts = Arc::new(std::sync::Mutex::new(Vec::new()));
         let into = seen_counts.clone();
         let control = Arc::new(Control::with_progress(move |_, counts| into.lock().unwrap().push(counts)));
         let dir = tempfile::tempdir().unwrap();
         let run_dir = RunDir::new(dir.path());
-        // A later round: 141 plan cases before it, 831 at most in all, 2.5 s an attempt
-        // so far (the attacker's time and the rounds' drains in it).
-        let frame = Frame { run_dir: dir.path().into(), done_before: 141, total: 831, ms_per_case: Some(2500) };
-        let mut report = Report::new(control.clone(), &run_dir, Some(frame.clone()));
+        // The campaign after 141 plan cases, 831 at most in all: the daemon's status and
+        // ETA count plan and campaign as one run.
+        let frame = Frame { run_dir: dir.path().into(), done_before: 141, total: 831 };
+        let mut report = Report::new(control, &run_dir, Some(frame));
         let start = GymEvent::Start { total: 240, to_run: 30, jobs: 8, processes: None };
         report.on(&start, &Seen { in_flight: 8, done: 210, total: 240 }).unwrap();
         let counts = seen_counts.lock().unwrap()[0];
-        assert_eq!((counts.done, counts.total), (351, 831));
-        assert_eq!(counts.eta_s, Some(480 * 5 / 2), "the campaign's pace times every case left, not the round's");
-        // The first round has no pace yet: the daemon's wave rate answers.
-        let mut first = Report::new(control, &run_dir, Some(Frame { ms_per_case: None, ..frame }));
-        first.on(&start, &Seen { in_flight: 8, done: 0, total: 30 }).unwrap();
-        assert_eq!(seen_counts.lock().unwrap()[1].eta_s, None);
+        assert_eq!((counts.done, counts.total, counts.in_flight), (351, 831, 8));
     }
 }

@@ -248,7 +248,6 @@ impl Local<'_> {
             run_dir: self.claimed.dir.path().to_path_buf(),
             done_before,
             total: plan.cases.len() + budget,
-            ms_per_case: None,
         })
     }
 
