@@ -21,8 +21,7 @@ use anyhow::bail;
 use crate::client::{note_without_daemon, print_end, say_progress, wait_final};
 use crate::cmd::train::{Knobs, kind_parser};
 use crate::train::{Order, checks};
-use pruefstand_core::plan::Profile;
-use pruefstand_core::queue::{ChainLink, Queue};
+use pruefstand_core::queue::{ChainLink, Prepared, Queue};
 use pruefstand_core::root::Root;
 use pruefstand_report::export::Format;
 
@@ -68,7 +67,8 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let judged = queue.prepare(&root, &args.version, &args.plan)?;
     checks::base_usable(&judged.version)?;
     let trained = queue.prepare(&root, &args.version, &args.judge_plan)?;
-    let clash = trained_on(&judged.profile).intersection(&held_out(&trained.profile)).cloned().collect::<Vec<_>>();
+    let held_out: BTreeSet<String> = trained.held_out().into_iter().collect();
+    let clash = trained_on(&judged).intersection(&held_out).cloned().collect::<Vec<_>>();
     if !clash.is_empty() {
         bail!(
             "--plan {} trains on {} (it runs and does not hold out), which --judge-plan {} holds out: the \
@@ -130,16 +130,12 @@ fn night_name(queue: &Queue, asked: Option<&str>, version: &str) -> anyhow::Resu
 
 /// The families a plan's rows may hold: those it runs, less those it holds out (the
 /// export refuses those).
-fn trained_on(profile: &Profile) -> BTreeSet<String> {
-    let held = held_out(profile);
-    let mut runs: BTreeSet<String> = profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
-    for suite in &profile.suites {
+fn trained_on(plan: &Prepared) -> BTreeSet<String> {
+    let held: BTreeSet<String> = plan.held_out().into_iter().collect();
+    let mut runs: BTreeSet<String> = plan.profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
+    for suite in &plan.profile.suites {
         runs.extend(suite.attacks.iter().flatten().map(|a| a.get_ref().clone()));
     }
     runs.retain(|family| !held.contains(family));
     runs
-}
-
-fn held_out(profile: &Profile) -> BTreeSet<String> {
-    profile.held_out.iter().map(|f| f.get_ref().clone()).collect()
 }
