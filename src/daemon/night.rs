@@ -59,7 +59,7 @@ pub fn morning_if_over(root: &Root, queue: &Queue, night: &str) -> anyhow::Resul
     if jobs.is_empty() || !jobs.iter().all(|j| j.state.is_final()) {
         return Ok(None);
     }
-    let lines: Vec<JobLine> = jobs.iter().map(|job| line(root, job)).collect();
+    let lines: Vec<JobLine> = jobs.iter().map(line).collect();
     let running_s: f64 = lines.iter().filter_map(|l| l.running_s).sum();
     let training_s: f64 = lines.iter().filter_map(|l| l.training.as_ref()).map(|t| t.wall_s).sum();
     let morning = Morning {
@@ -78,10 +78,10 @@ pub fn morning_if_over(root: &Root, queue: &Queue, night: &str) -> anyhow::Resul
     Ok(Some(path))
 }
 
-fn line<'a>(root: &Root, job: &'a Job) -> JobLine<'a> {
+fn line(job: &Job) -> JobLine<'_> {
     let trained =
         job.training.as_ref().and_then(|o| serde_json::from_value::<Order>(o.clone()).ok()).and_then(|o| o.name);
-    let training = trained.as_deref().and_then(|name| newest_training(&root.reports().join(name).join("training")));
+    let training = job.training_dir.as_deref().and_then(manifest_in);
     JobLine {
         id: job.id,
         version: &job.version,
@@ -97,13 +97,10 @@ fn line<'a>(root: &Root, job: &'a Job) -> JobLine<'a> {
     }
 }
 
-/// The newest finished training's manifest in a version's `training/` folder.
-fn newest_training(trainings: &Path) -> Option<TrainingManifest> {
-    let manifests = std::fs::read_dir(trainings).ok()?.flatten().filter_map(|entry| {
-        let text = std::fs::read_to_string(entry.path().join("training.json")).ok()?;
-        serde_json::from_str::<TrainingManifest>(&text).ok()
-    });
-    manifests.max_by(|a, b| a.finished_at.cmp(&b.finished_at))
+/// The training manifest in a job's training folder, once the training finished.
+fn manifest_in(training_dir: &Path) -> Option<TrainingManifest> {
+    let text = std::fs::read_to_string(training_dir.join(crate::train::request::MANIFEST)).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 fn markdown(morning: &Morning) -> String {

@@ -26,6 +26,9 @@ pub const MODEL: &str = "/model";
 /// The trainer's event lines in a training's folder ([`TrainingDir::events`]).
 pub const EVENTS: &str = "trainer-events.jsonl";
 
+/// The training manifest in a training's folder ([`TrainingDir::manifest`]).
+pub const MANIFEST: &str = "training.json";
+
 /// The trainer's knobs, as `request.json` names them.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct Hyper {
@@ -98,7 +101,7 @@ impl TrainingDir {
     }
     /// The training manifest.
     pub fn manifest(&self) -> PathBuf {
-        self.path.join("training.json")
+        self.path.join(MANIFEST)
     }
     /// Every event line the trainer printed, across attempts.
     pub fn events(&self) -> PathBuf {
