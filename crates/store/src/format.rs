@@ -46,6 +46,15 @@ impl RunDir {
         Ok(self.read_run_meta_hashed()?.0)
     }
 
+    /// `run.json` when the run has written it (None: a run still going, or cut short
+    /// before its end); otherwise as [`RunDir::read_run_meta`].
+    pub fn read_run_meta_if_written(&self) -> anyhow::Result<Option<RunMeta>> {
+        if !self.path_of(RunFile::RunMeta).exists() {
+            return Ok(None);
+        }
+        self.read_run_meta().map(Some)
+    }
+
     /// The sha256 of `run.json` as it lies there now, read as a regular file (never
     /// through a link) and not parsed: an adapter's lineage checks that an export's
     /// source run still has the `run.json` the export took.

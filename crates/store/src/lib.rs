@@ -399,6 +399,14 @@ impl RunDir {
         Ok(RunDir::new(path))
     }
 
+    /// The adaptive attacker's run directory of attempts (`adaptive/`) when the run has
+    /// one, for a reader: never made ([`RunDir::adaptive_runs`] makes it for the
+    /// campaign that writes it).
+    pub fn adaptive_run(&self) -> Option<RunDir> {
+        let path = self.path_of(RunFile::AdaptiveRuns);
+        path.is_dir().then(|| RunDir::new(path))
+    }
+
     /// A clustered job's shards folder (`shards/`): made user-only by the cluster, and
     /// Slurm writes each task's output there.
     pub fn shards_path(&self) -> PathBuf {
