@@ -11,9 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import arm64, attacker, capacity, daemon, early, eta, overhead, real, serve, steering, throughput, tools
+from . import arm64, attacker, capacity, daemon, early, effect, eta, overhead, real, serve, steering, throughput, tools
 from .common import (ATTACK, BENCHMARK_VERSION, INSTANT, JOBS, LATENCY, MODEL, SEED, SUITES, case_set, count_cases,
                      ensure_binary, ensure_venv, env_int, fmt, gym_json, make_root, say, write_model_dir, write_plan)
+from . import rollouts  # part 14: the environment's rollouts
 from .steering import AUTO_CAPACITIES
 
 
@@ -70,6 +71,8 @@ def main() -> int:
                "daemon": dm, "throughput_ratio": throughput_ratio, "capacity_fraction": capacity_fraction,
                "early_stop": es, "eta": et, "real": rl, "serve": sv, "arm64": a64, "tools": tl,
                "attacker": atk}
+    summary["effect"] = effect.run(binary, work)  # part 13, opt-in (BENCH_EFFECT=1): hours
+    summary["rollouts"] = rollouts.run(binary, python, scripts, work, root, model, cs_tp)  # part 14
     (work / "bench.json").write_text(json.dumps(summary, indent=1))
     say(f"targets: throughput_ratio ≥ 10, capacity_fraction ≥ 0.85, idle_cpu_s ≤ 0.05, "
         f"idle_rss_mib ≤ 30, pickup_ms ≤ 500, capacity_auto_* ≥ 0.85, gym_pss_mib_96 ≤ 1024, "
