@@ -185,7 +185,7 @@ pub fn of_attack(attack: &str) -> Option<&'static str> {
 
 /// The attack name of a found family (an attacker's frozen templates, docs/attacks.md,
 /// "What it finds goes somewhere"): `found_<name>`.
-pub const FOUND_PREFIX: &str = "found_";
+pub(crate) const FOUND_PREFIX: &str = "found_";
 
 /// The family an attack belongs to, found families included: a grammar family's name
 /// ([`of_attack`]), or a found family's attack name itself.

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 /// The largest `found-family.json` a plan may name: a family is a few templates of at
 /// most 2,000 characters each, kilobytes in all.
-pub const MAX_FOUND_FAMILY_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_FOUND_FAMILY_BYTES: u64 = 1 << 20;
 
 /// The largest export manifest read: it lists the source runs and counts families.
 pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;

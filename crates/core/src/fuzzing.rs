@@ -95,7 +95,8 @@ pub fn names_file(err: &anyhow::Error, file: &Path, text: &str) -> Result<(), Te
 
 /// Like [`names_file`], and the error must carry a line: a value the parser read has a
 /// place in the file.
-pub fn names_file_and_line(err: &anyhow::Error, file: &Path, text: &str) -> Result<(), TestCaseError> {
+#[cfg(test)]
+pub(crate) fn names_file_and_line(err: &anyhow::Error, file: &Path, text: &str) -> Result<(), TestCaseError> {
     names_file(err, file, text)?;
     let message = format!("{err:#}");
     let located = located_at(&message, &file.display().to_string());
@@ -103,6 +104,7 @@ pub fn names_file_and_line(err: &anyhow::Error, file: &Path, text: &str) -> Resu
 }
 
 /// Whether `message` holds `FILE:LINE:COL: ` somewhere.
+#[cfg(test)]
 fn located_at(message: &str, file: &str) -> bool {
     let number = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
     message.match_indices(&format!("{file}:")).any(|(at, named)| {

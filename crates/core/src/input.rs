@@ -108,7 +108,7 @@ pub(crate) fn shown_path(path: &Path) -> String {
 /// a name, looked up in the root's folder for that kind, or — only when it looks like
 /// one, containing `/` or ending in `.toml` — a path, relative to the working directory.
 /// Messages say which it was taken as.
-pub struct Named<'a> {
+pub(crate) struct Named<'a> {
     pub kind: &'static str,
     pub word: &'a str,
     pub dir: &'a Path,

@@ -121,7 +121,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// HMAC-SHA256 (RFC 2104) of `message` under `key`, hex: an identity of a secret that
 /// no one without the key can test guesses against.
-pub fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
+pub(crate) fn hmac_sha256_hex(key: &[u8], message: &[u8]) -> String {
     const BLOCK: usize = 64;
     let mut block = [0u8; BLOCK];
     if key.len() > BLOCK {

@@ -73,7 +73,7 @@ fn is_shipped_measured_min(v: &f64) -> bool {
 }
 
 /// The shipped `adaptive_measured_min`: at least half of each half's pairs measured.
-pub const ADAPTIVE_MEASURED_MIN: f64 = 0.5;
+pub(crate) const ADAPTIVE_MEASURED_MIN: f64 = 0.5;
 
 impl Default for R2 {
     fn default() -> Self {
