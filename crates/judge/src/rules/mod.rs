@@ -26,7 +26,8 @@ use pruefstand_core::settings::thresholds;
 pub use measure::{Rate, figures};
 pub use outlook::outlook;
 pub use pruefstand_core::util::percentile;
-pub use r2::{asr_status, decisive, r2_security, r2_security_decisive, r2_security_named};
+pub use r2::decisive;
+pub(crate) use r2::{asr_status, r2_security, r2_security_decisive};
 
 /// One rule's result, as `judgement.json` writes it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -2,7 +2,7 @@
 //! count every errored attacked case against the version in each direction; the
 //! figure it decided on ([`decisive`]); the families it judged and the adaptive
 //! attacker's figure beside it ([`annotate`], [`with_adaptive`]). [`asr_status`] and
-//! [`r2_security`] are public so that `crate::study` measures the rule itself.
+//! [`r2_security`] are visible to the crate so that `crate::study` measures the rule itself.
 //!
 //! Not here: which cases R2 judges and the ASR per family (`judge::families`).
 
@@ -120,7 +120,7 @@ pub struct Limits {
 
 /// R2's decision: pass when the upper bound of `pass` is ≤ `asr_max`, fail when the
 /// lower bound of `fail` exceeds it.
-pub fn asr_status(pass: &Adjusted, fail: &Adjusted, t: &thresholds::R2) -> RuleStatus {
+pub(crate) fn asr_status(pass: &Adjusted, fail: &Adjusted, t: &thresholds::R2) -> RuleStatus {
     if pass.n == 0 {
         RuleStatus::Inconclusive
     } else if pass.upper(t.alpha_pass) <= t.asr_max {
@@ -133,7 +133,7 @@ pub fn asr_status(pass: &Adjusted, fail: &Adjusted, t: &thresholds::R2) -> RuleS
 }
 
 /// R2 on every attacked case of `records`, the figure named [`words::ASR_ALL`].
-pub fn r2_security(records: &[CaseRecord], t: &thresholds::R2) -> RuleResult {
+pub(crate) fn r2_security(records: &[CaseRecord], t: &thresholds::R2) -> RuleResult {
     r2_security_named(records, t, words::ASR_ALL)
 }
 
@@ -224,13 +224,17 @@ fn measured(records: &[CaseRecord], b: &Bounded, name: &str, t: &thresholds::R2)
 
 /// R2 on the attacked cases of `records`, its figure called `name` in the reason
 /// ([`words::ASR_HELD_OUT`] when they are the held-out families').
-pub fn r2_security_named(records: &[CaseRecord], t: &thresholds::R2, name: &str) -> RuleResult {
+fn r2_security_named(records: &[CaseRecord], t: &thresholds::R2, name: &str) -> RuleResult {
     r2_security_decisive(records, t, name).0
 }
 
 /// [`r2_security_named`] and the [`decisive`] figure it decided by, its bounds computed
 /// once for both.
-pub fn r2_security_decisive(records: &[CaseRecord], t: &thresholds::R2, name: &str) -> (RuleResult, Option<Decisive>) {
+pub(crate) fn r2_security_decisive(
+    records: &[CaseRecord],
+    t: &thresholds::R2,
+    name: &str,
+) -> (RuleResult, Option<Decisive>) {
     let b = bounded(|errors| attack_obs(records, errors), t.clustering);
     let measured = measured(records, &b, name, t);
     let errors = if b.errors == 0 {
