@@ -10,7 +10,7 @@ use pruefstand_core::record::Verdict;
 pub const APPROVED: &str = "#2e7d32";
 pub const REJECTED: &str = "#c62828";
 pub const INCONCLUSIVE: &str = "#ef8f00";
-pub const INVALID: &str = "#6a1b9a";
+pub(crate) const INVALID: &str = "#6a1b9a";
 
 /// A verdict's colour.
 pub fn verdict(v: Verdict) -> &'static str {
@@ -24,17 +24,18 @@ pub fn verdict(v: Verdict) -> &'static str {
 
 /// The candidate's bars and marks in a run's report, and the first candidate's line in
 /// the index: the same blue.
-pub const CANDIDATE: &str = "#1565c0";
+pub(crate) const CANDIDATE: &str = "#1565c0";
 /// The candidate's figures with errors left out, a lighter blue.
-pub const CANDIDATE_LIGHT: &str = "#90caf9";
+pub(crate) const CANDIDATE_LIGHT: &str = "#90caf9";
 /// The reference's bars and marks: grey, as its lines in the index.
-pub const REFERENCE: &str = "#757575";
+pub(crate) const REFERENCE: &str = "#757575";
 
 /// Versions' lines in the index, in order: the candidate's blue first, then hues no
 /// verdict has (no red, green, amber or purple).
-pub const SERIES: [&str; 8] = ["#1565c0", "#00838f", "#6d4c41", "#283593", "#0288d1", "#546e7a", "#8d6e63", "#006064"];
+pub(crate) const SERIES: [&str; 8] =
+    ["#1565c0", "#00838f", "#6d4c41", "#283593", "#0288d1", "#546e7a", "#8d6e63", "#006064"];
 /// Lines of versions only ever run as a reference: greys, as the report draws a reference.
-pub const REFERENCE_SERIES: [&str; 3] = ["#757575", "#9e9e9e", "#424242"];
+pub(crate) const REFERENCE_SERIES: [&str; 3] = ["#757575", "#9e9e9e", "#424242"];
 
 /// The CSS of verdict badges (`<span class="vb v-rejected">`, and the report's big
 /// `#verdict`), of a reference run's neutral badge (`v-reference`: it was judged only as

@@ -146,7 +146,7 @@ pub(crate) fn index_is_ours(reports_dir: &Path) -> bool {
 
 /// Rewrites `reports_dir/index.html` from every `judgement.json` below it; refuses to
 /// replace an `index.html` it did not write.
-pub fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_index(reports_dir: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(
         index_is_ours(reports_dir),
         "{} is not pruefstand's trend index: left as it is",

@@ -37,7 +37,8 @@ use pruefstand_store::{RunDir, RunFile};
 use colours::{CANDIDATE, REFERENCE};
 pub use compare::{compare_dirs, write_compare};
 use html::{esc, safe_href};
-pub use index::{INDEX_FILE, write_index};
+pub use index::INDEX_FILE;
+use index::write_index;
 pub use publish::write;
 use svg::{Bar, BarRow, HeatCell, IntervalRow, MatrixBlock};
 

@@ -24,7 +24,7 @@ pub const MANIFEST: &str = "training.json";
 
 /// What the lineage reads of `training.json`.
 #[derive(Deserialize)]
-pub struct ManifestView {
+pub(crate) struct ManifestView {
     pub version: String,
     pub base_version: String,
     pub kind: String,
@@ -36,12 +36,12 @@ pub struct ManifestView {
 }
 
 #[derive(Deserialize)]
-pub struct BaseModelView {
+pub(crate) struct BaseModelView {
     pub sha256: String,
 }
 
 #[derive(Deserialize)]
-pub struct ExportView {
+pub(crate) struct ExportView {
     pub path: PathBuf,
     pub sha256: String,
     pub rows: usize,
@@ -50,7 +50,7 @@ pub struct ExportView {
 }
 
 #[derive(Deserialize)]
-pub struct AdapterView {
+pub(crate) struct AdapterView {
     pub sha256: BTreeMap<String, String>,
 }
 
