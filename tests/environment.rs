@@ -391,3 +391,113 @@ fn a_rollout_that_errors_is_an_error_not_a_reward_of_zero() {
         "{faults}"
     );
 }
+
+/// A small plan for the guard: banking, one user task × one injection task, both
+/// families attacked, `held_out` as given. 1 clean + 2 attacked cases.
+fn guard_plan(name: &str, held_out: &[&str]) -> String {
+    let held_out: Vec<String> = held_out.iter().map(|f| format!("{f:?}")).collect();
+    format!(
+        "name = {name:?}\nbenchmark_version = \"v1.2.2\"\nattacks = [\"important_instructions\", \"tool_output_spoof\"]\n\
+         held_out = [{}]\ninjection_goals = false\njobs = 2\ncase_timeout_s = 120\n\
+         [[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_3\"]\ninjection_tasks = [\"injection_task_1\"]\n",
+        held_out.join(", ")
+    )
+}
+
+/// R1 of a run directory's judgement.
+fn r1(dir: &Path) -> Value {
+    json(&dir.join("judgement.json"))["rules"].as_array().unwrap().iter().find(|r| r["id"] == "R1").unwrap().clone()
+}
+
+/// A version trained online carries its environment's manifest into the held-out guard
+/// as one trained on an export carries the export's (`[adapter] trained_online`): where
+/// the judging plan holds out a family the environment offered, `check --plan` fails and
+/// `run` refuses naming the family and the manifest, and R1 fails on the run's record;
+/// an environment that offered only seen families passes; a dataset changed since its
+/// manifest, or a manifest that is not there, stops the version before anything runs.
+#[test]
+fn a_version_trained_online_on_a_family_the_plan_holds_out_is_refused_naming_the_manifest() {
+    let bench = Bench::new();
+    bench.write("profiles/haelt-tos.toml", &guard_plan("haelt-tos", &["tool_output_spoof"]));
+    bench.write("profiles/offen.toml", &guard_plan("offen", &[]));
+    // Two environments: one of the plan holding tool_output_spoof out (it never offers
+    // it), one of the plan that holds nothing out (it offers both families).
+    let dataset = |plan: &str, dir: &str| {
+        let out = bench.path().join(dir);
+        let manifest = env_cli(&bench, &["dataset", "--plan", plan, "--out", out.to_str().unwrap()]);
+        (out.join("dataset.jsonl.manifest.json"), manifest)
+    };
+    let (clean, clean_manifest) = dataset("haelt-tos", "envs/clean");
+    let (dirty, dirty_manifest) = dataset("offen", "envs/dirty");
+    assert_eq!(count(&clean_manifest["families"]), BTreeMap::from([("important_instructions".into(), 1)]));
+    assert_eq!(
+        count(&dirty_manifest["families"]),
+        BTreeMap::from([("important_instructions".into(), 1), ("tool_output_spoof".into(), 1)])
+    );
+    // demo-kandidat's adapter as if trained in each environment; no reference: one run.
+    let spec = std::fs::read_to_string(repo().join("versions/demo-kandidat.toml")).unwrap();
+    let version = |name: &str, manifest: &str| {
+        let spec = spec.replace("reference = \"demo-baseline\"\n", "").replace(
+            "name = \"inj-harden-r3\"",
+            &format!("name = \"inj-harden-r3\"\ntrained_online = [\"../{manifest}\"]"),
+        );
+        assert!(spec.contains("trained_online"), "{spec}");
+        bench.write(&format!("versions/{name}.toml"), &spec);
+    };
+    version("online-rein", "envs/clean/dataset.jsonl.manifest.json");
+    version("online-schmutzig", "envs/dirty/dataset.jsonl.manifest.json");
+    // The spec names the manifest from its folder: `versions/../envs/…`.
+    assert!(dirty.ends_with("envs/dirty/dataset.jsonl.manifest.json"));
+    let clash = |line: &str| {
+        line.contains("versions/../envs/dirty/dataset.jsonl.manifest.json")
+            && line.contains("tool_output_spoof")
+            && line.contains("trained online")
+    };
+
+    // The environment offered the family the plan holds out: check fails, run refuses.
+    let check = bench.run(&["check", "online-schmutzig", "--plan", "haelt-tos"]).code(2);
+    assert!(check.stdout.lines().any(|l| l.starts_with("FAIL") && clash(l)), "{}", check.stdout);
+    let run = bench.run(&["run", "online-schmutzig", "--plan", "haelt-tos"]).code(2);
+    assert!(run.stderr.lines().any(|l| clash(l) && l.contains("refused before any case ran")), "{}", run.stderr);
+    assert!(!bench.path().join("reports/online-schmutzig/haelt-tos").exists(), "no case ran");
+
+    // The clean environment passes the guard; the run records the manifest it read.
+    let check = bench.run(&["check", "online-rein", "--plan", "haelt-tos"]);
+    assert!(!check.stdout.lines().any(|l| l.starts_with("FAIL") && l.contains("trained online")), "{}", check.stdout);
+    let run = bench.run(&["run", "online-rein", "--plan", "haelt-tos"]);
+    assert!(matches!(run.code, Some(0 | 10 | 11)), "exit {:?}\n{}\n{}", run.code, run.stdout, run.stderr);
+    let dir = run.run_dir();
+    assert_eq!(r1(&dir)["status"], "pass", "{}", r1(&dir));
+    let recorded = &json(&dir.join("run.json"))["attack_families"]["trained_on_exports"][0];
+    let recorded_path = recorded["path"].as_str().unwrap();
+    assert!(recorded_path.ends_with("versions/../envs/clean/dataset.jsonl.manifest.json"), "{recorded}");
+    assert_eq!((&recorded["sha256"], &recorded["online"]), (&clean_manifest["sha256"], &Value::Bool(true)));
+
+    // R1 judges what the run recorded: the same record holding the offered family out
+    // is invalid, naming the family and the manifest.
+    let mut meta = json(&dir.join("run.json"));
+    meta["attack_families"]["held_out"] = serde_json::json!(["important_instructions"]);
+    std::fs::write(dir.join("run.json"), serde_json::to_string_pretty(&meta).unwrap()).unwrap();
+    bench.run(&["judge", dir.to_str().unwrap(), "--in-place"]).code(12);
+    let failed = r1(&dir);
+    let reason = failed["reason"].as_str().unwrap();
+    assert_eq!(failed["status"], "fail", "{failed}");
+    assert!(reason.contains(recorded_path) && reason.contains("important_instructions"), "{reason}");
+
+    // A dataset changed since its manifest: refused before anything runs, naming both.
+    let data = bench.path().join("envs/clean/dataset.jsonl");
+    let mut text = std::fs::read_to_string(&data).unwrap();
+    text.push_str("{\"case\": {}}\n");
+    std::fs::write(&data, text).unwrap();
+    let run = bench.run(&["run", "online-rein", "--plan", "haelt-tos"]).code(2);
+    assert!(
+        run.stderr.contains(recorded_path) && run.stderr.contains("changed since the manifest was written"),
+        "{}",
+        run.stderr
+    );
+    // A manifest that is not there: the version does not load, the line named.
+    std::fs::remove_file(&clean).unwrap();
+    let check = bench.run(&["check", "online-rein", "--plan", "haelt-tos"]).code(2);
+    let said = format!("{}{}", check.stdout, check.stderr);
+    assert!(said.contains("adapter.trained_online") && said.contains("it is not a file"), "{said}");
+}

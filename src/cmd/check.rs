@@ -449,7 +449,7 @@ async fn check_external_server(version: &Version, report: &mut Report) {
 /// trained on must hold no family the plan holds out — FAIL for the plan named, WARN
 /// for each shipped profile without one; R1 fails the same clash after a run.
 fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, report: &mut Report) {
-    let paths = version.trained_on_exports();
+    let paths = version.training_data();
     if paths.is_empty() {
         if let Some(plan) = plan {
             report.ok(format!("plan {plan}: version {} names no export its adapter was trained on", version.name));
@@ -460,7 +460,7 @@ fn check_trained_exports(root: &Root, version: &Version, plan: Option<&str>, rep
         Ok(exports) => exports,
         Err(err) => {
             return report.fail(
-                format!("trained_on_exports: {err:#}"),
+                format!("[adapter] trained_on_exports or trained_online: {err:#}"),
                 format!("export again with `pruefstand export`, or fix [adapter] in {}", version.path.display()),
             );
         }

@@ -51,7 +51,7 @@ pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
 /// invalid verdict).
 fn refuse_held_out_clash(prepared: &Prepared) -> anyhow::Result<()> {
     let version = &prepared.version;
-    let paths = version.trained_on_exports();
+    let paths = version.training_data();
     if paths.is_empty() {
         return Ok(());
     }

@@ -554,6 +554,6 @@ async fn lineage_of(version: &Version) -> anyhow::Result<Option<pruefstand_core:
 }
 
 async fn trained_exports(version: &Version) -> anyhow::Result<Vec<TrainedExport>> {
-    let exports = version.trained_on_exports();
+    let exports = version.training_data();
     crate::runtime::blocking(move || export::trained_exports(&exports)).await
 }

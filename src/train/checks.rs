@@ -172,6 +172,7 @@ fn held_out(base: &Version, exports: &[Export], plan_name: &str, plan: &Profile)
             path: e.path.display().to_string(),
             sha256: e.sha256.clone(),
             families: e.manifest.families.iter().filter(|(_, n)| **n > 0).map(|(f, _)| f.clone()).collect(),
+            online: false,
         })
         .collect();
     contamination::clashes(&held_out, &trained)

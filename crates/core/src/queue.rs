@@ -860,6 +860,16 @@ fn pins(version: &Version, folder: &Path) -> anyhow::Result<Vec<Pinned>> {
         pins.push(Pinned::take(path.clone(), format!("adapter.trained_on_exports of version {name}"))?);
         pins.push(Pinned::take(manifest, format!("the manifest of {name}'s export {}", path.display()))?);
     }
+    for manifest in version.spec.adapter.iter().flat_map(|a| &a.trained_online) {
+        let path = folder.join(manifest.get_ref());
+        if let Some(dataset) = crate::spec::dataset_of(&path) {
+            pins.push(Pinned::take(
+                dataset.clone(),
+                format!("the dataset of {name}'s environment {}", path.display()),
+            )?);
+        }
+        pins.push(Pinned::take(path, format!("adapter.trained_online of version {name}"))?);
+    }
     for kind in ServedFileKind::ALL {
         if let Some(file) = version.spec.model.served_file(kind) {
             let path = folder.join(file.get_ref());

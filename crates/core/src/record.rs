@@ -277,10 +277,16 @@ pub struct LineageSource {
 /// sha256, and the attack families it holds rows of (from its manifest).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct TrainedExport {
+    /// The export; for an environment, its manifest (what `trained_online` names).
     pub path: String,
+    /// The data file's sha256 (the export's, the environment's dataset's).
     pub sha256: String,
     #[serde(default)]
     pub families: Vec<String>,
+    /// An environment's dataset (`trained_online`: the adapter was trained online on
+    /// its cases), not an export; `families` are the families it offered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub online: bool,
 }
 
 /// What steered the number of cases in flight.

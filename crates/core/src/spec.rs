@@ -175,7 +175,16 @@ pub struct AdapterSpec {
     /// family the plan holds out. Skipped when empty, so older specs keep their hash.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trained_on_exports: Vec<Spanned<PathBuf>>,
+    /// The environments (`scripts/pruefstand_env`) the adapter was trained online in:
+    /// each one's manifest (`DIR/dataset.jsonl.manifest.json`, the dataset beside it),
+    /// relative to the spec's folder. The held-out guard reads the families it offered
+    /// as it reads an export's. Skipped when empty, so older specs keep their hash.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_online: Vec<Spanned<PathBuf>>,
 }
+
+/// What an environment's manifest is named beside its dataset (as an export's beside it).
+pub const MANIFEST_SUFFIX: &str = ".manifest.json";
 
 /// A loaded, validated version.
 #[derive(Clone, Debug)]
@@ -293,6 +302,15 @@ impl Version {
     pub fn trained_on_exports(&self) -> Vec<PathBuf> {
         let exports = self.spec.adapter.iter().flat_map(|a| &a.trained_on_exports);
         exports.map(|e| self.files_dir.join(e.get_ref())).collect()
+    }
+
+    /// Every data file the adapter was trained on, each with its manifest beside it
+    /// (what the held-out guard reads): the exports, then the datasets of the
+    /// environments it was trained online in (`trained_online` names their manifests).
+    pub fn training_data(&self) -> Vec<PathBuf> {
+        let online = self.spec.adapter.iter().flat_map(|a| &a.trained_online);
+        let datasets = online.filter_map(|m| dataset_of(&self.files_dir.join(m.get_ref())));
+        self.trained_on_exports().into_iter().chain(datasets).collect()
     }
 
     pub fn reference(&self) -> Option<&str> {
@@ -554,8 +572,35 @@ fn check_reference(spec: &VersionSpec, source: &Source, versions_dir: &Path) -> 
     Ok(())
 }
 
-/// `[adapter] trained_on_exports`: files that exist.
+/// The dataset an environment's manifest lies beside: its path less [`MANIFEST_SUFFIX`];
+/// None when the name does not end in it.
+pub fn dataset_of(manifest: &Path) -> Option<PathBuf> {
+    let name = manifest.file_name()?.to_str()?;
+    let data = name.strip_suffix(MANIFEST_SUFFIX).filter(|d| !d.is_empty())?;
+    Some(manifest.with_file_name(data))
+}
+
+/// `[adapter] trained_on_exports` and `trained_online`: files that exist (an
+/// environment's manifest with its dataset beside it).
 fn check_adapter(spec: &VersionSpec, source: &Source) -> anyhow::Result<()> {
+    for manifest in spec.adapter.iter().flat_map(|a| &a.trained_online) {
+        let file = source.files_dir.join(manifest.get_ref());
+        let problem = match dataset_of(&file) {
+            None => Some(format!("its name does not end in {MANIFEST_SUFFIX}")),
+            Some(_) if !file.is_file() => Some("it is not a file".to_string()),
+            Some(data) if !data.is_file() => Some(format!("its dataset {} is not a file", data.display())),
+            Some(_) => None,
+        };
+        if let Some(problem) = problem {
+            return Err(source.bad(
+                manifest.span().start,
+                &format!(
+                    "adapter.trained_online: {}: {problem} (an environment's manifest, `DIR/dataset.jsonl{MANIFEST_SUFFIX}` that `pruefstand_env` wrote; relative paths start at the spec's folder)",
+                    file.display()
+                ),
+            ));
+        }
+    }
     for export in spec.adapter.iter().flat_map(|a| &a.trained_on_exports) {
         let file = source.files_dir.join(export.get_ref());
         if !file.is_file() {
@@ -813,6 +858,36 @@ susceptibility = 0.02
         assert!(err.contains("snapshot/exports/dpo.jsonl is not a file"), "{err}");
         let plain = check(GOOD).unwrap();
         assert!(!serde_json::to_string(&plain).unwrap().contains("trained_on_exports"), "older specs keep their hash");
+    }
+
+    #[test]
+    fn an_environment_manifest_names_its_dataset_and_a_missing_one_is_refused_at_its_line() {
+        let with = |path: &str| {
+            GOOD.replace("name = \"inj-harden-r3\"", &format!("name = \"inj-harden-r3\"\ntrained_online = [{path:?}]"))
+        };
+        let err = error(&with("envs/n1/dataset.jsonl.manifest.json"));
+        assert!(
+            err.starts_with(
+                "DIR/cand.toml:10:19: adapter.trained_online: DIR/envs/n1/dataset.jsonl.manifest.json: it is not a file"
+            ),
+            "{err}"
+        );
+        let err = error(&with("envs/n1/dataset.jsonl"));
+        assert!(err.contains("its name does not end in .manifest.json"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("base.toml"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("envs/n1")).unwrap();
+        std::fs::write(dir.path().join("envs/n1/dataset.jsonl.manifest.json"), "{}").unwrap();
+        let path = dir.path().join("cand.toml");
+        std::fs::write(&path, with("envs/n1/dataset.jsonl.manifest.json")).unwrap();
+        let err = Version::load(dir.path(), &path.to_string_lossy()).unwrap_err().to_string();
+        assert!(err.contains("its dataset") && err.contains("envs/n1/dataset.jsonl is not a file"), "{err}");
+        std::fs::write(dir.path().join("envs/n1/dataset.jsonl"), "").unwrap();
+        let version = Version::load(dir.path(), &path.to_string_lossy()).unwrap();
+        assert!(version.trained_on_exports().is_empty(), "an environment is no export (the lineage reads exports)");
+        assert_eq!(version.training_data(), [dir.path().join("envs/n1/dataset.jsonl")]);
+        let plain = check(GOOD).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("trained_online"), "older specs keep their hash");
     }
 
     #[test]

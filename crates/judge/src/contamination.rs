@@ -12,17 +12,25 @@ use pruefstand_core::record::{AttackFamilies, TrainedExport};
 /// One export holding a family the plan holds out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Clash {
+    /// The export, or the manifest of the environment the adapter was trained online in.
     pub export: String,
     pub family: String,
+    pub online: bool,
 }
 
 impl Clash {
-    /// The clash in words, naming both the export and the family.
+    /// The clash in words, naming both the export (or environment manifest) and the family.
     pub fn describe(&self) -> String {
-        format!(
-            "the adapter was trained on export {}, which holds rows of the held-out family {}",
-            self.export, self.family
-        )
+        match self.online {
+            false => format!(
+                "the adapter was trained on export {}, which holds rows of the held-out family {}",
+                self.export, self.family
+            ),
+            true => format!(
+                "the adapter was trained online in the environment of manifest {}, which offered cases of the held-out family {}",
+                self.export, self.family
+            ),
+        }
     }
 }
 
@@ -32,11 +40,11 @@ pub fn clashes(held_out: &[String], exports: &[TrainedExport]) -> Vec<Clash> {
     exports
         .iter()
         .flat_map(|export| {
-            export
-                .families
-                .iter()
-                .filter(|family| held_out.contains(family))
-                .map(|family| Clash { export: export.path.clone(), family: family.clone() })
+            export.families.iter().filter(|family| held_out.contains(family)).map(|family| Clash {
+                export: export.path.clone(),
+                family: family.clone(),
+                online: export.online,
+            })
         })
         .collect()
 }
@@ -49,7 +57,7 @@ pub fn held_out_for(held_out: &[String], trained_on: &[String]) -> Vec<String> {
 }
 
 /// What to do about a clash, as `check --plan` and a refused `run` or `start` say it.
-pub const FIX: &str = "train on an export of runs whose plans hold this family out (`pruefstand export` refuses their held-out families), or run a plan that does not hold it out";
+pub const FIX: &str = "train on an export of runs whose plans hold this family out (`pruefstand export` refuses their held-out families) or in an environment of such a plan (`pruefstand_env` leaves them out), or run a plan that does not hold it out";
 
 /// Why `version` may not run on `plan` at all: the clashes `check --plan` fails on, in
 /// its words, and the fix; None without one. `run` and `start` refuse on it before a
@@ -85,7 +93,27 @@ mod tests {
             path: path.into(),
             sha256: "ab".into(),
             families: families.iter().map(|f| f.to_string()).collect(),
+            online: false,
         }
+    }
+
+    #[test]
+    fn an_environment_that_offered_a_held_out_family_clashes_naming_its_manifest() {
+        let online = TrainedExport {
+            online: true,
+            ..export("envs/n1/dataset.jsonl.manifest.json", &["important_instructions", "roleplay"])
+        };
+        let families = AttackFamilies {
+            held_out: vec!["roleplay".into()],
+            trained_on: Vec::new(),
+            trained_on_exports: vec![online],
+        };
+        let problems = problems(&families);
+        assert_eq!(
+            problems,
+            ["the adapter was trained online in the environment of manifest envs/n1/dataset.jsonl.manifest.json, \
+              which offered cases of the held-out family roleplay"]
+        );
     }
 
     #[test]

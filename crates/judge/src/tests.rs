@@ -511,6 +511,7 @@ fn r1_fails_a_run_whose_adapter_was_trained_on_an_export_of_a_held_out_family_na
         path: "exports/dpo.jsonl".into(),
         sha256: "ab".into(),
         families: families.iter().map(|f| f.to_string()).collect(),
+        online: false,
     };
     let held_out = |input: &mut JudgeInput, families: &[&str]| {
         input.run.attack_families.held_out = vec!["tool_output_spoof".into()];

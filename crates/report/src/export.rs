@@ -554,10 +554,18 @@ pub(crate) fn read_manifest(export: &Path) -> anyhow::Result<Manifest> {
 
 /// The exports an adapter was trained on, as a run records them: each file's sha256
 /// (which must still be its manifest's) and the families its manifest counts rows of.
+///
+/// A path may also be an environment's dataset (`Version::training_data`: a version
+/// trained online, `scripts/pruefstand_env`): its manifest (`format: "environment"`) is
+/// read for the families the environment offered, the dataset checked against its
+/// sha256 the same way, and the manifest recorded as the path (R1 names it).
 pub fn trained_exports(paths: &[PathBuf]) -> anyhow::Result<Vec<TrainedExport>> {
     paths
         .iter()
         .map(|path| {
+            if let Some(environment) = read_environment_manifest(path)? {
+                return trained_online(path, environment);
+            }
             let manifest = read_manifest(path)?;
             // Hashed as a stream, a regular file only: an export may be gigabytes, and
             // a spec may name a device or a FIFO.
@@ -570,9 +578,55 @@ pub fn trained_exports(paths: &[PathBuf]) -> anyhow::Result<Vec<TrainedExport>> 
                 );
             }
             let families = manifest.families.iter().filter(|(_, n)| **n > 0).map(|(f, _)| f.clone()).collect();
-            Ok(TrainedExport { path: path.display().to_string(), sha256, families })
+            Ok(TrainedExport { path: path.display().to_string(), sha256, families, online: false })
         })
         .collect()
+}
+
+/// What the held-out guard reads of an environment's manifest (`scripts/pruefstand_env`'s
+/// `dataset.write`): the dataset's sha256 and the cases offered per family.
+#[derive(Deserialize)]
+struct EnvironmentManifest {
+    sha256: String,
+    families: BTreeMap<String, usize>,
+}
+
+/// The manifest beside `data` when it is an environment's (`format: "environment"`);
+/// None for any other (an export's is read by [`read_manifest`], which names a missing one).
+fn read_environment_manifest(data: &Path) -> anyhow::Result<Option<EnvironmentManifest>> {
+    let path = manifest_path(data);
+    let Ok(text) = files::read_regular(&path, files::MAX_MANIFEST_BYTES, "an environment's manifest") else {
+        return Ok(None);
+    };
+    #[derive(Deserialize)]
+    struct Kind {
+        format: String,
+    }
+    match serde_json::from_slice::<Kind>(&text) {
+        Ok(kind) if kind.format == "environment" => serde_json::from_slice(&text)
+            .map(Some)
+            .with_context(|| format!("{}: not an environment's manifest", path.display())),
+        _ => Ok(None),
+    }
+}
+
+/// An environment's dataset as the guard records it: the manifest's path, the
+/// dataset's sha256 (which must still be the manifest's), the families offered.
+fn trained_online(data: &Path, manifest: EnvironmentManifest) -> anyhow::Result<TrainedExport> {
+    let path = manifest_path(data);
+    let sha256 = files::sha256_regular(data).with_context(|| {
+        format!("reading {}, the dataset of the environment manifest {}", data.display(), path.display())
+    })?;
+    if sha256 != manifest.sha256 {
+        bail!(
+            "{}: the environment's dataset {} changed since the manifest was written (sha256 {sha256}, the manifest says {})",
+            path.display(),
+            data.display(),
+            manifest.sha256
+        );
+    }
+    let families = manifest.families.iter().filter(|(_, n)| **n > 0).map(|(f, _)| f.clone()).collect();
+    Ok(TrainedExport { path: path.display().to_string(), sha256, families, online: true })
 }
 
 #[cfg(test)]
