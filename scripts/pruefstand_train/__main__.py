@@ -1,5 +1,6 @@
-"""`python -m pruefstand_train REQUEST.json`: read the request, render and check every
-row, train, write the adapter. Exit 0 done, 2 refused (the reason in a `refused`
+"""`python -m pruefstand_train [--check-only] REQUEST.json`: read the request, render and
+check every row, train, write the adapter (`--check-only`: stop after the check, whose
+`checked` event is then the last). Exit 0 done, 2 refused (the reason in a `refused`
 event), 1 anything else (the traceback on stderr).
 
 Not here: the work itself (request.py, rows.py, server.py, train.py).
@@ -20,8 +21,10 @@ def say(message):
 
 def main(argv):
     events.take_stdout()
+    check_only = argv[:1] == ["--check-only"]
+    argv = argv[1:] if check_only else argv
     if len(argv) != 1:
-        say("usage: python -m pruefstand_train REQUEST.json")
+        say("usage: python -m pruefstand_train [--check-only] REQUEST.json")
         return 2
     if os.environ.get("PYTHONHASHSEED") != "0":
         # Only adapter_config.json's target_modules order hangs on it, and that is
@@ -55,6 +58,8 @@ def main(argv):
             + f" in {time.monotonic() - t0:.1f} s"
         )
         events.emit("checked", rows=len(rows), tokens=tokens, server=tokenize is not None)
+        if check_only:
+            return 0
         from . import train
 
         train.run(request, rows, tokenizer, template, say)

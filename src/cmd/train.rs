@@ -39,6 +39,11 @@ pub struct Args {
     /// Train and write the spec, but do not run the new version.
     #[arg(long)]
     pub no_judge: bool,
+    /// Check the rows and stop before the first step: the refusals, then every row
+    /// rendered with the served chat template and its tools and matched token for token
+    /// against VERSION's running server (`/tokenize`).
+    #[arg(long, conflicts_with_all = ["no_judge", "out"])]
+    pub check_only: bool,
     /// The judging run's directory; an existing one of the same plan is resumed (an
     /// interrupted judgement says the command with it).
     #[arg(long, conflicts_with = "no_judge")]
@@ -128,6 +133,16 @@ pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode>
             }
             false => None,
         };
+        if args.check_only {
+            let checked = train::check_rows(&root, ask).await?;
+            outln!(
+                "checked: {} row(s), {} tokens, each as the server tokenizes it (/tokenize); no step trained",
+                checked.rows,
+                checked.tokens
+            );
+            outln!("  log: {}", checked.dir.log().display());
+            return Ok(ExitCode::SUCCESS);
+        }
         train::train(&root, ask, stopped()).await?
     };
     let m = &trained.manifest;

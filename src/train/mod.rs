@@ -142,13 +142,21 @@ pub async fn train_for_job(
     train_in(root, ask, stop, Some(job)).await
 }
 
-async fn train_in(
-    root: &Root,
-    ask: Ask,
-    stop: impl std::future::Future<Output = ()>,
-    job: Option<u64>,
-) -> anyhow::Result<Trained> {
-    let base = ask.base;
+/// What a training is, decided before the trainer starts: the checked exports, its
+/// id, name and folder (locked), and the base model.
+struct Prepared {
+    base: Version,
+    model_path: PathBuf,
+    checked: checks::Checked,
+    id: String,
+    name: String,
+    dir: TrainingDir,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// The refusals, the name and the training's folder: everything before a container.
+async fn prepare(root: &Root, ask: &Ask, job: Option<u64>) -> anyhow::Result<Prepared> {
+    let base = ask.base.clone();
     let model_path = checks::base_usable(&base)?;
     let (_, plan, _) = Profile::load_named(&root.path, &ask.plan)?;
     let checked = {
@@ -156,9 +164,8 @@ async fn train_in(
             (base.clone(), model_path.clone(), ask.exports.clone(), ask.kind, ask.plan.clone());
         crate::runtime::blocking(move || checks::check(&base, &model_path, &exports, kind, &plan_name, &plan)).await?
     };
-    let kind = checked.kind;
     let id = id_of(&base, &checked, &ask.hyper, ask.seed);
-    let name = ask.name.unwrap_or_else(|| default_name(&base, kind, &id));
+    let name = ask.name.clone().unwrap_or_else(|| default_name(&base, checked.kind, &id));
     pruefstand_core::input::check_name(&name).map_err(|why| anyhow::anyhow!("--name {name:?}: {why}"))?;
     if name == base.name {
         bail!("--name {name}: that is the base version's name; the trained version needs its own");
@@ -167,7 +174,7 @@ async fn train_in(
     for folder in [dir.checkpoints(), dir.out(), dir.code()] {
         std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
     }
-    let _lock = lock(root, &dir)?;
+    let lock = lock(root, &dir)?;
     if let Some(job) = job {
         // Only what `status` shows depends on it: a failure is said, not fatal.
         let (root, path) = (root.clone(), std::path::absolute(&dir.path)?);
@@ -179,6 +186,131 @@ async fn train_in(
             tracing::warn!("job {job}: recording its training folder: {e:#}");
         }
     }
+    Ok(Prepared { base, model_path, checked, id, name, dir, _lock: lock })
+}
+
+/// What the trainer's container ran with, for the manifest.
+struct Ran {
+    attempt: trainer::Attempt,
+    image: container::ImageInfo,
+    trainer_sha256: String,
+}
+
+/// Starts the base version's model server for the token check, writes the request and
+/// runs the trainer once (`check_only`: it stops after the rows matched the server).
+async fn run_trainer(
+    p: &Prepared,
+    ask: &Ask,
+    check_only: bool,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Ran> {
+    let (base, dir) = (&p.base, &p.dir);
+    let trainer_sha256 = crate::runtime::blocking({
+        let dir = dir.clone();
+        move || write_code(&dir)
+    })
+    .await?;
+    let server = ServerSetup::of(base);
+    let docker = container::connect().await?;
+    for orphan in container::remove_orphans(&docker).await? {
+        tracing::info!("{orphan}");
+    }
+    let image_name = server.model.image.clone().context("backend \"docker\" needs model.image")?;
+    let image = container::ensure_image(&docker, &image_name, server.model.pull)
+        .await
+        .with_context(|| base.path.display().to_string())?;
+
+    // The server the rows are checked against, as a run starts it.
+    tracing::info!("starting {}'s model server for the token check", base.name);
+    let pool = container::Pool::new(dir.path.join("server"));
+    let context = model::UpContext {
+        pool: &pool,
+        run_dir: &dir.path,
+        job: &format!("train-{}", std::process::id()),
+        run_id: &p.id,
+        interrupt_clients: Arc::new(|| false),
+    };
+    let endpoint = match model::up(&server, &dir.path.join("no-truth.json"), &context).await {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            let _ = pool.shutdown().await;
+            return Err(anyhow::Error::new(e).context(format!("starting {}'s model server", base.name)));
+        }
+    };
+    let api_key = endpoint.api_key.clone();
+    let check = trainer::CheckServer { endpoint, pool };
+    let trainer_request = TrainerRequest {
+        kind: p.checked.kind,
+        base_model: request::MODEL.into(),
+        base_model_name: base.spec.model.served_name.clone(),
+        chat_template: base
+            .served_file(ServedFileKind::ChatTemplate)
+            .map(|_| ServedFileKind::ChatTemplate.container_path().to_string()),
+        rows: (0..p.checked.exports.len()).map(request::export_in_container).collect(),
+        tokenize_url: check.tokenize_url(),
+        served_model: base.spec.model.served_name.clone(),
+        out: request::OUT.into(),
+        checkpoints: request::CHECKPOINTS.into(),
+        seed: ask.seed,
+        hyper: ask.hyper.clone(),
+    };
+    let written = crate::runtime::blocking({
+        let path = dir.request();
+        move || util::write_json_atomic(&path, &trainer_request)
+    })
+    .await;
+    if let Err(e) = written {
+        let _ = check.stop().await;
+        return Err(e);
+    }
+    let exports: Vec<PathBuf> = p.checked.exports.iter().map(|e| e.path.clone()).collect();
+    let launch = trainer::Launch {
+        docker: &docker,
+        server: &server,
+        model_host: &p.model_path,
+        dir,
+        exports: &exports,
+        api_key,
+        version: &p.name,
+        check_only,
+    };
+    let attempt = trainer::run(&launch, Some(check), stop).await?;
+    if let Some(reason) = &attempt.refused {
+        bail!("refused before the first step: the trainer says: {reason}");
+    }
+    Ok(Ran { attempt, image, trainer_sha256 })
+}
+
+/// Rows that rendered, as the base version's server renders them.
+pub struct RowsChecked {
+    pub rows: u64,
+    pub tokens: u64,
+    /// The training's folder: its `trainer.log` says what was checked.
+    pub dir: TrainingDir,
+}
+
+/// The refusals and the token check of a training, without a step: every row rendered
+/// with the served chat template and its tools, and matched token for token against
+/// the base version's running server (`/tokenize`). An error names the first row and
+/// token that differ.
+pub async fn check_rows(root: &Root, ask: Ask) -> anyhow::Result<RowsChecked> {
+    let prepared = prepare(root, &ask, None).await?;
+    let ran = run_trainer(&prepared, &ask, true, std::future::pending()).await?;
+    let Some((rows, tokens)) = ran.attempt.checked else {
+        bail!("the trainer ended without its `checked` line (its log: {})", prepared.dir.log().display());
+    };
+    Ok(RowsChecked { rows, tokens, dir: prepared.dir })
+}
+
+async fn train_in(
+    root: &Root,
+    ask: Ask,
+    stop: impl std::future::Future<Output = ()>,
+    job: Option<u64>,
+) -> anyhow::Result<Trained> {
+    let prepared = prepare(root, &ask, job).await?;
+    let Prepared { base, checked, id, name, dir, .. } = &prepared;
+    let kind = checked.kind;
     tracing::info!(
         "training {name} from {} ({} {} row(s) in {} export(s)): {}",
         base.name,
@@ -196,87 +328,15 @@ async fn train_in(
     .await
     {
         tracing::info!("already trained: the adapter in {} (same command, same inputs)", dir.adapter().display());
-        let spec = write_spec(root, &base, &name, &manifest, &manifest_path).await?;
-        return Ok(Trained { version: name, spec, dir, manifest, reused: true });
+        let spec = write_spec(root, base, name, &manifest, &manifest_path).await?;
+        return Ok(Trained { version: name.clone(), spec, dir: dir.clone(), manifest, reused: true });
     }
-
-    let trainer_sha256 = crate::runtime::blocking({
-        let dir = dir.clone();
-        move || write_code(&dir)
-    })
-    .await?;
-    let server = ServerSetup::of(&base);
-    let docker = container::connect().await?;
-    for orphan in container::remove_orphans(&docker).await? {
-        tracing::info!("{orphan}");
-    }
-    let image_name = server.model.image.clone().context("backend \"docker\" needs model.image")?;
-    let image = container::ensure_image(&docker, &image_name, server.model.pull)
-        .await
-        .with_context(|| base.path.display().to_string())?;
     let base_model = crate::runtime::blocking({
-        let path = model_path.clone();
+        let path = prepared.model_path.clone();
         move || output::base_model(&path)
     })
     .await?;
-
-    // The server the rows are checked against, as a run starts it.
-    tracing::info!("starting {}'s model server for the token check", base.name);
-    let pool = container::Pool::new(dir.path.join("server"));
-    let context = model::UpContext {
-        pool: &pool,
-        run_dir: &dir.path,
-        job: &format!("train-{}", std::process::id()),
-        run_id: &id,
-        interrupt_clients: Arc::new(|| false),
-    };
-    let endpoint = match model::up(&server, &dir.path.join("no-truth.json"), &context).await {
-        Ok(endpoint) => endpoint,
-        Err(e) => {
-            let _ = pool.shutdown().await;
-            return Err(anyhow::Error::new(e).context(format!("starting {}'s model server", base.name)));
-        }
-    };
-    let api_key = endpoint.api_key.clone();
-    let check = trainer::CheckServer { endpoint, pool };
-    let trainer_request = TrainerRequest {
-        kind,
-        base_model: request::MODEL.into(),
-        base_model_name: base.spec.model.served_name.clone(),
-        chat_template: base
-            .served_file(ServedFileKind::ChatTemplate)
-            .map(|_| ServedFileKind::ChatTemplate.container_path().to_string()),
-        rows: (0..checked.exports.len()).map(request::export_in_container).collect(),
-        tokenize_url: check.tokenize_url(),
-        served_model: base.spec.model.served_name.clone(),
-        out: request::OUT.into(),
-        checkpoints: request::CHECKPOINTS.into(),
-        seed: ask.seed,
-        hyper: ask.hyper.clone(),
-    };
-    let written = crate::runtime::blocking({
-        let path = dir.request();
-        move || util::write_json_atomic(&path, &trainer_request)
-    })
-    .await;
-    if let Err(e) = written {
-        let _ = check.stop().await;
-        return Err(e);
-    }
-    let exports: Vec<PathBuf> = checked.exports.iter().map(|e| e.path.clone()).collect();
-    let launch = trainer::Launch {
-        docker: &docker,
-        server: &server,
-        model_host: &model_path,
-        dir: &dir,
-        exports: &exports,
-        api_key,
-        version: &name,
-    };
-    let attempt = trainer::run(&launch, Some(check), stop).await?;
-    if let Some(reason) = attempt.refused {
-        bail!("refused before the first step: the trainer says: {reason}");
-    }
+    let Ran { attempt, image, trainer_sha256 } = run_trainer(&prepared, &ask, false, stop).await?;
     let Some(trainer::Event::Done { sha256, losses, rows_used, .. }) = attempt.done else {
         bail!("the trainer ended without its `done` line (its log: {})", dir.log().display());
     };
@@ -314,8 +374,8 @@ async fn train_in(
         move || util::write_json_atomic(&path, &manifest)
     })
     .await?;
-    let spec = write_spec(root, &base, &name, &manifest, &manifest_path).await?;
-    Ok(Trained { version: name, spec, dir, manifest, reused: false })
+    let spec = write_spec(root, base, name, &manifest, &manifest_path).await?;
+    Ok(Trained { version: name.clone(), spec, dir: dir.clone(), manifest, reused: false })
 }
 
 /// [`output::write_spec`] on the blocking pool.

@@ -100,6 +100,8 @@ pub struct Launch<'a> {
     /// The server's key, for /tokenize (by environment, never in request.json).
     pub api_key: Option<String>,
     pub version: &'a str,
+    /// The trainer stops after its rows matched the server (`train --check-only`).
+    pub check_only: bool,
 }
 
 /// Runs the trainer once, to its exit; `check` is stopped when the trainer has
@@ -306,7 +308,12 @@ fn body(launch: &Launch<'_>) -> anyhow::Result<bollard::models::ContainerCreateB
         (container::LABEL_VERSION.to_string(), launch.version.to_string()),
     ]);
     let mut body = setup.body("", 0, labels);
-    body.cmd = Some(["python", "-m", "pruefstand_train", request::REQUEST].map(String::from).to_vec());
+    let mut cmd = vec!["python", "-m", "pruefstand_train"];
+    if launch.check_only {
+        cmd.push("--check-only");
+    }
+    cmd.push(request::REQUEST);
+    body.cmd = Some(cmd.into_iter().map(String::from).collect());
     let mut env = vec![
         "PYTHONHASHSEED=0".to_string(),
         format!("PYTHONPATH={}", request::CODE),
