@@ -9,7 +9,8 @@ was stopped part-way or on harnesses measured in separate bench runs.
 Each WORK may hold `run-tools/` (pruefstand's run directory), `agentdojo-tools-logs/`
 (AgentDojo's logdir) and `inspect-tools.json` (benches/inspect_runner.py's result); the
 last folder that has one wins. Plain python3; the parsing is scripts/bench's own (its
-tools part, scripts/pruefstand_bench/tools.py).
+tools part, scripts/pruefstand_bench/tools.py), and pruefstand's run is read through
+the binary (`pruefstand show`: BENCH_BIN, else the release build, made when stale).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def load_bench():
-    """The bench's tools part (scripts/pruefstand_bench/tools.py), whose parsing this reuses."""
+    """The bench's tools part (scripts/pruefstand_bench/tools.py), whose parsing this reuses,
+    and its common part (the binary)."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from pruefstand_bench import tools
+    from pruefstand_bench import common, tools
 
-    return tools
+    return tools, common
 
 
 def main() -> int:
@@ -35,11 +37,14 @@ def main() -> int:
     ap.add_argument("work", nargs="+")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    b = load_bench()
+    b, common = load_bench()
+    binary = None
     cases: dict[str, dict] = {}
     for w in map(Path, args.work):
-        if (w / "run-tools" / "cases.jsonl").exists():
-            cases["pruefstand"] = b.norm_pruefstand(w / "run-tools")
+        if (w / "run-tools").is_dir():
+            binary = binary or common.ensure_binary()
+            if found := b.norm_pruefstand(binary, w / "run-tools"):
+                cases["pruefstand"] = found
         if (w / "agentdojo-tools-logs").is_dir():
             cases["AgentDojo"] = b.norm_agentdojo_logs(w / "agentdojo-tools-logs")
         if (w / "inspect-tools.json").exists():

@@ -118,6 +118,9 @@ enum Command {
     /// Hand runs back as training data: DPO pairs or SFT conversations, never of
     /// held-out families (JSON lines and a manifest).
     Export(cmd::export::Args),
+    /// A run as JSON, for scripts: its facts, counts, verdict and attacker search, or
+    /// its case records or conversations as JSON lines (read-only).
+    Show(cmd::show::Args),
     /// Train a LoRA adapter on exports from a version's model, write the new version's
     /// spec and judge it (refused before any step on rows it must not train on).
     #[command(after_help = cmd::run::exit_codes())]
@@ -194,6 +197,7 @@ async fn dispatch(root: Option<std::path::PathBuf>, command: Command) -> anyhow:
         Command::Judge(args) => cmd::judge::main(root, args),
         Command::Compare(args) => cmd::compare::main(root, args),
         Command::Export(args) => cmd::export::main(root, args),
+        Command::Show(args) => cmd::show::main(root, args),
         Command::Train(args) => cmd::train::main(root, args).await,
         Command::StartTraining(args) => cmd::start_training::main(root, args),
         Command::StartNight(args) => cmd::start_night::main(root, args),

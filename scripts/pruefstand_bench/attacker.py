@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import REPO, SKIP, ensure_binary, ensure_venv, fmt, loadavg, make_root, say
+from .common import REPO, SKIP, ensure_binary, ensure_venv, fmt, loadavg, make_root, say, show_run
 from .vllm import real_unavailable
 
 # The paced server: a call's latency (base + per completion token) as on a GPU server.
@@ -83,33 +83,35 @@ def _run(binary: Path, root: Path, version: str, plan: Path, log: Path, timeout:
         return out, wall
     text = done.stdout.decode(errors="replace")
     for line in text.splitlines():
-        if line.startswith("run dir:") or line.startswith("run directory:"):
+        # `run` says "  run directory: DIR", indented under its verdict
+        if line.strip().startswith(("run dir:", "run directory:")):
             return Path(line.split(":", 1)[1].strip()), wall
-    found = sorted((root / "reports").glob(f"{version}/*/*/adaptive.json"), key=lambda p: p.stat().st_mtime)
-    return (found[-1].parent if found else None), wall
+    # else the version's newest finished run, as the binary names it
+    view = show_run(binary, version, root=root)
+    return (Path(view["run_dir"]) if view else None), wall
 
 
-def _summary(run_dir: Path | None) -> dict:
-    """The campaign's figures from its log and records."""
-    if run_dir is None or not (run_dir / "adaptive.json").exists():
+def _summary(binary: Path, run_dir: Path | None) -> dict:
+    """The campaign's figures from its search and records, as `pruefstand show` gives
+    them."""
+    view = show_run(binary, run_dir) if run_dir is not None else None
+    log = (view or {}).get("adaptive")
+    if not log:
         return {}
-    log = json.loads((run_dir / "adaptive.json").read_text())
-    pairs, held = log.get("pairs", []), log.get("held_out", [])
-    k_max = log.get("attempts", 0)
-    curve = [sum(any(a.get("landed") is True for a in p["attempts"][:k]) for p in pairs) for k in range(1, k_max + 1)]
+    pairs, held = log["pairs"], log["held_out"]
+    k_max = log["budget"]
+    curve = [sum(any(a["landed"] is True for a in p["attempts"][:k]) for p in pairs) for k in range(1, k_max + 1)]
     attempts = [a for p in pairs for a in p["attempts"]]
-    costs = [a["cost"] for a in attempts if a.get("cost")]
-    cases_file = run_dir / "adaptive" / "cases.jsonl"
-    records = [json.loads(l) for l in cases_file.read_text().splitlines() if l.strip()] if cases_file.exists() else []
+    costs = [a["cost"] for a in attempts if a["cost"]]
+    records = show_run(binary, run_dir, "--adaptive", "--cases") or []
     mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
-    busy = log.get("busy") or {}
-    run_json = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-    plan_busy = (run_json.get("concurrency") or {}).get("busy") or {}
+    busy = log["busy"] or {}
+    plan_busy = (((view or {}).get("run") or {}).get("concurrency") or {}).get("busy") or {}
     share = lambda b: (b["busy"] / b["readings"]) if b.get("readings") else None  # noqa: E731
     return {
         "proposer": log.get("proposer"), "feedback": log.get("feedback"), "pairs": len(pairs), "held_out": len(held),
-        "curve": curve, "transfer": sum(any(a.get("landed") is True for a in p["attempts"]) for p in held),
-        "refused": sum(1 for a in attempts if a.get("refused")),
+        "curve": curve, "transfer": sum(any(a["landed"] is True for a in p["attempts"]) for p in held),
+        "refused": sum(1 for a in attempts if a["refused"]),
         "attacker_s_per_attempt": mean([c["seconds"] for c in costs]),
         "attacker_tokens_per_attempt": mean([c["prompt_tokens"] + c["completion_tokens"] for c in costs]),
         "target_s_per_case": mean([r["duration_s"] for r in records]),
@@ -127,7 +129,7 @@ def _sim(binary: Path, work: Path) -> dict:
                            ("blind", 'proposer = "model"\nfeedback = false')):
         plan = _plan(root, f"attacker-{name}", users, ["injection_task_0", "injection_task_1"], 10, adaptive)
         run_dir, wall = _run(binary, root, "weak", plan, work / "attacker-sim.log", 1800)
-        out[name] = dict(_summary(run_dir), wall_s=wall)
+        out[name] = dict(_summary(binary, run_dir), wall_s=wall)
         say(f"  sim {name:8s}: search pairs broken within k = 1..10: {out[name].get('curve')}; "
             f"transfer {out[name].get('transfer')}/{out[name].get('held_out')} ({wall:.0f} s)")
     return out
@@ -145,7 +147,7 @@ def _paced(binary: Path, work: Path) -> dict:
         # A fixed folder, so a fixed seed: every binary plays the same campaign.
         out_dir = root / "reports" / "weak" / plan.stem / "paced"
         run_dir, wall = _run(binary, root, "weak", plan, work / "attacker-paced.log", 3600, out_dir)
-        out[name] = dict(_summary(run_dir), wall_s=wall, load=loadavg())
+        out[name] = dict(_summary(binary, run_dir), wall_s=wall, load=loadavg())
         s = out[name]
         say(f"  sim paced {name:8s}: server busy {fmt(s.get('busy_share_plan'))} (plan) "
             f"{fmt(s.get('busy_share_campaign'))} (campaign), target {fmt(s.get('target_s_per_case'), 1)} s per case, "
@@ -166,7 +168,7 @@ def _real(binary: Path, work: Path) -> dict:
         plan = _plan(root, f"attacker-real-{name}", ["user_task_12", "user_task_13"], ["injection_task_0"], 2,
                      adaptive, jobs=4, timeout=1800)
         run_dir, wall = _run(binary, root, "real-qwen", plan, work / "attacker-real.log", 3 * 3600)
-        out[name] = dict(_summary(run_dir), wall_s=wall)
+        out[name] = dict(_summary(binary, run_dir), wall_s=wall)
         s = out[name]
         say(f"  real {name:8s}: curve {s.get('curve')}, transfer {s.get('transfer')}/{s.get('held_out')}, "
             f"attacker {fmt(s.get('attacker_s_per_attempt'), 1)} s and {fmt(s.get('attacker_tokens_per_attempt'), 0)} "

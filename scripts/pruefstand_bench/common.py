@@ -1,7 +1,8 @@
 """What every part of the bench shares: the repository, the benchmark's fixed choices
 (AgentDojo version, suites, attack, the simulated model's name), the environment knobs
 read by more than one part (BENCH_SKIP, BENCH_JOBS, the simulated latency, the seed),
-printing, building the release binary and the venv, the simulated model folder, case
+printing, building the release binary and the venv, reading a run through the binary
+(`show_run`: no part opens a run directory's files), the simulated model folder, case
 sets and the plans written from them, and small /proc and Docker helpers.
 
 Not here: a knob or helper of one part alone (it lives in that part's module), the
@@ -99,6 +100,32 @@ def ensure_venv(binary: Path) -> tuple[Path, Path]:
 def gym_json(python: Path, scripts: Path, work: Path, *args: str) -> dict:
     out = subprocess.run([str(python), str(scripts / "gym.py"), *args], cwd=work, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
+
+
+# --- runs, read through the binary -------------------------------------------------------
+
+# `pruefstand show`'s exit status for a folder that is not a run directory (nothing to
+# show), as distinct from a run it could not read (2).
+NOT_A_RUN = 3
+
+
+def show_run(binary: Path, run: Path | str, *flags: str, root: Path | None = None):
+    """A run as the binary shows it (`pruefstand show`, docs/reports.md "A run as
+    JSON"), never by opening its files: the run's object (facts, case counts, the
+    verdict, the attacker's search), or with `--cases` / `--traces` the list of its case
+    records / conversations; `--adaptive` reads the attacker's run of attempts. `run` is
+    a run directory, or a word the binary resolves under `root` (a version name: its
+    newest finished run). None when it is not a run (a run that failed before writing
+    one); any other failure stops the bench with the binary's message."""
+    argv = [str(binary)] + (["--root", str(root)] if root else []) + ["show", str(run), *flags]
+    done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode == NOT_A_RUN:
+        return None
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+    if "--cases" in flags or "--traces" in flags:
+        return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return json.loads(done.stdout)
 
 
 def write_model_dir(path: Path, truth_text: str, latency: dict) -> None:

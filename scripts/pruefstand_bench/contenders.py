@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import API_KEY, ATTACK, BENCHMARK_VERSION, MODEL, REPO, children_cpu_s
+from .common import API_KEY, ATTACK, BENCHMARK_VERSION, MODEL, REPO, children_cpu_s, show_run
 from .sim import Sim
 
 
@@ -111,11 +111,10 @@ def run_pruefstand(binary: Path, root: Path, sim: Sim, plan: Path, jobs: int | N
         rc = proc.wait()
         pss_mib = pss.stop()
     wall, cpu = time.monotonic() - t0, children_cpu_s() - cpu0
-    records = [json.loads(l) for l in (out / "cases.jsonl").read_text().splitlines() if l.strip()] \
-        if (out / "cases.jsonl").exists() else []
+    records = show_run(binary, out, "--cases") or []
     if not records:
         raise SystemExit(f"pruefstand run produced no cases (exit {rc}); see {work / f'run-{tag}.log'}")
-    meta = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+    meta = show_run(binary, out)["run"] or {}
     return {"cases": len(records), "errors": sum(1 for r in records if r["error"]), "wall_s": wall, "cpu_s": cpu,
             "exit": rc, "records": records, "gym_pss_mib": pss_mib, "gym_processes": pss.processes,
             "concurrency": meta.get("concurrency"),

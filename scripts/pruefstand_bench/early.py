@@ -4,19 +4,18 @@ process sim, instant model) at ASR about 0.01 and 0.30, BENCH_EARLY_SEEDS seeds 
 baseline in BENCH_EARLY_REF_SEEDS orders at --jobs BENCH_EARLY_REF_JOBS and as many with
 the server's steering (no --jobs): the share of voll run (median, 10th and 90th
 percentile), the rule that decided last, and what the runs ran past the decided user
-tasks (early_stop.json's at_decision: ahead and overrun, medians).
+tasks (the judgement's early_stop.at_decision: ahead and overrun, medians).
 
 Not the ETA of a run (eta.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from .common import REPO, SKIP, env_int, fmt, make_root, quantile, say
+from .common import REPO, SKIP, env_int, fmt, make_root, quantile, say, show_run
 
 # Eight: a run's share is set by its user-task order (drawn from its folder's name, so
 # fixed per seed), and one order differs from the next by ±0.1 of voll at ASR 0.30.
@@ -59,12 +58,12 @@ def early_part(binary: Path, work: Path) -> dict:
                 rc = subprocess.run([str(binary), "--root", str(root), "run", name, "--plan", "voll", "--jobs",
                                      str(EARLY_JOBS), "--out", str(run_dir)], stdout=log, stderr=subprocess.STDOUT).returncode
             wall = time.monotonic() - t0
-            try:
-                judgement = json.loads((run_dir / "judgement.json").read_text())
-            except (OSError, json.JSONDecodeError):
+            view = show_run(binary, run_dir)
+            judgement = (view or {}).get("judgement")
+            if not judgement:
                 raise SystemExit(f"the early-stop run {name} left no judgement (exit {rc}); see {work / f'run-{name}.log'}")
-            records = [json.loads(l) for l in (run_dir / "cases.jsonl").read_text().splitlines() if l.strip()]
-            planned = len(json.loads((run_dir / "plan.json").read_text())["cases"])
+            records = show_run(binary, run_dir, "--cases")
+            planned = view["cases"]["planned"]
             attacked = [r for r in records if r["kind"] == "attacked" and r["security"] is not None]
             asr = sum(r["security"] for r in attacked) / len(attacked) if attacked else None
             early = judgement.get("early_stop")
@@ -126,23 +125,22 @@ def early_with_reference(binary: Path, work: Path, root: Path) -> dict:
                 rc = subprocess.run([str(binary), "--root", str(root), "run", "demo-kandidat", "--plan", "voll", *jobs,
                                      "--out", str(run_dir)], stdout=log, stderr=subprocess.STDOUT).returncode
             wall = time.monotonic() - t0
-            try:
-                judgement = json.loads((run_dir / "judgement.json").read_text())
-            except (OSError, json.JSONDecodeError):
+            view = show_run(binary, run_dir)
+            judgement = (view or {}).get("judgement")
+            if not judgement:
                 raise SystemExit(f"the run {run_dir} left no judgement (exit {rc}); see {work / f'run-reference-{setting}-{seed}.log'}")
-            records = [l for l in (run_dir / "cases.jsonl").read_text().splitlines() if l.strip()]
-            planned = len(json.loads((run_dir / "plan.json").read_text())["cases"])
+            recorded, planned = view["cases"]["recorded"], view["cases"]["planned"]
             early = judgement.get("early_stop")
             at = (early or {}).get("at_decision") or {}
-            peak = (json.loads((run_dir / "run.json").read_text()).get("concurrency") or {}).get("peak_in_flight")
+            peak = ((view["run"] or {}).get("concurrency") or {}).get("peak_in_flight")
             last = deciding_last(early, judgement["verdict"])
-            runs.append({"seed": seed, "fraction": len(records) / planned, "cases": len(records), "planned": planned,
+            runs.append({"seed": seed, "fraction": recorded / planned, "cases": recorded, "planned": planned,
                          "verdict": judgement["verdict"], "wall_s": wall, "exit": rc, "deciding_last": last,
                          "user_tasks_decided": early and early["user_tasks_decided"], "ahead": at.get("ahead"),
                          "overrun": at.get("overrun"), "peak_in_flight": peak,
                          "deciding": early and early["deciding"]})
-            say(f"demo-kandidat vs demo-baseline, {setting}, order {seed}: {judgement['verdict']} after {len(records)} "
-                f"of {planned} cases ({len(records) / planned:.2f}), {wall:.0f} s"
+            say(f"demo-kandidat vs demo-baseline, {setting}, order {seed}: {judgement['verdict']} after {recorded} "
+                f"of {planned} cases ({recorded / planned:.2f}), {wall:.0f} s"
                 + (" (includes the reference's run)" if seed == 1 and not out else "")
                 + (f"; {last} last, after {early['user_tasks_decided']} user tasks; {at.get('ahead')} ahead, "
                    f"{at.get('overrun')} overrun (peak {peak} in flight)" if early else "; ran in full"))

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import API_KEY, REPO, SKIP, fmt, loadavg, make_root, say
+from .common import API_KEY, REPO, SKIP, fmt, loadavg, make_root, say, show_run
 from .contenders import run_agentdojo
 from .vllm import (REAL_IMAGE, REAL_MAX_TOKENS, REAL_MODEL_DIR, REAL_PASS_TIMEOUT_S, REAL_PLAN, REAL_SERVED,
                    RealServer, plan_case_set, read_records, real_unavailable, record_summary, run_timed,
@@ -60,7 +60,7 @@ def real_part(binary: Path, python: Path, work: Path) -> dict:
             rc, wall = run_timed([str(binary), "--root", str(root), "gym", "--plan", str(REAL_PLAN), "--agent-cmd",
                                   agent_cmd, "--order", order, "--out", str(out)], env, work / f"gym-real-{order}.log")
             delta = server_delta(m0, server.metrics())
-            records = read_records(out)
+            records = read_records(binary, out)
             r = {"order": order, "exit": rc, "wall_s": wall, "server_start_s": server.start_s, "load_before": load0,
                  "load_after": loadavg(), "peak_running": server.peak_running, "peak_waiting": server.peak_waiting,
                  "cases": len(records), "errors": sum(1 for x in records if x.get("error")), **delta}
@@ -119,8 +119,8 @@ def real_part(binary: Path, python: Path, work: Path) -> dict:
         rc, wall = run_timed([str(binary), "--root", str(root), "run", "bench-real", "--plan", str(REAL_PLAN),
                               "--out", str(out)], env, work / "run-real.log")
         delta = server_delta(m0, server.metrics())
-        records = read_records(out)
-        meta = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+        records = read_records(binary, out)
+        meta = (show_run(binary, out) or {}).get("run") or {}
         pf = {"exit": rc, "wall_s": wall, "cases": len(records), "errors": sum(1 for x in records if x.get("error")),
               "server_start_s": server.start_s, "load_before": load0, "load_after": loadavg(),
               "peak_running": server.peak_running, "peak_waiting": server.peak_waiting,

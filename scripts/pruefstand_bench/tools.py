@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from .common import (API_KEY, ATTACK, BENCHMARK_VERSION, REPO, SKIP, count_cases, env_float, env_int, fmt, loadavg,
-                     make_root, say, write_plan)
+                     make_root, say, show_run, write_plan)
 from .vllm import (REAL_IMAGE, RealServer, plan_case_set, read_records, real_unavailable, record_summary,
                    run_timed, server_delta)
 
@@ -128,15 +128,15 @@ def is_overflow_text(text: str | None) -> bool:
     return "context_length_exceeded" in t or "maximum context length" in t or "context overflow" in t
 
 
-def norm_pruefstand(run_dir: Path) -> dict:
-    """pruefstand's cases.jsonl and traces/, by case key."""
+def norm_pruefstand(binary: Path, run_dir: Path) -> dict:
+    """pruefstand's case records and their traces, by case key (as the binary shows
+    them: `pruefstand show --cases`, `--traces`)."""
     out = {}
-    for r in read_records(run_dir):
+    traces = {t["case_id"]: t["trace"] or {} for t in show_run(binary, run_dir, "--traces") or []}
+    for r in read_records(binary, run_dir):
         kind = r.get("kind")
         key = case_key(r["suite"], kind, r.get("user_task"), r.get("injection_task"))
-        trace = {}
-        if r.get("trace") and (run_dir / r["trace"]).exists():
-            trace = json.loads((run_dir / r["trace"]).read_text())
+        trace = traces.get(r["case_id"], {})
         out[key] = {"kind": kind, "utility": r.get("utility"), "security": r.get("security"),
                     "overflow": r.get("outcome") == "context_overflow", "error": r.get("error"),
                     "outcome": r.get("outcome"), "llm_calls": r.get("llm_calls"),
@@ -351,8 +351,8 @@ def tools_part(binary: Path, python: Path, work: Path) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         rc, wall = run_timed([str(binary), "--root", str(root), "run", "bench-tools", "--plan", str(plan), "--out",
                               str(out)], env, work / "run-tools.log", timeout=TOOLS_TIMEOUT_S)
-        meta = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-        c = norm_pruefstand(out)
+        c = norm_pruefstand(binary, out)
+        meta = (show_run(binary, out) or {}).get("run") or {}
         return {"exit": rc, "wall_s": wall, "cases": len(c), "concurrency": meta.get("concurrency"), "run_dir": str(out),
                 "_cases": c}
 
@@ -495,7 +495,7 @@ def tools_part(binary: Path, python: Path, work: Path) -> dict:
                                       agent_cmd, "--order", o, "--jobs", str(TOOLS_GYM_JOBS), "--out", str(out)],
                                      env, work / f"gym-tools-{o}.log", timeout=TOOLS_TIMEOUT_S)
                 delta = server_delta(m0, server.metrics())
-                records = read_records(out)
+                records = read_records(binary, out)
                 r = {"order": o, "exit": rc, "wall_s": wall, "jobs": TOOLS_GYM_JOBS, "server_start_s": server.start_s,
                      "load_before": load0, "load_after": loadavg(), "peak_running": server.peak_running,
                      "peak_waiting": server.peak_waiting, "cases": len(records),

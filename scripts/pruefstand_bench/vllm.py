@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .common import API_KEY, REPO, docker, env_float, free_port, say
+from .common import API_KEY, REPO, docker, env_float, free_port, say, show_run
 
 
 REAL_IMAGE = os.environ.get("BENCH_REAL_IMAGE", "pruefstand-vllm-cpu:current")
@@ -204,9 +204,10 @@ def server_delta(m0: dict, m1: dict) -> dict:
             "decode_s_sum": d("vllm:request_decode_time_seconds_sum")}
 
 
-def read_records(out: Path) -> list[dict]:
-    f = out / "cases.jsonl"
-    return [json.loads(l) for l in f.read_text().splitlines() if l.strip()] if f.exists() else []
+def read_records(binary: Path, out: Path) -> list[dict]:
+    """The case records of the run (or gym pass) in `out`, as the binary shows them;
+    none when it left no run there."""
+    return show_run(binary, out, "--cases") or []
 
 
 def run_timed(argv: list[str], env: dict, log: Path, cwd: Path | None = None,

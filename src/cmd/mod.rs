@@ -23,6 +23,7 @@ pub mod runs;
 pub mod serve;
 pub mod setup;
 pub mod shard;
+pub mod show;
 pub mod sim_serve;
 pub mod start;
 pub mod start_night;
