@@ -23,6 +23,7 @@ The parts, one module each (each module's docstring says what it measures):
  10. arm64.py       arm64 under emulation (context, not a target)
  11. tools.py       a model that calls tools: AgentDojo's runner, inspect_evals, pruefstand
  12. attacker.py    the adaptive attacker: budget curves, transfer, cost per attempt, busy share
+ 14. rollouts.py    the environment's rollouts (steered concurrency) vs `pruefstand run` and AgentDojo's runner
 
 Shared: common.py (knobs, printing, build, venv, case sets, plans, /proc helpers),
 sim.py (the simulated server), contenders.py (the two runners on it), vllm.py (the real
@@ -64,7 +65,7 @@ Environment (all optional):
   BENCH_SERVE_CLIENTS=100              serve: clients that never read
   BENCH_ETA_BASE_MS=600 BENCH_ETA_CAPACITY=8   the ETA runs' simulated latency per call and server capacity
   BENCH_ATTACKER_BASE_MS=2000 BENCH_ATTACKER_TOKEN_MS=30   the attacker part's paced server: ms per call, per completion token
-  BENCH_SKIP=agentdojo,capacity,overhead,auto,daemon,early,eta,real,serve,arm64,tools   parts to leave out (reported NA)
+  BENCH_SKIP=agentdojo,capacity,overhead,auto,daemon,early,eta,real,serve,arm64,tools,rollouts   parts to leave out (reported NA)
   BENCH_WORK=DIR                       work folder (default: a fresh temp folder, kept)
   BENCH_BIN=PATH                       use this binary; no build
   BENCH_FAKE_NVML=PATH                 fake libnvidia-ml .so (default: built from

@@ -31,6 +31,7 @@ from .rollout import (  # noqa: E402
     Rollout,
     RolloutError,
     chat_policy,
+    steered_jobs,
 )
 from .rubric import Weights  # noqa: E402
 
@@ -47,4 +48,5 @@ __all__ = [
     "Weights",
     "chat_policy",
     "load_environment",
+    "steered_jobs",
 ]

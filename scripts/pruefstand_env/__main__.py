@@ -3,10 +3,13 @@
     python -m pruefstand_env dataset --plan P [--seed S] --out DIR [--kind K]...
         writes DIR/dataset.jsonl and its manifest; prints the manifest
     python -m pruefstand_env rollouts --plan P [--seed S] --out DIR --base-url URL --model M
-            [--agent-json FILE] [--jobs N] [--retries R] [--limit K] [--repeat G] [--kind K]...
+            [--agent-json FILE] [--jobs N | --jobs-from-run RUN] [--retries R] [--limit K] [--repeat G]
+            [--tool-calling native|prompted] [--kind K]...
         every case (or the first K), G times each, through the gym with the bench's agent
         against URL; prints one JSON summary: rollouts, errors, retried, seconds, rollouts
         per minute, mean rewards. Each rollout is a line of DIR/rollouts.jsonl.
+        --jobs-from-run: as many in flight as the bench's steering reached in RUN (a
+        run directory, or a version name: its newest run), against the same server.
 
 Exit 0 done, 2 bad input (the message on stderr).
 """
@@ -18,7 +21,7 @@ import json
 import sys
 import time
 
-from . import DatasetError, EndpointPolicy, RolloutError, load_environment
+from . import DatasetError, EndpointPolicy, RolloutError, load_environment, steered_jobs
 from . import dataset as ds
 
 
@@ -39,7 +42,11 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--agent-json", help="a run's agent.json: the bench's agent as that run configured it")
     p.add_argument("--api-key-env", help="the variable holding the server's key")
-    p.add_argument("--jobs", type=int, default=4)
+    jobs = p.add_mutually_exclusive_group()
+    jobs.add_argument("--jobs", type=int, default=4)
+    jobs.add_argument("--jobs-from-run", metavar="RUN",
+                      help="as many in flight as `pruefstand run`'s steering reached in RUN")
+    p.add_argument("--tool-calling", choices=("native", "prompted"), default="native")
     p.add_argument("--retries", type=int, default=1)
     p.add_argument("--limit", type=int)
     p.add_argument("--repeat", type=int, default=1)
@@ -63,11 +70,15 @@ def main(argv=None) -> int:
             policy = EndpointPolicy.from_agent_json(args.agent_json, base_url=args.base_url, api_key=key,
                                                     pruefstand=args.pruefstand)
         else:
-            policy = EndpointPolicy(args.base_url, args.model, api_key=key, pruefstand=args.pruefstand)
+            policy = EndpointPolicy(args.base_url, args.model, api_key=key, pruefstand=args.pruefstand,
+                                    tool_calling=args.tool_calling)
+        jobs = args.jobs
+        if args.jobs_from_run:
+            jobs = steered_jobs(args.jobs_from_run, root=args.root, pruefstand=args.pruefstand)
         cases = env.cases[: args.limit] if args.limit else env.cases
         cases = [c for c in cases for _ in range(args.repeat)]
         t0 = time.monotonic()
-        results = env.rollout_batch(cases, policy, jobs=args.jobs)
+        results = env.rollout_batch(cases, policy, jobs=jobs)
         wall = time.monotonic() - t0
     except (DatasetError, RolloutError, ValueError) as e:
         sys.stderr.write(f"pruefstand_env: {e}\n")
@@ -80,6 +91,7 @@ def main(argv=None) -> int:
 
     summary = {
         **env.stats,
+        "jobs": jobs,
         "wall_s": round(wall, 3),
         "rollouts_per_minute": round(60 * len(results) / wall, 2) if wall > 0 else None,
         "mean_agent_reward": mean(r.rewards["agent"] for r in scored),

@@ -48,6 +48,30 @@ class RolloutError(Exception):
     """A rollout could not be made at all (bad input, the gym not usable)."""
 
 
+def steered_jobs(run: str, *, root: str | None = None, pruefstand: str | None = None) -> int:
+    """The concurrency the bench's steering reached in `run` (a run directory, or a
+    version name: its newest run), read through the binary (`pruefstand show`): the most
+    cases `pruefstand run` kept in flight against that server (`peak_in_flight`), steered
+    by its `/metrics` gauges or its latency. Not `settled` (the median target of the
+    second half of the decisions taken while cases still waited to start), which a run
+    shorter than its ramp leaves at its start. Rollouts against the same server take it
+    as their `jobs`, so a trainer's rollouts go at the pace the bench found for it."""
+    import subprocess
+
+    argv = [pruefstand_binary(pruefstand)] + (["--root", str(root)] if root else []) + ["show", str(run)]
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RolloutError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
+    try:
+        concurrency = (json.loads(done.stdout).get("run") or {}).get("concurrency") or {}
+    except ValueError as e:
+        raise RolloutError(f"{' '.join(argv)}: its output is no run: {e}") from None
+    peak = concurrency.get("peak_in_flight")
+    if not isinstance(peak, int) or peak < 1:
+        raise RolloutError(f"run {run}: it records no concurrency reached ({concurrency or 'none'})")
+    return peak
+
+
 # --- policies ---------------------------------------------------------------------------
 
 
