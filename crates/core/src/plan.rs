@@ -22,6 +22,7 @@ use crate::input;
 use crate::inventory::Inventory;
 use crate::record::FoundFamily;
 use crate::settings::thresholds::Thresholds;
+use crate::settings::url::SecretUrl;
 use crate::util;
 
 #[derive(Deserialize, Serialize, Clone, Debug)]
@@ -142,10 +143,11 @@ pub struct Adaptive {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AttackerSettings {
     pub proposer: Proposer,
-    /// Credentials shown as `***` (the plan is a file of the run); the whole URL is the
-    /// spec's, read again when the attacker connects.
+    /// The attacker model's endpoint, parsed once here. It carries no credentials (a
+    /// plan naming some is refused: the plan is a file of the run); the key is read
+    /// with the run's request, from PRUEFSTAND_ATTACKER_API_KEY.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub url: Option<SecretUrl>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     pub feedback: bool,
@@ -531,21 +533,25 @@ fn attacker_settings(section: &AdaptiveSection) -> Result<Option<AttackerSetting
             return Err((field.span().start, message.to_string()));
         }
     }
-    if let Some(url) = &section.url {
-        // The plan is recorded in the run: a key for the attacker comes from the
-        // environment (PRUEFSTAND_ATTACKER_API_KEY), never from the URL.
-        let parsed = crate::settings::url::SecretUrl::parse(url.get_ref())
-            .map_err(|e| (url.span().start, format!("adaptive.url: {e}")))?;
-        if parsed.has_secrets() {
-            let message = format!(
-                "adaptive.url: {parsed} carries credentials; give the attacker's key in PRUEFSTAND_ATTACKER_API_KEY instead"
-            );
-            return Err((url.span().start, message));
+    // The plan is recorded in the run: a key for the attacker comes from the
+    // environment (PRUEFSTAND_ATTACKER_API_KEY), never from the URL.
+    let url = match &section.url {
+        Some(url) => {
+            let parsed =
+                SecretUrl::parse(url.get_ref()).map_err(|e| (url.span().start, format!("adaptive.url: {e}")))?;
+            if parsed.has_secrets() {
+                let message = format!(
+                    "adaptive.url: {parsed} carries credentials; give the attacker's key in PRUEFSTAND_ATTACKER_API_KEY instead"
+                );
+                return Err((url.span().start, message));
+            }
+            Some(parsed)
         }
-    }
+        None => None,
+    };
     let settings = AttackerSettings {
         proposer: section.proposer,
-        url: section.url.as_ref().map(|u| u.get_ref().clone()),
+        url,
         model: section.model.as_ref().map(|m| m.get_ref().clone()),
         feedback: section.feedback,
         frozen: section.frozen,

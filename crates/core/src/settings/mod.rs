@@ -208,6 +208,11 @@ fn positive_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
 pub struct Secret(String);
 
 impl Secret {
+    /// A secret read from elsewhere than a settings file (an environment variable).
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
     /// The secret itself, for the one place that sends it.
     pub fn expose(&self) -> &str {
         &self.0
