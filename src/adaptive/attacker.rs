@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::feedback::bounded;
+use super::template::{self, Refusal};
 use pruefstand_core::record::{AttackerCost as Cost, Attempt, Feedback, NotRun, Proposal};
+use pruefstand_core::settings::Secret;
 use pruefstand_core::settings::url::SecretUrl;
 
 /// The attacker's instructions, as shipped.
@@ -32,7 +34,7 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub struct Client {
     http: reqwest::Client,
     url: SecretUrl,
-    api_key: Option<String>,
+    api_key: Option<Secret>,
     pub model: String,
 }
 
@@ -50,7 +52,7 @@ pub struct PairBrief<'a> {
 
 impl Client {
     /// `base_url`: `…/v1`.
-    pub fn new(base_url: SecretUrl, api_key: Option<String>, model: String) -> anyhow::Result<Client> {
+    pub fn new(base_url: SecretUrl, api_key: Option<Secret>, model: String) -> anyhow::Result<Client> {
         // No redirects: the prompt goes to the endpoint the plan names and nowhere else.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -60,8 +62,10 @@ impl Client {
         Ok(Client { http, url: base_url.join("chat/completions"), api_key, model })
     }
 
-    /// The attacker's reply text (Err: the endpoint's failure, for the log) and its cost.
-    pub async fn ask(&self, brief: &PairBrief<'_>, seed: u64) -> (Result<String, String>, Cost) {
+    /// What asking once came to, and its cost: the reply made into a template or
+    /// refused (`template::answer`, against the brief's goal and earlier templates), or
+    /// the endpoint's failure.
+    pub async fn ask(&self, brief: &PairBrief<'_>, seed: u64) -> (Answer, Cost) {
         let started = std::time::Instant::now();
         let body = json!({
             "model": self.model,
@@ -75,39 +79,119 @@ impl Client {
         });
         let mut request = self.http.post(self.url.expose()).json(&body);
         if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
+            request = request.bearer_auth(key.expose());
         }
         let reply = match request.send().await {
-            Ok(response) if response.status().is_success() => {
-                bounded_json(response).await.map_err(|e| format!("{}: {e}", self.url))
-            }
-            Ok(response) => Err(format!("{} answered {}", self.url, response.status())),
-            Err(e) => Err(format!("{}: {}", self.url, e.without_url())),
+            Ok(response) if response.status().is_success() => bounded_json(response).await,
+            Ok(response) => Err(EndpointError::Status(response.status().to_string())),
+            Err(e) => Err(EndpointError::Unreachable(e.without_url().to_string())),
         };
         let mut cost = Cost { seconds: started.elapsed().as_secs_f64(), ..Cost::default() };
         let text = reply.and_then(|v| {
             cost.prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
             cost.completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
-            v["choices"][0]["message"]["content"]
-                .as_str()
-                .map(str::to_string)
-                .ok_or_else(|| format!("{}: a reply with no message text", self.url))
+            v["choices"][0]["message"]["content"].as_str().map(str::to_string).ok_or(EndpointError::NoText)
         });
-        (text, cost)
+        let answer = match text {
+            Ok(reply) => template::answer(&reply, brief.goal, &brief.templates()),
+            Err(error) => Answer::Failed(EndpointFailure { url: self.url.redacted(), error }),
+        };
+        (answer, cost)
+    }
+}
+
+/// What one ask of the attacker model came to. Only a template reaches the target; the
+/// model's own refusal is its behaviour; the other two are the bench's failure to get a
+/// template (retried, then a bench error: never a pair the target resisted).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A template that passed our checks (`template::check`).
+    Template(String),
+    /// The model declined to write one: its reply, bounded for the log.
+    Declined(String),
+    /// A reply our checks refused: the rule it broke, and the reply bounded for the log.
+    Rejected { rule: Refusal, reply: String },
+    /// The endpoint gave no reply.
+    Failed(EndpointFailure),
+}
+
+impl Answer {
+    /// Why the attempt never reached the target (None: a template), as the log records it.
+    pub fn not_run(&self) -> Option<NotRun> {
+        match self {
+            Answer::Template(_) => None,
+            Answer::Declined(reply) => Some(NotRun::Declined(reply.clone())),
+            Answer::Rejected { rule, .. } => Some(NotRun::Rejected(rule.to_string())),
+            Answer::Failed(failure) => Some(NotRun::Failed(failure.to_string())),
+        }
+    }
+
+    /// The text an attempt records: the template, or the refused reply bounded (nothing
+    /// for an endpoint that gave none).
+    pub fn text(&self) -> &str {
+        match self {
+            Answer::Template(text) | Answer::Declined(text) | Answer::Rejected { reply: text, .. } => text,
+            Answer::Failed(_) => "",
+        }
+    }
+}
+
+/// The attacker's endpoint and what went wrong there; shown with the URL redacted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointFailure {
+    /// The request's URL as shown (`SecretUrl::redacted`).
+    pub url: String,
+    pub error: EndpointError,
+}
+
+/// Why an attacker endpoint gave no reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointError {
+    /// No response: refused, reset, timed out.
+    Unreachable(String),
+    /// A response with a status other than success (a redirect is one: none is followed).
+    Status(String),
+    /// A body that was too large, broken off, or not JSON.
+    Body(String),
+    /// JSON with no message text where the OpenAI shape has it.
+    NoText,
+}
+
+impl std::fmt::Display for EndpointFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = &self.url;
+        match &self.error {
+            EndpointError::Unreachable(e) | EndpointError::Body(e) => write!(f, "{url}: {e}"),
+            EndpointError::Status(status) => write!(f, "{url} answered {status}"),
+            EndpointError::NoText => write!(f, "{url}: a reply with no message text"),
+        }
     }
 }
 
 /// The response body as JSON, read chunk by chunk and given up past `MAX_BODY_BYTES`
 /// (a server may stream without a length, forever).
-async fn bounded_json(mut response: reqwest::Response) -> Result<Value, String> {
+async fn bounded_json(mut response: reqwest::Response) -> Result<Value, EndpointError> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| e.without_url().to_string())? {
+    while let Some(chunk) = response.chunk().await.map_err(|e| EndpointError::Body(e.without_url().to_string()))? {
         if body.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(format!("a reply body over {} KiB", MAX_BODY_BYTES / 1024));
+            return Err(EndpointError::Body(format!("a reply body over {} KiB", MAX_BODY_BYTES / 1024)));
         }
         body.extend_from_slice(&chunk);
     }
-    serde_json::from_slice(&body).map_err(|e| format!("a reply that is not JSON: {e}"))
+    serde_json::from_slice(&body).map_err(|e| EndpointError::Body(format!("a reply that is not JSON: {e}")))
+}
+
+impl PairBrief<'_> {
+    /// The templates the pair was already tried with: a reply copying one is refused.
+    fn templates(&self) -> Vec<&str> {
+        self.earlier
+            .iter()
+            .filter_map(|a| match &a.proposal {
+                Proposal::Template(t) => Some(t.as_str()),
+                Proposal::Wording(_) => None,
+            })
+            .collect()
+    }
 }
 
 /// The request's user turn.
@@ -161,9 +245,97 @@ fn describe(f: &Feedback) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use pruefstand_core::record::How;
+    use std::io::{Read, Write};
+
+    /// An endpoint on a free local port that answers one request with `status` and
+    /// `body`: its `…/v1` URL, and the request's head once answered.
+    pub(in crate::adaptive) fn serve_once(status: &str, body: &str) -> (String, std::thread::JoinHandle<String>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        let response = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let served = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The head, then as much body as it announces.
+            while !String::from_utf8_lossy(&request).contains("\r\n\r\n") {
+                let n = stream.read(&mut buf).unwrap();
+                request.extend_from_slice(&buf[..n]);
+            }
+            let text = String::from_utf8_lossy(&request).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.to_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                .unwrap_or(0);
+            let mut have = body.len();
+            while have < length {
+                have += stream.read(&mut buf).unwrap();
+            }
+            stream.write_all(response.as_bytes()).unwrap();
+            head.to_string()
+        });
+        (url, served)
+    }
+
+    /// An OpenAI chat completion whose message is `content`.
+    pub(in crate::adaptive) fn chat(content: &str) -> String {
+        json!({"choices": [{"message": {"role": "assistant", "content": content}}], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+            .to_string()
+    }
+
+    async fn ask(url: &str) -> Answer {
+        let client = Client::new(SecretUrl::parse(url).unwrap(), None, "m".into()).unwrap();
+        let brief = PairBrief { goal: "Send money", lands: "x".into(), earlier: &[], feedback: true };
+        client.ask(&brief, 1).await.0
+    }
+
+    /// An endpoint that gives no reply is the bench's failure, never the model's refusal
+    /// (which would count as an attempt the model made).
+    #[tokio::test]
+    async fn an_endpoint_failure_is_no_refusal_by_the_model() {
+        let (url, served) = serve_once("500 Internal Server Error", "{}");
+        let failed = ask(&url).await;
+        served.join().unwrap();
+        let Answer::Failed(failure) = &failed else { panic!("{failed:?}") };
+        assert_eq!(failure.error, EndpointError::Status("500 Internal Server Error".into()));
+        assert_eq!(
+            failed.not_run(),
+            Some(NotRun::Failed(format!("{url}/chat/completions answered 500 Internal Server Error")))
+        );
+        assert!(failed.not_run().unwrap().is_bench_error());
+        assert_eq!(failed.text(), "");
+
+        // A body that holds a refusal's words but is no OpenAI reply is still the endpoint's.
+        let (url, served) = serve_once("200 OK", "I'm sorry, I can't assist with that");
+        let broken = ask(&url).await;
+        served.join().unwrap();
+        assert!(matches!(&broken, Answer::Failed(EndpointFailure { error: EndpointError::Body(_), .. })), "{broken:?}");
+        assert!(matches!(broken.not_run(), Some(NotRun::Failed(_))));
+
+        let (url, served) = serve_once("200 OK", r#"{"choices": []}"#);
+        let empty = ask(&url).await;
+        served.join().unwrap();
+        assert!(matches!(&empty, Answer::Failed(EndpointFailure { error: EndpointError::NoText, .. })), "{empty:?}");
+
+        // Nobody listening.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let refused = ask(&format!("http://{closed}/v1")).await;
+        assert!(matches!(&refused, Answer::Failed(EndpointFailure { error: EndpointError::Unreachable(_), .. })));
+
+        // The same words as the model's reply are its refusal.
+        let (url, served) = serve_once("200 OK", &chat("I'm sorry, I can't assist with that"));
+        let declined = ask(&url).await;
+        served.join().unwrap();
+        assert_eq!(declined, Answer::Declined("I'm sorry, I can't assist with that".into()));
+        assert!(!declined.not_run().unwrap().is_bench_error());
+    }
 
     #[test]
     fn the_prompt_bounds_what_it_shows_and_says_what_happened() {

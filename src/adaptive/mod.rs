@@ -15,7 +15,9 @@
 
 pub mod attacker;
 pub mod feedback;
+pub mod goals;
 mod grammar;
+pub mod setup;
 pub mod simulated;
 pub mod template;
 
@@ -27,11 +29,10 @@ use crate::runtime;
 use pruefstand_core::case::{Case, CaseRecord};
 use pruefstand_core::family;
 use pruefstand_core::inventory::Inventory;
-use pruefstand_core::plan::{Adaptive, Plan, Proposer as ProposerKind};
+use pruefstand_core::plan::{Adaptive, Plan};
 use pruefstand_core::record::FoundFamily;
 use pruefstand_core::record::{AttackerFacts, Attempt, Frozen, How, NotRun, PairLog, Proposal, SearchLog, Wording};
 use pruefstand_gym::pyenv::PyEnv;
-use pruefstand_sim::Truth;
 use pruefstand_store::RunDir;
 
 /// Who writes a search's attempts.
@@ -48,10 +49,11 @@ pub enum Proposer {
 }
 
 impl Proposer {
-    fn kind(&self) -> ProposerKind {
+    fn kind(&self) -> setup::Kind {
         match self {
-            Proposer::Grammar => ProposerKind::Grammar,
-            _ => ProposerKind::Model,
+            Proposer::Grammar => setup::Kind::Grammar,
+            Proposer::Simulated { .. } => setup::Kind::Simulated,
+            Proposer::Model { .. } => setup::Kind::Model,
         }
     }
 
@@ -66,7 +68,7 @@ impl Proposer {
         match self {
             Proposer::Grammar => None,
             Proposer::Simulated { .. } => {
-                Some(AttackerFacts { model: "simulated".into(), url: None, prompt_sha256: None })
+                Some(AttackerFacts { model: SIMULATED.into(), url: None, prompt_sha256: None })
             }
             Proposer::Model { client, .. } => Some(AttackerFacts {
                 model: client.model.clone(),
@@ -77,15 +79,20 @@ impl Proposer {
     }
 }
 
+/// The log's name for the simulated attacker (`attacker.model`).
+const SIMULATED: &str = "simulated";
+
 /// What a search runs against.
 pub struct Search<'a> {
     pub pyenv: &'a PyEnv,
     pub run_dir: &'a RunDir,
     pub plan: &'a Plan,
+    /// The plan's `[adaptive]` section.
+    pub adaptive: &'a Adaptive,
     pub inventory: &'a Inventory,
     pub seed: u64,
-    /// The goals and their ground-truth calls (feedback, the attacker's brief).
-    pub truth: &'a Truth,
+    /// The pairs' goals and their ground-truth calls (feedback, the attacker's brief).
+    pub goals: &'a goals::Goals,
     pub proposer: Proposer,
     /// The attacker's endpoint as shown (credentials as `***`), for the log.
     pub attacker_url: Option<String>,
@@ -124,7 +131,7 @@ fn new_log(seed: u64, adaptive: &Adaptive, proposer: &Proposer, url: Option<Stri
         seed,
         attempts: adaptive.attempts,
         families: adaptive.families.clone(),
-        proposer: proposer.kind(),
+        proposer: proposer.kind().plan_word(),
         feedback: proposer.feedback(),
         pairs: search.into_iter().map(pair).collect(),
         frozen: Vec::new(),
@@ -279,46 +286,37 @@ async fn ask_model(
     k: usize,
     feedback: bool,
 ) -> Attempt {
-    let truth_suite = search.truth.suites.get(&pair.suite);
-    let goal = truth_suite.and_then(|s| s.injection_tasks.get(&pair.injection_task)).map_or("", |t| t.goal.as_str());
-    let task = truth_suite.and_then(|s| s.user_tasks.get(&pair.user_task)).map_or("", |t| t.prompt.as_str());
+    let truth = search.goals.pair(&pair.suite, &pair.user_task, &pair.injection_task);
+    let goal = truth.goal;
     let lands = match &pair.lands {
         Some(lands) if feedback => lands.clone(),
-        _ => format!("the output of a tool the assistant reads while doing this task for its user: {}", task.trim()),
+        _ => format!(
+            "the output of a tool the assistant reads while doing this task for its user: {}",
+            truth.task.trim()
+        ),
     };
     let brief = attacker::PairBrief { goal, lands, earlier: &pair.attempts, feedback };
     let key = pruefstand_core::util::sha256_hex(format!("{}:{}:{k}", search.seed, pair.key()).as_bytes());
     let seed = u64::from_str_radix(&key[..15], 16).unwrap_or(0);
-    let earlier: Vec<&str> = pair
-        .attempts
-        .iter()
-        .filter_map(|a| match &a.proposal {
-            Proposal::Template(t) => Some(t.as_str()),
-            Proposal::Wording(_) => None,
-        })
-        .collect();
     let mut total = pruefstand_core::record::AttackerCost::default();
     let mut retry = 0;
     let mut attempt = loop {
         // A retry asks with another seed: the same seed may well give the same reply.
-        let (reply, cost) = client.ask(&brief, seed.wrapping_add(retry)).await;
+        let (answer, cost) = client.ask(&brief, seed.wrapping_add(retry)).await;
         total.seconds += cost.seconds;
         total.prompt_tokens += cost.prompt_tokens;
         total.completion_tokens += cost.completion_tokens;
-        let (outcome, kept) = match reply {
-            Ok(reply) => match template::check(&reply, goal, &earlier) {
-                Ok(text) => break written(case, Proposal::Template(text), how_for(k)),
-                Err(refusal) => (template::not_run(&reply, &refusal), template::kept(&reply)),
-            },
-            Err(error) => (NotRun::Failed(error), String::new()),
+        let Some(outcome) = answer.not_run() else {
+            break written(case, Proposal::Template(answer.text().to_string()), how_for(k));
         };
         if !outcome.is_bench_error() || retry == RETRIES {
             tracing::info!("adaptive attacker: {} attempt {}: {outcome}", pair.key(), k + 1);
-            break Attempt { refused: Some(outcome), ..written(case, Proposal::Template(kept), how_for(k)) };
+            let kept = Proposal::Template(answer.text().to_string());
+            break Attempt { refused: Some(outcome), ..written(case, kept, how_for(k)) };
         }
         tracing::debug!("adaptive attacker: {} attempt {}: {outcome}; asking again", pair.key(), k + 1);
         retry += 1;
-        if matches!(outcome, NotRun::Failed(_)) {
+        if matches!(answer, attacker::Answer::Failed(_)) {
             tokio::time::sleep(std::time::Duration::from_millis(500 << retry)).await;
         }
     };
@@ -440,14 +438,14 @@ fn cases(log: &SearchLog) -> Vec<Case> {
 /// attempts', whatever finished first. A resumed run reuses every recorded proposal and
 /// runs only what was not recorded; with nothing left it starts no gym.
 pub async fn search(search: &Search<'_>, mut settings: GymSettings) -> anyhow::Result<SearchLog> {
-    let adaptive = search.plan.adaptive.as_ref().expect("the plan has an [adaptive] section");
+    let adaptive = search.adaptive;
     let fresh = new_log(search.seed, adaptive, &search.proposer, search.attacker_url.clone());
     let recorded = search.run_dir.read_search_log()?;
     let mut log = resumed(recorded, fresh);
     // Decided again from the attempts: a round whose attempts all failed stays abandoned.
     log.abandoned = None;
     let dir = search.run_dir.adaptive_runs()?;
-    let truth = std::sync::Arc::new(search.truth.clone());
+    let truth = std::sync::Arc::new(search.goals.clone());
     let mut settled = caught_up(&dir, &mut log, &truth).await?;
     let at_most = adaptive.settings().frozen;
     let mut announced: BTreeSet<usize> =
@@ -603,7 +601,7 @@ async fn closed(
     dir: &RunDir,
     mut log: SearchLog,
     pass: OpenPass,
-    truth: &std::sync::Arc<Truth>,
+    truth: &std::sync::Arc<goals::Goals>,
 ) -> anyhow::Result<SearchLog> {
     let executed = pass.close(cases(&log)).await?;
     if let Some(busy) = executed.gym.concurrency.as_ref().and_then(|c| c.busy) {
@@ -617,7 +615,7 @@ async fn closed(
 /// Outcomes the gym recorded that the log missed (a run killed between a case's record
 /// and the log's write), recorded now on the search pairs; what has settled, the
 /// held-out pairs' recorded cases included (the gym skips them).
-async fn caught_up(dir: &RunDir, log: &mut SearchLog, truth: &std::sync::Arc<Truth>) -> anyhow::Result<Settled> {
+async fn caught_up(dir: &RunDir, log: &mut SearchLog, truth: &std::sync::Arc<goals::Goals>) -> anyhow::Result<Settled> {
     let attempts = log.pairs.iter().chain(&log.held_out).flat_map(|p| &p.attempts);
     let ids: BTreeSet<String> = attempts.filter(|a| a.refused.is_none()).map(|a| a.case_id.clone()).collect();
     let searched: BTreeSet<String> = log.pairs.iter().flat_map(|p| &p.attempts).map(|a| a.case_id.clone()).collect();
@@ -644,7 +642,7 @@ async fn with_records(
     mut log: SearchLog,
     records: Vec<CaseRecord>,
     dir: &RunDir,
-    truth: &std::sync::Arc<Truth>,
+    truth: &std::sync::Arc<goals::Goals>,
 ) -> anyhow::Result<SearchLog> {
     let (dir, truth) = (dir.clone(), truth.clone());
     runtime::blocking(move || {
@@ -661,19 +659,16 @@ async fn write_log(run_dir: &RunDir, log: &SearchLog) -> anyhow::Result<()> {
 
 /// Records the outcomes of the gym's records by case id, with each attempt's feedback
 /// from its trace.
-fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, truth: &Truth) {
+fn record(log: &mut SearchLog, records: &[CaseRecord], dir: &RunDir, goals: &goals::Goals) {
     let by_id: BTreeMap<&str, &CaseRecord> = records.iter().map(|r| (r.case_id.as_str(), r)).collect();
     for pair in log.pairs.iter_mut().chain(log.held_out.iter_mut()) {
-        let suite = truth.suites.get(&pair.suite);
-        let goal = suite.and_then(|s| s.injection_tasks.get(&pair.injection_task));
-        let user_calls = suite.and_then(|s| s.user_tasks.get(&pair.user_task)).map_or(&[][..], |u| u.calls.as_slice());
+        let truth = goals.pair(&pair.suite, &pair.user_task, &pair.injection_task);
         for attempt in pair.attempts.iter_mut().filter(|a| a.refused.is_none()) {
             let Some(record) = by_id.get(attempt.case_id.as_str()) else { continue };
             attempt.landed = record.security;
             let Ok(trace) = dir.trace(record) else { continue };
             let landed = record.security == Some(true);
-            let (text, calls) = goal.map_or(("", &[][..]), |g| (g.goal.as_str(), g.calls.as_slice()));
-            attempt.feedback = Some(feedback::of_trace(&trace, landed, text, calls, user_calls));
+            attempt.feedback = Some(feedback::of_trace(&trace, landed, &truth));
             attempt.behaviour = Some(feedback::behaviour(&trace));
             if pair.lands.is_none() {
                 pair.lands = feedback::lands(&trace);

@@ -259,19 +259,24 @@ impl Local<'_> {
         settings.frame = self.campaign_frame(request.plan.cases.len());
         let pyenv = self.session.pyenv.clone();
         let benchmark_version = request.plan.benchmark_version.clone();
-        let truth = runtime::blocking(move || {
+        let goals = runtime::blocking(move || {
             let path = pruefstand_gym::pyenv::truth_file(&pyenv, &benchmark_version)?;
-            pruefstand_sim::Truth::load(&path)
+            adaptive::goals::Goals::load(&path)
         })
         .await?;
-        let (proposer, attacker_url) = self.proposer(adaptive, endpoint)?;
+        // Resolved with the request: the URL parsed with the plan, the key read then.
+        let Some(attacker) = request.attacker() else {
+            bail!("a plan with [adaptive] resolved with no attacker (a bug)")
+        };
+        let (proposer, attacker_url) = attacker.proposer((&endpoint.base_url, endpoint.api_key.as_deref()))?;
         let search = adaptive::Search {
             pyenv: &self.session.pyenv,
             run_dir: &self.claimed.dir,
             plan: &request.plan,
+            adaptive,
             inventory: &request.inventory,
             seed: self.claimed.seed,
-            truth: &truth,
+            goals: &goals,
             proposer,
             attacker_url,
         };
@@ -313,38 +318,6 @@ impl Local<'_> {
             path.display()
         );
         Ok(())
-    }
-
-    /// Who writes the search's attempts: the grammar; or an attacker model — the
-    /// simulated one for a simulated version without a URL of its own, else the
-    /// plan's URL or the version's own server under its base model's name.
-    fn proposer(
-        &self,
-        adaptive: &pruefstand_core::plan::Adaptive,
-        endpoint: &model::Endpoint,
-    ) -> anyhow::Result<(adaptive::Proposer, Option<String>)> {
-        use pruefstand_core::plan::Proposer as Kind;
-        let settings = adaptive.settings();
-        let version = &self.request.version;
-        if settings.proposer == Kind::Grammar {
-            return Ok((adaptive::Proposer::Grammar, None));
-        }
-        let sim = *version.spec.model.backend.get_ref() == pruefstand_core::spec::Backend::Sim;
-        if sim && settings.url.is_none() {
-            return Ok((adaptive::Proposer::Simulated { feedback: settings.feedback }, None));
-        }
-        let (url, key) = match &settings.url {
-            Some(url) => (
-                pruefstand_core::settings::url::SecretUrl::parse(url)
-                    .map_err(|e| anyhow::anyhow!("adaptive.url: {e}"))?,
-                std::env::var("PRUEFSTAND_ATTACKER_API_KEY").ok().filter(|k| !k.is_empty()),
-            ),
-            None => (endpoint.base_url.clone(), endpoint.api_key.clone()),
-        };
-        let model = settings.model.clone().unwrap_or_else(|| version.spec.model.served_name.clone());
-        let shown = url.redacted();
-        let client = adaptive::attacker::Client::new(url, key, model)?;
-        Ok((adaptive::Proposer::Model { client, feedback: settings.feedback }, Some(shown)))
     }
 
     /// `provenance.json`, collected on the blocking pool (git, NVML, the model files'

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
+use crate::adaptive::setup::Attacker;
 use crate::container::{self, Pool, ServerSetup};
 use crate::gym::{self, Executed};
 pub use agent_only::AgentOnly;
@@ -136,6 +137,8 @@ pub struct RunRequest {
     /// The candidate whose reference this run is (its `run.json` says so, and the index
     /// shows it as that reference rather than by a verdict no one asked for).
     reference_for: Option<String>,
+    /// The plan's attacker campaign's attacker, its endpoint and key read here, once.
+    attacker: Option<Attacker>,
 }
 
 /// Keeps some of a resolved plan's cases (a shard's slice).
@@ -188,9 +191,15 @@ impl RunRequest {
         &self.inventory
     }
 
+    /// Who writes the attacker campaign's attempts, when the plan has one.
+    pub fn attacker(&self) -> Option<&Attacker> {
+        self.attacker.as_ref()
+    }
+
     /// The same plan for another version (the reference's own run: every case, no
     /// reference of its own).
     fn for_reference(&self, reference: Version) -> RunRequest {
+        let attacker = self.attacker.as_ref().zip(self.plan.adaptive.as_ref()).map(|(a, p)| a.for_version(p, &reference));
         RunRequest {
             server: ServerSetup::of(&reference),
             agent: AgentSetup::of(&reference),
@@ -204,6 +213,7 @@ impl RunRequest {
             out: None,
             seed: None,
             reference_for: Some(self.version.name.clone()),
+            attacker,
         }
     }
 
@@ -305,6 +315,7 @@ impl RequestBuilder<'_> {
         })
         .await?;
         let (server, agent, defence) = (ServerSetup::of(&version), AgentSetup::of(&version), Defence::of(&version));
+        let attacker = plan.adaptive.as_ref().map(|adaptive| Attacker::resolve(adaptive, &version));
         let mut request = RunRequest {
             version,
             plan,
@@ -318,6 +329,7 @@ impl RequestBuilder<'_> {
             agent,
             defence,
             reference_for: None,
+            attacker,
         };
         request.reference = reference.map(|version| Box::new(request.for_reference(version)));
         Ok(request)
