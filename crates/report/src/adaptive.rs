@@ -7,7 +7,7 @@
 use std::fmt::Write;
 
 use super::html::esc;
-use pruefstand_core::record::{Proposal, SearchLog};
+use pruefstand_core::record::{NotRun, Proposal, SearchLog};
 use pruefstand_core::util::pct;
 use pruefstand_judge::Judgement;
 
@@ -36,9 +36,21 @@ pub fn html(b: &mut String, log: &SearchLog, j: &Judgement) {
         "<h2 id=\"adaptive-attacker\">Adaptive attacker</h2><p>Attempts written by {}, {feedback}.",
         esc(&who)
     );
-    let refused = log.pairs.iter().flat_map(|p| &p.attempts).filter(|a| a.refused.is_some()).count();
-    if refused > 0 {
-        let _ = write!(b, " {refused} attempt(s) were refused before use (they count against the budget).");
+    let refused: Vec<&NotRun> = log.pairs.iter().flat_map(|p| &p.attempts).filter_map(|a| a.refused.as_ref()).collect();
+    if !refused.is_empty() {
+        let count = |kind: fn(&NotRun) -> bool| refused.iter().filter(|r| kind(r)).count();
+        let kinds = [
+            (count(|r| matches!(r, NotRun::Declined(_))), "declined by the attacker model"),
+            (count(|r| matches!(r, NotRun::Rejected(_))), "replies refused by our checks"),
+            (count(|r| matches!(r, NotRun::Failed(_))), "failures of its endpoint"),
+        ];
+        let said: Vec<String> = kinds.iter().filter(|(n, _)| *n > 0).map(|(n, what)| format!("{n} {what}")).collect();
+        let _ = write!(
+            b,
+            " {} attempt(s) never reached the target (they count against the budget): {}.",
+            refused.len(),
+            said.join(", ")
+        );
     }
     b.push_str("</p>");
     curve(b, log, j);
