@@ -36,6 +36,7 @@ mod real_server;
 mod report;
 mod run;
 mod serve;
+mod show;
 mod systemd;
 mod training;
 mod training_progress;
