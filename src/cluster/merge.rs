@@ -18,7 +18,7 @@ use pruefstand_store::{PlanFile, RunDir, StoredCases};
 
 /// Writes the merged run into `run_dir` from its shard directories; what the model
 /// servers contribute to `run.json`. `failed` names shards that failed for good.
-pub fn merge(
+pub(super) fn merge(
     run_dir: &RunDir,
     plan: &Plan,
     inventory: &Inventory,
@@ -85,7 +85,7 @@ pub fn merge(
 
 /// GPU exclusivity over the shards: violated on any node (its events named by node),
 /// exclusive when every shard observed it, else not observed.
-pub fn merge_gpu(exits: &BTreeMap<usize, ExitRecord>) -> GpuExclusivity {
+fn merge_gpu(exits: &BTreeMap<usize, ExitRecord>) -> GpuExclusivity {
     let mut events = Vec::new();
     let mut all_exclusive = !exits.is_empty();
     for (i, exit) in exits {
@@ -126,7 +126,7 @@ fn merge_servers(exits: &BTreeMap<usize, ExitRecord>) -> Option<ModelServerFacts
 
 /// What must be the same on every node for the shards to be one run: the image, the
 /// driver and CUDA, the GPUs, the model and adapter files.
-pub fn provenance_key(provenance: &Provenance) -> BTreeMap<&'static str, Value> {
+fn provenance_key(provenance: &Provenance) -> BTreeMap<&'static str, Value> {
     BTreeMap::from([
         ("image", provenance.image.as_ref().map_or(Value::Null, |image| image["id"].clone())),
         ("driver", provenance.driver_version().clone()),
@@ -161,7 +161,7 @@ fn differing_files(first: &Value, other: &Value) -> Option<Vec<String>> {
 }
 
 /// Each provenance field on which a shard differs from the first, in words.
-pub fn differing(keyed: &[(String, BTreeMap<&'static str, Value>)]) -> Vec<String> {
+fn differing(keyed: &[(String, BTreeMap<&'static str, Value>)]) -> Vec<String> {
     let Some((first_name, first)) = keyed.first() else { return Vec::new() };
     let mut found = Vec::new();
     for (name, key) in &keyed[1..] {

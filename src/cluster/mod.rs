@@ -19,9 +19,9 @@
 //! instead of submitting a second one. Not here: the shard's
 //! own run (`shard`), the Slurm tools (`slurm`), merging (`merge`).
 
-pub mod merge;
-pub mod shard;
-pub mod slurm;
+mod merge;
+pub(crate) mod shard;
+pub(crate) mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -49,46 +49,46 @@ const MAX_SUBMISSIONS: usize = 2;
 
 /// `<run dir>/cluster.json`: the array as submitted.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct ArrayState {
-    pub shards: usize,
-    pub submitted_at: String,
+pub(crate) struct ArrayState {
+    pub(crate) shards: usize,
+    pub(crate) submitted_at: String,
     /// The `--comment` every submission of this job carries, chosen and stored before
     /// the first `sbatch`: a daemon that died before recording the array id finds the
     /// array by it instead of submitting a second one.
     #[serde(default)]
-    pub comment: String,
+    pub(crate) comment: String,
     /// Empty between the comment's storing and `sbatch` returning.
-    pub submissions: Vec<Submission>,
+    pub(crate) submissions: Vec<Submission>,
     /// The last look: shards done, running, pending (what `status` shows).
     #[serde(default)]
-    pub counts: ShardCounts,
+    pub(crate) counts: ShardCounts,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Submission {
-    pub array: ArrayId,
-    pub indices: Vec<usize>,
-    pub at: String,
+pub(crate) struct Submission {
+    pub(crate) array: ArrayId,
+    pub(crate) indices: Vec<usize>,
+    pub(crate) at: String,
     /// Why it was submitted (first submission, or the requeue's reason).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ShardCounts {
-    pub done: usize,
-    pub running: usize,
-    pub pending: usize,
+pub(crate) struct ShardCounts {
+    pub(crate) done: usize,
+    pub(crate) running: usize,
+    pub(crate) pending: usize,
 }
 
 impl ShardCounts {
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!("shards: {} done, {} running, {} pending", self.done, self.running, self.pending)
     }
 }
 
 impl ArrayState {
     /// The job's array, when it was submitted.
-    pub fn load(run: &RunDir) -> anyhow::Result<Option<ArrayState>> {
+    pub(crate) fn load(run: &RunDir) -> anyhow::Result<Option<ArrayState>> {
         run.read()
     }
 
@@ -97,49 +97,49 @@ impl ArrayState {
     }
 
     /// Every array id submitted for this job.
-    pub fn arrays(&self) -> Vec<ArrayId> {
+    fn arrays(&self) -> Vec<ArrayId> {
         self.submissions.iter().map(|s| s.array).collect()
     }
 
     /// The array that runs shard `index` now (its latest submission).
-    pub fn latest(&self, index: usize) -> Option<ArrayId> {
+    pub(crate) fn latest(&self, index: usize) -> Option<ArrayId> {
         self.submissions.iter().rev().find(|s| s.indices.contains(&index)).map(|s| s.array)
     }
 
-    pub fn submissions_of(&self, index: usize) -> usize {
+    fn submissions_of(&self, index: usize) -> usize {
         self.submissions.iter().filter(|s| s.indices.contains(&index)).count()
     }
 }
 
 /// `<run dir>/shards/<i>/exit.json`: how a shard's run ended, written by the shard.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct ExitRecord {
-    pub index: usize,
+pub(crate) struct ExitRecord {
+    pub(crate) index: usize,
     /// 0: its cases ran; else `error` says why not.
-    pub code: i32,
-    pub node: String,
-    pub slurm_job: Option<String>,
-    pub started_at: String,
-    pub ended_at: String,
+    pub(crate) code: i32,
+    pub(crate) node: String,
+    pub(crate) slurm_job: Option<String>,
+    pub(crate) started_at: String,
+    pub(crate) ended_at: String,
     /// Cases recorded in the shard directory, and of those already there at its start.
-    pub cases: usize,
-    pub skipped: usize,
-    pub image_digest: Option<String>,
+    pub(crate) cases: usize,
+    pub(crate) skipped: usize,
+    pub(crate) image_digest: Option<String>,
     #[serde(default)]
-    pub gpu: GpuExclusivity,
-    pub model_server: Option<ModelServerFacts>,
-    pub error: Option<String>,
+    pub(crate) gpu: GpuExclusivity,
+    pub(crate) model_server: Option<ModelServerFacts>,
+    pub(crate) error: Option<String>,
 }
 
 impl ExitRecord {
     /// The shard's exit record; None before the shard wrote one. A damaged record is
     /// an error naming its file: a shard whose end cannot be read is not a shard that
     /// never ended (nor one that ran).
-    pub fn load(shard: &RunDir) -> anyhow::Result<Option<ExitRecord>> {
+    pub(crate) fn load(shard: &RunDir) -> anyhow::Result<Option<ExitRecord>> {
         shard.read().with_context(|| format!("the shard's exit record {} is damaged", shard.shown(RunFile::ShardExit)))
     }
 
-    pub fn store(&self, shard: &RunDir) -> anyhow::Result<()> {
+    pub(crate) fn store(&self, shard: &RunDir) -> anyhow::Result<()> {
         let dir = shard.path();
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         shard.write(self)
@@ -178,7 +178,7 @@ fn standing(exit: Option<&ExitRecord>, task: Option<TaskState>) -> Standing {
 
 /// The executor a daemon job runs on: the local gym, or with `[cluster] kind =
 /// "slurm"` the job's Slurm array. The daemon does not branch on it.
-pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
+pub(crate) fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
     if root.config.cluster.is_slurm() {
         Ok(Box::new(SlurmArray { job, queue: Queue::open(root)?, reference: false }))
     } else {
@@ -190,10 +190,10 @@ pub fn executor(root: &Root, job: u64) -> anyhow::Result<Box<dyn Executor>> {
 /// restart), followed, merged into the claimed run directory. The reference, when R4
 /// needs one made, runs the same way first (`reference`: its tasks run the job's
 /// reference version into the reference's run directory).
-pub struct SlurmArray {
-    pub job: u64,
-    pub queue: Queue,
-    pub reference: bool,
+struct SlurmArray {
+    pub(crate) job: u64,
+    pub(crate) queue: Queue,
+    pub(crate) reference: bool,
 }
 
 impl Executor for SlurmArray {
@@ -276,7 +276,7 @@ fn array_comment(job: u64, run: &RunDir) -> String {
 }
 
 /// Cancels every array submitted for the run in `run_dir` (`scancel`); their ids.
-pub fn cancel_arrays(run: &RunDir) -> anyhow::Result<Vec<ArrayId>> {
+pub(crate) fn cancel_arrays(run: &RunDir) -> anyhow::Result<Vec<ArrayId>> {
     let Some(state) = ArrayState::load(run)? else { return Ok(Vec::new()) };
     let slurm = Slurm::default();
     for array in state.arrays() {

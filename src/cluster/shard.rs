@@ -28,7 +28,7 @@ use pruefstand_store::benchlock;
 /// each injection goal on its own) form a group; groups go, largest first (ties by
 /// name), to the shard with the fewest cases so far (ties: the lowest index). The
 /// result depends only on the case list, so every node computes the same cut.
-pub fn slice(cases: &[Case], count: usize) -> Vec<usize> {
+pub(crate) fn slice(cases: &[Case], count: usize) -> Vec<usize> {
     let mut groups: BTreeMap<String, usize> = BTreeMap::new();
     for case in cases {
         *groups.entry(group_key(case)).or_default() += 1;
@@ -46,7 +46,7 @@ pub fn slice(cases: &[Case], count: usize) -> Vec<usize> {
 }
 
 /// How many shards a plan can use: no more than it has groups to spread.
-pub fn usable_shards(cases: &[Case], wanted: usize) -> usize {
+pub(super) fn usable_shards(cases: &[Case], wanted: usize) -> usize {
     let groups: std::collections::BTreeSet<String> = cases.iter().map(group_key).collect();
     wanted.clamp(1, groups.len().max(1))
 }
@@ -59,7 +59,7 @@ fn group_key(case: &Case) -> String {
 }
 
 /// `i/N` as the batch script passes it.
-pub fn parse_index(text: &str) -> anyhow::Result<(usize, usize)> {
+pub(crate) fn parse_index(text: &str) -> anyhow::Result<(usize, usize)> {
     let parsed = text.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
     match parsed {
         Some((i, n)) if i < n => Ok((i, n)),
@@ -70,7 +70,7 @@ pub fn parse_index(text: &str) -> anyhow::Result<(usize, usize)> {
 /// Runs shard `index` of `count` of job `job` — of its reference's run in `reference`
 /// when given — and leaves its exit record (also when it fails; a killed shard leaves
 /// none, which the daemon reads as dead).
-pub async fn run(
+pub(crate) async fn run(
     root: &Root,
     job: u64,
     index: usize,

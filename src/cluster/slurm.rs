@@ -15,11 +15,11 @@ use pruefstand_core::settings::cluster::ClusterConfig;
 use pruefstand_core::util;
 
 /// A submitted job array (`sbatch --parsable` prints its id).
-pub type ArrayId = u64;
+pub(super) type ArrayId = u64;
 
 /// Where an array task stands, as `squeue` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaskState {
+pub(crate) enum TaskState {
     /// Waiting for a node (or being set up on one).
     Pending,
     /// On a node (running, completing, suspended).
@@ -31,7 +31,7 @@ pub enum TaskState {
 /// index comes from Slurm's own `SLURM_ARRAY_TASK_ID`. No spec content reaches it. With
 /// `reference` (the reference's run directory, quoted too) the tasks run the job's
 /// reference into it.
-pub fn batch_script(
+pub(super) fn batch_script(
     binary: &Path,
     root: &Path,
     job: u64,
@@ -63,7 +63,7 @@ fn quote(path: &Path) -> anyhow::Result<String> {
 /// `sbatch`'s arguments for the tasks `indices` of a job's array: parsable output, the
 /// partition, the job's comment (how a restarted daemon finds the array), each task's output (`output`, a Slurm file-name pattern: next to the
 /// shards), the configured extras, the script.
-pub fn sbatch_argv(
+pub(super) fn sbatch_argv(
     config: &ClusterConfig,
     job: u64,
     indices: &str,
@@ -87,7 +87,7 @@ pub fn sbatch_argv(
 }
 
 /// The array's task ids as sbatch's `--array` spells them: `0-7`, or `3` for one.
-pub fn array_spec(indices: &[usize]) -> String {
+pub(super) fn array_spec(indices: &[usize]) -> String {
     match indices {
         [one] => one.to_string(),
         [first, .., last] if indices.windows(2).all(|w| w[1] == w[0] + 1) => format!("{first}-{last}"),
@@ -96,14 +96,14 @@ pub fn array_spec(indices: &[usize]) -> String {
 }
 
 /// `sbatch --parsable` prints `id` or `id;cluster`.
-pub fn parse_sbatch(stdout: &str) -> anyhow::Result<ArrayId> {
+fn parse_sbatch(stdout: &str) -> anyhow::Result<ArrayId> {
     let first = stdout.trim().split(';').next().unwrap_or_default();
     first.parse().with_context(|| format!("sbatch printed {:?}, not a job id", stdout.trim()))
 }
 
 /// `squeue -h -r -o %F|%K|%T` lines: the state of each task of the arrays in `arrays`,
 /// by (array, task index). Tasks of other jobs and states that mean ended are left out.
-pub fn parse_squeue(stdout: &str, arrays: &[ArrayId]) -> BTreeMap<(ArrayId, usize), TaskState> {
+fn parse_squeue(stdout: &str, arrays: &[ArrayId]) -> BTreeMap<(ArrayId, usize), TaskState> {
     let mut tasks = BTreeMap::new();
     for line in stdout.lines() {
         let mut fields = line.trim().split('|');
@@ -123,7 +123,7 @@ pub fn parse_squeue(stdout: &str, arrays: &[ArrayId]) -> BTreeMap<(ArrayId, usiz
 }
 
 /// `squeue -o %F|%k` lines: the array whose comment is `comment`.
-pub fn parse_comments(stdout: &str, comment: &str) -> Option<ArrayId> {
+fn parse_comments(stdout: &str, comment: &str) -> Option<ArrayId> {
     stdout.lines().find_map(|line| {
         let (array, found) = line.trim().split_once('|')?;
         (found == comment).then(|| array.parse().ok()).flatten()
@@ -131,16 +131,16 @@ pub fn parse_comments(stdout: &str, comment: &str) -> Option<ArrayId> {
 }
 
 /// `scontrol show … -o` prints one line of `Key=Value` pairs; the value of `key`.
-pub fn scontrol_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+fn scontrol_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split_whitespace().find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// The Slurm tools, run with a minimal environment (plus `SLURM_CONF` when set): a
 /// submitted task inherits sbatch's environment, and the daemon's may hold secrets.
 #[derive(Clone, Debug, Default)]
-pub struct Slurm {
+pub(crate) struct Slurm {
     /// Where the tools are (None: `PATH`).
-    pub bin_dir: Option<PathBuf>,
+    pub(crate) bin_dir: Option<PathBuf>,
 }
 
 impl Slurm {
@@ -155,7 +155,7 @@ impl Slurm {
     }
 
     /// Runs `tool args…`; its stdout, or an error with its stderr.
-    pub fn run(&self, tool: &str, args: &[String]) -> anyhow::Result<String> {
+    pub(crate) fn run(&self, tool: &str, args: &[String]) -> anyhow::Result<String> {
         let output =
             self.command(tool).args(args).output().with_context(|| format!("running {tool} (is Slurm installed?)"))?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -167,12 +167,12 @@ impl Slurm {
     }
 
     /// Submits the array; its id.
-    pub fn submit(&self, argv: &[String]) -> anyhow::Result<ArrayId> {
+    pub(super) fn submit(&self, argv: &[String]) -> anyhow::Result<ArrayId> {
         parse_sbatch(&self.run("sbatch", argv)?)
     }
 
     /// The pending and running tasks of `arrays` (this user's jobs only).
-    pub fn tasks(&self, arrays: &[ArrayId]) -> anyhow::Result<BTreeMap<(ArrayId, usize), TaskState>> {
+    pub(crate) fn tasks(&self, arrays: &[ArrayId]) -> anyhow::Result<BTreeMap<(ArrayId, usize), TaskState>> {
         let user = std::env::var("USER")
             .ok()
             .or_else(|| nix::unistd::User::from_uid(nix::unistd::getuid()).ok()?.map(|u| u.name));
@@ -185,18 +185,18 @@ impl Slurm {
 
     /// The array of this user's jobs named `name` whose comment is `comment` (what
     /// `squeue` still lists: pending or running tasks).
-    pub fn find_by_comment(&self, name: &str, comment: &str) -> anyhow::Result<Option<ArrayId>> {
+    pub(super) fn find_by_comment(&self, name: &str, comment: &str) -> anyhow::Result<Option<ArrayId>> {
         let args = ["-h".to_string(), "-r".into(), format!("--name={name}"), "-o".into(), "%F|%k".into()];
         Ok(parse_comments(&self.run("squeue", &args)?, comment))
     }
 
     /// Ends every task of `array`.
-    pub fn cancel(&self, array: ArrayId) -> anyhow::Result<()> {
+    pub(crate) fn cancel(&self, array: ArrayId) -> anyhow::Result<()> {
         self.run("scancel", &[array.to_string()]).map(drop)
     }
 
     /// What `scontrol` knows of one task (None once Slurm has forgotten it).
-    pub fn task_facts(&self, array: ArrayId, index: usize) -> Option<String> {
+    pub(super) fn task_facts(&self, array: ArrayId, index: usize) -> Option<String> {
         let out = self.run("scontrol", &["show".into(), "job".into(), "-o".into(), format!("{array}_{index}")]).ok()?;
         let line = out.lines().next()?;
         let field = |key| scontrol_field(line, key).unwrap_or("?");
@@ -206,17 +206,17 @@ impl Slurm {
 
 /// One line of `check` about the cluster: what was found, and the fix when it fails.
 #[derive(Debug)]
-pub struct Probe {
-    pub ok: bool,
-    pub what: String,
-    pub fix: String,
+pub(crate) struct Probe {
+    pub(crate) ok: bool,
+    pub(crate) what: String,
+    pub(crate) fix: String,
 }
 
 impl Slurm {
     /// `check`'s look at the cluster: the tools, the controller, the partition, and a
     /// tiny job that writes a file under `probe_dir` (on the storage the nodes share).
     /// Stops at the first failure: the later probes need the earlier ones.
-    pub fn check(&self, config: &ClusterConfig, probe_dir: &Path) -> Vec<Probe> {
+    pub(crate) fn check(&self, config: &ClusterConfig, probe_dir: &Path) -> Vec<Probe> {
         let mut probes = Vec::new();
         let mut step = |ok: bool, what: String, fix: &str| {
             probes.push(Probe { ok, what, fix: fix.to_string() });
@@ -314,7 +314,7 @@ hostname > {}
 }
 
 /// How long `check` waits for its test job.
-pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[cfg(test)]
 mod tests {
