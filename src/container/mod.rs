@@ -10,7 +10,7 @@
 //! 127.0.0.1 only; model and adapter are mounted read-only; nothing is pulled unless
 //! the spec says `pull = true`.
 
-pub mod pool;
+pub(crate) mod pool;
 mod server;
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,42 +28,42 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
-pub use pool::{InterruptClients, Lease, Pool, Request};
-pub use server::ServerSetup;
+pub(crate) use pool::{InterruptClients, Lease, Pool, Request};
+pub(crate) use server::ServerSetup;
 
 use pruefstand_core::spec::{Backend, GpuMode, ServedFileKind};
 use pruefstand_core::util;
 
 /// Labels on every container we create; `managed` is what orphan removal looks for.
-pub const LABEL_MANAGED: &str = "pruefstand.managed";
-pub const LABEL_JOB: &str = "pruefstand.job";
-pub const LABEL_RUN: &str = "pruefstand.run";
-pub const LABEL_VERSION: &str = "pruefstand.version";
+const LABEL_MANAGED: &str = "pruefstand.managed";
+pub(crate) const LABEL_JOB: &str = "pruefstand.job";
+pub(crate) const LABEL_RUN: &str = "pruefstand.run";
+pub(crate) const LABEL_VERSION: &str = "pruefstand.version";
 /// Owner process: pid, its start time (clock ticks since boot, so a reused pid does
 /// not look alive) and the boot id (a reboot kills every owner).
-pub const LABEL_OWNER_PID: &str = "pruefstand.owner.pid";
-pub const LABEL_OWNER_START: &str = "pruefstand.owner.start";
-pub const LABEL_OWNER_BOOT: &str = "pruefstand.owner.boot";
+const LABEL_OWNER_PID: &str = "pruefstand.owner.pid";
+const LABEL_OWNER_START: &str = "pruefstand.owner.start";
+const LABEL_OWNER_BOOT: &str = "pruefstand.owner.boot";
 /// The pool's reuse key (image, model, arguments …; see `Setup::key`).
-pub const LABEL_KEY: &str = "pruefstand.key";
+const LABEL_KEY: &str = "pruefstand.key";
 
 /// vLLM's port inside the container.
-pub const CONTAINER_PORT: u16 = 8000;
+const CONTAINER_PORT: u16 = 8000;
 /// Persistent named volume for vLLM's compile cache (shortens cold starts); the only
 /// volume we ever leave behind, on purpose.
-pub const COMPILE_CACHE_VOLUME: &str = "pruefstand-compile-cache";
+const COMPILE_CACHE_VOLUME: &str = "pruefstand-compile-cache";
 const COMPILE_CACHE_TARGET: &str = "/root/.cache/vllm";
 const MODEL_TARGET: &str = "/model";
 const ADAPTERS_TARGET: &str = "/adapters";
 /// vLLM handles SIGTERM; NVIDIA's notes stop it with ~30 s.
-pub const STOP_GRACE_S: i32 = 30;
+const STOP_GRACE_S: i32 = 30;
 const DEFAULT_READY_TIMEOUT_S: f64 = 900.0;
 /// How long connecting to the engine may take before we say it is not there.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connects to the Docker Engine (`DOCKER_HOST`, else the local socket) and agrees on
 /// an API version; fails within a few seconds with one line when it is not there.
-pub async fn connect() -> anyhow::Result<Docker> {
+pub(crate) async fn connect() -> anyhow::Result<Docker> {
     let host = std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".to_string());
     let unreachable = |why: String| {
         anyhow!("Docker Engine not reachable at {host}: {why} (is dockerd running? backend \"docker\" needs it)")
@@ -80,7 +80,7 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-pub async fn preflight_with(docker: &Docker, server: &ServerSetup) -> anyhow::Result<()> {
+pub(crate) async fn preflight_with(docker: &Docker, server: &ServerSetup) -> anyhow::Result<()> {
     let model = &server.model;
     if server.backend() != Backend::Docker {
         return Ok(());
@@ -126,7 +126,7 @@ fn missing_image(image: &str) -> String {
 
 /// How to get a missing image: the images this project builds say which of its
 /// scripts builds them; any other is loaded or pulled.
-pub fn image_remedy(image: &str) -> String {
+pub(crate) fn image_remedy(image: &str) -> String {
     let repository = image.split(':').next().unwrap_or(image);
     match BUILT_HERE.iter().find(|(name, _)| *name == repository) {
         Some((_, script)) => format!("build it with `{script}` (from a checkout of pruefstand)"),
@@ -142,22 +142,22 @@ const BUILT_HERE: [(&str, &str); 2] =
 
 /// What we know of a local image.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct ImageInfo {
-    pub name: String,
+pub(crate) struct ImageInfo {
+    pub(crate) name: String,
     /// `sha256:…` content id.
-    pub id: String,
+    pub(crate) id: String,
     /// Registry digests (`repo@sha256:…`); none for a locally built image.
-    pub repo_digests: Vec<String>,
+    pub(crate) repo_digests: Vec<String>,
 }
 
 impl ImageInfo {
     /// What pins the image in run.json: a registry digest, else the content id.
-    pub fn digest(&self) -> String {
+    pub(crate) fn digest(&self) -> String {
         self.repo_digests.first().cloned().unwrap_or_else(|| self.id.clone())
     }
 }
 
-pub async fn image_info(docker: &Docker, image: &str) -> anyhow::Result<Option<ImageInfo>> {
+async fn image_info(docker: &Docker, image: &str) -> anyhow::Result<Option<ImageInfo>> {
     match docker.inspect_image(image).await {
         Ok(i) => Ok(Some(ImageInfo {
             name: image.to_string(),
@@ -170,7 +170,7 @@ pub async fn image_info(docker: &Docker, image: &str) -> anyhow::Result<Option<I
 }
 
 /// Makes sure the image is there: present, or pulled when the spec allows it.
-pub async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::Result<ImageInfo> {
+pub(crate) async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::Result<ImageInfo> {
     if let Some(info) = image_info(docker, image).await? {
         return Ok(info);
     }
@@ -190,16 +190,16 @@ pub async fn ensure_image(docker: &Docker, image: &str, pull: bool) -> anyhow::R
     image_info(docker, image).await?.with_context(|| format!("image {image} still missing after the pull"))
 }
 
-pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
+fn is_not_found(e: &bollard::errors::Error) -> bool {
     matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
 }
 
 /// A model server that failed to come up or died: what happened, with the container's
 /// last log lines (they usually say why).
 #[derive(Debug, Clone)]
-pub struct ServerFailure {
-    pub message: String,
-    pub log_tail: Vec<String>,
+pub(crate) struct ServerFailure {
+    pub(crate) message: String,
+    pub(crate) log_tail: Vec<String>,
 }
 
 impl std::fmt::Display for ServerFailure {
@@ -218,7 +218,7 @@ impl std::error::Error for ServerFailure {}
 /// Why no model server was had. The caller branches on it: a server that failed is the
 /// run's record (R1 fails it, with the log tail); anything else stops the run.
 #[derive(Debug, thiserror::Error)]
-pub enum AcquireError {
+pub(crate) enum AcquireError {
     /// The server did not come up (never ready, died while starting).
     #[error(transparent)]
     Server(#[from] ServerFailure),
@@ -230,33 +230,33 @@ pub enum AcquireError {
 /// How a version's container is made: derived from the spec plus the host folders to
 /// mount (the spec's, or generated ones for the simulated model's image).
 #[derive(Clone, Debug)]
-pub struct Setup {
-    pub image: String,
-    pub served_name: String,
-    pub model_host: PathBuf,
-    pub adapter: Option<AdapterMount>,
-    pub gpu: GpuMode,
-    pub prefix: Vec<String>,
-    pub args: Vec<String>,
-    pub shm_size: Option<i64>,
-    pub ipc: Option<String>,
-    pub ulimits: BTreeMap<String, i64>,
-    pub runtime_lora: bool,
-    pub ready_timeout: Duration,
-    pub pull: bool,
+pub(crate) struct Setup {
+    pub(crate) image: String,
+    pub(crate) served_name: String,
+    pub(crate) model_host: PathBuf,
+    pub(crate) adapter: Option<AdapterMount>,
+    pub(crate) gpu: GpuMode,
+    pub(crate) prefix: Vec<String>,
+    pub(crate) args: Vec<String>,
+    pub(crate) shm_size: Option<i64>,
+    pub(crate) ipc: Option<String>,
+    pub(crate) ulimits: BTreeMap<String, i64>,
+    pub(crate) runtime_lora: bool,
+    pub(crate) ready_timeout: Duration,
+    pub(crate) pull: bool,
     /// The spec's chat template and tool-parser plugin (a changed file is another
     /// server).
-    pub served_files: Vec<ServedFile>,
+    pub(crate) served_files: Vec<ServedFile>,
 }
 
 /// A file of the bench root's that the server reads (a chat template, a tool-parser
 /// plugin): which, where it is on the host, and its sha256 as read when the server was
 /// set up — the reuse key holds the content, not the path, and provenance records it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ServedFile {
-    pub kind: ServedFileKind,
-    pub host: PathBuf,
-    pub sha256: String,
+pub(crate) struct ServedFile {
+    pub(crate) kind: ServedFileKind,
+    pub(crate) host: PathBuf,
+    pub(crate) sha256: String,
 }
 
 impl ServedFile {
@@ -276,15 +276,15 @@ impl ServedFile {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdapterMount {
-    pub name: String,
-    pub host: PathBuf,
+pub(crate) struct AdapterMount {
+    pub(crate) name: String,
+    pub(crate) host: PathBuf,
     /// Where the server finds it (`--lora-modules name=<this>`).
-    pub container_path: String,
+    pub(crate) container_path: String,
     /// What is bind-mounted: the adapter itself at /adapters/<name>; with runtime LoRA
     /// its parent folder at /adapters, so a warm server can load a sibling adapter.
-    pub mount_source: PathBuf,
-    pub mount_target: String,
+    pub(crate) mount_source: PathBuf,
+    pub(crate) mount_target: String,
 }
 
 /// A folder name safe inside a container path.
@@ -293,7 +293,11 @@ fn path_word(s: &str) -> String {
 }
 
 impl Setup {
-    pub fn new(server: &ServerSetup, model_host: PathBuf, adapter_host: Option<PathBuf>) -> anyhow::Result<Setup> {
+    pub(crate) fn new(
+        server: &ServerSetup,
+        model_host: PathBuf,
+        adapter_host: Option<PathBuf>,
+    ) -> anyhow::Result<Setup> {
         let m = &server.model;
         let runtime_lora = m.runtime_lora;
         let adapter = match (&server.adapter, adapter_host) {
@@ -363,7 +367,7 @@ impl Setup {
     /// vLLM's command line (the image's entrypoint runs `vllm serve` or our
     /// `sim-serve`; `prefix` names it when it does not). The spec's args come last, so
     /// they win where vLLM takes the last occurrence. No API key: that is env.
-    pub fn command(&self) -> Vec<String> {
+    pub(crate) fn command(&self) -> Vec<String> {
         let mut cmd = self.prefix.clone();
         cmd.extend([MODEL_TARGET.to_string(), "--served-model-name".into(), self.served_name.clone()]);
         cmd.extend(["--host".into(), "0.0.0.0".into(), "--port".into(), CONTAINER_PORT.to_string()]);
@@ -382,7 +386,7 @@ impl Setup {
 
     /// Two jobs whose keys match can share a warm container: same image, model and
     /// arguments; the adapter counts only when it cannot be swapped at run time.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         let adapter = match &self.adapter {
             Some(a) if self.runtime_lora => serde_json::json!({"mount": a.mount_source}),
             Some(a) => serde_json::json!({"name": a.name, "host": a.host}),
@@ -437,7 +441,12 @@ impl Setup {
     }
 
     /// The create body. `labels` come from the caller (job, run, version); ours are added.
-    pub fn body(&self, api_key: &str, host_port: u16, mut labels: HashMap<String, String>) -> ContainerCreateBody {
+    pub(crate) fn body(
+        &self,
+        api_key: &str,
+        host_port: u16,
+        mut labels: HashMap<String, String>,
+    ) -> ContainerCreateBody {
         labels.insert(LABEL_MANAGED.into(), "1".into());
         labels.insert(LABEL_KEY.into(), self.key());
         labels.insert(LABEL_OWNER_PID.into(), std::process::id().to_string());
@@ -503,11 +512,11 @@ fn free_port() -> anyhow::Result<u16> {
 /// processes as ours, also for a container created after its watch began.
 static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-pub fn created_ids() -> Vec<String> {
+pub(crate) fn created_ids() -> Vec<String> {
     util::lock(&CREATED).clone()
 }
 
-pub async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> anyhow::Result<String> {
+pub(crate) async fn create(docker: &Docker, name: &str, body: ContainerCreateBody) -> anyhow::Result<String> {
     let image = body.image.clone().unwrap_or_default();
     let created = docker
         .create_container(Some(CreateContainerOptionsBuilder::default().name(name).build()), body)
@@ -529,7 +538,7 @@ async fn exit_state(docker: &Docker, id: &str) -> Result<Option<i64>, bollard::e
 
 /// Waits until `/health` answers 200 and `/v1/models` lists the served model (and the
 /// adapter); fails at once when the container exits, else after `timeout`.
-pub async fn wait_ready(
+async fn wait_ready(
     docker: &Docker,
     id: &str,
     port: u16,
@@ -602,12 +611,7 @@ async fn probe(http: &reqwest::Client, port: u16, api_key: &str, names: &[&str])
 }
 
 /// Quick liveness: running and `/health` 200.
-pub(crate) async fn healthy(
-    docker: &Docker,
-    http: &reqwest::Client,
-    id: &str,
-    port: u16,
-) -> Result<bool, bollard::errors::Error> {
+async fn healthy(docker: &Docker, http: &reqwest::Client, id: &str, port: u16) -> Result<bool, bollard::errors::Error> {
     if exit_state(docker, id).await?.is_some() {
         return Ok(false);
     }
@@ -620,7 +624,7 @@ fn short(id: &str) -> &str {
 }
 
 /// The container's log (stdout and stderr) since `since` (unix seconds; 0 = all).
-pub async fn logs(docker: &Docker, id: &str, since: i64, tail: Option<usize>) -> anyhow::Result<String> {
+pub(crate) async fn logs(docker: &Docker, id: &str, since: i64, tail: Option<usize>) -> anyhow::Result<String> {
     let mut options = LogsOptionsBuilder::default().stdout(true).stderr(true).since(since as i32);
     options = options.tail(&tail.map_or("all".to_string(), |n| n.to_string()));
     let mut stream = docker.logs(id, Some(options.build()));
@@ -632,7 +636,7 @@ pub async fn logs(docker: &Docker, id: &str, since: i64, tail: Option<usize>) ->
     Ok(text)
 }
 
-pub async fn log_tail(docker: &Docker, id: &str, lines: usize) -> Vec<String> {
+pub(crate) async fn log_tail(docker: &Docker, id: &str, lines: usize) -> Vec<String> {
     match logs(docker, id, 0, Some(lines)).await {
         Ok(text) => text.lines().map(str::to_string).collect(),
         Err(e) => vec![format!("(log unavailable: {e:#})")],
@@ -641,7 +645,7 @@ pub async fn log_tail(docker: &Docker, id: &str, lines: usize) -> Vec<String> {
 
 /// Stops (SIGTERM, then SIGKILL after the grace period) and removes, with anonymous
 /// volumes. A container that is already gone is fine.
-pub async fn stop_and_remove(docker: &Docker, id: &str) -> anyhow::Result<()> {
+pub(crate) async fn stop_and_remove(docker: &Docker, id: &str) -> anyhow::Result<()> {
     match docker.stop_container(id, Some(StopContainerOptionsBuilder::default().t(STOP_GRACE_S).build())).await {
         Ok(()) => {}
         Err(e) if is_not_found(&e) => return Ok(()),
@@ -661,13 +665,13 @@ pub async fn stop_and_remove(docker: &Docker, id: &str) -> anyhow::Result<()> {
 
 /// A container of ours found without a live owner, and removed.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Orphan {
-    pub id: String,
-    pub name: String,
-    pub version: String,
-    pub job: String,
-    pub owner_pid: String,
-    pub state: String,
+pub(crate) struct Orphan {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) job: String,
+    pub(crate) owner_pid: String,
+    pub(crate) state: String,
 }
 
 impl std::fmt::Display for Orphan {
@@ -686,7 +690,7 @@ impl std::fmt::Display for Orphan {
 }
 
 /// Our containers (label `pruefstand.managed`), running or not.
-pub async fn list_managed(docker: &Docker) -> anyhow::Result<Vec<bollard::models::ContainerSummary>> {
+async fn list_managed(docker: &Docker) -> anyhow::Result<Vec<bollard::models::ContainerSummary>> {
     let filters = HashMap::from([("label".to_string(), vec![format!("{LABEL_MANAGED}=1")])]);
     docker
         .list_containers(Some(ListContainersOptionsBuilder::default().all(true).filters(&filters).build()))
@@ -696,7 +700,7 @@ pub async fn list_managed(docker: &Docker) -> anyhow::Result<Vec<bollard::models
 
 /// Removes our containers whose owning process is gone (crash, `kill -9`, reboot) and
 /// says which. A container whose owner lives (another `run`, the daemon) is left alone.
-pub async fn remove_orphans(docker: &Docker) -> anyhow::Result<Vec<Orphan>> {
+pub(crate) async fn remove_orphans(docker: &Docker) -> anyhow::Result<Vec<Orphan>> {
     let mut removed = Vec::new();
     for c in list_managed(docker).await? {
         let labels = c.labels.clone().unwrap_or_default();
@@ -753,7 +757,7 @@ fn container_name(version: &str) -> String {
 }
 
 /// The value of a vLLM option in `args` (`--flag value` or `--flag=value`).
-pub fn vllm_option<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+pub(crate) fn vllm_option<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter().enumerate().find_map(|(i, arg)| match arg.strip_prefix(flag) {
         Some("") => args.get(i + 1).map(String::as_str),
         Some(rest) => rest.strip_prefix('='),
@@ -768,7 +772,7 @@ fn has_flag(args: &[String], flag: &str) -> bool {
 /// What a docker version's vLLM arguments will cost a GPU hour to find out: tool
 /// calling without its parser flags, a LoRA without a rank limit, a memory share that
 /// unified memory cannot give. One line each, with the fix.
-pub fn vllm_warnings(server: &ServerSetup) -> Vec<String> {
+pub(crate) fn vllm_warnings(server: &ServerSetup) -> Vec<String> {
     if server.backend() != Backend::Docker {
         return Vec::new();
     }

@@ -36,45 +36,45 @@ use pruefstand_core::util;
 use pruefstand_store::RunDir;
 
 /// What a job asks the pool for.
-pub struct Request<'a> {
-    pub server: &'a ServerSetup,
+pub(crate) struct Request<'a> {
+    pub(crate) server: &'a ServerSetup,
     /// The gym's ground truth: goes into the simulated model's generated model folder.
-    pub truth_file: &'a Path,
+    pub(crate) truth_file: &'a Path,
     /// Gets `container.log` (and generated files when needed).
-    pub run_dir: &'a Path,
+    pub(crate) run_dir: &'a Path,
     /// Labels: the daemon's job id (`run` uses `run-<pid>`) and the run's id.
-    pub job: &'a str,
-    pub run_id: &'a str,
+    pub(crate) job: &'a str,
+    pub(crate) run_id: &'a str,
     /// Stops the server's clients (the gym) when the server dies, so the run stops
     /// instead of failing every remaining case, and resumes after the restart.
-    pub interrupt_clients: InterruptClients,
+    pub(crate) interrupt_clients: InterruptClients,
 }
 
 /// Stops whatever talks to the server (the gym); true when something was running.
-pub type InterruptClients = Arc<dyn Fn() -> bool + Send + Sync>;
+pub(crate) type InterruptClients = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A created container and how to reach it.
 #[derive(Clone, Debug)]
-pub struct Container {
-    pub id: String,
-    pub name: String,
-    pub host_port: u16,
-    pub api_key: String,
-    pub key: String,
+pub(crate) struct Container {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) host_port: u16,
+    pub(crate) api_key: String,
+    pub(crate) key: String,
     /// What the server says it is (`GET /version`: vLLM's version), once it served.
-    pub server_version: Option<String>,
-    pub image: ImageInfo,
+    pub(crate) server_version: Option<String>,
+    pub(crate) image: ImageInfo,
     /// The exact command (API key redacted; it is in the environment anyway).
-    pub command: Vec<String>,
+    pub(crate) command: Vec<String>,
     /// Served names: the base model and every adapter loaded so far.
-    pub served: Vec<String>,
+    pub(crate) served: Vec<String>,
     /// In-container paths of adapters loaded at run time (reloaded after a restart).
     loaded_paths: HashMap<String, String>,
     setup: Setup,
     body: ContainerCreateBody,
 }
 
-pub struct Pool {
+pub(crate) struct Pool {
     /// Generated model folders for the simulated model's image live here.
     work_dir: PathBuf,
     docker: tokio::sync::OnceCell<Docker>,
@@ -84,7 +84,7 @@ pub struct Pool {
 
 impl Pool {
     /// No Docker connection yet: a pool for sim-only runs never talks to Docker.
-    pub fn new(work_dir: impl Into<PathBuf>) -> Pool {
+    pub(crate) fn new(work_dir: impl Into<PathBuf>) -> Pool {
         Pool {
             work_dir: work_dir.into(),
             docker: tokio::sync::OnceCell::new(),
@@ -93,14 +93,14 @@ impl Pool {
         }
     }
 
-    pub async fn docker(&self) -> anyhow::Result<&Docker> {
+    pub(crate) async fn docker(&self) -> anyhow::Result<&Docker> {
         self.docker.get_or_try_init(super::connect).await
     }
 
     /// A ready server for the version (docker backend): warm or fresh. A server that
     /// does not come up is removed, its log saved, and the error is
     /// [`AcquireError::Server`].
-    pub async fn acquire(&self, req: &Request<'_>) -> Result<Lease, AcquireError> {
+    pub(crate) async fn acquire(&self, req: &Request<'_>) -> Result<Lease, AcquireError> {
         let docker = self.docker().await?.clone();
         let setup = self.setup_for(req).await?;
         let image = ensure_image(&docker, &setup.image, setup.pull)
@@ -224,7 +224,7 @@ impl Pool {
 
     /// Ends a lease: stops its watch, saves the job's log to `container.log`, and keeps
     /// the container warm unless it failed. Returns what happened to the server.
-    pub async fn release(&self, lease: Lease) -> anyhow::Result<ModelServerFacts> {
+    pub(crate) async fn release(&self, lease: Lease) -> anyhow::Result<ModelServerFacts> {
         let facts = lease.facts();
         let Lease { docker, mut container, run_dir, since, watch, task, .. } = lease;
         task.abort();
@@ -243,7 +243,7 @@ impl Pool {
     }
 
     /// Stops and removes the warm container, if any.
-    pub async fn shutdown(&self) -> anyhow::Result<()> {
+    pub(crate) async fn shutdown(&self) -> anyhow::Result<()> {
         let Some(c) = self.warm.lock().await.take() else { return Ok(()) };
         let docker = self.docker().await?;
         tracing::info!("model container {}: stopping", c.name);
@@ -326,12 +326,12 @@ async fn save_log(docker: &Docker, id: &str, run_dir: &Path, since: i64) {
 }
 
 /// A server handed to one job, with its health watch.
-pub struct Lease {
-    pub container: Container,
+pub(crate) struct Lease {
+    pub(crate) container: Container,
     /// This job's model and adapter folders (the container may have been created for
     /// another adapter).
-    pub model_host: PathBuf,
-    pub adapter_host: Option<PathBuf>,
+    pub(crate) model_host: PathBuf,
+    pub(crate) adapter_host: Option<PathBuf>,
     docker: Docker,
     run_dir: PathBuf,
     since: i64,
@@ -378,13 +378,13 @@ impl Lease {
         Lease { container, model_host, adapter_host, docker, run_dir: run_dir.to_path_buf(), since, watch, task }
     }
 
-    pub fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.container.host_port)
     }
 
     /// What the run calls when its cases stopped reaching the server: the watch takes
     /// it for a death at its next look (restart once, resume; a second one fails).
-    pub fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
+    pub(crate) fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
         let watch = self.watch.clone();
         Box::new(move || {
             let mut s = util::lock(&watch);
@@ -394,14 +394,14 @@ impl Lease {
         })
     }
 
-    pub fn facts(&self) -> ModelServerFacts {
+    pub(crate) fn facts(&self) -> ModelServerFacts {
         util::lock(&self.watch).facts.clone()
     }
 
     /// Called after each gym pass: true when the server was restarted since and the
     /// gym must resume (after dropping the death's casualties); false when the run is
     /// over (finished, or the server failed for good). Waits out a restart in progress.
-    pub async fn after_gym(&self) -> anyhow::Result<bool> {
+    pub(crate) async fn after_gym(&self) -> anyhow::Result<bool> {
         loop {
             let resume = {
                 let mut s = util::lock(&self.watch);
@@ -627,7 +627,7 @@ fn adapter_fit(serving: Option<&str>, wanted_path: &str, runtime_lora: bool) -> 
 
 impl Container {
     /// The files of the bench root's the server was started with, as read then.
-    pub fn served_files(&self) -> &[super::ServedFile] {
+    pub(crate) fn served_files(&self) -> &[super::ServedFile] {
         &self.setup.served_files
     }
 

@@ -15,24 +15,24 @@ use pruefstand_core::spec::{AdapterSpec, Backend, ModelSpec, ServedFileKind, Ver
 
 /// What a version's model server is made from.
 #[derive(Clone, Debug)]
-pub struct ServerSetup {
+pub(crate) struct ServerSetup {
     /// The version's name: the container's name and label, provenance.
-    pub name: String,
+    pub(crate) name: String,
     /// The spec file, named by every error about the server's inputs.
-    pub spec_file: PathBuf,
+    pub(crate) spec_file: PathBuf,
     /// The spec's hash, for provenance.
-    pub spec_hash: String,
-    pub model: ModelSpec,
-    pub adapter: Option<AdapterSpec>,
+    pub(crate) spec_hash: String,
+    pub(crate) model: ModelSpec,
+    pub(crate) adapter: Option<AdapterSpec>,
     /// The simulated model's behaviour (backend "sim", or the sim image in Docker).
-    pub sim: Option<SimConfig>,
+    pub(crate) sim: Option<SimConfig>,
     /// The files of the bench root's that the server reads (chat template, tool-parser
     /// plugin), resolved against the spec's folder, in `ServedFileKind::ALL`'s order.
-    pub served_files: Vec<(ServedFileKind, PathBuf)>,
+    pub(crate) served_files: Vec<(ServedFileKind, PathBuf)>,
 }
 
 impl ServerSetup {
-    pub fn of(version: &Version) -> ServerSetup {
+    pub(crate) fn of(version: &Version) -> ServerSetup {
         let spec = &version.spec;
         ServerSetup {
             name: version.name.clone(),
@@ -45,7 +45,7 @@ impl ServerSetup {
         }
     }
 
-    pub fn backend(&self) -> Backend {
+    pub(crate) fn backend(&self) -> Backend {
         *self.model.backend.get_ref()
     }
 }
