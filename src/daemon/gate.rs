@@ -12,7 +12,7 @@ use pruefstand_core::record::GpuExclusivity;
 use pruefstand_core::util;
 
 #[allow(async_fn_in_trait)]
-pub trait Gate {
+pub(super) trait Gate {
     /// Returns once a job may start. Calls `on_status` with a one-line reason ("GPU
     /// busy: utilization 63 % > 10 %", "busy unit training@3.service active") whenever
     /// what it waits for changes; the daemon publishes it (`pruefstand status`). The
@@ -27,17 +27,17 @@ pub trait Gate {
 
 /// What the GPU guard saw while a job ran. Read (possibly more than once: a job can
 /// record a reference run and its own) from the job's thread.
-pub trait Observation: Send + Sync {
+pub(super) trait Observation: Send + Sync {
     fn exclusivity(&self) -> GpuExclusivity;
 }
 
 /// The guards: the GPU idle window and busy units before a job, a watch during it.
-pub struct Guarded {
+pub(super) struct Guarded {
     guards: Guards,
 }
 
 impl Guarded {
-    pub fn new(guards: Guards) -> Guarded {
+    pub(crate) fn new(guards: Guards) -> Guarded {
         Guarded { guards }
     }
 }

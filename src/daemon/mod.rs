@@ -24,9 +24,9 @@
 //! interrupted and resumes) and exits with [`RELOAD_EXIT`], a failure to systemd, so the
 //! unit's `Restart=on-failure` starts it again with the config read anew.
 
-pub mod gate;
+mod gate;
 mod night;
-pub mod state;
+pub(crate) mod state;
 
 use std::path::PathBuf;
 use std::pin::pin;
@@ -56,7 +56,7 @@ use tracing::Instrument;
 
 /// The exit status after a SIGHUP (EX_TEMPFAIL): not 0, so that `Restart=on-failure`
 /// starts the daemon again.
-pub const RELOAD_EXIT: u8 = 75;
+const RELOAD_EXIT: u8 = 75;
 
 /// How long a SIGTERM waits for the running job to stop before the daemon exits anyway
 /// (systemd's TimeoutStopSec must be longer).
@@ -87,7 +87,7 @@ struct Judged {
 
 /// Runs the daemon until a signal; the exit status to end with (0, or [`RELOAD_EXIT`]
 /// after a SIGHUP).
-pub async fn main(root: Root) -> anyhow::Result<std::process::ExitCode> {
+pub(crate) async fn main(root: Root) -> anyhow::Result<std::process::ExitCode> {
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
     let Some(lock) = queue::try_daemon_lock(&queue)? else {

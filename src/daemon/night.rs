@@ -54,7 +54,7 @@ struct JobLine<'a> {
 
 /// Writes the night's morning report if every job of `night` has ended; returns its
 /// path then.
-pub fn morning_if_over(root: &Root, queue: &Queue, night: &str) -> anyhow::Result<Option<PathBuf>> {
+pub(super) fn morning_if_over(root: &Root, queue: &Queue, night: &str) -> anyhow::Result<Option<PathBuf>> {
     let jobs: Vec<Job> = queue.list()?.into_iter().filter(|j| j.night.as_deref() == Some(night)).collect();
     if jobs.is_empty() || !jobs.iter().all(|j| j.state.is_final()) {
         return Ok(None);

@@ -13,17 +13,17 @@ use pruefstand_core::eta::Eta;
 use pruefstand_core::queue;
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct DaemonState {
-    pub pid: u32,
-    pub since: String,
-    pub updated_at: String,
+pub(crate) struct DaemonState {
+    pub(crate) pid: u32,
+    pub(crate) since: String,
+    pub(crate) updated_at: String,
     #[serde(flatten)]
-    pub activity: Activity,
+    pub(crate) activity: Activity,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum Activity {
+pub(crate) enum Activity {
     Starting,
     Idle,
     /// `pruefstand pause`: no job starts until `resume` (a running one finishes).
@@ -49,25 +49,25 @@ pub enum Activity {
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct JobProgress {
-    pub job: u64,
-    pub version: String,
-    pub plan: String,
+pub(crate) struct JobProgress {
+    pub(crate) job: u64,
+    pub(crate) version: String,
+    pub(crate) plan: String,
     /// The run the cases go to now (the reference's first, when it needs one).
-    pub run_dir: Option<PathBuf>,
-    pub done: usize,
-    pub total: usize,
-    pub eta_s: Option<f64>,
-    pub started_at: String,
+    pub(crate) run_dir: Option<PathBuf>,
+    pub(crate) done: usize,
+    pub(crate) total: usize,
+    pub(crate) eta_s: Option<f64>,
+    pub(crate) started_at: String,
     /// The reference version whose cases run now (the reference's run comes first when
     /// the job needs one); absent while the job's own cases run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference: Option<String>,
+    pub(crate) reference: Option<String>,
 }
 
 impl Activity {
     /// One line, for `status` and systemd's STATUS=.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         match self {
             Activity::Starting => "starting".into(),
             Activity::Idle => "idle: the queue is empty".into(),
@@ -99,7 +99,7 @@ impl Activity {
     }
 }
 
-pub fn human_secs(s: f64) -> String {
+pub(crate) fn human_secs(s: f64) -> String {
     let s = s.max(0.0).round() as u64;
     match s {
         0..60 => format!("{s} s"),
@@ -109,7 +109,7 @@ pub fn human_secs(s: f64) -> String {
 }
 
 /// A size in words: `0 B`, `12.0 KiB`, `3.5 GiB`.
-pub fn human_bytes(bytes: u64) -> String {
+fn human_bytes(bytes: u64) -> String {
     let mut value = bytes as f64;
     for unit in ["B", "KiB", "MiB", "GiB"] {
         if value < 1024.0 {
@@ -121,7 +121,7 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 /// Writes the state file and STATUS= lines; works out the ETA from progress.
-pub struct Publisher {
+pub(super) struct Publisher {
     path: PathBuf,
     state: DaemonState,
     last_write: Option<Instant>,
@@ -135,14 +135,14 @@ pub struct Publisher {
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 impl Publisher {
-    pub fn new(path: PathBuf) -> Publisher {
+    pub(crate) fn new(path: PathBuf) -> Publisher {
         let now = queue::now();
         let state =
             DaemonState { pid: std::process::id(), since: now.clone(), updated_at: now, activity: Activity::Starting };
         Publisher { path, state, last_write: None, rate: None, own_run: None }
     }
 
-    pub fn set(&mut self, activity: Activity) {
+    pub(crate) fn set(&mut self, activity: Activity) {
         if let Activity::Running(p) = &activity {
             self.own_run = p.run_dir.clone();
         }
@@ -152,7 +152,7 @@ impl Publisher {
         }
     }
 
-    pub fn progress(&mut self, run_dir: &Path, counts: gym::Counts) {
+    pub(crate) fn progress(&mut self, run_dir: &Path, counts: gym::Counts) {
         let Activity::Running(progress) = &mut self.state.activity else { return };
         let gym::Counts { done, total, in_flight } = counts;
         let now = Instant::now();
@@ -225,7 +225,7 @@ fn overwrite_in_place(path: &Path, text: &[u8], err: anyhow::Error) -> anyhow::R
 }
 
 /// Reads the published state (`None` when no daemon ever wrote one).
-pub fn read(path: &Path) -> Option<DaemonState> {
+pub(crate) fn read(path: &Path) -> Option<DaemonState> {
     serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
@@ -233,21 +233,21 @@ pub fn read(path: &Path) -> Option<DaemonState> {
 /// daemon holds the lock, the state it published, the pending jobs, the pause, a
 /// cluster job's shards and a training job's progress. One reader for both.
 #[derive(Clone, Debug)]
-pub struct Overview {
-    pub running: bool,
+pub(crate) struct Overview {
+    pub(crate) running: bool,
     /// The published state (stale when no daemon runs).
-    pub published: Option<DaemonState>,
-    pub pending: usize,
-    pub paused: bool,
-    pub shards: Option<crate::cluster::ShardCounts>,
+    pub(crate) published: Option<DaemonState>,
+    pub(crate) pending: usize,
+    pub(crate) paused: bool,
+    pub(crate) shards: Option<crate::cluster::ShardCounts>,
     /// The running training job's progress, else the newest training's.
-    pub training: Option<crate::train::progress::JobTraining>,
+    pub(crate) training: Option<crate::train::progress::JobTraining>,
 }
 
 impl Overview {
     /// Reads the lock, the state file and the pause marker; `jobs` is the queue's list
     /// (the caller may have it already).
-    pub fn read(queue: &queue::Queue, jobs: &[queue::Job]) -> anyhow::Result<Overview> {
+    pub(crate) fn read(queue: &queue::Queue, jobs: &[queue::Job]) -> anyhow::Result<Overview> {
         let running = lock_held(queue)?;
         let published = read(&queue.daemon_state_file());
         let shards = match (running, &published) {
@@ -265,12 +265,12 @@ impl Overview {
     }
 
     /// The state that counts: the published one while a daemon runs.
-    pub fn activity(&self) -> Option<&Activity> {
+    pub(crate) fn activity(&self) -> Option<&Activity> {
         self.published.as_ref().filter(|_| self.running).map(|s| &s.activity)
     }
 
     /// `status --json`.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "daemon": if self.running { "running" } else { "not_running" },
             "pending": self.pending,
@@ -285,7 +285,7 @@ impl Overview {
 /// Whether a daemon holds the daemon lock. Looked at through a read-only descriptor:
 /// its close is no write, so a watcher of `.pruefstand/` (`serve`) is not woken by its
 /// own look. No lock file: no daemon ever ran here.
-pub fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
+pub(crate) fn lock_held(queue: &queue::Queue) -> anyhow::Result<bool> {
     use nix::fcntl::{Flock, FlockArg};
     let path = queue.daemon_lock_file();
     let file = match std::fs::File::open(&path) {
