@@ -12,44 +12,44 @@ use nvml_wrapper::error::NvmlError;
 use super::{ForeignProcess, OwnProcesses};
 use pruefstand_core::settings::{GpuConfig, Unavailable};
 
-pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
-pub struct GpuGuard {
+pub(crate) struct GpuGuard {
     config: GpuConfig,
     nvml: Option<Nvml>,
 }
 
 /// One look at the GPUs.
 #[derive(Debug, Default)]
-pub struct GpuSample {
-    pub blocking: Vec<String>,
-    pub notes: Vec<String>,
-    pub foreign: Vec<ForeignProcess>,
+pub(crate) struct GpuSample {
+    pub(crate) blocking: Vec<String>,
+    pub(crate) notes: Vec<String>,
+    pub(crate) foreign: Vec<ForeignProcess>,
     /// A compute process list was read (what R1's exclusivity needs).
-    pub observed: bool,
+    pub(crate) observed: bool,
 }
 
 impl GpuSample {
-    pub fn failed(reason: String) -> GpuSample {
+    pub(crate) fn failed(reason: String) -> GpuSample {
         GpuSample { blocking: vec![reason], ..GpuSample::default() }
     }
 }
 
 /// What `check` reports about NVML.
 #[derive(Debug)]
-pub struct NvmlInfo {
-    pub library: String,
-    pub driver: Option<String>,
+pub(crate) struct NvmlInfo {
+    pub(crate) library: String,
+    pub(crate) driver: Option<String>,
     /// (index, name, utilization supported?, process list supported?)
-    pub devices: Vec<(u32, String, bool, bool)>,
+    pub(crate) devices: Vec<(u32, String, bool, bool)>,
 }
 
 impl GpuGuard {
-    pub fn new(config: GpuConfig) -> GpuGuard {
+    pub(crate) fn new(config: GpuConfig) -> GpuGuard {
         GpuGuard { config, nvml: None }
     }
 
-    pub fn library(&self) -> String {
+    pub(crate) fn library(&self) -> String {
         self.config.library.as_ref().map_or(DEFAULT_LIBRARY.to_string(), |p| p.display().to_string())
     }
 
@@ -66,12 +66,12 @@ impl GpuGuard {
     }
 
     /// Shuts NVML down (it is opened again by the next sample).
-    pub fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         self.nvml = None;
     }
 
     /// NVML's own description of itself and its GPUs, for `check`.
-    pub fn info(&mut self) -> Result<NvmlInfo, String> {
+    pub(crate) fn info(&mut self) -> Result<NvmlInfo, String> {
         let library = self.library();
         let nvml = self.open()?;
         let driver = nvml.sys_driver_version().ok();
@@ -88,7 +88,7 @@ impl GpuGuard {
         Ok(NvmlInfo { library, driver, devices })
     }
 
-    pub fn sample(&mut self, own: &OwnProcesses) -> GpuSample {
+    pub(crate) fn sample(&mut self, own: &OwnProcesses) -> GpuSample {
         let policy = self.config.nvml;
         let unavailable = |reason: String| match policy {
             Unavailable::Block => GpuSample::failed(format!("no NVML: {reason}")),

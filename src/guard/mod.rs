@@ -16,10 +16,10 @@
 //! Not here: deciding which jobs need the guards (the daemon), finding our container's
 //! processes (the caller describes them as [`OwnProcesses`]), the report.
 
-pub mod gpu;
+pub(crate) mod gpu;
 #[cfg(test)]
 mod tests;
-pub mod units;
+pub(crate) mod units;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -36,7 +36,7 @@ const NVML_TIMEOUT: Duration = Duration::from_secs(10);
 /// explicit pids, and/or every process in a Docker container's cgroup (vLLM starts
 /// worker processes after start-up, so a pid list taken once would miss them).
 #[derive(Clone, Debug, Default)]
-pub struct OwnProcesses {
+pub(crate) struct OwnProcesses {
     pids: HashSet<u32>,
     containers: Vec<String>,
     /// Containers known only later (a model container created after a watch began):
@@ -45,17 +45,17 @@ pub struct OwnProcesses {
 }
 
 impl OwnProcesses {
-    pub fn none() -> OwnProcesses {
+    pub(crate) fn none() -> OwnProcesses {
         OwnProcesses::default()
     }
 
     #[cfg(test)]
-    pub fn pids(pids: impl IntoIterator<Item = u32>) -> OwnProcesses {
+    pub(crate) fn pids(pids: impl IntoIterator<Item = u32>) -> OwnProcesses {
         OwnProcesses { pids: pids.into_iter().collect(), containers: Vec::new(), later: None }
     }
 
     /// Also counts the processes of every container `containers()` names when asked.
-    pub fn with_containers_from(mut self, containers: fn() -> Vec<String>) -> OwnProcesses {
+    pub(crate) fn with_containers_from(mut self, containers: fn() -> Vec<String>) -> OwnProcesses {
         self.later = Some(containers);
         self
     }
@@ -63,12 +63,12 @@ impl OwnProcesses {
     /// Also counts every process whose `/proc/PID/cgroup` names this container (its
     /// full 64-hex id, as bollard returns it).
     #[cfg(test)]
-    pub fn with_container(mut self, container_id: &str) -> OwnProcesses {
+    pub(crate) fn with_container(mut self, container_id: &str) -> OwnProcesses {
         self.containers.push(container_id.to_string());
         self
     }
 
-    pub fn contains(&self, pid: u32) -> bool {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
         if self.pids.contains(&pid) {
             return true;
         }
@@ -102,68 +102,68 @@ fn cgroup_names_container(cgroup_text: &str, container_id: &str) -> bool {
 
 /// A compute process on the GPU that is not ours.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignProcess {
-    pub gpu: u32,
-    pub pid: u32,
+pub(crate) struct ForeignProcess {
+    pub(crate) gpu: u32,
+    pub(crate) pid: u32,
     /// From `/proc/PID/comm`; "?" when not visible (another PID namespace).
-    pub name: String,
+    pub(crate) name: String,
 }
 
 impl ForeignProcess {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("foreign compute process {} ({}) on GPU {}", self.pid, self.name, self.gpu)
     }
 }
 
 /// A unit matching a busy pattern, in a busy state.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BusyUnit {
-    pub bus: units::Bus,
-    pub name: String,
-    pub active_state: String,
+pub(crate) struct BusyUnit {
+    pub(crate) bus: units::Bus,
+    pub(crate) name: String,
+    pub(crate) active_state: String,
 }
 
 impl BusyUnit {
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("busy unit {} {} ({} bus)", self.name, self.active_state, self.bus)
     }
 }
 
 /// One look at everything guarded.
 #[derive(Clone, Debug, Default)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// Why a job may not start now, one human-readable line each ("GPU 0 utilization
     /// 87 % > 10 %", "foreign compute process 1234 (python3) on GPU 0", "busy unit
     /// training@x.service active (user bus)", "no NVML: …"). Empty = clear.
-    pub blocking: Vec<String>,
+    pub(crate) blocking: Vec<String>,
     /// Worth showing but not blocking ("GPU 0 utilization not supported: judged by
     /// compute processes only", "no NVML (ignored): …").
-    pub notes: Vec<String>,
-    pub foreign_processes: Vec<ForeignProcess>,
-    pub busy_units: Vec<BusyUnit>,
+    pub(crate) notes: Vec<String>,
+    pub(crate) foreign_processes: Vec<ForeignProcess>,
+    pub(crate) busy_units: Vec<BusyUnit>,
     /// Whether NVML listed the compute processes of at least one GPU (false: R1's
     /// exclusivity cannot be judged).
-    pub gpu_observed: bool,
+    pub(crate) gpu_observed: bool,
 }
 
 impl Sample {
-    pub fn is_clear(&self) -> bool {
+    pub(crate) fn is_clear(&self) -> bool {
         self.blocking.is_empty()
     }
 }
 
 /// Progress of [`Guards::wait_until_clear`], for `status` and sd_notify STATUS lines.
 #[derive(Clone, Debug)]
-pub struct WaitStatus {
-    pub sample: Sample,
+pub(crate) struct WaitStatus {
+    pub(crate) sample: Sample,
     /// Consecutive clear samples so far, of `needed`.
-    pub clear_samples: u32,
-    pub needed: u32,
+    pub(crate) clear_samples: u32,
+    pub(crate) needed: u32,
 }
 
 impl WaitStatus {
     /// One line: the blocking reasons, or the idle window's progress.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         if self.sample.blocking.is_empty() {
             format!("guards clear ({} of {} samples)", self.clear_samples, self.needed)
         } else {
@@ -175,7 +175,7 @@ impl WaitStatus {
 /// Both guards. Cheap to clone (shared state): a [`Watch`] holds a clone while the
 /// daemon keeps its own for the next job.
 #[derive(Clone)]
-pub struct Guards {
+pub(crate) struct Guards {
     config: GuardConfig,
     // NVML calls block (briefly, but a sick driver can stall), so they run on the
     // blocking pool with the guard behind a std mutex.
@@ -185,7 +185,7 @@ pub struct Guards {
 
 impl Guards {
     /// Opens nothing yet: NVML and D-Bus are first touched by a sample.
-    pub fn new(config: &GuardConfig) -> Guards {
+    pub(crate) fn new(config: &GuardConfig) -> Guards {
         Guards {
             config: config.clone(),
             gpu: Arc::new(Mutex::new(gpu::GpuGuard::new(config.gpu.clone()))),
@@ -195,7 +195,7 @@ impl Guards {
 
     /// With explicit bus addresses instead of `DBUS_*_BUS_ADDRESS` (tests).
     #[cfg(test)]
-    pub fn with_bus_addresses(config: &GuardConfig, user: Option<String>, system: Option<String>) -> Guards {
+    pub(crate) fn with_bus_addresses(config: &GuardConfig, user: Option<String>, system: Option<String>) -> Guards {
         let mut guards = Guards::new(config);
         guards.units =
             Arc::new(tokio::sync::Mutex::new(units::UnitGuard::at_addresses(config.units.clone(), user, system)));
@@ -204,13 +204,13 @@ impl Guards {
 
     /// Closes NVML and the bus connections until the next sample: for the daemon
     /// between jobs, so nothing of the guards stays open at rest.
-    pub async fn release(&self) {
+    pub(crate) async fn release(&self) {
         util::lock(&self.gpu).close();
         self.units.lock().await.disconnect();
     }
 
     /// One sample of both guards, now.
-    pub async fn sample(&self, own: &OwnProcesses) -> Sample {
+    pub(crate) async fn sample(&self, own: &OwnProcesses) -> Sample {
         let gpu = {
             let guard = self.gpu.clone();
             let own = own.clone();
@@ -250,7 +250,7 @@ impl Guards {
     /// Returns once `samples` consecutive samples (at the interval; the first now) were
     /// clear, with the last one. `on_status` sees every sample. Cancel by dropping the
     /// future (e.g. in a `select!` with SIGTERM): no state is left half-done.
-    pub async fn wait_until_clear(&self, own: &OwnProcesses, mut on_status: impl FnMut(&WaitStatus)) -> Sample {
+    pub(crate) async fn wait_until_clear(&self, own: &OwnProcesses, mut on_status: impl FnMut(&WaitStatus)) -> Sample {
         let mut streak = 0;
         loop {
             let sample = self.sample(own).await;
@@ -269,7 +269,7 @@ impl Guards {
 
     /// Starts sampling in the background (now, then at the interval) until
     /// [`Watch::finish`]. Needs a tokio runtime.
-    pub fn watch(&self, own: OwnProcesses) -> Watch {
+    pub(crate) fn watch(&self, own: OwnProcesses) -> Watch {
         let events = Arc::new(Mutex::new(Events::default()));
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
         let guards = self.clone();
@@ -325,7 +325,7 @@ impl Events {
 
 /// A run being watched; dropping it stops the sampling ([`Watch::exclusivity`] is what
 /// it saw).
-pub struct Watch {
+pub(crate) struct Watch {
     events: Arc<Mutex<Events>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -334,7 +334,7 @@ pub struct Watch {
 impl Watch {
     /// The events so far.
     #[cfg(test)]
-    pub fn events(&self) -> Vec<String> {
+    pub(crate) fn events(&self) -> Vec<String> {
         util::lock(&self.events).lines()
     }
 
@@ -342,7 +342,7 @@ impl Watch {
     /// `Exclusive` needs the GPU to have been observed; otherwise `NotObserved` (NVML
     /// absent and ignored).
     #[cfg(test)]
-    pub async fn finish(mut self) -> GpuExclusivity {
+    pub(crate) async fn finish(mut self) -> GpuExclusivity {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -358,7 +358,7 @@ impl Watch {
     }
 
     /// What the watch has seen so far, as R1's input (the same rule as [`Watch::finish`]).
-    pub fn exclusivity(&self) -> GpuExclusivity {
+    pub(crate) fn exclusivity(&self) -> GpuExclusivity {
         let events = util::lock(&self.events);
         if !events.order.is_empty() {
             GpuExclusivity::Violated { events: events.lines() }

@@ -22,7 +22,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const BUSY_STATES: &[&str] = &["active", "activating", "deactivating", "reloading", "refreshing"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bus {
+pub(crate) enum Bus {
     /// The session bus: `DBUS_SESSION_BUS_ADDRESS`, else `$XDG_RUNTIME_DIR/bus`.
     User,
     /// `DBUS_SYSTEM_BUS_ADDRESS`, else `/run/dbus/system_bus_socket`.
@@ -40,21 +40,21 @@ impl fmt::Display for Bus {
 
 /// One unit as `ListUnitsByPatterns` describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitState {
-    pub name: String,
-    pub active_state: String,
-    pub sub_state: String,
+pub(crate) struct UnitState {
+    pub(crate) name: String,
+    pub(crate) active_state: String,
+    pub(crate) sub_state: String,
 }
 
 impl UnitState {
-    pub fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         BUSY_STATES.contains(&self.active_state.as_str())
     }
 }
 
 /// A connection to one bus, kept between samples.
-pub struct BusClient {
-    pub bus: Bus,
+pub(crate) struct BusClient {
+    pub(crate) bus: Bus,
     /// An explicit address instead of the environment's (unit tests: setting
     /// environment variables is unsafe while other test threads run).
     address: Option<String>,
@@ -62,17 +62,17 @@ pub struct BusClient {
 }
 
 impl BusClient {
-    pub fn new(bus: Bus) -> BusClient {
+    pub(crate) fn new(bus: Bus) -> BusClient {
         BusClient { bus, address: None, connection: None }
     }
 
-    pub fn at_address(bus: Bus, address: Option<String>) -> BusClient {
+    fn at_address(bus: Bus, address: Option<String>) -> BusClient {
         BusClient { bus, address, connection: None }
     }
 
     /// The loaded units matching `patterns` (any state). An error drops the
     /// connection, so the next call reconnects.
-    pub async fn list(&mut self, patterns: &[String]) -> Result<Vec<UnitState>, String> {
+    pub(crate) async fn list(&mut self, patterns: &[String]) -> Result<Vec<UnitState>, String> {
         let result = tokio::time::timeout(CALL_TIMEOUT, self.list_inner(patterns))
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {} s", CALL_TIMEOUT.as_secs())));
@@ -113,32 +113,32 @@ impl BusClient {
 }
 
 impl BusClient {
-    pub fn disconnect(&mut self) {
+    pub(super) fn disconnect(&mut self) {
         self.connection = None;
     }
 }
 
 /// The outcome of one sample of both buses.
 #[derive(Debug, Default)]
-pub struct UnitsSample {
-    pub blocking: Vec<String>,
-    pub notes: Vec<String>,
-    pub busy: Vec<BusyUnit>,
+pub(crate) struct UnitsSample {
+    pub(crate) blocking: Vec<String>,
+    pub(crate) notes: Vec<String>,
+    pub(crate) busy: Vec<BusyUnit>,
 }
 
-pub struct UnitGuard {
+pub(super) struct UnitGuard {
     config: UnitsConfig,
     user: BusClient,
     system: BusClient,
 }
 
 impl UnitGuard {
-    pub fn new(config: UnitsConfig) -> UnitGuard {
+    pub(crate) fn new(config: UnitsConfig) -> UnitGuard {
         UnitGuard::at_addresses(config, None, None)
     }
 
     /// With explicit bus addresses (None: from the environment).
-    pub fn at_addresses(config: UnitsConfig, user: Option<String>, system: Option<String>) -> UnitGuard {
+    pub(super) fn at_addresses(config: UnitsConfig, user: Option<String>, system: Option<String>) -> UnitGuard {
         UnitGuard {
             config,
             user: BusClient::at_address(Bus::User, user),
@@ -146,12 +146,12 @@ impl UnitGuard {
         }
     }
 
-    pub fn disconnect(&mut self) {
+    pub(super) fn disconnect(&mut self) {
         self.user.disconnect();
         self.system.disconnect();
     }
 
-    pub async fn sample(&mut self) -> UnitsSample {
+    pub(crate) async fn sample(&mut self) -> UnitsSample {
         let mut out = UnitsSample::default();
         for (client, patterns) in [(&mut self.user, &self.config.user), (&mut self.system, &self.config.system)] {
             if patterns.is_empty() {
