@@ -11,10 +11,10 @@
 
 #[cfg(test)]
 mod contract;
-pub use pruefstand_gym::events;
-pub use pruefstand_gym::request::{DetectorRequest, GymRequest};
-pub mod open;
-pub mod sinks;
+pub(crate) use pruefstand_gym::events;
+pub(crate) use pruefstand_gym::request::{DetectorRequest, GymRequest};
+pub(crate) mod open;
+pub(crate) mod sinks;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -24,7 +24,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::concurrency::{Concurrency, Observer};
 use crate::runtime;
-pub use events::{Ask, GymEvent, Seen, Sink};
+pub(crate) use events::{Ask, GymEvent, Seen, Sink};
 use pruefstand_core::case::{Case, CaseRecord};
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::Plan;
@@ -34,58 +34,58 @@ use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_store::{PlanFile, RunDir, RunFile};
 
 /// How to run a plan's cases (the `gym` command's arguments, or a version's run).
-pub struct GymSettings {
-    pub agent_cmd: Vec<String>,
-    pub concurrency: Concurrency,
+pub(crate) struct GymSettings {
+    pub(crate) agent_cmd: Vec<String>,
+    pub(crate) concurrency: Concurrency,
     /// The model server's `/metrics` (None: no gauges to read; steered by latency).
-    pub metrics_url: Option<String>,
-    pub display_name: String,
-    pub case_timeout_s: f64,
-    pub seed: u64,
-    pub defence: Option<String>,
+    pub(crate) metrics_url: Option<String>,
+    pub(crate) display_name: String,
+    pub(crate) case_timeout_s: f64,
+    pub(crate) seed: u64,
+    pub(crate) defence: Option<String>,
     /// The classifier of the `pi_detector` defence.
-    pub detector: Option<DetectorRequest>,
-    pub agent_env: Vec<(String, String)>,
+    pub(crate) detector: Option<DetectorRequest>,
+    pub(crate) agent_env: Vec<(String, String)>,
     /// The caller's stop switch and progress handle.
-    pub control: Option<std::sync::Arc<Control>>,
+    pub(crate) control: Option<std::sync::Arc<Control>>,
     /// Case ids in the order to dispatch them (early stopping); None: the gym's own (a user task's cases together, longest first).
-    pub order: Option<Vec<String>>,
+    pub(crate) order: Option<Vec<String>>,
     /// The caller's own sinks (early stop), after the pass's standard ones.
-    pub sinks: Vec<Box<dyn Sink>>,
+    pub(crate) sinks: Vec<Box<dyn Sink>>,
     /// Wording of cases beyond the plan's per-run draws (the adaptive attacker's).
-    pub wording: std::collections::BTreeMap<String, Wording>,
+    pub(crate) wording: std::collections::BTreeMap<String, Wording>,
     /// Templates of cases an attacker model wrote (the adaptive attacker's).
-    pub templates: std::collections::BTreeMap<String, String>,
+    pub(crate) templates: std::collections::BTreeMap<String, String>,
     /// How the caller's handle sees this pass (a run with an attacker campaign: one run
     /// of plan and campaign together); None: as it is.
-    pub frame: Option<Frame>,
+    pub(crate) frame: Option<Frame>,
 }
 
 /// A pass's counts as part of a larger whole: reported under `run_dir`, `done_before`
 /// added to what is done, `total` the whole's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
-    pub run_dir: std::path::PathBuf,
-    pub done_before: usize,
-    pub total: usize,
+pub(crate) struct Frame {
+    pub(crate) run_dir: std::path::PathBuf,
+    pub(crate) done_before: usize,
+    pub(crate) total: usize,
 }
 
 impl Frame {
     /// A later pass of the whole (an attacker campaign's round): what its first pass
     /// said (the run directory, a resume) is said again only at debug, so a campaign of
     /// 20 rounds does not repeat it 20 times.
-    pub fn continues(&self) -> bool {
+    fn continues(&self) -> bool {
         self.done_before > 0
     }
 }
 
-pub struct Executed {
-    pub gym: GymOutcome,
-    pub telemetry: telemetry::Telemetry,
+pub(crate) struct Executed {
+    pub(crate) gym: GymOutcome,
+    pub(crate) telemetry: telemetry::Telemetry,
 }
 
 /// The template each case of a found family injects (fixed per case id).
-pub fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String> {
+pub(crate) fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     for family in &plan.found {
         let attack = family.attack();
@@ -98,7 +98,7 @@ pub fn found_templates(plan: &Plan) -> std::collections::BTreeMap<String, String
 
 /// Runs (or resumes) the plan's cases in a claimed run directory, and writes the
 /// telemetry.
-pub async fn execute(
+pub(crate) async fn execute(
     pyenv: &PyEnv,
     run_dir: &RunDir,
     plan: &Plan,
@@ -176,7 +176,11 @@ async fn executed(run_dir: &RunDir, plan: &Plan, outcome: GymOutcome, continues:
 }
 
 /// `telemetry.json` and `telemetry.md` over a run's records.
-pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) -> anyhow::Result<telemetry::Telemetry> {
+pub(crate) fn write_telemetry(
+    run_dir: &RunDir,
+    plan: &Plan,
+    records: &[CaseRecord],
+) -> anyhow::Result<telemetry::Telemetry> {
     let telemetry = telemetry::compute(&plan.benchmark_version, plan.cases.len(), records);
     run_dir.write(&telemetry)?;
     let title = format!("{} — plan {}", pruefstand_core::root::run_id(run_dir.path()), plan.name);
@@ -185,29 +189,29 @@ pub fn write_telemetry(run_dir: &RunDir, plan: &Plan, records: &[CaseRecord]) ->
 }
 
 /// What a finished gym run leaves behind.
-pub struct GymOutcome {
+pub(crate) struct GymOutcome {
     /// One record per planned case, in plan order.
-    pub records: Vec<CaseRecord>,
+    pub(crate) records: Vec<CaseRecord>,
     /// Cases already in `cases.jsonl` that were not run again.
-    pub skipped: usize,
+    pub(crate) skipped: usize,
     /// Cases run again because their record or trace was damaged.
-    pub rerun: Vec<String>,
+    pub(crate) rerun: Vec<String>,
     /// How many cases were in flight (None when none ran).
-    pub concurrency: Option<ConcurrencyFacts>,
+    pub(crate) concurrency: Option<ConcurrencyFacts>,
     /// Cases never started because the watch said the verdict was decided.
-    pub not_started: Option<usize>,
+    pub(crate) not_started: Option<usize>,
 }
 
 /// One pass's connections: what the agents get by environment, the caller's handle,
 /// how the in-flight count is steered, the caller's sinks.
-pub struct Pass {
-    pub agent_env: Vec<(String, String)>,
-    pub control: Option<std::sync::Arc<Control>>,
-    pub concurrency: Concurrency,
+pub(crate) struct Pass {
+    pub(crate) agent_env: Vec<(String, String)>,
+    pub(crate) control: Option<std::sync::Arc<Control>>,
+    pub(crate) concurrency: Concurrency,
     /// The model server's `/metrics` (None: steered by latency).
-    pub metrics_url: Option<String>,
-    pub sinks: Vec<Box<dyn Sink>>,
-    pub frame: Option<Frame>,
+    pub(crate) metrics_url: Option<String>,
+    pub(crate) sinks: Vec<Box<dyn Sink>>,
+    pub(crate) frame: Option<Frame>,
 }
 
 /// `progress(run_dir, counts)`.
@@ -217,7 +221,7 @@ type ProgressSink = dyn Fn(&Path, Counts) + Send + Sync;
 /// switch that kills the gym's whole process group — its workers and the agents they
 /// spawned — so a cancelled or interrupted job leaves nothing running.
 #[derive(Default)]
-pub struct Control {
+pub(crate) struct Control {
     progress: Option<Box<ProgressSink>>,
     state: std::sync::Mutex<ControlState>,
 }
@@ -231,19 +235,19 @@ struct ControlState {
 
 impl Control {
     /// `progress(run_dir, counts)` after the start and every case.
-    pub fn with_progress(progress: impl Fn(&Path, Counts) + Send + Sync + 'static) -> Control {
+    pub(crate) fn with_progress(progress: impl Fn(&Path, Counts) + Send + Sync + 'static) -> Control {
         Control { progress: Some(Box::new(progress)), state: Default::default() }
     }
 
     /// No progress reports: only the stop switches.
-    pub fn new() -> Control {
+    pub(crate) fn new() -> Control {
         Control { progress: None, state: Default::default() }
     }
 
     /// Ends the running gym now (SIGKILL to its process group; `cases.jsonl` keeps every
     /// finished case) but lets a later gym start — to resume after the model server was
     /// restarted. True when a gym was running.
-    pub fn interrupt(&self) -> bool {
+    pub(crate) fn interrupt(&self) -> bool {
         let state = util::lock(&self.state);
         if let Some(pgid) = state.pgid {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
@@ -253,7 +257,7 @@ impl Control {
 
     /// Stops the gym now (SIGKILL to its process group; `cases.jsonl` keeps every
     /// finished case) and refuses to start another.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         let mut state = util::lock(&self.state);
         state.stopped = true;
         if let Some(pgid) = state.pgid {
@@ -261,7 +265,7 @@ impl Control {
         }
     }
 
-    pub fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         util::lock(&self.state).stopped
     }
 
@@ -283,7 +287,7 @@ impl Control {
 
     /// Reports progress to the caller's sink (also for cases run elsewhere: a cluster's
     /// shards).
-    pub fn report(&self, run_dir: &Path, counts: Counts) {
+    pub(crate) fn report(&self, run_dir: &Path, counts: Counts) {
         if let Some(progress) = &self.progress {
             progress(run_dir, counts);
         }
@@ -292,12 +296,12 @@ impl Control {
 
 /// A run's cases at a progress report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Recorded, this time or before (a resumed run's).
-    pub done: usize,
-    pub total: usize,
+    pub(crate) done: usize,
+    pub(crate) total: usize,
     /// Running now (0 where not known: a cluster's shards).
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
 }
 
 /// Runs `request.cases` into `run_dir`, resuming what is already recorded there: the
@@ -306,7 +310,12 @@ pub struct Counts {
 /// `agent_env` (the model's URL and key) reaches the agents only: the gym reads it from
 /// its stdin and adds it to their environments, never to its own.
 /// With a `control`, the gym runs in its own process group so it can be stopped.
-pub async fn run(pyenv: &PyEnv, run_dir: &RunDir, request: GymRequest, pass: Pass) -> anyhow::Result<GymOutcome> {
+pub(crate) async fn run(
+    pyenv: &PyEnv,
+    run_dir: &RunDir,
+    request: GymRequest,
+    pass: Pass,
+) -> anyhow::Result<GymOutcome> {
     let control = pass.control.clone();
     if control.as_deref().is_some_and(Control::is_stopped) {
         bail!("stopped before the gym started");

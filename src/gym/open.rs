@@ -31,7 +31,7 @@ use pruefstand_store::{PlanFile, RunDir};
 type Followed = (std::io::Result<std::process::ExitStatus>, Follow, anyhow::Result<()>);
 
 /// A running open pass. Dropped unclosed (a stop), its gym is killed.
-pub struct OpenPass {
+pub(crate) struct OpenPass {
     run_dir: RunDir,
     plan: Plan,
     inventory: Inventory,
@@ -48,7 +48,7 @@ pub struct OpenPass {
 impl OpenPass {
     /// Starts the gym on `plan.cases` (a resume's recorded ones skipped), open for at most
     /// `at_most` cases in all.
-    pub async fn start(
+    pub(crate) async fn start(
         pyenv: &PyEnv,
         run_dir: &RunDir,
         plan: &Plan,
@@ -105,7 +105,7 @@ impl OpenPass {
     }
 
     /// More cases to run, after those handed over before, with what each injects.
-    pub fn add(
+    pub(crate) fn add(
         &self,
         cases: &[Case],
         wording: &BTreeMap<String, Wording>,
@@ -130,19 +130,19 @@ impl OpenPass {
 
     /// The record of the next case to finish; None once the gym has ended (closed, or
     /// failed: `close` says why).
-    pub async fn next(&mut self) -> Option<CaseRecord> {
+    pub(crate) async fn next(&mut self) -> Option<CaseRecord> {
         self.records.recv().await
     }
 
     /// A record that has come in already, without waiting.
-    pub fn ready(&mut self) -> Option<CaseRecord> {
+    pub(crate) fn ready(&mut self) -> Option<CaseRecord> {
         self.records.try_recv().ok()
     }
 
     /// No more cases: the gym finishes those it has and ends. Its records compacted to
     /// `cases` (every case of the pass, in the order `cases.jsonl` keeps them), and
     /// `plan.json` and the telemetry written over them.
-    pub async fn close(mut self, cases: Vec<Case>) -> anyhow::Result<Executed> {
+    pub(crate) async fn close(mut self, cases: Vec<Case>) -> anyhow::Result<Executed> {
         // End of input closes it too; the command says it while the steering still writes.
         let _ = self.send(serde_json::json!({ "command": "close" }));
         self.lines = None;

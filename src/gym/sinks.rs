@@ -16,10 +16,10 @@ use pruefstand_store::{CasesWriter, RunDir};
 
 /// Appends every line the gym printed to `events.jsonl`, as printed (lines that are no
 /// event too): the pass's raw account, for reading after the fact.
-pub struct EventsLog(std::fs::File);
+pub(super) struct EventsLog(std::fs::File);
 
 impl EventsLog {
-    pub fn open(run_dir: &RunDir) -> anyhow::Result<EventsLog> {
+    pub(crate) fn open(run_dir: &RunDir) -> anyhow::Result<EventsLog> {
         Ok(EventsLog(run_dir.open_events_log()?))
     }
 }
@@ -37,13 +37,13 @@ impl Sink for EventsLog {
 
 /// Appends each finished case to `cases.jsonl` the moment it arrives (fsync'd), and
 /// keeps the gym's environment check.
-pub struct Records {
+pub(super) struct Records {
     run_dir: RunDir,
     writer: CasesWriter,
 }
 
 impl Records {
-    pub fn open(run_dir: &RunDir) -> anyhow::Result<Records> {
+    pub(crate) fn open(run_dir: &RunDir) -> anyhow::Result<Records> {
         Ok(Records { run_dir: run_dir.clone(), writer: run_dir.open_cases_for_append()? })
     }
 }
@@ -60,11 +60,11 @@ impl Sink for Records {
 }
 
 /// The console's progress: a bar on a terminal, else a line every tenth of the plan.
-pub struct Progress(console::Progress);
+pub(crate) struct Progress(console::Progress);
 
 impl Progress {
     /// `continuing`: a later pass of a run (a campaign's round), its start said at debug.
-    pub fn new(total: usize, continuing: bool) -> Progress {
+    pub(crate) fn new(total: usize, continuing: bool) -> Progress {
         let progress = console::Progress::new(total);
         Progress(if continuing { progress.continuing() } else { progress })
     }
@@ -92,13 +92,13 @@ impl Sink for Progress {
 
 /// The caller's progress handle (the daemon's status and ETA): cases done of planned,
 /// within the pass's frame when it has one.
-pub struct Report {
+pub(crate) struct Report {
     control: Arc<Control>,
     frame: Frame,
 }
 
 impl Report {
-    pub fn new(control: Arc<Control>, run_dir: &RunDir, frame: Option<Frame>) -> Report {
+    pub(crate) fn new(control: Arc<Control>, run_dir: &RunDir, frame: Option<Frame>) -> Report {
         let frame = frame.unwrap_or(Frame { run_dir: run_dir.path().to_path_buf(), done_before: 0, total: 0 });
         Report { control, frame }
     }
@@ -119,10 +119,10 @@ impl Sink for Report {
 /// gauges and sends the gym its target) what only the events show: cases in flight,
 /// cases left to start, time per model call. The driver ends the observer after the
 /// pass.
-pub struct Steering(Feed);
+pub(super) struct Steering(Feed);
 
 impl Steering {
-    pub fn new(feed: Feed) -> Steering {
+    pub(crate) fn new(feed: Feed) -> Steering {
         Steering(feed)
     }
 }
