@@ -14,11 +14,11 @@ use pruefstand_report::{PAGE_SCRIPTS, sha256_base64};
 /// Everything that is not one of our HTML pages (and a folder's listing): nothing
 /// runs, nothing loads (an SVG opened on its own cannot run a script either).
 /// `frame-ancestors` only works as a header, so every policy here carries it.
-pub const STRICT: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub(super) const STRICT: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// An HTML file under `reports/`: the scripts of pruefstand's pages by hash, and no
 /// `connect-src` (default `'none'`): a report needs no request once loaded.
-pub static REPORT_PAGE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static REPORT_PAGE: LazyLock<String> = LazyLock::new(|| {
     let hashes: Vec<String> =
         PAGE_SCRIPTS.iter().map(|s| format!("'sha256-{}'", sha256_base64(s.as_bytes()))).collect();
     format!(
@@ -28,10 +28,11 @@ pub static REPORT_PAGE: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The live page (`/`): its own policy, which allows `connect-src 'self'` for `/events`.
-pub static LIVE_PAGE: LazyLock<String> = LazyLock::new(|| format!("{}; frame-ancestors 'none'", *super::page::CSP));
+pub(super) static LIVE_PAGE: LazyLock<String> =
+    LazyLock::new(|| format!("{}; frame-ancestors 'none'", *super::page::CSP));
 
 /// The policy of a file under `reports/` by its content type.
-pub fn of_file(content_type: &str) -> &'static str {
+pub(super) fn of_file(content_type: &str) -> &'static str {
     if content_type.starts_with("text/html") { REPORT_PAGE.as_str() } else { STRICT }
 }
 

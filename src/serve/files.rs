@@ -16,7 +16,7 @@ const MAX_BYTES: u64 = 256 << 20;
 /// client in chunks as it reads them, so a client that stops reading holds one chunk,
 /// not the whole file.
 #[derive(Debug)]
-pub enum Content {
+pub(crate) enum Content {
     Bytes(Vec<u8>),
     Open(std::fs::File),
 }
@@ -29,7 +29,7 @@ impl PartialEq for Content {
 
 /// What a request under `/reports` comes to.
 #[derive(Debug, PartialEq)]
-pub enum Lookup {
+pub(super) enum Lookup {
     File {
         content: Content,
         content_type: &'static str,
@@ -44,7 +44,7 @@ pub enum Lookup {
 
 /// Resolves `raw` — the request's path as sent, still percent-encoded, starting with
 /// `/reports` — against `reports` (canonical) and reads the file.
-pub fn find(reports: &Path, raw: &str) -> Lookup {
+pub(crate) fn find(reports: &Path, raw: &str) -> Lookup {
     let Some(decoded) = percent_decode(raw) else { return Lookup::BadPath };
     let Some(rest) = decoded.strip_prefix("/reports") else { return Lookup::NotFound };
     if rest.is_empty() {
@@ -218,7 +218,7 @@ fn percent_decode(raw: &str) -> Option<String> {
 
 /// A path below `reports/` as a URL path under `/reports/`, each segment
 /// percent-encoded but for the unreserved characters.
-pub fn url_of(reports: &Path, path: &Path) -> Option<String> {
+pub(super) fn url_of(reports: &Path, path: &Path) -> Option<String> {
     let rel = path.strip_prefix(reports).ok()?;
     let mut url = String::from("/reports");
     for part in rel.components() {

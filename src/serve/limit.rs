@@ -19,16 +19,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a write may wait for a client that reads nothing before its connection is
 /// closed.
-pub const STALL: Duration = Duration::from_secs(60);
+const STALL: Duration = Duration::from_secs(60);
 
 /// How long a connection may go without the server writing to it: a request head
 /// must be in within it, and a kept-alive connection is closed after it.
-pub const IDLE: Duration = Duration::from_secs(20);
+const IDLE: Duration = Duration::from_secs(20);
 
 const REFUSAL: &str = "serve has as many connections open as it takes (--max-connections): try again shortly\n";
 
 /// A listener that hands out at most `max` connections at once.
-pub struct Capped {
+pub(super) struct Capped {
     listener: TcpListener,
     slots: Arc<Semaphore>,
     max: usize,
@@ -37,7 +37,7 @@ pub struct Capped {
 }
 
 impl Capped {
-    pub fn new(listener: TcpListener, max: usize) -> Capped {
+    pub(crate) fn new(listener: TcpListener, max: usize) -> Capped {
         Capped { listener, slots: Arc::new(Semaphore::new(max)), max, refusing: false }
     }
 }
@@ -98,7 +98,7 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// One connection, holding its slot until it closes.
-pub struct Slot {
+pub(crate) struct Slot {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
     /// Since when a write has waited for the client to read.

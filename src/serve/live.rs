@@ -26,14 +26,14 @@ use super::files::url_of;
 
 /// The latest text of each feed; a subscriber sees every change it has not seen.
 #[derive(Clone)]
-pub struct Feeds {
-    pub status: watch::Receiver<Arc<str>>,
-    pub jobs: watch::Receiver<Arc<str>>,
+pub(super) struct Feeds {
+    pub(crate) status: watch::Receiver<Arc<str>>,
+    pub(crate) jobs: watch::Receiver<Arc<str>>,
 }
 
 /// Keeps the feed going; dropped, the thread ends and the feeds close (so every
 /// `/events` stream ends: a graceful shutdown does not wait for open pages).
-pub struct Live {
+pub(crate) struct Live {
     /// The feed holds it weakly (to watch a training's folder): this is its one owner.
     _watcher: Arc<Mutex<Watch>>,
 }
@@ -48,7 +48,7 @@ enum Change {
 }
 
 /// Starts watching and the feed thread; the feeds are published before it returns.
-pub fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
+pub(crate) fn start(queue: Queue, reports: PathBuf) -> anyhow::Result<(Live, Feeds)> {
     use pruefstand_core::watch::Change as Seen;
     let (tx, rx) = mpsc::channel();
     // The queue's watch: our own reads (the feed reads these files, the lock read-only)

@@ -54,7 +54,7 @@ struct App {
 /// Serves the bench root on `listener`, at most `max_connections` at once, until `stop`
 /// completes, then closes the event streams and waits up to [`SHUTDOWN_GRACE`] for
 /// answers in flight.
-pub async fn serve(
+pub(crate) async fn serve(
     root: &Root,
     listener: tokio::net::TcpListener,
     max_connections: usize,

@@ -104,7 +104,7 @@ source.onerror=function(){$("conn").textContent="reconnecting…";$("conn").clas
 
 /// The page's policy (sent as the header and in the page): as the reports', plus
 /// `connect-src 'self'` for `/events`.
-pub static CSP: LazyLock<String> = LazyLock::new(|| {
+pub(super) static CSP: LazyLock<String> = LazyLock::new(|| {
     format!(
         "default-src 'none'; script-src 'sha256-{}'; connect-src 'self'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'",
         sha256_base64(SCRIPT.as_bytes())
@@ -112,7 +112,7 @@ pub static CSP: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// The page, the same bytes on every request.
-pub static PAGE: LazyLock<String> = LazyLock::new(|| {
+pub(super) static PAGE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{}\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>pruefstand — live</title><style>{CSS}{}</style></head><body>\n{BODY}\n<script>{SCRIPT}</script></body></html>\n",
         *CSP,
