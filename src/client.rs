@@ -17,16 +17,16 @@ use pruefstand_store::RunDir;
 // The daemon, seen from a command.
 
 /// Whether a daemon holds the queue's daemon lock.
-pub fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
+pub(crate) fn daemon_running(queue: &Queue) -> anyhow::Result<bool> {
     crate::daemon::state::lock_held(queue)
 }
 
 /// The state `queue` and `status` show for a job left `running` with no daemon holding
 /// the lock.
-pub const DAEMON_GONE: &str = "daemon gone";
+pub(crate) const DAEMON_GONE: &str = "daemon gone";
 
 /// Says so when no daemon will pick the queue up, or when the queue is paused.
-pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
+pub(crate) fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
     if !daemon_running(queue)? {
         let how = how_to_start(root);
         tracing::info!("note: no daemon runs for {}; start one: {how}", root.path.display());
@@ -39,7 +39,7 @@ pub fn note_without_daemon(root: &Root, queue: &Queue) -> anyhow::Result<()> {
 
 /// How to start a daemon here, as `status` and `start` say it: the user unit where a
 /// systemd user manager runs, else the command to run it by hand and where it logs.
-pub fn how_to_start(root: &Root) -> String {
+pub(crate) fn how_to_start(root: &Root) -> String {
     if user_systemd() {
         "`systemctl --user start pruefstand` (or `pruefstand daemon` in a terminal)".to_string()
     } else {
@@ -65,7 +65,7 @@ fn user_systemd() -> bool {
 /// every transition bumps) and on the job's `job.json` in its folder: a file changed in
 /// place, by anything but the queue, bumps nothing else. The job's other files (its
 /// log grows with every line) do not wake it.
-pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
+pub(crate) fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> anyhow::Result<Job> {
     let wakeups = queue.wakeups(&[Folder::Jobs, Folder::Job(id)], move |change| {
         matches!(change, Change::Jobs | Change::Unknown) || *change == Change::Job(id)
     })?;
@@ -102,14 +102,14 @@ pub fn wait_final(queue: &Queue, id: u64, mut on_change: impl FnMut(&Job)) -> an
 
 /// A state a waited-for job passes through, on stderr; its end is [`print_end`]'s to
 /// say, once (a failed job's error said here too would be said twice).
-pub fn say_progress(job: &Job) {
+pub(crate) fn say_progress(job: &Job) {
     if !job.state.is_final() {
         tracing::info!("job {}: {}", job.id, describe(job));
     }
 }
 
 /// A job's state in a few words.
-pub fn describe(job: &Job) -> String {
+pub(crate) fn describe(job: &Job) -> String {
     match job.state {
         State::Running => format!(
             "running (try {}) into {}",
@@ -124,7 +124,7 @@ pub fn describe(job: &Job) -> String {
 
 /// What `run` prints at its end (run folder, summary, rules, report, verdict), from
 /// the run's judgement.json, for an ended job; its exit code is `run`'s.
-pub fn print_end(job: &Job) -> std::process::ExitCode {
+pub(crate) fn print_end(job: &Job) -> std::process::ExitCode {
     if let Some(run_dir) = &job.run_dir {
         outln!("{}", run_dir.display());
     }
@@ -146,7 +146,7 @@ pub fn print_end(job: &Job) -> std::process::ExitCode {
 // A run's result, as the terminal shows it.
 
 /// The headline figures of a run, each with its hits and denominator, and its errors.
-pub fn headline(telemetry: &Telemetry) -> String {
+pub(crate) fn headline(telemetry: &Telemetry) -> String {
     let d = &telemetry.denominators;
     let show = |name: &str| {
         let rate = &d[name];
@@ -181,7 +181,7 @@ pub fn headline(telemetry: &Telemetry) -> String {
 /// in its colour — the hues the reports give verdicts —, plain otherwise; every line
 /// wraps at the terminal's width (100 columns without one), a rule's reason continuing
 /// under where it began.
-pub fn print_judgement(judgement: &Judgement, report: &Path) {
+pub(crate) fn print_judgement(judgement: &Judgement, report: &Path) {
     use std::io::IsTerminal;
     let terminal = std::io::stdout().is_terminal();
     let width = if terminal { console::Term::stdout().size_checked().map(|(_, cols)| usize::from(cols)) } else { None };

@@ -24,7 +24,7 @@ use pruefstand_core::util;
 
 /// How the gym's in-flight count is chosen.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Concurrency {
+pub(crate) enum Concurrency {
     /// `--jobs N` (and `pruefstand gym`, which has no server to ask).
     Fixed(usize),
     Auto {
@@ -35,7 +35,7 @@ pub enum Concurrency {
 
 impl Concurrency {
     /// The in-flight count the gym begins with.
-    pub fn start(&self) -> usize {
+    pub(crate) fn start(&self) -> usize {
         match self {
             Concurrency::Fixed(n) => *n,
             Concurrency::Auto { start, .. } => *start,
@@ -43,7 +43,7 @@ impl Concurrency {
     }
 
     /// The most cases in flight at once.
-    pub fn ceiling(&self) -> usize {
+    pub(crate) fn ceiling(&self) -> usize {
         match self {
             Concurrency::Fixed(n) => *n,
             Concurrency::Auto { ceiling, .. } => *ceiling,
@@ -54,16 +54,16 @@ impl Concurrency {
 /// One reading of the server's queue gauges (summed over its models), and of its
 /// prefix-cache counters where it exports them.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub struct ServerLoad {
-    pub running: f64,
-    pub waiting: f64,
+struct ServerLoad {
+    pub(crate) running: f64,
+    pub(crate) waiting: f64,
     /// Cumulative prompt tokens looked up in, and found in, the prefix cache.
-    pub prefix_cache: Option<(f64, f64)>,
+    pub(crate) prefix_cache: Option<(f64, f64)>,
 }
 
 /// The two gauges from Prometheus text; None when the server exports neither (not vLLM).
 /// A counter may carry Prometheus' `_total` suffix or not.
-pub fn parse_metrics(text: &str) -> Option<ServerLoad> {
+fn parse_metrics(text: &str) -> Option<ServerLoad> {
     let mut load = ServerLoad::default();
     let mut seen = false;
     let (mut queries, mut hits) = (None::<f64>, None::<f64>);
@@ -86,7 +86,7 @@ pub fn parse_metrics(text: &str) -> Option<ServerLoad> {
 
 /// The `/metrics` address of an OpenAI-style base URL (`http://host:port/v1`). Plain
 /// http only: a TLS endpoint is someone else's server, steered by latency.
-pub fn metrics_url(base_url: &str) -> Option<String> {
+pub(crate) fn metrics_url(base_url: &str) -> Option<String> {
     let rest = base_url.strip_prefix("http://")?;
     let authority = rest.split(['/', '?']).next().filter(|a| !a.is_empty())?;
     // vLLM's /metrics takes no credentials: none to carry into the observer's errors.
@@ -126,13 +126,7 @@ fn grow(target: usize, slow_start: bool) -> usize {
 /// than tolerated — but only once an earlier decrease has taken effect (`in_flight`
 /// down to the target: running cases are never cut, they finish first).
 /// Returns the new target and whether the slow start goes on.
-pub fn step_by_load(
-    target: usize,
-    ceiling: usize,
-    slow_start: bool,
-    load: ServerLoad,
-    in_flight: usize,
-) -> (usize, bool) {
+fn step_by_load(target: usize, ceiling: usize, slow_start: bool, load: ServerLoad, in_flight: usize) -> (usize, bool) {
     let tolerated = tolerated_waiting(load.running);
     let next = if load.waiting > tolerated {
         if in_flight > target {
@@ -151,7 +145,7 @@ pub fn step_by_load(
 
 /// The next target from the time per model call of recently finished cases, against the
 /// fastest seen (the server unloaded): grow while within 1.5×, shrink by a quarter past 2×.
-pub fn step_by_latency(
+fn step_by_latency(
     target: usize,
     ceiling: usize,
     slow_start: bool,
@@ -173,7 +167,7 @@ pub fn step_by_latency(
 
 /// Where the run settled: the median target over the second half of the decisions
 /// taken while cases were still waiting to start (the drain at the end says nothing).
-pub fn settled(history: &[usize]) -> Option<usize> {
+pub(crate) fn settled(history: &[usize]) -> Option<usize> {
     let mut tail: Vec<usize> = history[history.len() / 2..].to_vec();
     tail.sort_unstable();
     tail.get(tail.len() / 2).copied()
@@ -183,18 +177,18 @@ pub fn settled(history: &[usize]) -> Option<usize> {
 
 /// What the gym's event loop tells the observer.
 #[derive(Default, Debug)]
-pub struct Live {
+pub(crate) struct Live {
     in_flight: usize,
     peak_in_flight: usize,
     /// Cases not started yet.
-    pub to_start: usize,
+    pub(crate) to_start: usize,
     /// Seconds per model call of cases finished since the observer last looked.
-    pub per_call_s: Vec<f64>,
-    pub finished: bool,
+    pub(crate) per_call_s: Vec<f64>,
+    pub(crate) finished: bool,
 }
 
 impl Live {
-    pub fn set_in_flight(&mut self, n: usize) {
+    pub(crate) fn set_in_flight(&mut self, n: usize) {
         self.in_flight = n;
         self.peak_in_flight = self.peak_in_flight.max(n);
     }
@@ -202,7 +196,7 @@ impl Live {
 
 /// The task that reads the server's gauges every quarter second, decides every half
 /// second, and sends `{"command":"concurrency","target":N}` to the gym.
-pub struct Observer {
+pub(crate) struct Observer {
     live: Arc<Mutex<Live>>,
     task: tokio::task::JoinHandle<ConcurrencyFacts>,
 }
@@ -210,17 +204,17 @@ pub struct Observer {
 /// The event side of an [`Observer`]: what the gym's events tell it (the steering sink
 /// holds one), apart from the task that the pass ends with [`Observer::finish`].
 #[derive(Clone)]
-pub struct Feed(Arc<Mutex<Live>>);
+pub(crate) struct Feed(Arc<Mutex<Live>>);
 
 impl Feed {
-    pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+    pub(crate) fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// Where the observer's commands go: the gym's stdin (None: observe only, as with
 /// `--jobs`).
-pub type Commands = Option<Box<dyn AsyncWrite + Send + Unpin>>;
+pub(crate) type Commands = Option<Box<dyn AsyncWrite + Send + Unpin>>;
 
 const TICK: Duration = Duration::from_millis(250);
 const TICKS_PER_DECISION: usize = 2;
@@ -229,7 +223,12 @@ const LATENCY_WINDOW: usize = 4;
 
 impl Observer {
     /// Starts the task on the current runtime.
-    pub fn spawn(concurrency: &Concurrency, metrics: Option<String>, commands: Commands, to_start: usize) -> Observer {
+    pub(crate) fn spawn(
+        concurrency: &Concurrency,
+        metrics: Option<String>,
+        commands: Commands,
+        to_start: usize,
+    ) -> Observer {
         let live = Arc::new(Mutex::new(Live { to_start, ..Live::default() }));
         let state = State::new(concurrency, metrics, commands);
         let shared = live.clone();
@@ -237,17 +236,17 @@ impl Observer {
         Observer { live, task }
     }
 
-    pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+    pub(crate) fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         util::lock(&self.live)
     }
 
     /// Its event side, for the gym's steering sink.
-    pub fn feed(&self) -> Feed {
+    pub(crate) fn feed(&self) -> Feed {
         Feed(self.live.clone())
     }
 
     /// Ends the task; what it saw.
-    pub async fn finish(self) -> ConcurrencyFacts {
+    pub(crate) async fn finish(self) -> ConcurrencyFacts {
         let peak = {
             let mut live = self.live();
             live.finished = true;
@@ -427,20 +426,20 @@ impl State {
 
 /// `<root>/state/capacity/<served model>.json`: where the last run of a model settled.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct ObservedCapacity {
-    pub served_model: String,
-    pub settled: usize,
+pub(crate) struct ObservedCapacity {
+    pub(crate) served_model: String,
+    pub(crate) settled: usize,
     #[serde(default)]
-    pub peak_running: Option<u64>,
+    pub(crate) peak_running: Option<u64>,
     #[serde(default)]
-    pub peak_waiting: Option<u64>,
-    pub run_id: String,
-    pub updated_at: String,
+    pub(crate) peak_waiting: Option<u64>,
+    pub(crate) run_id: String,
+    pub(crate) updated_at: String,
 }
 
 /// The file for a served model: its name made safe (`/` and the like become `_`) plus a
 /// short hash of the exact name, so two names never share a file.
-pub fn capacity_file(state_dir: &Path, served_model: &str) -> PathBuf {
+fn capacity_file(state_dir: &Path, served_model: &str) -> PathBuf {
     let safe: String =
         served_model.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     let hash = &util::sha256_hex(served_model.as_bytes())[..8];
@@ -449,7 +448,7 @@ pub fn capacity_file(state_dir: &Path, served_model: &str) -> PathBuf {
 
 /// The stored capacity of a model; None when there is none or it cannot be read (a
 /// damaged file only costs the head start, so it is a warning).
-pub fn load_capacity(state_dir: &Path, served_model: &str) -> Option<ObservedCapacity> {
+pub(crate) fn load_capacity(state_dir: &Path, served_model: &str) -> Option<ObservedCapacity> {
     let path = capacity_file(state_dir, served_model);
     let text = std::fs::read_to_string(&path).ok()?;
     match serde_json::from_str::<ObservedCapacity>(&text) {
@@ -462,7 +461,7 @@ pub fn load_capacity(state_dir: &Path, served_model: &str) -> Option<ObservedCap
     }
 }
 
-pub fn store_capacity(state_dir: &Path, observed: &ObservedCapacity) -> anyhow::Result<()> {
+pub(crate) fn store_capacity(state_dir: &Path, observed: &ObservedCapacity) -> anyhow::Result<()> {
     let path = capacity_file(state_dir, &observed.served_model);
     std::fs::create_dir_all(path.parent().expect("capacity/ has a parent"))?;
     util::write_json_atomic(&path, observed)

@@ -42,7 +42,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// Who reads the process's stderr.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Audience {
+pub(crate) enum Audience {
     /// A person at a terminal or a script: `warning: …` lines and a progress bar.
     Command,
     /// The daemon's log (the journal under systemd): a level and the job on every line.
@@ -57,7 +57,7 @@ static HINTS_AS_RUN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 
 /// Output that must stay as written whatever runs the binary (`man`, `completions`:
 /// what a package ships): hints are not rewritten.
-pub fn verbatim() {
+pub(crate) fn verbatim() {
     HINTS_AS_RUN.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -110,7 +110,7 @@ fn cargo_run(exe: &std::path::Path) -> Option<String> {
 /// ([`invocation`]); unchanged where `pruefstand` is on `PATH`, for the agent and for
 /// [`verbatim`] output. A hint naming a process (`` `pruefstand run x`, pid 7 ``) is
 /// left alone: it says what ran, not what to type.
-pub fn as_run(text: &str) -> std::borrow::Cow<'_, str> {
+fn as_run(text: &str) -> std::borrow::Cow<'_, str> {
     let wanted = HINTS_AS_RUN.load(std::sync::atomic::Ordering::Relaxed) && text.contains("pruefstand ");
     match invocation().filter(|_| wanted) {
         Some(invocation) => std::borrow::Cow::Owned(said_as(text, invocation)),
@@ -145,7 +145,7 @@ fn said_as(text: &str, invocation: &str) -> String {
 
 /// Installs the process's one subscriber. `PRUEFSTAND_LOG` (an `EnvFilter`) overrides
 /// the audience's default.
-pub fn init(audience: Audience) {
+pub(crate) fn init(audience: Audience) {
     HINTS_AS_RUN.store(audience != Audience::Agent, std::sync::atomic::Ordering::Relaxed);
     let default = match audience {
         Audience::Command | Audience::Daemon => "warn,pruefstand=info",
@@ -171,7 +171,7 @@ pub fn init(audience: Audience) {
 static JOB_LOGS: Mutex<BTreeMap<u64, File>> = Mutex::new(BTreeMap::new());
 
 /// A registered job log; unregistered (and closed) on drop.
-pub struct JobLog(u64);
+pub(crate) struct JobLog(u64);
 
 impl Drop for JobLog {
     fn drop(&mut self) {
@@ -181,7 +181,7 @@ impl Drop for JobLog {
 
 /// Appends every event inside the span `job` with `job = id` to `file` until the
 /// returned guard is dropped.
-pub fn job_log(id: u64, file: File) -> JobLog {
+pub(crate) fn job_log(id: u64, file: File) -> JobLog {
     util::lock(&JOB_LOGS).insert(id, file);
     JobLog(id)
 }
@@ -350,7 +350,7 @@ impl Write for Stderr {
 
 /// Writes a command's result to stdout. A closed stdout (the reader went away) ends the
 /// process quietly with status 0; any other write error is reported and ends it with 2.
-pub fn out(args: std::fmt::Arguments<'_>) {
+pub(crate) fn out(args: std::fmt::Arguments<'_>) {
     let text = args.as_str().map_or_else(|| args.to_string(), str::to_string);
     let text = as_run(&text);
     let mut stdout = std::io::stdout().lock();
@@ -373,7 +373,7 @@ macro_rules! outln {
 
 /// Cases done of a plan, with an ETA: a bar on a terminal, else an `info` line every
 /// tenth of the plan (which in the daemon carries the job's span).
-pub struct Progress {
+pub(crate) struct Progress {
     bar: Option<indicatif::ProgressBar>,
     total: usize,
     done: usize,
@@ -392,7 +392,7 @@ pub struct Progress {
 
 impl Progress {
     /// A bar only for a command whose stderr is a terminal.
-    pub fn new(total: usize) -> Progress {
+    pub(crate) fn new(total: usize) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total as u64);
             bar.set_style(
@@ -421,14 +421,14 @@ impl Progress {
 
     /// For a later pass of a run whose first pass had its own progress (a campaign's
     /// round): what it starts with is not said again at `info`.
-    pub fn continuing(mut self) -> Progress {
+    pub(crate) fn continuing(mut self) -> Progress {
         self.continuing = true;
         self
     }
 
     /// The plan's size and what is already recorded (a resumed run).
     /// `jobs`: cases in flight to begin with, on `processes` gym workers.
-    pub fn start(&mut self, total: usize, to_run: usize, jobs: usize, processes: usize) {
+    pub(crate) fn start(&mut self, total: usize, to_run: usize, jobs: usize, processes: usize) {
         self.total = total;
         self.done = total - to_run;
         self.last_line = self.done;
@@ -451,14 +451,14 @@ impl Progress {
     }
 
     /// Cases running now (shown on the bar; in the plain progress lines).
-    pub fn in_flight(&mut self, n: usize) {
+    pub(crate) fn in_flight(&mut self, n: usize) {
         self.in_flight = n;
         self.eta.observe(self.run_this_time, n, Instant::now());
         self.show_message();
     }
 
     /// A case started, `n` in flight now: a line held for the refill is said.
-    pub fn case_started(&mut self, n: usize) {
+    pub(crate) fn case_started(&mut self, n: usize) {
         self.in_flight(n);
         if self.line_due {
             self.line();
@@ -484,7 +484,7 @@ impl Progress {
         }
     }
 
-    pub fn case_done(&mut self, errored: bool) {
+    pub(crate) fn case_done(&mut self, errored: bool) {
         self.done += 1;
         self.run_this_time += 1;
         self.eta.observe(self.run_this_time, self.in_flight, Instant::now());

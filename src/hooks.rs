@@ -55,7 +55,7 @@ const OUTCOMES: [&str; 5] = ["approved", "rejected", "inconclusive", "invalid", 
 
 /// Checks the `[[hooks]]` of the root's config as the daemon and `start` do: the first
 /// of [`problems`] without the delivery checks.
-pub fn validate(root: &Root) -> anyhow::Result<()> {
+pub(crate) fn validate(root: &Root) -> anyhow::Result<()> {
     match problems(root, false).into_iter().next() {
         Some(problem) => bail!("{problem}"),
         None => Ok(()),
@@ -66,7 +66,7 @@ pub fn validate(root: &Root) -> anyhow::Result<()> {
 /// line, the hook and the field. With `deliveries`, also what would fail every
 /// delivery from this environment (`check`): an exec program not found on `PATH`, a
 /// `url_env`/`token_env` not set, a URL in `url_env` that is not http(s).
-pub fn problems(root: &Root, deliveries: bool) -> Vec<String> {
+pub(crate) fn problems(root: &Root, deliveries: bool) -> Vec<String> {
     let file = root.path.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&file).unwrap_or_default();
     let mut found = Vec::new();
@@ -145,7 +145,7 @@ fn hook_key_line(text: &str, index: usize, key: &str) -> Option<usize> {
 }
 
 /// A warning when pruefstand.toml holds webhook secrets and others can read it.
-pub fn permission_warning(root: &Root) -> Option<String> {
+pub(crate) fn permission_warning(root: &Root) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let holds_secrets = root.config.hooks.iter().any(|h| h.url.is_some() || h.token.is_some());
     let path = root.path.join(CONFIG_FILE);
@@ -160,33 +160,33 @@ pub fn permission_warning(root: &Root) -> Option<String> {
 
 /// The facts a hook reports.
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// approved | rejected | inconclusive | invalid | failed
-    pub outcome: String,
-    pub job: u64,
+    pub(crate) outcome: String,
+    pub(crate) job: u64,
     /// The job's try that ended so (`queue`'s try, counting restarts); 0 in ledgers of
     /// older builds.
     #[serde(default, rename = "try")]
-    pub try_number: u32,
-    pub version: String,
-    pub plan: String,
-    pub verdict: Option<String>,
+    pub(crate) try_number: u32,
+    pub(crate) version: String,
+    pub(crate) plan: String,
+    pub(crate) verdict: Option<String>,
     /// The judgement's one line, or the error.
-    pub summary: String,
-    pub utility: Option<f64>,
-    pub utility_under_attack: Option<f64>,
+    pub(crate) summary: String,
+    pub(crate) utility: Option<f64>,
+    pub(crate) utility_under_attack: Option<f64>,
     /// The ASR of all attacks.
-    pub asr: Option<f64>,
+    pub(crate) asr: Option<f64>,
     /// The figure R2 judged, by its name (`held-out ASR` when the plan held families
     /// out): the judgement's `figures.decisive`.
-    pub decisive: Option<pruefstand_judge::Decisive>,
-    pub run_dir: Option<PathBuf>,
-    pub report: Option<PathBuf>,
-    pub error: Option<String>,
+    pub(crate) decisive: Option<pruefstand_judge::Decisive>,
+    pub(crate) run_dir: Option<PathBuf>,
+    pub(crate) report: Option<PathBuf>,
+    pub(crate) error: Option<String>,
 }
 
 impl Facts {
-    pub fn finished(
+    pub(crate) fn finished(
         job: &Job,
         run_dir: &Path,
         utility: Option<f64>,
@@ -216,7 +216,7 @@ impl Facts {
         }
     }
 
-    pub fn failed(job: &Job, error: &str) -> Facts {
+    pub(crate) fn failed(job: &Job, error: &str) -> Facts {
         Facts {
             outcome: "failed".into(),
             job: job.id,
@@ -237,7 +237,7 @@ impl Facts {
 
     /// A few chat lines (Markdown-ish, fine for every chat kind): the outcome, the
     /// figure R2 judged, the other figures by their names (`judge::words`), the summary.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         use pruefstand_core::words;
         let pct = |v: Option<f64>| v.map_or("–".to_string(), util::pct);
         let mut text = format!("pruefstand: {} on {} — {}", self.version, self.plan, self.outcome.to_uppercase());
@@ -267,7 +267,7 @@ impl Facts {
     /// The same on every attempt and across daemon restarts, for receivers that
     /// de-duplicate: the job, its try and its outcome — a `restart`ed job's new result
     /// comes under a new key.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         match self.try_number {
             0 => format!("{}-{}", self.job, self.outcome),
             n => format!("{}-{n}-{}", self.job, self.outcome),
@@ -302,7 +302,7 @@ impl Facts {
 }
 
 /// The file in a job's folder that holds its notifications and how far each got.
-pub const LEDGER_FILE: &str = "notifications.json";
+pub(crate) const LEDGER_FILE: &str = "notifications.json";
 
 /// One job's notifications: written down before the first attempt and after each, so
 /// a daemon that stops mid-retry sends what is still owed after its next start.
@@ -334,7 +334,7 @@ enum Standing {
 
 /// A job's notifications in flight: [`LEDGER_FILE`] and the job's own log (`pruefstand
 /// log`) in its folder, or neither (`dir` None).
-pub struct Ledger {
+pub(crate) struct Ledger {
     dir: Option<PathBuf>,
     notes: Mutex<Notifications>,
     /// Held while the file is written, so the hooks of one job, each saving on the
@@ -348,7 +348,7 @@ pub struct Ledger {
 impl Ledger {
     /// The notifications of `facts` owed to each hook whose `on` takes its outcome, not
     /// yet written down; None when no hook takes it.
-    pub fn new(dir: Option<PathBuf>, hooks: &[HookConfig], facts: Facts) -> Option<Arc<Ledger>> {
+    pub(crate) fn new(dir: Option<PathBuf>, hooks: &[HookConfig], facts: Facts) -> Option<Arc<Ledger>> {
         let hooks: Vec<Delivery> = hooks
             .iter()
             .filter(|h| h.on.as_ref().is_none_or(|on| on.contains(&facts.outcome)))
@@ -361,7 +361,7 @@ impl Ledger {
     }
 
     /// The ledger a job's folder holds, if any.
-    pub fn read(dir: &Path) -> anyhow::Result<Option<Arc<Ledger>>> {
+    pub(crate) fn read(dir: &Path) -> anyhow::Result<Option<Arc<Ledger>>> {
         use anyhow::Context;
         let path = dir.join(LEDGER_FILE);
         let text = match std::fs::read_to_string(&path) {
@@ -382,7 +382,7 @@ impl Ledger {
 
     /// Writes the ledger down (a whole-file atomic replace: blocking, an fsync) — never
     /// into a job folder that is gone (cleaned) or over a ledger that superseded it.
-    pub fn save(&self) -> anyhow::Result<()> {
+    pub(crate) fn save(&self) -> anyhow::Result<()> {
         use std::sync::atomic::Ordering;
         let Some(dir) = &self.dir else { return Ok(()) };
         let _saving = util::lock(&self.saving);
@@ -400,7 +400,7 @@ impl Ledger {
     /// Whether the job's folder no longer holds this ledger: removed (`clean --force`,
     /// `restart`) or replaced by a later try's. Never for a ledger not yet written (one
     /// that could not be written is sent all the same). Blocking (reads the file).
-    pub fn superseded(&self) -> bool {
+    fn superseded(&self) -> bool {
         let Some(dir) = &self.dir else { return false };
         if !self.written.load(std::sync::atomic::Ordering::SeqCst) {
             return false;
@@ -413,12 +413,12 @@ impl Ledger {
         on_disk.as_deref() != Some(ours.as_str())
     }
 
-    pub fn job(&self) -> u64 {
+    pub(crate) fn job(&self) -> u64 {
         util::lock(&self.notes).facts.job
     }
 
     /// The hooks still owed, with the attempts made for each.
-    pub fn owed(&self) -> Vec<(String, u32)> {
+    pub(crate) fn owed(&self) -> Vec<(String, u32)> {
         let notes = util::lock(&self.notes);
         notes.hooks.iter().filter(|d| d.state == Standing::Owed).map(|d| (d.hook.clone(), d.attempts)).collect()
     }
@@ -445,7 +445,7 @@ impl Ledger {
     }
 
     /// A line in the daemon's log and in the job's own, as `pruefstand log` shows it.
-    pub fn say(&self, level: tracing::Level, text: &str) {
+    pub(crate) fn say(&self, level: tracing::Level, text: &str) {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         match level {
@@ -463,7 +463,7 @@ impl Ledger {
 
 /// Sends what the ledger still owes, each hook concurrently; returns when all are
 /// delivered or given up. A hook no longer in pruefstand.toml is given up.
-pub async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
+pub(crate) async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
     let mut set = tokio::task::JoinSet::new();
     for (name, _) in ledger.owed() {
         match hooks.iter().find(|h| h.name == name) {
@@ -481,7 +481,7 @@ pub async fn fire_all(hooks: Vec<HookConfig>, ledger: Arc<Ledger>) {
 }
 
 /// One hook, with retries counted across restarts. Logs by name and kind only.
-pub async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
+async fn fire(hook: HookConfig, ledger: Arc<Ledger>) {
     let label = format!("hook {:?} ({})", hook.name, hook.kind.as_str());
     let facts = ledger.facts();
     let attempts = hook.retries + 1;

@@ -8,10 +8,10 @@ use pruefstand_core::blocking;
 use pruefstand_store::{LockError, RunLock};
 
 /// How often a waiter looks at a lock again.
-pub const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How a wait for a lock ended.
-pub enum Waited<S> {
+pub(crate) enum Waited<S> {
     Taken(RunLock),
     /// The caller's stop came first, with its value.
     Stopped(S),
@@ -22,7 +22,7 @@ pub enum Waited<S> {
 /// resolves. The one waiter of the bench lock and the reference locks. `take` tries
 /// without blocking (`flock` with `LOCK_NB` returns at once), so it runs right here on
 /// the runtime, as a [`blocking::section`] (the core's blocking check allows it).
-pub async fn wait<S>(
+pub(crate) async fn wait<S>(
     mut take: impl FnMut() -> Result<RunLock, LockError>,
     mut waiting: impl FnMut(&str),
     stop: impl std::future::Future<Output = S>,
@@ -43,7 +43,7 @@ pub async fn wait<S>(
 /// The bench lock for a command of this process (`holder` says which, for whoever
 /// waits on it next), waited for with one line saying who holds it; Ctrl-C ends the
 /// wait. `run` and `train` take the GPU this way.
-pub async fn bench_lock(root: &pruefstand_core::root::Root, holder: &str) -> anyhow::Result<RunLock> {
+pub(crate) async fn bench_lock(root: &pruefstand_core::root::Root, holder: &str) -> anyhow::Result<RunLock> {
     use pruefstand_store::benchlock;
     let mut said = false;
     let waiting = |other: &str| {

@@ -18,39 +18,39 @@ use pruefstand_core::util;
 use pruefstand_sim as sim;
 
 /// Where a docker model's container comes from and what it is labelled with.
-pub struct UpContext<'a> {
-    pub pool: &'a container::Pool,
-    pub run_dir: &'a Path,
-    pub job: &'a str,
-    pub run_id: &'a str,
+pub(crate) struct UpContext<'a> {
+    pub(crate) pool: &'a container::Pool,
+    pub(crate) run_dir: &'a Path,
+    pub(crate) job: &'a str,
+    pub(crate) run_id: &'a str,
     /// Stops the server's clients (the gym) when the server dies.
-    pub interrupt_clients: container::InterruptClients,
+    pub(crate) interrupt_clients: container::InterruptClients,
 }
 
 /// Where the agent finds the model, and what keeps it alive.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// OpenAI base URL, e.g. `http://127.0.0.1:41234/v1`; shown without credentials.
-    pub base_url: SecretUrl,
+    pub(crate) base_url: SecretUrl,
     /// Per-run key, given to the agent by environment (never argv or reports).
-    pub api_key: Option<String>,
+    pub(crate) api_key: Option<String>,
     server: Option<sim::Server>,
     lease: Option<container::Lease>,
 }
 
 impl Endpoint {
     /// The container serving it (docker backend).
-    pub fn container(&self) -> Option<&container::pool::Container> {
+    pub(crate) fn container(&self) -> Option<&container::pool::Container> {
         self.lease.as_ref().map(|l| &l.container)
     }
 
     /// The model and adapter folders the container mounted for this job.
-    pub fn container_dirs(&self) -> Option<(std::path::PathBuf, Option<std::path::PathBuf>)> {
+    pub(crate) fn container_dirs(&self) -> Option<(std::path::PathBuf, Option<std::path::PathBuf>)> {
         self.lease.as_ref().map(|l| (l.model_host.clone(), l.adapter_host.clone()))
     }
 
     /// What the run calls when its cases stopped reaching the server: a container's
     /// watch restarts it; for another server nothing here (the run ends invalid).
-    pub fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
+    pub(crate) fn silence_hook(&self) -> Box<dyn FnMut() + Send> {
         match &self.lease {
             Some(lease) => lease.silence_hook(),
             None => Box::new(|| {}),
@@ -59,12 +59,12 @@ impl Endpoint {
 
     /// Whether a container serves it (restarted on a death) rather than a server of its
     /// own that nothing here can bring back.
-    pub fn is_restartable(&self) -> bool {
+    pub(crate) fn is_restartable(&self) -> bool {
         self.lease.is_some()
     }
 
     /// After a gym pass: true when the server was restarted and the gym must resume.
-    pub async fn after_gym(&self) -> anyhow::Result<bool> {
+    pub(crate) async fn after_gym(&self) -> anyhow::Result<bool> {
         match &self.lease {
             Some(lease) => lease.after_gym().await,
             None => Ok(false),
@@ -73,7 +73,7 @@ impl Endpoint {
 
     /// Stops the in-process server, or hands the container back to the pool (which
     /// saves its log into the run directory). Docker: what happened to the server.
-    pub async fn down(mut self, pool: &container::Pool) -> anyhow::Result<Option<ModelServerFacts>> {
+    pub(crate) async fn down(mut self, pool: &container::Pool) -> anyhow::Result<Option<ModelServerFacts>> {
         if let Some(server) = self.server.take() {
             server.shutdown().await?;
         }
@@ -84,7 +84,7 @@ impl Endpoint {
     }
 }
 
-pub async fn up(server: &ServerSetup, truth_file: &Path, ctx: &UpContext<'_>) -> Result<Endpoint, AcquireError> {
+pub(crate) async fn up(server: &ServerSetup, truth_file: &Path, ctx: &UpContext<'_>) -> Result<Endpoint, AcquireError> {
     let model = &server.model;
     match server.backend() {
         Backend::Sim => {

@@ -26,25 +26,25 @@ const MAX_FILES: usize = 2000;
 
 /// Owned, so that collecting (git, NVML, hashing the model's files) can run on the
 /// blocking pool.
-pub struct Inputs {
-    pub server: ServerSetup,
-    pub plan_name: String,
-    pub plan_hash: String,
-    pub benchmark_version: String,
-    pub agentdojo_version: String,
-    pub container: Option<Container>,
+pub(crate) struct Inputs {
+    pub(crate) server: ServerSetup,
+    pub(crate) plan_name: String,
+    pub(crate) plan_hash: String,
+    pub(crate) benchmark_version: String,
+    pub(crate) agentdojo_version: String,
+    pub(crate) container: Option<Container>,
     /// The model and adapter folders the server read (spec paths, or generated ones).
-    pub model_dir: Option<PathBuf>,
-    pub adapter_dir: Option<PathBuf>,
+    pub(crate) model_dir: Option<PathBuf>,
+    pub(crate) adapter_dir: Option<PathBuf>,
     /// The bench's identity key ([`pruefstand_core::root::Root::identity_key`]).
-    pub identity_key: Vec<u8>,
+    pub(crate) identity_key: Vec<u8>,
 }
 
-pub fn write(run: &RunDir, inputs: &Inputs) -> anyhow::Result<()> {
+pub(crate) fn write(run: &RunDir, inputs: &Inputs) -> anyhow::Result<()> {
     run.write(&collect(inputs))
 }
 
-pub fn collect(i: &Inputs) -> Provenance {
+pub(crate) fn collect(i: &Inputs) -> Provenance {
     let server = &i.server;
     let container = i.container.as_ref().map(|c| {
         json!({

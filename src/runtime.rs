@@ -8,7 +8,7 @@
 use std::io;
 
 /// The multi-threaded runtime with `workers` workers, its threads marked.
-pub fn multi_thread(workers: usize) -> io::Result<tokio::runtime::Runtime> {
+pub(crate) fn multi_thread(workers: usize) -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .on_thread_start(pruefstand_core::blocking::mark_runtime_thread)
@@ -18,7 +18,7 @@ pub fn multi_thread(workers: usize) -> io::Result<tokio::runtime::Runtime> {
 
 /// A single-threaded runtime (an agent's, a test's), its blocking-pool threads marked;
 /// the thread that drives it is the caller's own.
-pub fn current_thread() -> io::Result<tokio::runtime::Runtime> {
+pub(crate) fn current_thread() -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .on_thread_start(pruefstand_core::blocking::mark_runtime_thread)
         .enable_all()
@@ -27,7 +27,7 @@ pub fn current_thread() -> io::Result<tokio::runtime::Runtime> {
 
 /// Runs `f` on the blocking pool (inside a `pruefstand_core::blocking::section`, in the caller's
 /// tracing span) and waits for it without holding a worker; a panic in `f` resumes here.
-pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+pub(crate) async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
     // In the caller's span: a daemon job's messages reach its log from the pool too.
     let span = tracing::Span::current();
     match tokio::task::spawn_blocking(move || span.in_scope(|| pruefstand_core::blocking::section(f))).await {
