@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::goals::{self, Call};
+use super::goals;
 use pruefstand_core::record::Feedback;
 use pruefstand_core::util::alnum_norm;
 use pruefstand_store::message_text;
@@ -153,6 +153,7 @@ pub fn bounded(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adaptive::goals::Call;
     use serde_json::json;
 
     fn pair<'a>(goal: &'a str, goal_calls: &'a [Call], user_calls: &'a [Call]) -> goals::Pair<'a> {

@@ -97,14 +97,6 @@ impl Attacker {
         }
     }
 
-    pub fn kind(&self) -> Kind {
-        match self {
-            Attacker::Grammar => Kind::Grammar,
-            Attacker::Simulated { .. } => Kind::Simulated,
-            Attacker::Model { .. } => Kind::Model,
-        }
-    }
-
     /// The proposer that asks: `own` is the version's server (its base URL and key), for
     /// an attacker at [`Endpoint::Own`]. Also the endpoint as shown in the log.
     pub fn proposer(&self, own: (&SecretUrl, Option<&str>)) -> anyhow::Result<(Proposer, Option<String>)> {
@@ -147,12 +139,13 @@ mod tests {
     #[test]
     fn the_kind_keeps_the_simulated_attacker_apart_and_the_log_keeps_the_plans_word() {
         let model = adaptive(PlanWord::Model, None);
-        let simulated = Attacker::of(&model, true, "sim/m", None);
-        assert_eq!(simulated.kind(), Kind::Simulated);
-        assert_eq!(Attacker::of(&model, false, "m", None).kind(), Kind::Model);
+        let kind =
+            |a: &Attacker| a.proposer((&SecretUrl::parse("http://127.0.0.1:1/v1").unwrap(), None)).unwrap().0.kind();
+        assert_eq!(kind(&Attacker::of(&model, true, "sim/m", None)), Kind::Simulated);
+        assert_eq!(kind(&Attacker::of(&model, false, "m", None)), Kind::Model);
         let named = adaptive(PlanWord::Model, Some("http://127.0.0.1:9/v1"));
-        assert_eq!(Attacker::of(&named, true, "sim/m", None).kind(), Kind::Model, "a URL names a real model");
-        assert_eq!(Attacker::of(&adaptive(PlanWord::Grammar, None), true, "m", None).kind(), Kind::Grammar);
+        assert_eq!(kind(&Attacker::of(&named, true, "sim/m", None)), Kind::Model, "a URL names a real model");
+        assert_eq!(kind(&Attacker::of(&adaptive(PlanWord::Grammar, None), true, "m", None)), Kind::Grammar);
         assert_eq!(Kind::Simulated.plan_word(), PlanWord::Model);
         assert_eq!(Kind::Grammar.plan_word(), PlanWord::Grammar);
         let Attacker::Model { model, endpoint: Endpoint::Own, .. } = Attacker::of(&model, false, "base", None) else {
