@@ -272,11 +272,14 @@ fn rollouts_are_scored_as_the_bench_scores_the_same_cases() {
             "sim/env",
             "--agent-json",
             run.join("agent.json").to_str().unwrap(),
-            "--jobs",
-            "4",
+            "--jobs-from-run",
+            run.to_str().unwrap(),
         ],
     );
     assert_eq!((summary["rollouts"].as_u64(), summary["errors"].as_u64()), (Some(15), Some(0)), "{summary}");
+    // As many in flight as the run's steering reached, read back through `pruefstand show`.
+    let steered = &json(&run.join("run.json"))["concurrency"]["peak_in_flight"];
+    assert!(steered.as_u64().is_some_and(|n| n >= 1) && summary["jobs"] == *steered, "{summary} vs {steered}");
     let rollouts = lines(&out.join("rollouts.jsonl"));
     let mut landed = 0;
     for r in &rollouts {
