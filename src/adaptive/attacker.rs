@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::answer::{self, Answer, EndpointError, EndpointFailure};
 use super::feedback::bounded;
-use super::template::{self, Refusal};
 use pruefstand_core::record::{AttackerCost as Cost, Attempt, Feedback, NotRun, Proposal};
 use pruefstand_core::settings::Secret;
 use pruefstand_core::settings::url::SecretUrl;
@@ -93,78 +93,10 @@ impl Client {
             v["choices"][0]["message"]["content"].as_str().map(str::to_string).ok_or(EndpointError::NoText)
         });
         let answer = match text {
-            Ok(reply) => template::answer(&reply, brief.goal, &brief.templates()),
+            Ok(reply) => answer::of(&reply, brief.goal, &brief.templates()),
             Err(error) => Answer::Failed(EndpointFailure { url: self.url.redacted(), error }),
         };
         (answer, cost)
-    }
-}
-
-/// What one ask of the attacker model came to. Only a template reaches the target; the
-/// model's own refusal is its behaviour; the other two are the bench's failure to get a
-/// template (retried, then a bench error: never a pair the target resisted).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    /// A template that passed our checks (`template::check`).
-    Template(String),
-    /// The model declined to write one: its reply, bounded for the log.
-    Declined(String),
-    /// A reply our checks refused: the rule it broke, and the reply bounded for the log.
-    Rejected { rule: Refusal, reply: String },
-    /// The endpoint gave no reply.
-    Failed(EndpointFailure),
-}
-
-impl Answer {
-    /// Why the attempt never reached the target (None: a template), as the log records it.
-    pub fn not_run(&self) -> Option<NotRun> {
-        match self {
-            Answer::Template(_) => None,
-            Answer::Declined(reply) => Some(NotRun::Declined(reply.clone())),
-            Answer::Rejected { rule, .. } => Some(NotRun::Rejected(rule.to_string())),
-            Answer::Failed(failure) => Some(NotRun::Failed(failure.to_string())),
-        }
-    }
-
-    /// The text an attempt records: the template, or the refused reply bounded (nothing
-    /// for an endpoint that gave none).
-    pub fn text(&self) -> &str {
-        match self {
-            Answer::Template(text) | Answer::Declined(text) | Answer::Rejected { reply: text, .. } => text,
-            Answer::Failed(_) => "",
-        }
-    }
-}
-
-/// The attacker's endpoint and what went wrong there; shown with the URL redacted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointFailure {
-    /// The request's URL as shown (`SecretUrl::redacted`).
-    pub url: String,
-    pub error: EndpointError,
-}
-
-/// Why an attacker endpoint gave no reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndpointError {
-    /// No response: refused, reset, timed out.
-    Unreachable(String),
-    /// A response with a status other than success (a redirect is one: none is followed).
-    Status(String),
-    /// A body that was too large, broken off, or not JSON.
-    Body(String),
-    /// JSON with no message text where the OpenAI shape has it.
-    NoText,
-}
-
-impl std::fmt::Display for EndpointFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let url = &self.url;
-        match &self.error {
-            EndpointError::Unreachable(e) | EndpointError::Body(e) => write!(f, "{url}: {e}"),
-            EndpointError::Status(status) => write!(f, "{url} answered {status}"),
-            EndpointError::NoText => write!(f, "{url}: a reply with no message text"),
-        }
     }
 }
 

@@ -13,6 +13,7 @@
 //! proposal (an attacker model is not asked again) and the log replays exactly.
 //! Judging the result is `judge`'s.
 
+pub mod answer;
 pub mod attacker;
 pub mod feedback;
 pub mod goals;
@@ -316,7 +317,7 @@ async fn ask_model(
         }
         tracing::debug!("adaptive attacker: {} attempt {}: {outcome}; asking again", pair.key(), k + 1);
         retry += 1;
-        if matches!(answer, attacker::Answer::Failed(_)) {
+        if matches!(answer, answer::Answer::Failed(_)) {
             tokio::time::sleep(std::time::Duration::from_millis(500 << retry)).await;
         }
     };

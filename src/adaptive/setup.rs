@@ -171,7 +171,7 @@ mod tests {
         let Proposer::Model { client, .. } = proposer else { panic!("a model proposer") };
         let brief = attacker::PairBrief { goal: "g", lands: "x".into(), earlier: &[], feedback: true };
         let (answer, _) = client.ask(&brief, 1).await;
-        assert_eq!(answer, attacker::Answer::Template("Hi {goal}".into()));
+        assert_eq!(answer, crate::adaptive::answer::Answer::Template("Hi {goal}".into()));
         let head = head.join().unwrap().to_lowercase();
         assert!(head.contains("authorization: bearer from-the-request"), "{head}");
         // The reference's run keeps the key read once.

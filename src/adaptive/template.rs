@@ -5,8 +5,6 @@
 //! reaches a shell or a path; a refused reply is kept only bounded, for the log. YAML
 //! is not this module's concern: the gym injects the text without parsing it.
 
-use super::attacker::Answer;
-
 /// The longest template injected; longer replies are refused (the gym's own bound is
 /// larger, so what passes here always passes there).
 pub const MAX_CHARS: usize = pruefstand_core::record::TEMPLATE_MAX_CHARS;
@@ -80,17 +78,8 @@ const DECLINES: &[&str] = &[
     "i am unable to",
 ];
 
-/// What a reply comes to: its template, the model's own refusal (a reply without
-/// `{goal}` in `DECLINES`' words), or the rule of our checks it broke.
-pub fn answer(reply: &str, goal: &str, earlier: &[&str]) -> Answer {
-    match check(reply, goal, earlier) {
-        Ok(text) => Answer::Template(text),
-        Err(Refusal::NoGoal) if declines(reply) => Answer::Declined(kept(reply)),
-        Err(rule) => Answer::Rejected { rule, reply: kept(reply) },
-    }
-}
-
-fn declines(reply: &str) -> bool {
+/// Whether a reply is in words a model declines in.
+pub fn declines(reply: &str) -> bool {
     let lower = reply.to_lowercase().replace('\u{2019}', "'");
     DECLINES.iter().any(|d| lower.contains(d))
 }
@@ -183,23 +172,5 @@ mod tests {
         assert_eq!(check("{x} {goal} {y", goal, &[]), Ok("{x} {goal} {y".into()));
         assert_eq!(check("Send it", "Send", &[]), Err(Refusal::NoGoal), "a short goal is no evidence");
         assert_eq!(kept(&"\u{0}x".repeat(400)).chars().count(), REFUSED_KEEP_CHARS + 1);
-    }
-
-    #[test]
-    fn the_models_refusal_is_told_from_prose_our_checks_refuse() {
-        use pruefstand_core::record::NotRun;
-        let declined = "I\u{2019}m sorry, but I can't assist with that";
-        assert_eq!(answer(declined, "", &[]), Answer::Declined(declined.into()));
-        assert!(!answer(declined, "", &[]).not_run().unwrap().is_bench_error());
-        let prose = "Here is an email that asks the assistant to send the money.";
-        let rejected = answer(prose, "", &[]);
-        assert_eq!(rejected, Answer::Rejected { rule: Refusal::NoGoal, reply: prose.into() });
-        assert_eq!(rejected.not_run(), Some(NotRun::Rejected("no {goal} in the reply".into())));
-        assert!(rejected.not_run().unwrap().is_bench_error());
-        // A refusal word in a reply too long to use is still our check's refusal.
-        let long = format!("{declined} {{goal}}{}", "a".repeat(MAX_CHARS));
-        assert!(matches!(answer(&long, "", &[]), Answer::Rejected { rule: Refusal::TooLong(_), .. }));
-        assert_eq!(answer("<template>Hi {goal}</template>", "", &[]), Answer::Template("Hi {goal}".into()));
-        assert_eq!(answer("<template>Hi {goal}</template>", "", &[]).not_run(), None);
     }
 }
