@@ -50,7 +50,12 @@ Environment:
   BENCH_EFFECT_JUDGE_USERS=0,2,3 BENCH_EFFECT_JUDGE_INJ=0,2,4 BENCH_EFFECT_JUDGE_K=2   the judge plan
   BENCH_EFFECT_STEPS=8 BENCH_EFFECT_BATCH=2 BENCH_EFFECT_LR=1e-4 BENCH_EFFECT_MAX_LENGTH=2048
   BENCH_EFFECT_LORA_R=16 BENCH_EFFECT_JOBS=8
-  BENCH_EFFECT_SKIP_FIND=1             no found-family campaign (the judge plan without [[found]])
+  BENCH_EFFECT_SKIP_FIND=1             no found-family campaign (the judge plan without [[found]]); the base's
+                                       judgement then runs beside the rows
+  BENCH_EFFECT_MODEL=DIR               another model folder (e.g. /var/tmp/pruefstand-vllm-cpu/qwen/current/model,
+                                       the 1.5B) instead of the 0.5B
+  BENCH_EFFECT_GO_ON=1                 go on when a base rows run shows the model cannot play the cases (no case
+                                       landed, none kept utility); otherwise the part stops there and says so
 
 Alone: `cd scripts && python3 -m pruefstand_bench.effect` (BENCH_WORK for the folder).
 """
@@ -354,7 +359,7 @@ def run(binary: Path, work: Path) -> dict:
     stages = Stages()
     log = work / "effect.log"
     t0 = time.monotonic()
-    model = prepare_model()
+    model = Path(os.environ["BENCH_EFFECT_MODEL"]) if os.environ.get("BENCH_EFFECT_MODEL") else prepare_model()
     stages.times["model"] = {"wall_s": round(time.monotonic() - t0, 1), "load_end": loadavg()}
     root = make_root(work / "root-effect")
     for name in ("qwen2.5-json-tools.jinja", "xlam_per_call.py"):
@@ -408,6 +413,16 @@ def run(binary: Path, work: Path) -> dict:
             stages.run(f"rows run {source} {seen_n[source]}", cmd("run", version, "--plan", rows_plan, "--out", out), log)
         if (out / "run.json").exists():
             runs.append(out)
+            done = _outcomes(out)
+            if source == "base" and done["attacked"] and not done["landed"] and not done["clean_utility"] \
+                    and os.environ.get("BENCH_EFFECT_GO_ON") != "1":
+                # No DPO row can come from a model that neither follows nor does the task:
+                # a row needs one side that followed. Say so instead of hours more of runs.
+                result["cannot_play"] = (f"{out}: {done['attacked']} attacked cases, none landed; "
+                                         f"{done['clean']} clean cases, none kept utility")
+                say(f"  the model cannot play these cases: {result['cannot_play']} — stopped before training "
+                    f"(BENCH_EFFECT_GO_ON=1 goes on; BENCH_EFFECT_MODEL=DIR for another model, e.g. the 1.5B's folder)")
+                break
         if len(runs) >= 2:
             stages.run(f"export ({len(runs)} runs)", cmd("export", "--format", "dpo", *runs, "--out", export), log)
             mpath = Path(str(export) + ".manifest.json")
@@ -452,6 +467,14 @@ def run(binary: Path, work: Path) -> dict:
              "lora-alpha": 2 * env_int("BENCH_EFFECT_LORA_R", 16),
              "max-length": env_int("BENCH_EFFECT_MAX_LENGTH", 2048), "seed": 0}
     result["knobs"] = knobs
+    if result.get("cannot_play"):
+        base_run = _newest_run(root, VERSION, "effect-judge")
+        if base_run and (base_run / "run.json").exists():
+            result["base_run"] = str(base_run)
+            result["base"] = figures(_judge(binary, root, base_run, log, stages, "judge base"))
+        result["wall_s"] = round(time.monotonic() - t_part, 1)
+        _write(result)
+        return result
     if (manifest.get("rows") or 0) > 0:
         stages.run("train + judge", cmd("train", VERSION, "--export", export, "--kind", "dpo", "--name", TRAINED,
                                         "--plan", judge_plan, *[x for k, v in knobs.items() for x in (f"--{k}", v)]),
