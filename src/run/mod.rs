@@ -199,7 +199,8 @@ impl RunRequest {
     /// The same plan for another version (the reference's own run: every case, no
     /// reference of its own).
     fn for_reference(&self, reference: Version) -> RunRequest {
-        let attacker = self.attacker.as_ref().zip(self.plan.adaptive.as_ref()).map(|(a, p)| a.for_version(p, &reference));
+        let attacker =
+            self.attacker.as_ref().zip(self.plan.adaptive.as_ref()).map(|(a, p)| a.for_version(p, &reference));
         RunRequest {
             server: ServerSetup::of(&reference),
             agent: AgentSetup::of(&reference),
