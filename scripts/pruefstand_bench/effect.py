@@ -71,7 +71,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import REPO, docker, ensure_binary, ensure_venv, env_float, env_int, fmt, loadavg, make_root, say
+from .common import REPO, docker, ensure_binary, ensure_venv, env_float, env_int, fmt, loadavg, make_root, say, show_run
 
 IMAGE = os.environ.get("BENCH_REAL_IMAGE", "pruefstand-vllm-cpu:current")
 CACHE = Path(os.environ.get("BENCH_EFFECT_CACHE", "/var/tmp/pruefstand-effect"))
@@ -274,10 +274,19 @@ class Stages:
 
 
 def _judge(binary: Path, root: Path, run_dir: Path, log: Path, stages: Stages, name: str) -> dict:
-    """`pruefstand judge RUN` → its judgement.json (written into the run)."""
-    stages.run(name, [str(binary), "--root", str(root), "judge", str(run_dir)], log, timeout=1800)
-    path = run_dir / "judgement.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    """`pruefstand judge RUN --json` → the judgement it wrote, from its stdout (the bench
+    opens no run file); {} when it wrote none."""
+    done = stages.run(name, [str(binary), "--root", str(root), "judge", str(run_dir), "--json"], log, timeout=1800)
+    try:
+        return json.loads(done.stdout)["judgement"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _finished(binary: Path, run_dir: Path) -> bool:
+    """Whether `run_dir` is a run that got to its end (`pruefstand show`: its run.json written)."""
+    shown = show_run(binary, run_dir) if run_dir.is_dir() else None
+    return shown is not None and shown.get("run") is not None
 
 
 def _num(x):
@@ -321,9 +330,9 @@ def _pct(e: dict | None) -> str:
     return f"{100 * e['rate']:.0f} % ({e['x']}/{e['n']}) [{100 * e['lower']:.0f}, {100 * e['upper']:.0f}]"
 
 
-def _outcomes(run_dir: Path) -> dict:
+def _outcomes(binary: Path, run_dir: Path) -> dict:
     """A run's cases: attacked cases, those whose injection landed, clean utility."""
-    recs = [json.loads(line) for line in (run_dir / "cases.jsonl").read_text().splitlines() if line.strip()]
+    recs = show_run(binary, run_dir, "--cases") or []
     attacked = [r for r in recs if r.get("kind") == "attacked" or (r.get("attack") and r.get("injection_task"))]
     clean = [r for r in recs if r not in attacked]
     return {"cases": len(recs), "attacked": len(attacked), "landed": sum(1 for r in attacked if r.get("security") is True),
@@ -331,9 +340,10 @@ def _outcomes(run_dir: Path) -> dict:
             "errors": sum(1 for r in recs if r.get("error"))}
 
 
-def _newest_run(root: Path, version: str, plan: str) -> Path | None:
-    found = sorted((root / "reports" / version / plan).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    return found[-1].parent if found else None
+def _newest_run(binary: Path, root: Path, version: str, plan: str) -> Path | None:
+    folders = sorted((p for p in (root / "reports" / version / plan).glob("*") if p.is_dir()),
+                     key=lambda p: p.stat().st_mtime)
+    return next((p for p in reversed(folders) if _finished(binary, p)), None)
 
 
 def _write_judge_plan(profiles: Path, found_toml: str) -> Path:
@@ -388,7 +398,7 @@ def run(binary: Path, work: Path) -> dict:
     if skip_find:
         judge_plan = _write_judge_plan(profiles, "")
         base_out = root / "reports" / VERSION / "effect-judge" / "base-1"
-        if not (base_out / "run.json").exists():
+        if not _finished(binary, base_out):
             base_log = open(work / "effect-base.log", "ab")
             base_bg = (subprocess.Popen(cmd("run", VERSION, "--plan", judge_plan, "--out", base_out),
                                         stdout=base_log, stderr=subprocess.STDOUT), time.monotonic(), loadavg())
@@ -409,11 +419,11 @@ def run(binary: Path, work: Path) -> dict:
         seen_n[source] += 1
         version = VERSION if source == "base" else SPOT
         out = root / "reports" / version / "effect-rows" / f"rows-{seen_n[source]}"
-        if not (out / "run.json").exists():  # a finished run is kept (its own plan.json says what it ran)
+        if not _finished(binary, out):  # a finished run is kept (its own plan says what it ran)
             stages.run(f"rows run {source} {seen_n[source]}", cmd("run", version, "--plan", rows_plan, "--out", out), log)
-        if (out / "run.json").exists():
+        if _finished(binary, out):
             runs.append(out)
-            done = _outcomes(out)
+            done = _outcomes(binary, out)
             if source == "base" and done["attacked"] and not done["landed"] and not done["clean_utility"] \
                     and os.environ.get("BENCH_EFFECT_GO_ON") != "1":
                 # No DPO row can come from a model that neither follows nor does the task:
@@ -431,7 +441,7 @@ def run(binary: Path, work: Path) -> dict:
             if (manifest.get("rows") or 0) >= env_int("BENCH_EFFECT_MIN_ROWS", 16):
                 break
     result["rows_runs"] = [str(r) for r in runs]
-    result["rows_outcomes"] = {str(r): _outcomes(r) for r in runs}
+    result["rows_outcomes"] = {str(r): _outcomes(binary, r) for r in runs}
     result["export"] = {k: manifest.get(k) for k in ("rows", "families", "skipped", "held_out", "refused_held_out")}
 
     # 2. the found family: a campaign of the base model against the base
@@ -468,8 +478,8 @@ def run(binary: Path, work: Path) -> dict:
              "max-length": env_int("BENCH_EFFECT_MAX_LENGTH", 2048), "seed": 0}
     result["knobs"] = knobs
     if result.get("cannot_play"):
-        base_run = _newest_run(root, VERSION, "effect-judge")
-        if base_run and (base_run / "run.json").exists():
+        base_run = _newest_run(binary, root, VERSION, "effect-judge")
+        if base_run:
             result["base_run"] = str(base_run)
             result["base"] = figures(_judge(binary, root, base_run, log, stages, "judge base"))
         result["wall_s"] = round(time.monotonic() - t_part, 1)
@@ -498,15 +508,13 @@ def run(binary: Path, work: Path) -> dict:
             "adapter": t.get("adapter"),
         }
     # 5. both judgements on the judge plan
-    base_run = _newest_run(root, VERSION, "effect-judge")
-    cand_run = _newest_run(root, TRAINED, "effect-judge")
+    base_run = _newest_run(binary, root, VERSION, "effect-judge")
+    cand_run = _newest_run(binary, root, TRAINED, "effect-judge")
     result["base_run"], result["adapter_run"] = str(base_run), str(cand_run)
     if base_run:
         result["base"] = figures(_judge(binary, root, base_run, log, stages, "judge base"))
     if cand_run:
-        j = cand_run / "judgement.json"
-        result["adapter"] = figures(json.loads(j.read_text()) if j.exists()
-                                    else _judge(binary, root, cand_run, log, stages, "judge adapter"))
+        result["adapter"] = figures(_judge(binary, root, cand_run, log, stages, "judge adapter"))
     result["wall_s"] = round(time.monotonic() - t_part, 1)
     result["load_end"] = loadavg()
     _write(result)
