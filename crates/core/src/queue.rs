@@ -448,7 +448,7 @@ impl Queue {
         Ok(queue)
     }
 
-    pub fn jobs_dir(&self) -> PathBuf {
+    pub(crate) fn jobs_dir(&self) -> PathBuf {
         self.dir.join("jobs")
     }
 

@@ -235,7 +235,7 @@ impl Version {
 
     /// [`Version::load`], the files it names relative to the folder `origins` gives for
     /// it (where it does: a job's snapshot), else to its spec's folder.
-    pub fn load_in(versions_dir: &Path, name_or_path: &str, origins: Origins) -> anyhow::Result<Version> {
+    pub(crate) fn load_in(versions_dir: &Path, name_or_path: &str, origins: Origins) -> anyhow::Result<Version> {
         let named = input::Named::new("version", name_or_path, versions_dir);
         let text = named.read()?;
         if input::Named::is_path(name_or_path) {
@@ -574,7 +574,7 @@ fn check_reference(spec: &VersionSpec, source: &Source, versions_dir: &Path) -> 
 
 /// The dataset an environment's manifest lies beside: its path less [`MANIFEST_SUFFIX`];
 /// None when the name does not end in it.
-pub fn dataset_of(manifest: &Path) -> Option<PathBuf> {
+pub(crate) fn dataset_of(manifest: &Path) -> Option<PathBuf> {
     let name = manifest.file_name()?.to_str()?;
     let data = name.strip_suffix(MANIFEST_SUFFIX).filter(|d| !d.is_empty())?;
     Some(manifest.with_file_name(data))
