@@ -12,7 +12,8 @@
 #[cfg(test)]
 mod contract;
 pub(crate) use pruefstand_gym::events;
-pub(crate) use pruefstand_gym::request::{DetectorRequest, GymRequest};
+pub(crate) use pruefstand_gym::request::DetectorRequest;
+use pruefstand_gym::request::GymRequest;
 pub(crate) mod open;
 pub(crate) mod sinks;
 
