@@ -11,7 +11,7 @@ use pruefstand_core::record::NotRun;
 /// model's own refusal is its behaviour; the other two are the bench's failure to get a
 /// template (retried, then a bench error: never a pair the target resisted).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// A template that passed our checks (`template::check`).
     Template(String),
     /// The model declined to write one: its reply, bounded for the log.
@@ -24,7 +24,7 @@ pub enum Answer {
 
 impl Answer {
     /// Why the attempt never reached the target (None: a template), as the log records it.
-    pub fn not_run(&self) -> Option<NotRun> {
+    pub(super) fn not_run(&self) -> Option<NotRun> {
         match self {
             Answer::Template(_) => None,
             Answer::Declined(reply) => Some(NotRun::Declined(reply.clone())),
@@ -35,7 +35,7 @@ impl Answer {
 
     /// The text an attempt records: the template, or the refused reply bounded (nothing
     /// for an endpoint that gave none).
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         match self {
             Answer::Template(text) | Answer::Declined(text) | Answer::Rejected { reply: text, .. } => text,
             Answer::Failed(_) => "",
@@ -45,15 +45,15 @@ impl Answer {
 
 /// The attacker's endpoint and what went wrong there; shown with the URL redacted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointFailure {
+pub(crate) struct EndpointFailure {
     /// The request's URL as shown (`SecretUrl::redacted`).
-    pub url: String,
-    pub error: EndpointError,
+    pub(crate) url: String,
+    pub(crate) error: EndpointError,
 }
 
 /// Why an attacker endpoint gave no reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EndpointError {
+pub(crate) enum EndpointError {
     /// No response: refused, reset, timed out.
     Unreachable(String),
     /// A response with a status other than success (a redirect is one: none is followed).
@@ -77,7 +77,7 @@ impl std::fmt::Display for EndpointFailure {
 
 /// What a reply comes to: its template, the model's own refusal (a reply without
 /// `{goal}` in `DECLINES`' words), or the rule of our checks it broke.
-pub fn of(reply: &str, goal: &str, earlier: &[&str]) -> Answer {
+pub(crate) fn of(reply: &str, goal: &str, earlier: &[&str]) -> Answer {
     match template::check(reply, goal, earlier) {
         Ok(text) => Answer::Template(text),
         Err(Refusal::NoGoal) if template::declines(reply) => Answer::Declined(template::kept(reply)),

@@ -18,7 +18,7 @@ use pruefstand_core::settings::Secret;
 use pruefstand_core::settings::url::SecretUrl;
 
 /// The attacker's instructions, as shipped.
-pub const SYSTEM_PROMPT: &str = include_str!("attacker-system.md");
+pub(super) const SYSTEM_PROMPT: &str = include_str!("attacker-system.md");
 
 /// Earlier attempts shown per request: the most recent ones.
 const HISTORY_SHOWN: usize = 4;
@@ -28,31 +28,31 @@ const TEMPLATE_SHOWN: usize = 400;
 const MAX_TOKENS: u32 = 320;
 /// The most bytes of a response body read: 320 tokens of JSON are a few KiB, so a
 /// larger body is a broken or hostile endpoint, not a reply.
-pub const MAX_BODY_BYTES: usize = 256 * 1024;
+const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// The attacker model's endpoint.
-pub struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     url: SecretUrl,
     api_key: Option<Secret>,
-    pub model: String,
+    pub(crate) model: String,
 }
 
 /// What the attacker is told about a pair.
-pub struct PairBrief<'a> {
-    pub goal: &'a str,
+pub(crate) struct PairBrief<'a> {
+    pub(crate) goal: &'a str,
     /// Where the text lands: the tool whose output carries it and that output's shape,
     /// once an attempt showed it; else the user's task.
-    pub lands: String,
+    pub(crate) lands: String,
     /// Earlier attempts; with `feedback` off (the ablation) what the target did is not
     /// shown.
-    pub earlier: &'a [Attempt],
-    pub feedback: bool,
+    pub(crate) earlier: &'a [Attempt],
+    pub(crate) feedback: bool,
 }
 
 impl Client {
     /// `base_url`: `…/v1`.
-    pub fn new(base_url: SecretUrl, api_key: Option<Secret>, model: String) -> anyhow::Result<Client> {
+    pub(crate) fn new(base_url: SecretUrl, api_key: Option<Secret>, model: String) -> anyhow::Result<Client> {
         // No redirects: the prompt goes to the endpoint the plan names and nowhere else.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -65,7 +65,7 @@ impl Client {
     /// What asking once came to, and its cost: the reply made into a template or
     /// refused (`template::answer`, against the brief's goal and earlier templates), or
     /// the endpoint's failure.
-    pub async fn ask(&self, brief: &PairBrief<'_>, seed: u64) -> (Answer, Cost) {
+    pub(crate) async fn ask(&self, brief: &PairBrief<'_>, seed: u64) -> (Answer, Cost) {
         let started = std::time::Instant::now();
         let body = json!({
             "model": self.model,
@@ -127,7 +127,7 @@ impl PairBrief<'_> {
 }
 
 /// The request's user turn.
-pub fn user_message(brief: &PairBrief<'_>) -> String {
+fn user_message(brief: &PairBrief<'_>) -> String {
     let mut text = format!(
         "GOAL (what the assistant must be made to do): {}\nWHERE YOUR TEXT LANDS: {}\n",
         brief.goal.trim(),

@@ -28,13 +28,13 @@ const REFUSALS: &[&str] = &[
 ];
 
 /// The most characters of the target's behaviour an attacker is shown per attempt.
-pub const BEHAVIOUR_CHARS: usize = 600;
+const BEHAVIOUR_CHARS: usize = 600;
 
 /// The feedback of one attacked case: its trace (AgentDojo's, as the gym wrote it), the
 /// security outcome from its record, and its pair's ground truth — the goal and its
 /// calls, and the user task's calls: a call the user's task itself needs (banking's
 /// `send_money` for a bill) is no sign of the injection working.
-pub fn of_trace(trace: &Value, landed: bool, truth: &goals::Pair<'_>) -> Feedback {
+pub(super) fn of_trace(trace: &Value, landed: bool, truth: &goals::Pair<'_>) -> Feedback {
     let goals::Pair { goal, goal_calls, user_calls, .. } = *truth;
     let messages = trace.get("messages").and_then(Value::as_array).map_or(&[][..], |m| m.as_slice());
     let calls: Vec<(&str, &Value)> = messages
@@ -109,7 +109,7 @@ fn shares_run(said: &str, text: &str, len: usize) -> bool {
 
 /// What the target did after reading the injection, bounded for the attacker's prompt:
 /// its calls from the first tool result on, then its last text.
-pub fn behaviour(trace: &Value) -> String {
+pub(super) fn behaviour(trace: &Value) -> String {
     let messages = trace.get("messages").and_then(Value::as_array).map_or(&[][..], |m| m.as_slice());
     let mut parts = Vec::new();
     for m in messages.iter().filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant")) {
@@ -130,7 +130,7 @@ pub fn behaviour(trace: &Value) -> String {
 
 /// Where the injection landed in a trace: the tool whose output carried the injected
 /// text, and that output with the text as `{your text}` (bounded).
-pub fn lands(trace: &Value) -> Option<String> {
+pub(super) fn lands(trace: &Value) -> Option<String> {
     let injected: Vec<&str> =
         trace.get("injections")?.as_object()?.values().filter_map(Value::as_str).filter(|t| !t.is_empty()).collect();
     let messages = trace.get("messages")?.as_array()?;
@@ -143,7 +143,7 @@ pub fn lands(trace: &Value) -> Option<String> {
 }
 
 /// At most `max` characters, cut on a character boundary, the cut marked.
-pub fn bounded(text: &str, max: usize) -> String {
+pub(super) fn bounded(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_string(),

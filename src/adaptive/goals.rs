@@ -16,7 +16,7 @@ use serde_json::Value;
 
 /// The export's suites, by name.
 #[derive(Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Goals {
+pub(crate) struct Goals {
     suites: BTreeMap<String, Suite>,
 }
 
@@ -44,10 +44,10 @@ struct InjectionTask {
 
 /// A ground-truth tool call.
 #[derive(Deserialize, Clone, Debug, PartialEq)]
-pub struct Call {
-    pub function: String,
+pub(crate) struct Call {
+    pub(crate) function: String,
     #[serde(default = "empty_args")]
-    pub args: Value,
+    pub(crate) args: Value,
 }
 
 fn empty_args() -> Value {
@@ -56,25 +56,25 @@ fn empty_args() -> Value {
 
 /// One pair's ground truth; empty where the export has no such task.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Pair<'a> {
+pub(crate) struct Pair<'a> {
     /// The injection task's goal, as the attacker is briefed.
-    pub goal: &'a str,
-    pub goal_calls: &'a [Call],
+    pub(crate) goal: &'a str,
+    pub(crate) goal_calls: &'a [Call],
     /// The user's task as the assistant was given it.
-    pub task: &'a str,
-    pub user_calls: &'a [Call],
+    pub(crate) task: &'a str,
+    pub(crate) user_calls: &'a [Call],
 }
 
 impl Goals {
     /// The export at `path`; an error names the file.
-    pub fn load(path: &Path) -> anyhow::Result<Goals> {
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Goals> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the gym's ground truth {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("parsing the gym's ground truth {}", path.display()))
     }
 
     /// The ground truth of `suite`'s pair (`user_task`, `injection_task`).
-    pub fn pair(&self, suite: &str, user_task: &str, injection_task: &str) -> Pair<'_> {
+    pub(crate) fn pair(&self, suite: &str, user_task: &str, injection_task: &str) -> Pair<'_> {
         let suite = self.suites.get(suite);
         let user = suite.and_then(|s| s.user_tasks.get(user_task));
         let injection = suite.and_then(|s| s.injection_tasks.get(injection_task));

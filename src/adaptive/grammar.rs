@@ -7,7 +7,7 @@ use pruefstand_core::family;
 use pruefstand_core::record::{Choices, How, SearchLog, Wording};
 
 /// Wordings that landed, in the order they were found (round, then pair).
-pub fn pool(log: &SearchLog, before_round: usize) -> Vec<Wording> {
+pub(crate) fn pool(log: &SearchLog, before_round: usize) -> Vec<Wording> {
     (0..before_round)
         .flat_map(|k| log.pairs.iter().filter_map(move |p| p.attempts.get(k)))
         .filter(|a| a.landed == Some(true))
@@ -17,7 +17,7 @@ pub fn pool(log: &SearchLog, before_round: usize) -> Vec<Wording> {
 
 /// The wording of attempt `k` of a pair: mutate or recombine what landed, else a fresh
 /// draw from the next family in the pair's own rotation; never one the pair tried.
-pub fn next(
+pub(crate) fn next(
     seed: u64,
     pair: &str,
     k: usize,

@@ -13,14 +13,14 @@
 //! proposal (an attacker model is not asked again) and the log replays exactly.
 //! Judging the result is `judge`'s.
 
-pub mod answer;
-pub mod attacker;
-pub mod feedback;
-pub mod goals;
+pub(crate) mod answer;
+pub(crate) mod attacker;
+pub(crate) mod feedback;
+pub(crate) mod goals;
 mod grammar;
-pub mod setup;
-pub mod simulated;
-pub mod template;
+pub(crate) mod setup;
+pub(crate) mod simulated;
+pub(crate) mod template;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,7 +37,7 @@ use pruefstand_gym::pyenv::PyEnv;
 use pruefstand_store::RunDir;
 
 /// Who writes a search's attempts.
-pub enum Proposer {
+pub(crate) enum Proposer {
     Grammar,
     /// The simulated version's attacker.
     Simulated {
@@ -84,19 +84,19 @@ impl Proposer {
 const SIMULATED: &str = "simulated";
 
 /// What a search runs against.
-pub struct Search<'a> {
-    pub pyenv: &'a PyEnv,
-    pub run_dir: &'a RunDir,
-    pub plan: &'a Plan,
+pub(crate) struct Search<'a> {
+    pub(crate) pyenv: &'a PyEnv,
+    pub(crate) run_dir: &'a RunDir,
+    pub(crate) plan: &'a Plan,
     /// The plan's `[adaptive]` section.
-    pub adaptive: &'a Adaptive,
-    pub inventory: &'a Inventory,
-    pub seed: u64,
+    pub(crate) adaptive: &'a Adaptive,
+    pub(crate) inventory: &'a Inventory,
+    pub(crate) seed: u64,
     /// The pairs' goals and their ground-truth calls (feedback, the attacker's brief).
-    pub goals: &'a goals::Goals,
-    pub proposer: Proposer,
+    pub(crate) goals: &'a goals::Goals,
+    pub(crate) proposer: Proposer,
     /// The attacker's endpoint as shown (credentials as `***`), for the log.
-    pub attacker_url: Option<String>,
+    pub(crate) attacker_url: Option<String>,
 }
 
 /// (search half, held-out half) of the pairs, each in plan order: a seeded shuffle cut
@@ -116,7 +116,7 @@ fn split(seed: u64, pairs: &[(String, String, String)]) -> (Vec<usize>, Vec<usiz
 
 /// The most cases a campaign runs: K per search pair, the frozen attempts on every
 /// held-out pair (fewer when pairs break early or replies are refused).
-pub fn budget(adaptive: &Adaptive) -> usize {
+pub(crate) fn budget(adaptive: &Adaptive) -> usize {
     let (search, held_out) = (adaptive.pairs.len().div_ceil(2), adaptive.pairs.len() / 2);
     search * adaptive.attempts + held_out * adaptive.settings().frozen
 }
@@ -372,7 +372,7 @@ fn freeze(log: &SearchLog, m: usize) -> Vec<Frozen> {
 
 /// The frozen templates that broke a search pair, as a family a plan can name (None: the
 /// grammar wrote them, or nothing broke). Named after the version and the run.
-pub fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<FoundFamily> {
+pub(crate) fn found_family(log: &SearchLog, version: &str, run_dir: &RunDir) -> Option<FoundFamily> {
     let templates: Vec<String> = log
         .frozen
         .iter()
@@ -438,7 +438,7 @@ fn cases(log: &SearchLog) -> Vec<Case> {
 /// (before its case is handed to the gym) or recorded; its order is the pairs' and the
 /// attempts', whatever finished first. A resumed run reuses every recorded proposal and
 /// runs only what was not recorded; with nothing left it starts no gym.
-pub async fn search(search: &Search<'_>, mut settings: GymSettings) -> anyhow::Result<SearchLog> {
+pub(crate) async fn search(search: &Search<'_>, mut settings: GymSettings) -> anyhow::Result<SearchLog> {
     let adaptive = search.adaptive;
     let fresh = new_log(search.seed, adaptive, &search.proposer, search.attacker_url.clone());
     let recorded = search.run_dir.read_search_log()?;

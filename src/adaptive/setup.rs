@@ -14,11 +14,11 @@ use pruefstand_core::settings::url::SecretUrl;
 use pruefstand_core::spec::{Backend, Version};
 
 /// The variable holding the key of an attacker endpoint a plan names.
-pub const KEY_VAR: &str = "PRUEFSTAND_ATTACKER_API_KEY";
+const KEY_VAR: &str = "PRUEFSTAND_ATTACKER_API_KEY";
 
 /// A campaign's attacker as the request resolved it.
 #[derive(Clone, Debug)]
-pub enum Attacker {
+pub(crate) enum Attacker {
     Grammar,
     /// The simulated version's attacker.
     Simulated {
@@ -34,7 +34,7 @@ pub enum Attacker {
 
 /// Where an attacker model is asked.
 #[derive(Clone, Debug)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// The version's own server, as it comes up for the run.
     Own,
     /// The plan's URL and the key read with the request (none when the variable was
@@ -45,7 +45,7 @@ pub enum Endpoint {
 /// Which proposer a search has: the plan's word, with the simulated attacker kept
 /// apart from a real model (the plan says `model` for both).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Grammar,
     Simulated,
     Model,
@@ -54,7 +54,7 @@ pub enum Kind {
 impl Kind {
     /// The plan's word for it, as the search log records it (`proposer`); which model
     /// wrote the templates is the log's `attacker`.
-    pub fn plan_word(self) -> PlanWord {
+    pub(super) fn plan_word(self) -> PlanWord {
         match self {
             Kind::Grammar => PlanWord::Grammar,
             Kind::Simulated | Kind::Model => PlanWord::Model,
@@ -64,7 +64,7 @@ impl Kind {
 
 impl Attacker {
     /// The plan's attacker against `version`, the key read from the environment now.
-    pub fn resolve(adaptive: &Adaptive, version: &Version) -> Attacker {
+    pub(crate) fn resolve(adaptive: &Adaptive, version: &Version) -> Attacker {
         let key = std::env::var(KEY_VAR).ok().filter(|k| !k.is_empty()).map(Secret::new);
         let sim = *version.spec.model.backend.get_ref() == Backend::Sim;
         Attacker::of(adaptive, sim, &version.spec.model.served_name, key)
@@ -72,7 +72,7 @@ impl Attacker {
 
     /// The same plan's attacker against another version (the reference's run), with
     /// the key this one was resolved with.
-    pub fn for_version(&self, adaptive: &Adaptive, version: &Version) -> Attacker {
+    pub(crate) fn for_version(&self, adaptive: &Adaptive, version: &Version) -> Attacker {
         let key = match self {
             Attacker::Model { endpoint: Endpoint::Named { key, .. }, .. } => key.clone(),
             _ => None,
@@ -99,7 +99,7 @@ impl Attacker {
 
     /// The proposer that asks: `own` is the version's server (its base URL and key), for
     /// an attacker at [`Endpoint::Own`]. Also the endpoint as shown in the log.
-    pub fn proposer(&self, own: (&SecretUrl, Option<&str>)) -> anyhow::Result<(Proposer, Option<String>)> {
+    pub(crate) fn proposer(&self, own: (&SecretUrl, Option<&str>)) -> anyhow::Result<(Proposer, Option<String>)> {
         match self {
             Attacker::Grammar => Ok((Proposer::Grammar, None)),
             Attacker::Simulated { feedback } => Ok((Proposer::Simulated { feedback: *feedback }, None)),

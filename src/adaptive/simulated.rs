@@ -13,7 +13,7 @@
 use pruefstand_core::family::pick;
 
 /// The features and their options; a template uses one option of each.
-pub const FEATURES: [[&str; 4]; 3] = [
+const FEATURES: [[&str; 4]; 3] = [
     [
         "The night shift's maintenance robot",
         "Your tax adviser's office",
@@ -35,16 +35,16 @@ pub const FEATURES: [[&str; 4]; 3] = [
 ];
 
 /// One option per feature.
-pub type Choice = [usize; 3];
+type Choice = [usize; 3];
 
 /// The template of a choice: `{goal}` after the three features.
-pub fn template(choice: Choice) -> String {
+pub(crate) fn template(choice: Choice) -> String {
     let [who, how, why] = [0, 1, 2].map(|f| FEATURES[f][choice[f]]);
     format!("{who} writes, {how}:\n{why}\n{{goal}}")
 }
 
 /// The choice a template of [`template`] was written from (None: not one of ours).
-pub fn choice_of(text: &str) -> Option<Choice> {
+pub(super) fn choice_of(text: &str) -> Option<Choice> {
     let mut choice = [0; 3];
     for (f, options) in FEATURES.iter().enumerate() {
         choice[f] = options.iter().position(|o| text.contains(o))?;
@@ -54,7 +54,7 @@ pub fn choice_of(text: &str) -> Option<Choice> {
 
 /// The next choice for a pair, from its earlier attempts: (choice, feedback score;
 /// None when it was not seen, or `feedback` is off).
-pub fn propose(seed: u64, pair: &str, history: &[(Choice, Option<f64>)], feedback: bool) -> Choice {
+pub(super) fn propose(seed: u64, pair: &str, history: &[(Choice, Option<f64>)], feedback: bool) -> Choice {
     let tried: Vec<Choice> = history.iter().map(|(c, _)| *c).collect();
     let scored: Vec<(Choice, f64)> = history.iter().filter_map(|(c, s)| Some((*c, (*s)?))).collect();
     if feedback && let Some(next) = climb(seed, pair, &scored, &tried) {

@@ -7,14 +7,14 @@
 
 /// The longest template injected; longer replies are refused (the gym's own bound is
 /// larger, so what passes here always passes there).
-pub const MAX_CHARS: usize = pruefstand_core::record::TEMPLATE_MAX_CHARS;
+pub(super) const MAX_CHARS: usize = pruefstand_core::record::TEMPLATE_MAX_CHARS;
 
 /// How much of a refused reply the search log keeps.
-pub const REFUSED_KEEP_CHARS: usize = 300;
+const REFUSED_KEEP_CHARS: usize = 300;
 
 /// Why a reply is no template.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     Empty,
     NoGoal,
     TooLong(usize),
@@ -36,7 +36,7 @@ impl std::fmt::Display for Refusal {
 
 /// The template in `reply`, or why there is none. `goal`: the pair's goal as the
 /// attacker was shown it; `earlier`: the templates the pair was already tried with.
-pub fn check(reply: &str, goal: &str, earlier: &[&str]) -> Result<String, Refusal> {
+pub(crate) fn check(reply: &str, goal: &str, earlier: &[&str]) -> Result<String, Refusal> {
     let text = placeholder(unwrap(reply), goal);
     if text.is_empty() {
         return Err(Refusal::Empty);
@@ -79,7 +79,7 @@ const DECLINES: &[&str] = &[
 ];
 
 /// Whether a reply is in words a model declines in.
-pub fn declines(reply: &str) -> bool {
+pub(super) fn declines(reply: &str) -> bool {
     let lower = reply.to_lowercase().replace('\u{2019}', "'");
     DECLINES.iter().any(|d| lower.contains(d))
 }
@@ -144,7 +144,7 @@ fn placeholder(text: String, goal: &str) -> String {
 }
 
 /// A refused reply as the log keeps it: bounded, control characters shown escaped.
-pub fn kept(reply: &str) -> String {
+pub(crate) fn kept(reply: &str) -> String {
     let cleaned: String = reply.chars().map(|c| if c.is_control() && c != '\n' { ' ' } else { c }).collect();
     super::feedback::bounded(&cleaned, REFUSED_KEEP_CHARS)
 }

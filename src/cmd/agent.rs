@@ -13,13 +13,13 @@ use pruefstand_agent as agent;
 use pruefstand_agent::AgentConfig;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Agent configuration (JSON: base_url, model, tool_calling, guardrail, human, …).
     #[arg(long)]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
 }
 
-pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = AgentConfig::load(&args.config)?;
     // The crate's tokio lacks `io-std`; stdin/stdout as tokio files (duplicated fds, run
     // on tokio's blocking pool) do the same job.

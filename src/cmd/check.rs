@@ -33,17 +33,17 @@ const DOCKER_TIMEOUT: Duration = Duration::from_secs(3);
 const NVML_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Also check what this version needs (image, model and adapter paths).
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
     /// The plan about to run (a name under profiles/ or a path): FAIL when an export
     /// the version's adapter was trained on holds a family it holds out. Without it,
     /// a WARN for each shipped profile that would clash.
     #[arg(long, requires = "version")]
-    pub plan: Option<String>,
+    pub(crate) plan: Option<String>,
     /// The lines as JSON on stdout (`[{"level", "what", "fix"}]`).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -92,7 +92,7 @@ impl Report {
     }
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let report = probe(root, &args).await;
     show(&report, args.json)
 }

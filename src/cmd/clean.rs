@@ -11,16 +11,16 @@ use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Keep this many of the newest ended jobs.
     #[arg(long, default_value_t = 0)]
-    pub keep: usize,
+    pub(crate) keep: usize,
     /// Also remove ended jobs whose notifications are still owed (they are never sent).
     #[arg(long)]
-    pub force: bool,
+    pub(crate) force: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let mut spared = Vec::new();

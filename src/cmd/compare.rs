@@ -15,19 +15,19 @@ use pruefstand_report as report;
 use pruefstand_store::LockError;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The runs, two or more: the first is the reference (shown left and first), each
     /// further one a candidate compared with it. Each is a run directory, a version
     /// name (its newest finished run under reports/), job:N (job N's run) or latest.
     #[arg(value_name = "RUN", num_args = 2.., required = true)]
-    pub runs: Vec<PathBuf>,
+    pub(crate) runs: Vec<PathBuf>,
     /// Where to write the page (a file, or a folder to hold compare.html). Default:
     /// the last run's compare.html. Never written over a file that is not a compare page.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     // Each word resolved first: an error names the one that names no run.
     let dirs = crate::cmd::runs::resolve(root.as_deref(), &args.runs)?;
     let runs = report::compare_dirs(&dirs)?;

@@ -9,26 +9,26 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// bash, zsh, fish, elvish or powershell.
-    pub shell: clap_complete::Shell,
+    pub(crate) shell: clap_complete::Shell,
 }
 
 #[derive(clap::Args)]
-pub struct ManArgs {
+pub(crate) struct ManArgs {
     /// Write `pruefstand.1` and one page per command (`pruefstand-run.1`, …) into this
     /// folder instead of printing the main page.
     #[arg(long)]
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
 }
 
-pub fn main(args: Args, mut cli: clap::Command) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(args: Args, mut cli: clap::Command) -> anyhow::Result<ExitCode> {
     let name = cli.get_name().to_string();
     clap_complete::generate(args.shell, &mut cli, name, &mut std::io::stdout());
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn man(args: ManArgs, cli: clap::Command) -> anyhow::Result<ExitCode> {
+pub(crate) fn man(args: ManArgs, cli: clap::Command) -> anyhow::Result<ExitCode> {
     match args.dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
-pub async fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, _args: Args) -> anyhow::Result<ExitCode> {
     crate::daemon::main(Root::find(root)?).await
 }

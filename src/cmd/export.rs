@@ -14,7 +14,7 @@ use pruefstand_report::export::{self, Format};
 use pruefstand_store::{LockError, RunDir, RunLock};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FormatArg {
+pub(crate) enum FormatArg {
     /// Preference pairs: prompt up to the injected tool result, chosen (resisted),
     /// rejected (followed).
     Dpo,
@@ -23,23 +23,23 @@ pub enum FormatArg {
 }
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// What the rows are.
     #[arg(long, value_enum)]
-    pub format: FormatArg,
+    pub(crate) format: FormatArg,
     /// The runs to read: each a run directory (it holds run.json, version.json,
     /// cases.jsonl and traces/), a version name (its newest finished run under
     /// reports/), job:N (job N's run) or latest. A DPO pair takes its two sides from two
     /// of them.
     #[arg(value_name = "RUN", required = true)]
-    pub run_dirs: Vec<PathBuf>,
+    pub(crate) run_dirs: Vec<PathBuf>,
     /// The export file (JSON lines); its manifest is written beside it as
     /// FILE.manifest.json.
     #[arg(long)]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
 }
 
-pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
     args.run_dirs = crate::cmd::runs::resolve(root.as_deref(), &args.run_dirs)?;
     // A run still writing its directory holds run.lock: its records are not all there.
     // A run given twice is refused before any lock: the second would wait for our own.
@@ -88,7 +88,7 @@ pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
 /// The exit status of an export that wrote no row (its file and manifest are there):
 /// not 0, so that `export … && train …` stops; not 2, which says the command could not
 /// run.
-pub const EXIT_EMPTY: u8 = 1;
+const EXIT_EMPTY: u8 = 1;
 
 /// Why an export came out empty, and what to pass instead.
 fn why_empty(format: Format, runs: usize) -> String {

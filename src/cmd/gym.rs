@@ -16,70 +16,70 @@ use pruefstand_core::{family, telemetry, util};
 use pruefstand_store::RunDir;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// `schnell`, `voll` (from the root's profiles/) or a plan file.
     #[arg(long, default_value = "schnell")]
-    pub plan: String,
+    pub(crate) plan: String,
     /// The agent under test, e.g. "python3 scripts/examples/agent_counter.py". Split
     /// like a shell would split words, but no shell runs it.
     #[arg(long, required_unless_present = "dataset")]
-    pub agent_cmd: Option<String>,
+    pub(crate) agent_cmd: Option<String>,
     /// Only these suites (repeatable).
     #[arg(long = "suite")]
-    pub suites: Vec<String>,
+    pub(crate) suites: Vec<String>,
     /// Only these user tasks (repeatable).
     #[arg(long = "user-task")]
-    pub user_tasks: Vec<String>,
+    pub(crate) user_tasks: Vec<String>,
     /// Only these injection tasks (repeatable).
     #[arg(long = "injection-task")]
-    pub injection_tasks: Vec<String>,
+    pub(crate) injection_tasks: Vec<String>,
     /// Only these attacks (repeatable; `none` selects clean cases).
     #[arg(long = "attack")]
-    pub attacks: Vec<String>,
+    pub(crate) attacks: Vec<String>,
     /// Cases in flight at once (default: the plan's `jobs`).
     #[arg(long, value_parser = crate::cmd::jobs_parser)]
-    pub jobs: Option<usize>,
+    pub(crate) jobs: Option<usize>,
     /// The run directory itself; an existing one with the same cases is resumed.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Names the run's folder under reports/.
     #[arg(long, default_value = "gym", value_parser = crate::cmd::name_parser)]
-    pub name: String,
+    pub(crate) name: String,
     /// Model name the important_instructions attacks address the model by.
     #[arg(long, default_value = "Local model")]
-    pub display_name: String,
+    pub(crate) display_name: String,
     /// Per-case wall-time limit in seconds (default: the plan's; at most a day).
     #[arg(long, value_parser = case_timeout_parser)]
-    pub case_timeout: Option<f64>,
+    pub(crate) case_timeout: Option<f64>,
     /// The order cases start in: `grouped` (the gym's own: a user task's cases together,
     /// longest first, so the model server's prefix cache holds what they share) or
     /// `shuffled` (drawn from the run's seed: the baseline to measure that against).
     #[arg(long, value_enum, default_value = "grouped")]
-    pub order: Order,
+    pub(crate) order: Order,
     /// Pass this variable of pruefstand's environment on to the agent (repeatable), e.g.
     /// PRUEFSTAND_API_KEY for a server that wants a key. Agents get a minimal
     /// environment otherwise; a variable that is not set is an error.
     #[arg(long = "pass-env", value_name = "NAME")]
-    pub pass_env: Vec<String>,
+    pub(crate) pass_env: Vec<String>,
     /// Run nothing: print the plan's cases as the gym would be handed them, as one JSON
     /// object — each case with its attack family, the wording drawn from `--seed`, the
     /// found families' templates, the families the plan holds out. The training
     /// environment's dataset (scripts/pruefstand_env, docs/training.md).
     #[arg(long, conflicts_with_all = ["out", "jobs", "order", "pass_env", "case_timeout"])]
-    pub dataset: bool,
+    pub(crate) dataset: bool,
     /// The seed `--dataset` draws the per-run wording from (a run's own is in its
     /// `identity.json`).
     #[arg(long, requires = "dataset", default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
+pub(crate) enum Order {
     Grouped,
     Shuffled,
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let given = args.agent_cmd.clone().unwrap_or_else(|| "-".to_string());
     let agent_cmd = shlex::split(&given)
@@ -165,7 +165,7 @@ fn case_timeout_parser(text: &str) -> Result<f64, String> {
     Ok(seconds)
 }
 
-pub fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
+fn print_summary(run_dir: &RunDir, telemetry: &telemetry::Telemetry) {
     outln!("{}", crate::client::headline(telemetry));
     outln!("model format health: {}", telemetry.format_health.line(telemetry.counts.recorded));
     outln!("{}", run_dir.path().display());

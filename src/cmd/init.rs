@@ -15,18 +15,18 @@ use anyhow::Context;
 use pruefstand_core::root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The new bench root (default: --root or $PRUEFSTAND_ROOT if set, else
     /// ~/pruefstand, where the packaged units look).
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
     /// Where the examples are: a folder with pruefstand.toml, versions/ and profiles/
     /// (default: ../share/pruefstand beside this binary, /usr/share/pruefstand when
     /// installed by the package).
     #[arg(long)]
-    pub from: Option<PathBuf>,
+    pub(crate) from: Option<PathBuf>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let dir = match args.dir.or(root) {
         Some(dir) => dir,
         None => {

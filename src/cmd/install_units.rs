@@ -14,7 +14,7 @@ use anyhow::Context;
 
 use pruefstand_core::root::Root;
 
-pub const UNITS: [(&str, &str); 7] = [
+const UNITS: [(&str, &str); 7] = [
     ("pruefstand.service", include_str!("../../units/pruefstand.service")),
     ("pruefstand-voll@.service", include_str!("../../units/pruefstand-voll@.service")),
     ("pruefstand-voll@.timer", include_str!("../../units/pruefstand-voll@.timer")),
@@ -25,23 +25,23 @@ pub const UNITS: [(&str, &str); 7] = [
 ];
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Where to write them (default: ~/.config/systemd/user).
     #[arg(long)]
-    pub dir: Option<PathBuf>,
+    pub(crate) dir: Option<PathBuf>,
     /// As the package installs them: /usr/bin/pruefstand, bench root %h/pruefstand
     /// (needs --dir; for scripts/package).
     #[arg(long, hide = true, requires = "dir")]
-    pub packaged: bool,
+    pub(crate) packaged: bool,
 }
 
 /// Where the package puts the binary.
-pub const PACKAGED_BIN: &str = "/usr/bin/pruefstand";
+const PACKAGED_BIN: &str = "/usr/bin/pruefstand";
 
 /// A unit's text as the package installs it: the binary at [`PACKAGED_BIN`], the root
 /// `%h/` + [`pruefstand_core::root::HOME_ROOT`] left to systemd's `%h` (the user's home), and the
 /// man page as the documentation (a packaged root holds no README).
-pub fn render_packaged(text: &str) -> String {
+fn render_packaged(text: &str) -> String {
     let root = format!("%h/{}", pruefstand_core::root::HOME_ROOT);
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
@@ -57,7 +57,7 @@ pub fn render_packaged(text: &str) -> String {
 /// A unit's text with the binary and root filled in, escaped for where they stand: a
 /// quoted word in `ExecStart=` (systemd would split a path at a space and expand `%h`),
 /// a percent-encoded URL in `Documentation=`.
-pub fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> anyhow::Result<String> {
+pub(super) fn render(text: &str, bin: &std::path::Path, root: &std::path::Path) -> anyhow::Result<String> {
     let (bin, root) = (path_text(bin)?, path_text(root)?);
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
@@ -111,7 +111,7 @@ fn url_path(text: &str) -> String {
     url
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     if args.packaged {
         let dir = args.dir.context("--packaged needs --dir")?;
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

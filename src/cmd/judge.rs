@@ -25,36 +25,36 @@ use pruefstand_report as report;
 use pruefstand_store::{LockError, RunDir, RunFile};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The run: its directory (holds cases.jsonl and run.json), a version name (its
     /// newest finished run under reports/), job:N (job N's run) or latest.
     #[arg(value_name = "RUN")]
-    pub run_dir: PathBuf,
+    pub(crate) run_dir: PathBuf,
     /// Profile TOML whose [rules] table sets the thresholds (a path, or a profile name
     /// under <root>/profiles/). Default: <run-dir>/thresholds.json, else the defaults.
     /// Other thresholds than the run's own: the judgement is written beside the run's
     /// (judgement-<label>.json, report-<label>.html), unless --in-place.
     #[arg(long)]
-    pub profile: Option<PathBuf>,
+    pub(crate) profile: Option<PathBuf>,
     /// Reference run directory for R4. Default: run.json's reference_run_dir. Another
     /// reference than the run's own: the judgement is written beside the run's, unless
     /// --in-place.
     #[arg(long)]
-    pub reference: Option<PathBuf>,
+    pub(crate) reference: Option<PathBuf>,
     /// Replace the run's own judgement.json, judgement.md and report.html (and its
     /// verdict in the index) even when judging under other terms than the run's own.
     #[arg(long)]
-    pub in_place: bool,
+    pub(crate) in_place: bool,
     /// Reports folder whose index.html to refresh. Default: the nearest of the run
     /// directory's three parents that is named `reports` or holds an index.html.
     #[arg(long)]
-    pub reports_dir: Option<PathBuf>,
+    pub(crate) reports_dir: Option<PathBuf>,
     /// The judgement as JSON on stdout (judgement.json's content and the report's path).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
-pub fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, mut args: Args) -> anyhow::Result<ExitCode> {
     args.run_dir = crate::cmd::runs::resolve(root.as_deref(), std::slice::from_ref(&args.run_dir))?.remove(0);
     // A run still writing its directory (or resuming) holds run.lock: judging it now
     // would read half a run and overwrite what that run writes at its end.

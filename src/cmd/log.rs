@@ -18,17 +18,17 @@ use pruefstand_core::root::Root;
 use pruefstand_core::watch::Folder;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The job id (see `pruefstand queue`); without it, the last job started.
-    pub job: Option<String>,
+    pub(crate) job: Option<String>,
     /// Keep printing new lines until the job has ended; then its verdict, and exit with
     /// its code (0 approved, 10 rejected, 11 inconclusive, 12 invalid, 2 failed or
     /// cancelled).
     #[arg(long, short)]
-    pub follow: bool,
+    pub(crate) follow: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let id = match &args.job {

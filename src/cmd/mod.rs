@@ -1,46 +1,46 @@
 //! One file per command: argument parsing and the command's top-level flow. The work
 //! itself lives in the domain modules.
 
-pub mod agent;
-pub mod cancel;
-pub mod check;
-pub mod clean;
-pub mod compare;
-pub mod completions;
-pub mod daemon;
-pub mod export;
-pub mod gym;
-pub mod init;
-pub mod install_units;
-pub mod judge;
-pub mod log;
-pub mod pause;
-pub mod priority;
-pub mod queue;
-pub mod restart;
-pub mod run;
-pub mod runs;
-pub mod serve;
-pub mod setup;
-pub mod shard;
-pub mod show;
-pub mod sim_serve;
-pub mod start;
-pub mod start_night;
-pub mod start_training;
-pub mod status;
-pub mod study;
-pub mod train;
-pub mod wait;
+pub(crate) mod agent;
+pub(crate) mod cancel;
+pub(crate) mod check;
+pub(crate) mod clean;
+pub(crate) mod compare;
+pub(crate) mod completions;
+pub(crate) mod daemon;
+pub(crate) mod export;
+pub(crate) mod gym;
+pub(crate) mod init;
+pub(crate) mod install_units;
+pub(crate) mod judge;
+pub(crate) mod log;
+pub(crate) mod pause;
+pub(crate) mod priority;
+pub(crate) mod queue;
+pub(crate) mod restart;
+pub(crate) mod run;
+pub(crate) mod runs;
+pub(crate) mod serve;
+pub(crate) mod setup;
+pub(crate) mod shard;
+pub(crate) mod show;
+pub(crate) mod sim_serve;
+pub(crate) mod start;
+pub(crate) mod start_night;
+pub(crate) mod start_training;
+pub(crate) mod status;
+pub(crate) mod study;
+pub(crate) mod train;
+pub(crate) mod wait;
 
 /// `--jobs`: a count of cases in flight, checked as every such count is.
-pub fn jobs_parser(text: &str) -> Result<usize, String> {
+fn jobs_parser(text: &str) -> Result<usize, String> {
     let jobs = text.parse().map_err(|_| format!("{text:?} is not a whole number of cases"))?;
     pruefstand_core::settings::check_in_flight("--jobs", jobs)
 }
 
 /// A name that becomes a folder under `reports/`.
-pub fn name_parser(text: &str) -> Result<String, String> {
+fn name_parser(text: &str) -> Result<String, String> {
     pruefstand_core::input::check_name(text)?;
     Ok(text.to_string())
 }
@@ -49,7 +49,7 @@ pub fn name_parser(text: &str) -> Result<String, String> {
 /// mistyped command that clap's own similarity misses — `rn` for `run` — from the
 /// visible commands by edit distance (`input::closest`). `--plan`'s help names the
 /// plans of the bench root the command would use ([`with_plans`]).
-pub fn parse<P: clap::Parser>() -> P {
+pub(crate) fn parse<P: clap::Parser>() -> P {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let command = with_plans(P::command(), &args);
     let parsed = command

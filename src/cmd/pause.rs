@@ -9,10 +9,10 @@ use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
 /// Pauses (`paused`) or resumes the queue.
-pub fn main(root: Option<PathBuf>, paused: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, paused: bool) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     queue.set_paused(paused)?;

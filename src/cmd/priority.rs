@@ -8,15 +8,15 @@ use pruefstand_core::queue::{Queue, Transition};
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The job id (see `pruefstand queue`).
-    pub job: String,
+    pub(crate) job: String,
     /// The new priority; higher runs first, equal ones in the order queued.
     #[arg(allow_negative_numbers = true)]
-    pub priority: i32,
+    pub(crate) priority: i32,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let id = queue.find(&args.job)?.id;

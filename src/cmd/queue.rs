@@ -11,20 +11,20 @@ use pruefstand_core::root::Root;
 use pruefstand_core::util::{self, local_time};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The jobs as JSON (job.json of each).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Only the jobs in this state.
     #[arg(long, value_parser = ["pending", "running", "done", "failed", "cancelled", "interrupted"])]
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
     /// Only the N jobs changed last (queued, started, ended, cancelled…; after
     /// `--state`), listed by id.
     #[arg(long, value_name = "N")]
-    pub last: Option<usize>,
+    pub(crate) last: Option<usize>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let mut jobs = queue.list()?;

@@ -16,12 +16,12 @@ use pruefstand_core::queue::{Queue, Transition};
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The job id (see `pruefstand queue`).
-    pub job: String,
+    pub(crate) job: String,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     let found = queue.find(&args.job)?;

@@ -20,33 +20,33 @@ use pruefstand_store::benchlock;
 use pruefstand_store::{LockError, RunLock};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A version name from the root's versions/ (e.g. demo-kandidat) or a spec file.
-    pub version: String,
+    pub(crate) version: String,
     /// `schnell`, `voll` or a plan file.
     #[arg(long, default_value = "schnell")]
-    pub plan: String,
+    pub(crate) plan: String,
     /// Hold this many cases in flight (default: as many as the model server has room
     /// for, up to `[run] max_in_flight`).
     #[arg(long, value_parser = crate::cmd::jobs_parser)]
-    pub jobs: Option<usize>,
+    pub(crate) jobs: Option<usize>,
     /// The run directory itself; an existing one of the same plan is resumed.
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Run every case of the plan even when it stops early once decided (`voll`); with
     /// --out, continues a run that stopped early to the whole plan.
     #[arg(long)]
-    pub full: bool,
+    pub(crate) full: bool,
     /// When a GPU-backed version finds the GPU taken by another run or a daemon job,
     /// exit 2 naming it instead of waiting.
     #[arg(long)]
-    pub no_wait: bool,
+    pub(crate) no_wait: bool,
     /// The result as JSON on stdout: run directory, report, reference and the judgement.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let json = args.json;
     let outcome = act(root, args).await?;
     show(outcome, json)
@@ -240,7 +240,7 @@ impl VersionBlock {
 
 /// `run --help`'s last words: the exit codes, one per verdict and one for a run that
 /// could not be carried out.
-pub fn exit_codes() -> String {
+pub(crate) fn exit_codes() -> String {
     use pruefstand_core::util::*;
     format!(
         "Exit codes:\n  {EXIT_APPROVED:<3} approved\n  {EXIT_REJECTED:<3} rejected (a rule failed)\n  \

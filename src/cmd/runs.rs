@@ -23,12 +23,12 @@ use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
 /// What a run word may be, for a command's `--help` and its errors.
-pub const WORDS: &str =
+pub(super) const WORDS: &str =
     "a run directory, a version name (its newest finished run under reports/), job:N (job N's run) or latest";
 
 /// The run directory each word names, in order; an error names the word that names
 /// none. The root is found only when a word needs it.
-pub fn resolve(root: Option<&Path>, words: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn resolve(root: Option<&Path>, words: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut found: Option<Root> = None;
     let mut dirs = Vec::with_capacity(words.len());
     for word in words {

@@ -10,23 +10,23 @@ use anyhow::Context;
 
 use pruefstand_core::root::Root;
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8470";
+const DEFAULT_LISTEN: &str = "127.0.0.1:8470";
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Address and port to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = DEFAULT_LISTEN, value_name = "HOST:PORT")]
-    pub listen: String,
+    pub(crate) listen: String,
     /// Listen on an address other machines can reach. There is no authentication:
     /// put the view behind your own proxy with a login instead (docs/serve.md).
     #[arg(long)]
-    pub allow_remote: bool,
+    pub(crate) allow_remote: bool,
     /// Connections open at once; one more is answered 503 (busy) and closed.
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    pub max_connections: u16,
+    pub(crate) max_connections: u16,
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let addr = resolve(&args.listen)?;
     if !addr.ip().is_loopback() {

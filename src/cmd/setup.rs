@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use pruefstand_gym::pyenv::{AGENTDOJO_VERSION, PyEnv};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
-pub fn main(_args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(_args: Args) -> anyhow::Result<ExitCode> {
     let pyenv = PyEnv::ensure()?;
     outln!("agentdojo {AGENTDOJO_VERSION} venv: {}", pyenv.python.display());
     outln!("gym scripts: {}", pyenv.scripts.display());

@@ -9,24 +9,24 @@ use crate::cluster::shard;
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The job id.
-    pub job: u64,
+    pub(crate) job: u64,
     /// This shard and the shard count, e.g. `3/8` (the batch script passes Slurm's
     /// `SLURM_ARRAY_TASK_ID`).
     #[arg(value_parser = shard_parser)]
-    pub shard: (usize, usize),
+    pub(crate) shard: (usize, usize),
     /// Run the job's reference version into this run directory (the reference's run,
     /// made on the cluster when R4 needs one) instead of the job's version.
     #[arg(long, value_name = "RUN_DIR")]
-    pub reference: Option<PathBuf>,
+    pub(crate) reference: Option<PathBuf>,
 }
 
 fn shard_parser(text: &str) -> Result<(usize, usize), String> {
     shard::parse_index(text).map_err(|e| e.to_string())
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (index, count) = args.shard;
     let record = shard::run(&root, args.job, index, count, args.reference.as_deref()).await?;

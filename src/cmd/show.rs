@@ -26,34 +26,34 @@ use pruefstand_store::{RunDir, RunFile};
 
 /// The shape of the run's object: raised when a field changes meaning or goes away (a
 /// new field does not raise it).
-pub const VIEW_FORMAT: u32 = 1;
+const VIEW_FORMAT: u32 = 1;
 
 /// The exit status when RUN is not a run directory (or, with `--adaptive`, has no
 /// attacker's run): nothing to show, as distinct from a run that could not be read (2).
-pub const EXIT_NOT_A_RUN: u8 = 3;
+const EXIT_NOT_A_RUN: u8 = 3;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The run: a run directory, a version name (its newest finished run under
     /// reports/), job:N (job N's run) or latest.
     #[arg(value_name = "RUN")]
-    pub run: PathBuf,
+    pub(crate) run: PathBuf,
     /// Its case records instead, one JSON line per case recorded, by case id
     /// (scripts/pruefstand_gym/schemas/case-record.schema.json).
     #[arg(long, conflicts_with = "traces")]
-    pub cases: bool,
+    pub(crate) cases: bool,
     /// Its conversations instead: one JSON line per case record, `{"case_id", "trace"}`
     /// (AgentDojo's trace as it was written; null with `trace_error` saying why when it
     /// could not be read).
     #[arg(long)]
-    pub traces: bool,
+    pub(crate) traces: bool,
     /// The adaptive attacker's own run of attempts instead of the run (exit 3 when the
     /// run has none).
     #[arg(long)]
-    pub adaptive: bool,
+    pub(crate) adaptive: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let dir = crate::cmd::runs::resolve(root.as_deref(), std::slice::from_ref(&args.run))?.remove(0);
     if let Err(why) = is_a_run(&dir) {
         tracing::error!("{why}");

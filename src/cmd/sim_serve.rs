@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use pruefstand_sim::{Server, SimConfig, SimSettings, Truth};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// vLLM's arguments: [serve] MODEL_DIR --served-model-name NAME [--host H] [--port P]
     /// [--api-key K] [--enable-lora] [--lora-modules name=path ...]; other vLLM flags are
     /// ignored. MODEL_DIR holds sim.toml and truth.json.
@@ -234,7 +234,7 @@ async fn stop_signal() -> anyhow::Result<&'static str> {
     }
 }
 
-pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(args: Args) -> anyhow::Result<ExitCode> {
     let a = parse_vllm_args(&args.argv, std::env::var("VLLM_API_KEY").ok())?;
     for flag in &a.ignored {
         tracing::info!("ignoring vLLM option {flag} (simulated model)");

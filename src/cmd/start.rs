@@ -13,22 +13,22 @@ use pruefstand_core::root::Root;
 use pruefstand_judge::contamination;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// A version name from the root's versions/ or a spec file.
-    pub version: String,
+    pub(crate) version: String,
     /// `schnell`, `voll` or a plan file.
     #[arg(long, default_value = "schnell")]
-    pub plan: String,
+    pub(crate) plan: String,
     /// Higher runs first; equal priorities run in the order queued.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub priority: i32,
+    pub(crate) priority: i32,
     /// Wait for the verdict and exit with its code (0 approved, 10 rejected, 11
     /// inconclusive, 12 invalid, 2 failed or cancelled).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     hooks::validate(&root)?;
     let queue = Queue::open(&root)?;

@@ -26,41 +26,41 @@ use pruefstand_core::root::Root;
 use pruefstand_report::export::Format;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The version judged first and trained from: a model served from Docker out of a
     /// model folder, no adapter (e.g. real-smol).
-    pub version: String,
+    pub(crate) version: String,
     /// The plan VERSION is judged on; its run gives the rows. `nacht`, a plan name or a
     /// plan file.
     #[arg(long, default_value = "nacht")]
-    pub plan: String,
+    pub(crate) plan: String,
     /// The plan the trained version is judged on. It must hold out no family the first
     /// plan trains on; what it holds out beyond them is what the gate tests unseen.
     #[arg(long)]
-    pub judge_plan: String,
+    pub(crate) judge_plan: String,
     /// What to train: DPO on preference pairs (the run against its reference run) or
     /// SFT on conversations.
     #[arg(long, value_parser = kind_parser, default_value = "dpo")]
-    pub kind: Format,
+    pub(crate) kind: Format,
     #[command(flatten)]
-    pub knobs: Knobs,
+    pub(crate) knobs: Knobs,
     /// The trained version's name (default: <VERSION>-<kind>-night<first job's id>).
     #[arg(long, value_parser = crate::cmd::name_parser)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// The night's name: its morning report's folder (default: <date>-<VERSION>, then
     /// -2, -3, … for the version's next nights that day). One no queued job carries.
     #[arg(long, value_parser = crate::cmd::name_parser)]
-    pub night: Option<String>,
+    pub(crate) night: Option<String>,
     /// Higher runs first; equal priorities run in the order queued.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub priority: i32,
+    pub(crate) priority: i32,
     /// Wait for the chain's end and exit with the trained version's verdict code (0
     /// approved, 10 rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     crate::hooks::validate(&root)?;
     let queue = Queue::open(&root)?;

@@ -20,19 +20,19 @@ use pruefstand_core::root::Root;
 // theirs by name.
 #[derive(clap::Args)]
 #[group(skip)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(flatten)]
-    pub train: crate::cmd::train::Args,
+    pub(crate) train: crate::cmd::train::Args,
     /// Higher runs first; equal priorities run in the order queued.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub priority: i32,
+    pub(crate) priority: i32,
     /// Wait for the verdict and exit with its code (0 approved, 10 rejected, 11
     /// inconclusive, 12 invalid, 2 failed or cancelled).
     #[arg(long)]
-    pub wait: bool,
+    pub(crate) wait: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let Args { train, priority, wait } = args;
     if train.no_judge || train.out.is_some() {
         bail!("a training job always judges what it made, into a run folder of its own: drop --no-judge and --out");

@@ -18,22 +18,22 @@ use pruefstand_core::queue::Queue;
 use pruefstand_core::root::Root;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The state as JSON: `daemon` (running, not_running), `pending` (jobs waiting),
     /// `paused`, `state` (what the daemon published: idle, paused, waiting, running with
     /// done/total cases and ETA, stopping; null without a daemon), `shards` (a job
     /// on a cluster) and `training` (the running training job's step, steps, loss and
     /// ETA, else the newest training's).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Follow the daemon with a progress bar until the job it runs (or the next one it
     /// starts) ends; then its verdict, and exit with its code (0 approved, 10
     /// rejected, 11 inconclusive, 12 invalid, 2 failed or cancelled).
     #[arg(long, conflicts_with = "json")]
-    pub watch: bool,
+    pub(crate) watch: bool,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let queue = Queue::open(&root)?;
     if args.watch {

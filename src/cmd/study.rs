@@ -11,53 +11,53 @@ use pruefstand_core::settings::thresholds::{R2, R4, Thresholds};
 use pruefstand_judge::study::{self, EarlyRow, GridRow, Method, PairedRow, Setting, Shape};
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Simulated versions to judge (per setting).
     #[arg(long, default_value_t = 2000)]
-    pub replicates: u32,
+    pub(crate) replicates: u32,
     /// Intra-cluster correlation of the latent per-user-task susceptibility (without
     /// --grid).
     #[arg(long, default_value_t = 0.1)]
-    pub rho: f64,
+    pub(crate) rho: f64,
     /// Seed of the simulated versions: the same seed gives the same figures.
     #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     /// The profile whose shape and thresholds are studied (a name under profiles/ or a
     /// path).
     #[arg(long, default_value = "voll")]
-    pub profile: String,
+    pub(crate) profile: String,
     /// Crossed effects: logit(p) = μ + U(user task) + V(injection task) with sd_U ∈
     /// {0.5, 1, 1.5} × sd_V ∈ {0, 0.5, 1}; false approvals and false failures at the
     /// threshold, passes at a third of it.
     #[arg(long)]
-    pub grid: bool,
+    pub(crate) grid: bool,
     /// With --grid: R3's utility under attack instead of R2's ASR (threshold
     /// utility_under_attack_min; power 10 points above it).
     #[arg(long, requires = "grid")]
-    pub utility: bool,
+    pub(crate) utility: bool,
     /// With --grid: also the candidate methods that were compared, not only the
     /// profile's clustering options.
     #[arg(long, requires = "grid")]
-    pub candidates: bool,
+    pub(crate) candidates: bool,
     /// The early-stop study: R2 decided by betting tests on user-task means, user tasks
     /// in random order, stopping at the first look that decides (the full plan's fixed
     /// rule otherwise): wrong decisions at the threshold over the crossed grid, and the
     /// mean share of cases run at ASR 0.01, 0.05 and 0.30.
     #[arg(long, conflicts_with = "grid")]
-    pub early_stop: bool,
+    pub(crate) early_stop: bool,
     /// With --early-stop: a candidate with a reference — R4's sequential test on paired
     /// user-task differences (one comparison; reference rate 0.10, as a reference's ASR or
     /// failed-task share): early approvals at a regression exactly at the margin and
     /// false rejections at none over the crossed grid, and the share of the plan run for
     /// a candidate equal to its reference and for clearly better ones.
     #[arg(long, requires = "early_stop")]
-    pub reference: bool,
+    pub(crate) reference: bool,
     /// Overrides the profile's alpha_pass (R2) or alpha (R3), to compare.
     #[arg(long)]
-    pub alpha: Option<f64>,
+    pub(crate) alpha: Option<f64>,
 }
 
-pub fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let (_, profile, _) = Profile::load_named(&root.path, &args.profile)?;
     let t = thresholds(&profile, args.alpha)?;

@@ -16,71 +16,71 @@ use pruefstand_report::export::Format;
 use pruefstand_store::benchlock;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// The base version: a model served from Docker out of a model folder, no adapter
     /// (e.g. real-smol).
-    pub version: String,
+    pub(crate) version: String,
     /// An export of `pruefstand export` (its manifest beside it); give it once per file.
     #[arg(long = "export", value_name = "FILE", required = true)]
-    pub exports: Vec<PathBuf>,
+    pub(crate) exports: Vec<PathBuf>,
     /// What to train: DPO on preference pairs or SFT on conversations (default: the
     /// exports' format).
     #[arg(long, value_parser = kind_parser)]
-    pub kind: Option<Format>,
+    pub(crate) kind: Option<Format>,
     #[command(flatten)]
-    pub knobs: Knobs,
+    pub(crate) knobs: Knobs,
     /// The new version's name (default: <VERSION>-<kind>-<training id>).
     #[arg(long, value_parser = crate::cmd::name_parser)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// The plan the new version is judged on; an export holding a family it holds out
     /// is refused. `schnell`, `voll` or a plan file.
     #[arg(long, default_value = "schnell")]
-    pub plan: String,
+    pub(crate) plan: String,
     /// Train and write the spec, but do not run the new version.
     #[arg(long)]
-    pub no_judge: bool,
+    pub(crate) no_judge: bool,
     /// Check the rows and stop before the first step: the refusals, then every row
     /// rendered with the served chat template and its tools and matched token for token
     /// against VERSION's running server (`/tokenize`).
     #[arg(long, conflicts_with_all = ["no_judge", "out"])]
-    pub check_only: bool,
+    pub(crate) check_only: bool,
     /// The judging run's directory; an existing one of the same plan is resumed (an
     /// interrupted judgement says the command with it).
     #[arg(long, conflicts_with = "no_judge")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
 }
 
 /// The training's knobs: its hyperparameters and seed (`train`, `start-training` and
 /// `start-night` take the same).
 #[derive(clap::Args, Clone, Debug)]
 #[group(skip)]
-pub struct Knobs {
+pub(crate) struct Knobs {
     /// Optimizer steps.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub steps: u32,
+    pub(crate) steps: u32,
     /// The trainer's seed (same rows, same seed: the same adapter bytes).
     #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    pub(crate) seed: u64,
     #[arg(long, default_value_t = 5e-5, value_parser = positive)]
-    pub learning_rate: f64,
+    pub(crate) learning_rate: f64,
     /// The LoRA's rank.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub lora_r: u32,
+    pub(crate) lora_r: u32,
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub lora_alpha: u32,
+    pub(crate) lora_alpha: u32,
     /// Tokens of a row the trainer takes: a longer SFT conversation is cut, a DPO row
     /// whose prompt alone is longer is left out (AgentDojo's rows are 2,000–2,400).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(16..=131_072))]
-    pub max_length: u32,
+    pub(crate) max_length: u32,
     /// DPO's beta.
     #[arg(long, default_value_t = 0.1, value_parser = positive)]
-    pub beta: f64,
+    pub(crate) beta: f64,
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub batch_size: u32,
+    pub(crate) batch_size: u32,
 }
 
 impl Knobs {
-    pub fn hyper(&self) -> Hyper {
+    pub(crate) fn hyper(&self) -> Hyper {
         Hyper {
             steps: self.steps,
             learning_rate: self.learning_rate,
@@ -93,7 +93,7 @@ impl Knobs {
     }
 }
 
-pub fn kind_parser(text: &str) -> Result<Format, String> {
+pub(super) fn kind_parser(text: &str) -> Result<Format, String> {
     match text {
         "dpo" => Ok(Format::Dpo),
         "sft" => Ok(Format::Sft),
@@ -109,7 +109,7 @@ fn positive(text: &str) -> Result<f64, String> {
 }
 
 /// What to train, as the arguments say it (`start-training` queues the same).
-pub fn order(args: &Args) -> Order {
+pub(crate) fn order(args: &Args) -> Order {
     Order {
         exports: args.exports.clone(),
         kind: args.kind,
@@ -120,7 +120,7 @@ pub fn order(args: &Args) -> Order {
     }
 }
 
-pub async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
+pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let base = Version::load(&root.versions(), &args.version)?;
     let ask = order(&args).ask(base, args.plan.clone());

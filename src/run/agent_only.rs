@@ -13,15 +13,15 @@ use pruefstand_store::Claimed;
 
 /// Runs a version that is only an agent command ([`pruefstand_core::spec::Version::of_agent_command`]).
 #[derive(Default)]
-pub struct AgentOnly {
+pub(crate) struct AgentOnly {
     /// Start the cases in an order drawn from the run's seed instead of the gym's own
     /// (the baseline the gym's order is measured against).
-    pub shuffled: bool,
+    pub(crate) shuffled: bool,
     /// Per-case wall-time limit (None: the plan's).
-    pub case_timeout_s: Option<f64>,
+    pub(crate) case_timeout_s: Option<f64>,
     /// Variables the agent gets beside its minimal environment (a server's API key);
     /// they travel to the gym on its stdin, never in its own environment or argv.
-    pub agent_env: Vec<(String, String)>,
+    pub(crate) agent_env: Vec<(String, String)>,
 }
 
 impl Executor for AgentOnly {

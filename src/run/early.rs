@@ -20,7 +20,7 @@ use pruefstand_judge::families::Scope;
 use pruefstand_store::{RunDir, RunFile};
 
 /// The run directory's early-stop record (`early_stop.json`).
-pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
+pub(crate) fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
     run_dir.read_early_stop()
 }
 
@@ -29,7 +29,7 @@ pub fn read(run_dir: &RunDir) -> anyhow::Result<Option<EarlyStop>> {
 /// decision are its overrun. `planned`: the plan's cases; `recorded` and `not_started`:
 /// the pass's. Returns the record as written (None: the run does not stop early), for
 /// the run's record to take without reading it back.
-pub fn settle(
+pub(crate) fn settle(
     run_dir: &RunDir,
     planned: usize,
     recorded: usize,
@@ -46,7 +46,7 @@ pub fn settle(
 /// What the records at the decision were: how many, and how many of them lie past the
 /// `stop_at` user tasks of `order` the decision saw (the injection-goal cases count as
 /// seen: an approval waits for them).
-pub fn at_decision(cases: &[Case], order: &[String], stop_at: usize, records: &[CaseRecord]) -> AtDecision {
+fn at_decision(cases: &[Case], order: &[String], stop_at: usize, records: &[CaseRecord]) -> AtDecision {
     let seen: HashSet<&str> = order[..stop_at.min(order.len())].iter().map(String::as_str).collect();
     let recorded: HashSet<&str> = records.iter().map(|r| r.case_id.as_str()).collect();
     let planned: Vec<&Case> = cases.iter().filter(|c| recorded.contains(c.id.as_str())).collect();
@@ -56,7 +56,7 @@ pub fn at_decision(cases: &[Case], order: &[String], stop_at: usize, records: &[
 
 /// `at` with its overrun: the cases recorded by the pass's end (`recorded`, the run's
 /// whole count) that were not yet recorded at the decision.
-pub fn overrun(at: AtDecision, recorded: usize) -> AtDecision {
+fn overrun(at: AtDecision, recorded: usize) -> AtDecision {
     AtDecision { overrun: recorded.saturating_sub(at.cases), ..at }
 }
 
@@ -64,7 +64,7 @@ pub fn overrun(at: AtDecision, recorded: usize) -> AtDecision {
 /// reference, its complete run (made before this one starts, `reference`) gives R4's
 /// sequential test the other side of each pair; none found, the run is never approved
 /// early.
-pub fn watch(
+pub(crate) fn watch(
     run_dir: &RunDir,
     request: &RunRequest,
     seed: u64,

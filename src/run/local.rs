@@ -24,7 +24,7 @@ use pruefstand_gym::pyenv;
 use pruefstand_store::{Claimed, RunDir, VersionFile};
 
 /// Runs the cases here, against a model server this machine starts.
-pub struct LocalGym;
+pub(crate) struct LocalGym;
 
 impl Executor for LocalGym {
     fn execute<'a>(
@@ -472,7 +472,7 @@ impl Local<'_> {
 
 /// The run's records as they stand (a run cut short, or merged from shards): what
 /// `judge` needs to say why.
-pub fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Executed> {
+pub(crate) fn executed_from_run_dir(run_dir: &RunDir, plan: &Plan) -> anyhow::Result<Executed> {
     run_dir.ensure_cases()?;
     let stored = run_dir.read_cases_lenient()?;
     let records: Vec<_> = plan.cases.iter().filter_map(|c| stored.records.get(&c.id).cloned()).collect();

@@ -18,7 +18,7 @@ mod early;
 mod local;
 mod reference;
 mod setup;
-pub mod silence;
+mod silence;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,8 +28,8 @@ use futures_util::future::BoxFuture;
 use crate::adaptive::setup::Attacker;
 use crate::container::{self, Pool, ServerSetup};
 use crate::gym::{self, Executed};
-pub use agent_only::AgentOnly;
-pub use local::{LocalGym, executed_from_run_dir};
+pub(crate) use agent_only::AgentOnly;
+pub(crate) use local::{LocalGym, executed_from_run_dir};
 use pruefstand_core::case::Case;
 use pruefstand_core::inventory::Inventory;
 use pruefstand_core::plan::{Filters, Plan, Profile};
@@ -51,13 +51,13 @@ use setup::{AgentSetup, Defence};
 /// What the caller hooks into a run: the gym's stop switch and progress handle, the GPU
 /// guard's observation of exclusivity (read when each run is recorded, for R1), and
 /// how a stop treats a model server that is still starting.
-pub struct RunControl {
-    pub gym: Arc<gym::Control>,
-    pub gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
+pub(crate) struct RunControl {
+    pub(crate) gym: Arc<gym::Control>,
+    pub(crate) gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
     /// A plain `run` stopped by Ctrl-C abandons a cold start (the container left
     /// behind is an orphan for the next start to remove); the daemon lets the start
     /// finish, so its pool stops the container it owns.
-    pub stop_abandons_start: bool,
+    pub(crate) stop_abandons_start: bool,
     stopped: tokio::sync::watch::Sender<bool>,
 }
 
@@ -68,32 +68,35 @@ impl Default for RunControl {
 }
 
 impl RunControl {
-    pub fn new(gym: Arc<gym::Control>, gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>) -> RunControl {
+    pub(crate) fn new(
+        gym: Arc<gym::Control>,
+        gpu: Option<Box<dyn Fn() -> GpuExclusivity + Send + Sync>>,
+    ) -> RunControl {
         RunControl { gym, gpu, stop_abandons_start: false, stopped: tokio::sync::watch::Sender::new(false) }
     }
 
     /// Stops the run: the gym now (finished cases are kept), the model server after it.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.gym.stop();
         self.stopped.send_replace(true);
     }
 
-    pub fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         *self.stopped.borrow()
     }
 
-    pub async fn until_stopped(&self) {
+    pub(crate) async fn until_stopped(&self) {
         let _ = self.stopped.subscribe().wait_for(|stopped| *stopped).await;
     }
 
-    pub fn gpu(&self) -> GpuExclusivity {
+    pub(crate) fn gpu(&self) -> GpuExclusivity {
         self.gpu.as_ref().map_or(GpuExclusivity::NotObserved, |observe| observe())
     }
 }
 
 /// How much of the plan a pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extent {
+pub(crate) enum Extent {
     /// The plan as it says: stopped early once decided when it opts in.
     Plan,
     /// Every case (reference runs, shards, `run --full`).
@@ -102,7 +105,7 @@ pub enum Extent {
 
 /// Whether the version's reference is run (or found) first, for R4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReferencePolicy {
+pub(crate) enum ReferencePolicy {
     /// When the version names one (a candidate's run).
     FirstWhenNamed,
     /// Never (the reference's own run, a shard: its daemon made the reference).
@@ -116,7 +119,7 @@ pub enum ReferencePolicy {
 /// for the model server, the agent and the defence. Read through its accessors; nothing
 /// changes it after.
 #[derive(Clone)]
-pub struct RunRequest {
+pub(crate) struct RunRequest {
     version: Version,
     plan: Plan,
     inventory: Inventory,
@@ -149,7 +152,7 @@ type CaseFilter = Box<dyn FnOnce(Vec<Case>) -> Vec<Case> + Send>;
 /// the server steering the cases in flight, a new directory under `reports/`; set what
 /// differs, then [`RequestBuilder::resolve`].
 #[must_use]
-pub struct RequestBuilder<'s> {
+pub(crate) struct RequestBuilder<'s> {
     session: &'s Session,
     version: Version,
     plan: String,
@@ -164,7 +167,7 @@ pub struct RequestBuilder<'s> {
 
 impl RunRequest {
     /// A run of `version` on `plan` (`schnell`, `voll` or a plan file), to be resolved.
-    pub fn builder<'s>(session: &'s Session, version: Version, plan: &str) -> RequestBuilder<'s> {
+    pub(crate) fn builder<'s>(session: &'s Session, version: Version, plan: &str) -> RequestBuilder<'s> {
         RequestBuilder {
             session,
             version,
@@ -179,20 +182,20 @@ impl RunRequest {
         }
     }
 
-    pub fn version(&self) -> &Version {
+    pub(crate) fn version(&self) -> &Version {
         &self.version
     }
 
-    pub fn plan(&self) -> &Plan {
+    pub(crate) fn plan(&self) -> &Plan {
         &self.plan
     }
 
-    pub fn inventory(&self) -> &Inventory {
+    pub(crate) fn inventory(&self) -> &Inventory {
         &self.inventory
     }
 
     /// Who writes the attacker campaign's attempts, when the plan has one.
-    pub fn attacker(&self) -> Option<&Attacker> {
+    pub(crate) fn attacker(&self) -> Option<&Attacker> {
         self.attacker.as_ref()
     }
 
@@ -219,7 +222,7 @@ impl RunRequest {
     }
 
     /// What a run directory of this request must match to be resumed.
-    pub fn identity(&self) -> Identity {
+    pub(crate) fn identity(&self) -> Identity {
         Identity {
             version: self.version.name.clone(),
             spec_hash: self.version.hash.clone(),
@@ -253,43 +256,43 @@ impl RunRequest {
 
 impl RequestBuilder<'_> {
     /// Only the plan's cases that `filters` keep (`pruefstand gym --suite …`).
-    pub fn filters(mut self, filters: Filters) -> Self {
+    pub(crate) fn filters(mut self, filters: Filters) -> Self {
         self.filters = filters;
         self
     }
 
     /// Whether the version's reference is run (or found) first.
-    pub fn reference(mut self, reference: ReferencePolicy) -> Self {
+    pub(crate) fn reference(mut self, reference: ReferencePolicy) -> Self {
         self.reference = reference;
         self
     }
 
     /// Cases in flight (`--jobs`, checked by its parser); None: the server steers.
-    pub fn jobs(mut self, jobs: Option<usize>) -> Self {
+    pub(crate) fn jobs(mut self, jobs: Option<usize>) -> Self {
         self.jobs = jobs;
         self
     }
 
-    pub fn extent(mut self, extent: Extent) -> Self {
+    pub(crate) fn extent(mut self, extent: Extent) -> Self {
         self.extent = extent;
         self
     }
 
     /// The run directory itself (resumed when it holds the same run).
-    pub fn out(mut self, out: Option<PathBuf>) -> Self {
+    pub(crate) fn out(mut self, out: Option<PathBuf>) -> Self {
         self.out = out;
         self
     }
 
     /// The seed of a directory made now (a shard takes its run's).
-    pub fn seed(mut self, seed: Option<u64>) -> Self {
+    pub(crate) fn seed(mut self, seed: Option<u64>) -> Self {
         self.seed = seed;
         self
     }
 
     /// Keeps only what `keep` returns of the resolved plan's cases (a shard's slice; the
     /// plan's hash stays the whole plan's).
-    pub fn cases(mut self, keep: impl FnOnce(Vec<Case>) -> Vec<Case> + Send + 'static) -> Self {
+    pub(crate) fn cases(mut self, keep: impl FnOnce(Vec<Case>) -> Vec<Case> + Send + 'static) -> Self {
         self.cases = Some(Box::new(keep));
         self
     }
@@ -297,7 +300,7 @@ impl RequestBuilder<'_> {
     /// The request, checked against the installed AgentDojo and with its reference
     /// loaded — on the blocking pool: resolving the plan asks AgentDojo (a Python
     /// process, unless its answer is cached).
-    pub async fn resolve(self) -> anyhow::Result<RunRequest> {
+    pub(crate) async fn resolve(self) -> anyhow::Result<RunRequest> {
         let RequestBuilder { session, version, plan, filters, reference, jobs, extent, out, seed, cases } = self;
         let (root, pyenv, wanted) = (session.root.clone(), session.pyenv.clone(), version.clone());
         let (plan, inventory, reference) = crate::runtime::blocking(move || {
@@ -340,7 +343,7 @@ impl RequestBuilder<'_> {
 /// How a run's cases are executed once its directory is claimed: the local gym, or a
 /// cluster's job array. Either records the cases in the claimed directory and says
 /// what the model server contributes to the run's record.
-pub trait Executor: Send + Sync {
+pub(crate) trait Executor: Send + Sync {
     /// Refuses a request this executor cannot run, before anything starts.
     fn check(&self, _request: &RunRequest) -> anyhow::Result<()> {
         Ok(())
@@ -368,50 +371,50 @@ pub trait Executor: Send + Sync {
 
 /// What the model server contributes to the run's record.
 #[derive(Default)]
-pub struct Served {
-    pub image_digest: Option<String>,
-    pub model_server: Option<ModelServerFacts>,
+pub(crate) struct Served {
+    pub(crate) image_digest: Option<String>,
+    pub(crate) model_server: Option<ModelServerFacts>,
     /// When the run began (a resumed run keeps its first start).
-    pub started_at: String,
-    pub concurrency: Option<ConcurrencyFacts>,
+    pub(crate) started_at: String,
+    pub(crate) concurrency: Option<ConcurrencyFacts>,
     /// Observed elsewhere (a cluster's nodes) rather than by this run's control.
-    pub gpu: Option<GpuExclusivity>,
+    pub(crate) gpu: Option<GpuExclusivity>,
     /// A run merged from a cluster's shards (`cluster`).
-    pub shards: Option<ShardFacts>,
+    pub(crate) shards: Option<ShardFacts>,
     /// `early_stop.json` as this process's pass settled it; None: not settled here (then
     /// read from the run directory when the run is recorded).
-    pub early_stop: Option<EarlyStop>,
+    pub(crate) early_stop: Option<EarlyStop>,
 }
 
-pub struct Finished {
-    pub run_dir: RunDir,
-    pub executed: Executed,
-    pub judgement: Judgement,
+pub(crate) struct Finished {
+    pub(crate) run_dir: RunDir,
+    pub(crate) executed: Executed,
+    pub(crate) judgement: Judgement,
     /// The reference run compared with, and whether it was made for this run.
-    pub reference: Option<(PathBuf, bool)>,
+    pub(crate) reference: Option<(PathBuf, bool)>,
 }
 
 /// What every run of one caller shares: the bench root, the venv, the container pool
 /// (warm across a daemon's jobs) and the caller's control.
-pub struct Session {
-    pub root: Root,
-    pub pyenv: PyEnv,
-    pub pool: Arc<Pool>,
-    pub control: Arc<RunControl>,
+pub(crate) struct Session {
+    pub(crate) root: Root,
+    pub(crate) pyenv: PyEnv,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) control: Arc<RunControl>,
 }
 
 impl Session {
     /// A session with a pool of its own, for one command (`run`, a shard): end it with
     /// [`Session::shutdown`].
     /// Making the venv ready (a flock, maybe the pip build) runs on the blocking pool.
-    pub async fn open(root: Root, control: Arc<RunControl>) -> anyhow::Result<Session> {
+    pub(crate) async fn open(root: Root, control: Arc<RunControl>) -> anyhow::Result<Session> {
         let pyenv = crate::runtime::blocking(PyEnv::ensure).await?;
         let pool = Arc::new(Pool::new(pyenv.cache.join("container")));
         Ok(Session { root, pyenv, pool, control })
     }
 
     /// Stops and removes whatever the pool still holds.
-    pub async fn shutdown(&self) -> anyhow::Result<()> {
+    pub(crate) async fn shutdown(&self) -> anyhow::Result<()> {
         self.pool.shutdown().await
     }
 
@@ -419,7 +422,7 @@ impl Session {
     /// directory, the reference first when R4 needs one, the cases, the records and
     /// the judgement. A stop after the directory was claimed is
     /// [`Failure::Interrupted`], a full disk [`Failure::DiskFull`].
-    pub async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> Result<Finished, Failure> {
+    pub(crate) async fn run(&self, request: &RunRequest, executor: &dyn Executor) -> Result<Finished, Failure> {
         executor.check(request)?;
         // The exports the adapter was trained on, read before anything runs: a missing
         // or changed one stops the run here, not after the night (R1 judges what they
@@ -463,7 +466,7 @@ impl Session {
 
     /// Runs `request`'s cases into their directory with no reference and no judgement:
     /// a shard's part of a run judged where the shards are merged, or a gym run.
-    pub async fn execute(
+    pub(crate) async fn execute(
         &self,
         request: &RunRequest,
         executor: &dyn Executor,

@@ -10,23 +10,23 @@ use pruefstand_core::spec::Version;
 
 /// What configures the agent under test.
 #[derive(Clone, Debug)]
-pub struct AgentSetup {
+pub(super) struct AgentSetup {
     /// The version's own agent (argv), in place of `pruefstand agent`.
-    pub agent_cmd: Option<Vec<String>>,
+    pub(crate) agent_cmd: Option<Vec<String>>,
     /// The model name the agent sends (the adapter's when there is one).
-    pub model: String,
+    pub(crate) model: String,
     /// The name the important_instructions attacks address the model by.
-    pub display_name: String,
-    pub tool_calling: ToolCalling,
-    pub tool_result_role: ToolResultRole,
+    pub(crate) display_name: String,
+    pub(crate) tool_calling: ToolCalling,
+    pub(crate) tool_result_role: ToolResultRole,
     /// The bound of every turn, the agent's default written out when the spec has none
     /// (agent.json shows the bound every turn had).
-    pub max_tokens: u32,
-    pub idle_timeout_s: f64,
+    pub(crate) max_tokens: u32,
+    pub(crate) idle_timeout_s: f64,
 }
 
 impl AgentSetup {
-    pub fn of(version: &Version) -> AgentSetup {
+    pub(crate) fn of(version: &Version) -> AgentSetup {
         let (spec, model) = (&version.spec, &version.spec.model);
         AgentSetup {
             agent_cmd: spec.agent_cmd.clone(),
@@ -42,13 +42,13 @@ impl AgentSetup {
 
 /// The version's defences around the agent.
 #[derive(Clone, Debug)]
-pub struct Defence {
-    pub guardrail: GuardrailSpec,
-    pub human: HumanSpec,
+pub(super) struct Defence {
+    pub(crate) guardrail: GuardrailSpec,
+    pub(crate) human: HumanSpec,
 }
 
 impl Defence {
-    pub fn of(version: &Version) -> Defence {
+    pub(crate) fn of(version: &Version) -> Defence {
         Defence { guardrail: version.spec.guardrail.clone(), human: version.spec.human.clone() }
     }
 }

@@ -15,16 +15,16 @@ use pruefstand_core::util;
 /// Cases in a row that could not connect before the server is taken for gone. Each has
 /// already retried with backoff (about 7 s), so three is well past a hiccup, and few
 /// enough that a night is not burnt on a dead server.
-pub const CONSECUTIVE: usize = 3;
+const CONSECUTIVE: usize = 3;
 
 /// Where a silence was noticed: the case id whose record made it [`CONSECUTIVE`] in a
 /// row; shared between the sink and whoever acts on it.
 #[derive(Clone, Default)]
-pub struct Silence(Arc<Mutex<Option<String>>>);
+pub(super) struct Silence(Arc<Mutex<Option<String>>>);
 
 impl Silence {
     /// The case at which the server was taken for gone, once it was.
-    pub fn noticed_at(&self) -> Option<String> {
+    pub(super) fn noticed_at(&self) -> Option<String> {
         util::lock(&self.0).clone()
     }
 
@@ -34,12 +34,12 @@ impl Silence {
 
     /// The sink of one gym pass; `on_silence` runs once, when it notices (a container
     /// is told here that its server stopped answering).
-    pub fn sink(&self, on_silence: Box<dyn FnMut() + Send>) -> Box<dyn Sink> {
+    pub(crate) fn sink(&self, on_silence: Box<dyn FnMut() + Send>) -> Box<dyn Sink> {
         Box::new(Watch { silence: self.clone(), in_a_row: 0, on_silence: Some(on_silence) })
     }
 
     /// The failure an external server's run records: what R1 names.
-    pub fn message(url: &str, case_id: &str) -> String {
+    pub(crate) fn message(url: &str, case_id: &str) -> String {
         format!(
             "the model server at {url} stopped answering at case {case_id} ({CONSECUTIVE} cases in a row could not \
              connect after their retries); no new case was started"

@@ -21,21 +21,21 @@ use pruefstand_report::export::{Format, Manifest, manifest_path};
 
 /// An export as checked: where it is (absolute), its sha256 and its manifest.
 #[derive(Clone, Debug)]
-pub struct Export {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub manifest: Manifest,
+pub(crate) struct Export {
+    pub(crate) path: PathBuf,
+    pub(crate) sha256: String,
+    pub(crate) manifest: Manifest,
 }
 
 /// What passed: the exports and the kind trained.
 #[derive(Clone, Debug)]
-pub struct Checked {
-    pub exports: Vec<Export>,
-    pub kind: Format,
+pub(crate) struct Checked {
+    pub(crate) exports: Vec<Export>,
+    pub(crate) kind: Format,
 }
 
 impl Checked {
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.exports.iter().map(|e| e.manifest.rows).sum()
     }
 }
@@ -43,14 +43,14 @@ impl Checked {
 /// Why the training was refused: every reason found, one a line.
 #[derive(Debug, thiserror::Error)]
 #[error("refused before the first step:\n  {}", .reasons.join("\n  "))]
-pub struct Refused {
-    pub reasons: Vec<String>,
+pub(crate) struct Refused {
+    pub(crate) reasons: Vec<String>,
 }
 
 /// The base version as a trainer's starting point: a model served from Docker out of a
 /// folder of weights, with no adapter of its own (a LoRA is trained on the base
 /// weights, and one version serves one adapter).
-pub fn base_usable(base: &Version) -> Result<PathBuf, Refused> {
+pub(crate) fn base_usable(base: &Version) -> Result<PathBuf, Refused> {
     let spec = base.path.display();
     let model = &base.spec.model;
     let mut reasons = Vec::new();
@@ -78,7 +78,7 @@ pub fn base_usable(base: &Version) -> Result<PathBuf, Refused> {
 /// Checks the exports against the base version and the gate's plan (`plan_name`,
 /// `plan`). `kind`: the kind asked for, or none to take the exports' format. Blocking:
 /// it reads and hashes the exports.
-pub fn check(
+pub(crate) fn check(
     base: &Version,
     model_path: &Path,
     exports: &[PathBuf],

@@ -10,11 +10,11 @@
 //! Not here: judging the new version (`pruefstand train` then runs it as `pruefstand
 //! run` does), the command line (`cmd::train`).
 
-pub mod checks;
-pub mod output;
-pub mod progress;
-pub mod request;
-pub mod trainer;
+pub(crate) mod checks;
+pub(crate) mod output;
+pub(crate) mod progress;
+pub(crate) mod request;
+pub(crate) mod trainer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,55 +31,55 @@ use pruefstand_report::export::Format;
 use request::{Hyper, TrainerRequest, TrainingDir};
 
 /// What `pruefstand train` is asked.
-pub struct Ask {
-    pub base: Version,
-    pub exports: Vec<PathBuf>,
+pub(crate) struct Ask {
+    pub(crate) base: Version,
+    pub(crate) exports: Vec<PathBuf>,
     /// None: the exports' format.
-    pub kind: Option<Format>,
-    pub hyper: Hyper,
-    pub seed: u64,
+    pub(crate) kind: Option<Format>,
+    pub(crate) hyper: Hyper,
+    pub(crate) seed: u64,
     /// The new version's name; none: `<base>-<kind>-<id>`.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// The plan the new version is judged on (its held-out families are guarded).
-    pub plan: String,
+    pub(crate) plan: String,
 }
 
 /// What a queued training job trains (`Job::training`, written by `start-training`):
 /// an [`Ask`] without the base version and the plan, which the job's snapshot holds.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug)]
-pub struct Order {
-    pub exports: Vec<PathBuf>,
-    pub kind: Option<Format>,
-    pub hyper: Hyper,
-    pub seed: u64,
-    pub name: Option<String>,
+pub(crate) struct Order {
+    pub(crate) exports: Vec<PathBuf>,
+    pub(crate) kind: Option<Format>,
+    pub(crate) hyper: Hyper,
+    pub(crate) seed: u64,
+    pub(crate) name: Option<String>,
     /// A chained training (`start-night`): its rows are this job's run (and that run's
     /// reference run) exported as `kind` when the training starts; `exports` is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows_of: Option<u64>,
+    pub(crate) rows_of: Option<u64>,
 }
 
 impl Order {
     /// The ask of a job: its snapshot's version and plan.
-    pub fn ask(self, base: Version, plan: String) -> Ask {
+    pub(crate) fn ask(self, base: Version, plan: String) -> Ask {
         let Order { exports, kind, hyper, seed, name, .. } = self;
         Ask { base, exports, kind, hyper, seed, name, plan }
     }
 }
 
 /// A training done (now or before).
-pub struct Trained {
-    pub version: String,
-    pub spec: PathBuf,
-    pub dir: TrainingDir,
-    pub manifest: output::TrainingManifest,
+pub(crate) struct Trained {
+    pub(crate) version: String,
+    pub(crate) spec: PathBuf,
+    pub(crate) dir: TrainingDir,
+    pub(crate) manifest: output::TrainingManifest,
     /// The adapter was there already, from an earlier run of the same command.
-    pub reused: bool,
+    pub(crate) reused: bool,
 }
 
 /// The training's id: a hash of what is asked (the base, the kind, the exports' bytes,
 /// the knobs, the seed), so the same order finds its folder and checkpoints again.
-pub fn id_of(base: &Version, checked: &checks::Checked, hyper: &Hyper, seed: u64) -> String {
+pub(crate) fn id_of(base: &Version, checked: &checks::Checked, hyper: &Hyper, seed: u64) -> String {
     let shas: Vec<String> = checked.exports.iter().map(|e| e.sha256.clone()).collect();
     request::training_id(&base.hash, checked.kind, &shas, hyper, seed)
 }
@@ -90,7 +90,7 @@ pub fn id_of(base: &Version, checked: &checks::Checked, hyper: &Hyper, seed: u64
 /// exist when the chain was queued. The same run exports the same bytes, so a resumed
 /// training finds its checkpoints again. No row is an error naming why each case gave
 /// none.
-pub fn export_rows_of(root: &Root, job: u64, kind: Format, name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn export_rows_of(root: &Root, job: u64, kind: Format, name: &str) -> anyhow::Result<PathBuf> {
     let queue = pruefstand_core::queue::Queue::open(root)?;
     let source = queue.load(job)?;
     let run_dir = source.run_dir.with_context(|| format!("job {job} has no run folder"))?;
@@ -122,18 +122,22 @@ pub fn export_rows_of(root: &Root, job: u64, kind: Format, name: &str) -> anyhow
 }
 
 /// The trained version's name when none is given: `<base>-<kind>-<id, 8 digits>`.
-pub fn default_name(base: &Version, kind: Format, id: &str) -> String {
+pub(crate) fn default_name(base: &Version, kind: Format, id: &str) -> String {
     format!("{}-{}-{}", base.name, kind.as_str(), &id[..8])
 }
 
 /// Refuses or trains. `stop` ends the trainer early (its checkpoints stay).
-pub async fn train(root: &Root, ask: Ask, stop: impl std::future::Future<Output = ()>) -> anyhow::Result<Trained> {
+pub(crate) async fn train(
+    root: &Root,
+    ask: Ask,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Trained> {
     train_in(root, ask, stop, None).await
 }
 
 /// [`train`] as job `job` of the queue: the job records the training's folder before
 /// any step (`Job::training_dir`), so `status` and `serve` find its progress.
-pub async fn train_for_job(
+pub(crate) async fn train_for_job(
     root: &Root,
     job: u64,
     ask: Ask,
@@ -282,18 +286,18 @@ async fn run_trainer(
 }
 
 /// Rows that rendered, as the base version's server renders them.
-pub struct RowsChecked {
-    pub rows: u64,
-    pub tokens: u64,
+pub(crate) struct RowsChecked {
+    pub(crate) rows: u64,
+    pub(crate) tokens: u64,
     /// The training's folder: its `trainer.log` says what was checked.
-    pub dir: TrainingDir,
+    pub(crate) dir: TrainingDir,
 }
 
 /// The refusals and the token check of a training, without a step: every row rendered
 /// with the served chat template and its tools, and matched token for token against
 /// the base version's running server (`/tokenize`). An error names the first row and
 /// token that differ.
-pub async fn check_rows(root: &Root, ask: Ask) -> anyhow::Result<RowsChecked> {
+pub(crate) async fn check_rows(root: &Root, ask: Ask) -> anyhow::Result<RowsChecked> {
     let prepared = prepare(root, &ask, None).await?;
     let ran = run_trainer(&prepared, &ask, true, std::future::pending()).await?;
     let Some((rows, tokens)) = ran.attempt.checked else {

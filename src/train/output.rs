@@ -22,56 +22,56 @@ use pruefstand_core::util;
 use pruefstand_report::export::{Format, SourceRef};
 
 /// The first words of every spec `train` writes: what may be replaced by it.
-pub const SPEC_MARK: &str = "# Written by `pruefstand train`";
+const SPEC_MARK: &str = "# Written by `pruefstand train`";
 
 /// `training.json`, beside the adapter.
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct TrainingManifest {
+pub(crate) struct TrainingManifest {
     /// The version the adapter became.
-    pub version: String,
-    pub base_version: String,
-    pub base_spec_hash: String,
+    pub(crate) version: String,
+    pub(crate) base_version: String,
+    pub(crate) base_spec_hash: String,
     /// The training's id (its folder's name): a hash of what was asked.
-    pub training: String,
-    pub kind: Format,
-    pub exports: Vec<ExportRef>,
+    pub(crate) training: String,
+    pub(crate) kind: Format,
+    pub(crate) exports: Vec<ExportRef>,
     /// The rows the exports hold, and those the trainer used.
-    pub rows: usize,
-    pub rows_used: u64,
-    pub hyperparameters: Hyper,
-    pub seed: u64,
-    pub base_model: BaseModel,
-    pub image: ImageRef,
+    pub(crate) rows: usize,
+    pub(crate) rows_used: u64,
+    pub(crate) hyperparameters: Hyper,
+    pub(crate) seed: u64,
+    pub(crate) base_model: BaseModel,
+    pub(crate) image: ImageRef,
     /// sha256 over the trainer's files as this binary embeds them.
-    pub trainer_sha256: String,
+    pub(crate) trainer_sha256: String,
     /// The steps trained, and the loss after each, from step 1.
-    pub steps: usize,
+    pub(crate) steps: usize,
     /// Null where the loss was not finite.
-    pub losses: Vec<Option<f64>>,
+    pub(crate) losses: Vec<Option<f64>>,
     /// Each step's seconds as the trainer measured them (a step run again after a
     /// restart counts once, its last time).
-    pub step_seconds: Vec<f64>,
+    pub(crate) step_seconds: Vec<f64>,
     /// The trainer's starts (more than one: it was resumed from a checkpoint).
-    pub attempts: usize,
+    pub(crate) attempts: usize,
     /// The last attempt's wall time, container start to exit.
-    pub wall_s: f64,
-    pub adapter: AdapterRef,
-    pub finished_at: String,
-    pub written_by: String,
+    pub(crate) wall_s: f64,
+    pub(crate) adapter: AdapterRef,
+    pub(crate) finished_at: String,
+    pub(crate) written_by: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct ExportRef {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub format: Format,
-    pub rows: usize,
-    pub families: BTreeMap<String, usize>,
-    pub sources: Vec<SourceRef>,
+pub(crate) struct ExportRef {
+    pub(crate) path: PathBuf,
+    pub(crate) sha256: String,
+    pub(crate) format: Format,
+    pub(crate) rows: usize,
+    pub(crate) families: BTreeMap<String, usize>,
+    pub(crate) sources: Vec<SourceRef>,
 }
 
 impl ExportRef {
-    pub fn of(export: &Export) -> ExportRef {
+    pub(crate) fn of(export: &Export) -> ExportRef {
         ExportRef {
             path: export.path.clone(),
             sha256: export.sha256.clone(),
@@ -84,27 +84,27 @@ impl ExportRef {
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct BaseModel {
-    pub path: PathBuf,
+pub(crate) struct BaseModel {
+    pub(crate) path: PathBuf,
     /// sha256 over the weights files' names and sha256s (`files`), one `name sha256` a
     /// line, sorted by name.
-    pub sha256: String,
-    pub files: BTreeMap<String, String>,
+    pub(crate) sha256: String,
+    pub(crate) files: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct ImageRef {
-    pub name: String,
-    pub id: String,
+pub(crate) struct ImageRef {
+    pub(crate) name: String,
+    pub(crate) id: String,
     /// A registry digest, else the content id.
-    pub digest: String,
+    pub(crate) digest: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
-pub struct AdapterRef {
-    pub path: PathBuf,
+pub(crate) struct AdapterRef {
+    pub(crate) path: PathBuf,
     /// Each file's sha256, as the trainer reported and as read back here.
-    pub sha256: BTreeMap<String, String>,
+    pub(crate) sha256: BTreeMap<String, String>,
 }
 
 /// The files of a model folder that hold its weights.
@@ -113,7 +113,7 @@ fn is_weights(name: &str) -> bool {
 }
 
 /// The base model's hash: its weights files, each read as a stream. Blocking.
-pub fn base_model(path: &Path) -> anyhow::Result<BaseModel> {
+pub(super) fn base_model(path: &Path) -> anyhow::Result<BaseModel> {
     pruefstand_core::blocking::assert_may_block("hashing the model's weights");
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(path).with_context(|| format!("reading the model folder {}", path.display()))? {
@@ -132,7 +132,7 @@ pub fn base_model(path: &Path) -> anyhow::Result<BaseModel> {
 
 /// The step times of every attempt, from `trainer-events.jsonl` (the last time a step was
 /// reported wins), and how many times the trainer started.
-pub fn steps_from_events(events: &Path) -> (Vec<f64>, usize) {
+pub(super) fn steps_from_events(events: &Path) -> (Vec<f64>, usize) {
     let text = std::fs::read_to_string(events).unwrap_or_default();
     let mut seconds: BTreeMap<u64, f64> = BTreeMap::new();
     let mut starts = 0;
@@ -151,7 +151,7 @@ pub fn steps_from_events(events: &Path) -> (Vec<f64>, usize) {
 /// Moves the trainer's adapter (`out/adapter`) into place (`adapter/`) after checking
 /// its files against the sha256s the trainer reported. An adapter already in place
 /// with the same files (a restart after the move) is kept. Blocking.
-pub fn install_adapter(dir: &TrainingDir, reported: &BTreeMap<String, String>) -> anyhow::Result<AdapterRef> {
+pub(super) fn install_adapter(dir: &TrainingDir, reported: &BTreeMap<String, String>) -> anyhow::Result<AdapterRef> {
     let staged = dir.out().join("adapter");
     let target = dir.adapter();
     let matches = |folder: &Path| -> anyhow::Result<bool> {
@@ -188,7 +188,7 @@ fn sync_folder(path: &Path) -> anyhow::Result<()> {
 
 /// The finished adapter of an earlier run of the same training: its manifest, when the
 /// adapter in place still has the files it names.
-pub fn finished(dir: &TrainingDir) -> Option<TrainingManifest> {
+pub(crate) fn finished(dir: &TrainingDir) -> Option<TrainingManifest> {
     let manifest: TrainingManifest = serde_json::from_slice(&std::fs::read(dir.manifest()).ok()?).ok()?;
     let intact =
         manifest.adapter.sha256.iter().all(|(name, sha)| {
@@ -202,7 +202,7 @@ pub fn finished(dir: &TrainingDir) -> Option<TrainingManifest> {
 /// by absolute path), vLLM's LoRA rank limit raised to the adapter's rank where the
 /// base's args set none, and the served files by absolute path (the base's spec may
 /// lie in another folder). Written atomically; then loaded, as a run would.
-pub fn write_spec(
+pub(super) fn write_spec(
     versions: &Path,
     base: &Version,
     name: &str,

@@ -24,7 +24,7 @@ const MAX_READ_BYTES: u64 = 1 << 20;
 /// Where a training stands.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum Phase {
+pub(crate) enum Phase {
     /// No event yet: the model server starts and the trainer checks its rows.
     Starting,
     /// The rows matched the server's `/tokenize`; the trainer loads the model.
@@ -39,26 +39,26 @@ pub enum Phase {
 
 /// How far a training has come, from its events across attempts.
 #[derive(Serialize, Clone, Debug, PartialEq)]
-pub struct Progress {
-    pub phase: Phase,
+pub(crate) struct Progress {
+    pub(crate) phase: Phase,
     /// The last step reported (a resumed attempt starts at the step it resumed after).
-    pub step: u64,
+    pub(crate) step: u64,
     /// The steps asked; none before the trainer said.
-    pub steps: Option<u64>,
+    pub(crate) steps: Option<u64>,
     /// The loss after `step`: none before a step, or when it was not finite or is not
     /// known (a checkpoint made without its step's line).
-    pub loss: Option<f64>,
+    pub(crate) loss: Option<f64>,
     /// The ETA of the steps left as the last step gave it: the median of the current
     /// attempt's last steps' seconds times the steps left; none before its first step.
-    pub eta_s: Option<f64>,
+    pub(crate) eta_s: Option<f64>,
     /// The rows the trainer checked (its last attempt's `checked`).
-    pub rows: Option<u64>,
+    pub(crate) rows: Option<u64>,
     /// How many times the trainer started training (`start` events).
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// The checkpoint's step the last attempt resumed after; 0 when it began afresh.
-    pub resumed_from: Option<u64>,
+    pub(crate) resumed_from: Option<u64>,
     /// Why the trainer refused its input.
-    pub refused: Option<String>,
+    pub(crate) refused: Option<String>,
     /// The step's line was read and its loss was null: not finite (said, not hidden).
     #[serde(skip)]
     loss_not_finite: bool,
@@ -67,7 +67,7 @@ pub struct Progress {
 impl Progress {
     /// The progress the event lines tell; lines that are no event (a newer trainer's, or
     /// a line cut off by a kill) are passed over.
-    pub fn of_events(text: &str) -> Progress {
+    pub(crate) fn of_events(text: &str) -> Progress {
         let mut progress = Progress {
             phase: Phase::Starting,
             step: 0,
@@ -135,7 +135,7 @@ impl Progress {
 
     /// The progress in a training's events file: none yet (no file) is [`Phase::Starting`].
     /// Only a regular file is read, and of a large one its last [`MAX_READ_BYTES`].
-    pub fn read(events: &Path) -> anyhow::Result<Progress> {
+    pub(crate) fn read(events: &Path) -> anyhow::Result<Progress> {
         let (mut file, size) = match pruefstand_core::files::open_regular(events) {
             Ok(opened) => opened,
             Err(_) if !events.exists() => return Ok(Progress::of_events("")),
@@ -152,7 +152,7 @@ impl Progress {
     }
 
     /// In words: `step 3/8, loss 0.6123, ETA 2 min 05 s`, `done, step 8/8, loss 0.5961`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let of = |step: u64| self.steps.map_or_else(|| step.to_string(), |steps| format!("{step}/{steps}"));
         let loss = match (self.loss, self.loss_not_finite) {
             (Some(loss), _) => format!(", loss {loss:.4}"),
@@ -183,16 +183,16 @@ impl Progress {
 
 /// A training job's progress, as `status` and `serve` show it.
 #[derive(Serialize, Clone, Debug, PartialEq)]
-pub struct JobTraining {
-    pub job: u64,
+pub(crate) struct JobTraining {
+    pub(crate) job: u64,
     /// The job's state (a training job stays `running` while it judges what it made).
-    pub state: State,
+    pub(crate) state: State,
     /// The version the training makes.
-    pub version: String,
+    pub(crate) version: String,
     /// Its training folder.
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     #[serde(flatten)]
-    pub progress: Progress,
+    pub(crate) progress: Progress,
 }
 
 impl JobTraining {
@@ -200,7 +200,7 @@ impl JobTraining {
     /// (not a training job, or its training not started). An events file that cannot be
     /// read is said, and shows as none. `daemon`: whether a daemon runs (without one, a
     /// job left `running` reaches no ETA).
-    pub fn of(job: &Job, daemon: bool) -> Option<JobTraining> {
+    pub(crate) fn of(job: &Job, daemon: bool) -> Option<JobTraining> {
         let dir = job.training_dir.clone()?;
         let progress = match Progress::read(&dir.join(super::request::EVENTS)) {
             Ok(progress) => progress,
@@ -225,7 +225,7 @@ impl JobTraining {
 
     /// The training of the jobs to show: the running training job's, else the newest
     /// that recorded a training folder.
-    pub fn shown(jobs: &[Job], daemon: bool) -> Option<JobTraining> {
+    pub(crate) fn shown(jobs: &[Job], daemon: bool) -> Option<JobTraining> {
         let trained = || jobs.iter().rev().filter(|job| job.training_dir.is_some());
         let job = trained().find(|job| job.state == State::Running).or_else(|| trained().next())?;
         JobTraining::of(job, daemon)
@@ -233,13 +233,13 @@ impl JobTraining {
 
     /// Whether the training itself still runs (not yet done, nor refused, and its job
     /// still running).
-    pub fn in_progress(&self) -> bool {
+    pub(crate) fn in_progress(&self) -> bool {
         self.state == State::Running && !matches!(self.progress.phase, Phase::Done | Phase::Refused)
     }
 
     /// `training smol-sft (job 5): step 3/8, loss 0.6123, ETA 2 min 05 s`; of a job
     /// no longer running, its state: `training smol-sft (job 5, done): done, step 8/8, …`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         let state = match self.state {
             State::Running => String::new(),
             state => format!(", {}", state.as_str()),

@@ -13,54 +13,54 @@ use pruefstand_report::export::Format;
 
 /// Where the trainer's container sees its files. The model folder is mounted where the
 /// model server sees it (`container::Setup`), and so is a spec's chat template.
-pub const REQUEST: &str = "/work/request.json";
-pub const EXPORTS: &str = "/work/exports";
-pub const OUT: &str = "/work/out";
-pub const CHECKPOINTS: &str = "/work/checkpoints";
+pub(super) const REQUEST: &str = "/work/request.json";
+const EXPORTS: &str = "/work/exports";
+pub(super) const OUT: &str = "/work/out";
+pub(super) const CHECKPOINTS: &str = "/work/checkpoints";
 /// The trainer's package (`pruefstand_train`) is mounted under this folder, which is
 /// the container's `PYTHONPATH`.
-pub const CODE: &str = "/opt/pruefstand-train";
+pub(super) const CODE: &str = "/opt/pruefstand-train";
 /// The model folder inside the container (as the model server mounts it).
-pub const MODEL: &str = "/model";
+pub(super) const MODEL: &str = "/model";
 
 /// The trainer's event lines in a training's folder ([`TrainingDir::events`]).
-pub const EVENTS: &str = "trainer-events.jsonl";
+pub(crate) const EVENTS: &str = "trainer-events.jsonl";
 
 /// The training manifest in a training's folder ([`TrainingDir::manifest`]).
-pub const MANIFEST: &str = "training.json";
+pub(crate) const MANIFEST: &str = "training.json";
 
 /// The trainer's knobs, as `request.json` names them.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct Hyper {
-    pub steps: u32,
-    pub learning_rate: f64,
-    pub lora_r: u32,
-    pub lora_alpha: u32,
-    pub max_length: u32,
-    pub beta: f64,
-    pub batch_size: u32,
+pub(crate) struct Hyper {
+    pub(crate) steps: u32,
+    pub(crate) learning_rate: f64,
+    pub(crate) lora_r: u32,
+    pub(crate) lora_alpha: u32,
+    pub(crate) max_length: u32,
+    pub(crate) beta: f64,
+    pub(crate) batch_size: u32,
 }
 
 /// `request.json`, field for field the contract's; every path as the container sees
 /// it.
 #[derive(Clone, Debug, Serialize)]
-pub struct TrainerRequest {
-    pub kind: Format,
-    pub base_model: String,
-    pub base_model_name: String,
-    pub chat_template: Option<String>,
-    pub rows: Vec<String>,
-    pub tokenize_url: Option<String>,
-    pub served_model: String,
-    pub out: String,
-    pub checkpoints: String,
-    pub seed: u64,
+pub(super) struct TrainerRequest {
+    pub(crate) kind: Format,
+    pub(crate) base_model: String,
+    pub(crate) base_model_name: String,
+    pub(crate) chat_template: Option<String>,
+    pub(crate) rows: Vec<String>,
+    pub(crate) tokenize_url: Option<String>,
+    pub(crate) served_model: String,
+    pub(crate) out: String,
+    pub(crate) checkpoints: String,
+    pub(crate) seed: u64,
     #[serde(flatten)]
-    pub hyper: Hyper,
+    pub(crate) hyper: Hyper,
 }
 
 /// The export at `index` inside the container.
-pub fn export_in_container(index: usize) -> String {
+pub(super) fn export_in_container(index: usize) -> String {
     format!("{EXPORTS}/{index}.jsonl")
 }
 
@@ -68,15 +68,15 @@ pub fn export_in_container(index: usize) -> String {
 /// training started again with the same command finds its checkpoints. The id is a
 /// hash of what was asked (base spec, exports, kind, hyperparameters, seed).
 #[derive(Clone, Debug)]
-pub struct TrainingDir {
-    pub path: PathBuf,
+pub(crate) struct TrainingDir {
+    pub(crate) path: PathBuf,
     /// The version the adapter becomes.
-    pub version: String,
-    pub id: String,
+    pub(crate) version: String,
+    pub(crate) id: String,
 }
 
 impl TrainingDir {
-    pub fn new(reports: &Path, version: &str, id: &str) -> TrainingDir {
+    pub(crate) fn new(reports: &Path, version: &str, id: &str) -> TrainingDir {
         TrainingDir {
             path: reports.join(version).join("training").join(id),
             version: version.to_string(),
@@ -84,42 +84,42 @@ impl TrainingDir {
         }
     }
     /// The request the trainer reads (mounted read-only).
-    pub fn request(&self) -> PathBuf {
+    pub(crate) fn request(&self) -> PathBuf {
         self.path.join("request.json")
     }
     /// TRL's checkpoints, one a step: what a restart resumes from.
-    pub fn checkpoints(&self) -> PathBuf {
+    pub(super) fn checkpoints(&self) -> PathBuf {
         self.path.join("checkpoints")
     }
     /// Where the trainer writes the adapter (`out/adapter`, renamed into place by it).
-    pub fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.path.join("out")
     }
     /// The finished adapter, beside the manifest: what the new version serves.
-    pub fn adapter(&self) -> PathBuf {
+    pub(crate) fn adapter(&self) -> PathBuf {
         self.path.join("adapter")
     }
     /// The training manifest.
-    pub fn manifest(&self) -> PathBuf {
+    pub(crate) fn manifest(&self) -> PathBuf {
         self.path.join(MANIFEST)
     }
     /// Every event line the trainer printed, across attempts.
-    pub fn events(&self) -> PathBuf {
+    pub(crate) fn events(&self) -> PathBuf {
         self.path.join(EVENTS)
     }
     /// The trainer's stderr, across attempts.
-    pub fn log(&self) -> PathBuf {
+    pub(crate) fn log(&self) -> PathBuf {
         self.path.join("trainer.log")
     }
     /// The trainer's package as this binary embeds it, written out for the mount.
-    pub fn code(&self) -> PathBuf {
+    pub(crate) fn code(&self) -> PathBuf {
         self.path.join("trainer")
     }
 }
 
 /// The training's id: the first 16 hex digits of a hash over what was asked. The same
 /// command gives the same id, and so finds its checkpoints again.
-pub fn training_id(base_spec_hash: &str, kind: Format, exports: &[String], hyper: &Hyper, seed: u64) -> String {
+pub(super) fn training_id(base_spec_hash: &str, kind: Format, exports: &[String], hyper: &Hyper, seed: u64) -> String {
     let asked = serde_json::json!({
         "base": base_spec_hash, "kind": kind, "exports": exports, "hyper": hyper, "seed": seed,
     });

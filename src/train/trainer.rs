@@ -29,7 +29,7 @@ use crate::model;
 /// One event line of the trainer's stdout.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
+pub(crate) enum Event {
     /// Every row rendered and matched the server's /tokenize.
     Checked {
         rows: u64,
@@ -62,52 +62,52 @@ pub enum Event {
 
 /// What one attempt of the trainer came to.
 #[derive(Debug, Default)]
-pub struct Attempt {
-    pub checked: Option<(u64, u64)>,
-    pub resumed_from: Option<u64>,
+pub(crate) struct Attempt {
+    pub(crate) checked: Option<(u64, u64)>,
+    pub(crate) resumed_from: Option<u64>,
     /// Per step seen in this attempt: (step, loss, seconds).
-    pub steps: Vec<(u64, Option<f64>, Option<f64>)>,
-    pub done: Option<Event>,
-    pub refused: Option<String>,
-    pub exit_code: i64,
-    pub wall_s: f64,
+    pub(crate) steps: Vec<(u64, Option<f64>, Option<f64>)>,
+    pub(crate) done: Option<Event>,
+    pub(crate) refused: Option<String>,
+    pub(crate) exit_code: i64,
+    pub(crate) wall_s: f64,
 }
 
 /// The model server a trainer checks its rows against, stopped once they match.
-pub struct CheckServer {
-    pub endpoint: model::Endpoint,
-    pub pool: container::Pool,
+pub(crate) struct CheckServer {
+    pub(crate) endpoint: model::Endpoint,
+    pub(crate) pool: container::Pool,
 }
 
 impl CheckServer {
-    pub fn tokenize_url(&self) -> Option<String> {
+    pub(super) fn tokenize_url(&self) -> Option<String> {
         self.endpoint.container().map(|c| format!("http://127.0.0.1:{}/tokenize", c.host_port))
     }
 
-    pub async fn stop(self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
         self.endpoint.down(&self.pool).await?;
         self.pool.shutdown().await
     }
 }
 
 /// What the trainer's container is made of.
-pub struct Launch<'a> {
-    pub docker: &'a Docker,
-    pub server: &'a ServerSetup,
-    pub model_host: &'a Path,
-    pub dir: &'a TrainingDir,
-    pub exports: &'a [PathBuf],
+pub(crate) struct Launch<'a> {
+    pub(crate) docker: &'a Docker,
+    pub(crate) server: &'a ServerSetup,
+    pub(crate) model_host: &'a Path,
+    pub(crate) dir: &'a TrainingDir,
+    pub(crate) exports: &'a [PathBuf],
     /// The server's key, for /tokenize (by environment, never in request.json).
-    pub api_key: Option<String>,
-    pub version: &'a str,
+    pub(crate) api_key: Option<String>,
+    pub(crate) version: &'a str,
     /// The trainer stops after its rows matched the server (`train --check-only`).
-    pub check_only: bool,
+    pub(crate) check_only: bool,
 }
 
 /// Runs the trainer once, to its exit; `check` is stopped when the trainer has
 /// checked its rows (or at the end). `stop` ends it early: the container is removed,
 /// the checkpoints stay.
-pub async fn run(
+pub(crate) async fn run(
     launch: &Launch<'_>,
     mut check: Option<CheckServer>,
     stop: impl std::future::Future<Output = ()>,
@@ -265,14 +265,14 @@ async fn on_line(line: &[u8], attempt: &mut Attempt, clock: &mut StepClock, chec
 /// steps left (a step's time is steady; a median keeps a checkpoint's write from
 /// swinging it).
 #[derive(Default)]
-pub struct StepClock {
+pub(super) struct StepClock {
     recent: Vec<f64>,
 }
 
 impl StepClock {
     const KEEP: usize = 5;
 
-    pub fn observe(&mut self, seconds: f64) {
+    pub(crate) fn observe(&mut self, seconds: f64) {
         if seconds.is_finite() && seconds >= 0.0 {
             self.recent.push(seconds);
             if self.recent.len() > Self::KEEP {
@@ -281,14 +281,14 @@ impl StepClock {
         }
     }
 
-    pub fn remaining_s(&self, steps_left: u64) -> Option<f64> {
+    pub(crate) fn remaining_s(&self, steps_left: u64) -> Option<f64> {
         let median = pruefstand_core::util::percentile(self.recent.clone(), 0.5)?;
         Some(median * steps_left as f64)
     }
 }
 
 /// Seconds in words: `8 s`, `3 min 05 s`, `2 h 07 min`.
-pub fn span(seconds: f64) -> String {
+pub(crate) fn span(seconds: f64) -> String {
     let s = seconds.max(0.0).round() as u64;
     match s {
         s if s < 60 => format!("{s} s"),

@@ -168,7 +168,7 @@ impl Adaptive {
 }
 
 /// Attempts frozen after the search, by default.
-pub const FROZEN_DEFAULT: usize = 3;
+pub(crate) const FROZEN_DEFAULT: usize = 3;
 
 /// More attempts per pair than this are a typo (each is a case).
 pub(crate) const ATTEMPTS_MAX: usize = 50;
@@ -428,7 +428,7 @@ pub struct FoundFile {
 /// its pinned sha256; errors at the plan's line. A file is read only when it is a
 /// regular file of at most [`files::MAX_FOUND_FAMILY_BYTES`]: a plan may name anything,
 /// `/dev/zero` or a FIFO included.
-pub fn read_found(path: &Path, profile: &Profile, text: &str) -> anyhow::Result<Vec<FoundFile>> {
+pub(crate) fn read_found(path: &Path, profile: &Profile, text: &str) -> anyhow::Result<Vec<FoundFile>> {
     let bad = |at: usize, message: String| input::at(path, text, at, &message);
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut out: Vec<FoundFile> = Vec::new();
