@@ -1,5 +1,5 @@
 //! Which run directory a command-line word names, for the commands that read finished
-//! runs (`compare`, `export`, `judge`): a path, `latest`, `job:N`, or a version name.
+//! runs (`compare`, `export`, `judge`, `show`): a path, `latest`, `job:N`, or a version name.
 //!
 //! - A word containing `/`, or naming a folder that exists (relative to the working
 //!   directory), is that folder — what these commands always took.
