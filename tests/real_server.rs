@@ -573,7 +573,13 @@ fn the_shipped_xlam_plugin_streams_each_calls_own_arguments_where_vllms_xlam_giv
     // The stock parser still loses them (when a vLLM update fixes it, the plugin can go).
     assert_eq!(
         summary["stock_differs"],
-        serde_json::json!(["empty_then_arguments", "empty_arguments_empty", "fenced_after_prose"]),
+        serde_json::json!([
+            "empty_then_arguments",
+            "empty_arguments_empty",
+            "argument_called_name",
+            "two_with_argument_called_name",
+            "fenced_after_prose"
+        ]),
         "{stdout}"
     );
 }
