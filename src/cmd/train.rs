@@ -134,7 +134,7 @@ pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<Ex
             false => None,
         };
         if args.check_only {
-            let checked = train::check_rows(&root, ask).await?;
+            let checked = train::check_rows(&root, ask, stopped()).await?;
             outln!(
                 "checked: {} row(s), {} tokens, each as the server tokenizes it (/tokenize); no step trained",
                 checked.rows,

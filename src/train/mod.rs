@@ -296,10 +296,14 @@ pub(crate) struct RowsChecked {
 /// The refusals and the token check of a training, without a step: every row rendered
 /// with the served chat template and its tools, and matched token for token against
 /// the base version's running server (`/tokenize`). An error names the first row and
-/// token that differ.
-pub(crate) async fn check_rows(root: &Root, ask: Ask) -> anyhow::Result<RowsChecked> {
+/// token that differ. `stop` ends it early (the trainer's container and the server removed).
+pub(crate) async fn check_rows(
+    root: &Root,
+    ask: Ask,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<RowsChecked> {
     let prepared = prepare(root, &ask, None).await?;
-    let ran = run_trainer(&prepared, &ask, true, std::future::pending()).await?;
+    let ran = run_trainer(&prepared, &ask, true, stop).await?;
     let Some((rows, tokens)) = ran.attempt.checked else {
         bail!("the trainer ended without its `checked` line (its log: {})", prepared.dir.log().display());
     };
