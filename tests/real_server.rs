@@ -480,6 +480,36 @@ fn a_model_that_calls_tools_runs_live_through_the_real_tool_parser() {
         assert!(command.iter().any(|w| w == word), "{word} missing: {command:?}");
     }
     the_model_attacked_itself(&bench, &dir, &plan, run.code);
+    every_exported_row_matches_the_live_servers_tokens(&bench, &dir, &plan);
+}
+
+/// The run's rows, as `pruefstand export` writes them, checked as a training checks
+/// them before its first step: rendered with the served template and tools, token for
+/// token what the real server's `/tokenize` gives (`train --check-only`). One run gives
+/// no DPO pair, and a case this model ends at the context keeps no utility (AgentDojo
+/// scores it so), so on two cores the export is mostly empty: then it must say why, and
+/// exit 1; every row it holds is checked.
+fn every_exported_row_matches_the_live_servers_tokens(bench: &Bench, dir: &std::path::Path, plan: &std::path::Path) {
+    for format in ["dpo", "sft"] {
+        let out = dir.parent().unwrap().join(format!("live.{format}.jsonl"));
+        let export = bench.run(&["export", "--format", format, dir.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+        let rows = std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+        if rows == 0 {
+            assert_eq!(export.code, Some(1), "{}\n{}", export.stdout, export.stderr);
+            assert!(export.stderr.contains(&format!("no {} ", format.to_uppercase())), "{}", export.stderr);
+            continue;
+        }
+        assert_eq!(export.code, Some(0), "{}\n{}", export.stdout, export.stderr);
+        let args = ["train", "real-qwen", "--export", out.to_str().unwrap(), "--plan", plan.to_str().unwrap()];
+        let check = bench.run(&[&args[..], &["--check-only"]].concat());
+        assert!(
+            check.code == Some(0) && check.stdout.contains(&format!("checked: {rows} row(s), ")),
+            "every {format} row checked against /tokenize: exit {:?}\n{}\n{}",
+            check.code,
+            check.stdout,
+            check.stderr
+        );
+    }
 }
 
 /// The live attacker's mechanics (docs/attacks.md): the model wrote or was refused,
