@@ -11,6 +11,12 @@
         --jobs-from-run: as many in flight as the bench's steering reached in RUN (a
         run directory, or a version name: its newest run), against the same server.
 
+    python -m pruefstand_env serve --plan P [--seed S] --out DIR [--port N] [--max-turns T]
+            [--max-tokens M] [--temperature X] [--retries R] [--kind K]...
+        the environment over HTTP on 127.0.0.1 for a trainer that generates each case's
+        first turn itself (serve.py; `pruefstand train --online`): prints one JSON line
+        (url, manifest, cases) once it listens, then serves until ended.
+
 Exit 0 done, 2 bad input (the message on stderr).
 """
 
@@ -29,7 +35,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pruefstand_env", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("dataset", "rollouts"):
+    for name in ("dataset", "rollouts", "serve"):
         p = sub.add_parser(name)
         p.add_argument("--plan", required=True)
         p.add_argument("--seed", type=int, default=0)
@@ -50,6 +56,14 @@ def main(argv=None) -> int:
     p.add_argument("--retries", type=int, default=1)
     p.add_argument("--limit", type=int)
     p.add_argument("--repeat", type=int, default=1)
+    p = sub.choices["serve"]
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--retries", type=int, default=1)
+    p.add_argument("--max-turns", type=int, default=4, help="the policy's turns after the first (then the case ends)")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens of each of the policy's later turns")
+    p.add_argument("--temperature", type=float, default=0.0, help="of the policy's later turns")
+    p.add_argument("--tool-choice", choices=("auto", "required"), default="auto",
+                   help="of the policy's later turns (OpenAI's tool_choice; required: a call each turn)")
     args = parser.parse_args(argv)
     kinds = tuple(args.kind or ds.DEFAULT_KINDS)
     try:
@@ -63,6 +77,12 @@ def main(argv=None) -> int:
             return 0
         env = load_environment(args.plan, seed=args.seed, out=args.out, root=args.root, pruefstand=args.pruefstand,
                                kinds=kinds, retries=args.retries)
+        if args.command == "serve":
+            from .serve import serve
+
+            serve(env, port=args.port, max_turns=args.max_turns, max_tokens=args.max_tokens,
+                  temperature=args.temperature, tool_choice=args.tool_choice)
+            return 0
         import os
 
         key = os.environ.get(args.api_key_env) if args.api_key_env else None

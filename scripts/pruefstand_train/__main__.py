@@ -35,6 +35,13 @@ def main(argv):
         from . import rows as rows_mod
 
         request = request_mod.load(argv[0])
+        if request.kind == "grpo":
+            if check_only:
+                raise Refused("--check-only: an online training has no rows to check")
+            from . import grpo
+
+            grpo.run(request, say)
+            return 0
         rows = rows_mod.read(request.rows, request.kind)
         if not rows:
             raise Refused(f"no rows: the export files ({', '.join(request.rows)}) hold none")

@@ -35,6 +35,8 @@ class Request:
     max_length: int
     beta: float
     batch_size: int
+    # kind "grpo" only (grpo.py): the environment, the policy's server, the sampling.
+    online: dict | None = None
 
     @property
     def adapter(self):
@@ -78,6 +80,22 @@ _FIELDS = {
     "batch_size": ((int,), True),
 }
 
+# kind "grpo": the `online` object's fields (grpo.py says what each is for).
+_ONLINE = {
+    "env_url": str,
+    "policy_url": str,
+    "served_model": str,
+    "adapter_name": str,
+    "live_dir": str,
+    "live_dir_server": str,
+    "num_generations": int,
+    "prompts_per_step": int,
+    "max_completion_length": int,
+    "temperature": float,
+    "prefix": str,
+    "cases": list,
+}
+
 
 def load(path):
     """Reads and checks the request at PATH; raises Refused naming the field."""
@@ -90,6 +108,13 @@ def load(path):
         raise Refused(f"request {path}: line {e.lineno}: not JSON: {e.msg}") from None
     if not isinstance(data, dict):
         raise Refused(f"request {path}: not a JSON object")
+    online = data.pop("online", None)
+    if data.get("kind") == "grpo":
+        online = _online(path, online)
+        # Online training has no export rows: the environment is its data.
+        data["rows"] = data.get("rows") or ["-"]
+    elif online is not None:
+        raise Refused(f"request {path}: field `online` is for kind \"grpo\" only")
     unknown = sorted(set(data) - set(_FIELDS))
     if unknown:
         raise Refused(f"request {path}: unknown field `{unknown[0]}`")
@@ -111,8 +136,8 @@ def load(path):
             raise Refused(f"request {path}: field `{name}` must be finite")
         values[name] = value
     r = values
-    if r["kind"] not in ("dpo", "sft"):
-        raise Refused(f"request {path}: field `kind` must be \"dpo\" or \"sft\", not {json.dumps(r['kind'])}")
+    if r["kind"] not in ("dpo", "sft", "grpo"):
+        raise Refused(f"request {path}: field `kind` must be \"dpo\", \"sft\" or \"grpo\", not {json.dumps(r['kind'])}")
     if not r["rows"]:
         raise Refused(f"request {path}: no rows: field `rows` names no export file")
     for i, item in enumerate(r["rows"]):
@@ -138,7 +163,33 @@ def load(path):
         raise Refused(f"request {path}: field `base_model`: {r['base_model']} is not a folder")
     if r["chat_template"] is not None and not os.path.isfile(r["chat_template"]):
         raise Refused(f"request {path}: field `chat_template`: {r['chat_template']} is not a file")
+    if r["kind"] == "grpo":
+        r["rows"] = []
     for i, item in enumerate(r["rows"]):
         if not os.path.isfile(item):
             raise Refused(f"request {path}: field `rows[{i}]`: {item} is not a file")
-    return Request(path=path, **{k: (float(v) if k in ("learning_rate", "lora_alpha", "beta") else v) for k, v in r.items()})
+    return Request(path=path, online=online, **{k: (float(v) if k in ("learning_rate", "lora_alpha", "beta") else v) for k, v in r.items()})
+
+
+def _online(path, online):
+    """The `online` object of a grpo request, each field checked."""
+    if not isinstance(online, dict):
+        raise Refused(f"request {path}: kind \"grpo\" needs the object `online`")
+    unknown = sorted(set(online) - set(_ONLINE))
+    if unknown:
+        raise Refused(f"request {path}: unknown field `online.{unknown[0]}`")
+    for name, kind in _ONLINE.items():
+        if name not in online:
+            raise Refused(f"request {path}: field `online.{name}` is missing")
+        value = online[name]
+        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+        if isinstance(value, bool) or not ok:
+            raise Refused(f"request {path}: field `online.{name}` must be {kind.__name__}, not {json.dumps(value)}")
+    for name in ("num_generations", "prompts_per_step", "max_completion_length"):
+        if online[name] < 1:
+            raise Refused(f"request {path}: field `online.{name}` must be at least 1, not {online[name]}")
+    if online["num_generations"] < 2:
+        raise Refused(f"request {path}: field `online.num_generations` must be at least 2 (GRPO compares a group)")
+    if not online["temperature"] > 0:
+        raise Refused(f"request {path}: field `online.temperature` must be above 0")
+    return dict(online, temperature=float(online["temperature"]))
