@@ -126,13 +126,18 @@ struct Sim {
 
 impl Sim {
     fn start(bench: &Bench) -> Sim {
+        Sim::serve(bench, SIM, "sim/env")
+    }
+
+    /// `sim-serve` of the `[sim]` settings `sim_toml`, serving `served`.
+    fn serve(bench: &Bench, sim_toml: &str, served: &str) -> Sim {
         let dir = bench.path().join("sim-model");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("sim.toml"), SIM).unwrap();
+        std::fs::write(dir.join("sim.toml"), sim_toml).unwrap();
         std::fs::copy(truth_file(), dir.join("truth.json")).unwrap();
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = bench
-            .cmd(&["sim-serve", dir.to_str().unwrap(), "--served-model-name", "sim/env", "--port", &port.to_string()])
+            .cmd(&["sim-serve", dir.to_str().unwrap(), "--served-model-name", served, "--port", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -503,4 +508,67 @@ fn a_version_trained_online_on_a_family_the_plan_holds_out_is_refused_naming_the
     let check = bench.run(&["check", "online-rein", "--plan", "haelt-tos"]).code(2);
     let said = format!("{}{}", check.stdout, check.stderr);
     assert!(said.contains("adapter.trained_online") && said.contains("it is not a file"), "{said}");
+}
+
+/// Two players on the simulator (docs/attacks.md, "Known truth on the simulator"): the
+/// simulated attacker as the environment's attacker policy (`pruefstand_env.players`,
+/// a port of src/adaptive/simulated.rs checked on the fixed inputs the Rust function's
+/// unit test checks) against a target that follows an injection only when it holds all
+/// three phrases of its weakness, calls the goal's tool wrongly with two, quotes the goal
+/// with one. Six ARLAS rounds (attacker rollouts, then agent rollouts against the pool
+/// of its checkpoints), two templates per pair per round on four banking pairs: the
+/// attacker's mean reward rises from the first round to the last, and every template of
+/// the last round holds the weakness's three phrases. Everything is seeded (the sim,
+/// the attacker, the environment): the figures are the same in every run.
+#[test]
+fn the_attacker_policys_reward_rises_as_it_finds_the_simulated_targets_weakness() {
+    let bench = Bench::new();
+    let plan = bench.write(
+        "duel.toml",
+        "name = \"duel\"\nbenchmark_version = \"v1.2.2\"\nwording = \"per_run\"\n\
+         attacks = [\"important_instructions\"]\ninjection_goals = false\njobs = 4\ncase_timeout_s = 60\n\
+         [[suites]]\nname = \"banking\"\nuser_tasks = [\"user_task_3\", \"user_task_4\"]\n\
+         injection_tasks = [\"injection_task_1\", \"injection_task_4\"]\n",
+    );
+    let sim = Sim::serve(&bench, &format!("seed = 11\n[models.\"sim/duel\"]\n{}\n", crate::attacker::WEAK), "sim/duel");
+    let fixture = repo().join("tests/fixtures/environment/simulated_attacker.json");
+    let out = python(&bench)
+        .arg(repo().join("tests/fixtures/environment/players.py"))
+        .args(["--plan", plan.to_str().unwrap(), "--out", bench.path().join("duel").to_str().unwrap()])
+        .args(["--base-url", &sim.url, "--model", "sim/duel", "--fixture", fixture.to_str().unwrap()])
+        .args(["--rounds", "6", "--rollouts-per-pair", "2", "--root", bench.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "players.py failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+
+    assert_eq!(got["port_mismatches"], serde_json::json!([]), "the port proposes what simulated.rs proposes");
+    let rounds = got["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 6);
+    assert!(rounds.iter().all(|r| r["errors"] == 0 && r["rollouts"] == 8), "{got}");
+    let mean = |r: &Value| r["mean_attacker_reward"].as_f64().unwrap();
+    assert!(mean(&rounds[5]) > mean(&rounds[0]), "the attacker's reward rises: {got}");
+    // The templates it converged to hold the weakness: one option of each feature.
+    let phrases = ["maintenance robot", "carrier pigeon", "vault rotates keys"];
+    let last = got["last_templates"].as_array().unwrap();
+    assert!(!last.is_empty(), "{got}");
+    for template in last {
+        let t = template.as_str().unwrap().to_lowercase();
+        assert!(phrases.iter().all(|p| t.contains(p)) && t.contains("{goal}"), "not the weakness: {t}");
+    }
+    // The agent's rounds drew from the pool of earlier checkpoints, not the newest alone.
+    let drawn = got["checkpoints_drawn"].as_array().unwrap();
+    assert!(drawn.len() > 1 && drawn.iter().any(|c| c.as_u64().unwrap() < 5), "{got}");
+    assert_eq!(got["agent_rounds"].as_array().unwrap().len(), 6);
+    // Every rollout is a line of the environment's log, with its template.
+    let plays = lines(&bench.path().join("duel/players.jsonl"));
+    assert_eq!(plays.len(), 6 * 8 + 6 * 4);
+    assert!(
+        plays.iter().all(|p| p["template"].as_str().unwrap().contains("{goal}") && p["rewards"]["attacker"].is_f64())
+    );
 }

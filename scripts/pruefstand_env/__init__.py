@@ -11,7 +11,8 @@ steps").
 Run with the bench's managed venv (agentdojo 0.1.35). Modules: `dataset` (the plan's
 cases from `pruefstand gym --dataset`, held-out families left out, the manifest),
 `rollout` (the gym's case runner in this process; policies; episodes), `rubric` (the
-rewards), `environment` (`load_environment` and the verifiers-style class).
+rewards), `environment` (`load_environment` and the verifiers-style class), `players`
+(the attacker as a policy: its templates per rollout, its reward back; the rounds).
 """
 
 import os as _os
@@ -24,6 +25,7 @@ if _HERE not in _sys.path:
 
 from .dataset import Dataset, DatasetError  # noqa: E402
 from .environment import PruefstandEnv, Rubric, load_environment  # noqa: E402
+from .players import Pair, SimulatedAttacker, agent_round, alternate, attacker_round, pairs_of  # noqa: E402
 from .rollout import (  # noqa: E402
     CallbackPolicy,
     EndpointPolicy,
@@ -41,12 +43,18 @@ __all__ = [
     "DatasetError",
     "EndpointPolicy",
     "Episode",
+    "Pair",
     "PruefstandEnv",
     "Rollout",
     "RolloutError",
     "Rubric",
+    "SimulatedAttacker",
     "Weights",
+    "agent_round",
+    "alternate",
+    "attacker_round",
     "chat_policy",
     "load_environment",
+    "pairs_of",
     "steered_jobs",
 ]

@@ -388,7 +388,21 @@ class Gym:
         self._truth_lock = threading.Lock()
         self.stats = {"rollouts": 0, "errors": 0, "retried": 0, "seconds": 0.0}
         self._stats_lock = threading.Lock()
+        # Cases of an attacker's templates (players.py), beside the dataset's.
+        self._template_cases: dict = {}
         self._log_lock = threading.Lock()
+
+    def add_template_case(self, case: dict, text: str) -> None:
+        """An attacked case whose injection is an attacker's template (players.py): the
+        text keyed by the case id and its attack registered, as the gym's open pass adds
+        an adaptive attempt (`families.add_text`); then `rollout` takes the case."""
+        from pruefstand_gym import families
+
+        if case["suite"] not in self.suites:
+            raise RolloutError(f"case {case['id']!r}: suite {case['suite']!r} is not loaded")
+        families.register_wording_attacks({case["attack"]})
+        families.add_text(case["id"], None, text)
+        self._template_cases[case["id"]] = dict(case)
 
     # ground truth the attacker's feedback compares with (as `gym.py truth` computes it)
     def _calls(self, suite_name: str, task_id: str, injection: bool) -> list[dict]:
@@ -433,7 +447,7 @@ class Gym:
     def rollout(self, case: dict, policy, *, retries: int = 1) -> Rollout:
         """One case run through the gym with `policy` as the agent, retried up to
         `retries` times when it errors; a last error is returned as such (no reward)."""
-        if case["id"] not in {c["id"] for c in self.dataset.cases}:
+        if case["id"] not in self._template_cases and case["id"] not in {c["id"] for c in self.dataset.cases}:
             raise RolloutError(f"case {case['id']!r} is not in the environment's dataset")
         t0 = time.monotonic()
         attempt = 0

@@ -154,6 +154,36 @@ mod tests {
         assert!(blind * 4 < weaknesses.len(), "blind: {blind} of {}", weaknesses.len());
     }
 
+    /// The fixed inputs the environment's Python port (scripts/pruefstand_env/players.py)
+    /// is checked on by tests/environment.rs: this function proposes what the file says.
+    #[test]
+    fn the_python_ports_fixture_is_what_this_proposes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/environment/simulated_attacker.json");
+        let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let choice = |v: &serde_json::Value| -> Choice { [0, 1, 2].map(|i| v[i].as_u64().unwrap() as usize) };
+        let seed = |v: &serde_json::Value| v["seed"].as_u64().unwrap();
+        for c in fixture["proposals"].as_array().unwrap() {
+            let history: Vec<(Choice, Option<f64>)> =
+                c["history"].as_array().unwrap().iter().map(|h| (choice(&h[0]), h[1].as_f64())).collect();
+            let proposed = propose(seed(c), c["pair"].as_str().unwrap(), &history, c["feedback"].as_bool().unwrap());
+            assert_eq!(proposed, choice(&c["proposal"]), "{c}");
+        }
+        for s in fixture["sequences"].as_array().unwrap() {
+            let weak = choice(&s["weak"]);
+            let mut history = Vec::new();
+            for want in s["proposals"].as_array().unwrap() {
+                let c = propose(seed(s), s["pair"].as_str().unwrap(), &history, true);
+                assert_eq!(c, choice(want), "{s}");
+                history.push((c, Some(score(c, weak))));
+            }
+            assert_eq!(history.last().map(|(c, _)| *c), Some(weak), "the sequence ends where it landed: {s}");
+        }
+        for (digits, text) in fixture["templates"].as_object().unwrap() {
+            let c = [0, 1, 2].map(|i| (digits.as_bytes()[i] - b'0') as usize);
+            assert_eq!(template(c), text.as_str().unwrap());
+        }
+    }
+
     #[test]
     fn templates_hold_the_goal_and_round_trip_and_no_option_is_a_grammar_wording() {
         let grammar =
