@@ -37,6 +37,9 @@ pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode
     if train.no_judge || train.out.is_some() {
         bail!("a training job always judges what it made, into a run folder of its own: drop --no-judge and --out");
     }
+    if train.online.is_some() {
+        bail!("--online: an online training runs in `pruefstand train`, not yet as a queued job");
+    }
     let root = Root::find(root)?;
     crate::hooks::validate(&root)?;
     let queue = Queue::open(&root)?;

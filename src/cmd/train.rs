@@ -21,8 +21,15 @@ pub(crate) struct Args {
     /// (e.g. real-smol).
     pub(crate) version: String,
     /// An export of `pruefstand export` (its manifest beside it); give it once per file.
-    #[arg(long = "export", value_name = "FILE", required = true)]
+    #[arg(long = "export", value_name = "FILE", required_unless_present = "online")]
     pub(crate) exports: Vec<PathBuf>,
+    /// Train online instead: GRPO in the environment of this plan (its cases, clean and
+    /// attacked, played through the gym; the adapter of each step loaded into the
+    /// running server for the next rollouts). docs/training.md.
+    #[arg(long, value_name = "PLAN", conflicts_with_all = ["exports", "kind", "check_only"])]
+    pub(crate) online: Option<String>,
+    #[command(flatten)]
+    pub(crate) online_knobs: OnlineKnobs,
     /// What to train: DPO on preference pairs or SFT on conversations (default: the
     /// exports' format).
     #[arg(long, value_parser = kind_parser)]
@@ -79,6 +86,53 @@ pub(crate) struct Knobs {
     pub(crate) batch_size: u32,
 }
 
+/// `--online`'s knobs.
+#[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
+pub(crate) struct OnlineKnobs {
+    /// Completions of a case per step (a GRPO group).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=256))]
+    pub(crate) generations: u32,
+    /// Cases a step takes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) prompts_per_step: u32,
+    /// Tokens of each first turn the trainer generates.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub(crate) completion_tokens: u32,
+    /// The sampling temperature of the first turns.
+    #[arg(long, default_value_t = 1.0, value_parser = positive)]
+    pub(crate) temperature: f64,
+    /// Text every first turn begins with, given rather than generated (e.g. the start of
+    /// a tool call, for a model that never calls one); none by default.
+    #[arg(long, default_value = "")]
+    pub(crate) first_turn_prefix: String,
+    /// The policy's turns after the first, answered by the server under the latest
+    /// adapter (then the case ends and is scored).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub(crate) max_turns: u32,
+    /// Tokens of each later turn.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub(crate) turn_tokens: u32,
+    /// A case of the environment to train on (its id; once per case); default: all.
+    #[arg(long = "case", value_name = "ID")]
+    pub(crate) cases: Vec<String>,
+}
+
+impl OnlineKnobs {
+    fn online(&self) -> train::online::Online {
+        train::online::Online {
+            generations: self.generations,
+            prompts_per_step: self.prompts_per_step,
+            completion_tokens: self.completion_tokens,
+            temperature: self.temperature,
+            first_turn_prefix: self.first_turn_prefix.clone(),
+            max_turns: self.max_turns,
+            turn_tokens: self.turn_tokens,
+            cases: self.cases.clone(),
+        }
+    }
+}
+
 impl Knobs {
     pub(crate) fn hyper(&self) -> Hyper {
         Hyper {
@@ -123,6 +177,9 @@ pub(crate) fn order(args: &Args) -> Order {
 pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode> {
     let root = Root::find(root)?;
     let base = Version::load(&root.versions(), &args.version)?;
+    if let Some(env_plan) = args.online.clone() {
+        return online(root, base, env_plan, args).await;
+    }
     let ask = order(&args).ask(base, args.plan.clone());
     let trained = {
         // The trainer takes the GPU as a run does: one user of it at a time.
@@ -160,6 +217,60 @@ pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<Ex
             .map(|l| l.map_or_else(|| "–".to_string(), |l| format!("{l:.4}")))
             .collect::<Vec<_>>()
             .join(" → ")
+    );
+    if args.no_judge {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let run = crate::cmd::run::Args {
+        version: trained.version,
+        plan: args.plan,
+        jobs: None,
+        out: args.out,
+        full: false,
+        no_wait: false,
+        json: false,
+    };
+    crate::cmd::run::main(Some(root.path), run).await
+}
+
+/// `train --online`: GRPO in the environment of `env_plan`, then the judgement.
+async fn online(root: Root, base: Version, env_plan: String, args: Args) -> anyhow::Result<ExitCode> {
+    let ask = train::online::Ask {
+        base,
+        env_plan,
+        hyper: args.knobs.hyper(),
+        seed: args.knobs.seed,
+        name: args.name.clone(),
+        online: args.online_knobs.online(),
+    };
+    let trained = {
+        let _gpu = match benchlock::needs_gpu(&ask.base)? {
+            true => {
+                let holder = format!("`pruefstand train {}`, pid {}", ask.base.name, std::process::id());
+                Some(crate::lock_wait::bench_lock(&root, &holder).await?)
+            }
+            false => None,
+        };
+        train::online::train(&root, ask, stopped()).await?
+    };
+    let m = &trained.manifest;
+    outln!(
+        "trained online: {}{}",
+        trained.version,
+        if trained.reused { " (the adapter of an earlier run)" } else { "" }
+    );
+    outln!("  adapter: {}", m.adapter.path.display());
+    outln!("  manifest: {}", trained.dir.path.join(train::online::MANIFEST).display());
+    outln!("  environment: {} ({} case(s))", m.environment.manifest.display(), m.environment.cases);
+    outln!("  spec: {}", trained.spec.display());
+    let spread: Vec<String> = m.reward_spread.iter().map(|s| format!("{s:.3}")).collect();
+    outln!(
+        "  {} step(s): {} rollout(s), {} errored (no reward), reward spread per step {}; {} adapter(s) loaded into the server",
+        m.steps,
+        m.rollouts,
+        m.rollout_errors,
+        spread.join(", "),
+        m.adapters_loaded.len()
     );
     if args.no_judge {
         return Ok(ExitCode::SUCCESS);

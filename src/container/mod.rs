@@ -247,6 +247,8 @@ pub(crate) struct Setup {
     /// The spec's chat template and tool-parser plugin (a changed file is another
     /// server).
     pub(crate) served_files: Vec<ServedFile>,
+    /// `ServerSetup::lora_dir`: mounted at /adapters when no adapter is.
+    pub(crate) lora_dir: Option<PathBuf>,
 }
 
 /// A file of the bench root's that the server reads (a chat template, a tool-parser
@@ -361,6 +363,7 @@ impl Setup {
             ready_timeout: Duration::from_secs_f64(m.ready_timeout_s.unwrap_or(DEFAULT_READY_TIMEOUT_S)),
             pull: m.pull,
             served_files: ServedFile::read_all(server)?,
+            lora_dir: server.lora_dir.as_deref().map(std::path::absolute).transpose()?,
         })
     }
 
@@ -403,6 +406,9 @@ impl Setup {
         for file in &self.served_files {
             key[file.kind.field()] = file.sha256.clone().into();
         }
+        if let Some(dir) = &self.lora_dir {
+            key["lora_dir"] = dir.display().to_string().into();
+        }
         pruefstand_core::util::sha256_hex(key.to_string().as_bytes())[..16].to_string()
     }
 
@@ -426,6 +432,8 @@ impl Setup {
         let mut mounts = vec![bind(&self.model_host, MODEL_TARGET)];
         if let Some(a) = &self.adapter {
             mounts.push(bind(&a.mount_source, &a.mount_target));
+        } else if let Some(dir) = &self.lora_dir {
+            mounts.push(bind(dir, ADAPTERS_TARGET));
         }
         for file in &self.served_files {
             mounts.push(bind(&file.host, file.kind.container_path()));

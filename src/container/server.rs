@@ -29,6 +29,10 @@ pub(crate) struct ServerSetup {
     /// The files of the bench root's that the server reads (chat template, tool-parser
     /// plugin), resolved against the spec's folder, in `ServedFileKind::ALL`'s order.
     pub(crate) served_files: Vec<(ServedFileKind, PathBuf)>,
+    /// A folder mounted read-only at `/adapters` for adapters loaded at run time
+    /// (`runtime_lora`) that did not exist at start: an online training's
+    /// (`train::online`), which loads each step's adapter from there. None elsewhere.
+    pub(crate) lora_dir: Option<PathBuf>,
 }
 
 impl ServerSetup {
@@ -42,6 +46,7 @@ impl ServerSetup {
             adapter: spec.adapter.clone(),
             sim: spec.sim.clone(),
             served_files: version.served_files(),
+            lora_dir: None,
         }
     }
 

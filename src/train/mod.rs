@@ -11,6 +11,7 @@
 //! run` does), the command line (`cmd::train`).
 
 pub(crate) mod checks;
+pub(crate) mod online;
 pub(crate) mod output;
 pub(crate) mod progress;
 pub(crate) mod request;

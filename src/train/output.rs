@@ -22,7 +22,7 @@ use pruefstand_core::util;
 use pruefstand_report::export::{Format, SourceRef};
 
 /// The first words of every spec `train` writes: what may be replaced by it.
-const SPEC_MARK: &str = "# Written by `pruefstand train`";
+pub(super) const SPEC_MARK: &str = "# Written by `pruefstand train`";
 
 /// `training.json`, beside the adapter.
 #[derive(Serialize, Deserialize, Clone, Debug)]
