@@ -5,12 +5,15 @@ adapter loaded into the policy's running vLLM after every step (docs/training.md
 
 One step:
 
-1. TRL generates `num_generations` first turns of a case (its own sampling, the weights
-   being trained) from the case's first prompt — AgentDojo's system message and the
-   user's task with the suite's tools — rendered with the **served** chat template and
-   checked token for token against the server's `/tokenize`, then `prefix` (a forced
-   start of the turn: `<tool_call>\\n{"name": "` makes the turn a tool call, for a model
-   that never calls one on its own).
+1. TRL generates `num_generations` first turns of a prompt (its own sampling, the
+   weights being trained) from a case's first prompt — AgentDojo's system message and
+   the user's task with the suite's tools — rendered with the **served** chat template
+   and checked token for token against the server's `/tokenize`, then `prefix` (text the
+   turn begins with, given: e.g. `<tool_call>\\n{"name": "` makes it a tool call, for a
+   model that never calls one on its own). Cases whose first prompt is the same — a
+   clean case and its attacked twins — are one prompt, its completions spread over them
+   in turn (the injection only arrives in a tool result: the policy cannot tell them
+   apart at its first turn).
 2. The reward function hands each completion (prefix + text) to the environment, which
    plays the rest of the episode through the gym with every later turn answered by the
    vLLM server under the adapter of the last step, and returns the rubric's agent
@@ -146,6 +149,8 @@ def run(request, print_):
                                            add_generation_prompt=True, tokenize=False) for c in cases]
     checked = _check_prompts(tokenizer, cases, texts, online)
     prefix = online["prefix"]
+    generations = online["num_generations"]
+    per_step = online["prompts_per_step"]
     prompt_tokens = [len(tokenizer(t + prefix, add_special_tokens=False)["input_ids"]) for t in texts]
     events.emit("online", cases=len(cases), prompt_tokens=prompt_tokens, checked=checked,
                 manifest=offered.get("manifest"))
@@ -161,8 +166,6 @@ def run(request, print_):
     policy = Policy(online, print_)
     policy.publish(model, request, 0)
 
-    generations = online["num_generations"]
-    per_step = online["prompts_per_step"]
     config = GRPOConfig(
         output_dir=request.checkpoints,
         max_steps=request.steps,
@@ -187,16 +190,31 @@ def run(request, print_):
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
-    dataset = Dataset.from_list([{"prompt": t + prefix, "case": c["id"]} for c, t in zip(cases, texts)])
+    # Cases whose first prompt is the same text — a clean case and its attacked twins:
+    # the injection arrives later, in a tool result — are one prompt of the dataset, and
+    # its group's completions are spread over them in turn. The policy cannot tell them
+    # apart at its first turn; whether an injection comes is the environment's draw, so
+    # the group's mean reward is the prompt's expected reward over its twins.
+    twins = {}
+    for c, t in zip(cases, texts):
+        twins.setdefault(t, []).append(c["id"])
+    if generations % max(len(ids) for ids in twins.values()):
+        raise Refused(
+            f"num_generations {generations} does not spread evenly over the "
+            f"{max(len(ids) for ids in twins.values())} cases that share a first prompt"
+        )
+    dataset = Dataset.from_list([{"prompt": t + prefix, "cases": ids} for t, ids in twins.items()])
     env_url = online["env_url"].rstrip("/") + "/rollout"
     tally = {"rollouts": 0, "errors": 0, "seconds": 0.0}
     step_rewards = {}
 
-    def agent(prompts, completions, case, trainer_state=None, **_):
+    def agent(prompts, completions, cases, trainer_state=None, **_):
         """The environment's agent reward of each completion's episode; None when the
         rollout errored (after the environment's retries)."""
         step = (trainer_state.global_step if trainer_state is not None else 0) + 1
         adapter = policy.current
+        # Groups are consecutive blocks of `generations` completions of one prompt.
+        case = [ids[(i % generations) % len(ids)] for i, ids in enumerate(cases)]
         t0 = time.monotonic()
 
         def one(item):
