@@ -30,6 +30,7 @@ mod isolation;
 mod judge;
 mod layers;
 mod newcomer;
+mod night;
 mod package;
 mod queue;
 mod real_server;

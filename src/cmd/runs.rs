@@ -99,6 +99,11 @@ fn named(root: &Root, word: &str) -> anyhow::Result<(PathBuf, String)> {
     }
 }
 
+/// The newest finished run of `version` on the plan named `plan`, if any.
+pub(crate) fn newest_on_plan(root: &Root, version: &str, plan: &str) -> anyhow::Result<Option<PathBuf>> {
+    Ok(newest(finished_runs(&root.reports().join(version).join(plan), 0)?))
+}
+
 /// The folders `depth + 1` levels below `dir` that hold a judgement, with when each
 /// started: runs are `reports/<version>/<plan>/<run>`, so 2 below `reports/` and 1
 /// below a version's folder.

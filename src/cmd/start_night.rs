@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use crate::client::{note_without_daemon, print_end, say_progress, wait_final};
 use crate::cmd::train::{Knobs, kind_parser};
@@ -51,6 +51,13 @@ pub(crate) struct Args {
     /// -2, -3, … for the version's next nights that day). One no queued job carries.
     #[arg(long, value_parser = crate::cmd::name_parser)]
     pub(crate) night: Option<String>,
+    /// A found family the night trains on as seen (pinned into the job's copy of
+    /// --plan with `held_out = false`): a found-family.json, or a run (a run folder, a
+    /// version name, job:N, latest) whose campaign wrote one; `none`: none. Default: the
+    /// family the newest finished run of VERSION on --plan found, if its campaign found
+    /// one, so each night trains on what the last night's attacker found.
+    #[arg(long, value_name = "FILE|RUN|none")]
+    pub(crate) found: Option<PathBuf>,
     /// Higher runs first; equal priorities run in the order queued.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub(crate) priority: i32,
@@ -64,8 +71,14 @@ pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode
     let root = Root::find(root)?;
     crate::hooks::validate(&root)?;
     let queue = Queue::open(&root)?;
-    let judged = queue.prepare(&root, &args.version, &args.plan)?;
+    let mut judged = queue.prepare(&root, &args.version, &args.plan)?;
     checks::base_usable(&judged.version)?;
+    if let Some(file) = carried_found(&root, args.found.as_deref(), &args.version, &judged)? {
+        let family = file.display().to_string();
+        if judged.pin_found_as_seen(&file).with_context(|| format!("the found family {family}"))? {
+            tracing::info!("the night trains on the found family of {family} as seen (pinned into its --plan)");
+        }
+    }
     let trained = queue.prepare(&root, &args.version, &args.judge_plan)?;
     let held_out: BTreeSet<String> = trained.held_out().into_iter().collect();
     let clash = trained_on(&judged).intersection(&held_out).cloned().collect::<Vec<_>>();
@@ -128,14 +141,39 @@ fn night_name(queue: &Queue, asked: Option<&str>, version: &str) -> anyhow::Resu
     Ok(name.expect("an unused name"))
 }
 
-/// The families a plan's rows may hold: those it runs, less those it holds out (the
-/// export refuses those).
+/// The found family `--found` names (see its help), or by default the one the newest
+/// finished run of `version` on the plan found; None: nothing to carry.
+fn carried_found(
+    root: &Root,
+    asked: Option<&std::path::Path>,
+    version: &str,
+    plan: &Prepared,
+) -> anyhow::Result<Option<PathBuf>> {
+    let run = match asked {
+        Some(word) if word.as_os_str() == "none" => return Ok(None),
+        Some(file) if file.is_file() => return Ok(Some(file.to_path_buf())),
+        Some(word) => crate::cmd::runs::resolve(Some(&root.path), &[word.to_path_buf()])?.remove(0),
+        None => match crate::cmd::runs::newest_on_plan(root, version, &plan.profile.name)? {
+            Some(run) => run,
+            None => return Ok(None),
+        },
+    };
+    let file = pruefstand_store::RunDir::new(&run).found_family_file();
+    if file.is_none() && asked.is_some() {
+        bail!("--found {}: its campaign found no family (no found-family.json in it)", run.display());
+    }
+    Ok(file)
+}
+
+/// The families a plan's rows may hold: those it runs and its seen found families,
+/// less those it holds out (the export refuses those).
 fn trained_on(plan: &Prepared) -> BTreeSet<String> {
     let held: BTreeSet<String> = plan.held_out().into_iter().collect();
     let mut runs: BTreeSet<String> = plan.profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
     for suite in &plan.profile.suites {
         runs.extend(suite.attacks.iter().flatten().map(|a| a.get_ref().clone()));
     }
+    runs.extend(plan.found.iter().map(|file| file.family.attack()));
     runs.retain(|family| !held.contains(family));
     runs
 }

@@ -286,7 +286,7 @@ impl Profile {
     }
 
     /// A plan file's text, parsed and its rules checked (errors at `path:line:col`).
-    fn parse(path: &Path, text: &str) -> anyhow::Result<Profile> {
+    pub(crate) fn parse(path: &Path, text: &str) -> anyhow::Result<Profile> {
         let profile: Profile = input::parse_toml(path, text)?;
         if let Err(invalid) = profile.rules.validate() {
             let table = format!("rules.{}", invalid.rule);

@@ -222,6 +222,44 @@ impl Prepared {
         let found = found.map(|(file, _)| file.family.attack());
         self.profile.held_out.iter().map(|f| f.get_ref().clone()).chain(found).collect()
     }
+
+    /// Pins the found family in `file` into this job's plan as seen (`held_out =
+    /// false`): its cases run attacked under it, and an export of the run trains on them.
+    /// `start-night` carries the family the last night's campaign found into the next
+    /// night's rows this way. The plan file is untouched; the job's copy of the plan
+    /// gets the section (the family's file copied into the snapshot like any other).
+    /// False when the plan pins the same bytes as seen already; an error when it holds
+    /// them out (what the gate keeps unseen is never trained on), or when the file is no
+    /// found family.
+    pub fn pin_found_as_seen(&mut self, file: &Path) -> anyhow::Result<bool> {
+        let file = std::path::absolute(file).with_context(|| format!("the found family {}", file.display()))?;
+        let bytes = files::read_regular(&file, files::MAX_FOUND_FAMILY_BYTES, "a found family")?;
+        let sha256 = util::sha256_hex(&bytes);
+        for (pinned, section) in self.found.iter().zip(&self.profile.found) {
+            if util::sha256_hex(&pinned.bytes) != sha256 {
+                continue;
+            }
+            anyhow::ensure!(
+                !section.held_out,
+                "{} holds the found family {} ({}) out: what the gate keeps unseen is not trained on",
+                self.plan_path.display(),
+                pinned.family.name,
+                file.display()
+            );
+            return Ok(false);
+        }
+        let path = file.to_str().with_context(|| format!("{}: not UTF-8", file.display()))?;
+        // A JSON string is a TOML basic string (the same escapes).
+        let section = format!(
+            "\n# pinned as seen by start-night\n[[found]]\nfile = {}\nsha256 = \"{sha256}\"\nheld_out = false\n",
+            serde_json::to_string(path)?
+        );
+        let text = format!("{}{section}", self.plan_text);
+        let profile = Profile::parse(&self.plan_path, &text)?;
+        self.found = crate::plan::read_found(&self.plan_path, &profile, &text)?;
+        (self.profile, self.plan_text) = (profile, text);
+        Ok(true)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]

@@ -196,6 +196,13 @@ impl RunDir {
         self.path_of(file)
     }
 
+    /// Its `found-family.json` as a file a plan pins (`[[found]] file = …`), which names
+    /// a family by its path; None when its campaign found none.
+    pub fn found_family_file(&self) -> Option<PathBuf> {
+        let path = self.path_of(RunFile::FoundFamily);
+        path.is_file().then_some(path)
+    }
+
     /// The path of one of its files: the store's alone.
     fn path_of(&self, file: RunFile) -> PathBuf {
         file.path_in(&self.path)
