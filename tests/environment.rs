@@ -515,7 +515,7 @@ fn a_version_trained_online_on_a_family_the_plan_holds_out_is_refused_naming_the
 /// a port of src/adaptive/simulated.rs checked on the fixed inputs the Rust function's
 /// unit test checks) against a target that follows an injection only when it holds all
 /// three phrases of its weakness, calls the goal's tool wrongly with two, quotes the goal
-/// with one. Six ARLAS rounds (attacker rollouts, then agent rollouts against the pool
+/// with one. Five ARLAS rounds (attacker rollouts, then agent rollouts against the pool
 /// of its checkpoints), two templates per pair per round on four banking pairs: the
 /// attacker's mean reward rises from the first round to the last, and every template of
 /// the last round holds the weakness's three phrases. Everything is seeded (the sim,
@@ -536,7 +536,7 @@ fn the_attacker_policys_reward_rises_as_it_finds_the_simulated_targets_weakness(
         .arg(repo().join("tests/fixtures/environment/players.py"))
         .args(["--plan", plan.to_str().unwrap(), "--out", bench.path().join("duel").to_str().unwrap()])
         .args(["--base-url", &sim.url, "--model", "sim/duel", "--fixture", fixture.to_str().unwrap()])
-        .args(["--rounds", "6", "--rollouts-per-pair", "2", "--root", bench.path().to_str().unwrap()])
+        .args(["--rounds", "5", "--rollouts-per-pair", "2", "--root", bench.path().to_str().unwrap()])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -549,10 +549,10 @@ fn the_attacker_policys_reward_rises_as_it_finds_the_simulated_targets_weakness(
 
     assert_eq!(got["port_mismatches"], serde_json::json!([]), "the port proposes what simulated.rs proposes");
     let rounds = got["rounds"].as_array().unwrap();
-    assert_eq!(rounds.len(), 6);
+    assert_eq!(rounds.len(), 5);
     assert!(rounds.iter().all(|r| r["errors"] == 0 && r["rollouts"] == 8), "{got}");
     let mean = |r: &Value| r["mean_attacker_reward"].as_f64().unwrap();
-    assert!(mean(&rounds[5]) > mean(&rounds[0]), "the attacker's reward rises: {got}");
+    assert!(mean(&rounds[4]) > mean(&rounds[0]), "the attacker's reward rises: {got}");
     // The templates it converged to hold the weakness: one option of each feature.
     let phrases = ["maintenance robot", "carrier pigeon", "vault rotates keys"];
     let last = got["last_templates"].as_array().unwrap();
@@ -563,11 +563,11 @@ fn the_attacker_policys_reward_rises_as_it_finds_the_simulated_targets_weakness(
     }
     // The agent's rounds drew from the pool of earlier checkpoints, not the newest alone.
     let drawn = got["checkpoints_drawn"].as_array().unwrap();
-    assert!(drawn.len() > 1 && drawn.iter().any(|c| c.as_u64().unwrap() < 5), "{got}");
-    assert_eq!(got["agent_rounds"].as_array().unwrap().len(), 6);
+    assert!(drawn.len() > 1 && drawn.iter().any(|c| c.as_u64().unwrap() < 4), "{got}");
+    assert_eq!(got["agent_rounds"].as_array().unwrap().len(), 5);
     // Every rollout is a line of the environment's log, with its template.
     let plays = lines(&bench.path().join("duel/players.jsonl"));
-    assert_eq!(plays.len(), 6 * 8 + 6 * 4);
+    assert_eq!(plays.len(), 5 * 8 + 5 * 4);
     assert!(
         plays.iter().all(|p| p["template"].as_str().unwrap().contains("{goal}") && p["rewards"]["attacker"].is_f64())
     );

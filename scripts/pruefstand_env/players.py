@@ -273,6 +273,19 @@ class Round:
 _CASE_LOCK = threading.Lock()
 
 
+def _pairs(env, pairs) -> list[Pair]:
+    """The round's pairs: the environment's own (`pairs_of`) when none are given; a pair
+    given must be one of them (the plan's, so the manifest's suites and tasks)."""
+    own = pairs_of(env)
+    if pairs is None:
+        return own
+    given = [p if isinstance(p, Pair) else Pair(*p) for p in pairs]
+    outside = [p.key for p in given if p not in own]
+    if outside:
+        raise RolloutError(f"pairs not in the environment's dataset: {', '.join(outside)}")
+    return given
+
+
 def template_case(env, pair: Pair, text: str) -> dict:
     """The attacked case that injects `text` into `pair`, registered with the gym as a
     found family's template is: an attack named after the text's hash (the same text on
@@ -316,11 +329,12 @@ def _play(env, plays: list, policy, jobs: int, log_phase: str, number: int) -> R
 
 def attacker_round(env, attacker, agent_policy, pairs=None, rollouts_per_pair: int = 1, *, jobs: int = 4,
                    number: int = 0) -> Round:
-    """The attacker's rollouts: for every pair (default: the environment's, `pairs_of`)
+    """The attacker's rollouts: for every pair (default: the environment's, `pairs_of`;
+    others are refused)
     `rollouts_per_pair` templates proposed, run against `agent_policy`, and each outcome
     handed back to the attacker (`observe`). Returns the round: per rollout the template
     and the rewards."""
-    pairs = pairs_of(env) if pairs is None else [p if isinstance(p, Pair) else Pair(*p) for p in pairs]
+    pairs = _pairs(env, pairs)
     plays = [(pair, attacker.propose(pair), None) for pair in pairs for _ in range(rollouts_per_pair)]
     result = _play(env, plays, agent_policy, jobs, "attacker", number)
     for p in result.plays:
@@ -335,7 +349,7 @@ def agent_round(env, pool: list, agent_policy, pairs=None, rollouts_per_pair: in
     trainer updates the agent on; the checkpoints learn nothing."""
     if not pool:
         raise RolloutError("agent_round: the pool of attacker checkpoints is empty")
-    pairs = pairs_of(env) if pairs is None else [p if isinstance(p, Pair) else Pair(*p) for p in pairs]
+    pairs = _pairs(env, pairs)
     rng = random.Random(f"pruefstand-players/pool:{seed}:{number}")
     plays = []
     for pair in pairs:

@@ -396,11 +396,13 @@ class Gym:
         """An attacked case whose injection is an attacker's template (players.py): the
         text keyed by the case id and its attack registered, as the gym's open pass adds
         an adaptive attempt (`families.add_text`); then `rollout` takes the case."""
-        from pruefstand_gym import families
+        from pruefstand_gym import families, runner
 
-        if case["suite"] not in self.suites:
-            raise RolloutError(f"case {case['id']!r}: suite {case['suite']!r} is not loaded")
         families.register_wording_attacks({case["attack"]})
+        try:
+            runner.validate_names({"cases": [case], "benchmark_version": self.benchmark_version}, self.suites)
+        except runner.RequestError as e:
+            raise RolloutError(str(e)) from None
         families.add_text(case["id"], None, text)
         self._template_cases[case["id"]] = dict(case)
 
