@@ -244,6 +244,9 @@ class Play:
 
 @dataclass
 class Round:
+    """One phase of a round: its plays, in the order proposed, and the seconds from the
+    first rollout to the last. Means leave errored rollouts out (no reward, not 0)."""
+
     phase: str  # "attacker" or "agent"
     number: int
     plays: list = field(default_factory=list)
