@@ -2,6 +2,8 @@
 //! exports from VERSION's model (`train`: the refusals, the trainer in the model's
 //! image, the adapter, its manifest and the new version's spec), then judges the new
 //! version on the plan as `pruefstand run NEW --plan PLAN` does, unless `--no-judge`.
+//! With `--online PLAN` instead of exports it trains with GRPO in the environment of
+//! PLAN (`train::online`) and judges the same way.
 //! The exit status is the verdict's, or 0 with `--no-judge`; 2 when it refused or could
 //! not train (the message says why; the same command resumes a training that was
 //! stopped).

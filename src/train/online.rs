@@ -525,3 +525,30 @@ fn write_spec(
     Version::load(versions, name).with_context(|| format!("the spec written to {}", path.display()))?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trainers_events_give_each_steps_rewards_errors_and_the_adapters_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trainer-events.jsonl");
+        let lines = [
+            r#"{"event": "adapter", "step": 0, "name": "v-step-0", "served": ["m", "v-step-0"]}"#,
+            r#"{"event": "start", "steps": 2, "resumed_from": 0}"#,
+            r#"{"event": "rollouts", "step": 1, "rewards": [0.0, 0.5, null, 0.5], "spread": 0.2357, "retried": 1}"#,
+            "a line of another kind",
+            r#"{"event": "adapter", "step": 1, "name": "v-step-1"}"#,
+            r#"{"event": "rollouts", "step": 2, "rewards": [0.5, 0.5], "spread": 0.0, "retried": 0}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let events = Events::read(&path).unwrap();
+        assert_eq!(events.rewards, vec![vec![Some(0.0), Some(0.5), None, Some(0.5)], vec![Some(0.5), Some(0.5)]]);
+        assert_eq!(events.spread, vec![0.2357, 0.0]);
+        assert_eq!(events.retried, 1);
+        assert_eq!(events.adapters, ["v-step-0", "v-step-1"]);
+        // An errored rollout is no reward, never a 0.
+        assert_eq!(events.rewards.iter().flatten().filter(|r| r.is_none()).count(), 1);
+    }
+}
