@@ -70,6 +70,24 @@ fn a_base_version_the_trainer_cannot_start_from_is_refused_naming_why() {
     assert!(!bench.path().join(".pruefstand/jobs/1").exists(), "nothing queued");
 }
 
+/// A knob the chosen trainer would not read is refused, not ignored: DPO's beta, the
+/// row length and the batch size with `--online` (GRPO), the GRPO knobs with exports.
+#[test]
+fn knobs_the_trainer_would_ignore_are_refused_naming_them() {
+    let bench = Bench::new();
+    let online = bench.run(&["train", "real-smol", "--online", "schnell", "--beta", "0.2", "--batch-size", "2"]);
+    let stderr = online.code(2).stderr;
+    assert!(stderr.contains("--beta, --batch-size do not apply to --online"), "{stderr}");
+    let export = demo_export(&bench, "sft");
+    let offline = bench.run(&["train", "real-smol", "--export", export.to_str().unwrap(), "--generations", "3"]);
+    let stderr = offline.code(2).stderr;
+    assert!(stderr.contains("are --online's: an export trains without them"), "{stderr}");
+    let queued = bench.run(&["start-training", "real-smol", "--export", export.to_str().unwrap(), "--max-turns", "2"]);
+    let stderr = queued.code(2).stderr;
+    assert!(stderr.contains("are --online's"), "{stderr}");
+    assert!(no_training_folder(&bench.path().join("reports")), "nothing trained");
+}
+
 #[test]
 fn rows_from_runs_of_another_base_model_are_refused_naming_the_run_and_its_version() {
     let bench = Bench::new();

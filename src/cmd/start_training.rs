@@ -40,6 +40,7 @@ pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode
     if train.online.is_some() {
         bail!("--online: an online training runs in `pruefstand train`, not yet as a queued job");
     }
+    crate::cmd::train::online_knobs_left_alone(&train.online_knobs)?;
     let root = Root::find(root)?;
     crate::hooks::validate(&root)?;
     let queue = Queue::open(&root)?;

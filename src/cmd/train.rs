@@ -89,7 +89,7 @@ pub(crate) struct Knobs {
 }
 
 /// `--online`'s knobs.
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone, Debug, PartialEq)]
 #[group(skip)]
 pub(crate) struct OnlineKnobs {
     /// Completions of a case per step (a GRPO group).
@@ -121,6 +121,16 @@ pub(crate) struct OnlineKnobs {
 }
 
 impl OnlineKnobs {
+    /// The knobs as given no flag: the defaults above, from clap itself.
+    fn default_values() -> OnlineKnobs {
+        #[derive(clap::Parser)]
+        struct Bare {
+            #[command(flatten)]
+            knobs: OnlineKnobs,
+        }
+        <Bare as clap::Parser>::parse_from(["train"]).knobs
+    }
+
     fn online(&self) -> train::online::Online {
         train::online::Online {
             generations: self.generations,
@@ -146,6 +156,16 @@ impl Knobs {
             beta: self.beta,
             batch_size: self.batch_size,
         }
+    }
+
+    /// The knobs as given no flag: the defaults above, from clap itself.
+    fn default_values() -> Knobs {
+        #[derive(clap::Parser)]
+        struct Bare {
+            #[command(flatten)]
+            knobs: Knobs,
+        }
+        <Bare as clap::Parser>::parse_from(["train"]).knobs
     }
 }
 
@@ -180,8 +200,10 @@ pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<Ex
     let root = Root::find(root)?;
     let base = Version::load(&root.versions(), &args.version)?;
     if let Some(env_plan) = args.online.clone() {
+        offline_knobs_left_alone(&args.knobs)?;
         return online(root, base, env_plan, args).await;
     }
+    online_knobs_left_alone(&args.online_knobs)?;
     let ask = order(&args).ask(base, args.plan.clone());
     let trained = {
         // The trainer takes the GPU as a run does: one user of it at a time.
@@ -233,6 +255,39 @@ pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<Ex
         json: false,
     };
     crate::cmd::run::main(Some(root.path), run).await
+}
+
+/// `--online`'s knobs, given to a training on exports, would be silently ignored.
+pub(crate) fn online_knobs_left_alone(knobs: &OnlineKnobs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        *knobs == OnlineKnobs::default_values(),
+        "--generations, --prompts-per-step, --completion-tokens, --temperature, --first-turn-prefix, --max-turns, \
+         --turn-tokens and --case are --online's: an export trains without them"
+    );
+    Ok(())
+}
+
+/// GRPO takes no DPO beta (it trains with beta 0), no row length (its prompts are the
+/// cases' first turns) and no batch size (a step is its groups): given with
+/// `--online`, they would be silently ignored, so they are refused.
+fn offline_knobs_left_alone(knobs: &Knobs) -> anyhow::Result<()> {
+    let defaults = Knobs::default_values();
+    let ignored: Vec<&str> = [
+        ("--beta", knobs.beta != defaults.beta),
+        ("--max-length", knobs.max_length != defaults.max_length),
+        ("--batch-size", knobs.batch_size != defaults.batch_size),
+    ]
+    .into_iter()
+    .filter_map(|(flag, set)| set.then_some(flag))
+    .collect();
+    anyhow::ensure!(
+        ignored.is_empty(),
+        "{} {} not apply to --online (GRPO trains with beta 0, on the cases' first turns, a step being its \
+         groups: --generations, --prompts-per-step, --completion-tokens)",
+        ignored.join(", "),
+        if ignored.len() == 1 { "does" } else { "do" }
+    );
+    Ok(())
 }
 
 /// `train --online`: GRPO in the environment of `env_plan`, then the judgement.

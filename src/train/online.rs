@@ -472,58 +472,21 @@ fn write_spec(
     manifest: &OnlineManifest,
     manifest_path: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let text = std::fs::read_to_string(&base.path).with_context(|| format!("reading {}", base.path.display()))?;
-    let mut spec: toml::Table = toml::from_str(&text).with_context(|| format!("reading {}", base.path.display()))?;
-    spec.insert("reference".into(), base.name.clone().into());
-    spec.insert(
-        "description".into(),
-        format!(
-            "{} + a GRPO LoRA (r {}) trained online {} step(s) in the environment of {} by `pruefstand train`",
-            base.name, manifest.hyperparameters.lora_r, manifest.steps, manifest.environment.plan
-        )
-        .into(),
+    let description = format!(
+        "{} + a GRPO LoRA (r {}) trained online {} step(s) in the environment of {} by `pruefstand train`",
+        base.name, manifest.hyperparameters.lora_r, manifest.steps, manifest.environment.plan
     );
-    let model = spec.get_mut("model").and_then(toml::Value::as_table_mut).context("the base spec has no [model]")?;
-    for kind in ServedFileKind::ALL {
-        if let Some(file) = base.served_file(kind) {
-            let file = std::path::absolute(&file).unwrap_or(file);
-            model.insert(kind.field().into(), file.display().to_string().into());
-        }
-    }
-    let args = model.entry("args").or_insert_with(|| toml::Value::Array(Vec::new()));
-    if let Some(args) = args.as_array_mut()
-        && !args.iter().any(|a| a.as_str().is_some_and(|a| a == "--max-lora-rank" || a.starts_with("--max-lora-rank=")))
-    {
-        args.push("--max-lora-rank".into());
-        args.push(manifest.hyperparameters.lora_r.to_string().into());
-    }
-    let mut adapter = toml::Table::new();
-    adapter.insert("name".into(), name.into());
-    adapter.insert("path".into(), manifest.adapter.path.display().to_string().into());
     let env_manifest = std::path::absolute(&manifest.environment.manifest)?;
-    adapter.insert("trained_online".into(), toml::Value::Array(vec![env_manifest.display().to_string().into()]));
-    spec.insert("adapter".into(), adapter.into());
-    let body = toml::to_string(&spec).context("writing the new spec")?;
-    let mark = format!("{} (training {})", output::SPEC_MARK, manifest.training);
-    let text = format!(
-        "{mark} from version {}, online.\n# Its training manifest: {}\n\n{body}",
-        base.name,
-        manifest_path.display()
-    );
-    let path = versions.join(format!("{name}.toml"));
-    match std::fs::read_to_string(&path) {
-        Ok(old) if old == text || old.starts_with(&mark) => {}
-        Ok(_) => bail!(
-            "{} exists and was not written by `pruefstand train` for this adapter: left as it is (choose another \
-             --name)",
-            path.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    }
-    util::write_atomic(&path, text.as_bytes())?;
-    Version::load(versions, name).with_context(|| format!("the spec written to {}", path.display()))?;
-    Ok(path)
+    let spec = output::NewSpec {
+        description,
+        lora_r: manifest.hyperparameters.lora_r,
+        adapter: &manifest.adapter.path,
+        trained_on: ("trained_online", vec![env_manifest.display().to_string()]),
+        training: &manifest.training,
+        how: ", online",
+        manifest_path,
+    };
+    output::write_spec_of(versions, base, name, spec)
 }
 
 #[cfg(test)]

@@ -209,21 +209,50 @@ pub(super) fn write_spec(
     manifest: &TrainingManifest,
     manifest_path: &Path,
 ) -> anyhow::Result<PathBuf> {
+    let description = format!(
+        "{} + a {} LoRA (r {}) trained {} step(s) on {} row(s) by `pruefstand train`",
+        base.name,
+        manifest.kind.as_str(),
+        manifest.hyperparameters.lora_r,
+        manifest.hyperparameters.steps,
+        manifest.rows_used
+    );
+    let exports = manifest.exports.iter().map(|e| e.path.display().to_string()).collect();
+    let spec = NewSpec {
+        description,
+        lora_r: manifest.hyperparameters.lora_r,
+        adapter: &manifest.adapter.path,
+        trained_on: ("trained_on_exports", exports),
+        training: &manifest.training,
+        how: "",
+        manifest_path,
+    };
+    write_spec_of(versions, base, name, spec)
+}
+
+/// What a trained version's spec says beyond its base's ([`write_spec_of`]).
+pub(super) struct NewSpec<'a> {
+    pub(super) description: String,
+    /// The adapter's rank: vLLM's `--max-lora-rank` where the base sets none.
+    pub(super) lora_r: u32,
+    pub(super) adapter: &'a Path,
+    /// `[adapter]`'s record of what it trained on, which the held-out guard reads: its
+    /// key (`trained_on_exports`, `trained_online`) and the files, absolute.
+    pub(super) trained_on: (&'static str, Vec<String>),
+    /// The training's id, in the spec's first line (the mark a rewrite is allowed by).
+    pub(super) training: &'a str,
+    /// After "from version B" in that line: "" or ", online".
+    pub(super) how: &'static str,
+    pub(super) manifest_path: &'a Path,
+}
+
+/// Writes `versions/<name>.toml` from the base's spec (see [`write_spec`]), unless a
+/// spec of that name exists that another training (or a person) wrote.
+pub(super) fn write_spec_of(versions: &Path, base: &Version, name: &str, new: NewSpec) -> anyhow::Result<PathBuf> {
     let text = std::fs::read_to_string(&base.path).with_context(|| format!("reading {}", base.path.display()))?;
     let mut spec: toml::Table = toml::from_str(&text).with_context(|| format!("reading {}", base.path.display()))?;
     spec.insert("reference".into(), base.name.clone().into());
-    spec.insert(
-        "description".into(),
-        format!(
-            "{} + a {} LoRA (r {}) trained {} step(s) on {} row(s) by `pruefstand train`",
-            base.name,
-            manifest.kind.as_str(),
-            manifest.hyperparameters.lora_r,
-            manifest.hyperparameters.steps,
-            manifest.rows_used
-        )
-        .into(),
-    );
+    spec.insert("description".into(), new.description.into());
     let model = spec.get_mut("model").and_then(toml::Value::as_table_mut).context("the base spec has no [model]")?;
     for kind in ServedFileKind::ALL {
         if let Some(file) = base.served_file(kind) {
@@ -236,27 +265,25 @@ pub(super) fn write_spec(
         && !args.iter().any(|a| a.as_str().is_some_and(|a| a == "--max-lora-rank" || a.starts_with("--max-lora-rank=")))
     {
         args.push("--max-lora-rank".into());
-        args.push(manifest.hyperparameters.lora_r.to_string().into());
+        args.push(new.lora_r.to_string().into());
     }
     let mut adapter = toml::Table::new();
     adapter.insert("name".into(), name.into());
-    adapter.insert("path".into(), manifest.adapter.path.display().to_string().into());
-    adapter.insert(
-        "trained_on_exports".into(),
-        toml::Value::Array(manifest.exports.iter().map(|e| e.path.display().to_string().into()).collect()),
-    );
+    adapter.insert("path".into(), new.adapter.display().to_string().into());
+    let (key, files) = new.trained_on;
+    adapter.insert(key.into(), toml::Value::Array(files.into_iter().map(Into::into).collect()));
     spec.insert("adapter".into(), adapter.into());
     let body = toml::to_string(&spec).context("writing the new spec")?;
+    let mark = format!("{SPEC_MARK} (training {})", new.training);
     let text = format!(
-        "{SPEC_MARK} (training {}) from version {}.\n# Its training manifest: {}\n\n{body}",
-        manifest.training,
+        "{mark} from version {}{}.\n# Its training manifest: {}\n\n{body}",
         base.name,
-        manifest_path.display()
+        new.how,
+        new.manifest_path.display()
     );
     let path = versions.join(format!("{name}.toml"));
     match std::fs::read_to_string(&path) {
-        Ok(old) if old == text => {}
-        Ok(old) if old.starts_with(&format!("{SPEC_MARK} (training {})", manifest.training)) => {}
+        Ok(old) if old == text || old.starts_with(&mark) => {}
         Ok(_) => bail!(
             "{} exists and was not written by `pruefstand train` for this adapter: left as it is (choose another \
              --name)",
