@@ -182,6 +182,15 @@ fn an_export_holding_a_family_the_gates_plan_holds_out_is_refused_naming_both() 
         train(&bench, "real-smol", &["--export", export, "--plan", "holds-ii"]),
         &["plan holds-ii holds out the family important_instructions", export],
     );
+    // Trained online in an environment that offers it: refused before any step.
+    let online = bench.run(&["train", "real-smol", "--online", "schnell", "--plan", "holds-ii"]).code(2);
+    assert!(
+        online.stderr.contains("--online schnell offers important_instructions")
+            && online.stderr.contains("which --plan holds-ii holds out"),
+        "{}",
+        online.stderr
+    );
+    assert!(no_training_folder(&bench.path().join("reports")), "nothing trained");
 }
 
 /// The loop on the real model: SmolLM2-135M on the CPU vLLM (`real_server`'s image,

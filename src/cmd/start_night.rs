@@ -81,7 +81,7 @@ pub(crate) fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<ExitCode
     }
     let trained = queue.prepare(&root, &args.version, &args.judge_plan)?;
     let held_out: BTreeSet<String> = trained.held_out().into_iter().collect();
-    let clash = trained_on(&judged).intersection(&held_out).cloned().collect::<Vec<_>>();
+    let clash = judged.trained_on().intersection(&held_out).cloned().collect::<Vec<_>>();
     if !clash.is_empty() {
         bail!(
             "--plan {} trains on {} (it runs and does not hold out), which --judge-plan {} holds out: the \
@@ -163,17 +163,4 @@ fn carried_found(
         bail!("--found {}: its campaign found no family (no found-family.json in it)", run.display());
     }
     Ok(file)
-}
-
-/// The families a plan's rows may hold: those it runs and its seen found families,
-/// less those it holds out (the export refuses those).
-fn trained_on(plan: &Prepared) -> BTreeSet<String> {
-    let held: BTreeSet<String> = plan.held_out().into_iter().collect();
-    let mut runs: BTreeSet<String> = plan.profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
-    for suite in &plan.profile.suites {
-        runs.extend(suite.attacks.iter().flatten().map(|a| a.get_ref().clone()));
-    }
-    runs.extend(plan.found.iter().map(|file| file.family.attack()));
-    runs.retain(|family| !held.contains(family));
-    runs
 }

@@ -290,8 +290,29 @@ fn offline_knobs_left_alone(knobs: &Knobs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The judgement would refuse an adapter trained online on a family its plan holds
+/// out: said before the training, not after it.
+fn judge_plan_holds_out_nothing_offered(root: &Root, version: &str, env_plan: &str, plan: &str) -> anyhow::Result<()> {
+    let queue = pruefstand_core::queue::Queue::open(root)?;
+    let offered = queue.prepare(root, version, env_plan)?;
+    let judged = queue.prepare(root, version, plan)?;
+    let held_out: std::collections::BTreeSet<String> = judged.held_out().into_iter().collect();
+    let clash: Vec<String> = offered.trained_on().intersection(&held_out).cloned().collect();
+    anyhow::ensure!(
+        clash.is_empty(),
+        "--online {} offers {} (it runs and does not hold out), which --plan {} holds out: the judgement would \
+         refuse the adapter after its training; hold it out in {} too, or judge on another plan",
+        offered.profile.name,
+        clash.join(", "),
+        judged.profile.name,
+        offered.profile.name
+    );
+    Ok(())
+}
+
 /// `train --online`: GRPO in the environment of `env_plan`, then the judgement.
 async fn online(root: Root, base: Version, env_plan: String, args: Args) -> anyhow::Result<ExitCode> {
+    judge_plan_holds_out_nothing_offered(&root, &args.version, &env_plan, &args.plan)?;
     let ask = train::online::Ask {
         base,
         env_plan,

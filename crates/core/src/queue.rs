@@ -223,6 +223,21 @@ impl Prepared {
         self.profile.held_out.iter().map(|f| f.get_ref().clone()).chain(found).collect()
     }
 
+    /// The families a run of this plan may hand to a training: those it runs and its
+    /// found families, less those it holds out (an export refuses those, and an
+    /// environment never offers them).
+    pub fn trained_on(&self) -> std::collections::BTreeSet<String> {
+        let held: std::collections::BTreeSet<String> = self.held_out().into_iter().collect();
+        let mut runs: std::collections::BTreeSet<String> =
+            self.profile.attacks.iter().map(|a| a.get_ref().clone()).collect();
+        for suite in &self.profile.suites {
+            runs.extend(suite.attacks.iter().flatten().map(|a| a.get_ref().clone()));
+        }
+        runs.extend(self.found.iter().map(|file| file.family.attack()));
+        runs.retain(|family| !held.contains(family));
+        runs
+    }
+
     /// Pins the found family in `file` into this job's plan as seen (`held_out =
     /// false`): its cases run attacked under it, and an export of the run trains on them.
     /// `start-night` carries the family the last night's campaign found into the next
