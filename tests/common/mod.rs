@@ -41,7 +41,8 @@ impl Bench {
         std::fs::copy(repo().join("pruefstand.toml"), dir.path().join("pruefstand.toml")).unwrap();
         for sub in ["versions", "profiles"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
-            for entry in std::fs::read_dir(repo().join(sub)).unwrap().flatten() {
+            // Files only: a folder a tool left there (Python's `__pycache__`) is no spec.
+            for entry in std::fs::read_dir(repo().join(sub)).unwrap().flatten().filter(|e| e.path().is_file()) {
                 std::fs::copy(entry.path(), dir.path().join(sub).join(entry.file_name())).unwrap();
             }
         }
