@@ -242,19 +242,7 @@ pub(crate) async fn main(root: Option<PathBuf>, args: Args) -> anyhow::Result<Ex
             .collect::<Vec<_>>()
             .join(" → ")
     );
-    if args.no_judge {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let run = crate::cmd::run::Args {
-        version: trained.version,
-        plan: args.plan,
-        jobs: None,
-        out: args.out,
-        full: false,
-        no_wait: false,
-        json: false,
-    };
-    crate::cmd::run::main(Some(root.path), run).await
+    judge(root, trained.version, args).await
 }
 
 /// `--online`'s knobs, given to a training on exports, would be silently ignored.
@@ -350,19 +338,7 @@ async fn online(root: Root, base: Version, env_plan: String, args: Args) -> anyh
         spread.join(", "),
         m.adapters_loaded.len()
     );
-    if args.no_judge {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let run = crate::cmd::run::Args {
-        version: trained.version,
-        plan: args.plan,
-        jobs: None,
-        out: args.out,
-        full: false,
-        no_wait: false,
-        json: false,
-    };
-    crate::cmd::run::main(Some(root.path), run).await
+    judge(root, trained.version, args).await
 }
 
 /// Resolves on Ctrl-C or SIGTERM: the trainer's container is removed, its checkpoints
@@ -381,4 +357,22 @@ async fn stopped() {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
     }
+}
+
+/// The trained version judged on `--plan` as `pruefstand run` judges it (exit: its
+/// verdict's), unless `--no-judge`.
+async fn judge(root: Root, version: String, args: Args) -> anyhow::Result<ExitCode> {
+    if args.no_judge {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let run = crate::cmd::run::Args {
+        version,
+        plan: args.plan,
+        jobs: None,
+        out: args.out,
+        full: false,
+        no_wait: false,
+        json: false,
+    };
+    crate::cmd::run::main(Some(root.path), run).await
 }
